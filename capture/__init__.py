@@ -1,0 +1,57 @@
+"""capture: record how a PyTorch model is really called, for torch.export.
+
+The package exposes its API lazily (PEP 562 ``__getattr__``): ``import capture`` imports
+nothing heavy, and ``capture.open_store`` / the analysis modules load without torch, so the
+``capture query`` command stays fast. ``capture.Recorder`` imports torch and pyarrow on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Recorder",
+    "open_store",
+    "Store",
+    "InputObserver",
+    "string_type",
+    "register_flattening_functions",
+    "make_dynamic_cache",
+    "CaptureError",
+    "__version__",
+]
+
+_LAZY = {
+    "Recorder": "capture.recorder",
+    "open_store": "capture.store",
+    "Store": "capture.store",
+    "InputObserver": "capture.observer",
+    "string_type": "capture.strings",
+    "register_flattening_functions": "capture.nodes",
+    "make_dynamic_cache": "capture.nodes",
+    "CaptureError": "capture.errors",
+}
+
+if TYPE_CHECKING:
+    from capture.errors import CaptureError
+    from capture.nodes import make_dynamic_cache, register_flattening_functions
+    from capture.observer import InputObserver
+    from capture.recorder import Recorder
+    from capture.store import Store, open_store
+    from capture.strings import string_type
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'capture' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,46 @@
+"""Typed errors raised by capture and replay; the CLI turns them into one-line messages."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CaptureError",
+    "StoreNotFound",
+    "EmptyStore",
+    "SchemaMismatch",
+    "UnknownModel",
+    "QueryError",
+    "ObservationMismatch",
+    "ReplayError",
+]
+
+
+class CaptureError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class StoreNotFound(CaptureError):
+    """No store at the given path."""
+
+
+class EmptyStore(CaptureError):
+    """The store exists but holds no recorded call."""
+
+
+class SchemaMismatch(CaptureError):
+    """A store file was written with a schema version this library cannot read."""
+
+
+class UnknownModel(CaptureError):
+    """The requested model name has no recordings in the store."""
+
+
+class QueryError(CaptureError):
+    """A SQL query over the store failed (syntax, unknown column, ...)."""
+
+
+class ObservationMismatch(CaptureError):
+    """Observed calls cannot be reconciled into one set of dynamic shapes."""
+
+
+class ReplayError(CaptureError):
+    """Recorded metadata cannot be turned into export arguments."""

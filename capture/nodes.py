@@ -1,0 +1,304 @@
+"""Pytree registrations for transformers caches, and `register_flattening_functions()`.
+
+transformers 5.x registers none of its cache classes with torch's pytree, so `tree_flatten`
+sees a `DynamicCache` as one opaque leaf. We register the classes the installed version has:
+
+- `DynamicCache` flattens to ``[key_0, ..., key_{L-1}, value_0, ..., value_{L-1}]`` (one flat
+  list, so its `dynamic_shapes` is a flat list of ``2 * L`` per-tensor dicts), with readable key
+  paths ``.key_cache[i]`` / ``.value_cache[i]``;
+- `StaticCache` the same way (its context keeps ``max_cache_len`` per layer);
+- `EncoderDecoderCache` to ``[self_attention_cache, cross_attention_cache]``.
+
+Contexts are tuples of plain values, so they hash (the recorder's structure cache keys on them)
+and dump to JSON (`treespec_dumps`). Unflattening assigns the given tensors to fresh layers and
+creates no tensor of its own, which `torch.onnx.export` needs.
+
+torch's pytree registry is process-wide, so registration is reference counted: the first
+`acquire()` registers, the last `release()` deregisters exactly what was registered, and a class
+that someone else registered before us is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = [
+    "CacheKey",
+    "acquire",
+    "release",
+    "register_flattening_functions",
+    "make_dynamic_cache",
+    "make_encoder_decoder_cache",
+    "registered_classes",
+    "transformers_loaded",
+]
+
+logger = logging.getLogger(__name__)
+
+# Why module state: it mirrors torch's process-wide pytree registry, which we must not
+# register into twice nor deregister while another user (a second Recorder) still needs it.
+_LOCK = threading.RLock()
+_REFCOUNT = 0
+_OWNED: list[type] = []
+
+
+@dataclass(frozen=True)
+class CacheKey(pytree.GetAttrKey):
+    """A pytree key entry that prints as ``.key_cache[3]`` (attribute plus index).
+
+    It subclasses `GetAttrKey` because torch.export only accepts the standard key kinds when it
+    names the sources of its inputs; ``name`` stays unique per child (``key_cache_3``).
+    """
+
+    attr: str = ""
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return f".{self.attr}" if self.index is None else f".{self.attr}[{self.index}]"
+
+    def get(self, parent: Any) -> Any:
+        """Returns the child this key designates (pytree's KeyEntry protocol)."""
+        if self.attr in ("key_cache", "value_cache") and self.index is not None:
+            layer = parent.layers[self.index]
+            return layer.keys if self.attr == "key_cache" else layer.values
+        return getattr(parent, self.attr)
+
+
+def _key(attr: str, index: int | None = None) -> CacheKey:
+    name = attr if index is None else f"{attr}_{index}"
+    return CacheKey(name, attr, index)
+
+
+def transformers_loaded() -> bool:
+    """Tells whether transformers is already imported (we never import it just to check)."""
+    return "transformers" in sys.modules
+
+
+def _layer_context(layer: Any) -> tuple[Any, ...]:
+    name = type(layer).__name__
+    if hasattr(layer, "sliding_window"):
+        return (name, int(layer.sliding_window))
+    if hasattr(layer, "max_cache_len"):
+        return (name, int(layer.max_cache_len))
+    return (name,)
+
+
+def _flatten_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...]]:
+    layers = cache.layers
+    keys = [layer.keys for layer in layers]
+    values = [layer.values for layer in layers]
+    return keys + values, tuple(_layer_context(layer) for layer in layers)
+
+
+def _flatten_layers_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
+    children, context = _flatten_layers(cache)
+    n = len(context)
+    keyed = [(_key("key_cache", i), children[i]) for i in range(n)]
+    keyed += [(_key("value_cache", i), children[n + i]) for i in range(n)]
+    return keyed, context
+
+
+def _fill_layer(layer: Any, key: Any, value: Any) -> Any:
+    if isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor):
+        layer.keys, layer.values = key, value
+        layer.dtype, layer.device = key.dtype, key.device
+        layer.is_initialized = True
+        if hasattr(layer, "max_cache_len"):
+            layer.batch_size, layer.num_heads = key.shape[0], key.shape[1]
+            layer.k_head_dim, layer.v_head_dim = key.shape[-1], value.shape[-1]
+    return layer
+
+
+def _make_layer(cu: Any, context: Sequence[Any]) -> Any:
+    layer_cls = getattr(cu, str(context[0]), None) or cu.DynamicLayer
+    if len(context) > 1 and hasattr(layer_cls, "__init__"):
+        param = "sliding_window" if "Sliding" in layer_cls.__name__ else "max_cache_len"
+        try:
+            return layer_cls(**{param: int(context[1])})
+        except TypeError:
+            return cu.DynamicLayer()
+    return layer_cls()
+
+
+def _unflatten_layers(cache_cls: type) -> Callable[[Any, Any], Any]:
+    def unflatten(children: Any, context: Any) -> Any:
+        import transformers.cache_utils as cu
+
+        children = list(children)
+        n = len(context)
+        layers = [
+            _fill_layer(_make_layer(cu, ctx), children[i], children[n + i])
+            for i, ctx in enumerate(context)
+        ]
+        cache = cache_cls.__new__(cache_cls)
+        cu.Cache.__init__(cache, layers=layers)
+        return cache
+
+    return unflatten
+
+
+def _flatten_encoder_decoder(cache: Any) -> tuple[list[Any], None]:
+    return [cache.self_attention_cache, cache.cross_attention_cache], None
+
+
+def _flatten_encoder_decoder_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], None]:
+    return [
+        (_key("self_attention_cache"), cache.self_attention_cache),
+        (_key("cross_attention_cache"), cache.cross_attention_cache),
+    ], None
+
+
+def _unflatten_encoder_decoder(children: Any, context: Any) -> Any:
+    import transformers.cache_utils as cu
+
+    self_attention, cross_attention = list(children)
+    return cu.EncoderDecoderCache(self_attention, cross_attention)
+
+
+def _dump_context(context: Any) -> str:
+    return json.dumps(context)
+
+
+def _load_context(text: str) -> Any:
+    loaded = json.loads(text)
+    if loaded is None:
+        return None
+    return tuple(tuple(item) for item in loaded)
+
+
+def _registrations() -> list[tuple[type, dict[str, Any]]]:
+    """What we can register for the installed transformers (empty when it is absent)."""
+    try:
+        import transformers.cache_utils as cu
+    except ImportError:
+        return []
+    regs: list[tuple[type, dict[str, Any]]] = []
+    for name in ("DynamicCache", "StaticCache"):
+        cls = getattr(cu, name, None)
+        if cls is None:
+            continue
+        regs.append(
+            (
+                cls,
+                dict(
+                    flatten_fn=_flatten_layers,
+                    unflatten_fn=_unflatten_layers(cls),
+                    flatten_with_keys_fn=_flatten_layers_with_keys,
+                    serialized_type_name=f"{cls.__module__}.{cls.__name__}",
+                    to_dumpable_context=_dump_context,
+                    from_dumpable_context=_load_context,
+                ),
+            )
+        )
+    encdec = getattr(cu, "EncoderDecoderCache", None)
+    if encdec is not None:
+        regs.append(
+            (
+                encdec,
+                dict(
+                    flatten_fn=_flatten_encoder_decoder,
+                    unflatten_fn=_unflatten_encoder_decoder,
+                    flatten_with_keys_fn=_flatten_encoder_decoder_with_keys,
+                    serialized_type_name=f"{encdec.__module__}.{encdec.__name__}",
+                    to_dumpable_context=_dump_context,
+                    from_dumpable_context=_load_context,
+                ),
+            )
+        )
+    return regs
+
+
+def acquire() -> None:
+    """Registers the cache classes (first caller) or bumps the reference count."""
+    global _REFCOUNT
+    with _LOCK:
+        _REFCOUNT += 1
+        if _REFCOUNT > 1 and _OWNED:
+            return
+        for cls, kwargs in _registrations():
+            if cls in pytree.SUPPORTED_NODES or cls in _OWNED:
+                continue
+            pytree.register_pytree_node(cls, **kwargs)
+            _OWNED.append(cls)
+            logger.debug("registered %s with torch pytree", cls.__name__)
+
+
+def release() -> None:
+    """Drops one reference; the last one deregisters exactly what `acquire` registered."""
+    global _REFCOUNT
+    with _LOCK:
+        if _REFCOUNT == 0:
+            return
+        _REFCOUNT -= 1
+        if _REFCOUNT:
+            return
+        while _OWNED:
+            cls = _OWNED.pop()
+            pytree._deregister_pytree_node(cls)
+
+
+def registered_classes() -> list[type]:
+    """The classes this module registered and still owns (for tests and diagnostics)."""
+    with _LOCK:
+        return list(_OWNED)
+
+
+@contextlib.contextmanager
+def register_flattening_functions(patch_transformers: bool = True) -> Iterator[None]:
+    """Registers the transformers cache classes with torch pytree for the duration of a block.
+
+    Args:
+        patch_transformers: Register the transformers caches (the only thing there is to
+            register today; False makes the block a no-op, as in the seeds).
+
+    Example:
+        >>> with register_flattening_functions(patch_transformers=True):
+        ...     pass
+    """
+    if not patch_transformers:
+        yield
+        return
+    acquire()
+    try:
+        yield
+    finally:
+        release()
+
+
+def make_dynamic_cache(key_value_pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """Builds a transformers `DynamicCache` holding the given ``(key, value)`` per layer.
+
+    Args:
+        key_value_pairs: One ``(key, value)`` pair per layer, each ``[batch, heads, seq, dim]``.
+
+    Returns:
+        A `transformers.cache_utils.DynamicCache`.
+
+    Example:
+        >>> import torch
+        >>> cache = make_dynamic_cache([(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))])
+        >>> len(cache.layers)
+        1
+    """
+    import transformers.cache_utils as cu
+
+    cache = cu.DynamicCache()
+    cache.layers = [_fill_layer(cu.DynamicLayer(), k, v) for k, v in key_value_pairs]
+    return cache
+
+
+def make_encoder_decoder_cache(self_attention: Any, cross_attention: Any) -> Any:
+    """Builds a transformers `EncoderDecoderCache` from two `DynamicCache` objects."""
+    import transformers.cache_utils as cu
+
+    return cu.EncoderDecoderCache(self_attention, cross_attention)

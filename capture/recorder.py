@@ -1,0 +1,354 @@
+"""Recorder: wraps a model's forward, records every call's metadata, never raises into the model.
+
+The wrapper does, per call: a sampling check, `flatten.walk` over (args, kwargs) (tensor leaves
+and a structure key), a dict lookup of the key, the sizes of the tensors, optional integer value
+ranges, the forward itself (timed), the same for the output, and one deque append. Everything
+that can fail in there is inside one `try`: a failure is counted in `stats()["errors"]`, logged
+once, and the model's call goes on untouched. An exception raised by the model is recorded on
+the call row and re-raised as it is.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import itertools
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from capture import nodes
+from capture.errors import CaptureError
+from capture.flatten import Structure, describe, signature_of, walk
+from capture.writer import StoreWriter
+
+__all__ = ["Recorder", "DEFAULT_STORE"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STORE = "capture-store"
+_VALUE_RANGES = ("cpu", "all", "none")
+
+
+def _never(t: torch.Tensor) -> bool:
+    return False
+
+
+class Recorder:
+    """Records how a model's method is called, into a Parquet store.
+
+    Args:
+        model: The module (or any object) whose method is recorded.
+        store: A directory or a pyarrow filesystem URI (``s3://bucket/prefix``).
+        name: The `model` partition in the store; defaults to the model's class name.
+        method: The method to wrap ('forward').
+        sample: Fraction of calls recorded (1.0 records all of them).
+        max_calls: Stop recording after this many recorded calls (None: no limit).
+        record_outputs: Also record the structure and sizes of what the method returns.
+        value_ranges: Min/max of integer tensors: 'cpu' (CPU tensors only: on CUDA it forces a
+            sync), 'all', or 'none'.
+        queue_size: Calls buffered between the model and the writer thread; beyond, dropped.
+        flush_rows: Rows per written segment.
+        flush_seconds: Longest time a recorded call waits before being written.
+        max_structures: Distinct structures kept; calls with a new structure beyond this are
+            dropped and counted (a scalar argument that changes every call would otherwise
+            grow the cache without bound).
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 2)
+        >>> with Recorder(model, "/tmp/capture-doctest") as rec:  # doctest: +SKIP
+        ...     _ = model(torch.randn(3, 4))
+        >>> rec.stats()["recorded"]  # doctest: +SKIP
+        1
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        store: str | os.PathLike[str] = DEFAULT_STORE,
+        *,
+        name: str | None = None,
+        method: str = "forward",
+        sample: float = 1.0,
+        max_calls: int | None = None,
+        record_outputs: bool = True,
+        value_ranges: str = "cpu",
+        queue_size: int = 100_000,
+        flush_rows: int = 100_000,
+        flush_seconds: float = 10.0,
+        max_structures: int = 10_000,
+    ) -> None:
+        if not hasattr(model, method) or not callable(getattr(model, method)):
+            raise CaptureError(
+                f"{type(model).__name__} has no method {method!r} to record; "
+                "pass method='<name of the method>'"
+            )
+        if not 0.0 <= sample <= 1.0:
+            raise CaptureError(f"sample={sample!r} must be within [0, 1]")
+        if value_ranges not in _VALUE_RANGES:
+            raise CaptureError(f"value_ranges={value_ranges!r} must be one of {_VALUE_RANGES}")
+        self.model = model
+        self.store = store
+        self.name = name or type(model).__name__
+        self.method = method
+        self.sample = sample
+        self.max_calls = max_calls
+        self.record_outputs = record_outputs
+        self.value_ranges = value_ranges
+        self.max_structures = max_structures
+        self._writer_options = dict(
+            queue_size=queue_size, flush_rows=flush_rows, flush_seconds=flush_seconds
+        )
+        self._writer: StoreWriter | None = None
+        self._original: Callable[..., Any] | None = None
+        self._had_instance_attr = False
+        self._active = False
+        self._structures: dict[tuple[Any, ...], Structure | None] = {}
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._id_base = (int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF) << 32
+        self._random = random.Random()
+        self._errors = 0
+        self._sampled_out = 0
+        self._overflow = 0
+        self._warned: set[str] = set()
+        self._registered = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Recorder:
+        """Wraps the method and starts the writer thread (for long-lived servers)."""
+        if self._active:
+            return self
+        original = getattr(self.model, self.method)
+        signature = signature_of(original)
+        try:
+            self._writer = StoreWriter(self.store, self.name, signature, **self._writer_options)
+            self._writer.start()
+        except Exception as e:  # an unusable store must not stop the model from serving
+            self._count_error("opening the store", e)
+            self._writer = None
+        if nodes.transformers_loaded():
+            nodes.acquire()
+            self._registered = True
+        self._signature = signature
+        self._original = original
+        self._had_instance_attr = self.method in getattr(self.model, "__dict__", {})
+        wrapper = self._make_wrapper(original)
+        setattr(self.model, self.method, wrapper)
+        self._active = True
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        """Restores the method, writes what is buffered and stops the writer thread."""
+        if not self._active:
+            return
+        self._active = False
+        try:
+            if self._had_instance_attr:
+                setattr(self.model, self.method, self._original)
+            else:
+                try:
+                    delattr(self.model, self.method)
+                except AttributeError:
+                    setattr(self.model, self.method, self._original)
+        finally:
+            atexit.unregister(self.stop)
+            if self._writer is not None:
+                try:
+                    self._writer.close()
+                except Exception as e:
+                    self._count_error("closing the store", e)
+            if self._registered:
+                nodes.release()
+                self._registered = False
+
+    def flush(self) -> None:
+        """Writes every call recorded so far to the store (the recorder keeps running)."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def __enter__(self) -> Recorder:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stats(self) -> dict[str, int]:
+        """Counters: recorded, dropped, errors, written, sampled_out, structures, files."""
+        w = self._writer
+        return {
+            "recorded": w.recorded if w else 0,
+            "dropped": (w.dropped if w else 0) + self._overflow,
+            "errors": self._errors + (w.write_errors if w else 0),
+            "written": w.written_calls if w else 0,
+            "sampled_out": self._sampled_out,
+            "structures": sum(1 for s in self._structures.values() if s is not None),
+            "files": len(w.files) if w else 0,
+        }
+
+    # -- hot path ----------------------------------------------------------------------------
+    def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        perf_ns = time.perf_counter_ns
+        time_ns = time.time_ns
+
+        @functools.wraps(original)
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if not self._active or torch.compiler.is_compiling():
+                return original(*args, **kwargs)
+            pending = None
+            try:
+                pending = self._inputs(args, kwargs)
+            except Exception as e:
+                self._count_error("recording inputs", e)
+            if pending is None:
+                return original(*args, **kwargs)
+            ts = time_ns()
+            t0 = perf_ns()
+            try:
+                out = original(*args, **kwargs)
+            except BaseException as e:
+                duration = perf_ns() - t0
+                try:
+                    self._emit(pending, ts, duration, None, f"{type(e).__name__}: {e}")
+                except Exception as e2:
+                    self._count_error("recording an exception", e2)
+                raise
+            duration = perf_ns() - t0
+            try:
+                self._emit(pending, ts, duration, out, None)
+            except Exception as e:
+                self._count_error("recording outputs", e)
+            return out
+
+        return recorded
+
+    def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.sample < 1.0 and self._random.random() >= self.sample:
+            self._sampled_out += 1
+            return None
+        if self.max_calls is not None and self._writer and self._writer.recorded >= self.max_calls:
+            return None
+        tensors: list[torch.Tensor] = []
+        key: list[Any] = [len(args)]
+        walk(args, tensors, key)
+        walk(kwargs, tensors, key)
+        k = tuple(key)
+        st = self._structures.get(k, False)
+        if st is False:
+            st = self._new_structure(k, (args, kwargs), tensors, "inputs")
+        if st is None:
+            return None
+        if st.slow:
+            tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        shapes = [t.shape for t in tensors]
+        ranges = None
+        if st.range_tensors:
+            ranges = []
+            for i in st.range_tensors:
+                t = tensors[i]
+                if t.numel():
+                    lo, hi = torch.aminmax(t)
+                    ranges.append(int(lo))
+                    ranges.append(int(hi))
+                else:
+                    ranges.append(None)
+                    ranges.append(None)
+        return st.structure_id, shapes, ranges
+
+    def _emit(
+        self, pending: Any, ts: int, duration: int, out: Any, error: str | None
+    ) -> None:
+        sid, shapes, ranges = pending
+        out_sid = out_shapes = None
+        if error is None and self.record_outputs:
+            tensors: list[torch.Tensor] = []
+            key: list[Any] = ["out"]
+            walk(out, tensors, key)
+            k = tuple(key)
+            st = self._structures.get(k, False)
+            if st is False:
+                st = self._new_structure(k, out, tensors, "output")
+            if st is not None:
+                if st.slow:
+                    tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+                out_sid = st.structure_id
+                out_shapes = [t.shape for t in tensors]
+        writer = self._writer
+        if writer is None:
+            return
+        call_id = self._id_base | next(self._seq)
+        writer.submit((call_id, ts, sid, out_sid, shapes, out_shapes, ranges, duration, error))
+
+    def _new_structure(
+        self, key: tuple[Any, ...], obj: Any, tensors: list[torch.Tensor], root: str
+    ) -> Structure | None:
+        with self._lock:
+            existing = self._structures.get(key, False)
+            if existing is not False:
+                return existing
+            if len(self._structures) >= self.max_structures:
+                self._overflow += 1
+                self._warn_once(
+                    "max_structures",
+                    "capture: %s has more than %d distinct call structures (a scalar argument "
+                    "that changes on every call?); calls with new structures are dropped",
+                    self.name,
+                    self.max_structures,
+                )
+                return None
+            st = describe(
+                obj,
+                tensors,
+                root=root,
+                signature=self._signature if root == "inputs" else (),
+                track_ranges=self._track_ranges if root == "inputs" else _never,
+            )
+            if st.opaque:
+                self._warn_once(
+                    "opaque",
+                    "capture: %s receives values the flattener does not know; they are recorded "
+                    "as opaque leaves (type names only): %s",
+                    self.name,
+                    ", ".join(st.opaque[:5]),
+                )
+            if self._writer is not None:
+                self._writer.add_structure(st)
+            self._structures[key] = st
+            return st
+
+    def _track_ranges(self, t: torch.Tensor) -> bool:
+        if self.value_ranges == "none":
+            return False
+        return self.value_ranges == "all" or t.device.type == "cpu"
+
+    def _count_error(self, what: str, e: BaseException) -> None:
+        self._errors += 1
+        self._warn_once(
+            what,
+            "capture: %s failed for %s (%s: %s); the model's call is not affected, further "
+            "failures are counted in stats()['errors']",
+            what,
+            self.name,
+            type(e).__name__,
+            e,
+        )
+
+    def _warn_once(self, topic: str, msg: str, *args: Any) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            logger.warning(msg, *args)

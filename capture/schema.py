@@ -1,0 +1,118 @@
+"""Arrow schemas of the store and SCHEMA_VERSION: every column name is defined here only.
+
+The store is three Parquet trees (see DESIGN §3):
+
+- ``structures/model=<m>/*.parquet``: one row per leaf of every distinct call structure.
+- ``calls/model=<m>/date=<YYYY-MM-DD>/*.parquet``: one row per recorded call.
+- ``stats/model=<m>/*.parquet``: one row per distinct *signature* (structure + every size) per
+  written segment, with a call count. Signatures merge across segments by summing, so the
+  analysis over millions of calls reads thousands of rows.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+"""Bumped whenever a column is renamed, removed or changes meaning."""
+
+METADATA_SCHEMA_VERSION = b"capture.schema_version"
+METADATA_LIBRARY_VERSION = b"capture.library_version"
+METADATA_KIND = b"capture.kind"
+
+STRUCTURES = "structures"
+CALLS = "calls"
+STATS = "stats"
+TABLES = (STRUCTURES, CALLS, STATS)
+
+# Leaf kinds (the `kind` column of `structures`).
+KIND_TENSOR = "tensor"
+KIND_NONE = "none"
+KIND_INT = "int"
+KIND_FLOAT = "float"
+KIND_BOOL = "bool"
+KIND_STR = "str"
+KIND_MISSING = "missing"
+KIND_OPAQUE = "opaque"
+LEAF_KINDS = (
+    KIND_TENSOR,
+    KIND_NONE,
+    KIND_INT,
+    KIND_FLOAT,
+    KIND_BOOL,
+    KIND_STR,
+    KIND_MISSING,
+    KIND_OPAQUE,
+)
+
+_LIST_INT = pa.list_(pa.int64())
+
+STRUCTURES_SCHEMA = pa.schema(
+    [
+        pa.field("structure_id", pa.string(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("leaf", pa.int32(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        # The top-level parameter the leaf belongs to ('x', 'past_key_values', 'args[2]').
+        pa.field("argument", pa.string()),
+        # Position of that parameter in the call when passed positionally, else null.
+        pa.field("position", pa.int32()),
+        pa.field("kind", pa.string(), nullable=False),
+        # Python type name of the leaf ('Tensor', 'int', 'MyOpaqueThing').
+        pa.field("type", pa.string()),
+        pa.field("dtype", pa.string()),
+        pa.field("rank", pa.int32()),
+        pa.field("device", pa.string()),
+        # JSON of the scalar value for int/float/bool/str leaves.
+        pa.field("value", pa.string()),
+        # Offset of this tensor's sizes in the call's `dims` list (0-based), null for non-tensors.
+        pa.field("dim_offset", pa.int32()),
+        # Index of this tensor in the call's `int_min`/`int_max` lists, null when not tracked.
+        pa.field("range_index", pa.int32()),
+        # JSON treespec of the whole (args, kwargs) or output (torch `treespec_dumps`), same on
+        # every row of a structure; null when a node type cannot be serialized.
+        pa.field("treespec", pa.string()),
+        # JSON of the recorded method's signature: [{"name", "kind", "has_default"}, ...].
+        pa.field("signature", pa.string()),
+        pa.field("n_args", pa.int32()),
+    ]
+)
+
+CALLS_SCHEMA = pa.schema(
+    [
+        pa.field("call_id", pa.int64(), nullable=False),
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("host", pa.string(), nullable=False),
+        pa.field("pid", pa.int32(), nullable=False),
+        pa.field("in_structure", pa.string(), nullable=False),
+        pa.field("out_structure", pa.string()),
+        pa.field("dims", _LIST_INT, nullable=False),
+        pa.field("out_dims", _LIST_INT),
+        pa.field("int_min", _LIST_INT),
+        pa.field("int_max", _LIST_INT),
+        pa.field("duration_ns", pa.int64(), nullable=False),
+        pa.field("error", pa.string()),
+    ]
+)
+
+STATS_SCHEMA = pa.schema(
+    [
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("in_structure", pa.string(), nullable=False),
+        pa.field("out_structure", pa.string()),
+        pa.field("dims", _LIST_INT, nullable=False),
+        pa.field("out_dims", _LIST_INT),
+        pa.field("calls", pa.int64(), nullable=False),
+        pa.field("errors", pa.int64(), nullable=False),
+        pa.field("int_min", _LIST_INT),
+        pa.field("int_max", _LIST_INT),
+        pa.field("first_ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("last_ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("duration_ns_sum", pa.int64(), nullable=False),
+        pa.field("duration_ns_min", pa.int64(), nullable=False),
+        pa.field("duration_ns_max", pa.int64(), nullable=False),
+    ]
+)
+
+SCHEMAS = {STRUCTURES: STRUCTURES_SCHEMA, CALLS: CALLS_SCHEMA, STATS: STATS_SCHEMA}

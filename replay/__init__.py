@@ -1,0 +1,45 @@
+"""replay: from recordings to export arguments, dynamic shapes and a checked export.
+
+Exposed lazily so that importing `replay` costs nothing until an API is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "export_inputs",
+    "export",
+    "ExportInputs",
+    "ExportResult",
+    "ModelInputs",
+    "all_dynamic_shape_from_inputs",
+]
+
+_LAZY = {
+    "export_inputs": "replay.inputs",
+    "ExportInputs": "replay.inputs",
+    "export": "replay.export",
+    "ExportResult": "replay.export",
+    "ModelInputs": "replay.modelinputs",
+    "all_dynamic_shape_from_inputs": "replay.modelinputs",
+}
+
+if TYPE_CHECKING:
+    from replay.export import ExportResult, export
+    from replay.inputs import ExportInputs, export_inputs
+    from replay.modelinputs import ModelInputs, all_dynamic_shape_from_inputs
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'replay' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
