@@ -27,14 +27,16 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
-from capture.flatten import Param, Structure
+
+if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
+    from capture.flatten import Param, Structure
 
 __all__ = ["CallRecord", "StoreWriter", "resolve_store", "write_parquet", "library_version"]
 

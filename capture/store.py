@@ -1,0 +1,298 @@
+"""open_store(): an in-process DuckDB connection with views over the Parquet tree.
+
+This module imports duckdb and pyarrow but never torch: ``capture query`` goes through it.
+
+Views users can rely on (DESIGN §6):
+
+- ``calls(call_id, ts, model, host, pid, in_structure, out_structure, dims, out_dims, int_min,
+  int_max, duration_ns, error, date)``: one row per recorded call;
+- ``structures(model, structure_id, leaf, path, argument, position, kind, type, dtype, rank,
+  device, value, dim_offset, range_index, treespec, signature, n_args)``: one row per leaf of
+  each distinct structure (deduplicated across the files of many processes);
+- ``leaves(call_id, model, side, leaf, path, argument, kind, dtype, device, shape, int_min,
+  int_max)``: one row per call and leaf, ``side`` is 'input' or 'output';
+- ``dims(call_id, model, side, leaf, path, axis, size)``: one row per call, tensor leaf and axis;
+- ``stats``: the per-segment signature rows as written; ``signatures``: the same merged over
+  segments, one row per distinct (model, in_structure, out_structure, dims, out_dims).
+
+Files that cannot be read (truncated, not Parquet) are skipped with a warning naming them; a
+file written by a newer schema version is an error (`SchemaMismatch`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from capture import schema
+from capture.errors import EmptyStore, QueryError, SchemaMismatch, StoreNotFound, UnknownModel
+from capture.writer import resolve_store
+
+__all__ = ["Store", "open_store", "SkippedFile"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A store file that could not be read, and why."""
+
+    path: str
+    reason: str
+
+
+def _list_files(fs: pafs.FileSystem, root: str, table: str) -> list[pafs.FileInfo]:
+    selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
+    return [
+        info
+        for info in fs.get_file_info(selector)
+        if info.type == pafs.FileType.File
+        and info.base_name.endswith(".parquet")
+        and not info.base_name.startswith(".")
+    ]
+
+
+def _check_file(fs: pafs.FileSystem, info: pafs.FileInfo) -> str | None:
+    """None when the file is readable, else the reason; raises on a newer schema version."""
+    try:
+        with fs.open_input_file(info.path) as f:
+            meta = pq.read_metadata(f)
+    except Exception as e:  # truncated, empty, not Parquet: skip it, say which
+        return f"{type(e).__name__}: {e}"
+    kv = meta.metadata or {}
+    version = kv.get(schema.METADATA_SCHEMA_VERSION)
+    if version is not None and int(version) > schema.SCHEMA_VERSION:
+        raise SchemaMismatch(
+            f"{info.path} was written with store schema v{int(version)}, this library reads "
+            f"up to v{schema.SCHEMA_VERSION}; upgrade capture to read this store"
+        )
+    return None
+
+
+def _sql_list(paths: Sequence[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+_DERIVED_VIEWS = """
+CREATE OR REPLACE VIEW structures AS
+    SELECT * EXCLUDE (rn) FROM (
+        SELECT *, row_number() OVER (PARTITION BY model, structure_id, leaf) AS rn
+        FROM _structures_raw
+    ) WHERE rn = 1;
+
+CREATE OR REPLACE VIEW signatures AS
+    SELECT model, in_structure, out_structure, dims, out_dims,
+           sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
+           min(first_ts) AS first_ts, max(last_ts) AS last_ts,
+           sum(duration_ns_sum)::BIGINT AS duration_ns_sum,
+           min(duration_ns_min) AS duration_ns_min, max(duration_ns_max) AS duration_ns_max
+    FROM stats
+    GROUP BY ALL;
+
+CREATE OR REPLACE VIEW leaves AS
+    SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.dtype,
+           s.device,
+           CASE WHEN s.kind = 'tensor'
+                THEN c.dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
+           CASE WHEN s.range_index IS NOT NULL THEN c.int_min[s.range_index + 1] END AS int_min,
+           CASE WHEN s.range_index IS NOT NULL THEN c.int_max[s.range_index + 1] END AS int_max
+    FROM calls c JOIN structures s ON s.structure_id = c.in_structure AND s.model = c.model
+    UNION ALL
+    SELECT c.call_id, c.model, 'output' AS side, s.leaf, s.path, s.argument, s.kind, s.dtype,
+           s.device,
+           CASE WHEN s.kind = 'tensor'
+                THEN c.out_dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
+           NULL::BIGINT AS int_min, NULL::BIGINT AS int_max
+    FROM calls c JOIN structures s ON s.structure_id = c.out_structure AND s.model = c.model;
+
+CREATE OR REPLACE VIEW dims AS
+    SELECT call_id, model, side, leaf, path,
+           unnest(generate_series(0, len(shape) - 1)) AS axis, unnest(shape) AS size
+    FROM leaves WHERE kind = 'tensor';
+"""
+
+
+class Store:
+    """A read-only view of a capture store through an in-process DuckDB connection.
+
+    Use `open_store()` to get one. `query()` runs any SQL over the views listed in this
+    module's docstring and returns a `pyarrow.Table`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.fs, self.root = resolve_store(path)
+        info = self.fs.get_file_info(self.root)
+        if info.type != pafs.FileType.Directory:
+            raise StoreNotFound(
+                f"no store at {self.path}; record into it first (capture.Recorder) "
+                "or pass --store / set CAPTURE_STORE"
+            )
+        self.skipped: list[SkippedFile] = []
+        self.files: dict[str, list[str]] = {}
+        for table in schema.TABLES:
+            good = []
+            for file_info in _list_files(self.fs, self.root, table):
+                reason = _check_file(self.fs, file_info)
+                if reason is None:
+                    good.append(file_info.path)
+                else:
+                    self.skipped.append(SkippedFile(file_info.path, reason))
+            self.files[table] = sorted(good)
+        for skipped in self.skipped:
+            warnings.warn(
+                f"capture: skipping unreadable store file {skipped.path} ({skipped.reason})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if not any(self.files.values()):
+            raise EmptyStore(
+                f"the store at {self.path} holds no recorded call yet; record into it first "
+                "(capture.Recorder) or pass another --store"
+            )
+        self.con = duckdb.connect()
+        self._create_views()
+
+    def _create_views(self) -> None:
+        local = isinstance(self.fs, pafs.LocalFileSystem)
+        partitions = {
+            schema.STRUCTURES: [("model", pa.string())],
+            schema.CALLS: [("model", pa.string()), ("date", pa.date32())],
+            schema.STATS: [("model", pa.string())],
+        }
+        for table in schema.TABLES:
+            name = "_structures_raw" if table == schema.STRUCTURES else table
+            files = self.files[table]
+            base = schema.SCHEMAS[table]
+            extra = [pa.field(n, t) for n, t in partitions[table] if n not in base.names]
+            if not files:
+                empty = pa.schema(list(base) + extra).empty_table()
+                self.con.register(f"_{table}_empty", empty)
+                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_empty")
+            elif local:
+                self.con.execute(
+                    f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet("
+                    f"{_sql_list(files)}, hive_partitioning = true, union_by_name = true)"
+                )
+            else:
+                import pyarrow.dataset as ds
+
+                dataset = ds.dataset(
+                    files, filesystem=self.fs, format="parquet", partitioning="hive"
+                )
+                self.con.register(f"_{table}_dataset", dataset)
+                self.con.execute(
+                    f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset"
+                )
+        self.con.execute(_DERIVED_VIEWS)
+
+    # -- queries -----------------------------------------------------------------------------
+    def query(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> pa.Table:
+        """Runs SQL over the store's views and returns the result as a `pyarrow.Table`.
+
+        Args:
+            sql: Any DuckDB SQL over `calls`, `structures`, `leaves`, `dims`, `signatures`.
+            params: Positional (``?``/``$1``) or named (``$name``) parameters, bound by DuckDB
+                (never formatted into the SQL text).
+
+        Raises:
+            QueryError: The SQL is invalid or fails; the message is DuckDB's.
+
+        Example:
+            >>> store.query("SELECT count(*) AS n FROM calls").to_pylist()  # doctest: +SKIP
+            [{'n': 8}]
+        """
+        try:
+            relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
+            if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
+                return pa.table({})
+            return relation.to_arrow_table()
+        except duckdb.Error as e:
+            raise QueryError(f"query failed: {str(e).strip()}") from e
+
+    def models(self) -> list[str]:
+        """The model names recorded in the store, sorted."""
+        rows = self.query(
+            "SELECT DISTINCT model FROM stats UNION SELECT DISTINCT model FROM structures "
+            "ORDER BY 1"
+        )
+        return [str(m) for m in rows.column("model").to_pylist()]
+
+    def check_model(self, model: str | None) -> list[str]:
+        """The models to analyse: all of them, or `model` after checking that it exists."""
+        models = self.models()
+        if model is None:
+            return models
+        if model not in models:
+            known = ", ".join(models) or "none"
+            raise UnknownModel(
+                f"no model {model!r} in the store at {self.path} (models: {known}); "
+                "pass --model with one of them"
+            )
+        return [model]
+
+    def signatures(self, model: str | None = None) -> pa.Table:
+        """Distinct call signatures (structure + every size) with their call counts."""
+        models = self.check_model(model)
+        return self.query(
+            "SELECT * FROM signatures WHERE model IN (SELECT unnest($models)) "
+            "ORDER BY model, in_structure, calls DESC",
+            {"models": models},
+        )
+
+    def dims(self, model: str | None = None, **options: Any) -> pa.Table:
+        """Per model, call group, tensor leaf and axis: dynamic or not, range, shared symbol.
+
+        See `capture.analysis.dims_table` for the columns and options.
+        """
+        from capture.analysis import dims_table
+
+        return dims_table(self, model, **options)
+
+    def summary(self, model: str | None = None) -> dict[str, Any]:
+        """Models, call counts, call groups, optional inputs, drift: see `capture.analysis`."""
+        from capture.analysis import summary
+
+        return summary(self, model)
+
+    def close(self) -> None:
+        """Closes the DuckDB connection."""
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_store(path: str | os.PathLike[str]) -> Store:
+    """Opens a capture store (a directory or a pyarrow filesystem URI) for analysis.
+
+    Args:
+        path: The directory the recorder wrote to, or a URI such as ``s3://bucket/prefix``.
+
+    Returns:
+        A `Store`; `Store.query()` runs SQL over its views.
+
+    Raises:
+        StoreNotFound: Nothing at `path`.
+        EmptyStore: `path` exists but holds no recorded call.
+        SchemaMismatch: A file was written by a newer, incompatible version.
+
+    Example:
+        >>> store = open_store("capture-store")  # doctest: +SKIP
+        >>> store.query("SELECT model, count(*) AS calls FROM calls GROUP BY model")  # doctest: +SKIP
+    """
+    return Store(path)
