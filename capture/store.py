@@ -9,7 +9,7 @@ Views users can rely on (DESIGN §6):
 - ``structures(model, structure_id, leaf, path, argument, position, kind, type, dtype, rank,
   device, value, dim_offset, range_index, treespec, signature, n_args)``: one row per leaf of
   each distinct structure (deduplicated across the files of many processes);
-- ``leaves(call_id, model, side, leaf, path, argument, kind, dtype, device, shape, int_min,
+- ``leaves(call_id, model, side, leaf, path, argument, kind, type, dtype, device, shape, int_min,
   int_max)``: one row per call and leaf, ``side`` is 'input' or 'output';
 - ``dims(call_id, model, side, leaf, path, axis, size)``: one row per call, tensor leaf and axis;
 - ``stats``: the per-segment signature rows as written; ``signatures``: the same merged over
@@ -99,7 +99,7 @@ CREATE OR REPLACE VIEW signatures AS
     GROUP BY ALL;
 
 CREATE OR REPLACE VIEW leaves AS
-    SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.dtype,
+    SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type, s.dtype,
            s.device,
            CASE WHEN s.kind = 'tensor'
                 THEN c.dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
@@ -107,7 +107,7 @@ CREATE OR REPLACE VIEW leaves AS
            CASE WHEN s.range_index IS NOT NULL THEN c.int_max[s.range_index + 1] END AS int_max
     FROM calls c JOIN structures s ON s.structure_id = c.in_structure AND s.model = c.model
     UNION ALL
-    SELECT c.call_id, c.model, 'output' AS side, s.leaf, s.path, s.argument, s.kind, s.dtype,
+    SELECT c.call_id, c.model, 'output' AS side, s.leaf, s.path, s.argument, s.kind, s.type, s.dtype,
            s.device,
            CASE WHEN s.kind = 'tensor'
                 THEN c.out_dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
