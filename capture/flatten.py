@@ -22,6 +22,7 @@ import hashlib
 import inspect
 import json
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ __all__ = [
     "describe",
     "signature_of",
     "walk",
+    "tensor_key",
     "tensor_leaves",
     "dtype_name",
 ]
@@ -138,12 +140,19 @@ def _freeze(context: Any) -> Any:
     return context
 
 
+_T = "<tensor>"  # the token a tensor leaves in the key; its dtype/device/rank come after
+
+
 def walk(obj: Any, tensors: list[torch.Tensor], key: list[Any]) -> None:
-    """Appends the tensor leaves of `obj` to `tensors` and its structure tokens to `key`."""
+    """Appends the tensor leaves of `obj` to `tensors` and its container tokens to `key`.
+
+    Tensors only leave a marker in `key`: the caller adds their dtypes, devices and ranks with
+    `tensor_key()`, which is cheaper over the whole list than per leaf.
+    """
     tp = type(obj)
     if tp is _Tensor or tp is _Parameter:
         tensors.append(obj)
-        key.append((obj.dtype, obj.device, obj.dim()))
+        key.append(_T)
     elif tp is tuple or tp is list:
         key.append(tp)
         key.append(len(obj))
@@ -159,19 +168,38 @@ def walk(obj: Any, tensors: list[torch.Tensor], key: list[Any]) -> None:
     elif tp in _SCALARS:
         key.append(tp)
         key.append(obj)
+    elif tp in nodes.LAYERED_CACHES:
+        _walk_layers(obj, tp, tensors, key)
     else:
         _walk_other(obj, tp, tensors, key)
+
+
+def _walk_layers(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any]) -> None:
+    """A DynamicCache/StaticCache we registered: keys of every layer, then values."""
+    layers = obj.layers
+    key.append(tp)
+    key.append(tuple(map(type, layers)))
+    for child in [layer.keys for layer in layers] + [layer.values for layer in layers]:
+        if type(child) is _Tensor:
+            tensors.append(child)
+            key.append(_T)
+        else:
+            walk(child, tensors, key)
 
 
 def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any]) -> None:
     if isinstance(obj, _Tensor):  # subclasses (FakeTensor, DTensor, ...)
         tensors.append(obj)
-        key.append((obj.dtype, obj.device, obj.dim()))
+        key.append(_T)
         return
     node = pytree.SUPPORTED_NODES.get(tp)
     if node is None and tp.__module__.startswith("transformers") and nodes.transformers_loaded():
-        # A cache type seen for the first time: register lazily (the recorder releases it).
+        # A cache type seen for the first time: register lazily (never released: the types
+        # stay registered for the life of the process once a recorder has seen them).
         nodes.acquire()
+        if tp in nodes.LAYERED_CACHES:
+            _walk_layers(obj, tp, tensors, key)
+            return
         node = pytree.SUPPORTED_NODES.get(tp)
     if node is None:
         key.append(_OPAQUE)
@@ -183,6 +211,24 @@ def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any])
     key.append(len(children))
     for child in children:
         walk(child, tensors, key)
+
+
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
+_device_index = _Tensor.get_device
+
+
+def tensor_key(
+    key: list[Any], tensors: list[torch.Tensor]
+) -> tuple[tuple[Any, ...], list[torch.Size]]:
+    """The full structure key (containers, dtypes, devices, ranks) and the tensors' shapes."""
+    shapes = list(map(_shape, tensors))
+    return (
+        tuple(key),
+        tuple(map(_dtype, tensors)),
+        tuple(map(_device_index, tensors)),
+        tuple(map(len, shapes)),
+    ), shapes
 
 
 def tensor_leaves(obj: Any) -> list[torch.Tensor]:

@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 _LOCK = threading.RLock()
 _REFCOUNT = 0
 _OWNED: list[type] = []
+LAYERED_CACHES: set[type] = set()
+"""Layer-based cache classes registered by us (read by `capture.flatten.walk`'s fast path)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,8 @@ def acquire() -> None:
                 continue
             pytree.register_pytree_node(cls, **kwargs)
             _OWNED.append(cls)
+            if kwargs["flatten_fn"] is _flatten_layers:
+                LAYERED_CACHES.add(cls)
             logger.debug("registered %s with torch pytree", cls.__name__)
 
 
@@ -244,6 +248,7 @@ def release() -> None:
             return
         while _OWNED:
             cls = _OWNED.pop()
+            LAYERED_CACHES.discard(cls)
             pytree._deregister_pytree_node(cls)
 
 

@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 
 from capture import nodes
 from capture.errors import CaptureError
-from capture.flatten import Structure, describe, signature_of, walk
+from capture.flatten import Structure, describe, signature_of, tensor_key, walk
 from capture.writer import StoreWriter
 
 __all__ = ["Recorder", "DEFAULT_STORE"]
@@ -40,6 +40,24 @@ _VALUE_RANGES = ("cpu", "all", "none")
 
 def _never(t: torch.Tensor) -> bool:
     return False
+
+
+def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
+    """(min, max) of an integer tensor; (None, None) when empty."""
+    n = t.numel()
+    if n == 0:
+        return None, None
+    if n <= 16 and t.device.type == "cpu":
+        # One aminmax is a few microseconds of dispatch; for a decode step's (1, 1) input_ids
+        # reading the few values back is cheaper.
+        values = t.tolist()
+        for _ in range(t.dim() - 1):
+            values = [v for row in values for v in row]
+        if t.dim() == 0:
+            return values, values
+        return min(values), max(values)
+    lo, hi = torch.aminmax(t)
+    return int(lo), int(hi)
 
 
 class Recorder:
@@ -247,7 +265,7 @@ class Recorder:
         key: list[Any] = [len(args)]
         walk(args, tensors, key)
         walk(kwargs, tensors, key)
-        k = tuple(key)
+        k, shapes = tensor_key(key, tensors)
         st = self._structures.get(k, False)
         if st is False:
             st = self._new_structure(k, (args, kwargs), tensors, "inputs")
@@ -255,19 +273,12 @@ class Recorder:
             return None
         if st.slow:
             tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        shapes = [t.shape for t in tensors]
+            shapes = [t.shape for t in tensors]
         ranges = None
         if st.range_tensors:
             ranges = []
             for i in st.range_tensors:
-                t = tensors[i]
-                if t.numel():
-                    lo, hi = torch.aminmax(t)
-                    ranges.append(int(lo))
-                    ranges.append(int(hi))
-                else:
-                    ranges.append(None)
-                    ranges.append(None)
+                ranges.extend(_int_range(tensors[i]))
         return st.structure_id, shapes, ranges
 
     def _emit(
@@ -279,15 +290,17 @@ class Recorder:
             tensors: list[torch.Tensor] = []
             key: list[Any] = ["out"]
             walk(out, tensors, key)
-            k = tuple(key)
+            k, out_shapes = tensor_key(key, tensors)
             st = self._structures.get(k, False)
             if st is False:
                 st = self._new_structure(k, out, tensors, "output")
-            if st is not None:
+            if st is None:
+                out_shapes = None
+            else:
                 if st.slow:
                     tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+                    out_shapes = [t.shape for t in tensors]
                 out_sid = st.structure_id
-                out_shapes = [t.shape for t in tensors]
         writer = self._writer
         if writer is None:
             return
