@@ -282,9 +282,7 @@ def _leaf_of(
     return Leaf(path, argument, position, KIND_OPAQUE, f"{tp.__module__}.{tp.__qualname__}"), False
 
 
-def _argument_names(
-    leaves: list[Leaf], signature: tuple[Param, ...]
-) -> list[Leaf]:
+def _argument_names(leaves: list[Leaf], signature: tuple[Param, ...]) -> list[Leaf]:
     """Fills `argument` for positional leaves from the signature ('x' for args[0])."""
     positional = [
         p.name for p in signature if p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
@@ -298,9 +296,7 @@ def _argument_names(
     return out
 
 
-def _missing(
-    signature: tuple[Param, ...], n_args: int, kwargs: dict[str, Any]
-) -> list[Leaf]:
+def _missing(signature: tuple[Param, ...], n_args: int, kwargs: dict[str, Any]) -> list[Leaf]:
     """Optional parameters the caller did not pass (distinct from an explicit None)."""
     out = []
     for index, p in enumerate(signature):
@@ -369,9 +365,7 @@ def describe(
             if value.dtype in _INTEGER_DTYPES and track_ranges(value):
                 range_index = len(range_tensors)
                 range_tensors.append(len([x for x in leaves if x.kind == KIND_TENSOR]))
-            leaf = Leaf(
-                **{**leaf.__dict__, "dim_offset": offset, "range_index": range_index}
-            )
+            leaf = Leaf(**{**leaf.__dict__, "dim_offset": offset, "range_index": range_index})
             offset += value.dim()
         elif leaf.kind == KIND_OPAQUE:
             opaque.append(f"{leaf.path} ({leaf.type})")

@@ -142,7 +142,7 @@ def _unflatten_layers(cache_cls: type) -> Callable[[Any, Any], Any]:
             _fill_layer(_make_layer(cu, ctx), children[i], children[n + i])
             for i, ctx in enumerate(context)
         ]
-        cache = cache_cls.__new__(cache_cls)
+        cache: Any = object.__new__(cache_cls)
         cu.Cache.__init__(cache, layers=layers)
         return cache
 
@@ -298,7 +298,8 @@ def make_dynamic_cache(key_value_pairs: Sequence[tuple[torch.Tensor, torch.Tenso
     import transformers.cache_utils as cu
 
     cache = cu.DynamicCache()
-    cache.layers = [_fill_layer(cu.DynamicLayer(), k, v) for k, v in key_value_pairs]
+    layer_cls: Any = cu.DynamicLayer
+    cache.layers = [_fill_layer(layer_cls(), k, v) for k, v in key_value_pairs]
     return cache
 
 

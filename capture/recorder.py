@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.utils._pytree as pytree
@@ -38,6 +38,9 @@ DEFAULT_STORE = "capture-store"
 _VALUE_RANGES = ("cpu", "all", "none")
 
 
+_UNSEEN: Any = object()
+
+
 def _never(t: torch.Tensor) -> bool:
     return False
 
@@ -50,12 +53,12 @@ def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
     if n <= 16 and t.device.type == "cpu":
         # One aminmax is a few microseconds of dispatch; for a decode step's (1, 1) input_ids
         # reading the few values back is cheaper.
-        values = t.tolist()
+        values: Any = t.tolist()
+        if t.dim() == 0:
+            return int(values), int(values)
         for _ in range(t.dim() - 1):
             values = [v for row in values for v in row]
-        if t.dim() == 0:
-            return values, values
-        return min(values), max(values)
+        return int(min(values)), int(max(values))
     lo, hi = torch.aminmax(t)
     return int(lo), int(hi)
 
@@ -123,13 +126,14 @@ class Recorder:
         self.record_outputs = record_outputs
         self.value_ranges = value_ranges
         self.max_structures = max_structures
-        self._writer_options = dict(
+        self._writer_options: dict[str, Any] = dict(
             queue_size=queue_size, flush_rows=flush_rows, flush_seconds=flush_seconds
         )
         self._writer: StoreWriter | None = None
         self._original: Callable[..., Any] | None = None
         self._had_instance_attr = False
         self._active = False
+        # key -> Structure, or None for a key refused (max_structures reached).
         self._structures: dict[tuple[Any, ...], Structure | None] = {}
         self._lock = threading.Lock()
         self._seq = itertools.count()
@@ -266,24 +270,25 @@ class Recorder:
         walk(args, tensors, key)
         walk(kwargs, tensors, key)
         k, shapes = tensor_key(key, tensors)
-        st = self._structures.get(k, False)
-        if st is False:
-            st = self._new_structure(k, (args, kwargs), tensors, "inputs")
+        found = self._structures.get(k, _UNSEEN)
+        st = (
+            self._new_structure(k, (args, kwargs), tensors, "inputs")
+            if found is _UNSEEN
+            else cast(Structure | None, found)
+        )
         if st is None:
             return None
         if st.slow:
             tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             shapes = [t.shape for t in tensors]
-        ranges = None
+        ranges: list[int | None] | None = None
         if st.range_tensors:
             ranges = []
             for i in st.range_tensors:
                 ranges.extend(_int_range(tensors[i]))
         return st.structure_id, shapes, ranges
 
-    def _emit(
-        self, pending: Any, ts: int, duration: int, out: Any, error: str | None
-    ) -> None:
+    def _emit(self, pending: Any, ts: int, duration: int, out: Any, error: str | None) -> None:
         sid, shapes, ranges = pending
         out_sid = out_shapes = None
         if error is None and self.record_outputs:
@@ -291,9 +296,12 @@ class Recorder:
             key: list[Any] = ["out"]
             walk(out, tensors, key)
             k, out_shapes = tensor_key(key, tensors)
-            st = self._structures.get(k, False)
-            if st is False:
-                st = self._new_structure(k, out, tensors, "output")
+            found = self._structures.get(k, _UNSEEN)
+            st = (
+                self._new_structure(k, out, tensors, "output")
+                if found is _UNSEEN
+                else cast(Structure | None, found)
+            )
             if st is None:
                 out_shapes = None
             else:
@@ -311,9 +319,8 @@ class Recorder:
         self, key: tuple[Any, ...], obj: Any, tensors: list[torch.Tensor], root: str
     ) -> Structure | None:
         with self._lock:
-            existing = self._structures.get(key, False)
-            if existing is not False:
-                return existing
+            if key in self._structures:
+                return self._structures[key]
             if len(self._structures) >= self.max_structures:
                 self._overflow += 1
                 self._warn_once(

@@ -99,16 +99,16 @@ CREATE OR REPLACE VIEW signatures AS
     GROUP BY ALL;
 
 CREATE OR REPLACE VIEW leaves AS
-    SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type, s.dtype,
-           s.device,
+    SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
+           s.dtype, s.device,
            CASE WHEN s.kind = 'tensor'
                 THEN c.dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
            CASE WHEN s.range_index IS NOT NULL THEN c.int_min[s.range_index + 1] END AS int_min,
            CASE WHEN s.range_index IS NOT NULL THEN c.int_max[s.range_index + 1] END AS int_max
     FROM calls c JOIN structures s ON s.structure_id = c.in_structure AND s.model = c.model
     UNION ALL
-    SELECT c.call_id, c.model, 'output' AS side, s.leaf, s.path, s.argument, s.kind, s.type, s.dtype,
-           s.device,
+    SELECT c.call_id, c.model, 'output' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
+           s.dtype, s.device,
            CASE WHEN s.kind = 'tensor'
                 THEN c.out_dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
            NULL::BIGINT AS int_min, NULL::BIGINT AS int_max
@@ -190,15 +190,11 @@ class Store:
                     files, filesystem=self.fs, format="parquet", partitioning="hive"
                 )
                 self.con.register(f"_{table}_dataset", dataset)
-                self.con.execute(
-                    f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset"
-                )
+                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset")
         self.con.execute(_DERIVED_VIEWS)
 
     # -- queries -----------------------------------------------------------------------------
-    def query(
-        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
-    ) -> pa.Table:
+    def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
         """Runs SQL over the store's views and returns the result as a `pyarrow.Table`.
 
         Args:
@@ -264,7 +260,8 @@ class Store:
         """Models, call counts, call groups, optional inputs, drift: see `capture.analysis`."""
         from capture.analysis import summary
 
-        return summary(self, model)
+        result: dict[str, Any] = summary(self, model)
+        return result
 
     def close(self) -> None:
         """Closes the DuckDB connection."""
@@ -293,6 +290,6 @@ def open_store(path: str | os.PathLike[str]) -> Store:
 
     Example:
         >>> store = open_store("capture-store")  # doctest: +SKIP
-        >>> store.query("SELECT model, count(*) AS calls FROM calls GROUP BY model")  # doctest: +SKIP
+        >>> store.query("SELECT model, count(*) FROM calls GROUP BY 1")  # doctest: +SKIP
     """
     return Store(path)

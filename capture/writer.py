@@ -76,9 +76,7 @@ def resolve_store(store: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(text)
 
 
-def write_parquet(
-    fs: pafs.FileSystem, folder: str, name: str, table: pa.Table, kind: str
-) -> str:
+def write_parquet(fs: pafs.FileSystem, folder: str, name: str, table: pa.Table, kind: str) -> str:
     """Writes `table` as ``folder/name`` through a temporary dot-file and a rename."""
     meta = {
         schema.METADATA_SCHEMA_VERSION: str(schema.SCHEMA_VERSION).encode(),
@@ -124,7 +122,9 @@ class _Signature:
 def _merge_min(acc: list[int | None], new: Sequence[int | None], pick: Any) -> list[int | None]:
     if not acc:
         return list(new)
-    return [b if a is None else a if b is None else pick(a, b) for a, b in zip(acc, new, strict=False)]
+    return [
+        b if a is None else a if b is None else pick(a, b) for a, b in zip(acc, new, strict=False)
+    ]
 
 
 class _Segment:
@@ -308,7 +308,9 @@ class StoreWriter:
         self.poll_seconds = poll_seconds
         self.host = os.uname().nodename if hasattr(os, "uname") else "host"
         self.pid = os.getpid()
-        self.prefix = f"{_partition(self.host)}-{self.pid}-{time.time_ns() // 1000:x}-{os.urandom(2).hex()}"
+        self.prefix = (
+            f"{_partition(self.host)}-{self.pid}-{time.time_ns() // 1000:x}-{os.urandom(2).hex()}"
+        )
         self._queue: collections.deque[CallRecord] = collections.deque()
         self._pending_structures: list[Structure] = []
         self._structures_lock = threading.Lock()

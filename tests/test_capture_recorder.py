@@ -180,10 +180,14 @@ def test_eight_threads_every_call_recorded_exactly_once(tmp_path: Path) -> None:
             t.join()
     assert not failures
     assert rec.stats()["recorded"] == rec.stats()["written"] == 8 * per_thread
-    rows = open_store(tmp_path).query(
-        "SELECT dims[1] AS batch, count(*) AS n, count(DISTINCT call_id) AS ids "
-        "FROM calls GROUP BY 1 ORDER BY 1"
-    ).to_pylist()
+    rows = (
+        open_store(tmp_path)
+        .query(
+            "SELECT dims[1] AS batch, count(*) AS n, count(DISTINCT call_id) AS ids "
+            "FROM calls GROUP BY 1 ORDER BY 1"
+        )
+        .to_pylist()
+    )
     assert rows == [{"batch": i + 1, "n": per_thread, "ids": per_thread} for i in range(8)]
 
 
@@ -221,9 +225,11 @@ def test_unknown_input_recorded_as_opaque(tmp_path: Path, caplog: pytest.LogCapt
     warnings = [r for r in caplog.records if "opaque" in r.getMessage()]
     assert len(warnings) == 1 and "args[1]" in warnings[0].getMessage()
     assert rec.stats()["recorded"] == 3
-    rows = open_store(tmp_path).query(
-        "SELECT DISTINCT path, kind, type FROM leaves WHERE side = 'input' ORDER BY path"
-    ).to_pylist()
+    rows = (
+        open_store(tmp_path)
+        .query("SELECT DISTINCT path, kind, type FROM leaves WHERE side = 'input' ORDER BY path")
+        .to_pylist()
+    )
     assert rows == [
         {"path": "args[0]", "kind": "tensor", "type": "Tensor"},
         {"path": "args[1]", "kind": "opaque", "type": f"{__name__}.{Thing.__qualname__}"},
@@ -264,9 +270,10 @@ def test_unwritable_store_keeps_the_model_running(
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     model = Add()
-    with caplog.at_level(logging.WARNING, logger="capture"), Recorder(
-        model, blocker / "store", flush_rows=2
-    ) as rec:
+    with (
+        caplog.at_level(logging.WARNING, logger="capture"),
+        Recorder(model, blocker / "store", flush_rows=2) as rec,
+    ):
         for i in range(5):
             assert torch.equal(model(torch.full((2,), float(i))), torch.full((2,), float(i)))
     stats = rec.stats()
@@ -289,7 +296,11 @@ def test_files_are_complete_zstd_parquet_with_metadata(tmp_path: Path) -> None:
     files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
     rel = [str(p.relative_to(tmp_path)).split("/")[:-1] for p in files]
     day = rel[0][2]
-    assert rel == [["calls", "model=adder", day], ["stats", "model=adder"], ["structures", "model=adder"]]
+    assert rel == [
+        ["calls", "model=adder", day],
+        ["stats", "model=adder"],
+        ["structures", "model=adder"],
+    ]
     for path in files:
         assert not path.name.startswith(".") and path.suffix == ".parquet"
         meta = pq.read_metadata(path)
@@ -307,7 +318,9 @@ def test_pyarrow_filesystem_uri(tmp_path: Path) -> None:
     with Recorder(model, f"file://{tmp_path}/uri-store") as rec:
         model(torch.ones(2))
     assert rec.stats()["written"] == 1
-    assert open_store(f"file://{tmp_path}/uri-store").query("SELECT count(*) AS n FROM calls").to_pylist() == [{"n": 1}]
+    assert open_store(f"file://{tmp_path}/uri-store").query(
+        "SELECT count(*) AS n FROM calls"
+    ).to_pylist() == [{"n": 1}]
 
 
 def test_explicit_none_and_missing_are_distinct(tmp_path: Path) -> None:
@@ -315,9 +328,14 @@ def test_explicit_none_and_missing_are_distinct(tmp_path: Path) -> None:
     with Recorder(model, tmp_path):
         model(torch.ones(2))
         model(torch.ones(2), None)
-    rows = open_store(tmp_path).query(
-        "SELECT DISTINCT path, kind FROM leaves WHERE path LIKE '%y%' OR path = 'args[1]' ORDER BY 2"
-    ).to_pylist()
+    rows = (
+        open_store(tmp_path)
+        .query(
+            "SELECT DISTINCT path, kind FROM leaves "
+            "WHERE path LIKE '%y%' OR path = 'args[1]' ORDER BY 2"
+        )
+        .to_pylist()
+    )
     assert rows == [{"path": "kwargs['y']", "kind": "missing"}, {"path": "args[1]", "kind": "none"}]
 
 
@@ -326,9 +344,14 @@ def test_integer_value_ranges(tmp_path: Path) -> None:
     with Recorder(model, tmp_path):
         model(torch.tensor([[3, 9], [4, 5]]))
         model(torch.tensor([[-1, 2], [4, 5]]))
-    rows = open_store(tmp_path).query(
-        "SELECT int_min, int_max FROM leaves WHERE side = 'input' AND kind = 'tensor' ORDER BY int_min"
-    ).to_pylist()
+    rows = (
+        open_store(tmp_path)
+        .query(
+            "SELECT int_min, int_max FROM leaves "
+            "WHERE side = 'input' AND kind = 'tensor' ORDER BY int_min"
+        )
+        .to_pylist()
+    )
     assert rows == [{"int_min": -1, "int_max": 5}, {"int_min": 3, "int_max": 9}]
 
 
@@ -338,7 +361,9 @@ def test_flush_makes_calls_visible_while_recording(tmp_path: Path) -> None:
     try:
         model(torch.ones(2))
         rec.flush()
-        assert open_store(tmp_path).query("SELECT count(*) AS n FROM calls").to_pylist() == [{"n": 1}]
+        assert open_store(tmp_path).query("SELECT count(*) AS n FROM calls").to_pylist() == [
+            {"n": 1}
+        ]
     finally:
         rec.stop()
     assert os.listdir(tmp_path)
