@@ -82,6 +82,8 @@ def _sql_list(paths: Sequence[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
+_DATE_FROM_PATH = "TRY_CAST(regexp_extract(filename, '/date=([0-9-]+)/', 1) AS DATE)"
+
 _DERIVED_VIEWS = """
 CREATE OR REPLACE VIEW structures AS
     SELECT * EXCLUDE (rn) FROM (
@@ -179,15 +181,24 @@ class Store:
                 self.con.register(f"_{table}_empty", empty)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_empty")
             elif local:
+                # The `model` column of a file is the recorded name; its `model=` folder is a
+                # sanitized copy ('org/name' -> 'org_name'), so only `date` comes from the path.
+                dated = table == schema.CALLS
                 self.con.execute(
-                    f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet("
-                    f"{_sql_list(files)}, hive_partitioning = true, union_by_name = true)"
+                    f"CREATE OR REPLACE VIEW {name} AS SELECT * "
+                    + (f"EXCLUDE (filename), {_DATE_FROM_PATH} AS date " if dated else "")
+                    + f"FROM read_parquet({_sql_list(files)}, hive_partitioning = false, "
+                    f"union_by_name = true{', filename = true' if dated else ''})"
                 )
             else:
                 import pyarrow.dataset as ds
 
+                dates = ds.partitioning(pa.schema([("date", pa.date32())]), flavor="hive")
                 dataset = ds.dataset(
-                    files, filesystem=self.fs, format="parquet", partitioning="hive"
+                    files,
+                    filesystem=self.fs,
+                    format="parquet",
+                    partitioning=dates if table == schema.CALLS else None,
                 )
                 self.con.register(f"_{table}_dataset", dataset)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset")
