@@ -288,8 +288,7 @@ class _Formatter:
             c, s = self.run(obj.conv_states), self.run(obj.ssm_states)
             return f"{name}(conv_states={c}, ssm_states={s})"
         if name in ("DynamicLayer", "StaticLayer", "DynamicSlidingWindowLayer"):
-            keys, values = self.run(obj.keys), self.run(obj.values)
-            return f"{name}(keys={keys}, values={values})"
+            return f"{name}(keys={self.run(obj.keys)}, values={self.run(obj.values)})"
         if name in ("BatchEncoding", "BatchFeature"):
             return f"{name}(data={self.run(dict(obj.data))})"
         return None

@@ -1,0 +1,645 @@
+"""Observed calls -> one set of aligned arguments and dynamic shapes (InputObserver's analysis).
+
+Each call is normalised to its arguments by name with the method's signature, so ``model(x, y)``
+and ``model(x, y=y)`` are the same two arguments. ``None``, an empty container and a keyword
+scalar equal to its default count as *not passed*; `value_if_missing` supplies a value for an
+argument a call did not pass.
+
+The reference call is the one with the most tensors (the first one on ties): it must pass every
+argument any call passed. Every argument must keep its pytree structure across the calls that
+pass it (a leaf may be ``None`` in one call and a tensor in another: an uninitialised cache
+layer), each tensor its rank and dtype, each scalar its value, since torch.export bakes scalars
+in as constants. Anything else raises `ObservationMismatch` naming the key path
+(``kwargs['past_key_values'].key_cache[2]``).
+
+A dim is dynamic when it takes more than one value among the calls where its tensor is present
+(`value_if_missing` values included), or when the caller asks for a dynamic batch dim. The
+results mirror the arguments: a tuple when every call was positional, else a dict in signature
+order (``*args`` elements under the ``*args`` name, ``**kwargs`` extras under the ``**kwargs``
+name, as torch.export wants); a registered class becomes the list of its children, so a
+`DynamicCache` gives a flat list of ``2 * layers`` per-tensor dicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from capture import nodes
+from capture.errors import CaptureError, ObservationMismatch
+from capture.flatten import Param, signature_of
+from capture.schema import (
+    KIND_BOOL,
+    KIND_FLOAT,
+    KIND_INT,
+    KIND_NONE,
+    KIND_OPAQUE,
+    KIND_STR,
+    KIND_TENSOR,
+)
+
+__all__ = [
+    "Aligner",
+    "Analysis",
+    "ArgInfo",
+    "CallLayout",
+    "Observation",
+    "Signature",
+    "View",
+    "dynamic_shapes_from_spec",
+    "dynamic_shapes_like",
+    "registered",
+]
+
+_SCALAR_KINDS = {bool: KIND_BOOL, int: KIND_INT, float: KIND_FLOAT, str: KIND_STR}
+Dims = tuple[tuple[int, ...], ...]
+
+
+@contextlib.contextmanager
+def registered() -> Iterator[None]:
+    """Registers the transformers caches with torch pytree for a block, if transformers is loaded.
+
+    Example:
+        >>> with registered():
+        ...     pass
+    """
+    if not nodes.transformers_loaded():
+        yield
+        return
+    with nodes.register_flattening_functions():
+        yield
+
+
+def dynamic_shapes_from_spec(spec: pytree.TreeSpec, leaves: Sequence[Any]) -> Any:
+    """Rebuilds `leaves` (one dynamic shape per pytree leaf) in the structure torch.export wants.
+
+    Tuples stay tuples, lists lists, dicts dicts; a registered class (a transformers cache)
+    becomes the list of its children, recursively, so a `DynamicCache` gives a flat list of
+    ``2 * layers`` per-tensor dicts.
+
+    Args:
+        spec: The treespec of the inputs (``torch.utils._pytree.tree_flatten(inputs)[1]``).
+        leaves: One entry per leaf of `spec`: a ``{dim: Dim}`` dict for a tensor, else None.
+
+    Returns:
+        The nested dynamic shapes.
+
+    Example:
+        >>> import torch.utils._pytree as pytree
+        >>> _, spec = pytree.tree_flatten(({"a": 1}, [2]))
+        >>> dynamic_shapes_from_spec(spec, [{0: "n"}, None])
+        ({'a': {0: 'n'}}, [None])
+    """
+    it = iter(leaves)
+
+    def build(node: pytree.TreeSpec) -> Any:
+        if node.is_leaf():
+            return next(it)
+        children = [build(child) for child in node.children()]
+        kind = node.type
+        if kind is type(None):
+            return None
+        if kind is list:
+            return children
+        if isinstance(kind, type) and issubclass(kind, dict):
+            return dict(zip(node.context, children, strict=True))
+        if isinstance(kind, type) and issubclass(kind, tuple):  # tuples and namedtuples
+            return tuple(children)
+        return children
+
+    return build(spec)
+
+
+def dynamic_shapes_like(obj: Any, leaf: Callable[[Any], Any]) -> Any:
+    """Maps every leaf of `obj` with `leaf` and rebuilds the result as dynamic shapes.
+
+    Args:
+        obj: Inputs (any pytree; caches must be registered, see `registered`).
+        leaf: Called on every leaf (tensor, scalar, None) in pytree order.
+
+    Returns:
+        The structure of `dynamic_shapes_from_spec`.
+
+    Example:
+        >>> import torch
+        >>> dynamic_shapes_like((torch.zeros(2, 3),), lambda t: {0: "batch"})
+        ({0: 'batch'},)
+    """
+    flat, spec = pytree.tree_flatten(obj)
+    return dynamic_shapes_from_spec(spec, [leaf(x) for x in flat])
+
+
+# -- what is kept about a call ----------------------------------------------------------------
+@dataclass(frozen=True)
+class LeafInfo:
+    """One leaf of an argument: its kind, and dtype/rank/device or value."""
+
+    kind: str
+    dtype: torch.dtype | None = None
+    rank: int = 0
+    device: torch.device | None = None
+    value: Any = None  # the scalar value; for an opaque leaf, the object itself
+
+    @classmethod
+    def of(cls, value: Any) -> LeafInfo:
+        if isinstance(value, torch.Tensor):
+            return cls(KIND_TENSOR, value.dtype, value.dim(), value.device)
+        if value is None:
+            return cls(KIND_NONE)
+        kind = _SCALAR_KINDS.get(type(value))
+        return cls(kind, value=value) if kind else cls(KIND_OPAQUE, value=value)
+
+
+@dataclass(frozen=True)
+class ArgInfo:
+    """One top-level argument of a call structure."""
+
+    spec: pytree.TreeSpec
+    paths: tuple[str, ...]  # leaf key paths relative to the argument ('.key_cache[0]')
+    leaves: tuple[LeafInfo, ...]
+    tensor_index: tuple[int, ...]  # per leaf: index in the call's tensor list, -1 otherwise
+
+    @classmethod
+    def of(cls, value: Any, offset: int = 0) -> ArgInfo:
+        flat, spec = pytree.tree_flatten_with_path(value)
+        leaves, index = [], []
+        for _, leaf in flat:
+            info = LeafInfo.of(leaf)
+            leaves.append(info)
+            index.append(offset if info.kind == KIND_TENSOR else -1)
+            offset += info.kind == KIND_TENSOR
+        paths = tuple(pytree.keystr(kp) for kp, _ in flat)
+        return cls(spec, paths, tuple(leaves), tuple(index))
+
+    @property
+    def n_tensors(self) -> int:
+        return sum(1 for i in self.tensor_index if i >= 0)
+
+    def is_empty(self) -> bool:
+        """Not passed: None or an empty container."""
+        return not self.leaves or (len(self.leaves) == 1 and self.leaves[0].kind == KIND_NONE)
+
+    def is_scalar(self) -> bool:
+        return len(self.leaves) == 1 and self.leaves[0].kind in _SCALAR_KINDS.values()
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """A call's arguments as passed: positional ones, then keywords in call order."""
+
+    positional: tuple[ArgInfo, ...]
+    keywords: tuple[tuple[str, ArgInfo], ...]
+
+    @classmethod
+    def of(cls, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> CallLayout:
+        """Describes a call; tensors are numbered in pytree order over ``(args, kwargs)``."""
+        offset, positional, keywords = 0, [], []
+        for value in args:
+            positional.append(ArgInfo.of(value, offset))
+            offset += positional[-1].n_tensors
+        for name, value in kwargs.items():
+            keywords.append((name, ArgInfo.of(value, offset)))
+            offset += keywords[-1][1].n_tensors
+        return cls(tuple(positional), tuple(keywords))
+
+
+@dataclass
+class Observation:
+    """Calls with one layout and one set of tensor sizes; `first`/`last` are call indexes."""
+
+    layout: CallLayout
+    dims: Dims
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What the analysis needs from the observed method's signature."""
+
+    params: tuple[Param, ...]
+    names: tuple[str, ...]
+    positional: tuple[str, ...]
+    positional_only: frozenset[str]
+    var_positional: str | None
+    var_keyword: str | None
+    defaults: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any]) -> Signature:
+        params = signature_of(fn)
+        try:
+            defaults = {
+                p.name: p.default
+                for p in inspect.signature(fn).parameters.values()
+                if p.default is not inspect.Parameter.empty
+            }
+        except (TypeError, ValueError):
+            defaults = {}
+        kinds = {p.name: p.kind for p in params}
+        return cls(
+            params=params,
+            names=tuple(kinds),
+            positional=tuple(
+                n for n, k in kinds.items() if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
+            ),
+            positional_only=frozenset(n for n, k in kinds.items() if k == "POSITIONAL_ONLY"),
+            var_positional=next((n for n, k in kinds.items() if k == "VAR_POSITIONAL"), None),
+            var_keyword=next((n for n, k in kinds.items() if k == "VAR_KEYWORD"), None),
+            defaults=defaults,
+        )
+
+    def positional_name(self, i: int) -> str:
+        """The name of the i-th positional argument (``args[2]`` for a ``*args`` element)."""
+        if i < len(self.positional):
+            return self.positional[i]
+        if self.var_positional:
+            return f"{self.var_positional}[{i - len(self.positional)}]"
+        return f"args[{i}]"
+
+    def is_var_element(self, name: str) -> bool:
+        return bool(self.var_positional) and name.startswith(f"{self.var_positional}[")
+
+    def order(self, name: str) -> float:
+        if name in self.names:
+            return float(self.names.index(name))
+        if self.var_positional and self.is_var_element(name):
+            return self.names.index(self.var_positional) + int(name.rsplit("[", 1)[1][:-1]) / 1e6
+        return float("inf")
+
+
+# -- analysis -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Slot:
+    """One argument of one call after normalisation."""
+
+    name: str
+    passed: str  # "positional", "keyword" or "filled"
+    position: int | None
+    arg: ArgInfo
+    dims: tuple[tuple[int, ...] | None, ...]  # per leaf
+    tensors: Sequence[torch.Tensor] | None  # the leaves' source for a filled argument
+
+    def path(self, rel: str = "") -> str:
+        if self.passed == "positional":
+            return f"args[{self.position}]{rel}"
+        if self.passed == "filled":
+            return f"value_if_missing[{self.name!r}]{rel}"
+        return f"kwargs[{self.name!r}]{rel}"
+
+
+@dataclass
+class View:
+    """One observation's arguments by name."""
+
+    obs: Observation
+    slots: dict[str, Slot]
+
+    @property
+    def n_tensors(self) -> int:
+        return sum(s.arg.n_tensors for s in self.slots.values())
+
+    @property
+    def label(self) -> str:
+        return "the given inputs" if self.obs.first < 0 else f"call {self.obs.first}"
+
+
+@dataclass
+class LeafAgg:
+    """One leaf of the reference call, over every call."""
+
+    info: LeafInfo
+    call: int  # the call `info` comes from, for messages
+    shapes: set[tuple[int, ...]] = field(default_factory=set)
+    last: tuple[int, tuple[int, ...]] | None = None  # (call, shape) of the latest call
+
+    def dynamic(self) -> list[int]:
+        return [d for d in range(self.info.rank) if len({s[d] for s in self.shapes}) > 1]
+
+    def empty(self) -> torch.Tensor:
+        """Stands for a missing tensor: the last shape with its last dynamic dim set to 0,
+        zeros of that shape when no dim is dynamic (as the seeds do)."""
+        if self.last is None or self.info.dtype is None:
+            raise CaptureError("internal: a tensor leaf without any observed tensor")
+        shape = list(self.last[1])
+        dynamic = self.dynamic()
+        if 0 not in shape:
+            if not dynamic:
+                return torch.zeros(shape, dtype=self.info.dtype, device=self.info.device)
+            shape[max(dynamic)] = 0
+        return torch.empty(shape, dtype=self.info.dtype, device=self.info.device)
+
+
+@dataclass
+class Analysis:
+    """The aligned calls: argument order, reference call, per-leaf aggregates, result form."""
+
+    order: list[str]
+    best: View
+    views: list[View]
+    leaves: dict[str, list[LeafAgg]]
+    tuple_form: bool
+
+
+class Aligner:
+    """Normalises and aligns observations for one signature and one `value_if_missing`.
+
+    Args:
+        signature: The observed method's signature.
+        value_if_missing: Values for arguments a call does not pass, by name or position.
+
+    Raises:
+        CaptureError: `value_if_missing` names an argument the method does not take.
+
+    Example:
+        >>> def forward(x, mask=None): ...
+        >>> Aligner(Signature.of(forward), {}).sig.names
+        ('x', 'mask')
+    """
+
+    def __init__(self, signature: Signature, value_if_missing: Mapping[str | int, Any]) -> None:
+        self.sig = signature
+        self.fills: dict[str, tuple[ArgInfo, list[torch.Tensor]]] = {}
+        for key, value in value_if_missing.items():
+            name = self._fill_name(key)
+            tensors = [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+            self.fills[name] = (ArgInfo.of(value), tensors)
+
+    def _fill_name(self, key: str | int) -> str:
+        sig = self.sig
+        if isinstance(key, int) and not isinstance(key, bool):
+            if not 0 <= key < len(sig.positional):
+                raise CaptureError(
+                    f"value_if_missing[{key}]: the method has {len(sig.positional)} positional "
+                    f"parameters {list(sig.positional)}"
+                )
+            return sig.positional[key]
+        if not isinstance(key, str):
+            raise CaptureError(f"value_if_missing keys are names or positions, not {key!r}")
+        if key not in sig.names and not sig.var_keyword:
+            raise CaptureError(
+                f"value_if_missing[{key!r}]: the method takes no argument {key!r}; its "
+                f"parameters are {list(sig.names)}"
+            )
+        return key
+
+    def view(self, obs: Observation) -> View:
+        """The arguments of one observation by name, with `value_if_missing` filled in."""
+        sig, slots = self.sig, {}
+
+        def dims_of(arg: ArgInfo) -> tuple[tuple[int, ...] | None, ...]:
+            return tuple(obs.dims[i] if i >= 0 else None for i in arg.tensor_index)
+
+        for i, arg in enumerate(obs.layout.positional):
+            name = sig.positional_name(i)
+            if not arg.is_empty():
+                slots[name] = Slot(name, "positional", i, arg, dims_of(arg), None)
+        for name, arg in obs.layout.keywords:
+            if arg.is_empty():
+                continue
+            if arg.is_scalar() and name in sig.defaults:
+                if arg.leaves[0].value == sig.defaults[name]:
+                    continue  # the default: as if not passed
+            slots[name] = Slot(name, "keyword", None, arg, dims_of(arg), None)
+        for name, (arg, tensors) in self.fills.items():
+            if name not in slots:
+                fill = tuple(tuple(tensors[i].shape) if i >= 0 else None for i in arg.tensor_index)
+                slots[name] = Slot(name, "filled", None, arg, fill, tensors)
+        return View(obs, {n: slots[n] for n in sorted(slots, key=sig.order)})
+
+    def align(self, views: list[View]) -> Analysis:
+        """Checks the views against the reference call and aggregates every leaf.
+
+        Raises:
+            ObservationMismatch: See the module docstring.
+        """
+        # The most tensors; on ties the earliest call (given inputs, numbered -1, come last).
+        best = max(views, key=lambda v: (v.n_tensors, -(v.obs.first % (1 << 62))))
+        for view in views:
+            for name, slot in view.slots.items():
+                if name in best.slots:
+                    continue
+                self._check_absent(slot, view, best)
+                raise ObservationMismatch(
+                    f"no observed call passes every argument: {slot.path()} is passed in "
+                    f"{view.label} but not in {best.label}, the call with the most tensors. "
+                    "torch.export needs one set of arguments: pass InputObserver("
+                    f"value_if_missing={{{name!r}: <a value, e.g. an empty tensor>}}) or "
+                    "observe a call that passes all of them"
+                )
+        leaves: dict[str, list[LeafAgg]] = {}
+        for name, ref in best.slots.items():
+            aggs = [LeafAgg(info, best.obs.first) for info in ref.arg.leaves]
+            for view in views:
+                other = view.slots.get(name)
+                if other is None:
+                    self._check_absent(ref, best, view)
+                    continue
+                _check_structure(ref, best, other, view)
+                for agg, path, info, dims in zip(
+                    aggs, ref.arg.paths, other.arg.leaves, other.dims, strict=True
+                ):
+                    _merge_leaf(agg, info, dims, other.path(path), view)
+            leaves[name] = aggs
+        order = list(best.slots)
+        positional = all(s.passed != "keyword" for v in views for s in v.slots.values())
+        contiguous = all(n == self.sig.positional_name(i) for i, n in enumerate(order))
+        return Analysis(order, best, views, leaves, positional and contiguous)
+
+    def _check_absent(self, present: Slot, where: View, absent: View) -> None:
+        """A scalar argument passed in one call and not in another changes a constant."""
+        if any(info.kind == KIND_TENSOR for info in present.arg.leaves):
+            return  # a missing optional tensor: completed by `arguments`
+        value = present.arg.leaves[0].value if present.arg.is_scalar() else "set"
+        default = self.sig.defaults.get(present.name, "<no default>")
+        raise ObservationMismatch(
+            f"{present.path()} is {value!r} in {where.label} but not passed (default "
+            f"{default!r}) in {absent.label}: torch.export bakes scalars into the program as "
+            "constants, so one program cannot serve both; pass the same value in every call"
+        )
+
+    # -- results -----------------------------------------------------------------------------
+    def dynamic_shapes(
+        self, an: Analysis, set_batch_dimension_for: set[int | str] | bool | None
+    ) -> tuple[Any, ...] | dict[str, Any]:
+        """``{dim: Dim.DYNAMIC}`` per tensor, arranged like the arguments."""
+        batch = self._batch_slots(set_batch_dimension_for, an)
+        per_slot = {}
+        for name in an.order:
+            leaf_ds: list[dict[int, Any] | None] = []
+            for agg in an.leaves[name]:
+                if agg.info.kind != KIND_TENSOR:
+                    leaf_ds.append(None)
+                    continue
+                dyn = set(agg.dynamic())
+                if name in batch and agg.info.rank > 0:
+                    dyn.add(0)
+                leaf_ds.append(dict.fromkeys(sorted(dyn), torch.export.Dim.DYNAMIC))
+            per_slot[name] = dynamic_shapes_from_spec(an.best.slots[name].arg.spec, leaf_ds)
+        if an.tuple_form and not any(self.sig.is_var_element(n) for n in an.order):
+            return tuple(per_slot[n] for n in an.order)
+        return self._nest(per_slot, an)
+
+    def _batch_slots(self, which: set[int | str] | bool | None, an: Analysis) -> set[str]:
+        if not which:
+            return set()
+        if which is True:
+            return set(an.order)
+        names = set()
+        for item in which:
+            if isinstance(item, int) and not isinstance(item, bool):
+                name = self.sig.positional_name(item)
+                if item < 0 or (item >= len(self.sig.positional) and name not in an.order):
+                    raise CaptureError(
+                        f"set_batch_dimension_for: no argument at position {item}; the "
+                        f"arguments are {an.order}"
+                    )
+                names.add(name)
+            elif item in an.order or item in self.sig.names:
+                names.add(str(item))
+            else:
+                raise CaptureError(
+                    f"set_batch_dimension_for: unknown argument {item!r}; the observed "
+                    f"arguments are {an.order}"
+                )
+        return names
+
+    def _nest(self, per_slot: dict[str, Any], an: Analysis) -> dict[str, Any]:
+        """Dict form: ``*args`` elements under the ``*args`` name, extras under ``**kwargs``."""
+        sig = self.sig
+        out: dict[str, Any] = {}
+        extras: dict[str, Any] = {}
+        for name in an.order:
+            if name in sig.names:
+                out[name] = per_slot[name]
+            elif sig.var_positional and sig.is_var_element(name):
+                out[sig.var_positional] = (*out.get(sig.var_positional, ()), per_slot[name])
+            else:
+                extras[name] = per_slot[name]
+        if extras and sig.var_keyword:
+            if sig.var_keyword in out:
+                raise CaptureError(
+                    f"an argument is named {sig.var_keyword!r} like the method's "
+                    f"**{sig.var_keyword}: dynamic shapes cannot tell them apart"
+                )
+            out[sig.var_keyword] = extras
+        else:
+            out.update(extras)
+        return out
+
+    def arguments(
+        self,
+        an: Analysis,
+        view: View,
+        tensors: Sequence[torch.Tensor],
+        flat: bool = False,
+        as_args_kwargs: bool = False,
+    ) -> Any:
+        """The arguments of `view` (whose tensors are `tensors`), completed and arranged."""
+        values = {name: self._rebuild(an, name, view.slots.get(name), tensors) for name in an.order}
+        if flat:
+            return [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
+        if an.tuple_form:
+            args = tuple(values[n] for n in an.order)
+            return (args, {}) if as_args_kwargs else args
+        n_args = 0
+        for i, name in enumerate(an.order):
+            if name in self.sig.positional_only or self.sig.is_var_element(name):
+                n_args = i + 1
+        if n_args and not as_args_kwargs:
+            raise CaptureError(
+                f"the arguments cannot be one dict: {an.order[n_args - 1]!r} can only be "
+                "passed by position; call infer_arguments(as_args_kwargs=True)"
+            )
+        args = tuple(values[n] for n in an.order[:n_args])
+        kwargs = {n: values[n] for n in an.order[n_args:]}
+        return (args, kwargs) if as_args_kwargs else kwargs
+
+    @staticmethod
+    def _rebuild(
+        an: Analysis, name: str, slot: Slot | None, tensors: Sequence[torch.Tensor]
+    ) -> Any:
+        ref = an.best.slots[name]
+        source = slot if slot is not None else ref
+        leaves = []
+        for j, agg in enumerate(an.leaves[name]):
+            info, index = source.arg.leaves[j], source.arg.tensor_index[j]
+            if slot is not None and index >= 0:
+                leaves.append((slot.tensors if slot.tensors is not None else tensors)[index])
+            elif agg.info.kind == KIND_TENSOR:
+                leaves.append(agg.empty())
+            elif info.kind == KIND_NONE:
+                leaves.append(agg.info.value)
+            else:
+                leaves.append(info.value)
+        return pytree.tree_unflatten(leaves, ref.arg.spec)
+
+
+def _check_structure(ref: Slot, best: View, slot: Slot, view: View) -> None:
+    """The argument has the reference call's pytree structure, or a clear error."""
+    if slot.arg.spec == ref.arg.spec:
+        return
+    mine, theirs = set(slot.arg.paths), set(ref.arg.paths)
+    extra = next((p for p in slot.arg.paths if p not in theirs), None)
+    if extra is not None:
+        where = f"{slot.path(extra)} is in {view.label} but not in {best.label}"
+    else:
+        lacking = next((p for p in ref.arg.paths if p not in mine), None)
+        if lacking is None:
+            raise ObservationMismatch(
+                f"{slot.path()} changes container types between {best.label} and {view.label} "
+                f"({_type_name(ref.arg.spec.type)} vs {_type_name(slot.arg.spec.type)}); "
+                "torch.export needs one structure per exported program"
+            )
+        where = f"{ref.path(lacking)} is in {best.label} but not in {view.label}"
+    raise ObservationMismatch(
+        f"{where}: the structure of {ref.name!r} changed between calls (a list length, dict keys "
+        "or the number of cache layers); torch.export needs one structure per exported program, "
+        "so observe the calls of each structure with a separate observer"
+    )
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _merge_leaf(
+    agg: LeafAgg, info: LeafInfo, dims: tuple[int, ...] | None, where: str, view: View
+) -> None:
+    """Adds one call's leaf to the aggregate, or raises on a rank, dtype or value change."""
+    if info.kind == KIND_NONE:
+        return
+    if agg.info.kind == KIND_NONE:
+        agg.info, agg.call = info, view.obs.first
+    elif (agg.info.kind == KIND_TENSOR) != (info.kind == KIND_TENSOR):
+        raise ObservationMismatch(
+            f"{where} is a {info.kind} in {view.label} but a {agg.info.kind} in call {agg.call}"
+        )
+    if info.kind == KIND_TENSOR:
+        if info.rank != agg.info.rank:
+            raise ObservationMismatch(
+                f"{where} has rank {info.rank} in {view.label} but rank {agg.info.rank} in call "
+                f"{agg.call}: dynamic shapes cannot change a tensor's rank; export one program "
+                "per rank"
+            )
+        if info.dtype != agg.info.dtype:
+            raise ObservationMismatch(
+                f"{where} is {info.dtype} in {view.label} but {agg.info.dtype} in call "
+                f"{agg.call}; export one program per dtype"
+            )
+        if dims is not None:
+            agg.shapes.add(dims)
+            if agg.last is None or view.obs.last >= agg.last[0]:
+                agg.last = (view.obs.last, dims)
+    elif info.kind != KIND_OPAQUE and info.value != agg.info.value:
+        raise ObservationMismatch(
+            f"{where} is {info.value!r} in {view.label} but {agg.info.value!r} in call "
+            f"{agg.call}: torch.export bakes scalars into the program as constants, so one "
+            "program cannot serve both; pass a tensor, or observe each value separately"
+        )
