@@ -1,0 +1,232 @@
+"""The `capture` command group: global options, lazy command registry, error and warning policy.
+
+Commands are registered by name as ``"module:function"`` and imported only when they run or
+when their own ``--help`` is shown, so ``capture --help`` imports neither torch nor duckdb, and
+a command whose module fails to import (a missing optional dependency) leaves the others usable.
+
+Policy applied to every command, in one place (`CaptureGroup.invoke`):
+
+- a `capture.errors.CaptureError` becomes a `click.ClickException`: one line ``Error: ...`` on
+  stderr, exit status 1, no traceback (multi-line library messages, such as DuckDB's caret
+  diagnostics, are folded into that line);
+- warnings whose message starts with ``capture:`` (e.g. the store skipping a truncated Parquet
+  file) are always shown, and every shown warning is one line ``warning: <message>`` on stderr,
+  whatever the interpreter's warning filters say about ``capture:`` warnings;
+- log records of level WARNING and above from the ``capture``, ``replay`` and ``cli`` loggers
+  are written the same way (``warning: ...``, ``error: ...``), one line each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import click
+
+from capture import __version__
+from capture.errors import CaptureError
+
+__all__ = ["cli", "CaptureGroup", "Settings", "store_path", "COMMANDS", "DEFAULT_STORE"]
+
+DEFAULT_STORE = "./capture-store"
+"""Store used when neither ``--store`` nor ``$CAPTURE_STORE`` is given."""
+
+STORE_ENVVAR = "CAPTURE_STORE"
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "query": ("cli.query:query_command", "Run SQL over the recorded calls and print the result."),
+    "summary": ("cli.query:summary_command", "Summarize what the store recorded, per model."),
+    "dims": ("cli.query:dims_command", "Show which input dimensions are dynamic, per model."),
+    "export": (
+        "cli.export:export_command",
+        "Export a model with torch.export using the recorded calls.",
+    ),
+    "demo": ("cli.demo:demo_command", "Record a tiny model into a store to try the commands."),
+}
+"""Command name -> (``"module:function"``, one-line summary shown by ``capture --help``).
+
+The summary is kept here so that listing commands imports none of them; a test checks that it
+matches the first line of each command's own help.
+"""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Global options, stored as the click context object (``ctx.obj``) for every command."""
+
+    store: str
+
+
+def store_path(ctx: click.Context) -> str:
+    """The store chosen with ``--store`` / ``$CAPTURE_STORE`` for the running command.
+
+    Args:
+        ctx: The command's click context (or any descendant of the group's).
+
+    Returns:
+        The store path or URI; `DEFAULT_STORE` when the command runs outside the group.
+
+    Example:
+        >>> @click.command()
+        ... @click.pass_context
+        ... def show(ctx: click.Context) -> None:
+        ...     click.echo(store_path(ctx), err=True)
+    """
+    settings = ctx.find_object(Settings)
+    if settings is not None:
+        return settings.store
+    return os.environ.get(STORE_ENVVAR) or DEFAULT_STORE
+
+
+def _one_line(message: str) -> str:
+    """Folds a multi-line message into one line; drops blank lines and caret markers."""
+    lines = [line.strip() for line in message.splitlines()]
+    lines = [line for line in lines if line and set(line) != {"^"}]
+    if not lines:
+        return message.strip()
+    if len(lines) == 1:
+        return lines[0]
+    return f"{lines[0]} ({'; '.join(lines[1:])})"
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    click.echo(f"warning: {_one_line(str(message))}", err=True)
+
+
+class _StderrHandler(logging.Handler):
+    """Writes a log record as ``<level>: <message>`` on the current stderr (click's)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = _one_line(record.getMessage())
+            click.echo(f"{record.levelname.lower()}: {message}", err=True)
+        except Exception:  # logging must never break the command; the stdlib convention
+            self.handleError(record)
+
+
+_LOGGERS = ("capture", "replay", "cli")
+
+
+@contextlib.contextmanager
+def _library_logs_to_stderr() -> Iterator[None]:
+    handler = _StderrHandler(logging.WARNING)
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+class CaptureGroup(click.Group):
+    """A click group whose commands are imported on first use (see `COMMANDS`).
+
+    Example:
+        >>> group = CaptureGroup(lazy_commands={"query": ("cli.query:query_command", "Run SQL.")})
+        >>> group.list_commands(click.Context(group))
+        ['query']
+    """
+
+    def __init__(
+        self, *args: Any, lazy_commands: dict[str, tuple[str, str]] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None or cmd_name not in self.lazy_commands:
+            return command
+        target, _ = self.lazy_commands[cmd_name]
+        module_name, _, attribute = target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise click.ClickException(
+                f"the {cmd_name!r} command is unavailable: importing {module_name} failed "
+                f"({type(e).__name__}: {_one_line(str(e))}); check the installation"
+            ) from e
+        command = getattr(module, attribute, None)
+        if not isinstance(command, click.Command):
+            raise click.ClickException(
+                f"the {cmd_name!r} command is unavailable: {target} is not a click command"
+            )
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.lazy_commands:
+                rows.append((name, self.lazy_commands[name][1]))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(formatter.width)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with warnings.catch_warnings(), _library_logs_to_stderr():
+            # Shown always and as one line, even under `-W error` or pytest's filterwarnings.
+            warnings.filterwarnings("always", message="capture: ")
+            warnings.showwarning = _show_warning
+            try:
+                return super().invoke(ctx)
+            except CaptureError as e:
+                raise click.ClickException(_one_line(str(e))) from e
+
+
+@click.group(
+    "capture",
+    cls=CaptureGroup,
+    lazy_commands=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(__version__, "--version", prog_name="capture", message="%(prog)s %(version)s")
+@click.option(
+    "--store",
+    metavar="PATH",
+    envvar=STORE_ENVVAR,
+    default=DEFAULT_STORE,
+    show_default=False,
+    help=(
+        "The store: a directory, or a pyarrow filesystem URI such as s3://bucket/prefix. "
+        f"Default: ${STORE_ENVVAR} if set, else {DEFAULT_STORE}."
+    ),
+)
+@click.pass_context
+def cli(ctx: click.Context, store: str) -> None:
+    """Record how a PyTorch model is called, query the recordings, export the model.
+
+    Recordings are written by capture.Recorder in Python; these commands read them.
+    Data goes to stdout, messages to stderr. Exit status: 0 success, 1 an error you
+    can fix (bad SQL, missing or corrupt store), 2 a usage error, 3 export completed
+    but torch.export rejected the model.
+
+    \b
+    Example:
+      capture demo
+      capture summary
+      capture query "SELECT model, count(*) AS calls FROM calls GROUP BY model"
+      capture --store runs/prod dims --model LlamaForCausalLM -f json
+    """
+    ctx.obj = Settings(store=store)

@@ -1,0 +1,202 @@
+"""`capture query`, `capture summary`, `capture dims`: thin commands over `capture.Store`.
+
+Nothing here imports torch: the store is read through DuckDB and pyarrow only, and those are
+imported when a command runs, not when its ``--help`` is shown. Library errors
+(`capture.errors.CaptureError`) are turned into one-line messages with exit status 1 by the
+command group (`cli.main.CaptureGroup`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import click
+
+from cli.main import store_path
+from cli.output import format_option, no_headers_option, render, render_document, write_text
+
+if TYPE_CHECKING:
+    from capture.store import Store
+
+__all__ = ["query_command", "summary_command", "dims_command", "parse_value"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_INT = re.compile(r"[+-]?[0-9]+\Z")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?\Z")
+
+_MODEL_HELP = "Only this model (the Recorder's name). Default: every model in the store."
+
+
+def parse_value(text: str) -> int | float | str:
+    """The value of ``-p NAME VALUE``: an int if it is an integer literal, else a float if it
+    is a decimal literal, else the text itself.
+
+    Only plain literals are numbers (``5``, ``-3``, ``2.5``, ``1e-3``); ``nan``, ``inf``,
+    ``1_000`` and ``0x10`` stay strings, and so does everything else.
+
+    Args:
+        text: The VALUE as typed.
+
+    Returns:
+        The value DuckDB binds to ``$NAME``.
+
+    Example:
+        >>> [parse_value(v) for v in ("8", "-2", "0.5", "1e3", "nan", "toy")]
+        [8, -2, 0.5, 1000.0, 'nan', 'toy']
+    """
+    if _INT.match(text):
+        return int(text)
+    if _FLOAT.match(text):
+        return float(text)
+    return text
+
+
+def _bind(params: Sequence[tuple[str, str]]) -> dict[str, int | float | str]:
+    bound: dict[str, int | float | str] = {}
+    for name, value in params:
+        if not _NAME.match(name):
+            raise click.BadParameter(
+                f"{name!r} is not a parameter name; use a plain identifier, e.g. -p n 8 for $n",
+                param_hint="'-p' / '--param'",
+            )
+        if name in bound:
+            raise click.BadParameter(
+                f"${name} is given twice; pass each parameter once",
+                param_hint="'-p' / '--param'",
+            )
+        bound[name] = parse_value(value)
+    return bound
+
+
+@contextmanager
+def _open_store(ctx: click.Context) -> Iterator[Store]:
+    from capture.store import open_store  # duckdb + pyarrow: only when a command runs
+
+    with open_store(store_path(ctx)) as store:
+        yield store
+
+
+@click.command("query")
+@click.argument("sql", metavar="SQL")
+@click.option(
+    "-p",
+    "--param",
+    "params",
+    nargs=2,
+    multiple=True,
+    metavar="NAME VALUE",
+    help="Bind $NAME in the SQL to VALUE (an int if it parses as one, else a float, else a "
+    "string); repeatable. Default: no parameters.",
+)
+@format_option()
+@no_headers_option
+@click.pass_context
+def query_command(
+    ctx: click.Context,
+    sql: str,
+    params: tuple[tuple[str, str], ...],
+    fmt: str,
+    no_headers: bool,
+) -> None:
+    """Run SQL over the recorded calls and print the result.
+
+    SQL is DuckDB SQL over the store's views: calls (one row per call),
+    leaves (one row per call and argument leaf, with its shape), dims (one row
+    per call, tensor and axis), structures, stats and signatures. Pass - as
+    SQL to read it from stdin. Parameters given with -p are bound by DuckDB,
+    never pasted into the SQL. Unreadable store files are skipped with a
+    warning on stderr.
+
+    \b
+    Example:
+      capture query "SELECT model, count(*) AS calls FROM calls GROUP BY model"
+      capture query 'SELECT path, shape FROM leaves WHERE shape[1] > $n' -p n 2 -f json
+      echo "SELECT * FROM signatures" | capture query - -f csv
+    """
+    if sql == "-":
+        sql = sys.stdin.read()
+    if not sql.strip():
+        raise click.BadParameter("the SQL is empty", param_hint="'SQL'")
+    bound = _bind(params)
+    with _open_store(ctx) as store:
+        table = store.query(sql, bound)
+    render(table, fmt, headers=not no_headers)
+
+
+@click.command("summary")
+@click.option("--model", metavar="NAME", default=None, help=_MODEL_HELP)
+@format_option(("table", "json", "jsonl"))
+@click.pass_context
+def summary_command(ctx: click.Context, model: str | None, fmt: str) -> None:
+    """Summarize what the store recorded, per model.
+
+    Shows, for each model: how many calls were recorded and when, the call
+    groups (calls sharing one input structure), the inputs that are sometimes
+    missing or None, and the dynamic dims. The table format is a report for
+    people; json and jsonl print the same data as one JSON document.
+
+    \b
+    Example:
+      capture summary
+      capture summary --model LlamaForCausalLM -f json
+    """
+    with _open_store(ctx) as store:
+        data = store.summary(model)
+    if fmt == "table":
+        from cli.report import summary_report
+
+        write_text(summary_report(data))
+    else:
+        render_document(data, fmt)
+
+
+@click.command("dims")
+@click.option("--model", metavar="NAME", default=None, help=_MODEL_HELP)
+@click.option(
+    "--python",
+    "as_python",
+    is_flag=True,
+    default=False,
+    help="Print the dynamic_shapes for torch.export as Python source to paste, instead of the "
+    "table (not combinable with -f or --no-headers). Default: off.",
+)
+@format_option()
+@no_headers_option
+@click.pass_context
+def dims_command(
+    ctx: click.Context, model: str | None, as_python: bool, fmt: str, no_headers: bool
+) -> None:
+    """Show which input dimensions are dynamic, per model.
+
+    One row per model, call group, tensor input and axis: whether the size
+    varies across recorded calls, its min and max, how many distinct sizes
+    were seen, and the symbol shared by dims that are always equal. --python
+    prints the same information as the dynamic_shapes argument of
+    torch.export.export.
+
+    \b
+    Example:
+      capture dims
+      capture dims --model LlamaForCausalLM -f csv
+      capture dims --python
+    """
+    explicit_format = ctx.get_parameter_source("fmt") is not click.core.ParameterSource.DEFAULT
+    if as_python and (explicit_format or no_headers):
+        raise click.UsageError(
+            "--python prints Python source; it takes neither -f/--format nor --no-headers"
+        )
+    if as_python:
+        from replay.source import dynamic_shapes_source
+
+        with _open_store(ctx) as store:
+            store.check_model(model)
+            source = dynamic_shapes_source(store, model=model)
+        write_text(source)
+        return
+    with _open_store(ctx) as store:
+        table = store.dims(model)
+    render(table, fmt, headers=not no_headers)
