@@ -179,12 +179,15 @@ def _walk_layers(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any]
     layers = obj.layers
     key.append(tp)
     key.append(tuple(map(type, layers)))
-    for child in [layer.keys for layer in layers] + [layer.values for layer in layers]:
-        if type(child) is _Tensor:
-            tensors.append(child)
-            key.append(_T)
-        else:
-            walk(child, tensors, key)
+    children = [layer.keys for layer in layers] + [layer.values for layer in layers]
+    if all(map(_is_initialized, layers)):
+        # Every child is a tensor: one token for all of them (their dtypes, devices and ranks
+        # are in the key built by `tensor_key`).
+        tensors.extend(children)
+        key.append(len(children))
+        return
+    for child in children:
+        walk(child, tensors, key)
 
 
 def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any]) -> None:
@@ -213,20 +216,25 @@ def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any])
         walk(child, tensors, key)
 
 
+_is_initialized = operator.attrgetter("is_initialized")
 _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
 _device_index = _Tensor.get_device
 
 
 def tensor_key(
-    key: list[Any], tensors: list[torch.Tensor]
+    key: list[Any], tensors: list[torch.Tensor], devices: bool = True
 ) -> tuple[tuple[Any, ...], list[torch.Size]]:
-    """The full structure key (containers, dtypes, devices, ranks) and the tensors' shapes."""
+    """The full structure key (containers, dtypes, devices, ranks) and the tensors' shapes.
+
+    `devices=False` leaves the device indices out (the recorder does so for outputs, whose
+    devices follow the inputs'; the structure still records the device seen first).
+    """
     shapes = list(map(_shape, tensors))
     return (
         tuple(key),
         tuple(map(_dtype, tensors)),
-        tuple(map(_device_index, tensors)),
+        tuple(map(_device_index, tensors)) if devices else None,
         tuple(map(len, shapes)),
     ), shapes
 

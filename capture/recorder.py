@@ -295,7 +295,7 @@ class Recorder:
             tensors: list[torch.Tensor] = []
             key: list[Any] = ["out"]
             walk(out, tensors, key)
-            k, out_shapes = tensor_key(key, tensors)
+            k, out_shapes = tensor_key(key, tensors, devices=False)
             found = self._structures.get(k, _UNSEEN)
             st = (
                 self._new_structure(k, out, tensors, "output")
