@@ -1,0 +1,263 @@
+"""`capture export MODULE:FACTORY`: export a model with torch.export from the recorded calls.
+
+The command imports FACTORY from MODULE (a module name, importable from the current directory,
+or a ``.py`` file), calls it to get the model, and runs `replay.export` on the store: one
+program per call group, checked against eager on every recorded signature. The coverage table
+goes to stdout through `cli.output`; notes and progress go to stderr. torch is imported inside the
+command only, so ``capture --help`` stays fast.
+
+Exit status: 0 every recorded signature is covered; 3 the export ran but torch.export rejected
+a group or some signatures are not reproduced (the table says which and why); 1 an error before
+anything was exported (no store, unknown model, a factory that cannot be imported or called, a
+forward signature that no longer matches the recordings). Files are written (``--out``) only when
+the export ran, and never on exit 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cli.main import store_path
+from cli.output import format_option, no_headers_option, render
+
+__all__ = ["export_command", "load_factory", "EXIT_PARTIAL", "OUT_SUFFIXES"]
+
+EXIT_PARTIAL = 3
+"""Exit status when the export does not cover every recorded signature (STYLE: exit codes)."""
+
+OUT_SUFFIXES = (".pt2", ".onnx")
+"""What ``--out`` may end with: a torch.export archive or an ONNX model."""
+
+
+@contextlib.contextmanager
+def _cwd_on_path() -> Iterator[None]:
+    """Lets ``capture export mymodels:build`` import ``mymodels`` from the current directory."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def load_factory(target: str) -> Any:
+    """Imports ``MODULE:FACTORY`` and returns FACTORY (not called).
+
+    Args:
+        target: ``package.module:function`` or ``path/to/file.py:function``.
+
+    Returns:
+        The factory object.
+
+    Raises:
+        click.ClickException: The target is malformed, does not import, or has no FACTORY.
+
+    Example:
+        >>> load_factory("fixtures.models:tiny_llama").__name__
+        'tiny_llama'
+    """
+    module_name, sep, attribute = target.rpartition(":")
+    if not sep or not module_name or not attribute:
+        raise click.BadParameter(
+            f"{target!r} is not MODULE:FACTORY, e.g. mymodels:build or models.py:build",
+            param_hint="'MODULE:FACTORY'",
+        )
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise click.ClickException(f"cannot import {module_name}: no such file")
+            spec = importlib.util.spec_from_file_location(f"_capture_factory_{path.stem}", path)
+            if spec is None or spec.loader is None:
+                raise click.ClickException(f"cannot import {module_name}: not a Python file")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            with _cwd_on_path():
+                module = importlib.import_module(module_name)
+    except click.ClickException:
+        raise
+    except Exception as e:  # the user's module failed to import: say which and why
+        raise click.ClickException(f"cannot import {module_name}: {type(e).__name__}: {e}") from e
+    factory = getattr(module, attribute, None)
+    if factory is None or not callable(factory):
+        raise click.ClickException(
+            f"{module_name} has no callable {attribute!r}; FACTORY must be a function or class "
+            "returning the model"
+        )
+    return factory
+
+
+def _build_model(target: str) -> Any:
+    import torch
+
+    factory = load_factory(target)
+    try:
+        model = factory()
+    except Exception as e:  # the factory itself failed: report it as the user's error
+        raise click.ClickException(f"{target}() failed: {type(e).__name__}: {e}") from e
+    if not isinstance(model, torch.nn.Module):
+        raise click.ClickException(
+            f"{target}() returned a {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model
+
+
+def _batch_option(values: tuple[str, ...]) -> bool | list[str | int] | None:
+    if not values:
+        return None
+    if "all" in values:
+        return True
+    return [int(v) if v.isdigit() else v for v in values]
+
+
+def _save(result: Any, out: str) -> list[str]:
+    """Writes every program as a torch.export archive; returns the paths written."""
+    import torch
+
+    from capture import nodes
+    from replay.export import output_path
+
+    written = []
+    several = len(result.programs) > 1
+    with nodes.register_flattening_functions():
+        for name, program in result.programs.items():
+            path = output_path(out, name, several)
+            torch.export.save(program, path)
+            written.append(path)
+    return written
+
+
+@click.command("export")
+@click.argument("target", metavar="MODULE:FACTORY")
+@click.option(
+    "--model",
+    metavar="NAME",
+    default=None,
+    help="The model name in the store (the Recorder's name). Default: the store's only model, "
+    "or the one named like the model's class.",
+)
+@click.option(
+    "--group",
+    "groups",
+    metavar="NAME",
+    multiple=True,
+    help="Export only this call group (decode, prefill, g0, ... as `capture dims` shows them); "
+    "repeatable. Default: every group.",
+)
+@click.option(
+    "--out",
+    metavar="PATH",
+    default=None,
+    help="Write the programs: PATH.pt2 (torch.export.save) or PATH.onnx (needs capture[onnx]); "
+    "with several groups, one file per group named PATH-stem.GROUP.suffix. Default: nothing "
+    "written.",
+)
+@click.option(
+    "--set-batch-dimension-for",
+    "batch",
+    metavar="NAME",
+    multiple=True,
+    help="Make axis 0 of this argument (name or position) dynamic even when it never varied; "
+    "repeatable; 'all' for every input tensor. Default: only dims that varied.",
+)
+@click.option(
+    "--named-dims",
+    is_flag=True,
+    default=False,
+    help="Use named Dim(symbol, min, max) with the recorded ranges, shared and derived dims. "
+    "Default: Dim.DYNAMIC.",
+)
+@click.option(
+    "--keyword-only",
+    is_flag=True,
+    default=False,
+    help="Pass positional arguments by keyword in the exported program. Default: as recorded.",
+)
+@format_option()
+@no_headers_option
+@click.pass_context
+def export_command(
+    ctx: click.Context,
+    target: str,
+    model: str | None,
+    groups: tuple[str, ...],
+    out: str | None,
+    batch: tuple[str, ...],
+    named_dims: bool,
+    keyword_only: bool,
+    fmt: str,
+    no_headers: bool,
+) -> None:
+    """Export a model with torch.export using the recorded calls.
+
+    MODULE:FACTORY names a function (or class) returning the model: a module
+    importable from the current directory (mymodels:build) or a Python file
+    (models.py:build). The model is exported once per call group of its
+    recordings (prefill, decode, ...) from arguments rebuilt from the store,
+    and each program is run against the eager model on every recorded
+    signature. The coverage table (one row per signature: calls, covered,
+    max_abs_diff, error) goes to stdout; notes go to stderr.
+
+    Exit status: 0 every recorded signature is covered; 3 the export ran but
+    torch.export rejected a group or some signatures are not reproduced (the
+    table is printed and --out still written for the programs that exported);
+    1 an error before exporting (no store, unknown model, a factory that does
+    not import, a forward signature that no longer matches the recordings),
+    with nothing written.
+
+    \b
+    Example:
+      capture export mymodels:build --model LlamaForCausalLM
+      capture --store runs/prod export models.py:build --out llama.pt2
+      capture export mymodels:build --group decode --set-batch-dimension-for all -f json
+    """
+    if out is not None and not out.endswith(OUT_SUFFIXES):
+        raise click.BadParameter(f"{out!r} must end with .pt2 or .onnx", param_hint="'--out'")
+    onnx = out if out is not None and out.endswith(".onnx") else None
+    if onnx is not None:
+        from replay.export import require_onnx
+
+        require_onnx()
+    module = _build_model(target)
+
+    import replay
+
+    result = replay.export(
+        module,
+        store_path(ctx),
+        model,
+        groups=list(groups) or None,
+        onnx=onnx,
+        set_batch_dimension_for=_batch_option(batch),
+        named_dims=named_dims,
+        keyword_only=keyword_only,
+    )
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
+    written = list(result.onnx.values())
+    if out is not None and onnx is None and result.programs:
+        written = _save(result, out)
+    for path in written:
+        click.echo(f"wrote {path}", err=True)
+    render(result.coverage, fmt, headers=not no_headers)
+    if not result.complete:
+        covered = sum(1 for c in result.coverage.column("covered").to_pylist() if c)
+        click.echo(
+            f"export incomplete: {covered} of {result.coverage.num_rows} recorded signatures "
+            "covered (see the error column)",
+            err=True,
+        )
+        ctx.exit(EXIT_PARTIAL)

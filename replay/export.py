@@ -1,0 +1,484 @@
+"""export(): torch.export (and optionally ONNX) from a store, checked on every recorded signature.
+
+For each call group of the model (`replay.inputs.export_inputs`), one ``torch.export.export`` of
+``group.module(model)`` with the group's example and ``dynamic_shapes`` (non-strict, the default
+of torch.export). Then the **coverage check**: for every distinct recorded signature of the
+group, fresh inputs of exactly those sizes and integer value ranges are rebuilt twice (a forward
+may mutate its inputs: a DynamicCache grows in place), the exported program
+(``ep.module()``) runs on one copy and the eager model on the other, as the recorded calls passed
+them, and every output tensor (flattened with torch's pytree) is compared. A signature is
+covered when both ran and agree within ``atol + rtol * max|eager|``.
+
+A group torch.export rejects has no program; its signatures are in the coverage table,
+uncovered, with the error. `ExportResult.complete` is true when every signature is covered.
+
+Nothing is printed: the CLI (`cli.export`) renders the result.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import sys
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import torch
+import torch.utils._pytree as pytree
+
+from capture import nodes, schema
+from capture.errors import ReplayError
+from capture.flatten import signature_of
+from replay import shapes
+from replay.inputs import ExportGroup, ExportInputs, build_group, export_inputs
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+__all__ = [
+    "ExportResult",
+    "export",
+    "check_signature",
+    "COVERAGE_SCHEMA",
+    "require_onnx",
+    "output_path",
+]
+
+logger = logging.getLogger(__name__)
+
+COVERAGE_SCHEMA = pa.schema(
+    [
+        pa.field("group", pa.string()),
+        pa.field("signature", pa.string()),
+        pa.field("calls", pa.int64()),
+        pa.field("covered", pa.bool_()),
+        pa.field("max_abs_diff", pa.float64()),
+        pa.field("error", pa.string()),
+    ]
+)
+"""Columns of `ExportResult.coverage`: one row per distinct recorded signature."""
+
+ONNX_HINT = "pip install capture[onnx]"
+_TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
+
+
+@dataclass
+class ExportResult:
+    """What `export` returns.
+
+    Attributes:
+        programs: Group name -> the group's `torch.export.ExportedProgram`.
+        coverage: One row per distinct recorded signature (`COVERAGE_SCHEMA`).
+        notes: What was done and why, per group (``"<group>: <note>"``).
+        complete: Every recorded signature is covered.
+        inputs: The export inputs the programs were exported from.
+        errors: Group name -> why torch.export rejected it.
+        onnx: Group name -> path of the ONNX file written.
+    """
+
+    programs: dict[str, ExportedProgram]
+    coverage: pa.Table
+    notes: list[str]
+    complete: bool
+    inputs: ExportInputs
+    errors: dict[str, str] = field(default_factory=dict)
+    onnx: dict[str, str] = field(default_factory=dict)
+
+
+def require_onnx() -> None:
+    """Checks that the optional ONNX dependencies are installed.
+
+    Raises:
+        ReplayError: onnx or onnxscript is missing; the message names the extra to install.
+    """
+    import importlib.util
+
+    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ReplayError(
+            f"ONNX export needs {' and '.join(missing)}, which are not installed; run `{ONNX_HINT}`"
+        )
+
+
+def _recorded_keywords(group: ExportGroup) -> tuple[int, list[str], list[str]]:
+    """(positional count, keyword names, positional names) of the group's recorded calls."""
+    n_args = int(group.leaves[0].get("n_args") or 0) if group.leaves else 0
+    keywords: list[str] = []
+    positional = [""] * n_args
+    for row in group.leaves:
+        if row["kind"] == schema.KIND_MISSING:
+            continue
+        if row.get("position") is not None and int(row["position"]) < n_args:
+            positional[int(row["position"])] = str(row["argument"])
+        elif str(row["path"]).startswith("kwargs[") and row["argument"] not in keywords:
+            keywords.append(str(row["argument"]))
+    return n_args, keywords, positional
+
+
+def check_signature(model: Any, groups: Iterable[ExportGroup]) -> None:
+    """Checks that ``model.forward`` still accepts the recorded calls, the same way.
+
+    Args:
+        model: The model to export.
+        groups: The groups of its recordings.
+
+    Raises:
+        ReplayError: A recorded call no longer binds, a positional argument now lands in a
+            differently named parameter, or a recorded parameter is gone; the message names it.
+
+    Example:
+        >>> check_signature(model, export_inputs("capture-store").groups)  # doctest: +SKIP
+    """
+    forward = getattr(model, "forward", model)
+    current = signature_of(forward)
+    names = [p.name for p in current if p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    plain = {p.name for p in current if p.kind not in ("VAR_POSITIONAL", "VAR_KEYWORD")}
+    for group in groups:
+        recorded = shapes.parse_params(group.leaves[0].get("signature") if group.leaves else None)
+        if [(p.name, p.kind) for p in recorded] == [(p.name, p.kind) for p in current]:
+            continue
+        recorded_plain = {
+            p.name for p in recorded if p.kind not in ("VAR_POSITIONAL", "VAR_KEYWORD")
+        }
+        n_args, keywords, positional = _recorded_keywords(group)
+        where = f"group {group.name} of model {group.model}"
+        for i, name in enumerate(positional):
+            now = names[i] if i < len(names) else None
+            if name in recorded_plain and now != name:
+                raise ReplayError(
+                    f"model.forward no longer matches the recordings: args[{i}] was recorded as "
+                    f"parameter {name!r}, forward now names it {now!r} ({where})"
+                )
+        for name in keywords:
+            if name in recorded_plain and name not in plain:
+                raise ReplayError(
+                    f"model.forward no longer matches the recordings: parameter {name!r} "
+                    f"is gone ({where} passes it)"
+                )
+        try:
+            inspect.signature(forward).bind(*([None] * n_args), **dict.fromkeys(keywords))
+        except TypeError as e:
+            raise ReplayError(
+                f"model.forward no longer matches the recordings: {e} ({where} passes "
+                f"{n_args} positional argument(s) and {', '.join(keywords) or 'no keyword'})"
+            ) from e
+
+
+def _fix_guard_sources(ep: ExportedProgram) -> None:
+    """Makes ``ep.module()`` runnable when an input is reached through a custom key.
+
+    torch 2.13 writes the input guards with the *source* names of the key path
+    (``L['past_key_values'].key_cache_0``, from `GetAttrKey.name`) and then replaces them with
+    ``pytree.keystr`` of the same path (``.key_cache[0]`` for capture's `CacheKey`); when the two
+    differ the guard function refers to an undefined ``L`` and every call fails with NameError.
+    Rewriting the guards with ``keystr`` spellings is what torch does for the standard keys.
+    """
+    code = getattr(ep, "_guards_code", None)
+    if not code or not ep.example_inputs:
+        return
+    with nodes.register_flattening_functions():
+        flat, _ = pytree.tree_flatten_with_path(ep.example_inputs)
+    replace: dict[str, str] = {}
+    for path, _ in flat:
+        source = "L"
+        for key in path[1:]:
+            if isinstance(key, pytree.MappingKey):
+                source += f"[{key.key!r}]"
+            elif isinstance(key, pytree.SequenceKey):
+                source += f"[{key.idx}]"
+            elif isinstance(key, pytree.GetAttrKey):
+                source += f".{key.name}"
+        spelled = "L" + pytree.keystr(tuple(path[1:]))
+        if source != spelled:
+            replace[source] = spelled
+    if replace:
+        fixed = []
+        for guard in code:
+            for old in sorted(replace, key=len, reverse=True):
+                guard = guard.replace(old, replace[old])
+            fixed.append(guard)
+        ep._guards_code = fixed
+
+
+def _tensors(value: Any) -> list[Any]:
+    with nodes.register_flattening_functions():
+        return list(pytree.tree_leaves(value))
+
+
+def _compare(expected: Any, got: Any, atol: float, rtol: float) -> tuple[float, str | None]:
+    """(max abs diff, error or None) between eager and program outputs."""
+    left, right = _tensors(expected), _tensors(got)
+    left_t = [v for v in left if isinstance(v, torch.Tensor)]
+    right_t = [v for v in right if isinstance(v, torch.Tensor)]
+    if len(left_t) != len(right_t):
+        return float("nan"), (f"the program returns {len(right_t)} tensors, eager {len(left_t)}")
+    worst, bad = 0.0, None
+    for i, (a, b) in enumerate(zip(left_t, right_t, strict=True)):
+        if tuple(a.shape) != tuple(b.shape):
+            return float("nan"), (
+                f"output {i}: shape {tuple(b.shape)} from the program, {tuple(a.shape)} eager"
+            )
+        if a.numel() == 0:
+            continue
+        x, y = a.detach().cpu().double(), b.detach().cpu().double()
+        both_nan = torch.isnan(x) & torch.isnan(y)
+        diff = torch.where(both_nan, torch.zeros_like(x), (x - y).abs())
+        diff = torch.nan_to_num(diff, nan=float("inf"))
+        m = float(diff.max())
+        worst = max(worst, m)
+        limit = atol + rtol * float(torch.nan_to_num(x.abs(), nan=0.0).max())
+        if m > limit and bad is None:
+            bad = f"output {i} differs by {m:.3g} (tolerance {limit:.3g})"
+    return worst, bad
+
+
+def _coverage_rows(
+    model: Any,
+    group: ExportGroup,
+    program: ExportedProgram | None,
+    error: str | None,
+    atol: float,
+    rtol: float,
+) -> list[dict[str, Any]]:
+    rows = []
+    runnable = program.module() if program is not None else None
+    for sizes, calls in group.recorded():
+        row: dict[str, Any] = {
+            "group": group.name,
+            "signature": shapes.describe_sizes(group.leaves, sizes),
+            "calls": calls,
+            "covered": False,
+            "max_abs_diff": None,
+            "error": error,
+        }
+        if runnable is not None:
+            row.update(_check_one(model, group, runnable, sizes, atol, rtol))
+        rows.append(row)
+    return rows
+
+
+def _check_one(
+    model: Any, group: ExportGroup, runnable: Any, sizes: tuple[int, ...], atol: float, rtol: float
+) -> dict[str, Any]:
+    with torch.no_grad():
+        try:
+            args, kwargs = group.recorded_call(sizes)
+            expected = model(*args, **kwargs)
+        except Exception as e:  # the eager model itself fails on these inputs: report it
+            return {"error": f"eager forward failed: {type(e).__name__}: {_first_line(e)}"}
+        try:
+            args, kwargs = group.program_call(sizes)
+            got = runnable(*args, **kwargs)
+        except Exception as e:  # the program rejects these sizes (a guard): not covered
+            return {"error": f"program failed: {type(e).__name__}: {_first_line(e)}"}
+    diff, bad = _compare(expected, got, atol, rtol)
+    return {"covered": bad is None, "max_abs_diff": diff, "error": bad}
+
+
+def _export_group(
+    model: Any, group: ExportGroup, strict: bool
+) -> tuple[ExportedProgram | None, BaseException | None]:
+    """(program, None) or (None, the error torch.export raised)."""
+    try:
+        with nodes.register_flattening_functions():
+            program = torch.export.export(
+                group.module(model),
+                group.args,
+                kwargs=group.kwargs,
+                dynamic_shapes=group.dynamic_shapes,
+                strict=strict,
+            )
+    except Exception as e:  # torch.export rejected this group: reported, the others go on
+        return None, e
+    _fix_guard_sources(program)
+    return program, None
+
+
+def _is_constraint(e: BaseException) -> bool:
+    return "Constraints violated" in str(e)
+
+
+def _summary(e: BaseException) -> str:
+    """``Type: first line`` plus the first ``- ...`` detail line torch gives, if any."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    first = (lines[0] if lines else "").replace(_TORCH_LOGS_HINT, "").strip()
+    text = f"{type(e).__name__}: {first}".rstrip(": ")
+    detail = next((line for line in lines[1:] if line.startswith("- ")), None)
+    return f"{text} {detail}" if detail else text
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def output_path(path: str, group: str, several: bool) -> str:
+    """`path` for a single program, else ``<stem>.<group><suffix>`` (one file per group).
+
+    Example:
+        >>> output_path("model.onnx", "decode", True)
+        'model.decode.onnx'
+    """
+    if not several:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}.{group}{ext}"
+
+
+def _write_onnx(
+    inputs: ExportInputs, programs: Mapping[str, ExportedProgram], path: str
+) -> dict[str, str]:
+    """Converts every program with ``torch.onnx.export(..., dynamo=True)``, then saves them all
+    (nothing is written when a conversion fails)."""
+    converted = []
+    for group in inputs.groups:
+        program = programs.get(group.name)
+        if program is None:
+            continue
+        try:
+            with nodes.register_flattening_functions():
+                onnx_program = torch.onnx.export(
+                    program, group.args, kwargs=group.kwargs, dynamo=True
+                )
+        except Exception as e:
+            raise ReplayError(f"ONNX conversion of group {group.name} failed: {_summary(e)}") from e
+        converted.append((group.name, onnx_program))
+    written = {}
+    for name, onnx_program in converted:
+        target = output_path(path, name, len(converted) > 1)
+        onnx_program.save(target)  # type: ignore[union-attr]
+        written[name] = target
+    return written
+
+
+def export(
+    module: Any,
+    store: Any,
+    model: str | None = None,
+    *,
+    groups: Iterable[str] | None = None,
+    onnx: str | os.PathLike[str] | None = None,
+    strict: bool = False,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    set_batch_dimension_for: bool | Iterable[str | int] | None = None,
+    named_dims: bool = False,
+    keyword_only: bool = False,
+    value_if_missing: Mapping[str, torch.Tensor] | None = None,
+    fill_missing: bool = False,
+    seed: int = 0,
+    device: str | None = None,
+) -> ExportResult:
+    """Exports `module` once per recorded call group and checks every recorded signature.
+
+    Args:
+        module: The model (a `torch.nn.Module`) whose calls were recorded.
+        store: A store path (or URI) or an open `capture.Store`.
+        model: Its name in the store; default: the only model, or the module's class name.
+        groups: Export only these call groups (default: all of them).
+        onnx: Also write ONNX (``torch.onnx.export(..., dynamo=True)``): this path for one
+            group, ``<stem>.<group>.onnx`` for several. Needs ``capture[onnx]``.
+        strict: Passed to ``torch.export.export``.
+        atol: Absolute tolerance of the output comparison.
+        rtol: Relative tolerance (times the largest eager magnitude of the output).
+        set_batch_dimension_for: See `replay.export_inputs`.
+        named_dims: See `replay.export_inputs`.
+        keyword_only: See `replay.export_inputs`.
+        value_if_missing: See `replay.export_inputs`.
+        fill_missing: See `replay.export_inputs`.
+        seed: Seed of the rebuilt tensors.
+        device: Device of the rebuilt tensors (default: the model's).
+
+    Returns:
+        An `ExportResult`.
+
+    Raises:
+        StoreNotFound, EmptyStore, UnknownModel: The store or model cannot be found.
+        ReplayError: ``model.forward`` no longer matches the recordings, the recordings cannot
+            be rebuilt, or ``onnx`` is asked without the ONNX dependencies.
+
+    Example:
+        >>> result = export(model, "capture-store")  # doctest: +SKIP
+        >>> result.complete, result.coverage.column("covered").to_pylist()  # doctest: +SKIP
+        (True, [True, True, True])
+    """
+    if onnx is not None:
+        require_onnx()
+    if device is None and isinstance(module, torch.nn.Module):
+        first = next(iter(module.parameters()), None)
+        device = str(first.device) if first is not None else None
+    inputs = export_inputs(
+        store,
+        model,
+        groups=groups,
+        set_batch_dimension_for=set_batch_dimension_for,
+        named_dims=named_dims,
+        keyword_only=keyword_only,
+        value_if_missing=value_if_missing,
+        fill_missing=fill_missing,
+        seed=seed,
+        device=device,
+        module=module,
+    )
+    check_signature(module, inputs.groups)
+    programs: dict[str, ExportedProgram] = {}
+    errors: dict[str, str] = {}
+    notes: list[str] = []
+    rows: list[dict[str, Any]] = []
+    onnx_files: dict[str, str] = {}
+    analysed = inputs.analysed
+    for index, group in enumerate(inputs.groups):
+        program, error = _export_group(module, group, strict)
+        if named_dims and error is not None and _is_constraint(error) and group.analysis:
+            # torch.export could not prove a guard within the named ranges (e.g. the
+            # Min(...) stride guard of repeat_kv's reshape on torch 2.13): Dim.DYNAMIC lets it
+            # keep the guard. Said in the notes; the coverage check covers the result.
+            retry = build_group(
+                group.analysis,
+                analysed,
+                group.ranges,
+                keyword_only=keyword_only,
+                value_if_missing=value_if_missing,
+                fill_missing=fill_missing,
+                seed=seed,
+                device=device,
+            )
+            retry.notes.append(
+                f"named dims rejected by torch.export ({_summary(error)}); "
+                "exported with Dim.DYNAMIC instead"
+            )
+            program, error = _export_group(module, retry, strict)
+            group = inputs.groups[index] = retry
+        notes.extend(f"{group.name}: {note}" for note in group.notes)
+        if error is not None:
+            errors[group.name] = f"torch.export failed: {_summary(error)}"
+            logger.warning("export of group %s failed: %s", group.name, errors[group.name])
+        if program is not None:
+            programs[group.name] = program
+        with nodes.register_flattening_functions():
+            rows.extend(_coverage_rows(module, group, program, errors.get(group.name), atol, rtol))
+    if onnx is not None:
+        onnx_files = _write_onnx(inputs, programs, os.fspath(onnx))
+    coverage = pa.Table.from_pylist(rows, schema=COVERAGE_SCHEMA)
+    complete = bool(rows) and all(r["covered"] for r in rows)
+    return ExportResult(programs, coverage, notes, complete, inputs, errors, onnx_files)
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as `export`.
+
+    ``replay.export`` is both this module and the function (the public API). Importing the
+    module (``from replay.export import ExportResult``) makes Python bind the package attribute
+    ``replay.export`` to the module, which would shadow the lazily exported function; calling the
+    module calls the function, so ``replay.export(model, store)`` works in either order.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ExportResult:
+        return export(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

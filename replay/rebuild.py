@@ -1,0 +1,184 @@
+"""Recorded metadata -> example tensors and ``(args, kwargs)``, restored with the stored treespec.
+
+The store keeps no tensor contents, so every tensor is made up from what was recorded about it:
+dtype, shape (a size vector of the call) and, for integer tensors, the value range of the call.
+
+- float (and complex) tensors: ``randn`` from a seeded generator;
+- integer tensors: uniform in the recorded ``[int_min, int_max]`` (token ids stay valid indices,
+  positions stay positions); a mask-like tensor (its argument or path says ``mask``) whose range
+  lies within [0, 1], or that has no recorded range, is all ones (a partly masked example could
+  mask whole rows, which turns attention into NaN in eager and exported code alike); other
+  integer tensors without a recorded range are zeros;
+- bool tensors: all True.
+
+Everything is drawn from one generator seeded by `seed`, in leaf order, so rebuilding the same
+signature twice gives identical tensors: the coverage check builds fresh inputs for eager and for
+the exported program, because a forward may mutate its inputs (a DynamicCache grows in place).
+
+``(args, kwargs)`` is restored with ``torch.utils._pytree.treespec_loads`` + ``tree_unflatten``
+inside `capture.nodes.register_flattening_functions()`. Missing arguments are not treespec leaves
+(they are left out of the call); None leaves are (an explicit None, the empty layers of a prefill
+DynamicCache).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from capture import nodes, schema
+from capture.errors import ReplayError
+
+__all__ = ["DEFAULT_SEED", "dtype_of", "is_mask", "make_tensor", "rebuild", "resolve_device"]
+
+DEFAULT_SEED = 0
+"""Seed of the generator the example tensors are drawn from."""
+
+_MASK = re.compile(r"mask", re.IGNORECASE)
+_INT64_MAX = 2**63 - 1
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """``torch.float32`` for ``'float32'`` (the stored dtype names)."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ReplayError(f"unknown recorded dtype {name!r}")
+    return dtype
+
+
+def is_mask(row: dict[str, Any]) -> bool:
+    """True for a mask-like leaf: its argument or path names a mask."""
+    return bool(_MASK.search(str(row.get("argument") or "")) or _MASK.search(str(row["path"])))
+
+
+def resolve_device(recorded: str | None, device: str | torch.device | None) -> torch.device:
+    """`device` when given, else the recorded device when this machine has it, else CPU."""
+    if device is not None:
+        return torch.device(device)
+    if recorded and recorded.startswith("cuda") and torch.cuda.is_available():
+        return torch.device(recorded)
+    return torch.device("cpu")
+
+
+def make_tensor(
+    dtype: torch.dtype,
+    shape: Sequence[int],
+    *,
+    low: int | None = None,
+    high: int | None = None,
+    mask: bool = False,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """An example tensor (module docstring for the filling rules).
+
+    Example:
+        >>> make_tensor(torch.int64, (2, 3), low=5, high=5).tolist()
+        [[5, 5, 5], [5, 5, 5]]
+    """
+    size = tuple(int(s) for s in shape)
+    if dtype == torch.bool:
+        out = torch.ones(size, dtype=dtype)
+    elif dtype.is_floating_point or dtype.is_complex:
+        out = torch.randn(size, generator=generator, dtype=torch.float32).to(dtype)
+    elif mask and (low is None or high is None or (low >= 0 and high <= 1)):
+        out = torch.ones(size, dtype=dtype)
+    elif low is None or high is None:
+        out = torch.zeros(size, dtype=dtype)
+    else:
+        top = min(int(high) + 1, _INT64_MAX)
+        out = torch.randint(int(low), top, size, generator=generator, dtype=torch.int64)
+        out = out.to(dtype)
+    return out if device is None or device.type == "cpu" else out.to(device)
+
+
+def _scalar(row: dict[str, Any]) -> Any:
+    value = row.get("value")
+    return None if value is None else json.loads(value)
+
+
+def rebuild(
+    leaves: Sequence[dict[str, Any]],
+    treespec: str | None,
+    sizes: Sequence[int],
+    ranges: tuple[Sequence[int | None], Sequence[int | None]] | None = None,
+    *,
+    seed: int = DEFAULT_SEED,
+    device: str | torch.device | None = None,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Rebuilds the ``(args, kwargs)`` of one recorded signature.
+
+    Args:
+        leaves: The structure's rows (``structures`` view), ordered by leaf.
+        treespec: The structure's JSON treespec.
+        sizes: The size vector (``calls.dims``): every tensor's shape, in leaf order.
+        ranges: (int_min, int_max) of the signature, indexed by ``range_index``; None when
+            value ranges were not recorded.
+        seed: Seed of the generator.
+        device: Where to put the tensors (default: the recorded device when available, else CPU).
+
+    Returns:
+        ``(args, kwargs)`` as the recorded calls passed them.
+
+    Raises:
+        ReplayError: The structure holds an object that cannot be rebuilt (an opaque leaf), its
+            treespec is missing, or `sizes` does not fit it.
+
+    Example:
+        >>> args, kwargs = rebuild(group.leaves, group.leaves[0]["treespec"], [2, 6, 2, 6])
+        ... # doctest: +SKIP
+    """
+    if not treespec:
+        raise ReplayError(
+            "the recorded structure has no treespec (a node type torch's pytree cannot "
+            "serialize); its calls cannot be rebuilt"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    lows, highs = ranges if ranges is not None else ([], [])
+    values: list[Any] = []
+    for row in leaves:
+        kind = row["kind"]
+        if kind == schema.KIND_MISSING:
+            continue
+        if kind == schema.KIND_TENSOR:
+            offset, rank = int(row["dim_offset"]), int(row["rank"] or 0)
+            if offset + rank > len(sizes):
+                raise ReplayError(
+                    f"{row['path']}: the size vector has {len(sizes)} sizes, the structure "
+                    f"needs {offset + rank}"
+                )
+            index = row.get("range_index")
+            low = lows[index] if index is not None and index < len(lows) else None
+            high = highs[index] if index is not None and index < len(highs) else None
+            values.append(
+                make_tensor(
+                    dtype_of(str(row["dtype"])),
+                    sizes[offset : offset + rank],
+                    low=low,
+                    high=high,
+                    mask=is_mask(row),
+                    generator=generator,
+                    device=resolve_device(row.get("device"), device),
+                )
+            )
+        elif kind == schema.KIND_OPAQUE:
+            raise ReplayError(
+                f"{row['path']} is an object of type {row.get('type')} that torch's pytree "
+                "cannot flatten; register it with torch.utils._pytree to replay it"
+            )
+        else:
+            values.append(_scalar(row))
+    with nodes.register_flattening_functions():
+        spec = pytree.treespec_loads(treespec)
+        if spec.num_leaves != len(values):
+            raise ReplayError(
+                f"the recorded treespec has {spec.num_leaves} leaves, the structure rows "
+                f"{len(values)}"
+            )
+        args, kwargs = pytree.tree_unflatten(values, spec)
+    return tuple(args), dict(kwargs)

@@ -1,0 +1,200 @@
+"""Choose or synthesize the representative sizes of a call group (every dynamic dim >= 2).
+
+torch.export specializes a dim whose example size is 0 or 1, so the example a group is exported
+from must give every dynamic dim a size of at least 2, while the dims that share a symbol stay
+equal and the recorded relations (``attention_mask_1 = past_key_values_2 + 1``) still hold.
+
+The rule, in order:
+
+1. **A recorded signature** whose dynamic dims are all >= 2, the one with the most calls (ties:
+   the smallest size vector). It satisfies every relation of the real traffic, including
+   the ones too weakly supported for the analysis to report.
+2. **Otherwise, synthesized** from the group's most frequent signature: each free symbol below 2
+   takes the smallest recorded size >= 2 of that symbol, or 2 when it never had one (a batch
+   dim forced dynamic with ``set_batch_dimension_for`` but always 1); derived symbols are
+   recomputed from their relation, and their roots raised when the result is still below 2.
+   Static dims (always 1, or always 224) keep their recorded size.
+
+This module reads the store (integer value ranges, per signature) but imports neither torch nor
+duckdb itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from capture.errors import ReplayError
+
+if TYPE_CHECKING:
+    from capture.analysis import Group
+    from capture.store import Store
+
+__all__ = ["Representative", "Ranges", "representative", "signatures", "value_ranges"]
+
+MIN_DYNAMIC = 2
+"""The smallest example size torch.export keeps dynamic."""
+
+Ranges = tuple[list[int | None], list[int | None]]
+"""Per tracked integer tensor (``structures.range_index``): (minimums, maximums)."""
+
+
+@dataclass
+class Representative:
+    """The sizes a group is exported from.
+
+    Attributes:
+        sizes: The full size vector of the group's structure (every tensor leaf's shape,
+            concatenated in leaf order, as ``calls.dims``).
+        symbols: The size given to each symbol.
+        row: Index of the recorded signature used (rows of ``group.matrix``), or of the one a
+            synthesized example starts from.
+        synthesized: True when no recorded signature had every dynamic dim >= 2.
+        raised: Human-readable ``symbol: recorded -> example`` changes of a synthesized example.
+    """
+
+    sizes: list[int]
+    symbols: dict[str, int]
+    row: int
+    synthesized: bool
+    raised: list[str] = field(default_factory=list)
+
+
+def _matrix(group: Group) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    if group.matrix is None or group.weights is None:
+        raise ReplayError(
+            f"group {group.name} carries no signature matrix; build it with capture.analysis"
+        )
+    return np.asarray(group.matrix, dtype=np.int64), np.asarray(group.weights, dtype=np.int64)
+
+
+def signatures(group: Group) -> list[tuple[tuple[int, ...], int]]:
+    """The group's distinct recorded size vectors with their call counts, most calls first."""
+    matrix, weights = _matrix(group)
+    rows = [(tuple(int(v) for v in matrix[i]), int(weights[i])) for i in range(len(weights))]
+    return sorted(rows, key=lambda r: (-r[1], r[0]))
+
+
+def representative(group: Group) -> Representative:
+    """The example sizes of a group: a recorded signature, or one synthesized (module docstring).
+
+    Args:
+        group: A call group from `capture.analysis.analyze`.
+
+    Returns:
+        A `Representative`.
+
+    Raises:
+        ReplayError: The group has no signature matrix.
+
+    Example:
+        >>> rep = representative(group)  # doctest: +SKIP
+        >>> rep.symbols, rep.synthesized  # doctest: +SKIP
+        ({'batch': 2, 'past_key_values_2': 5, 'attention_mask_1': 6}, False)
+    """
+    matrix, weights = _matrix(group)
+    dynamic = np.array([d.dynamic for d in group.dims], dtype=bool)
+    symbol_of = [d.symbol for d in group.dims]
+    if matrix.shape[1] != len(group.dims):
+        raise ReplayError(f"group {group.name}: the signature matrix does not match its dims")
+    ok = (
+        np.all(matrix[:, dynamic] >= MIN_DYNAMIC, axis=1)
+        if dynamic.any()
+        else np.ones(len(weights), dtype=bool)
+    )
+    if ok.any():
+        row = _most_called(matrix, weights, np.flatnonzero(ok))
+        sizes = [int(v) for v in matrix[row]]
+        values = {s: sizes[j] for j, s in enumerate(symbol_of) if s is not None}
+        return Representative(sizes, values, row, False)
+    row = _most_called(matrix, weights, np.arange(len(weights)))
+    return _synthesize(group, matrix, row)
+
+
+def _most_called(
+    matrix: np.ndarray[Any, Any], weights: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
+) -> int:
+    """The row with the most calls; ties go to the smallest size vector (deterministic)."""
+    return int(min(rows, key=lambda r: (-int(weights[r]), tuple(int(v) for v in matrix[r]))))
+
+
+def _synthesize(group: Group, matrix: np.ndarray[Any, Any], row: int) -> Representative:
+    base = [int(v) for v in matrix[row]]
+    columns: dict[str, list[int]] = {}
+    for j, d in enumerate(group.dims):
+        if d.symbol is not None:
+            columns.setdefault(d.symbol, []).append(j)
+    relations = {r.symbol: r for r in group.relations}
+    values = {s: base[cols[0]] for s, cols in columns.items()}
+    raised = []
+    for symbol, cols in columns.items():
+        if symbol in relations or values[symbol] >= MIN_DYNAMIC:
+            continue
+        seen = matrix[:, cols[0]]
+        bigger = seen[seen >= MIN_DYNAMIC]
+        new = int(bigger.min()) if bigger.size else MIN_DYNAMIC
+        raised.append(f"{symbol}: {values[symbol]} -> {new}")
+        values[symbol] = new
+    for _ in range(64):
+        low = None
+        for symbol, rel in relations.items():
+            values[symbol] = sum(values.get(t, MIN_DYNAMIC) for t in rel.terms) + rel.offset
+            if values[symbol] < MIN_DYNAMIC and low is None:
+                low = (symbol, rel.terms[0] if rel.terms else None)
+        if low is None:
+            break
+        symbol, term = low
+        if term is None:
+            raise ReplayError(f"group {group.name}: {symbol} is a constant below 2")
+        raised.append(f"{term}: {values[term]} -> {values[term] + 1} (for {symbol})")
+        values[term] += 1
+    sizes = list(base)
+    for symbol, cols in columns.items():
+        for j in cols:
+            sizes[j] = values[symbol]
+    return Representative(sizes, values, row, True, raised)
+
+
+def _merge(into: list[int | None], other: Sequence[int | None], pick: Any) -> list[int | None]:
+    out = list(into)
+    for i, v in enumerate(other):
+        if i >= len(out):
+            out.append(v)
+        elif v is not None:
+            out[i] = v if out[i] is None else pick(out[i], v)
+    return out
+
+
+def value_ranges(store: Store, group: Group) -> dict[tuple[int, ...], Ranges]:
+    """Integer value ranges per recorded signature of a group, merged over store segments.
+
+    Args:
+        store: The open store the group was analysed from.
+        group: The call group.
+
+    Returns:
+        Size vector -> (minimums, maximums), one entry per tracked integer tensor
+        (``structures.range_index``); signatures recorded without ranges are absent.
+
+    Example:
+        >>> value_ranges(store, group)[(2, 1, 2, 2, 5, 16)]  # doctest: +SKIP
+        ([3, 4, 0], [99, 5, 1])
+    """
+    table = store.query(
+        "SELECT dims, int_min, int_max FROM stats WHERE model = $model "
+        "AND in_structure = $structure AND int_min IS NOT NULL",
+        {"model": group.model, "structure": group.structure_id},
+    )
+    out: dict[tuple[int, ...], Ranges] = {}
+    for row in table.to_pylist():
+        key = tuple(int(v) for v in row["dims"])
+        lows, highs = row["int_min"] or [], row["int_max"] or []
+        if key in out:
+            old_lows, old_highs = out[key]
+            out[key] = (_merge(old_lows, lows, min), _merge(old_highs, highs, max))
+        else:
+            out[key] = (list(lows), list(highs))
+    return out

@@ -1,0 +1,399 @@
+"""Dims -> dynamic_shapes: per-axis specs, the structure torch.export expects, and call forms.
+
+This module does not import torch (``capture dims --python`` goes through it via
+`replay.source`): it describes dynamic shapes with `AxisSpec` values, and `materialize` (the
+only function that imports torch) turns them into `torch.export.Dim` objects.
+
+What it decides, for one call group (`capture.analysis.Group`):
+
+- **Axis specs** (`axis_specs`): a dynamic axis is ``Dim.DYNAMIC`` by default. With
+  ``named_dims=True`` it is a named ``Dim(symbol, min=..., max=...)``, one object per symbol so that
+  equal dims share it; a derived symbol (``attention_mask_1 = past_key_values_2 + 1``) becomes
+  Dim arithmetic on its root (``past_key_values_2 + 1``). torch.export only derives a Dim from
+  *one* root (``a * k + c``), so a relation over two symbols (``c = a + b``) is left to
+  ``Dim.DYNAMIC`` on ``c``, and torch.export finds it while tracing (a note says so).
+- **Ranges**: observed min/max over the group's calls. An observed min of 0 or 1 is kept:
+  torch.export accepts it as a *range* (it only refuses 0 or 1 as the *example* size, which
+  `replay.select` avoids), and the program then accepts batch 1 or sequence 1 at run time.
+  The max is widened to the representative example when that one was synthesized above it, and
+  left unbounded for a forced batch dim that never varied (``set_batch_dimension_for``: there
+  is no range to report).
+- **Structure** (`spec_tree`): the pytree of the recorded ``(args, kwargs)``, read from the
+  stored treespec JSON, with each tensor leaf replaced by its ``{axis: spec}`` dict (None when
+  nothing is dynamic) and every non-tensor leaf by None. Builtin containers keep their type; a
+  registered class (a transformers cache) becomes the flat list of its children, the form
+  torch.export matches against (a DynamicCache of L layers: ``[k_0..k_{L-1}, v_0..v_{L-1}]``).
+- **Call form** (`CallForm`, `arrange`): positional arguments stay positional unless
+  ``keyword_only``; `dynamic_shapes` is a tuple when the program takes positional arguments only,
+  else a dict keyed by parameter name (positional ones included, as torch.export binds them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from capture.errors import ReplayError
+
+if TYPE_CHECKING:
+    from capture.analysis import Group
+
+__all__ = [
+    "AxisSpec",
+    "SymbolRange",
+    "GroupSpecs",
+    "CallForm",
+    "Param",
+    "axis_specs",
+    "spec_tree",
+    "leaf_specs",
+    "parse_params",
+    "call_form",
+    "arrange",
+    "shapes_of",
+    "materialize",
+    "describe_sizes",
+]
+
+_SEQUENCES = ("builtins.tuple", "builtins.list", "collections.deque", "collections.namedtuple")
+_MAPPINGS = ("builtins.dict", "collections.OrderedDict")
+
+
+@dataclass(frozen=True)
+class AxisSpec:
+    """The dynamic spec of one axis.
+
+    ``symbol=None``: ``Dim.DYNAMIC``. Otherwise a named Dim; when ``root`` is set it is derived:
+    ``root * coef + offset``.
+    """
+
+    symbol: str | None = None
+    root: str | None = None
+    coef: int = 1
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class SymbolRange:
+    """The range given to a named Dim (``max=None``: unbounded)."""
+
+    name: str
+    min: int
+    max: int | None
+
+
+@dataclass
+class GroupSpecs:
+    """Per tensor leaf (structure leaf index) its ``{axis: AxisSpec}``, plus named symbols."""
+
+    by_leaf: dict[int, dict[int, AxisSpec]]
+    symbols: dict[str, SymbolRange]
+    notes: list[str] = field(default_factory=list)
+
+
+def _root_of(terms: Sequence[str]) -> tuple[str, int] | None:
+    """(root, coefficient) when every term is the same symbol, else None."""
+    if not terms or len(set(terms)) != 1:
+        return None
+    return terms[0], len(terms)
+
+
+def axis_specs(
+    group: Group, *, named_dims: bool = False, example: dict[str, int] | None = None
+) -> GroupSpecs:
+    """The per-axis dynamic specs of a group's tensor leaves.
+
+    Args:
+        group: A call group from `capture.analysis.analyze`.
+        named_dims: Named ``Dim`` objects with observed ranges, shared per symbol and derived
+            for relations; False: ``Dim.DYNAMIC`` on every dynamic axis.
+        example: Symbol -> size of the representative example; ranges are widened to hold it.
+
+    Returns:
+        A `GroupSpecs`.
+
+    Example:
+        >>> specs = axis_specs(group, named_dims=True)  # doctest: +SKIP
+        >>> specs.by_leaf[0]  # doctest: +SKIP
+        {0: AxisSpec(symbol='batch'), 1: AxisSpec(symbol='x_1')}
+    """
+    example = example or {}
+    relations = {r.symbol: r for r in group.relations}
+    by_leaf: dict[int, dict[int, AxisSpec]] = {}
+    lows: dict[str, int] = {}
+    highs: dict[str, int] = {}
+    varies: dict[str, bool] = {}
+    notes: list[str] = []
+    noted: set[str] = set()
+    for d in group.dims:
+        if not d.dynamic:
+            continue
+        spec = AxisSpec()
+        if named_dims and d.symbol is not None:
+            relation = relations.get(d.symbol)
+            if relation is None:
+                spec = AxisSpec(d.symbol)
+                lows[d.symbol] = min(lows.get(d.symbol, d.min), d.min)
+                highs[d.symbol] = max(highs.get(d.symbol, d.max), d.max)
+                varies[d.symbol] = varies.get(d.symbol, False) or d.distinct > 1
+            else:
+                root = _root_of(relation.terms)
+                if root is not None:
+                    spec = AxisSpec(d.symbol, root[0], root[1], relation.offset)
+                elif d.symbol not in noted:
+                    noted.add(d.symbol)
+                    notes.append(
+                        f"{d.symbol} = {relation.expr} (recorded relation) is left to "
+                        "Dim.DYNAMIC: torch.export derives a Dim from one root only"
+                    )
+        by_leaf.setdefault(d.leaf, {})[d.axis] = spec
+    symbols = {}
+    for name in lows:
+        low, high = lows[name], highs[name]
+        if name in example:
+            low, high = min(low, example[name]), max(high, example[name])
+        symbols[name] = SymbolRange(name, low, high if varies[name] else None)
+    # A derived symbol's root must exist as a Dim even when no axis uses it directly.
+    for specs in by_leaf.values():
+        for spec in specs.values():
+            if spec.root is not None and spec.root not in symbols:
+                symbols[spec.root] = SymbolRange(spec.root, 0, None)
+    return GroupSpecs(by_leaf, symbols, notes)
+
+
+# -- the structure of (args, kwargs) -------------------------------------------------------------
+def _children(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(node.get("children_spec") or [])
+
+
+def _build(node: dict[str, Any], leaves: Iterator[Any]) -> Any:
+    kind = node.get("type")
+    if kind is None:
+        return next(leaves)
+    children = [_build(child, leaves) for child in _children(node)]
+    if kind in _SEQUENCES:
+        return tuple(children) if kind != "builtins.list" else children
+    if kind in _MAPPINGS:
+        keys = json.loads(node.get("context") or "[]")
+        return dict(zip(keys, children, strict=True))
+    # A registered class (a cache): torch.export matches its flattened children, as a list.
+    return children
+
+
+def spec_tree(treespec: str | None, leaves: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Builds the ``(args, kwargs)`` structure of a recorded treespec with `leaves` at its leaves.
+
+    Args:
+        treespec: The stored JSON treespec (``torch.utils._pytree.treespec_dumps`` format) of
+            ``(args, kwargs)``.
+        leaves: One value per treespec leaf, in order (missing arguments have none).
+
+    Returns:
+        ``(args, kwargs)``: a list of positional entries and a dict of keyword entries.
+
+    Raises:
+        ReplayError: No treespec, or it does not describe ``(args, kwargs)`` with
+            ``len(leaves)`` leaves.
+
+    Example:
+        >>> spec = json.dumps([1, {"type": "builtins.tuple", "context": "null", "children_spec": [
+        ...     {"type": "builtins.tuple", "context": "null", "children_spec": [
+        ...         {"type": None, "context": None, "children_spec": []}]},
+        ...     {"type": "builtins.dict", "context": "[]", "children_spec": []}]}])
+        >>> spec_tree(spec, [{0: "batch"}])
+        ([{0: 'batch'}], {})
+    """
+    if not treespec:
+        raise ReplayError(
+            "the recorded structure has no treespec (a node type that torch's pytree cannot "
+            "serialize); it cannot be rebuilt"
+        )
+    loaded = json.loads(treespec)
+    root = loaded[1] if isinstance(loaded, list) and len(loaded) == 2 else loaded
+    top = _children(root)
+    if root.get("type") != "builtins.tuple" or len(top) != 2:
+        raise ReplayError("the recorded treespec does not describe (args, kwargs)")
+    it = iter(leaves)
+    args = _build(top[0], it)
+    kwargs = _build(top[1], it)
+    if next(it, _END) is not _END:
+        raise ReplayError("the recorded treespec has fewer leaves than the structure rows")
+    return list(args), dict(kwargs)
+
+
+class _End:
+    pass
+
+
+_END = _End()
+
+
+def leaf_specs(leaves: Sequence[dict[str, Any]], by_leaf: dict[int, dict[int, Any]]) -> list[Any]:
+    """One value per treespec leaf: the tensor's ``{axis: spec}`` (None when static), else None.
+
+    Missing arguments are not treespec leaves and are skipped.
+    """
+    out = []
+    for row in leaves:
+        if row["kind"] == "missing":
+            continue
+        specs = by_leaf.get(int(row["leaf"])) if row["kind"] == "tensor" else None
+        out.append(dict(sorted(specs.items())) if specs else None)
+    return out
+
+
+# -- call form ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Param:
+    """A parameter of the recorded method (the ``signature`` column of ``structures``)."""
+
+    name: str
+    kind: str
+    has_default: bool
+
+
+def parse_params(signature: str | None) -> list[Param]:
+    """The recorded method's parameters from the stored JSON signature (empty when unknown)."""
+    if not signature:
+        return []
+    return [Param(p["name"], p["kind"], bool(p["has_default"])) for p in json.loads(signature)]
+
+
+@dataclass(frozen=True)
+class CallForm:
+    """How a group's program is called.
+
+    Attributes:
+        positional: Names of the entries passed positionally, in order.
+        keywords: Names of the entries passed by keyword, in order.
+        extra: Keyword names the recorded method only takes through ``**kwargs``: torch.export
+            (2.13) cannot match `dynamic_shapes` to such entries, so the program is exported from a
+            wrapper that names them (`replay.inputs.ExportGroup.module`).
+        var_positional: Name of ``*args`` when positional entries go past the named parameters.
+    """
+
+    positional: tuple[str, ...]
+    keywords: tuple[str, ...]
+    extra: tuple[str, ...] = ()
+    var_positional: str | None = None
+
+
+def call_form(
+    n_args: int, keywords: Sequence[str], params: Sequence[Param], *, keyword_only: bool = False
+) -> CallForm:
+    """The call form of a group: which names go positionally, by keyword, through ``**kwargs``.
+
+    Raises:
+        ReplayError: ``keyword_only`` is asked for a call passing ``*args`` entries, or the
+            positional arguments cannot be named (no recorded signature).
+    """
+    named = [p.name for p in params if p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    var_pos = next((p.name for p in params if p.kind == "VAR_POSITIONAL"), None)
+    has_var_kw = any(p.kind == "VAR_KEYWORD" for p in params)
+    plain = {p.name for p in params if p.kind != "VAR_KEYWORD"}
+    positional = [named[i] if i < len(named) else f"args[{i}]" for i in range(n_args)]
+    extra_positional = n_args > len(named)
+    if n_args and not params:
+        raise ReplayError(
+            "the store has no forward signature for this model, so its positional arguments "
+            "cannot be named; record again with a current capture"
+        )
+    extra = tuple(k for k in keywords if has_var_kw and k not in plain)
+    if keyword_only and n_args:
+        if extra_positional or any(
+            p.kind == "POSITIONAL_ONLY" for p in params if p.name in positional
+        ):
+            raise ReplayError(
+                "keyword_only: the recorded calls pass positional-only or *args entries, "
+                "which cannot move to keyword arguments"
+            )
+        return CallForm((), tuple(positional) + tuple(keywords), extra)
+    return CallForm(
+        tuple(positional), tuple(keywords), extra, var_pos if extra_positional else None
+    )
+
+
+def arrange(
+    form: CallForm, args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Moves recorded ``(args, kwargs)`` values into the group's call form (positional ones to
+    keyword arguments under ``keyword_only``); `kwargs` may hold added entries."""
+    if form.positional or not args:
+        return tuple(args), dict(kwargs)
+    moved = dict(zip(form.keywords, args, strict=False))
+    moved.update(kwargs)
+    return (), moved
+
+
+def shapes_of(form: CallForm, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The top-level `dynamic_shapes`: a tuple for positional-only calls, else a dict by name."""
+    named = [n for n in form.positional if not n.startswith("args[")]
+    if not kwargs:
+        if form.var_positional is not None:
+            return tuple(args[: len(named)]) + (tuple(args[len(named) :]),)
+        return tuple(args)
+    out: dict[str, Any] = {}
+    out.update(zip(named, args, strict=False))
+    if form.var_positional is not None:
+        out[form.var_positional] = tuple(args[len(named) :])
+    out.update(kwargs)
+    return out
+
+
+def materialize(specs: GroupSpecs) -> dict[int, dict[int, Any]]:
+    """Turns `AxisSpec` values into torch.export ``Dim`` objects, one object per symbol.
+
+    Returns:
+        Structure leaf index -> ``{axis: Dim | Dim.DYNAMIC}``.
+    """
+    from torch.export import Dim
+
+    dims: dict[str, Any] = {
+        s.name: Dim(s.name, min=s.min, max=s.max) if s.max is not None else Dim(s.name, min=s.min)
+        for s in specs.symbols.values()
+    }
+    out: dict[int, dict[int, Any]] = {}
+    for leaf, axes in specs.by_leaf.items():
+        converted: dict[int, Any] = {}
+        for axis, spec in axes.items():
+            if spec.symbol is None:
+                converted[axis] = Dim.DYNAMIC
+            elif spec.root is None:
+                converted[axis] = dims[spec.symbol]
+            else:
+                root = dims[spec.root]
+                value = root * spec.coef if spec.coef != 1 else root
+                converted[axis] = value + spec.offset if spec.offset else value
+        out[leaf] = converted
+    return out
+
+
+def describe_sizes(leaves: Sequence[dict[str, Any]], sizes: Sequence[int]) -> str:
+    """A compact text of a size vector: ``input_ids=2x1 past_key_values=[2x2x8x16]*4``.
+
+    Tensors of one argument are listed together; equal shapes are counted, not repeated.
+
+    Example:
+        >>> rows = [{"kind": "tensor", "argument": "x", "path": "args[0]", "dim_offset": 0,
+        ...          "rank": 2}]
+        >>> describe_sizes(rows, [2, 6])
+        'x=2x6'
+    """
+    by_argument: dict[str, list[str]] = {}
+    for row in leaves:
+        if row["kind"] != "tensor":
+            continue
+        offset, rank = int(row["dim_offset"]), int(row["rank"] or 0)
+        shape = "x".join(str(s) for s in sizes[offset : offset + rank]) or "scalar"
+        by_argument.setdefault(str(row.get("argument") or row["path"]), []).append(shape)
+    parts = []
+    for argument, shapes_ in by_argument.items():
+        if len(shapes_) == 1:
+            parts.append(f"{argument}={shapes_[0]}")
+        elif len(set(shapes_)) == 1:
+            parts.append(f"{argument}=[{shapes_[0]}]*{len(shapes_)}")
+        else:
+            parts.append(f"{argument}=[{','.join(shapes_)}]")
+    return " ".join(parts)

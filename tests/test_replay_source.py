@@ -1,0 +1,128 @@
+"""replay.source: dynamic_shapes as Python source, without importing torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import capture
+import replay
+from capture.errors import ReplayError
+from capture.store import Store
+from fixtures.stores import record_llama, record_seed_scenarios
+from replay.source import dynamic_shapes_source
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("store")
+    record_seed_scenarios(path, names=["add_broadcast", "llm", "masked"])
+    record_llama(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def store(root: Path) -> Iterator[Store]:
+    with capture.open_store(root) as opened:
+        yield opened
+
+
+def _run(source: str) -> dict[str, Any]:
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<dynamic_shapes>", "exec"), namespace)  # the test checks it runs
+    return namespace
+
+
+def test_positional_model(store: Store) -> None:
+    assert dynamic_shapes_source(store, "add_broadcast") == textwrap.dedent(
+        """\
+        from torch.export import Dim
+
+        # add_broadcast, group g0: 3 calls, 3 distinct signatures
+        x_0 = Dim('x_0', min=2, max=4)
+        x_1 = Dim('x_1', min=6, max=8)
+        dynamic_shapes = ({0: x_0, 1: x_1}, {1: x_1})"""
+    )
+
+
+def test_derived_dims_and_a_cache(store: Store) -> None:
+    assert dynamic_shapes_source(store, "LlamaForCausalLM", group="decode") == textwrap.dedent(
+        """\
+        from torch.export import Dim
+
+        # LlamaForCausalLM, group decode: 9 calls, 9 distinct signatures
+        # passed through **kwargs: return_dict (torch.export cannot match dynamic_shapes there);
+        # export replay.export_inputs(store).group('decode').module(model), which names them
+        batch = Dim('batch', min=2, max=3)
+        past_key_values_2 = Dim('past_key_values_2', min=4, max=9)
+        attention_mask_1 = past_key_values_2 + 1
+        dynamic_shapes = {
+            'input_ids': {0: batch},
+            'past_key_values': [
+                {0: batch, 2: past_key_values_2},
+                {0: batch, 2: past_key_values_2},
+                {0: batch, 2: past_key_values_2},
+                {0: batch, 2: past_key_values_2},
+            ],
+            'position_ids': {0: batch},
+            'attention_mask': {0: batch, 1: attention_mask_1},
+            'logits_to_keep': None,
+            'use_cache': None,
+            'return_dict': None,
+        }"""
+    )
+
+
+def test_unnamed_dims(store: Store) -> None:
+    source = dynamic_shapes_source(store, "llm", named_dims=False, set_batch_dimension_for=True)
+    assert source.splitlines()[3:5] == [
+        "dynamic_shapes = {",
+        "    'input_ids': {0: Dim.DYNAMIC, 1: Dim.DYNAMIC},",
+    ]
+
+
+def test_one_variable_per_group_and_the_largest_as_dynamic_shapes(store: Store) -> None:
+    namespace = _run(dynamic_shapes_source(store, "masked"))
+    assert namespace["dynamic_shapes"] is namespace["dynamic_shapes_g0"]
+    assert str(namespace["dynamic_shapes_g1"]) == "{'x': None}"
+
+
+def test_the_source_is_what_export_inputs_builds(store: Store) -> None:
+    namespace = _run(dynamic_shapes_source(store, "LlamaForCausalLM", group="prefill"))
+    expected = replay.export_inputs(store, "LlamaForCausalLM", named_dims=True, groups=["prefill"])
+    assert str(namespace["dynamic_shapes"]) == str(expected.dynamic_shapes)
+
+
+def test_several_models_get_one_section_each(store: Store) -> None:
+    source = dynamic_shapes_source(store)
+    assert "dynamic_shapes_add_broadcast_g0 = (" in source
+    assert "dynamic_shapes_LlamaForCausalLM_decode = {" in source
+    _run(source)
+
+
+def test_unknown_group(store: Store) -> None:
+    with pytest.raises(ReplayError, match=r"no group 'nope' \(groups: g0\)"):
+        dynamic_shapes_source(store, "add_broadcast", group="nope")
+
+
+def test_torch_is_not_imported(root: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import capture
+        from replay.source import dynamic_shapes_source
+        with capture.open_store({str(root)!r}) as store:
+            dynamic_shapes_source(store, "LlamaForCausalLM")
+        assert "torch" not in sys.modules, "torch was imported"
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
+    )
+    assert done.returncode == 0, done.stderr
