@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import keyword
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,25 +26,8 @@ from capture.analysis import DIMS_SCHEMA, DimInfo, Group, Relation, analyze, dim
 from capture.analysis_symbols import Axis, Symbols, find_symbols
 from capture.errors import UnknownModel
 from capture.store import Store
-from fixtures.stores import record_llama, record_seed_scenarios
 
 T = TypeVar("T")
-
-
-@pytest.fixture(scope="module")
-def seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    root = tmp_path_factory.mktemp("seeds")
-    record_seed_scenarios(root)
-    with capture.open_store(root) as store:
-        yield store
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    root = tmp_path_factory.mktemp("llama")
-    record_llama(root)
-    with capture.open_store(root) as store:
-        yield store
 
 
 def _dynamic(group: Group) -> list[tuple[str, int, int, int, int, str | None, str | None]]:

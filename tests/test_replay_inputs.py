@@ -7,14 +7,12 @@ dict for keyword calls, a flat list for a DynamicCache), with examples torch.exp
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from torch.export import Dim
 
-import capture
 import replay
 from capture.errors import ReplayError, UnknownModel
 from capture.store import Store
@@ -22,14 +20,6 @@ from capture.strings import string_type
 from fixtures.stores import record_seed_scenarios
 
 D = Dim.DYNAMIC
-
-
-@pytest.fixture(scope="module")
-def seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    root = tmp_path_factory.mktemp("seeds")
-    record_seed_scenarios(root)
-    with capture.open_store(root) as store:
-        yield store
 
 
 def _inputs(store: Store, model: str, **options: object) -> replay.ExportInputs:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,25 +12,8 @@ from capture.analysis import Group, analyze
 from capture.errors import ReplayError
 from capture.store import Store
 from capture.strings import string_type
-from fixtures.stores import record_llama, record_seed_scenarios
 from replay.rebuild import make_tensor, rebuild
 from replay.select import value_ranges
-
-
-@pytest.fixture(scope="module")
-def seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    root = tmp_path_factory.mktemp("seeds")
-    record_seed_scenarios(root)
-    with capture.open_store(root) as store:
-        yield store
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    root = tmp_path_factory.mktemp("llama")
-    record_llama(root)
-    with capture.open_store(root) as store:
-        yield store
 
 
 def _group(store: Store, model: str, name: str) -> Group:

@@ -6,33 +6,14 @@ Recorder: the seed scenarios, tiny-Llama generate() traffic, and small purpose-b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
 
 import capture
 from capture.analysis import Group, analyze
 from capture.store import Store
-from fixtures.stores import record_llama, record_seed_scenarios
 from replay.select import representative, signatures, value_ranges
-
-
-@pytest.fixture(scope="module")
-def seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    root = tmp_path_factory.mktemp("seeds")
-    record_seed_scenarios(root)
-    with capture.open_store(root) as store:
-        yield store
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    root = tmp_path_factory.mktemp("llama")
-    record_llama(root)
-    with capture.open_store(root) as store:
-        yield store
 
 
 def _group(store: Store, model: str, name: str, **options: object) -> Group:

@@ -6,34 +6,14 @@ traffic) analysed by capture.analysis.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from torch.export import Dim
 
-import capture
 from capture.analysis import Group, analyze
 from capture.errors import ReplayError
 from capture.store import Store
-from fixtures.stores import record_llama, record_seed_scenarios
 from replay import shapes
 from replay.shapes import AxisSpec, CallForm, Param, SymbolRange
-
-
-@pytest.fixture(scope="module")
-def seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    root = tmp_path_factory.mktemp("seeds")
-    record_seed_scenarios(root)
-    with capture.open_store(root) as store:
-        yield store
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    root = tmp_path_factory.mktemp("llama")
-    record_llama(root)
-    with capture.open_store(root) as store:
-        yield store
 
 
 def _group(store: Store, model: str, name: str) -> Group:

@@ -1,0 +1,46 @@
+"""Shared fixture stores, recorded once per test session with the real Recorder.
+
+Both stores are read-only for the tests that use them; a test that writes records its own store
+in `tmp_path`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import capture
+from capture.store import Store
+from fixtures.stores import record_llama, record_seed_scenarios
+
+
+@pytest.fixture(scope="session")
+def seeds_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding every seed scenario (model name = scenario name)."""
+    root = tmp_path_factory.mktemp("seeds")
+    record_seed_scenarios(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def llama_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of tiny-Llama generate() traffic (fixtures.stores.LLAMA_WORKLOAD)."""
+    root = tmp_path_factory.mktemp("llama")
+    record_llama(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def seeds(seeds_root: Path) -> Iterator[Store]:
+    """The seed-scenario store, opened."""
+    with capture.open_store(seeds_root) as store:
+        yield store
+
+
+@pytest.fixture(scope="module")
+def llama(llama_root: Path) -> Iterator[Store]:
+    """The tiny-Llama store, opened."""
+    with capture.open_store(llama_root) as store:
+        yield store
