@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import torch
@@ -468,8 +469,12 @@ class InputObserver:
                 for _ in range(s.calls):
                     sid = s.structure.structure_id
                     ranges = s.ranges or None
+                    dims = tuple(chain.from_iterable(s.dims))
+                    out_dims = (
+                        None if s.out_dims is None else tuple(chain.from_iterable(s.out_dims))
+                    )
                     writer.submit(
-                        (base | n, s.ts, sid, out_id, s.dims, s.out_dims, ranges, duration, None)
+                        (base | n, s.ts, sid, out_id, dims, out_dims, ranges, duration, None)
                     )
                     n += 1
         writer.close()

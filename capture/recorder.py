@@ -19,6 +19,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from itertools import chain
 from types import TracebackType
 from typing import Any, cast
 
@@ -39,6 +40,7 @@ _VALUE_RANGES = ("cpu", "all", "none")
 
 
 _UNSEEN: Any = object()
+_chain = chain.from_iterable
 
 
 def _never(t: torch.Tensor) -> bool:
@@ -220,7 +222,7 @@ class Recorder:
             "written": w.written_calls if w else 0,
             "sampled_out": self._sampled_out,
             "structures": sum(1 for s in self._structures.values() if s is not None),
-            "files": len(w.files) if w else 0,
+            "files": w.files_written if w else 0,
         }
 
     # -- hot path ----------------------------------------------------------------------------
@@ -286,7 +288,7 @@ class Recorder:
             ranges = []
             for i in st.range_tensors:
                 ranges.extend(_int_range(tensors[i]))
-        return st.structure_id, shapes, ranges
+        return st.structure_id, tuple(_chain(shapes)), ranges
 
     def _emit(self, pending: Any, ts: int, duration: int, out: Any, error: str | None) -> None:
         sid, shapes, ranges = pending
@@ -313,7 +315,10 @@ class Recorder:
         if writer is None:
             return
         call_id = self._id_base | next(self._seq)
-        writer.submit((call_id, ts, sid, out_sid, shapes, out_shapes, ranges, duration, error))
+        # Flat tuples of ints: the GC does not track them, so records waiting in the queue do not
+        # trigger full collections (torch.Size lists did; measured in docs/benchmarks.md).
+        out_dims = None if out_shapes is None else tuple(_chain(out_shapes))
+        writer.submit((call_id, ts, sid, out_sid, shapes, out_dims, ranges, duration, error))
 
     def _new_structure(
         self, key: tuple[Any, ...], obj: Any, tensors: list[torch.Tensor], root: str

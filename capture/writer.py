@@ -42,15 +42,15 @@ __all__ = ["CallRecord", "StoreWriter", "resolve_store", "write_parquet", "libra
 
 logger = logging.getLogger(__name__)
 
-# (call_id, ts_ns, in_structure_id, out_structure_id, in_shapes, out_shapes, ranges,
-#  duration_ns, error)
+# (call_id, ts_ns, in_structure_id, out_structure_id, dims, out_dims, ranges, duration_ns,
+#  error); dims are every tensor size of the call, concatenated in leaf order.
 CallRecord = tuple[
     int,
     int,
     str,
     str | None,
-    Sequence[Sequence[int]],
-    Sequence[Sequence[int]] | None,
+    tuple[int, ...],
+    tuple[int, ...] | None,
     Sequence[int | None] | None,
     int,
     str | None,
@@ -135,8 +135,8 @@ class _Segment:
         self.ts: list[int] = []
         self.in_structure: list[str] = []
         self.out_structure: list[str | None] = []
-        self.dims: list[list[int]] = []
-        self.out_dims: list[list[int] | None] = []
+        self.dims: list[tuple[int, ...]] = []
+        self.out_dims: list[tuple[int, ...] | None] = []
         self.int_min: list[list[int | None] | None] = []
         self.int_max: list[list[int | None] | None] = []
         self.duration: list[int] = []
@@ -148,9 +148,7 @@ class _Segment:
         return len(self.call_id)
 
     def add(self, rec: CallRecord) -> None:
-        call_id, ts, sin, sout, shapes, out_shapes, ranges, duration, error = rec
-        dims = list(itertools.chain.from_iterable(shapes))
-        out_dims = None if out_shapes is None else list(itertools.chain.from_iterable(out_shapes))
+        call_id, ts, sin, sout, dims, out_dims, ranges, duration, error = rec
         mins = maxs = None
         if ranges:
             mins, maxs = list(ranges[0::2]), list(ranges[1::2])
@@ -164,7 +162,7 @@ class _Segment:
         self.int_max.append(maxs)
         self.duration.append(duration)
         self.error.append(error)
-        key = (sin, sout, tuple(dims), None if out_dims is None else tuple(out_dims))
+        key = (sin, sout, dims, out_dims)
         sig = self.signatures.get(key)
         if sig is None:
             sig = self.signatures[key] = _Signature(first_ts=ts, dur_min=duration)
@@ -326,7 +324,8 @@ class StoreWriter:
         self.dropped = 0
         self.written_calls = 0
         self.write_errors = 0
-        self.files: list[str] = []
+        self.files: collections.deque[str] = collections.deque(maxlen=1000)  # the latest ones
+        self.files_written = 0
         self._warned = False
         self._segment = _Segment()
 
@@ -431,7 +430,7 @@ class StoreWriter:
                 table,
                 schema.STRUCTURES,
             )
-            self.files.append(path)
+            self._written(path)
         except Exception as e:
             with self._structures_lock:  # keep them: the next segment tries again
                 self._pending_structures[:0] = structures
@@ -453,18 +452,22 @@ class StoreWriter:
                     table,
                     schema.CALLS,
                 )
-                self.files.append(path)
+                self._written(path)
             # Stats last: a reader that trusts stats never counts calls whose file is missing.
             path = write_parquet(
                 self.fs, f"{self.root}/{schema.STATS}/model={model}", name, stats, schema.STATS
             )
-            self.files.append(path)
+            self._written(path)
             self.written_calls += len(segment)
         except Exception as e:
             with self._count_lock:
                 self.dropped += len(segment)
             self.write_errors += 1
             self._fail(f"writing {len(segment)} calls to {self.root} ({e})")
+
+    def _written(self, path: str) -> None:
+        self.files.append(path)
+        self.files_written += 1
 
     def _fail(self, what: str, exc_info: bool = False) -> None:
         if not self._warned:

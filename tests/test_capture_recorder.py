@@ -205,7 +205,7 @@ def test_sampling_and_max_calls(tmp_path: Path) -> None:
 
 def test_queue_full_drops_and_counts(tmp_path: Path) -> None:
     writer = StoreWriter(tmp_path, "m", (), queue_size=2)  # thread not started: nothing drains
-    rec = (1, 0, "s", None, [(2,)], None, None, 10, None)
+    rec = (1, 0, "s", None, (2,), None, None, 10, None)
     assert [writer.submit(rec) for _ in range(4)] == [True, True, False, False]
     assert writer.dropped == 2 and writer.recorded == 2
 
