@@ -1,0 +1,243 @@
+"""`capture demo`: record a tiny causal LM serving a small workload, analyse it, export it.
+
+The demo runs the whole loop on one machine in under a minute: it builds a tiny Llama from a
+config in code (random weights, nothing downloaded), serves a mixed `generate()` workload with
+`capture.Recorder` on, shows what the store learned through the same code as `capture summary`
+and `capture dims`, exports the decode step with `replay.export` from the recordings, and prints
+the coverage table. torch and transformers are imported inside the command only.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any
+
+import click
+
+from cli.main import store_path
+from cli.output import table_text, write_text
+
+__all__ = [
+    "demo_command",
+    "DEMO_MODEL",
+    "WORKLOAD",
+    "MAX_NEW_TOKENS",
+    "EXPORT_GROUP",
+    "EXIT_PARTIAL",
+]
+
+DEMO_MODEL = "tiny-llama"
+"""The `model` name the demo records under."""
+
+WORKLOAD: tuple[tuple[int, int], ...] = (
+    (1, 5),
+    (2, 7),
+    (4, 12),
+    (1, 9),
+    (3, 6),
+    (2, 16),
+    (4, 5),
+    (1, 3),
+)
+"""(batch size, prompt length) of each `generate()` request; batches of 2+ are left-padded."""
+
+MAX_NEW_TOKENS = 8
+"""Tokens generated per request: one prefill call and MAX_NEW_TOKENS - 1 decode calls each."""
+
+EXPORT_GROUP = "decode"
+"""The call group the demo exports: generate()'s decode step with a padded batch (mask passed)."""
+
+EXIT_PARTIAL = 3
+"""Exit status when the export does not cover every recorded signature (STYLE: exit codes)."""
+
+# $CAPTURE_STORE is a default: `capture demo --store X` overrides it without a conflict.
+_EXPLICIT = (click.core.ParameterSource.COMMANDLINE,)
+
+
+def _step(number: int, total: int, text: str) -> float:
+    """Writes one progress line to stderr; returns the start time of the step."""
+    click.echo(f"[{number}/{total}] {text}", err=True)
+    return time.perf_counter()
+
+
+def _done(start: float, text: str = "done") -> None:
+    click.echo(f"      {text} ({time.perf_counter() - start:.1f} s)", err=True)
+
+
+def _section(title: str, body: str) -> None:
+    write_text(f"\n== {title} ==\n{body}")
+
+
+def _check_store(store: str) -> None:
+    """Refuses a store that already holds a demo recording (the demo would double it)."""
+    from capture.errors import EmptyStore, StoreNotFound
+    from capture.store import open_store
+
+    try:
+        with open_store(store) as opened:
+            models = opened.models()
+    except (StoreNotFound, EmptyStore):
+        return
+    if DEMO_MODEL in models:
+        raise click.ClickException(
+            f"the store at {store} already holds a {DEMO_MODEL} recording from an earlier demo; "
+            f"remove it or pass another store, e.g. capture demo --store /tmp/capture-demo"
+        )
+
+
+def _record(store: str) -> Any:
+    """Builds the tiny Llama and serves WORKLOAD through generate() with the recorder on."""
+    from capture.recorder import Recorder
+    from fixtures.models import run_generate, tiny_llama
+
+    start = _step(1, 4, "building a tiny Llama causal LM from a config (random weights)")
+    model = tiny_llama(seed=0)
+    _done(start)
+    requests = ", ".join(f"{b}x{n}" for b, n in WORKLOAD)
+    start = _step(
+        2,
+        4,
+        f"serving {len(WORKLOAD)} generate() requests (batch x prompt length: {requests}; "
+        f"{MAX_NEW_TOKENS} new tokens each) with capture.Recorder on",
+    )
+    recorder = Recorder(model, store, name=DEMO_MODEL)
+    with recorder:
+        run_generate(model, WORKLOAD, max_new_tokens=MAX_NEW_TOKENS)
+    stats = recorder.stats()
+    _done(start, f"{stats['recorded']} forward calls recorded, {stats['dropped']} dropped")
+    return model
+
+
+def _show_analysis(store: Any) -> None:
+    """Prints the `capture summary` report, then the exported group's dynamic dims per axis."""
+    from cli.report import summary_report
+
+    start = _step(3, 4, f"analysing the store with DuckDB ({store.path})")
+    summary = store.summary(DEMO_MODEL)
+    dims = store.dims(DEMO_MODEL)
+    _done(start)
+    write_text(summary_report(summary))
+    columns = ["path", "axis", "min", "max", "distinct", "symbol", "expr"]
+    rows = [
+        row
+        for row in dims.select(["group", "dynamic", *columns]).to_pylist()
+        if row["group"] == EXPORT_GROUP and row["dynamic"]
+    ]
+    _section(
+        f"Dynamic dims of the {EXPORT_GROUP} group, one row per input axis (capture dims)",
+        table_text([{c: row[c] for c in columns} for row in rows]),
+    )
+
+
+def _export(model: Any, store: Any) -> bool:
+    """Exports the decode step from the store and prints the coverage table."""
+    import replay
+
+    start = _step(
+        4,
+        4,
+        f"exporting the {EXPORT_GROUP} step with torch.export from the recordings, then running "
+        "it on every recorded signature",
+    )
+    result = replay.export(model, store, model=DEMO_MODEL, groups=[EXPORT_GROUP])
+    _done(start)
+    for note in result.notes:
+        click.echo(f"      note: {note}", err=True)
+    coverage = result.coverage.to_pylist()
+    covered = [row for row in coverage if row["covered"]]
+    worst = max((row["max_abs_diff"] or 0.0 for row in covered), default=0.0)
+    _section(
+        f"Export of the {EXPORT_GROUP} group: the program run on every recorded signature, "
+        "compared with eager",
+        table_text(result.coverage),
+    )
+    write_text(
+        f"{len(covered)} of {len(coverage)} recorded signatures covered "
+        f"({sum(r['calls'] for r in covered)} of {sum(r['calls'] for r in coverage)} calls), "
+        f"max abs diff {worst:g}"
+    )
+    return bool(result.complete)
+
+
+def _next_steps(store: str) -> None:
+    where = shlex.quote(store)
+    # Double quotes around the SQL: it holds single quotes and neither " nor $.
+    sql = (
+        "SELECT path, axis, min(size) AS min, max(size) AS max FROM dims "
+        f"WHERE model = '{DEMO_MODEL}' AND side = 'input' GROUP BY ALL ORDER BY ALL"
+    )
+    write_text(
+        "\n".join(
+            [
+                "",
+                f"The store is at {store}. Try:",
+                f"  capture --store {where} summary",
+                f"  capture --store {where} dims --python",
+                f'  capture --store {where} query "{sql}"',
+                f"  capture --store {where} export fixtures.models:tiny_llama "
+                f"--model {DEMO_MODEL} --group prefill",
+            ]
+        )
+    )
+
+
+@click.command("demo")
+@click.option(
+    "--store",
+    "store_option",
+    metavar="PATH",
+    default=None,
+    help="Where to record: a directory or a pyarrow filesystem URI. Default: the global --store "
+    "($CAPTURE_STORE if set, else ./capture-store).",
+)
+@click.pass_context
+def demo_command(ctx: click.Context, store_option: str | None) -> None:
+    """Record a tiny model into a store to try the commands.
+
+    Builds a tiny Llama causal LM from a config in code (random weights, nothing is
+    downloaded), serves a few generate() requests of several batch sizes and prompt
+    lengths with capture.Recorder on, shows what the store learned (call groups,
+    dynamic dims with their ranges, shared dims and relations), exports the decode
+    step with torch.export from the recordings and checks it on every recorded
+    signature. Takes well under a minute on a laptop CPU. Progress goes to stderr.
+
+    Exit status: 0 when the export covers every recorded signature, 3 when it
+    covers only part of them, 1 when the store already holds a demo recording.
+
+    \b
+    Example:
+      capture demo
+      capture demo --store /tmp/capture-demo
+      capture --store /tmp/capture-demo summary
+    """
+    store = _resolve_store(ctx, store_option)
+    _check_store(store)
+    model = _record(store)
+
+    from capture.store import open_store
+
+    with open_store(store) as opened:
+        _show_analysis(opened)
+        complete = _export(model, opened)
+    _next_steps(store)
+    if not complete:
+        ctx.exit(EXIT_PARTIAL)
+
+
+def _resolve_store(ctx: click.Context, store_option: str | None) -> str:
+    """The demo's --store, or the global one; both given and different is a usage error."""
+    global_store = store_path(ctx)
+    if store_option is None:
+        return global_store
+    parent = ctx.parent
+    if (
+        parent is not None
+        and parent.get_parameter_source("store") in _EXPLICIT
+        and global_store != store_option
+    ):
+        raise click.UsageError(
+            f"two stores given: capture --store {global_store} and demo --store {store_option}; "
+            "pass only one"
+        )
+    return store_option

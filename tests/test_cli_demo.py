@@ -1,0 +1,142 @@
+"""`capture demo`: records a tiny Llama, shows the analysis, exports the decode step."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from capture.store import open_store
+from cli.demo import DEMO_MODEL, EXPORT_GROUP, MAX_NEW_TOKENS, WORKLOAD
+from cli.main import cli
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    store: Path
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """One real `capture demo --store DIR` run, shared by the checks below."""
+    store = tmp_path_factory.mktemp("demo") / "store"
+    result = CliRunner(env={"CAPTURE_STORE": None}).invoke(
+        cli, ["demo", "--store", str(store)], prog_name="capture"
+    )
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return DemoRun(store, result.exit_code, result.stdout, result.stderr)
+
+
+def test_demo_exits_0_when_the_export_covers_every_signature(demo: DemoRun) -> None:
+    assert demo.exit_code == 0, demo.stderr
+
+
+def test_demo_records_one_call_per_generated_token(demo: DemoRun) -> None:
+    with open_store(demo.store) as store:
+        rows = store.query("SELECT model, count(*) AS calls FROM calls GROUP BY model").to_pylist()
+    assert rows == [{"model": DEMO_MODEL, "calls": len(WORKLOAD) * MAX_NEW_TOKENS}]
+
+
+def test_demo_reports_progress_on_stderr(demo: DemoRun) -> None:
+    steps = [line[:5] for line in demo.stderr.splitlines() if line.startswith("[")]
+    assert steps == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+
+
+def test_demo_prints_the_summary_then_the_dims_then_the_export(demo: DemoRun) -> None:
+    headings = [line for line in demo.stdout.splitlines() if line.startswith("== ")]
+    assert [h.split(",")[0].split(":")[0] for h in headings] == [
+        f"== Model {DEMO_MODEL} ==",
+        f"== Dynamic dims of the {EXPORT_GROUP} group",
+        f"== Export of the {EXPORT_GROUP} group",
+    ]
+
+
+def test_demo_finds_the_mask_length_relation(demo: DemoRun) -> None:
+    assert "  decode  attention_mask_1 = past_key_values_2 + 1\n" in demo.stdout
+
+
+def test_demo_covers_every_recorded_decode_signature(demo: DemoRun) -> None:
+    # The decode group: a cache holding tensors and an attention mask (padded batches).
+    sql = """
+        SELECT count(*) AS signatures, sum(calls)::BIGINT AS calls FROM signatures
+        WHERE in_structure IN (
+            SELECT structure_id FROM structures
+            WHERE path = 'kwargs[''attention_mask'']' AND kind = 'tensor'
+            INTERSECT
+            SELECT structure_id FROM structures
+            WHERE path = 'kwargs[''past_key_values''].key_cache[0]' AND kind = 'tensor')
+    """
+    with open_store(demo.store) as store:
+        (row,) = store.query(sql).to_pylist()
+    n, calls = row["signatures"], row["calls"]
+    assert f"\n{n} of {n} recorded signatures covered ({calls} of {calls} calls), max abs diff" in (
+        demo.stdout
+    )
+
+
+def test_demo_ends_with_the_store_and_the_next_commands(demo: DemoRun) -> None:
+    tail = demo.stdout.rstrip("\n").splitlines()[-5:]
+    assert tail[0] == f"The store is at {demo.store}. Try:"
+    assert [line.split()[:5] for line in tail[1:]] == [
+        ["capture", "--store", str(demo.store), "summary"],
+        ["capture", "--store", str(demo.store), "dims", "--python"],
+        ["capture", "--store", str(demo.store), "query", '"SELECT'],
+        ["capture", "--store", str(demo.store), "export", "fixtures.models:tiny_llama"],
+    ]
+
+
+@pytest.mark.parametrize("command", ["summary", "dims", "query"])
+def test_demo_suggests_commands_that_work(demo: DemoRun, command: str) -> None:
+    (line,) = [
+        line
+        for line in demo.stdout.splitlines()
+        if line.startswith("  capture --store ") and line.split()[3] == command
+    ]
+    argv = shlex.split(line)
+    result = CliRunner().invoke(cli, argv[1:], prog_name="capture")
+    assert result.exit_code == 0, result.output
+    assert result.stdout != ""
+
+
+def test_demo_refuses_a_store_that_already_holds_a_demo(demo: DemoRun) -> None:
+    # The global option this time: the demo records where `capture --store` points.
+    result = CliRunner().invoke(cli, ["--store", str(demo.store), "demo"], prog_name="capture")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"Error: the store at {demo.store} already holds a {DEMO_MODEL} recording from an "
+        "earlier demo; remove it or pass another store, e.g. capture demo --store "
+        "/tmp/capture-demo\n"
+    )
+
+
+def test_demo_rejects_two_different_stores(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli,
+        ["--store", str(tmp_path / "a"), "demo", "--store", str(tmp_path / "b")],
+        prog_name="capture",
+    )
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert "two stores given" in result.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_demo_help_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom click.testing import CliRunner\nfrom cli.main import cli\n"
+        "r = CliRunner().invoke(cli, ['demo', '--help'])\n"
+        "assert r.exit_code == 0, r.output\nprint('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "False\n"

@@ -1,0 +1,200 @@
+"""Every README example that shows output is run, and must print that output.
+
+Convention (an HTML comment on the line before a fenced block; GitHub does not render it):
+
+- ``<!-- readme-test: python -->`` before a ```` ```python ```` block: the block runs as a script
+  (``python -c``) in a working directory where the README's earlier tested python blocks ran
+  (in order), and must exit with status 0 without writing to stderr. If the next fenced block
+  is marked ``<!-- readme-test: output -->``, the script's stdout must be exactly that block.
+- ``<!-- readme-test: console -->`` before a ```` ```console ```` block: a transcript. Each
+  ``$ capture ...`` line runs through the real CLI (click's CliRunner, in a copy of the working
+  directory left by the python blocks above it); the lines up to the next ``$`` line are what
+  the terminal shows (stdout and stderr, in order). The command must exit with status 0 unless
+  the next line of the transcript is ``$ echo $?``, whose output is the expected status.
+- Every ```` ```python ```` block, tested or not, must at least compile.
+
+README examples must therefore avoid output that changes between runs (timestamps, call ids,
+durations, host names).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+_FENCE = re.compile(
+    r"(?:^<!-- readme-test: (?P<mark>[a-z]+) -->\n)?"
+    r"^(?P<indent>[ ]*)```(?P<lang>[a-z]*)\n(?P<body>.*?)^(?P=indent)```[ ]*$",
+    re.S | re.M,
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of the README."""
+
+    line: int
+    lang: str
+    mark: str | None
+    body: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.mark or self.lang}-line{self.line}"
+
+
+def _blocks(text: str) -> list[Block]:
+    return [
+        Block(
+            line=text.count("\n", 0, m.start("body")),
+            lang=m.group("lang"),
+            mark=m.group("mark"),
+            body=textwrap.dedent(m.group("body")),
+        )
+        for m in _FENCE.finditer(text)
+    ]
+
+
+BLOCKS = _blocks(README.read_text(encoding="utf-8"))
+PYTHON = [b for b in BLOCKS if b.mark == "python"]
+CONSOLE = [b for b in BLOCKS if b.mark == "console"]
+
+
+def _expected_output(block: Block) -> str | None:
+    """The ``readme-test: output`` block right after `block`, if any."""
+    index = BLOCKS.index(block)
+    if index + 1 < len(BLOCKS) and BLOCKS[index + 1].mark == "output":
+        return BLOCKS[index + 1].body
+    return None
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "CAPTURE_STORE"}
+    env["PYTHONHASHSEED"] = "0"
+    return env
+
+
+def _run_python(block: Block, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", block.body],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+class _Workdirs:
+    """Runs the tested python blocks in order, each once, in copies of one working directory.
+
+    `after(n)` is the working directory once the first n blocks ran; `result(i)` is what
+    block i printed. Built lazily, once per session, so the tests may run in any order.
+    """
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.dirs: dict[int, Path] = {}
+        self.results: dict[int, subprocess.CompletedProcess[str]] = {}
+
+    def after(self, n: int) -> Path:
+        if n not in self.dirs:
+            path = self.base / f"after-{n}"
+            if n == 0:
+                path.mkdir()
+            else:
+                shutil.copytree(self.after(n - 1), path)
+                self.results[n - 1] = _run_python(PYTHON[n - 1], path)
+            self.dirs[n] = path
+        return self.dirs[n]
+
+    def result(self, index: int) -> subprocess.CompletedProcess[str]:
+        self.after(index + 1)
+        return self.results[index]
+
+
+@pytest.fixture(scope="session")
+def workdirs(tmp_path_factory: pytest.TempPathFactory) -> _Workdirs:
+    return _Workdirs(tmp_path_factory.mktemp("readme"))
+
+
+def _python_before(block: Block) -> int:
+    """How many tested python blocks come before `block` in the README."""
+    return sum(1 for b in PYTHON if b.line < block.line)
+
+
+def _transcript(body: str) -> list[tuple[str, str]]:
+    """(command, expected output) pairs of a console block."""
+    steps: list[tuple[str, list[str]]] = []
+    for line in body.splitlines(keepends=True):
+        if line.startswith("$ "):
+            steps.append((line[2:].rstrip("\n"), []))
+        elif steps:
+            steps[-1][1].append(line)
+        else:
+            raise AssertionError(f"a transcript must start with a '$ ' line, got {line!r}")
+    return [(command, "".join(output)) for command, output in steps]
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "python"], ids=lambda b: b.id)
+def test_python_block_compiles(block: Block) -> None:
+    compile(block.body, f"README.md:{block.line}", "exec")
+
+
+@pytest.mark.parametrize("block", PYTHON, ids=lambda b: b.id)
+def test_python_block_runs(block: Block, workdirs: _Workdirs) -> None:
+    result = workdirs.result(PYTHON.index(block))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    expected = _expected_output(block)
+    if expected is not None:
+        assert result.stdout == expected
+
+
+@pytest.mark.parametrize("block", CONSOLE, ids=lambda b: b.id)
+def test_console_transcript(
+    block: Block, workdirs: _Workdirs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cwd = tmp_path / "work"
+    shutil.copytree(workdirs.after(_python_before(block)), cwd)
+    monkeypatch.chdir(cwd)
+    runner = CliRunner(env={"CAPTURE_STORE": None})
+    last_status: int | None = None
+    previous = ""
+    for command, expected in _transcript(block.body):
+        if command == "echo $?":
+            assert last_status is not None, "'$ echo $?' must follow a command"
+            assert expected == f"{last_status}\n"
+            last_status = None
+            continue
+        if last_status is not None:
+            assert last_status == 0, f"{previous!r} exited with {last_status}"
+        argv = shlex.split(command)
+        assert argv[0] == "capture", f"README transcripts run capture only, not {argv[0]!r}"
+        result = runner.invoke(cli, argv[1:], prog_name="capture")
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        assert result.output == expected, f"$ {command}"
+        last_status = result.exit_code
+        previous = command
+    if last_status is not None:
+        assert last_status == 0, f"{previous!r} exited with {last_status}"
+
+
+def test_readme_has_tested_examples() -> None:
+    assert PYTHON and CONSOLE
