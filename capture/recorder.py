@@ -271,18 +271,10 @@ class Recorder:
         key: list[Any] = [len(args)]
         walk(args, tensors, key)
         walk(kwargs, tensors, key)
-        k, shapes = tensor_key(key, tensors)
-        found = self._structures.get(k, _UNSEEN)
-        st = (
-            self._new_structure(k, (args, kwargs), tensors, "inputs")
-            if found is _UNSEEN
-            else cast(Structure | None, found)
-        )
-        if st is None:
+        found = self._structure((args, kwargs), tensors, key, "inputs")
+        if found is None:
             return None
-        if st.slow:
-            tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            shapes = [t.shape for t in tensors]
+        st, shapes = found
         ranges: list[int | None] | None = None
         if st.range_tensors:
             ranges = []
@@ -297,20 +289,9 @@ class Recorder:
             tensors: list[torch.Tensor] = []
             key: list[Any] = ["out"]
             walk(out, tensors, key)
-            k, out_shapes = tensor_key(key, tensors, devices=False)
-            found = self._structures.get(k, _UNSEEN)
-            st = (
-                self._new_structure(k, out, tensors, "output")
-                if found is _UNSEEN
-                else cast(Structure | None, found)
-            )
-            if st is None:
-                out_shapes = None
-            else:
-                if st.slow:
-                    tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-                    out_shapes = [t.shape for t in tensors]
-                out_sid = st.structure_id
+            found = self._structure(out, tensors, key, "output")
+            if found is not None:
+                out_sid, out_shapes = found[0].structure_id, found[1]
         writer = self._writer
         if writer is None:
             return
@@ -319,6 +300,28 @@ class Recorder:
         # trigger full collections (torch.Size lists did; measured in docs/benchmarks.md).
         out_dims = None if out_shapes is None else tuple(_chain(out_shapes))
         writer.submit((call_id, ts, sid, out_sid, shapes, out_dims, ranges, duration, error))
+
+    def _structure(
+        self, obj: Any, tensors: list[torch.Tensor], key: list[Any], root: str
+    ) -> tuple[Structure, list[torch.Size]] | None:
+        """The structure of a walked `obj` and its tensors' shapes (None: not recorded).
+
+        Output keys leave device indices out: outputs follow the inputs' devices, and the
+        structure still records the device seen first.
+        """
+        k, shapes = tensor_key(key, tensors, devices=root == "inputs")
+        found = self._structures.get(k, _UNSEEN)
+        st = (
+            self._new_structure(k, obj, tensors, root)
+            if found is _UNSEEN
+            else cast(Structure | None, found)
+        )
+        if st is None:
+            return None
+        if st.slow:  # walk() and torch's pytree disagree on this structure: trust pytree
+            tensors[:] = [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
+            shapes = [t.shape for t in tensors]
+        return st, shapes
 
     def _new_structure(
         self, key: tuple[Any, ...], obj: Any, tensors: list[torch.Tensor], root: str

@@ -119,7 +119,10 @@ class _Signature:
     dur_max: int = 0
 
 
-def _merge_min(acc: list[int | None], new: Sequence[int | None], pick: Any) -> list[int | None]:
+def _merge_elementwise(
+    acc: list[int | None], new: Sequence[int | None], pick: Any
+) -> list[int | None]:
+    """`pick` (min or max) of two value-range lists, element by element; None is unknown."""
     if not acc:
         return list(new)
     return [
@@ -169,8 +172,8 @@ class _Segment:
         sig.calls += 1
         sig.errors += error is not None
         if mins is not None and maxs is not None:
-            sig.int_min = _merge_min(sig.int_min, mins, min)
-            sig.int_max = _merge_min(sig.int_max, maxs, max)
+            sig.int_min = _merge_elementwise(sig.int_min, mins, min)
+            sig.int_max = _merge_elementwise(sig.int_max, maxs, max)
         sig.first_ts = min(sig.first_ts, ts)
         sig.last_ts = max(sig.last_ts, ts)
         sig.dur_sum += duration
