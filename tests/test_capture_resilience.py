@@ -37,7 +37,7 @@ def test_sigkill_leaves_only_readable_files(tmp_path: Path) -> None:
     flush_rows = 50
     proc = _python(
         f"""
-        import torch, time
+        import os, torch, time
         from capture import Recorder
         class Add(torch.nn.Module):
             def forward(self, x, y):
@@ -48,9 +48,10 @@ def test_sigkill_leaves_only_readable_files(tmp_path: Path) -> None:
         while True:
             m(torch.ones(1 + n % 7, 3), torch.ones(1 + n % 7, 3))
             n += 1
-            if n % 10 == 0:
-                with open({str(progress)!r}, "w") as f:
+            if n % 10 == 0:  # atomically: a kill mid-write must not leave an empty file
+                with open({str(progress) + ".tmp"!r}, "w") as f:
                     f.write(str(n))
+                os.replace({str(progress) + ".tmp"!r}, {str(progress)!r})
             time.sleep(0.0005)
         """
     )
