@@ -51,6 +51,7 @@ __all__ = [
     "signature_of",
     "walk",
     "tensor_key",
+    "metadata_guard",
     "tensor_leaves",
     "dtype_name",
 ]
@@ -237,6 +238,33 @@ def tensor_key(
         tuple(map(_device_index, tensors)) if devices else None,
         tuple(map(len, shapes)),
     ), shapes
+
+
+try:  # torch's C++ tensor checks (what torch.compile's guards use); absent: no fast path
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+
+    _HAVE_GUARDS = True
+except ImportError:  # pragma: no cover - every torch we support has it
+    _HAVE_GUARDS = False
+
+
+def metadata_guard(tensors: Sequence[torch.Tensor]) -> Callable[..., bool] | None:
+    """A C++ check that tensors have the dtypes, devices and ranks of `tensors`, or None.
+
+    `guard(*others)` is true when each of `others` has the same dtype, device, rank, tensor
+    type, requires_grad and dispatch keys as its counterpart here, whatever its sizes and
+    strides. It is stricter than `tensor_key()`'s dtype/device/rank tuples, so a passing check
+    means an equal key; it reads that metadata in one C++ loop, about 3x faster than
+    `tensor_key()` in Python. It keeps no reference to `tensors`.
+    """
+    if not _HAVE_GUARDS:
+        return None
+    free: Any = [[None] * t.dim() for t in tensors]  # None: any size, any stride
+    try:
+        guards = _TensorGuards(*tensors, dynamic_dims_sizes=free, dynamic_dims_strides=free)
+    except (TypeError, RuntimeError):  # an older signature, or a tensor it cannot check
+        return None
+    return guards.check
 
 
 def tensor_leaves(obj: Any) -> list[torch.Tensor]:

@@ -14,6 +14,7 @@ import atexit
 import functools
 import itertools
 import logging
+import operator
 import os
 import random
 import threading
@@ -28,7 +29,14 @@ import torch.utils._pytree as pytree
 
 from capture import nodes
 from capture.errors import CaptureError
-from capture.flatten import Structure, describe, signature_of, tensor_key, walk
+from capture.flatten import (
+    Structure,
+    describe,
+    metadata_guard,
+    signature_of,
+    tensor_key,
+    walk,
+)
 from capture.writer import StoreWriter
 
 __all__ = ["Recorder", "DEFAULT_STORE"]
@@ -41,6 +49,10 @@ _VALUE_RANGES = ("cpu", "all", "none")
 
 _UNSEEN: Any = object()
 _chain = chain.from_iterable
+_shape = operator.attrgetter("shape")
+# Guards kept per container key: one per dtype/device/rank/requires_grad combination seen,
+# up to this many; beyond, calls take the Python key (`tensor_key`), which is always right.
+_MAX_GUARDS = 4
 
 
 def _never(t: torch.Tensor) -> bool:
@@ -137,6 +149,9 @@ class Recorder:
         self._active = False
         # key -> Structure, or None for a key refused (max_structures reached).
         self._structures: dict[tuple[Any, ...], Structure | None] = {}
+        # Fast path: container key -> ((guard, Structure), ...), see `flatten.metadata_guard`.
+        self._guarded: dict[tuple[Any, ...], tuple[tuple[Callable[..., bool], Structure], ...]]
+        self._guarded = {}
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._id_base = (int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF) << 32
@@ -274,41 +289,48 @@ class Recorder:
         found = self._structure((args, kwargs), tensors, key, "inputs")
         if found is None:
             return None
-        st, shapes = found
+        st, dims = found
         ranges: list[int | None] | None = None
         if st.range_tensors:
             ranges = []
             for i in st.range_tensors:
                 ranges.extend(_int_range(tensors[i]))
-        return st.structure_id, tuple(_chain(shapes)), ranges
+        return st.structure_id, dims, ranges
 
     def _emit(self, pending: Any, ts: int, duration: int, out: Any, error: str | None) -> None:
-        sid, shapes, ranges = pending
-        out_sid = out_shapes = None
+        sid, dims, ranges = pending
+        out_sid = out_dims = None
         if error is None and self.record_outputs:
             tensors: list[torch.Tensor] = []
             key: list[Any] = ["out"]
             walk(out, tensors, key)
             found = self._structure(out, tensors, key, "output")
             if found is not None:
-                out_sid, out_shapes = found[0].structure_id, found[1]
+                out_sid, out_dims = found[0].structure_id, found[1]
         writer = self._writer
         if writer is None:
             return
         call_id = self._id_base | next(self._seq)
-        # Flat tuples of ints: the GC does not track them, so records waiting in the queue do not
-        # trigger full collections (torch.Size lists did; measured in docs/benchmarks.md).
-        out_dims = None if out_shapes is None else tuple(_chain(out_shapes))
-        writer.submit((call_id, ts, sid, out_sid, shapes, out_dims, ranges, duration, error))
+        writer.submit((call_id, ts, sid, out_sid, dims, out_dims, ranges, duration, error))
 
     def _structure(
         self, obj: Any, tensors: list[torch.Tensor], key: list[Any], root: str
-    ) -> tuple[Structure, list[torch.Size]] | None:
-        """The structure of a walked `obj` and its tensors' shapes (None: not recorded).
+    ) -> tuple[Structure, tuple[int, ...]] | None:
+        """The structure of a walked `obj` and its tensors' sizes, flat (None: not recorded).
 
-        Output keys leave device indices out: outputs follow the inputs' devices, and the
-        structure still records the device seen first.
+        The sizes are one flat tuple of ints: the GC does not track it, so records waiting in
+        the writer's queue do not trigger full collections (torch.Size lists did; measured in
+        docs/benchmarks.md).
+
+        A container key seen before is matched by its guards (dtypes, devices and ranks checked
+        in C++); otherwise the full key is built in Python and looked up. Output keys leave
+        device indices out: outputs follow the inputs' devices, and the structure still
+        records the device seen first.
         """
+        containers = tuple(key)
+        for guard, known in self._guarded.get(containers, ()):
+            if guard(*tensors):
+                return known, tuple(_chain(map(_shape, tensors)))
         k, shapes = tensor_key(key, tensors, devices=root == "inputs")
         found = self._structures.get(k, _UNSEEN)
         st = (
@@ -321,7 +343,20 @@ class Recorder:
         if st.slow:  # walk() and torch's pytree disagree on this structure: trust pytree
             tensors[:] = [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
             shapes = [t.shape for t in tensors]
-        return st, shapes
+        else:
+            self._add_guard(containers, tensors, st)
+        return st, tuple(_chain(shapes))
+
+    def _add_guard(
+        self, containers: tuple[Any, ...], tensors: list[torch.Tensor], st: Structure
+    ) -> None:
+        with self._lock:
+            guarded = self._guarded.get(containers, ())
+            if len(guarded) >= _MAX_GUARDS:
+                return
+            guard = metadata_guard(tensors)
+            if guard is not None:  # a new tuple: readers iterate the old one without the lock
+                self._guarded[containers] = (*guarded, (guard, st))
 
     def _new_structure(
         self, key: tuple[Any, ...], obj: Any, tensors: list[torch.Tensor], root: str

@@ -367,3 +367,38 @@ def test_flush_makes_calls_visible_while_recording(tmp_path: Path) -> None:
     finally:
         rec.stop()
     assert os.listdir(tmp_path)
+
+
+def test_same_containers_with_other_dtypes_ranks_and_grads_get_their_own_structure(
+    tmp_path: Path,
+) -> None:
+    # One container key (a single positional tensor), many dtype/rank/requires_grad variants,
+    # more than the recorder keeps C++ guards for: each call must still get the structure of
+    # what it was called with, on the guarded path and on the Python-key path alike.
+    variants = [
+        torch.ones(2, 3),
+        torch.ones(2, 3, dtype=torch.float16),
+        torch.ones(2, 3, 4),
+        torch.ones(5, 3, dtype=torch.int64),
+        torch.ones(2, 3, requires_grad=True),
+        torch.ones(2, 3, dtype=torch.float64),
+        torch.ones(4, dtype=torch.bfloat16),
+        torch.ones(7, 3),
+    ]
+    model = Add()
+    sent = []
+    with Recorder(model, tmp_path) as rec:
+        for _ in range(3):
+            for x in variants:
+                model(x)
+                sent.append((str(x.dtype).removeprefix("torch."), list(x.shape)))
+    assert rec.stats()["recorded"] == len(sent)
+    rows = (
+        open_store(tmp_path)
+        .query(
+            "SELECT dtype, shape FROM leaves WHERE side = 'input' AND kind = 'tensor' "
+            "ORDER BY call_id"
+        )
+        .to_pylist()
+    )
+    assert [(r["dtype"], r["shape"]) for r in rows] == sent

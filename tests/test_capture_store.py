@@ -11,16 +11,19 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import capture
 from capture import schema
 from capture.errors import EmptyStore, QueryError, SchemaMismatch, StoreNotFound, UnknownModel
 from capture.store import Store
-from capture.writer import write_parquet
+from capture.writer import _list_array, _pack, write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -208,3 +211,18 @@ def test_model_name_that_is_not_a_folder_name_is_kept(tmp_path: Path) -> None:
             rows = store.query(f"SELECT DISTINCT model FROM {view}").to_pylist()
             assert rows == [{"model": "org/toy v1"}], view
         assert store.dims("org/toy v1").num_rows == 6  # 2 groups: (x) and (x, y)
+
+
+@given(
+    st.lists(
+        st.one_of(st.none(), st.lists(st.integers(-(2**63), 2**63 - 1), max_size=9).map(tuple)),
+        max_size=20,
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_packed_dims_become_the_same_arrow_lists_as_python_ints(
+    rows: list[tuple[int, ...] | None],
+) -> None:
+    packed = [None if r is None else _pack(r) for r in rows]
+    expected = pa.array([None if r is None else list(r) for r in rows], pa.list_(pa.int64()))
+    assert _list_array(packed).equals(expected)
