@@ -26,8 +26,8 @@ Prints one Markdown section on stdout (progress goes to stderr). What is measure
   loop for (a) and (b) (calls/s, dropped calls, total cost per call including the writer
   thread and the cyclic GC).
 - **stages**: the hot path of (a) and (b) cut into the steps the wrapper does, each timed with
-  `timeit` on the internal functions (min and median of 7 repeats), plus where `walk` and
-  `tensor_key` spend their time on the cache.
+  `timeit` on the internal functions (min and median of 7 repeats), plus where `walk`, the
+  guards and the shapes spend their time on the cache.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import inspect
 import itertools
+import operator
 import os
 import shutil
 import subprocess
@@ -70,13 +70,10 @@ from common import (  # noqa: E402
 
 import capture  # noqa: E402
 from capture import nodes  # noqa: E402
-from capture.flatten import tensor_key, walk  # noqa: E402
+from capture.flatten import metadata_guard, tensor_key, walk  # noqa: E402
 from capture.recorder import _int_range  # noqa: E402
 from capture.writer import StoreWriter, _Segment, write_parquet  # noqa: E402
 
-# The recorder keys outputs without device indices (`tensor_key(..., devices=False)`) since
-# commit 664ea40; the stage breakdown does the same when the installed code has that option.
-_OUTPUT_KEY = {"devices": False} if "devices" in inspect.signature(tensor_key).parameters else {}
 TARGET_A_US = 10.0
 TARGET_B_US = 40.0
 TARGET_WRITER = 50_000
@@ -399,6 +396,10 @@ def stages_section(
         k_in, shapes = tensor_key(key, tensors)
         st_in = structures[k_in]
         assert st_in is not None
+        guard = metadata_guard(tensors)
+        assert guard is not None
+        guarded = rec._guarded
+        shape_of = operator.attrgetter("shape")
         range_tensors = [tensors[i] for i in st_in.range_tensors]
 
         def s_walk() -> Any:
@@ -408,14 +409,15 @@ def stages_section(
             walk(kwargs, tensors, key)
             return tensors, key
 
-        def s_tensor_key() -> Any:
-            return tensor_key(key, tensors)
-
-        fresh_key = tuple(list(k_in))  # an equal tuple that is not the stored key object
-
         def s_lookup() -> Any:
             # tuples do not cache their hash: it is computed on every call, as in the recorder
-            return structures.get(fresh_key, False)
+            return guarded.get(tuple(key), False)
+
+        def s_guard() -> Any:
+            return guard(*tensors)
+
+        def s_shapes() -> Any:
+            return tuple(itertools.chain.from_iterable(map(shape_of, tensors)))
 
         def s_ranges() -> Any:
             ranges: list[int | None] = []
@@ -427,14 +429,12 @@ def stages_section(
             otensors: list[torch.Tensor] = []
             okey: list[Any] = ["out"]
             walk(out, otensors, okey)
-            k, out_shapes = tensor_key(okey, otensors, **_OUTPUT_KEY)
-            return structures.get(k, False), out_shapes
+            return rec._structure(out, otensors, okey, "output")
 
         seq = itertools.count()
 
         def s_enqueue() -> Any:
             call_id = rec._id_base | next(seq)
-            dims = tuple(itertools.chain.from_iterable(shapes))
             writer.submit((call_id, 0, st_in.structure_id, None, dims, None, None, 0, None))
 
         def per_stage(fn: Callable[[], Any]) -> tuple[float, float]:
@@ -442,7 +442,7 @@ def stages_section(
             queue.clear()
             return result
 
-        key_lo, key_med = per_stage(s_tensor_key)
+        dims = s_shapes()
         stage_rows: list[tuple[str, str, tuple[float, float]]] = [
             ("wrapper: active/is_compiling check, clocks", "`recorded()`", per_stage(s_wrapper)),
             (
@@ -451,14 +451,19 @@ def stages_section(
                 per_stage(s_walk),
             ),
             (
-                f"dtypes, devices, ranks, shapes of the {len(tensors)} input tensors",
-                "`flatten.tensor_key`",
-                (key_lo, key_med),
+                "guards lookup (hash of the container key tuple, dict.get)",
+                "`Recorder._structure`",
+                per_stage(s_lookup),
             ),
             (
-                "structure lookup (hash of the key tuple, dict.get)",
-                "`Recorder._inputs`",
-                per_stage(s_lookup),
+                f"dtypes, devices, ranks of the {len(tensors)} input tensors (C++ TensorGuards)",
+                "`flatten.metadata_guard`",
+                per_stage(s_guard),
+            ),
+            (
+                f"shapes of the {len(tensors)} input tensors, as one flat tuple of ints",
+                "`Recorder._structure`",
+                per_stage(s_shapes),
             ),
             (
                 "value ranges ("
@@ -472,7 +477,7 @@ def stages_section(
                 "`recorder._int_range`",
                 per_stage(s_ranges),
             ),
-            ("output: walk + tensor_key + lookup", "`Recorder._emit`", per_stage(s_output)),
+            ("output: walk + guards + shapes", "`Recorder._emit`", per_stage(s_output)),
             (
                 "enqueue (call_id, record tuple, writer.submit)",
                 "`Recorder._emit`",
@@ -537,6 +542,8 @@ def _walk_detail(args: tuple[Any, ...], kwargs: dict[str, Any], number: int) -> 
     key: list[Any] = []
     walk(cache, tensors, key)
     k, _ = tensor_key(key, tensors)
+    guard = metadata_guard(tensors)
+    assert guard is not None
     one = tensors[0]
     n = len(tensors)
 
@@ -546,7 +553,12 @@ def _walk_detail(args: tuple[Any, ...], kwargs: dict[str, Any], number: int) -> 
 
     items: list[tuple[str, Callable[[], Any], int]] = [
         ("`walk(cache)`", d_walk, number),
-        (f"`tensor_key` of its {n} tensors", lambda: tensor_key(key, tensors), number),
+        (
+            f"`tensor_key` of its {n} tensors (Python; new structures only)",
+            lambda: tensor_key(key, tensors),
+            number,
+        ),
+        (f"`metadata_guard` check of its {n} tensors (C++)", lambda: guard(*tensors), number),
         ("`hash()` of that key (a fresh tuple each call)", lambda: hash(tuple(k)), number),
         (f"`[t.shape for t in tensors]` ({n} tensors)", lambda: [t.shape for t in tensors], number),
         ("one `t.shape`", lambda: one.shape, number * 10),
@@ -825,7 +837,10 @@ def writer_section(
         total = res["add"] + res["tables"] + res["write"]
         per = res["segment_rows"]
         for key, name in (
-            ("add", "`_Segment.add` per record (Python: flatten shapes, signature dict)"),
+            (
+                "add",
+                "`_Segment.add` per record (Python: pack sizes as int64 bytes, signature dict)",
+            ),
             ("tables", "`calls_tables` + `stats_table` (Python lists → Arrow)"),
             ("write", "`write_parquet` calls + stats (zstd, tmp + rename)"),
         ):
