@@ -241,9 +241,22 @@ def latency_section(
         with Timer() as t2, GcWatch() as gc2:
             run_interleaved([bare2, obs_variant], args, kwargs, observer_n, min(warmup, 100))
 
+    # Run 3: the bare module and one Recorder only, so fewer objects pass through the CPU
+    # caches between two recorded calls than in run 1 (where five variants rotate).
+    bare3 = Variant("bare module (baseline of run 3)", make_model())
+    pair_model = make_model()
+    pair = Variant(
+        "capture.Recorder (every call), interleaved with the bare module only", pair_model
+    )
+    pair_recorder = capture.Recorder(pair_model, os.path.join(store, "pair"), name="bench")
+    with nodes.register_flattening_functions(), pair_recorder:
+        with Timer() as t3:
+            run_interleaved([bare3, pair], args, kwargs, n, warmup)
+
     rows = []
     added: dict[str, float] = {}
-    for run, base, members in ((1, bare, variants), (2, bare2, [bare2, obs_variant])):
+    runs = ((1, bare, variants), (2, bare2, [bare2, obs_variant]), (3, bare3, [bare3, pair]))
+    for run, base, members in runs:
         base_med, base_p90 = median(base.samples), p90(base.samples)
         for v in members:
             med, q90 = median(v.samples), p90(v.samples)
@@ -299,7 +312,10 @@ def latency_section(
         )
         + f". Run 2: {observer_n} timed iterations, {t2.seconds:.1f} s; what the "
         f"keep-every-call InputObserver kept is dropped after every {observer_reset_every} "
-        f"calls, outside the timed call, to bound memory; cyclic GC during it: {gc2.line()}.",
+        f"calls, outside the timed call, to bound memory; cyclic GC during it: {gc2.line()}. "
+        f"Run 3: {n} timed iterations of the bare module and one Recorder only, "
+        f"{t3.seconds:.1f} s: the same hot path with fewer other objects passing through the "
+        "CPU caches between two recorded calls (run 1 rotates five variants).",
         "",
         "Medians are the robust numbers. p99, max and mean carry the tails: cyclic GC "
         "collections (the Recorder allocates containers on every call, so collections "
