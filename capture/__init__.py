@@ -16,6 +16,7 @@ __all__ = [
     "Recorder",
     "open_store",
     "Store",
+    "compact",
     "InputObserver",
     "string_type",
     "register_flattening_functions",
@@ -28,6 +29,7 @@ _LAZY = {
     "Recorder": "capture.recorder",
     "open_store": "capture.store",
     "Store": "capture.store",
+    "compact": "capture.compaction",
     "InputObserver": "capture.observer",
     "string_type": "capture.strings",
     "register_flattening_functions": "capture.nodes",
@@ -36,6 +38,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from capture.compaction import compact
     from capture.errors import CaptureError
     from capture.nodes import make_dynamic_cache, register_flattening_functions
     from capture.observer import InputObserver

@@ -16,7 +16,9 @@ Views users can rely on (DESIGN §6):
   segments, one row per distinct (model, in_structure, out_structure, dims, out_dims).
 
 Files that cannot be read (truncated, not Parquet) are skipped with a warning naming them; a
-file written by a newer schema version is an error (`SchemaMismatch`).
+file written by a newer schema version is an error (`SchemaMismatch`). Files that a compacted
+file replaces (`capture.compact`, left behind when a compaction died before deleting them) are
+not read.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
+from capture.compaction import replaced_files
 from capture.errors import EmptyStore, QueryError, SchemaMismatch, StoreNotFound, UnknownModel
 from capture.writer import resolve_store
 
@@ -61,13 +64,13 @@ def _list_files(fs: pafs.FileSystem, root: str, table: str) -> list[pafs.FileInf
     ]
 
 
-def _check_file(fs: pafs.FileSystem, info: pafs.FileInfo) -> str | None:
-    """None when the file is readable, else the reason; raises on a newer schema version."""
+def _check_file(fs: pafs.FileSystem, info: pafs.FileInfo) -> tuple[str | None, set[str]]:
+    """(None or why the file is unreadable, the files it replaces); raises on a newer schema."""
     try:
         with fs.open_input_file(info.path) as f:
             meta = pq.read_metadata(f)
     except Exception as e:  # truncated, empty, not Parquet: skip it, say which
-        return f"{type(e).__name__}: {e}"
+        return f"{type(e).__name__}: {e}", set()
     kv = meta.metadata or {}
     version = kv.get(schema.METADATA_SCHEMA_VERSION)
     if version is not None and int(version) > schema.SCHEMA_VERSION:
@@ -75,7 +78,7 @@ def _check_file(fs: pafs.FileSystem, info: pafs.FileInfo) -> str | None:
             f"{info.path} was written with store schema v{int(version)}, this library reads "
             f"up to v{schema.SCHEMA_VERSION}; upgrade capture to read this store"
         )
-    return None
+    return None, replaced_files(info.path, kv)
 
 
 def _sql_list(paths: Sequence[str]) -> str:
@@ -143,13 +146,15 @@ class Store:
         self.files: dict[str, list[str]] = {}
         for table in schema.TABLES:
             good = []
+            replaced: set[str] = set()  # by a compacted file (capture.compact): read it instead
             for file_info in _list_files(self.fs, self.root, table):
-                reason = _check_file(self.fs, file_info)
+                reason, replaces = _check_file(self.fs, file_info)
+                replaced |= replaces
                 if reason is None:
                     good.append(file_info.path)
                 else:
                     self.skipped.append(SkippedFile(file_info.path, reason))
-            self.files[table] = sorted(good)
+            self.files[table] = sorted(p for p in good if p not in replaced)
         for skipped in self.skipped:
             warnings.warn(
                 f"capture: skipping unreadable store file {skipped.path} ({skipped.reason})",

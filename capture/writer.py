@@ -40,7 +40,14 @@ from capture import schema
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
     from capture.flatten import Param, Structure
 
-__all__ = ["CallRecord", "StoreWriter", "resolve_store", "write_parquet", "library_version"]
+__all__ = [
+    "CallRecord",
+    "StoreWriter",
+    "resolve_store",
+    "write_parquet",
+    "library_version",
+    "merge_elementwise",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +85,20 @@ def resolve_store(store: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(text)
 
 
-def write_parquet(fs: pafs.FileSystem, folder: str, name: str, table: pa.Table, kind: str) -> str:
+def write_parquet(
+    fs: pafs.FileSystem,
+    folder: str,
+    name: str,
+    table: pa.Table,
+    kind: str,
+    extra_metadata: dict[bytes, bytes] | None = None,
+) -> str:
     """Writes `table` as ``folder/name`` through a temporary dot-file and a rename."""
     meta = {
         schema.METADATA_SCHEMA_VERSION: str(schema.SCHEMA_VERSION).encode(),
         schema.METADATA_LIBRARY_VERSION: library_version().encode(),
         schema.METADATA_KIND: kind.encode(),
+        **(extra_metadata or {}),
     }
     table = table.replace_schema_metadata(meta)
     fs.create_dir(folder, recursive=True)
@@ -151,7 +166,7 @@ class _Signature:
     dur_max: int = 0
 
 
-def _merge_elementwise(
+def merge_elementwise(
     acc: list[int | None], new: Sequence[int | None], pick: Any
 ) -> list[int | None]:
     """`pick` (min or max) of two value-range lists, element by element; None is unknown."""
@@ -208,8 +223,8 @@ class _Segment:
         sig.calls += 1
         sig.errors += error is not None
         if mins is not None and maxs is not None:
-            sig.int_min = _merge_elementwise(sig.int_min, mins, min)
-            sig.int_max = _merge_elementwise(sig.int_max, maxs, max)
+            sig.int_min = merge_elementwise(sig.int_min, mins, min)
+            sig.int_max = merge_elementwise(sig.int_max, maxs, max)
         sig.first_ts = min(sig.first_ts, ts)
         sig.last_ts = max(sig.last_ts, ts)
         sig.dur_sum += duration

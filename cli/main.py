@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cli.export:export_command",
         "Export a model with torch.export using the recorded calls.",
     ),
+    "compact": (
+        "cli.compact:compact_command",
+        "Merge the store's small Parquet files into big ones.",
+    ),
     "demo": ("cli.demo:demo_command", "Record a tiny model into a store to try the commands."),
 }
 """Command name -> (``"module:function"``, one-line summary shown by ``capture --help``).

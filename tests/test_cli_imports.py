@@ -63,8 +63,9 @@ def test_command_help_imports_only_its_module() -> None:
         ["summary"],
         ["dims"],
         ["dims", "--python"],
+        ["compact"],
     ],
-    ids=["query", "summary", "dims", "dims-python"],
+    ids=["query", "summary", "dims", "dims-python", "compact"],
 )
 def test_store_commands_do_not_import_torch(store: str, args: list[str]) -> None:
     imported = _imported("--store", store, *args)

@@ -1,0 +1,73 @@
+"""`capture compact`: merge a store's small files (see `capture.compact`).
+
+Imports pyarrow when it runs, never torch or duckdb.
+"""
+
+from __future__ import annotations
+
+import click
+
+from cli.main import store_path
+from cli.output import write_text
+
+__all__ = ["compact_command"]
+
+
+@click.command("compact")
+@click.option(
+    "--target-rows",
+    type=click.IntRange(min=1),
+    default=1_000_000,
+    metavar="N",
+    help="Most calls per merged calls file; calls files this big already are left alone. "
+    "Default: 1000000.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Only say what would be merged; change nothing. Default: off.",
+)
+@click.pass_context
+def compact_command(ctx: click.Context, target_rows: int, dry_run: bool) -> None:
+    """Merge the store's small Parquet files into big ones.
+
+    A server that flushes every few seconds leaves thousands of small
+    files, and every query pays for each file. This rewrites, per
+    partition, the small calls files into files of up to N calls, and
+    the stats and structures files into one file each (stats rows of
+    one signature merged). No call is lost or counted twice, even for
+    a reader that opens the store meanwhile: a merged file names the
+    files it replaces, which readers then skip, and those are deleted
+    once it is in place. Recorders may keep writing meanwhile. Open
+    stores (a running `capture query`) must be reopened after it.
+
+    \b
+    Example:
+      capture compact
+      capture --store s3://bucket/capture compact --dry-run
+    """
+    from capture.compaction import compact
+
+    result = compact(store_path(ctx), target_rows=target_rows, dry_run=dry_run)
+    lines = [
+        f"{'would compact' if dry_run else 'compacted'} {store_path(ctx)} "
+        f"(target {target_rows:,} calls per file)",
+    ]
+    width = max(len(t) for t in result.tables)
+    for table, counts in result.tables.items():
+        rows = (
+            f"{counts.rows_before:,} rows -> {counts.rows_after:,}"
+            if not (dry_run and table != "calls")
+            else f"{counts.rows_before:,} rows (merged count known after the run)"
+        )
+        lines.append(
+            f"  {table:<{width}}  {counts.files_before:,} files -> {counts.files_after:,}, {rows}"
+        )
+    if result.deleted_leftovers:
+        lines.append(
+            f"  {'would delete' if dry_run else 'deleted'} {result.deleted_leftovers} file(s) "
+            "an earlier compaction had already replaced"
+        )
+    for path in result.unreadable:
+        lines.append(f"  left alone (unreadable): {path}")
+    write_text("\n".join(lines) + "\n")
