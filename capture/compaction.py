@@ -23,7 +23,7 @@ One compaction at a time per store: ``<store>/.compact.lock`` is created exclusi
 removed at the end (delete it by hand if a killed compaction left it). Writers may keep
 recording meanwhile: they only add new files, which this run does not touch.
 
-This module imports pyarrow, never torch or duckdb (``capture compact`` stays light).
+This module imports pyarrow (and duckdb to merge stats rows), never torch.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,7 +43,7 @@ import pyarrow.parquet as pq
 
 from capture import schema
 from capture.errors import CaptureError, StoreNotFound
-from capture.writer import merge_elementwise, resolve_store, write_parquet
+from capture.writer import resolve_store, write_parquet
 
 __all__ = ["compact", "CompactResult", "METADATA_REPLACES", "LOCK_NAME", "replaced_files"]
 
@@ -220,79 +219,126 @@ def _calls_groups(files: list[_File], target_rows: int) -> list[list[_File]]:
 
 
 # -- merging -----------------------------------------------------------------------------------
+_ROW_GROUP = 65_536  # rows per row group of a merged calls file
+
+
 def _merge(fs: pafs.FileSystem, table: str, folder: str, group: list[_File]) -> int:
     """Writes the merged file, checks it, renames it into place, deletes `group`; its rows."""
-    tables = []
-    for f in group:
-        with fs.open_input_file(f.path) as src:
-            tables.append(pq.read_table(src).select(schema.SCHEMAS[table].names))
-    rows = pa.concat_tables(tables).cast(schema.SCHEMAS[table])
-    if table == schema.STATS:
-        rows = merge_stats(rows)
-    elif table == schema.STRUCTURES:
-        rows = _unique_structures(rows)
+    rows: pa.Table | Iterator[pa.Table]
+    if table == schema.CALLS:  # streamed: one row group in memory at a time
+        rows, expected = _regrouped(fs, group), sum(f.rows for f in group)
+    else:  # a few thousand rows per file: merged in memory
+        sources = pa.concat_tables([_read(fs, f.path, table) for f in group])
+        if table == schema.STATS:
+            rows = merge_stats(sources)
+            expected = int(pc.sum(sources.column("calls")).as_py() or 0)
+        else:
+            rows = _unique_structures(sources)
+            expected = int(rows.num_rows)
     name = f"compact-{_stamp()}.parquet"
     replaces = json.dumps([f.path.rsplit("/", 1)[1] for f in group]).encode()
     path = write_parquet(
         fs, folder, name, rows, table, extra_metadata={METADATA_REPLACES: replaces}
     )
-    _verify(fs, path, table, tables, rows.num_rows)
+    written = _verify(fs, path, table, expected)
     _delete(fs, [f.path for f in group])
-    return int(rows.num_rows)
+    return written
 
 
-def _verify(fs: pafs.FileSystem, path: str, table: str, sources: list[pa.Table], rows: int) -> None:
-    """Reads the merged file back; removes it and raises when it does not hold the sources."""
+def _read(fs: pafs.FileSystem, path: str, table: str) -> pa.Table:
+    with fs.open_input_file(path) as src:
+        return pq.read_table(src).select(schema.SCHEMAS[table].names).cast(schema.SCHEMAS[table])
+
+
+def _regrouped(fs: pafs.FileSystem, group: list[_File]) -> Iterator[pa.Table]:
+    """The calls of `group`, in file order, in tables of about `_ROW_GROUP` rows."""
+    pending: list[pa.Table] = []
+    count = 0
+    for f in group:
+        part = _read(fs, f.path, schema.CALLS)
+        pending.append(part)
+        count += part.num_rows
+        if count >= _ROW_GROUP:
+            yield pa.concat_tables(pending)
+            pending, count = [], 0
+    if pending:
+        yield pa.concat_tables(pending)
+
+
+def _verify(fs: pafs.FileSystem, path: str, table: str, expected: int) -> int:
+    """The merged file's rows; removes it and raises when it does not hold what it replaces.
+
+    Calls: as many rows as the sources. Stats: as many calls counted as the sources.
+    Structures: the rows written.
+    """
     try:
         with fs.open_input_file(path) as f:
-            back = pq.read_table(f)
-        if back.num_rows != rows:
-            raise CaptureError(f"{back.num_rows} rows read back, {rows} written")
-        if table == schema.CALLS:
-            expected = sum(t.num_rows for t in sources)
-            if rows != expected:
-                raise CaptureError(f"{rows} calls merged from {expected}")
-        elif table == schema.STATS:
-            expected = sum(pc.sum(t.column("calls")).as_py() or 0 for t in sources)
-            got = pc.sum(back.column("calls")).as_py() or 0
-            if got != expected:
-                raise CaptureError(f"{got} calls counted in merged stats, {expected} before")
+            meta = pq.read_metadata(f)
+            rows = int(meta.num_rows)
+            if table == schema.STATS:
+                counted = int(pc.sum(pq.read_table(f, columns=["calls"])["calls"]).as_py() or 0)
+            else:
+                counted = rows
+        if counted != expected:
+            what = "calls counted" if table == schema.STATS else "rows"
+            raise CaptureError(f"{counted} {what} in the merged file, {expected} in its sources")
     except Exception as e:
         fs.delete_file(path)  # readers may have seen it for an instant: it holds only copies
         raise CaptureError(
             f"compaction of {path.rsplit('/', 1)[0]} did not check out ({e}); the original "
             "files are untouched"
         ) from e
+    return rows
+
+
+_MERGE_STATS_SQL = """
+WITH s AS (SELECT * FROM _stats),
+totals AS (
+    SELECT model, in_structure, out_structure, dims, out_dims,
+           sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
+           min(first_ts) AS first_ts, max(last_ts) AS last_ts,
+           sum(duration_ns_sum)::BIGINT AS duration_ns_sum,
+           min(duration_ns_min) AS duration_ns_min, max(duration_ns_max) AS duration_ns_max
+    FROM s GROUP BY ALL
+),
+items AS (  -- the integer ranges, element by element (min/max skip unknown NULL items)
+    SELECT model, in_structure, out_structure, dims, out_dims, i,
+           min(int_min[i]) AS lo, max(int_max[i]) AS hi
+    FROM (SELECT *, unnest(generate_series(1, len(int_min))) AS i
+          FROM s WHERE int_min IS NOT NULL)
+    GROUP BY ALL
+),
+ranges AS (
+    SELECT model, in_structure, out_structure, dims, out_dims,
+           list(lo ORDER BY i) AS int_min, list(hi ORDER BY i) AS int_max
+    FROM items GROUP BY ALL
+)
+SELECT t.model, t.in_structure, t.out_structure, t.dims, t.out_dims, t.calls, t.errors,
+       r.int_min, r.int_max, t.first_ts, t.last_ts, t.duration_ns_sum, t.duration_ns_min,
+       t.duration_ns_max
+FROM totals t LEFT JOIN ranges r
+  ON t.model = r.model AND t.in_structure = r.in_structure
+ AND t.out_structure IS NOT DISTINCT FROM r.out_structure
+ AND t.dims = r.dims AND t.out_dims IS NOT DISTINCT FROM r.out_dims
+ORDER BY t.first_ts
+"""
 
 
 def merge_stats(stats: pa.Table) -> pa.Table:
-    """One row per signature (model, structures, dims, out_dims), merged as the writer does."""
-    cols = {name: stats.column(name).to_pylist() for name in stats.column_names}
-    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for i in range(stats.num_rows):
-        key = (
-            cols["model"][i],
-            cols["in_structure"][i],
-            cols["out_structure"][i],
-            tuple(cols["dims"][i]),
-            None if cols["out_dims"][i] is None else tuple(cols["out_dims"][i]),
-        )
-        row = {name: cols[name][i] for name in cols}
-        acc = merged.get(key)
-        if acc is None:
-            merged[key] = row
-            continue
-        acc["calls"] += row["calls"]
-        acc["errors"] += row["errors"]
-        acc["duration_ns_sum"] += row["duration_ns_sum"]
-        acc["duration_ns_min"] = min(acc["duration_ns_min"], row["duration_ns_min"])
-        acc["duration_ns_max"] = max(acc["duration_ns_max"], row["duration_ns_max"])
-        acc["first_ts"] = min(acc["first_ts"], row["first_ts"])
-        acc["last_ts"] = max(acc["last_ts"], row["last_ts"])
-        for name, pick in (("int_min", min), ("int_max", max)):
-            if row[name] is not None:
-                acc[name] = merge_elementwise(acc[name] or [], row[name], pick)
-    return pa.Table.from_pylist(list(merged.values()), schema=schema.STATS_SCHEMA)
+    """One row per signature (model, structures, dims, out_dims), merged as the writer does.
+
+    Counts and durations are summed, timestamps and integer ranges widened (element by
+    element; an unknown item, NULL, is ignored). DuckDB groups by the list columns.
+    """
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        con.register("_stats", stats)
+        merged = con.sql(_MERGE_STATS_SQL).to_arrow_table()
+    finally:
+        con.close()
+    return merged.cast(schema.STATS_SCHEMA)
 
 
 def _unique_structures(rows: pa.Table) -> pa.Table:

@@ -26,7 +26,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -89,24 +89,33 @@ def write_parquet(
     fs: pafs.FileSystem,
     folder: str,
     name: str,
-    table: pa.Table,
+    table: pa.Table | Iterable[pa.Table],
     kind: str,
     extra_metadata: dict[bytes, bytes] | None = None,
 ) -> str:
-    """Writes `table` as ``folder/name`` through a temporary dot-file and a rename."""
+    """Writes `table` as ``folder/name`` through a temporary dot-file and a rename.
+
+    `table` may be an iterable of tables of the `kind`'s schema, written one row group (or
+    more) each, so a merged file never needs all its rows in memory at once.
+    """
     meta = {
         schema.METADATA_SCHEMA_VERSION: str(schema.SCHEMA_VERSION).encode(),
         schema.METADATA_LIBRARY_VERSION: library_version().encode(),
         schema.METADATA_KIND: kind.encode(),
         **(extra_metadata or {}),
     }
-    table = table.replace_schema_metadata(meta)
     fs.create_dir(folder, recursive=True)
     tmp = f"{folder}/.{name}.tmp"
     final = f"{folder}/{name}"
     try:
         with fs.open_output_stream(tmp) as sink:
-            pq.write_table(table, sink, compression="zstd")
+            if isinstance(table, pa.Table):
+                pq.write_table(table.replace_schema_metadata(meta), sink, compression="zstd")
+            else:
+                target = schema.SCHEMAS[kind].with_metadata(meta)
+                with pq.ParquetWriter(sink, target, compression="zstd") as out:
+                    for part in table:
+                        out.write_table(part.cast(target))
         fs.move(tmp, final)
     except BaseException:
         try:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -219,3 +221,27 @@ def test_cli_missing_store_and_bad_target(tmp_path: Path) -> None:
     assert missing.output.startswith("Error: no store at")
     bad = runner.invoke(cli, ["--store", str(tmp_path), "compact", "--target-rows", "0"])
     assert bad.exit_code == 2
+
+
+def test_merge_stats_widens_ranges_item_by_item_and_keeps_nulls() -> None:
+    def row(calls: int, lo: list[int | None] | None, hi: list[int | None] | None, t: int) -> dict:
+        ts = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=t)
+        return {
+            "model": "m", "in_structure": "s", "out_structure": None, "dims": [2, 3],
+            "out_dims": None, "calls": calls, "errors": t % 2, "int_min": lo, "int_max": hi,
+            "first_ts": ts, "last_ts": ts, "duration_ns_sum": 10 * calls,
+            "duration_ns_min": 5 + t, "duration_ns_max": 50 + t,
+        }  # fmt: skip
+
+    rows = [row(2, [3, None], [9, None], 1), row(1, [1, None], [4, None], 2), row(4, None, None, 3)]
+    other = {**row(1, [0, 0], [1, 1], 4), "dims": [5, 3]}
+    merged = compaction.merge_stats(
+        pa.Table.from_pylist([*rows, other], schema=schema.STATS_SCHEMA)
+    ).to_pylist()
+    assert len(merged) == 2
+    first = merged[0]
+    assert (first["calls"], first["errors"], first["duration_ns_sum"]) == (7, 2, 70)
+    assert (first["int_min"], first["int_max"]) == ([1, None], [9, None])
+    assert (first["duration_ns_min"], first["duration_ns_max"]) == (6, 53)
+    assert first["first_ts"] < first["last_ts"]
+    assert merged[1]["dims"] == [5, 3] and merged[1]["int_min"] == [0, 0]
