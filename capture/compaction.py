@@ -2,7 +2,7 @@
 
 A server that flushes every few seconds leaves thousands of small files, and readers pay per
 file (listing, footers) and per stats row (docs/benchmarks.md: 1M calls in 1,000-call files read
-7x slower than in 100,000-call files). `compact` rewrites, in each partition folder:
+6-8x slower than in 100,000-call files). `compact` rewrites, in each partition folder:
 
 - ``calls/model=M/date=D/``: the files with fewer than `target_rows` rows, concatenated into files
   of up to `target_rows` rows;
