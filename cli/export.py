@@ -128,7 +128,7 @@ def _save(result: Any, out: str) -> list[str]:
     import torch
 
     from capture import nodes
-    from replay.export import output_path
+    from replay.exporting import output_path
 
     written = []
     several = len(result.programs) > 1
@@ -228,7 +228,7 @@ def export_command(
         raise click.BadParameter(f"{out!r} must end with .pt2 or .onnx", param_hint="'--out'")
     onnx = out if out is not None and out.endswith(".onnx") else None
     if onnx is not None:
-        from replay.export import require_onnx
+        from replay.exporting import require_onnx
 
         require_onnx()
     module = _build_model(target)

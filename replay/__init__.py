@@ -20,14 +20,14 @@ __all__ = [
 _LAZY = {
     "export_inputs": "replay.inputs",
     "ExportInputs": "replay.inputs",
-    "export": "replay.export",
-    "ExportResult": "replay.export",
+    "export": "replay.exporting",
+    "ExportResult": "replay.exporting",
     "ModelInputs": "replay.modelinputs",
     "all_dynamic_shape_from_inputs": "replay.modelinputs",
 }
 
 if TYPE_CHECKING:
-    from replay.export import ExportResult, export
+    from replay.exporting import ExportResult, export
     from replay.inputs import ExportInputs, export_inputs
     from replay.modelinputs import ModelInputs, all_dynamic_shape_from_inputs
 

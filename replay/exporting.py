@@ -20,8 +20,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import sys
-import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -466,19 +464,3 @@ def export(
     coverage = pa.Table.from_pylist(rows, schema=COVERAGE_SCHEMA)
     complete = bool(rows) and all(r["covered"] for r in rows)
     return ExportResult(programs, coverage, notes, complete, inputs, errors, onnx_files)
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as `export`.
-
-    ``replay.export`` is both this module and the function (the public API). Importing the
-    module (``from replay.export import ExportResult``) makes Python bind the package attribute
-    ``replay.export`` to the module, which would shadow the lazily exported function; calling the
-    module calls the function, so ``replay.export(model, store)`` works in either order.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> ExportResult:
-        return export(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
