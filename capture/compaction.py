@@ -397,4 +397,7 @@ class _Lock:
 
     def __exit__(self, *exc: object) -> None:
         if not self.dry_run:
-            self.fs.delete_file(self.path)
+            try:
+                self.fs.delete_file(self.path)
+            except FileNotFoundError:  # removed by hand meanwhile: nothing left to release
+                pass
