@@ -43,12 +43,10 @@ import pyarrow.parquet as pq
 
 from capture import schema
 from capture.errors import CaptureError, StoreNotFound
+from capture.layout import METADATA_REPLACES, list_files, read_footer, replaced_files
 from capture.writer import resolve_store, write_parquet
 
-__all__ = ["compact", "CompactResult", "METADATA_REPLACES", "LOCK_NAME", "replaced_files"]
-
-METADATA_REPLACES = b"capture.replaces"
-"""Parquet metadata key: JSON list of the base names (same folder) a compacted file replaces."""
+__all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
 
 LOCK_NAME = ".compact.lock"
 DEFAULT_TARGET_ROWS = 1_000_000
@@ -79,15 +77,6 @@ class _File:
     path: str
     rows: int
     replaces: set[str]
-
-
-def replaced_files(path: str, metadata: dict[bytes, bytes] | None) -> set[str]:
-    """Full paths of the files that the file at `path` replaces (from its Parquet metadata)."""
-    raw = (metadata or {}).get(METADATA_REPLACES)
-    if not raw:
-        return set()
-    folder = path.rsplit("/", 1)[0]
-    return {f"{folder}/{name}" for name in json.loads(raw) if "/" not in name}
 
 
 def compact(
@@ -136,31 +125,15 @@ def _folders(
     fs: pafs.FileSystem, root: str, table: str, result: CompactResult
 ) -> Iterator[tuple[str, list[_File]]]:
     """(folder, its readable files) for every partition folder of `table`."""
-    selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
     by_folder: dict[str, list[_File]] = {}
-    for info in fs.get_file_info(selector):
-        if (
-            info.type != pafs.FileType.File
-            or not info.base_name.endswith(".parquet")
-            or info.base_name.startswith(".")
-        ):
-            continue
-        try:
-            with fs.open_input_file(info.path) as f:
-                meta = pq.read_metadata(f)
-        except Exception:  # truncated or not Parquet: left where it is, reported
+    for info in list_files(fs, root, table):
+        footer = read_footer(fs, info.path)
+        if isinstance(footer, str):  # truncated or not Parquet: left where it is, reported
             result.unreadable.append(info.path)
             continue
-        kv = meta.metadata or {}
-        version = kv.get(schema.METADATA_SCHEMA_VERSION)
-        if version is not None and int(version) > schema.SCHEMA_VERSION:
-            raise CaptureError(
-                f"{info.path} was written with store schema v{int(version)}; this library "
-                f"compacts up to v{schema.SCHEMA_VERSION}: upgrade capture first"
-            )
         folder = info.path.rsplit("/", 1)[0]
         by_folder.setdefault(folder, []).append(
-            _File(info.path, meta.num_rows, replaced_files(info.path, kv))
+            _File(info.path, footer.num_rows, replaced_files(info.path, footer))
         )
     for folder in sorted(by_folder):
         yield folder, sorted(by_folder[folder], key=lambda f: f.path)

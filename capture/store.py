@@ -33,11 +33,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from capture import schema
-from capture.compaction import replaced_files
-from capture.errors import EmptyStore, QueryError, SchemaMismatch, StoreNotFound, UnknownModel
+from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
+from capture.layout import list_files, read_footer, replaced_files
 from capture.writer import resolve_store
 
 __all__ = ["Store", "open_store", "SkippedFile"]
@@ -51,34 +50,6 @@ class SkippedFile:
 
     path: str
     reason: str
-
-
-def _list_files(fs: pafs.FileSystem, root: str, table: str) -> list[pafs.FileInfo]:
-    selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
-    return [
-        info
-        for info in fs.get_file_info(selector)
-        if info.type == pafs.FileType.File
-        and info.base_name.endswith(".parquet")
-        and not info.base_name.startswith(".")
-    ]
-
-
-def _check_file(fs: pafs.FileSystem, info: pafs.FileInfo) -> tuple[str | None, set[str]]:
-    """(None or why the file is unreadable, the files it replaces); raises on a newer schema."""
-    try:
-        with fs.open_input_file(info.path) as f:
-            meta = pq.read_metadata(f)
-    except Exception as e:  # truncated, empty, not Parquet: skip it, say which
-        return f"{type(e).__name__}: {e}", set()
-    kv = meta.metadata or {}
-    version = kv.get(schema.METADATA_SCHEMA_VERSION)
-    if version is not None and int(version) > schema.SCHEMA_VERSION:
-        raise SchemaMismatch(
-            f"{info.path} was written with store schema v{int(version)}, this library reads "
-            f"up to v{schema.SCHEMA_VERSION}; upgrade capture to read this store"
-        )
-    return None, replaced_files(info.path, kv)
 
 
 def _sql_list(paths: Sequence[str]) -> str:
@@ -147,13 +118,13 @@ class Store:
         for table in schema.TABLES:
             good = []
             replaced: set[str] = set()  # by a compacted file (capture.compact): read it instead
-            for file_info in _list_files(self.fs, self.root, table):
-                reason, replaces = _check_file(self.fs, file_info)
-                replaced |= replaces
-                if reason is None:
-                    good.append(file_info.path)
+            for file_info in list_files(self.fs, self.root, table):
+                footer = read_footer(self.fs, file_info.path)
+                if isinstance(footer, str):
+                    self.skipped.append(SkippedFile(file_info.path, footer))
                 else:
-                    self.skipped.append(SkippedFile(file_info.path, reason))
+                    replaced |= replaced_files(file_info.path, footer)
+                    good.append(file_info.path)
             self.files[table] = sorted(p for p in good if p not in replaced)
         for skipped in self.skipped:
             warnings.warn(

@@ -1,0 +1,60 @@
+"""Store files: which ones a reader sees, and what their Parquet footers say.
+
+Shared by the reader (`capture.store`) and `capture.compaction`; imports pyarrow only.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from capture import schema
+from capture.errors import SchemaMismatch
+
+__all__ = ["METADATA_REPLACES", "list_files", "read_footer", "replaced_files"]
+
+METADATA_REPLACES = b"capture.replaces"
+"""Parquet metadata key: JSON list of the base names (same folder) a compacted file replaces."""
+
+
+def list_files(fs: pafs.FileSystem, root: str, table: str) -> list[pafs.FileInfo]:
+    """The Parquet files of one table, temporary dot-files left out."""
+    selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
+    return [
+        info
+        for info in fs.get_file_info(selector)
+        if info.type == pafs.FileType.File
+        and info.base_name.endswith(".parquet")
+        and not info.base_name.startswith(".")
+    ]
+
+
+def read_footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData | str:
+    """The file's Parquet metadata, or why it cannot be read (truncated, not Parquet).
+
+    Raises:
+        SchemaMismatch: The file was written with a newer store schema than this library's.
+    """
+    try:
+        with fs.open_input_file(path) as f:
+            meta = pq.read_metadata(f)
+    except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
+        return f"{type(e).__name__}: {e}"
+    version = (meta.metadata or {}).get(schema.METADATA_SCHEMA_VERSION)
+    if version is not None and int(version) > schema.SCHEMA_VERSION:
+        raise SchemaMismatch(
+            f"{path} was written with store schema v{int(version)}, this library reads "
+            f"up to v{schema.SCHEMA_VERSION}; upgrade capture to read this store"
+        )
+    return meta
+
+
+def replaced_files(path: str, meta: pq.FileMetaData) -> set[str]:
+    """Full paths of the files that the file at `path` replaces (`capture compact`)."""
+    raw = (meta.metadata or {}).get(METADATA_REPLACES)
+    if not raw:
+        return set()
+    folder = path.rsplit("/", 1)[0]
+    return {f"{folder}/{name}" for name in json.loads(raw) if "/" not in name}
