@@ -86,7 +86,7 @@ def test_disk_full_is_counted_and_earlier_files_survive(tmp_path: Path) -> None:
     store = tmp_path / "store"
     proc = _python(
         f"""
-        import json, resource, signal, torch
+        import json, random, resource, signal, torch
         from capture import Recorder
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill, as a server would
         class Wide(torch.nn.Module):
@@ -97,10 +97,11 @@ def test_disk_full_is_counted_and_earlier_files_survive(tmp_path: Path) -> None:
         for i in range(5):
             m(torch.ones(2, 3))
         rec.flush()
-        resource.setrlimit(resource.RLIMIT_FSIZE, (32_000, 32_000))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, 16_000))
         ok = True
+        rng = random.Random(0)  # random sizes: ~60 KB of entropy, no Parquet file fits in 16 KB
         for i in range(3000):
-            xs = [torch.ones(1 + (i * 7 + j) % 13, 1 + i % 17) for j in range(20)]
+            xs = [torch.ones(1 + rng.randrange(13), 1 + rng.randrange(17)) for j in range(20)]
             ok &= bool(torch.equal(m(*xs), xs[0] * 2))
         rec.stop()
         print(json.dumps({{"ok": ok, **rec.stats()}}))
