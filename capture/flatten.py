@@ -224,9 +224,11 @@ _device_index = _Tensor.get_device
 
 
 def tensor_key(
-    key: list[Any], tensors: list[torch.Tensor], devices: bool = True
+    key: Sequence[Any], tensors: list[torch.Tensor], devices: bool = True
 ) -> tuple[tuple[Any, ...], list[torch.Size]]:
     """The full structure key (containers, dtypes, devices, ranks) and the tensors' shapes.
+
+    `key` is what `walk()` built; a tuple is used as it is (no copy).
 
     `devices=False` leaves the device indices out (the recorder does so for outputs, whose
     devices follow the inputs'; the structure still records the device seen first).

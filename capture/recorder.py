@@ -331,7 +331,7 @@ class Recorder:
         for guard, known in self._guarded.get(containers, ()):
             if guard(*tensors):
                 return known, tuple(_chain(map(_shape, tensors)))
-        k, shapes = tensor_key(key, tensors, devices=root == "inputs")
+        k, shapes = tensor_key(containers, tensors, devices=root == "inputs")
         found = self._structures.get(k, _UNSEEN)
         st = (
             self._new_structure(k, obj, tensors, root)
