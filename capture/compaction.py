@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from capture import schema
 from capture.errors import CaptureError, StoreNotFound
 from capture.layout import METADATA_REPLACES, list_files, read_footer, replaced_files
-from capture.writer import resolve_store, write_parquet
+from capture.writer import resolve_store, safe_name, write_parquet
 
 __all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
 
@@ -335,7 +335,7 @@ def _delete(fs: pafs.FileSystem, paths: list[str]) -> None:
 
 def _stamp() -> str:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+    host = safe_name(socket.gethostname())
     return f"{now}-{host}-{os.getpid()}-{time.perf_counter_ns() % 1_000_000:06d}"
 
 

@@ -46,7 +46,7 @@ __all__ = [
     "resolve_store",
     "write_parquet",
     "library_version",
-    "merge_elementwise",
+    "safe_name",
 ]
 
 logger = logging.getLogger(__name__)
@@ -126,8 +126,8 @@ def write_parquet(
     return final
 
 
-def _partition(value: str) -> str:
-    """A hive partition value that is safe as a directory name."""
+def safe_name(value: str) -> str:
+    """`value` safe as a directory or file name part (hive partition values, host names)."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
     return safe or "_"
 
@@ -175,7 +175,7 @@ class _Signature:
     dur_max: int = 0
 
 
-def merge_elementwise(
+def _merge_elementwise(
     acc: list[int | None], new: Sequence[int | None], pick: Any
 ) -> list[int | None]:
     """`pick` (min or max) of two value-range lists, element by element; None is unknown."""
@@ -232,8 +232,8 @@ class _Segment:
         sig.calls += 1
         sig.errors += error is not None
         if mins is not None and maxs is not None:
-            sig.int_min = merge_elementwise(sig.int_min, mins, min)
-            sig.int_max = merge_elementwise(sig.int_max, maxs, max)
+            sig.int_min = _merge_elementwise(sig.int_min, mins, min)
+            sig.int_max = _merge_elementwise(sig.int_max, maxs, max)
         sig.first_ts = min(sig.first_ts, ts)
         sig.last_ts = max(sig.last_ts, ts)
         sig.dur_sum += duration
@@ -367,7 +367,7 @@ class StoreWriter:
         self.host = os.uname().nodename if hasattr(os, "uname") else "host"
         self.pid = os.getpid()
         self.prefix = (
-            f"{_partition(self.host)}-{self.pid}-{time.time_ns() // 1000:x}-{os.urandom(2).hex()}"
+            f"{safe_name(self.host)}-{self.pid}-{time.time_ns() // 1000:x}-{os.urandom(2).hex()}"
         )
         self._queue: collections.deque[CallRecord] = collections.deque()
         self._pending_structures: list[Structure] = []
@@ -479,7 +479,7 @@ class StoreWriter:
             structures, self._pending_structures = self._pending_structures, []
         if not structures:
             return
-        model = _partition(self.model)
+        model = safe_name(self.model)
         seq = next(self._seq) if seq is None else seq
         table = structure_table(self.model, structures, self.signature)
         try:
@@ -498,7 +498,7 @@ class StoreWriter:
 
     def _write_segment(self) -> None:
         segment, self._segment = self._segment, _Segment()
-        model = _partition(self.model)
+        model = safe_name(self.model)
         seq = next(self._seq)
         name = f"{self.prefix}-{seq:06d}.parquet"
         try:
