@@ -43,7 +43,13 @@ import pyarrow.parquet as pq
 
 from capture import schema
 from capture.errors import CaptureError, StoreNotFound
-from capture.layout import METADATA_REPLACES, list_files, read_footer, replaced_files
+from capture.layout import (
+    METADATA_REPLACES,
+    SIGNATURE_TOTALS,
+    list_files,
+    read_footer,
+    replaced_files,
+)
 from capture.writer import resolve_store, safe_name, write_parquet
 
 __all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
@@ -264,16 +270,9 @@ def _verify(fs: pafs.FileSystem, path: str, table: str, expected: int) -> int:
     return rows
 
 
-_MERGE_STATS_SQL = """
+_MERGE_STATS_SQL = f"""
 WITH s AS (SELECT * FROM _stats),
-totals AS (
-    SELECT model, in_structure, out_structure, dims, out_dims,
-           sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
-           min(first_ts) AS first_ts, max(last_ts) AS last_ts,
-           sum(duration_ns_sum)::BIGINT AS duration_ns_sum,
-           min(duration_ns_min) AS duration_ns_min, max(duration_ns_max) AS duration_ns_max
-    FROM s GROUP BY ALL
-),
+totals AS (SELECT {SIGNATURE_TOTALS} FROM s GROUP BY ALL),
 items AS (  -- the integer ranges, element by element (min/max skip unknown NULL items)
     SELECT model, in_structure, out_structure, dims, out_dims, i,
            min(int_min[i]) AS lo, max(int_max[i]) AS hi

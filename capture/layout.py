@@ -13,10 +13,26 @@ import pyarrow.parquet as pq
 from capture import schema
 from capture.errors import SchemaMismatch
 
-__all__ = ["METADATA_REPLACES", "list_files", "read_footer", "replaced_files"]
+__all__ = [
+    "METADATA_REPLACES",
+    "SIGNATURE_TOTALS",
+    "list_files",
+    "read_footer",
+    "replaced_files",
+]
 
 METADATA_REPLACES = b"capture.replaces"
 """Parquet metadata key: JSON list of the base names (same folder) a compacted file replaces."""
+
+SIGNATURE_TOTALS = """
+    model, in_structure, out_structure, dims, out_dims,
+    sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
+    min(first_ts) AS first_ts, max(last_ts) AS last_ts,
+    sum(duration_ns_sum)::BIGINT AS duration_ns_sum,
+    min(duration_ns_min) AS duration_ns_min, max(duration_ns_max) AS duration_ns_max
+"""
+"""How stats rows of one signature merge (SQL select list, to `GROUP BY ALL`): the store's
+``signatures`` view and `capture compact` both use it. Integer ranges merge item by item."""
 
 
 def list_files(fs: pafs.FileSystem, root: str, table: str) -> list[pafs.FileInfo]:

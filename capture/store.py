@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 
 from capture import schema
 from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
-from capture.layout import list_files, read_footer, replaced_files
+from capture.layout import SIGNATURE_TOTALS, list_files, read_footer, replaced_files
 from capture.writer import resolve_store
 
 __all__ = ["Store", "open_store", "SkippedFile"]
@@ -58,7 +58,7 @@ def _sql_list(paths: Sequence[str]) -> str:
 
 _DATE_FROM_PATH = "TRY_CAST(regexp_extract(filename, '/date=([0-9-]+)/', 1) AS DATE)"
 
-_DERIVED_VIEWS = """
+_DERIVED_VIEWS = f"""
 CREATE OR REPLACE VIEW structures AS
     SELECT * EXCLUDE (rn) FROM (
         SELECT *, row_number() OVER (PARTITION BY model, structure_id, leaf) AS rn
@@ -66,11 +66,7 @@ CREATE OR REPLACE VIEW structures AS
     ) WHERE rn = 1;
 
 CREATE OR REPLACE VIEW signatures AS
-    SELECT model, in_structure, out_structure, dims, out_dims,
-           sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
-           min(first_ts) AS first_ts, max(last_ts) AS last_ts,
-           sum(duration_ns_sum)::BIGINT AS duration_ns_sum,
-           min(duration_ns_min) AS duration_ns_min, max(duration_ns_max) AS duration_ns_max
+    SELECT {SIGNATURE_TOTALS}
     FROM stats
     GROUP BY ALL;
 
