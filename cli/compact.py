@@ -55,11 +55,10 @@ def compact_command(ctx: click.Context, target_rows: int, dry_run: bool) -> None
     ]
     width = max(len(t) for t in result.tables)
     for table, counts in result.tables.items():
-        rows = (
-            f"{counts.rows_before:,} rows -> {counts.rows_after:,}"
-            if not (dry_run and table != "calls")
-            else f"{counts.rows_before:,} rows (merged count known after the run)"
-        )
+        if dry_run and table != "calls":  # merged stats/structures rows: known once merged
+            rows = f"{counts.rows_before:,} rows (merged count known after the run)"
+        else:
+            rows = f"{counts.rows_before:,} rows -> {counts.rows_after:,}"
         lines.append(
             f"  {table:<{width}}  {counts.files_before:,} files -> {counts.files_after:,}, {rows}"
         )
