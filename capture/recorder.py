@@ -37,6 +37,7 @@ from capture.flatten import (
     tensor_key,
     walk,
 )
+from capture.payload_keeper import PayloadKeeper, Payloads, payload_policy
 from capture.writer import StoreWriter
 
 __all__ = ["Recorder", "DEFAULT_STORE"]
@@ -96,6 +97,12 @@ class Recorder:
         max_structures: Distinct structures kept; calls with a new structure beyond this are
             dropped and counted (a scalar argument that changes every call would otherwise
             grow the cache without bound).
+        payloads: Keep the real tensors (inputs, and outputs when they fit) of this fraction
+            of the recorded calls, as safetensors files in the store's ``payloads/`` folder,
+            or a `capture.payload_keeper.Payloads` with its caps (per call, default 16 MiB;
+            per store, default 1 GiB). **These are user data**: off (0) by default; see the
+            README's "Payloads" section for what is kept and how to delete it. Needs the
+            ``safetensors`` package (``capture[payloads]``).
 
     Example:
         >>> import torch
@@ -121,6 +128,7 @@ class Recorder:
         flush_rows: int = 100_000,
         flush_seconds: float = 10.0,
         max_structures: int = 10_000,
+        payloads: float | Payloads = 0.0,
     ) -> None:
         if not hasattr(model, method) or not callable(getattr(model, method)):
             raise CaptureError(
@@ -140,6 +148,8 @@ class Recorder:
         self.record_outputs = record_outputs
         self.value_ranges = value_ranges
         self.max_structures = max_structures
+        policy = payload_policy(payloads)  # raises now, not at start(), on a bad option
+        self._payloads = PayloadKeeper(policy, store, self.name) if policy else None
         self._writer_options: dict[str, Any] = dict(
             queue_size=queue_size, flush_rows=flush_rows, flush_seconds=flush_seconds
         )
@@ -181,6 +191,8 @@ class Recorder:
         self._signature = signature
         self._original = original
         self._had_instance_attr = self.method in getattr(self.model, "__dict__", {})
+        if self._payloads is not None:
+            self._payloads.start()
         wrapper = self._make_wrapper(original)
         setattr(self.model, self.method, wrapper)
         self._active = True
@@ -207,6 +219,8 @@ class Recorder:
                     self._writer.close()
                 except Exception as e:
                     self._count_error("closing the store", e)
+            if self._payloads is not None:
+                self._payloads.close()
             if self._registered:
                 nodes.release()
                 self._registered = False
@@ -238,12 +252,14 @@ class Recorder:
             "sampled_out": self._sampled_out,
             "structures": sum(1 for s in self._structures.values() if s is not None),
             "files": w.files_written if w else 0,
+            **(self._payloads.stats() if self._payloads is not None else {}),
         }
 
     # -- hot path ----------------------------------------------------------------------------
     def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         perf_ns = time.perf_counter_ns
         time_ns = time.time_ns
+        payloads = self._payloads
 
         @functools.wraps(original)
         def recorded(*args: Any, **kwargs: Any) -> Any:
@@ -256,6 +272,12 @@ class Recorder:
                 self._count_error("recording inputs", e)
             if pending is None:
                 return original(*args, **kwargs)
+            kept = None
+            if payloads is not None:
+                try:
+                    kept = payloads.take(args, kwargs, pending[0])
+                except Exception as e:
+                    self._count_error("keeping a payload", e)
             ts = time_ns()
             t0 = perf_ns()
             try:
@@ -269,7 +291,9 @@ class Recorder:
                 raise
             duration = perf_ns() - t0
             try:
-                self._emit(pending, ts, duration, out, None)
+                call_id = self._emit(pending, ts, duration, out, None)
+                if kept is not None:
+                    payloads.finish(kept, call_id, out)  # type: ignore[union-attr]
             except Exception as e:
                 self._count_error("recording outputs", e)
             return out
@@ -297,7 +321,9 @@ class Recorder:
                 ranges.extend(_int_range(tensors[i]))
         return st.structure_id, dims, ranges
 
-    def _emit(self, pending: Any, ts: int, duration: int, out: Any, error: str | None) -> None:
+    def _emit(
+        self, pending: Any, ts: int, duration: int, out: Any, error: str | None
+    ) -> int | None:
         sid, dims, ranges = pending
         out_sid = out_dims = None
         if error is None and self.record_outputs:
@@ -309,9 +335,10 @@ class Recorder:
                 out_sid, out_dims = found[0].structure_id, found[1]
         writer = self._writer
         if writer is None:
-            return
+            return None
         call_id = self._id_base | next(self._seq)
         writer.submit((call_id, ts, sid, out_sid, dims, out_dims, ranges, duration, error))
+        return call_id
 
     def _structure(
         self, obj: Any, tensors: list[torch.Tensor], key: list[Any], root: str
