@@ -33,6 +33,7 @@ from capture.errors import ReplayError
 from capture.flatten import signature_of
 from replay import shapes
 from replay.inputs import ExportGroup, ExportInputs, build_group, export_inputs
+from replay.payloads import DEFAULT_LIMIT, payload_rows
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -56,9 +57,12 @@ COVERAGE_SCHEMA = pa.schema(
         pa.field("covered", pa.bool_()),
         pa.field("max_abs_diff", pa.float64()),
         pa.field("error", pa.string()),
+        # 'recorded' (a rebuilt recorded signature) or 'payload' (a sampled real call).
+        pa.field("kind", pa.string()),
     ]
 )
-"""Columns of `ExportResult.coverage`: one row per distinct recorded signature."""
+"""Columns of `ExportResult.coverage`: one row per distinct recorded signature (kind
+'recorded') and one per sampled real call (kind 'payload', `replay.payloads`)."""
 
 ONNX_HINT = "pip install capture[onnx]"
 _TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
@@ -370,6 +374,7 @@ def export(
     fill_missing: bool = False,
     seed: int = 0,
     device: str | None = None,
+    max_payloads: int = DEFAULT_LIMIT,
 ) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
@@ -390,6 +395,8 @@ def export(
         fill_missing: See `replay.export_inputs`.
         seed: Seed of the rebuilt tensors.
         device: Device of the rebuilt tensors (default: the model's).
+        max_payloads: Check at most this many sampled real calls (`replay.payloads`; stores
+            recorded with ``payloads=``), the newest ones; 0 skips them.
 
     Returns:
         An `ExportResult`.
@@ -459,6 +466,21 @@ def export(
             programs[group.name] = program
         with nodes.register_flattening_functions():
             rows.extend(_coverage_rows(module, group, program, errors.get(group.name), atol, rtol))
+    for row in rows:
+        row.setdefault("kind", "recorded")
+    found, payload_notes = payload_rows(
+        module,
+        store,
+        inputs,
+        programs,
+        errors,
+        atol=atol,
+        rtol=rtol,
+        limit=max_payloads,
+        device=device,
+    )
+    rows.extend(found)
+    notes.extend(payload_notes)
     if onnx is not None:
         onnx_files = _write_onnx(inputs, programs, os.fspath(onnx))
     coverage = pa.Table.from_pylist(rows, schema=COVERAGE_SCHEMA)

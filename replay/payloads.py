@@ -1,0 +1,250 @@
+"""Coverage rows of kind ``payload``: the exported programs run on sampled *real* calls.
+
+A store recorded with ``Recorder(..., payloads=RATE)`` holds the real tensors of a sampled few
+calls (`capture.payloads`). For each such call (the newest `limit` files), `payload_rows`:
+
+1. finds the exported group whose input structure is the call's (``in_structure``); a call whose
+   structure matches no exported group is a not-covered row saying so (a call of a group left out
+   with ``groups=`` is skipped);
+2. rebuilds the call's ``(args, kwargs)`` from the group's structure rows: tensors from the file
+   (``in/<leaf>``), scalars and Nones from the structure, the treespec (transformers caches
+   included, through `capture.nodes`) around them; no pickle, nothing evaluated;
+3. runs it through eager (``module``) and through the group's program (fresh copies each: a
+   forward may change its inputs), and compares every output tensor;
+4. when the file also holds the outputs the model returned in production, compares the
+   program's outputs with *those* too: a program (and an eager replay) that both lose something
+   the real call carried, such as cache state our flattening drops, agree with each other but
+   not with production.
+
+One row per sampled call (``calls`` = 1, ``kind`` = ``payload``); it is covered when the program
+ran and agreed with eager and, where kept, with the recorded outputs, within
+``atol + rtol * max|expected|``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from capture import nodes, schema
+from capture.errors import ReplayError
+from capture.flatten import dtype_name
+from capture.payloads import Payload, iter_payloads, list_payloads
+from replay import rebuild as rb
+from replay import shapes
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from replay.inputs import ExportGroup, ExportInputs
+
+__all__ = ["payload_rows", "real_call", "DEFAULT_LIMIT"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LIMIT = 64
+"""Sampled calls checked by `replay.export` (the newest ones); the check stays bounded."""
+
+
+def real_call(
+    leaves: list[dict[str, Any]], payload: Payload, device: str | torch.device | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The ``(args, kwargs)`` of a sampled call: its tensors in the recorded structure.
+
+    Args:
+        leaves: The input structure's rows (``structures`` view), ordered by leaf.
+        payload: The call's payload file.
+        device: Where to put the tensors (default: the recorded device when available, else CPU).
+
+    Returns:
+        ``(args, kwargs)`` as the model received them (fresh tensors on every call).
+
+    Raises:
+        ReplayError: The file lacks a tensor of the structure, or holds one of another dtype or
+            rank, or the structure cannot be rebuilt (opaque leaf, no treespec).
+    """
+    treespec = leaves[0].get("treespec") if leaves else None
+    if not treespec:
+        raise ReplayError("the recorded structure has no treespec; the call cannot be rebuilt")
+    tensors = payload.inputs()
+    values: list[Any] = []
+    for row in leaves:
+        kind = row["kind"]
+        if kind == schema.KIND_MISSING:
+            continue
+        if kind == schema.KIND_TENSOR:
+            t = tensors.get(int(row["leaf"]))
+            if t is None:
+                raise ReplayError(f"{row['path']}: the payload {payload.path} has no tensor for it")
+            if dtype_name(t.dtype) != row["dtype"] or t.dim() != int(row["rank"] or 0):
+                raise ReplayError(
+                    f"{row['path']}: the payload holds a {dtype_name(t.dtype)} tensor of rank "
+                    f"{t.dim()}, the structure a {row['dtype']} of rank {row['rank']}"
+                )
+            values.append(t.clone().to(rb.resolve_device(row.get("device"), device)))
+        elif kind == schema.KIND_OPAQUE:
+            raise ReplayError(f"{row['path']} is an opaque {row.get('type')}; it cannot be rebuilt")
+        else:
+            value = row.get("value")
+            values.append(None if value is None else json.loads(value))
+    with nodes.register_flattening_functions():
+        spec = pytree.treespec_loads(treespec)
+        if spec.num_leaves != len(values):
+            raise ReplayError(
+                f"the recorded treespec has {spec.num_leaves} leaves, the structure {len(values)}"
+            )
+        args, kwargs = pytree.tree_unflatten(values, spec)
+    return tuple(args), dict(kwargs)
+
+
+def _sizes(leaves: list[dict[str, Any]], payload: Payload) -> list[int]:
+    tensors = payload.inputs()
+    out: list[int] = []
+    for row in leaves:
+        if row["kind"] == schema.KIND_TENSOR and int(row["leaf"]) in tensors:
+            out.extend(int(s) for s in tensors[int(row["leaf"])].shape)
+    return out
+
+
+def _row(group: str | None, signature: str, **values: Any) -> dict[str, Any]:
+    row = {
+        "group": group,
+        "signature": signature,
+        "calls": 1,
+        "covered": False,
+        "max_abs_diff": None,
+        "error": None,
+        "kind": "payload",
+    }
+    row.update(values)
+    return row
+
+
+def _check(
+    module: Any,
+    group: ExportGroup,
+    runnable: Any,
+    payload: Payload,
+    device: str | None,
+    atol: float,
+    rtol: float,
+) -> dict[str, Any]:
+    from replay.exporting import _compare, _first_line
+
+    with torch.no_grad():
+        try:
+            args, kwargs = real_call(group.leaves, payload, device)
+            expected = module(*args, **kwargs)
+        except ReplayError as e:
+            return {"error": str(e)}
+        except Exception as e:  # eager fails on the real call: reported
+            return {"error": f"eager forward failed: {type(e).__name__}: {_first_line(e)}"}
+        try:
+            args, kwargs = real_call(group.leaves, payload, device)
+            kwargs.update({k: v.clone() for k, v in group.added.items()})
+            args, kwargs = shapes.arrange(group.form, args, kwargs)
+            got = runnable(*args, **kwargs)
+        except Exception as e:  # the program rejects the real call (a guard): not covered
+            return {"error": f"program failed: {type(e).__name__}: {_first_line(e)}"}
+    diff, bad = _compare(expected, got, atol, rtol)
+    if bad is not None:
+        return {"max_abs_diff": diff, "error": f"program vs eager on the real call: {bad}"}
+    recorded = payload.outputs()
+    if recorded is not None:
+        rdiff, rbad = _compare(recorded, got, atol, rtol)
+        if rbad is not None:
+            ediff, _ = _compare(recorded, expected, atol, rtol)
+            return {
+                "max_abs_diff": max(diff, rdiff),
+                "error": f"program vs the output production returned: {rbad} (eager on the "
+                f"rebuilt call differs from it by {ediff:.3g}: the call carried something "
+                "the recording does not keep, or the model is not the recorded one)",
+            }
+        diff = max(diff, rdiff)
+    return {"covered": True, "max_abs_diff": diff}
+
+
+def payload_rows(
+    module: Any,
+    store: Any,
+    inputs: ExportInputs,
+    programs: Mapping[str, ExportedProgram],
+    errors: Mapping[str, str],
+    *,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    limit: int = DEFAULT_LIMIT,
+    device: str | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Coverage rows of kind ``payload`` (module docstring) and notes about them.
+
+    Args:
+        module: The model.
+        store: The store path (or URI) or an open `capture.Store`.
+        inputs: What the programs were exported from.
+        programs: Group name -> exported program.
+        errors: Group name -> why it has no program.
+        atol: Absolute tolerance.
+        rtol: Relative tolerance (times the largest expected magnitude).
+        limit: Check at most this many sampled calls, the newest ones.
+        device: Device of the rebuilt tensors.
+
+    Returns:
+        (rows, notes); no rows when the store holds no payloads of the model.
+    """
+    from capture.writer import resolve_store
+
+    fs, root = (store.fs, store.root) if hasattr(store, "root") else resolve_store(store)
+    files = list_payloads((fs, root), inputs.model)
+    if not files or limit <= 0:
+        return [], []
+    notes = []
+    if len(files) > limit:
+        notes.append(f"payloads: checked the newest {limit} of {len(files)} sampled calls")
+        files = files[-limit:]
+    by_structure = {g.structure_id: g for g in inputs.groups}
+    analysed = {g.structure_id for g in inputs.analysed}
+    rows: list[dict[str, Any]] = []
+    runnables: dict[str, Any] = {}
+    with nodes.register_flattening_functions():
+        for item in iter_payloads(files, fs):
+            if isinstance(item, str):
+                rows.append(_row(None, "unreadable payload", error=item))
+                continue
+            group = by_structure.get(item.in_structure)
+            label = f"call {item.call_id}"
+            if group is None:
+                if item.in_structure in analysed:
+                    continue  # its group was left out with groups=
+                rows.append(
+                    _row(
+                        None,
+                        label,
+                        error=f"its input structure {item.in_structure} matches no exported "
+                        "group (its calls are not in the store's calls, or were analysed away)",
+                    )
+                )
+                continue
+            signature = (
+                f"{shapes.describe_sizes(group.leaves, _sizes(group.leaves, item))} [{label}]"
+            )
+            program = programs.get(group.name)
+            if program is None:
+                why = errors.get(group.name) or f"group {group.name} has no program"
+                rows.append(_row(group.name, signature, error=why))
+                continue
+            if group.name not in runnables:
+                runnables[group.name] = program.module()
+            rows.append(
+                _row(
+                    group.name,
+                    signature,
+                    **_check(module, group, runnables[group.name], item, device, atol, rtol),
+                )
+            )
+    return rows, notes
