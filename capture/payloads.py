@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,11 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
-from capture.errors import CaptureError
+from capture.errors import CaptureError, StoreNotFound
 
 if TYPE_CHECKING:
-    import os
-
     import torch
 
 __all__ = [
@@ -131,13 +130,23 @@ def list_payloads(
     Returns:
         One `PayloadFile` per file; temporary dot-files are left out.
 
+    Raises:
+        StoreNotFound: `store` is a path or URI where no store is.
+
     Example:
         >>> [p.date for p in list_payloads("capture-store")]  # doctest: +SKIP
         ['2026-11-23']
     """
     from capture.writer import resolve_store, safe_name
 
-    fs, root = store if isinstance(store, tuple) else resolve_store(store)
+    if isinstance(store, tuple):
+        fs, root = store
+    else:
+        fs, root = resolve_store(store)
+        if fs.get_file_info(root).type != pafs.FileType.Directory:
+            raise StoreNotFound(
+                f"no store at {os.fspath(store)}; record into it first or pass --store"
+            )
     folder = f"{root}/{PAYLOADS}"
     if model is not None:
         folder += f"/model={safe_name(model)}"

@@ -51,6 +51,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cli.compact:compact_command",
         "Merge the store's small Parquet files into big ones.",
     ),
+    "payloads": (
+        "cli.payloads:payloads_command",
+        "List or delete the real calls kept with Recorder(payloads=...).",
+    ),
     "demo": ("cli.demo:demo_command", "Record a tiny model into a store to try the commands."),
 }
 """Command name -> (``"module:function"``, one-line summary shown by ``capture --help``).
