@@ -197,9 +197,10 @@ def payload_rows(
     Returns:
         (rows, notes); no rows when the store holds no payloads of the model.
     """
+    from capture.store import Store
     from capture.writer import resolve_store
 
-    fs, root = (store.fs, store.root) if hasattr(store, "root") else resolve_store(store)
+    fs, root = (store.fs, store.root) if isinstance(store, Store) else resolve_store(store)
     files = list_payloads((fs, root), inputs.model)
     if not files or limit <= 0:
         return [], []
