@@ -45,7 +45,9 @@ def _summary(files: Iterable[Any]) -> pa.Table:
 )
 @click.option("--delete-all", is_flag=True, help="Delete every payload (of --model). Default: off.")
 @click.option(
-    "--dry-run", is_flag=True, help="With a delete option: only list what it would delete."
+    "--dry-run",
+    is_flag=True,
+    help="With a delete option: only list what it would delete. Default: off.",
 )
 @format_option()
 @no_headers_option
