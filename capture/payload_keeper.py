@@ -26,10 +26,12 @@ that a sampled call is dropped and counted. Every skip is counted in `PayloadKee
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import queue
 import random
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -90,6 +92,61 @@ def payload_policy(value: float | Payloads | None) -> Payloads | None:
         return None
     require_safetensors()
     return policy
+
+
+# safetensors dtype names (its format spec); a call with another dtype keeps no payload.
+_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    **{
+        getattr(torch, t): n
+        for t, n in (
+            ("float8_e4m3fn", "F8_E4M3"),
+            ("float8_e5m2", "F8_E5M2"),
+            ("uint16", "U16"),
+            ("uint32", "U32"),
+            ("uint64", "U64"),
+        )
+        if hasattr(torch, t)
+    },
+}
+
+
+def _safetensors_layout(
+    tensors: dict[str, torch.Tensor], metadata: dict[str, str]
+) -> tuple[bytes, list[Any]]:
+    """(length prefix + JSON header, the tensors' raw bytes in order) of a safetensors file.
+
+    The format (github.com/huggingface/safetensors): an 8-byte little-endian header size, a
+    JSON header giving each tensor's dtype, shape and [begin, end) byte offsets into the data
+    that follows (contiguous, in order), and ``__metadata__``; padded with spaces to 8 bytes.
+    Written here rather than with ``safetensors.torch.save``, which builds the whole file as
+    one bytes object while holding the GIL (tens of ms for a few MB: the serving threads would
+    wait); the tests read these files back with the safetensors package.
+    """
+    header: dict[str, Any] = {"__metadata__": metadata}
+    buffers = []
+    offset = 0
+    for name, t in tensors.items():
+        data = t.reshape(-1).view(torch.uint8).numpy()  # little-endian, as safetensors wants
+        header[name] = {
+            "dtype": _DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + data.nbytes],
+        }
+        offset += data.nbytes
+        buffers.append(data)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw, buffers
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
@@ -174,6 +231,9 @@ class PayloadKeeper:
             return None
         flat = pytree.tree_leaves((args, kwargs))
         found = {i: t for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
+        if any(t.dtype not in _DTYPES for t in found.values()):
+            self.dropped += 1  # complex and other dtypes safetensors has no name for
+            return None
         nbytes = _nbytes(list(found.values()))
         if nbytes > self.policy.max_call_bytes:
             self.oversize += 1
@@ -193,7 +253,9 @@ class PayloadKeeper:
         outs = {i: t for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
         out_bytes = _nbytes(list(outs.values()))
         total = kept.nbytes + out_bytes
-        if total > self.policy.max_call_bytes:
+        if any(t.dtype not in _DTYPES for t in outs.values()):
+            kept.outputs = "not kept: a dtype safetensors cannot hold"
+        elif total > self.policy.max_call_bytes:
             kept.outputs = "not kept: over max_call_bytes"
         elif self._used + total > self.policy.max_store_bytes:
             kept.outputs = "not kept: over max_store_bytes"
@@ -227,8 +289,6 @@ class PayloadKeeper:
                 self._warn(f"writing a payload to {self.root} ({type(e).__name__}: {e})")
 
     def _write(self, kept: _Kept) -> None:
-        from safetensors.torch import save
-
         from capture.writer import library_version
 
         metadata = {
@@ -241,7 +301,7 @@ class PayloadKeeper:
             "in_structure": kept.in_structure,
             "outputs": kept.outputs,
         }
-        data = save(kept.tensors, metadata=metadata)
+        header, buffers = _safetensors_layout(kept.tensors, metadata)
         day = dt.datetime.fromtimestamp(kept.ts_ns / 1e9, dt.timezone.utc).date().isoformat()
         folder = payload_folder(self.root, self._model_part, day)
         name = f"{self._prefix}-{kept.call_id & (2**64 - 1):016x}{SUFFIX}"
@@ -249,7 +309,9 @@ class PayloadKeeper:
         tmp, final = f"{folder}/.{name}.tmp", f"{folder}/{name}"
         try:
             with self.fs.open_output_stream(tmp) as sink:
-                sink.write(data)
+                sink.write(header)
+                for buffer in buffers:
+                    sink.write(buffer)  # pyarrow writes without holding the GIL
             self.fs.move(tmp, final)
         except BaseException:
             try:
@@ -257,7 +319,7 @@ class PayloadKeeper:
             except Exception:  # the temporary file may not exist; the original error matters
                 pass
             raise
-        self.bytes_written += len(data)
+        self.bytes_written += len(header) + sum(b.nbytes for b in buffers)
 
     def _warn(self, what: str) -> None:
         if not self._warned:

@@ -70,6 +70,22 @@ def test_payload_file_is_safetensors_not_pickle(tmp_path: Path) -> None:
     assert not data.startswith(b"PK")  # torch.save writes a zip archive of pickles
 
 
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.uint8]
+)
+def test_payload_file_reads_back_with_safetensors(tmp_path: Path, dtype: torch.dtype) -> None:
+    from safetensors import safe_open
+
+    x = (torch.randn(3, 5) * 4).to(dtype)
+    _record(tmp_path, torch.nn.Identity(), [x, x[:0]], payloads=1.0)
+    empty, full = sorted((p.path for p in list_payloads(tmp_path)), reverse=True)
+    with safe_open(full, framework="pt") as f:
+        assert torch.equal(f.get_tensor("in/0"), x) and torch.equal(f.get_tensor("out/0"), x)
+        assert f.metadata()["outputs"] == "kept"
+    with safe_open(empty, framework="pt") as f:
+        assert f.get_tensor("in/0").shape == (0, 5)
+
+
 def test_payload_holds_the_inputs_and_outputs_of_the_call(tmp_path: Path) -> None:
     x = torch.randn(3, 4)
     _record(tmp_path, Scale(), [x], payloads=1.0)
