@@ -22,6 +22,7 @@ __all__ = [
     "register_flattening_functions",
     "make_dynamic_cache",
     "CaptureError",
+    "Payloads",
     "__version__",
 ]
 
@@ -35,6 +36,7 @@ _LAZY = {
     "register_flattening_functions": "capture.nodes",
     "make_dynamic_cache": "capture.nodes",
     "CaptureError": "capture.errors",
+    "Payloads": "capture.payload_keeper",
 }
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from capture.errors import CaptureError
     from capture.nodes import make_dynamic_cache, register_flattening_functions
     from capture.observer import InputObserver
+    from capture.payload_keeper import Payloads
     from capture.recorder import Recorder
     from capture.store import Store, open_store
     from capture.strings import string_type

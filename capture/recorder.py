@@ -99,7 +99,7 @@ class Recorder:
             grow the cache without bound).
         payloads: Keep the real tensors (inputs, and outputs when they fit) of this fraction
             of the recorded calls, as safetensors files in the store's ``payloads/`` folder,
-            or a `capture.payload_keeper.Payloads` with its caps (per call, default 16 MiB;
+            or a `capture.Payloads` with its caps (per call, default 16 MiB;
             per store, default 1 GiB). **These are user data**: off (0) by default; see the
             README's "Payloads" section for what is kept and how to delete it. Needs the
             ``safetensors`` package (``capture[payloads]``).

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -167,3 +168,25 @@ def test_payload_check_is_bounded(tmp_path: Path) -> None:
     result = replay.export(model, tmp_path, max_payloads=2)
     assert len(_rows(result, "payload")) == 2
     assert "payloads: checked the newest 2 of 3 sampled calls" in result.notes
+
+
+def test_real_call_rebuilds_the_dynamic_cache(tmp_path: Path) -> None:
+    from transformers import DynamicCache
+
+    from capture.payloads import read_payload
+    from replay.payloads import real_call
+
+    model = tiny_llama()
+    with capture.Recorder(model, tmp_path, flush_seconds=3600, payloads=1.0):
+        run_generate(model, [(1, 4)], max_new_tokens=2)
+    inputs = replay.export_inputs(tmp_path)
+    decode = next(g for g in inputs.groups if g.name.startswith("decode"))
+    files = [read_payload(pafs.LocalFileSystem(), p.path) for p in list_payloads(tmp_path)]
+    payload = next(p for p in files if p.in_structure == decode.structure_id)
+    _, kwargs = real_call(decode.leaves, payload)
+    cache = kwargs["past_key_values"]
+    kept = [t for _, t in sorted(payload.inputs().items())]
+    assert isinstance(cache, DynamicCache)
+    rebuilt = [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]
+    assert all(any(torch.equal(r, k) for k in kept) for r in rebuilt)
+    assert torch.equal(kwargs["input_ids"], payload.inputs()[0])
