@@ -243,3 +243,23 @@ def test_cli_payloads_of_a_missing_store_is_an_error(tmp_path: Path) -> None:
         result.stderr
         == f"Error: no store at {tmp_path / 'nope'}; record into it first or pass --store\n"
     )
+
+
+class Fails(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("bad input")
+
+
+def test_call_that_raised_keeps_no_payload(tmp_path: Path) -> None:
+    model = Fails()
+    with capture.Recorder(model, tmp_path, payloads=1.0) as rec:
+        with pytest.raises(ValueError, match="bad input"):
+            model(torch.randn(2))
+    assert rec.stats()["recorded"] == 1
+    assert list_payloads(tmp_path) == []
+
+
+def test_call_with_a_dtype_safetensors_lacks_is_dropped_and_counted(tmp_path: Path) -> None:
+    stats = _record(tmp_path, Scale(), [torch.randn(2, dtype=torch.complex64)], payloads=1.0)
+    assert stats["payloads_dropped"] == 1
+    assert list_payloads(tmp_path) == []
