@@ -58,11 +58,11 @@ FACTORIES = textwrap.dedent(
 )
 
 ADD_TABLE = """\
-group  signature    calls  covered  max_abs_diff  error
------  -----------  -----  -------  ------------  -----
-g0     x=2x6 y=2x6      1  true              0.0  null
-g0     x=3x7 y=3x7      1  true              0.0  null
-g0     x=4x8 y=4x8      1  true              0.0  null
+group  signature    calls  covered  max_abs_diff  error  kind
+-----  -----------  -----  -------  ------------  -----  --------
+g0     x=2x6 y=2x6      1  true              0.0  null   recorded
+g0     x=3x7 y=3x7      1  true              0.0  null   recorded
+g0     x=4x8 y=4x8      1  true              0.0  null   recorded
 """
 
 
@@ -97,7 +97,7 @@ def test_json_format(store: str, factories: str) -> None:
     assert code == 0
     assert out.splitlines()[0] == (
         '{"group": "g0", "signature": "x=2x6 y=2x6", "calls": 1, "covered": true, '
-        '"max_abs_diff": 0.0, "error": null}'
+        '"max_abs_diff": 0.0, "error": null, "kind": "recorded"}'
     )
 
 
@@ -122,12 +122,12 @@ def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) ->
     assert code == 3
     rule = "-" * 62
     assert out.splitlines() == [
-        "group  signature         calls  covered  max_abs_diff  error",
-        f"-----  ----------------  -----  -------  ------------  {rule}",
-        "g0     x=3x10 mask=3x10      1  true              0.0  null",
+        f"group  signature         calls  covered  max_abs_diff  error{' ' * 59}kind",
+        f"-----  ----------------  -----  -------  ------------  {rule}  --------",
+        f"g0     x=3x10 mask=3x10      1  true              0.0  null{' ' * 60}recorded",
         "g0     x=4x10 mask=4x10      1  false            null  "
-        "program failed: AssertionError: Guard failed: x.size()[0] <= 3",
-        "g1     x=2x10                1  true              0.0  null",
+        "program failed: AssertionError: Guard failed: x.size()[0] <= 3  recorded",
+        f"g1     x=2x10                1  true              0.0  null{' ' * 60}recorded",
     ]
     assert err.endswith(
         "export incomplete: 2 of 3 recorded signatures covered (see the error column)\n"

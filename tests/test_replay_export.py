@@ -105,6 +105,7 @@ def test_coverage_table(seeds: tuple[Store, dict[str, Scenario]]) -> None:
             covered=True,
             max_abs_diff=0.0,
             error=None,
+            kind="recorded",
         ),
         dict(
             group="g0",
@@ -113,8 +114,17 @@ def test_coverage_table(seeds: tuple[Store, dict[str, Scenario]]) -> None:
             covered=True,
             max_abs_diff=0.0,
             error=None,
+            kind="recorded",
         ),
-        dict(group="g1", signature="x=2x10", calls=1, covered=True, max_abs_diff=0.0, error=None),
+        dict(
+            group="g1",
+            signature="x=2x10",
+            calls=1,
+            covered=True,
+            max_abs_diff=0.0,
+            error=None,
+            kind="recorded",
+        ),
     ]
 
 
