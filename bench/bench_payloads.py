@@ -27,7 +27,6 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any
 
 import torch
 
@@ -106,9 +105,7 @@ def sampled_section(store: str) -> str:
         drain = time.perf_counter() - t0
         rec_off.stop()
         stats = rec_on.stats()
-        written = sum(
-            os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs
-        )
+        written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
         files = stats["payloads"]
         rows.append(
             [
