@@ -12,7 +12,7 @@ the returned tensors are copied the same way, if they still fit the per-call cap
 touch the model's own tensors, so results are unchanged. A copy of a CUDA tensor waits for the
 GPU (a sync): that is the price of a sampled call, paid only by sampled calls.
 
-A dedicated thread serializes the copies with safetensors and writes one complete file per call
+A dedicated thread writes the copies in the safetensors format, one complete file per call
 (tmp name + rename, `capture.payloads`); at most `Payloads.max_pending` calls wait for it, beyond
 that a sampled call is dropped and counted. Every skip is counted in `PayloadKeeper.stats`:
 
