@@ -15,10 +15,11 @@ Views users can rely on (DESIGN §6):
 - ``stats``: the per-segment signature rows as written; ``signatures``: the same merged over
   segments, one row per distinct (model, in_structure, out_structure, dims, out_dims).
 
-Files that cannot be read (truncated, not Parquet) are skipped with a warning naming them; a
-file written by a newer schema version is an error (`SchemaMismatch`). Files that a compacted
-file replaces (`capture.compact`, left behind when a compaction died before deleting them) are
-not read.
+Every file is checked before it joins a view (`capture.layout.read_footer`): unreadable,
+foreign, wrong-schema and bomb-sized files and symbolic links are skipped with one warning
+naming each; a file written by a newer schema version is an error (`SchemaMismatch`). Files that
+a compacted file replaces (`capture.compact`, left behind when a compaction died before deleting
+them) are not read, once `capture.claims` has checked that the compacted file holds their rows.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from capture import schema
+from capture.claims import verified_replaced
 from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
-from capture.layout import SIGNATURE_TOTALS, list_files, read_footer, replaced_files
+from capture.layout import SIGNATURE_TOTALS, FileInfo, Skip, list_files, read_footer
 from capture.writer import resolve_store
 
 __all__ = ["Store", "open_store", "SkippedFile"]
@@ -112,16 +114,7 @@ class Store:
         self.skipped: list[SkippedFile] = []
         self.files: dict[str, list[str]] = {}
         for table in schema.TABLES:
-            good = []
-            replaced: set[str] = set()  # by a compacted file (capture.compact): read it instead
-            for file_info in list_files(self.fs, self.root, table):
-                footer = read_footer(self.fs, file_info.path)
-                if isinstance(footer, str):
-                    self.skipped.append(SkippedFile(file_info.path, footer))
-                else:
-                    replaced |= replaced_files(file_info.path, footer)
-                    good.append(file_info.path)
-            self.files[table] = sorted(p for p in good if p not in replaced)
+            self.files[table] = self._checked_files(table)
         for skipped in self.skipped:
             warnings.warn(
                 f"capture: skipping unreadable store file {skipped.path} ({skipped.reason})",
@@ -135,6 +128,24 @@ class Store:
             )
         self.con = duckdb.connect()
         self._create_views()
+
+    def _checked_files(self, table: str) -> list[str]:
+        """The files of `table` that join its view: checked, not provably replaced."""
+        skips: list[Skip] = []
+        good: list[FileInfo] = []
+        for file_info in list_files(self.fs, self.root, table, skips):
+            checked = read_footer(self.fs, file_info.path, table)
+            if isinstance(checked, Skip):
+                skips.append(checked)
+            else:
+                good.append(checked)
+        # by a compacted file (capture.compact) that provably holds their rows: read it instead
+        refused: list[Skip] = []
+        replaced = verified_replaced(self.fs, good, refused)
+        self.skipped.extend(SkippedFile(s.path, s.reason) for s in skips)
+        for claim in refused:
+            warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
+        return sorted(f.path for f in good if f.path not in replaced)
 
     def _create_views(self) -> None:
         local = isinstance(self.fs, pafs.LocalFileSystem)

@@ -234,7 +234,7 @@ def _namedtuple_class(name: str, n: int) -> type:
             raise UnsafeTreespec(f"namedtuple {name!r} has {len(registered._fields)} fields")
         return registered  # type: ignore[no-any-return]
     short = name.rsplit(".", 1)[-1]
-    return collections.namedtuple(short, [f"field{i}" for i in range(n)])  # type: ignore[misc]
+    return collections.namedtuple(short, [f"field{i}" for i in range(n)])
 
 
 def to_treespec(node: Node, source: str = "a stored treespec") -> Any:

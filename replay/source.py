@@ -132,8 +132,8 @@ def _group_source(group: Group, variable: str, named_dims: bool, keyword_only: b
     lines.extend(f"# {_comment(note)}" for note in specs.notes)
     if form.extra:
         lines.append(
-            f"# passed through **kwargs: {', '.join(map(repr, form.extra))} (torch.export cannot match "
-            "dynamic_shapes there);"
+            f"# passed through **kwargs: {', '.join(map(repr, form.extra))} (torch.export "
+            "cannot match dynamic_shapes there);"
         )
         lines.append(
             f"# export replay.export_inputs(store).group({group.name!r}).module(model), "
