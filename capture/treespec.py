@@ -258,6 +258,7 @@ def to_treespec(node: Node, source: str = "a stored treespec") -> Any:
     children = [to_treespec(child, source) for child in node.children]
     kind, context = node.type, node.context
     typ: Any
+    ctx: Any
     if kind == _TUPLE:
         typ, ctx = tuple, None
     elif kind == _LIST:
