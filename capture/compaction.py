@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from capture import schema
 from capture.claims import verified_replaced
-from capture.errors import CaptureError, EmptyStore, StoreNotFound
+from capture.errors import CaptureError, EmptyStore
 from capture.layout import (
     METADATA_REPLACES,
     METADATA_REPLACES_ROWS,
@@ -51,9 +51,10 @@ from capture.layout import (
     FileInfo,
     Skip,
     list_files,
+    open_root,
     read_footer,
 )
-from capture.writer import resolve_store, safe_name, write_parquet
+from capture.writer import safe_name, write_parquet
 
 __all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
 
@@ -116,9 +117,7 @@ def compact(
     """
     if target_rows < 1:
         raise CaptureError(f"target_rows={target_rows} must be at least 1")
-    fs, root = resolve_store(store)
-    if fs.get_file_info(root).type != pafs.FileType.Directory:
-        raise StoreNotFound(f"no store at {os.fspath(store)}; nothing to compact")
+    fs, root = open_root(store, "nothing to compact")
     result = CompactResult(dry_run=dry_run)
     with _Lock(fs, root, dry_run):
         for table in schema.TABLES:

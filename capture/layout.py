@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
-from capture.errors import SchemaMismatch
+from capture.errors import SchemaMismatch, StoreNotFound
 
 __all__ = [
     "FileInfo",
@@ -32,6 +32,7 @@ __all__ = [
     "MAX_UNCOMPRESSED",
     "SIGNATURE_TOTALS",
     "list_files",
+    "open_root",
     "read_footer",
 ]
 
@@ -61,6 +62,33 @@ SIGNATURE_TOTALS = """
 """
 """How stats rows of one signature merge (SQL select list, to `GROUP BY ALL`): the store's
 ``signatures`` view and `capture compact` both use it. Integer ranges merge item by item."""
+
+
+def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSystem, str]:
+    """The store's filesystem and root, checked to be a directory.
+
+    Args:
+        store: A directory or a pyarrow filesystem URI.
+        missing: The end of the message when nothing is there (what to do next).
+
+    Raises:
+        StoreNotFound: The URI cannot be opened (unknown scheme, no network, no credentials)
+            or nothing is at `store`; one line.
+    """
+    from capture.writer import resolve_store  # the writer owns how a URI becomes a filesystem
+
+    text = os.fspath(store)
+    try:
+        fs, root = resolve_store(text)
+        kind = fs.get_file_info(root).type
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise StoreNotFound(
+            f"cannot open the store {text}: {_one_line(str(e))}; check the path or URI, the "
+            "network and credentials, or pass another --store"
+        ) from None
+    if kind != pafs.FileType.Directory:
+        raise StoreNotFound(f"no store at {text}; {missing}")
+    return fs, root
 
 
 @dataclass(frozen=True)
