@@ -245,7 +245,7 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
         problem = f"its schema cannot be read ({type(e).__name__})"
     if problem:
         return Skip(path, problem)
-    declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    declared = _decoded_bytes(meta)
     if declared > MAX_UNCOMPRESSED or (
         declared > _SMALL and declared > MAX_INFLATION * max(size, 1)
     ):
@@ -256,6 +256,27 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
     if isinstance(replaces, Skip):
         return replaces
     return FileInfo(path, table, int(meta.num_rows), size, replaces, _call_ids(meta, table))
+
+
+_WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+
+
+def _decoded_bytes(meta: pq.FileMetaData) -> int:
+    """About how many bytes the file's values take once decoded (dictionary and run-length
+    encodings expand: a few KB of repeated values can stand for GBs)."""
+    total = 0
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        for j in range(group.num_columns):
+            chunk = group.column(j)
+            width = _WIDTH.get(chunk.physical_type)
+            if width is None:  # byte arrays: the longest value the statistics know of
+                stats = chunk.statistics
+                width = 1
+                if stats is not None and stats.has_min_max:
+                    width = max(len(str(stats.min)), len(str(stats.max)), 1)
+            total += max(chunk.num_values * width, chunk.total_uncompressed_size)
+    return total
 
 
 def _claims(kv: dict[bytes, bytes], path: str) -> dict[str, int | None] | Skip:

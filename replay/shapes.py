@@ -216,6 +216,10 @@ def spec_tree(treespec: str | None, leaves: Sequence[Any]) -> tuple[list[Any], d
     top = root.children
     if root.type != "builtins.tuple" or len(top) != 2:
         raise ReplayError("the recorded treespec does not describe (args, kwargs)")
+    if root.num_leaves != len(leaves):
+        raise ReplayError(
+            f"the recorded treespec has {root.num_leaves} leaves, the structure rows {len(leaves)}"
+        )
     it = iter(leaves)
     args = _build(top[0], it)
     kwargs = _build(top[1], it)
