@@ -217,6 +217,10 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
     """
     if table is None:
         table = next((t for t in schema.TABLES if f"/{t}/" in path), "")
+    inside = path.rsplit(f"/{table}/", 1)[-1]
+    if any(c in inside for c in _GLOB) or not inside.isprintable():
+        # DuckDB's read_parquet expands such names as patterns: they could pull in other files
+        return Skip(path, "its name holds glob or control characters")
     try:
         with fs.open_input_file(path) as f:
             size = int(f.size())
@@ -257,6 +261,8 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
         return replaces
     return FileInfo(path, table, int(meta.num_rows), size, replaces, _call_ids(meta, table))
 
+
+_GLOB = "*?[]{}"
 
 _WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
 

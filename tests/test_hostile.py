@@ -604,3 +604,19 @@ def test_300_character_model_name_in_the_files(store: Path) -> None:
     code, out, err = _run(store, "summary", "-f", "json")
     assert code == 0, err
     assert json.loads(out)["models"][0]["model"] == name
+
+
+@pytest.mark.parametrize("name", ["*.parquet", "it's.parquet", "new\nline.parquet"])
+def test_odd_file_names_neither_glob_nor_break_sql(store: Path, name: str) -> None:
+    real, source = _ids(store), _files(store)[0]
+    folder = source.parent
+    pq.write_table(pa.table({"call_id": [1]}), folder / "foreign.parquet")
+    shutil.copy(source, folder / name)
+    _rewrite(
+        folder / name,
+        lambda t: t.set_column(0, t.schema.field(0), pa.array([99], pa.int64())),
+    )
+    ids = _ids(store)
+    # issue 11: a '*' name is skipped, not expanded (which would read foreign.parquet and
+    # every calls file twice); other odd names are read as one file each
+    assert ids == sorted(real + ([] if "*" in name or "\n" in name else [99]))
