@@ -121,7 +121,10 @@ def make_tensor(
 
 def _scalar(row: dict[str, Any]) -> Any:
     value = row.get("value")
-    return None if value is None else json.loads(value)
+    try:
+        return None if value is None else json.loads(value)
+    except ValueError:  # stored data: one line, not a traceback (issue 11)
+        raise ReplayError(f"{row.get('path')}: the recorded value is not JSON") from None
 
 
 def _source(leaves: Sequence[dict[str, Any]]) -> str:

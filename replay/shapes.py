@@ -263,7 +263,13 @@ def parse_params(signature: str | None) -> list[Param]:
     """The recorded method's parameters from the stored JSON signature (empty when unknown)."""
     if not signature:
         return []
-    return [Param(p["name"], p["kind"], bool(p["has_default"])) for p in json.loads(signature)]
+    try:  # stored data: a malformed signature is one line, not a traceback (issue 11)
+        return [
+            Param(str(p["name"]), str(p["kind"]), bool(p["has_default"]))
+            for p in json.loads(signature)
+        ]
+    except (ValueError, TypeError, KeyError) as e:
+        raise ReplayError(f"the recorded method signature is malformed ({e!r:.80})") from None
 
 
 @dataclass(frozen=True)

@@ -620,3 +620,22 @@ def test_odd_file_names_neither_glob_nor_break_sql(store: Path, name: str) -> No
     # issue 11: a '*' name is skipped, not expanded (which would read foreign.parquet and
     # every calls file twice); other odd names are read as one file each
     assert ids == sorted(real + ([] if "*" in name or "\n" in name else [99]))
+
+
+def _set_column(store: Path, table: str, column: str, value: str) -> None:
+    for path in _files(store, table):
+        _rewrite(
+            path,
+            lambda t: t.set_column(
+                t.schema.get_field_index(column),
+                t.schema.field(column),
+                pa.array([value] * t.num_rows, pa.string()),
+            ),
+        )
+
+
+def test_malformed_signature_is_one_line(store: Path) -> None:
+    _set_column(store, schema.STRUCTURES, "signature", "[1, 2]")
+    code, out, err = _run(store, "dims", "--python")
+    assert (code, out) == (1, "")  # issue 11: was a traceback
+    assert "signature is malformed" in _one_line(err)
