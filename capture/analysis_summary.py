@@ -99,7 +99,16 @@ def _group_entry(group: Group, model_calls: int) -> dict[str, Any]:
         "absent": [a for a, s in status.items() if s != "present"],
         "symbols": _symbols(group),
         "relations": [str(r) for r in group.relations],
+        # Scalars are part of the structure: groups may differ by one alone (issue 11).
+        "scalars": {
+            str(leaf["path"]): leaf.get("value")
+            for leaf in group.leaves
+            if leaf.get("kind") in _SCALAR_KINDS
+        },
     }
+
+
+_SCALAR_KINDS = ("int", "float", "bool", "str")
 
 
 def _optional_inputs(groups: Sequence[Group]) -> tuple[list[dict[str, Any]], list[str]]:

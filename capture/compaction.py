@@ -42,15 +42,19 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
-from capture.errors import CaptureError, StoreNotFound
+from capture.claims import verified_replaced
+from capture.errors import CaptureError, EmptyStore
 from capture.layout import (
     METADATA_REPLACES,
+    METADATA_REPLACES_ROWS,
     SIGNATURE_TOTALS,
+    FileInfo,
+    Skip,
     list_files,
+    open_root,
     read_footer,
-    replaced_files,
 )
-from capture.writer import resolve_store, safe_name, write_parquet
+from capture.writer import safe_name, write_parquet
 
 __all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
 
@@ -75,14 +79,12 @@ class CompactResult:
     tables: dict[str, TableResult] = field(default_factory=dict)
     deleted_leftovers: int = 0
     unreadable: list[str] = field(default_factory=list)
+    refused_claims: list[str] = field(default_factory=list)
+    """Files whose ``capture.replaces`` did not check out (nothing was deleted for them)."""
     dry_run: bool = False
 
 
-@dataclass
-class _File:
-    path: str
-    rows: int
-    replaces: set[str]
+_File = FileInfo
 
 
 def compact(
@@ -104,6 +106,7 @@ def compact(
 
     Raises:
         StoreNotFound: Nothing at `store`.
+        EmptyStore: `store` holds no store file.
         CaptureError: Another compaction holds the lock, or a merged file did not check out
             (then nothing was replaced or deleted).
 
@@ -114,15 +117,18 @@ def compact(
     """
     if target_rows < 1:
         raise CaptureError(f"target_rows={target_rows} must be at least 1")
-    fs, root = resolve_store(store)
-    if fs.get_file_info(root).type != pafs.FileType.Directory:
-        raise StoreNotFound(f"no store at {os.fspath(store)}; nothing to compact")
+    fs, root = open_root(store, "nothing to compact")
     result = CompactResult(dry_run=dry_run)
     with _Lock(fs, root, dry_run):
         for table in schema.TABLES:
             result.tables[table] = TableResult()
             for folder, files in _folders(fs, root, table, result):
                 _compact_folder(fs, table, folder, files, target_rows, result)
+    seen = sum(t.files_before for t in result.tables.values()) + result.deleted_leftovers
+    if not seen and not result.unreadable:  # as every other command says of such a store
+        raise EmptyStore(
+            f"the store at {os.fspath(store)} holds no recorded call yet; nothing to compact"
+        )
     return result
 
 
@@ -132,15 +138,14 @@ def _folders(
 ) -> Iterator[tuple[str, list[_File]]]:
     """(folder, its readable files) for every partition folder of `table`."""
     by_folder: dict[str, list[_File]] = {}
-    for info in list_files(fs, root, table):
-        footer = read_footer(fs, info.path)
-        if isinstance(footer, str):  # truncated or not Parquet: left where it is, reported
-            result.unreadable.append(info.path)
+    skips: list[Skip] = []
+    for info in list_files(fs, root, table, skips):
+        checked = read_footer(fs, info.path, table)
+        if isinstance(checked, Skip):  # foreign, wrong schema, truncated: left, reported
+            skips.append(checked)
             continue
-        folder = info.path.rsplit("/", 1)[0]
-        by_folder.setdefault(folder, []).append(
-            _File(info.path, footer.num_rows, replaced_files(info.path, footer))
-        )
+        by_folder.setdefault(checked.folder, []).append(checked)
+    result.unreadable.extend(s.path for s in skips)
     for folder in sorted(by_folder):
         yield folder, sorted(by_folder[folder], key=lambda f: f.path)
 
@@ -154,7 +159,10 @@ def _compact_folder(
     result: CompactResult,
 ) -> None:
     counts = result.tables[table]
-    replaced = set().union(*(f.replaces for f in files))
+    # Deleted only when a file beside them provably holds their rows (capture.claims).
+    refused: list[Skip] = []
+    replaced = verified_replaced(fs, files, refused)
+    result.refused_claims.extend(f"{s.path} {s.reason}" for s in refused)
     leftovers = [f for f in files if f.path in replaced]
     live = [f for f in files if f.path not in replaced]
     if leftovers:  # an earlier compaction died between its rename and its deletes
@@ -215,9 +223,15 @@ def _merge(fs: pafs.FileSystem, table: str, folder: str, group: list[_File]) -> 
             rows = _unique_structures(sources)
             expected = int(rows.num_rows)
     name = f"compact-{_stamp()}.parquet"
-    replaces = json.dumps([f.path.rsplit("/", 1)[1] for f in group]).encode()
+    replaces = json.dumps([f.name for f in group]).encode()
+    counts = json.dumps({f.name: f.rows for f in group}).encode()
     path = write_parquet(
-        fs, folder, name, rows, table, extra_metadata={METADATA_REPLACES: replaces}
+        fs,
+        folder,
+        name,
+        rows,
+        table,
+        extra_metadata={METADATA_REPLACES: replaces, METADATA_REPLACES_ROWS: counts},
     )
     written = _verify(fs, path, table, expected)
     _delete(fs, [f.path for f in group])

@@ -1,28 +1,57 @@
 """Store files: which ones a reader sees, and what their Parquet footers say.
 
 Shared by the reader (`capture.store`) and `capture.compaction`; imports pyarrow only.
+
+A store is data written by others (DESIGN §5, README "Trust boundary"), so every file is checked
+before it joins a view: `read_footer` returns a `FileInfo` only for a capture file of the
+table's schema whose sizes are plausible, else a `Skip` saying why (foreign, wrong schema,
+truncated, a decompression bomb). It reads one footer and touches nothing else, so callers may
+map it over a thread pool. `list_files` never follows a symbolic link (no reading out of the
+store, no loops): each link it meets is reported as a `Skip`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
-from capture.errors import SchemaMismatch
+from capture.errors import SchemaMismatch, StoreNotFound
 
 __all__ = [
+    "FileInfo",
+    "Skip",
     "METADATA_REPLACES",
+    "METADATA_REPLACES_ROWS",
+    "MAX_INFLATION",
+    "MAX_UNCOMPRESSED",
     "SIGNATURE_TOTALS",
     "list_files",
+    "open_root",
     "read_footer",
-    "replaced_files",
 ]
 
 METADATA_REPLACES = b"capture.replaces"
-"""Parquet metadata key: JSON list of the base names (same folder) a compacted file replaces."""
+"""Parquet metadata key: JSON list of the base names (same folder) a compacted file replaces.
+
+A claim, not a fact: `capture.claims` hides a listed file only after checking that the
+claiming file holds its rows."""
+
+METADATA_REPLACES_ROWS = b"capture.replaces_rows"
+"""Parquet metadata key: JSON ``{name: row count}`` of the files a compacted file replaces."""
+
+MAX_UNCOMPRESSED = 8 << 30
+"""Largest uncompressed size (bytes) a store file may declare; bigger ones are skipped."""
+
+MAX_INFLATION = 2_000
+"""Largest ratio of declared uncompressed size to file size beyond 64 MiB (a zip bomb)."""
+
+_SMALL = 64 << 20
 
 SIGNATURE_TOTALS = """
     model, in_structure, out_structure, dims, out_dims,
@@ -35,8 +64,79 @@ SIGNATURE_TOTALS = """
 ``signatures`` view and `capture compact` both use it. Integer ranges merge item by item."""
 
 
-def list_files(fs: pafs.FileSystem, root: str, table: str) -> list[pafs.FileInfo]:
-    """The Parquet files of one table, temporary dot-files left out."""
+def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSystem, str]:
+    """The store's filesystem and root, checked to be a directory.
+
+    Args:
+        store: A directory or a pyarrow filesystem URI.
+        missing: The end of the message when nothing is there (what to do next).
+
+    Raises:
+        StoreNotFound: The URI cannot be opened (unknown scheme, no network, no credentials)
+            or nothing is at `store`; one line.
+    """
+    from capture.writer import resolve_store  # the writer owns how a URI becomes a filesystem
+
+    text = os.fspath(store)
+    try:
+        fs, root = resolve_store(text)
+        kind = fs.get_file_info(root).type
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise StoreNotFound(
+            f"cannot open the store {text}: {_one_line(str(e))}; check the path or URI, the "
+            "network and credentials, or pass another --store"
+        ) from None
+    if kind != pafs.FileType.Directory:
+        raise StoreNotFound(f"no store at {text}; {missing}")
+    return fs, root
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A store file that passed `read_footer`'s checks."""
+
+    path: str
+    table: str
+    rows: int
+    size: int
+    replaces: dict[str, int | None]
+    """Base names (same folder) this file claims to replace -> claimed row count (None: not
+    recorded, files compacted by an older version)."""
+    call_ids: tuple[int, int] | None = None
+    """Smallest and largest call_id (calls files, from the footer's statistics)."""
+
+    @property
+    def folder(self) -> str:
+        """The partition folder holding the file."""
+        return self.path.rsplit("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        """The file's base name."""
+        return self.path.rsplit("/", 1)[1]
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A store file left out of every view, and why (one line)."""
+
+    path: str
+    reason: str
+
+
+def list_files(
+    fs: pafs.FileSystem, root: str, table: str, skipped: list[Skip] | None = None
+) -> list[pafs.FileInfo]:
+    """The Parquet files of one table, temporary dot-files left out; links never followed.
+
+    Args:
+        fs: The store's filesystem.
+        root: The store's root path on `fs`.
+        table: ``structures``, ``calls`` or ``stats``.
+        skipped: Receives a `Skip` for each symbolic link met (local filesystems only).
+    """
+    if isinstance(fs, pafs.LocalFileSystem):
+        return _list_local(root, table, skipped if skipped is not None else [])
     selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
     return [
         info
@@ -47,30 +147,182 @@ def list_files(fs: pafs.FileSystem, root: str, table: str) -> list[pafs.FileInfo
     ]
 
 
-def read_footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData | str:
-    """The file's Parquet metadata, or why it cannot be read (truncated, not Parquet).
+def _list_local(root: str, table: str, skipped: list[Skip]) -> list[pafs.FileInfo]:
+    """Walks ``root/table`` with ``os.scandir`` without following any link."""
+    out: list[pafs.FileInfo] = []
+    top = f"{root}/{table}"
+    if os.path.islink(top):
+        skipped.append(Skip(top, "a symbolic link; a store is read without following links"))
+        return out
+    pending = [top]
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            skipped.append(Skip(folder, f"cannot be listed ({type(e).__name__})"))
+            continue
+        for entry in entries:
+            path = f"{folder}/{entry.name}"
+            if entry.is_symlink():
+                skipped.append(
+                    Skip(path, "a symbolic link; a store is read without following links")
+                )
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append(path)
+            elif (
+                entry.is_file(follow_symlinks=False)
+                and entry.name.endswith(".parquet")
+                and not entry.name.startswith(".")
+            ):
+                size = entry.stat(follow_symlinks=False).st_size
+                out.append(pafs.FileInfo(path, pafs.FileType.File, size=size))
+    return sorted(out, key=lambda info: info.path)
+
+
+def _schema_problem(found: pa.Schema, table: str) -> str | None:
+    """Why `found` is not the schema of `table` (None when it is, extra columns allowed)."""
+    expected = schema.SCHEMAS[table]
+    for field in expected:
+        index = found.get_field_index(field.name)
+        if index < 0:
+            return f"not a {table} file of this store: it has no column {field.name!r}"
+        if not found.field(index).type.equals(field.type):
+            return (
+                f"not a {table} file of this store: column {field.name!r} is "
+                f"{found.field(index).type}, expected {field.type}"
+            )
+    return None
+
+
+def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> FileInfo | Skip:
+    """Reads and checks one file's footer: a `FileInfo`, or a `Skip` saying why not.
+
+    Skipped: unreadable (truncated, empty, not Parquet), without capture's metadata (a foreign
+    file), of another kind or schema than `table`, or declaring an implausible uncompressed
+    size (`MAX_UNCOMPRESSED`, `MAX_INFLATION`). Safe to call from many threads at once.
+
+    Args:
+        fs: The store's filesystem.
+        path: The file.
+        table: The table the file's folder belongs to; None takes it from the path.
+
+    Returns:
+        `FileInfo` or `Skip`.
 
     Raises:
         SchemaMismatch: The file was written with a newer store schema than this library's.
     """
+    if table is None:
+        table = next((t for t in schema.TABLES if f"/{t}/" in path), "")
+    inside = path.rsplit(f"/{table}/", 1)[-1]
+    if any(c in inside for c in _GLOB) or not inside.isprintable():
+        # DuckDB's read_parquet expands such names as patterns: they could pull in other files
+        return Skip(path, "its name holds glob or control characters")
     try:
         with fs.open_input_file(path) as f:
+            size = int(f.size())
             meta = pq.read_metadata(f)
     except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
-        return f"{type(e).__name__}: {e}"
-    version = (meta.metadata or {}).get(schema.METADATA_SCHEMA_VERSION)
-    if version is not None and int(version) > schema.SCHEMA_VERSION:
+        return Skip(path, _one_line(f"{type(e).__name__}: {e}"))
+    kv = meta.metadata or {}
+    version = kv.get(schema.METADATA_SCHEMA_VERSION)
+    if version is None:
+        return Skip(path, "not a capture file (no capture.schema_version in its footer)")
+    try:
+        number = int(version)
+    except ValueError:
+        return Skip(path, f"capture.schema_version {version[:20]!r} is not a number")
+    if number > schema.SCHEMA_VERSION:
         raise SchemaMismatch(
-            f"{path} was written with store schema v{int(version)}, this library reads "
+            f"{path} was written with store schema v{number}, this library reads "
             f"up to v{schema.SCHEMA_VERSION}; upgrade capture to read this store"
         )
-    return meta
+    kind = kv.get(schema.METADATA_KIND, b"").decode("utf-8", "replace")
+    if table not in schema.SCHEMAS or kind != table:
+        return Skip(path, f"a {kind[:20]!r} file in the {table!r} folder")
+    try:
+        problem = _schema_problem(meta.schema.to_arrow_schema(), table)
+    except Exception as e:  # a schema arrow cannot map
+        problem = f"its schema cannot be read ({type(e).__name__})"
+    if problem:
+        return Skip(path, problem)
+    declared = _decoded_bytes(meta)
+    if declared > MAX_UNCOMPRESSED or (
+        declared > _SMALL and declared > MAX_INFLATION * max(size, 1)
+    ):
+        return Skip(
+            path, f"declares {declared:,} uncompressed bytes in a {size:,}-byte file (a bomb?)"
+        )
+    replaces = _claims(kv, path)
+    if isinstance(replaces, Skip):
+        return replaces
+    return FileInfo(path, table, int(meta.num_rows), size, replaces, _call_ids(meta, table))
 
 
-def replaced_files(path: str, meta: pq.FileMetaData) -> set[str]:
-    """Full paths of the files that the file at `path` replaces (`capture compact`)."""
-    raw = (meta.metadata or {}).get(METADATA_REPLACES)
+_GLOB = "*?[]{}"
+
+_WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+
+
+def _decoded_bytes(meta: pq.FileMetaData) -> int:
+    """About how many bytes the file's values take once decoded (dictionary and run-length
+    encodings expand: a few KB of repeated values can stand for GBs)."""
+    total = 0
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        for j in range(group.num_columns):
+            chunk = group.column(j)
+            width = _WIDTH.get(chunk.physical_type)
+            if width is None:  # byte arrays: the longest value the statistics know of
+                stats = chunk.statistics
+                width = 1
+                if stats is not None and stats.has_min_max:
+                    width = max(len(str(stats.min)), len(str(stats.max)), 1)
+            total += max(chunk.num_values * width, chunk.total_uncompressed_size)
+    return total
+
+
+def _claims(kv: dict[bytes, bytes], path: str) -> dict[str, int | None] | Skip:
+    raw = kv.get(METADATA_REPLACES)
     if not raw:
-        return set()
-    folder = path.rsplit("/", 1)[0]
-    return {f"{folder}/{name}" for name in json.loads(raw) if "/" not in name}
+        return {}
+    try:
+        names = json.loads(raw)
+        rows = json.loads(kv.get(METADATA_REPLACES_ROWS) or b"{}")
+        if not isinstance(names, list) or not isinstance(rows, dict):
+            raise ValueError("not a list")
+    except ValueError:
+        return Skip(path, "its capture.replaces is not a JSON list")
+    own = path.rsplit("/", 1)[1]
+    return {
+        name: rows.get(name) if isinstance(rows.get(name), int) else None
+        for name in names
+        # only plain names of the same folder, never the file itself
+        if isinstance(name, str)
+        and name
+        and "/" not in name
+        and "\\" not in name
+        and name not in (".", "..", own)
+    }
+
+
+def _call_ids(meta: pq.FileMetaData, table: str) -> tuple[int, int] | None:
+    if table != schema.CALLS or meta.num_rows == 0:
+        return None
+    column = meta.schema.to_arrow_schema().get_field_index("call_id")
+    lows, highs = [], []
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        lows.append(int(stats.min))
+        highs.append(int(stats.max))
+    return (min(lows), max(highs)) if lows else None
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= 200 else line[:197] + "..."

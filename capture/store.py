@@ -15,10 +15,11 @@ Views users can rely on (DESIGN §6):
 - ``stats``: the per-segment signature rows as written; ``signatures``: the same merged over
   segments, one row per distinct (model, in_structure, out_structure, dims, out_dims).
 
-Files that cannot be read (truncated, not Parquet) are skipped with a warning naming them; a
-file written by a newer schema version is an error (`SchemaMismatch`). Files that a compacted
-file replaces (`capture.compact`, left behind when a compaction died before deleting them) are
-not read.
+Every file is checked before it joins a view (`capture.layout.read_footer`): unreadable,
+foreign, wrong-schema and bomb-sized files and symbolic links are skipped with one warning
+naming each; a file written by a newer schema version is an error (`SchemaMismatch`). Files that
+a compacted file replaces (`capture.compact`, left behind when a compaction died before deleting
+them) are not read, once `capture.claims` has checked that the compacted file holds their rows.
 """
 
 from __future__ import annotations
@@ -35,9 +36,16 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from capture import schema
-from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
-from capture.layout import SIGNATURE_TOTALS, list_files, read_footer, replaced_files
-from capture.writer import resolve_store
+from capture.claims import verified_replaced
+from capture.errors import EmptyStore, QueryError, UnknownModel
+from capture.layout import (
+    SIGNATURE_TOTALS,
+    FileInfo,
+    Skip,
+    list_files,
+    open_root,
+    read_footer,
+)
 
 __all__ = ["Store", "open_store", "SkippedFile"]
 
@@ -55,6 +63,11 @@ class SkippedFile:
 def _sql_list(paths: Sequence[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
+
+_NO_EXTENSION_LOADING: dict[str, str | bool | int | float | list[str]] = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+}
 
 _DATE_FROM_PATH = "TRY_CAST(regexp_extract(filename, '/date=([0-9-]+)/', 1) AS DATE)"
 
@@ -100,28 +113,17 @@ class Store:
     module's docstring and returns a `pyarrow.Table`.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, unsafe_sql: bool = False) -> None:
         self.path = os.fspath(path)
-        self.fs, self.root = resolve_store(path)
-        info = self.fs.get_file_info(self.root)
-        if info.type != pafs.FileType.Directory:
-            raise StoreNotFound(
-                f"no store at {self.path}; record into it first (capture.Recorder) "
-                "or pass --store / set CAPTURE_STORE"
-            )
+        self.unsafe_sql = unsafe_sql
+        self.fs, self.root = open_root(
+            path,
+            "record into it first (capture.Recorder) or pass --store / set CAPTURE_STORE",
+        )
         self.skipped: list[SkippedFile] = []
         self.files: dict[str, list[str]] = {}
         for table in schema.TABLES:
-            good = []
-            replaced: set[str] = set()  # by a compacted file (capture.compact): read it instead
-            for file_info in list_files(self.fs, self.root, table):
-                footer = read_footer(self.fs, file_info.path)
-                if isinstance(footer, str):
-                    self.skipped.append(SkippedFile(file_info.path, footer))
-                else:
-                    replaced |= replaced_files(file_info.path, footer)
-                    good.append(file_info.path)
-            self.files[table] = sorted(p for p in good if p not in replaced)
+            self.files[table] = self._checked_files(table)
         for skipped in self.skipped:
             warnings.warn(
                 f"capture: skipping unreadable store file {skipped.path} ({skipped.reason})",
@@ -133,8 +135,43 @@ class Store:
                 f"the store at {self.path} holds no recorded call yet; record into it first "
                 "(capture.Recorder) or pass another --store"
             )
-        self.con = duckdb.connect()
-        self._create_views()
+        if unsafe_sql:
+            self.con = duckdb.connect()
+            self._create_views()
+        else:
+            self.con = duckdb.connect(config=_NO_EXTENSION_LOADING)
+            self._create_views()
+            self._lock_down()
+
+    def _checked_files(self, table: str) -> list[str]:
+        """The files of `table` that join its view: checked, not provably replaced."""
+        skips: list[Skip] = []
+        good: list[FileInfo] = []
+        for file_info in list_files(self.fs, self.root, table, skips):
+            checked = read_footer(self.fs, file_info.path, table)
+            if isinstance(checked, Skip):
+                skips.append(checked)
+            else:
+                good.append(checked)
+        # by a compacted file (capture.compact) that provably holds their rows: read it instead
+        refused: list[Skip] = []
+        replaced = verified_replaced(self.fs, good, refused)
+        self.skipped.extend(SkippedFile(s.path, s.reason) for s in skips)
+        for claim in refused:
+            warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
+        return sorted(f.path for f in good if f.path not in replaced)
+
+    def _lock_down(self) -> None:
+        """From here on SQL reads the store's files and nothing else (issue 11).
+
+        No other file, directory or URL is read or written (``read_csv``, ``COPY ... TO``,
+        ``ATTACH``, ``glob``), no extension is installed or loaded, and no setting changes.
+        """
+        files = [p for table in schema.TABLES for p in self.files[table]]
+        if isinstance(self.fs, pafs.LocalFileSystem) and files:
+            self.con.execute(f"SET allowed_paths = {_sql_list(files)}")
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
 
     def _create_views(self) -> None:
         local = isinstance(self.fs, pafs.LocalFileSystem)
@@ -181,7 +218,9 @@ class Store:
         """Runs SQL over the store's views and returns the result as a `pyarrow.Table`.
 
         Args:
-            sql: Any DuckDB SQL over `calls`, `structures`, `leaves`, `dims`, `signatures`.
+            sql: DuckDB SQL over `calls`, `structures`, `leaves`, `dims`, `signatures`; it
+                cannot reach other files, URLs or settings unless the store was opened with
+                ``unsafe_sql=True``.
             params: Positional (``?``/``$1``) or named (``$name``) parameters, bound by DuckDB
                 (never formatted into the SQL text).
 
@@ -257,11 +296,16 @@ class Store:
         self.close()
 
 
-def open_store(path: str | os.PathLike[str]) -> Store:
+def open_store(path: str | os.PathLike[str], *, unsafe_sql: bool = False) -> Store:
     """Opens a capture store (a directory or a pyarrow filesystem URI) for analysis.
+
+    By default the store's SQL reads its views and nothing else: no other file or URL is read
+    or written, no DuckDB extension is installed or loaded, settings are locked.
 
     Args:
         path: The directory the recorder wrote to, or a URI such as ``s3://bucket/prefix``.
+        unsafe_sql: Give `Store.query` DuckDB's full reach (other files, ``COPY``,
+            ``ATTACH``, ``INSTALL``, ``SET``): only for SQL you trust.
 
     Returns:
         A `Store`; `Store.query()` runs SQL over its views.
@@ -275,4 +319,4 @@ def open_store(path: str | os.PathLike[str]) -> Store:
         >>> store = open_store("capture-store")  # doctest: +SKIP
         >>> store.query("SELECT model, count(*) FROM calls GROUP BY 1")  # doctest: +SKIP
     """
-    return Store(path)
+    return Store(path, unsafe_sql=unsafe_sql)

@@ -69,4 +69,6 @@ def compact_command(ctx: click.Context, target_rows: int, dry_run: bool) -> None
         )
     for path in result.unreadable:
         lines.append(f"  left alone (unreadable): {path}")
+    for claim in result.refused_claims:
+        lines.append(f"  nothing deleted for: {claim}")
     write_text("\n".join(lines) + "\n")

@@ -69,11 +69,51 @@ def _section(title: str, body: str) -> None:
     write_text(f"\n== {title} ==\n{body}")
 
 
+INCOMPLETE = ".demo-incomplete"
+"""Marker file an interrupted demo leaves in its store: the next demo replaces that recording."""
+
+
+def _remove_interrupted(store: str) -> None:
+    """Deletes the recording of a demo that was interrupted (its marker file is present)."""
+    import pyarrow.fs as pafs
+
+    from capture import schema
+    from capture.writer import resolve_store
+
+    try:
+        fs, root = resolve_store(store)
+        marked = fs.get_file_info(f"{root}/{INCOMPLETE}").type == pafs.FileType.File
+    except Exception:  # an unopenable store: open_store says why, in one line
+        return
+    if not marked:
+        return
+    click.echo(f"note: replacing the recording of an interrupted demo in {store}", err=True)
+    for table in schema.TABLES:
+        folder = f"{root}/{table}/model={DEMO_MODEL}"
+        if fs.get_file_info(folder).type == pafs.FileType.Directory:
+            fs.delete_dir(folder)
+    fs.delete_file(f"{root}/{INCOMPLETE}")
+
+
+def _mark(store: str, incomplete: bool) -> None:
+    """Creates (before recording) or removes (once recorded) the `INCOMPLETE` marker."""
+    from capture.writer import resolve_store
+
+    fs, root = resolve_store(store)
+    if incomplete:
+        fs.create_dir(root, recursive=True)
+        with fs.open_output_stream(f"{root}/{INCOMPLETE}") as f:
+            f.write(b"a capture demo is recording here; if none runs, the next demo replaces it\n")
+    else:
+        fs.delete_file(f"{root}/{INCOMPLETE}")
+
+
 def _check_store(store: str) -> None:
     """Refuses a store that already holds a demo recording (the demo would double it)."""
     from capture.errors import EmptyStore, StoreNotFound
     from capture.store import open_store
 
+    _remove_interrupted(store)
     try:
         with open_store(store) as opened:
             models = opened.models()
@@ -213,7 +253,9 @@ def demo_command(ctx: click.Context, store_option: str | None) -> None:
     """
     store = _resolve_store(ctx, store_option)
     _check_store(store)
+    _mark(store, incomplete=True)  # left behind by Ctrl-C: the next demo replaces the recording
     model = _record(store)
+    _mark(store, incomplete=False)
 
     from capture.store import open_store
 

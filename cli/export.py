@@ -110,7 +110,7 @@ def _build_model(target: str) -> Any:
         raise click.ClickException(f"{target}() failed: {type(e).__name__}: {e}") from e
     if not isinstance(model, torch.nn.Module):
         raise click.ClickException(
-            f"{target}() returned a {type(model).__name__}, not a torch.nn.Module"
+            f"{target}() returned an object of type {type(model).__name__}, not a torch.nn.Module"
         )
     return model
 

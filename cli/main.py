@@ -6,6 +6,8 @@ a command whose module fails to import (a missing optional dependency) leaves th
 
 Policy applied to every command, in one place (`CaptureGroup.invoke`):
 
+- Ctrl-C ends the command with one line ``Error: interrupted (Ctrl-C)`` and exit status 130;
+- ``--store`` given after the command is a usage error that says to put it first;
 - a `capture.errors.CaptureError` becomes a `click.ClickException`: one line ``Error: ...`` on
   stderr, exit status 1, no traceback (multi-line library messages, such as DuckDB's caret
   diagnostics, are folded into that line);
@@ -38,6 +40,9 @@ DEFAULT_STORE = "./capture-store"
 """Store used when neither ``--store`` nor ``$CAPTURE_STORE`` is given."""
 
 STORE_ENVVAR = "CAPTURE_STORE"
+
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "query": ("cli.query:query_command", "Run SQL over the recorded calls and print the result."),
@@ -201,6 +206,17 @@ class CaptureGroup(click.Group):
                 return super().invoke(ctx)
             except CaptureError as e:
                 raise click.ClickException(_one_line(str(e))) from e
+            except click.NoSuchOption as e:
+                if e.option_name != "--store":
+                    raise
+                raise click.UsageError(  # `capture summary --store X`
+                    "--store is an option of capture itself: put it before the command, "
+                    "e.g. capture --store PATH summary (or set $CAPTURE_STORE)",
+                    e.ctx,
+                ) from None
+            except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 128 + SIGINT
+                click.echo("Error: interrupted (Ctrl-C)", err=True)
+                raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
 
 
 @click.group(
@@ -228,7 +244,8 @@ def cli(ctx: click.Context, store: str) -> None:
     Recordings are written by capture.Recorder in Python; these commands read them.
     Data goes to stdout, messages to stderr. Exit status: 0 success, 1 an error you
     can fix (bad SQL, missing or corrupt store), 2 a usage error, 3 export completed
-    but torch.export rejected the model.
+    but torch.export rejected the model, 130 interrupted (Ctrl-C). --store goes
+    before the command.
 
     \b
     Example:

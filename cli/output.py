@@ -48,6 +48,7 @@ __all__ = [
     "FORMATS",
     "format_option",
     "no_headers_option",
+    "check_headers",
     "render",
     "render_document",
     "write_text",
@@ -108,6 +109,18 @@ def no_headers_option(func: F) -> F:
         default=False,
         help="Leave out the header row (table and csv formats). Default: headers shown.",
     )(func)
+
+
+def check_headers(fmt: str, no_headers: bool) -> None:
+    """Refuses ``--no-headers`` with json/jsonl, which have no header row (a usage error).
+
+    Raises:
+        click.UsageError: `no_headers` with ``-f json`` or ``-f jsonl`` (exit status 2).
+    """
+    if no_headers and fmt in ("json", "jsonl"):
+        raise click.UsageError(
+            f"--no-headers applies to the table and csv formats; -f {fmt} has no header row"
+        )
 
 
 # -- values ------------------------------------------------------------------------------------
@@ -299,15 +312,17 @@ def render(data: Rows, fmt: str = "table", *, headers: bool = True) -> None:
         data: A `pyarrow.Table` (column order kept) or a sequence of mappings (columns in
             order of first appearance).
         fmt: ``table``, ``json``, ``jsonl`` or ``csv``.
-        headers: Write the header row (table and csv; ignored by json and jsonl).
+        headers: Write the header row (table and csv; json and jsonl have none).
 
     Raises:
         ValueError: `fmt` is not one of `FORMATS`.
+        click.UsageError: ``headers=False`` with json or jsonl (see `check_headers`).
 
     Example:
         >>> render([{"model": "toy", "shape": [2, 7]}], "jsonl")  # doctest: +SKIP
         {"model": "toy", "shape": [2, 7]}
     """
+    check_headers(fmt, not headers)
     names, rows = _columns_and_rows(data)
     if fmt == "table":
         chunks: Iterable[str] = _chunks(_table_lines(names, rows, headers))

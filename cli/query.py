@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 import click
 
 from cli.main import store_path
-from cli.output import format_option, no_headers_option, render, render_document, write_text
+from cli.output import (
+    check_headers,
+    format_option,
+    no_headers_option,
+    render,
+    render_document,
+    write_text,
+)
 
 if TYPE_CHECKING:
     from capture.store import Store
@@ -36,7 +43,8 @@ def parse_value(text: str) -> int | float | str:
     is a decimal literal, else the text itself.
 
     Only plain literals are numbers (``5``, ``-3``, ``2.5``, ``1e-3``); ``nan``, ``inf``,
-    ``1_000`` and ``0x10`` stay strings, and so does everything else.
+    ``1_000`` and ``0x10`` stay strings, and so does everything else. A value in single
+    quotes is the string between them, whatever it looks like: ``"'007'"`` binds ``'007'``.
 
     Args:
         text: The VALUE as typed.
@@ -45,9 +53,11 @@ def parse_value(text: str) -> int | float | str:
         The value DuckDB binds to ``$NAME``.
 
     Example:
-        >>> [parse_value(v) for v in ("8", "-2", "0.5", "1e3", "nan", "toy")]
-        [8, -2, 0.5, 1000.0, 'nan', 'toy']
+        >>> [parse_value(v) for v in ("8", "-2", "0.5", "1e3", "nan", "toy", "'007'")]
+        [8, -2, 0.5, 1000.0, 'nan', 'toy', '007']
     """
+    if len(text) >= 2 and text[0] == text[-1] == "'":
+        return text[1:-1]
     if _INT.match(text):
         return int(text)
     if _FLOAT.match(text):
@@ -73,10 +83,10 @@ def _bind(params: Sequence[tuple[str, str]]) -> dict[str, int | float | str]:
 
 
 @contextmanager
-def _open_store(ctx: click.Context) -> Iterator[Store]:
+def _open_store(ctx: click.Context, unsafe_sql: bool = False) -> Iterator[Store]:
     from capture.store import open_store  # duckdb + pyarrow: only when a command runs
 
-    with open_store(store_path(ctx)) as store:
+    with open_store(store_path(ctx), unsafe_sql=unsafe_sql) as store:
         yield store
 
 
@@ -90,7 +100,16 @@ def _open_store(ctx: click.Context) -> Iterator[Store]:
     multiple=True,
     metavar="NAME VALUE",
     help="Bind $NAME in the SQL to VALUE (an int if it parses as one, else a float, else a "
-    "string); repeatable. Default: no parameters.",
+    "string; in single quotes always the string inside, e.g. -p h \"'007'\"); repeatable. "
+    "Default: no parameters.",
+)
+@click.option(
+    "--unsafe-sql",
+    is_flag=True,
+    default=False,
+    help="Let the SQL reach beyond the store: read and write other files and URLs (read_csv, "
+    "COPY ... TO, ATTACH), install and load extensions, change settings. Only for SQL you "
+    "trust. Default: off (the SQL reads the store's views and nothing else).",
 )
 @format_option()
 @no_headers_option
@@ -99,6 +118,7 @@ def query_command(
     ctx: click.Context,
     sql: str,
     params: tuple[tuple[str, str], ...],
+    unsafe_sql: bool,
     fmt: str,
     no_headers: bool,
 ) -> None:
@@ -109,7 +129,8 @@ def query_command(
     per call, tensor and axis), structures, stats and signatures. Pass - as
     SQL to read it from stdin. Parameters given with -p are bound by DuckDB,
     never pasted into the SQL. Unreadable store files are skipped with a
-    warning on stderr.
+    warning on stderr. The SQL reads the store's views and nothing else
+    (no other file, URL, extension or setting) unless --unsafe-sql.
 
     \b
     Example:
@@ -117,12 +138,13 @@ def query_command(
       capture query 'SELECT path, shape FROM leaves WHERE shape[1] > $n' -p n 2 -f json
       echo "SELECT * FROM signatures" | capture query - -f csv
     """
+    check_headers(fmt, no_headers)
     if sql == "-":
         sql = sys.stdin.read()
     if not sql.strip():
         raise click.BadParameter("the SQL is empty", param_hint="'SQL'")
     bound = _bind(params)
-    with _open_store(ctx) as store:
+    with _open_store(ctx, unsafe_sql) as store:
         table = store.query(sql, bound)
     render(table, fmt, headers=not no_headers)
 
@@ -189,6 +211,7 @@ def dims_command(
         raise click.UsageError(
             "--python prints Python source; it takes neither -f/--format nor --no-headers"
         )
+    check_headers(fmt, no_headers)
     if as_python:
         from replay.source import dynamic_shapes_source
 

@@ -20,6 +20,22 @@ def _join(values: Iterable[Any] | None) -> str:
     return ", ".join(str(v) for v in values or ())
 
 
+_CELL = 80
+"""Widest list cell of the report; longer lists are cut (``capture dims`` lists every dim)."""
+
+
+def _brief(values: Sequence[Any] | None) -> str:
+    """The values joined, cut to about `_CELL` characters with a count of the rest."""
+    items = [str(v) for v in values or ()]
+    shown: list[str] = []
+    for i, item in enumerate(items):
+        rest = len(items) - i
+        if shown and len(", ".join([*shown, item])) > _CELL - 12:
+            return f"{', '.join(shown)}, +{rest} more"
+        shown.append(item if len(item) <= _CELL else item[: _CELL - 3] + "...")
+    return ", ".join(shown)
+
+
 def _span(entry: Mapping[str, Any]) -> str:
     first, last = entry.get("first_ts"), entry.get("last_ts")
     if first is None:
@@ -38,7 +54,16 @@ def _section(title: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return ["", title, table_text(rows, indent=_INDENT)]
 
 
+def _differing_scalars(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Scalar paths whose recorded value is not the same in every group."""
+    paths: list[str] = []
+    for g in groups:
+        paths.extend(p for p in g.get("scalars") or {} if p not in paths)
+    return [p for p in paths if len({(g.get("scalars") or {}).get(p) for g in groups}) > 1]
+
+
 def _groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    differing = _differing_scalars(groups)
     rows = [
         {
             "group": g["name"],
@@ -48,6 +73,11 @@ def _groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
             "raised": g["errors"],
             "inputs": _join(g["inputs"]),
             "absent": _join(g["absent"]),
+            **(
+                {"scalars": _join(f"{p}={(g.get('scalars') or {}).get(p, '-')}" for p in differing)}
+                if differing
+                else {}
+            ),
         }
         for g in groups
     ]
@@ -63,7 +93,7 @@ def _symbols(groups: Sequence[Mapping[str, Any]]) -> list[str]:
             "max": s["max"],
             "distinct": s["distinct"],
             **({"expr": s["expr"]} if any(x["expr"] for h in groups for x in h["symbols"]) else {}),
-            "dims": _join(s["dims"]),
+            "dims": _brief(s["dims"]),
         }
         for g in groups
         for s in g["symbols"]

@@ -15,7 +15,7 @@ Everything is drawn from one generator seeded by `seed`, in leaf order, so rebui
 signature twice gives identical tensors: the coverage check builds fresh inputs for eager and for
 the exported program, because a forward may mutate its inputs (a DynamicCache grows in place).
 
-``(args, kwargs)`` is restored with ``torch.utils._pytree.treespec_loads`` + ``tree_unflatten``
+``(args, kwargs)`` is restored with `capture.treespec` (an allow-list parser) + ``tree_unflatten``
 inside `capture.nodes.register_flattening_functions()`. Missing arguments are not treespec leaves
 (they are left out of the call); None leaves are (an explicit None, the empty layers of a prefill
 DynamicCache).
@@ -33,6 +33,8 @@ import torch.utils._pytree as pytree
 
 from capture import nodes, schema
 from capture.errors import ReplayError
+from capture.treespec import UnsafeTreespec, to_treespec
+from capture.treespec import parse as parse_treespec
 
 __all__ = ["DEFAULT_SEED", "dtype_of", "is_mask", "make_tensor", "rebuild", "resolve_device"]
 
@@ -65,6 +67,25 @@ def resolve_device(recorded: str | None, device: str | torch.device | None) -> t
     return torch.device("cpu")
 
 
+MAX_EXAMPLE_BYTES = 4 << 30
+"""Largest example tensor replay builds (4 GiB); a recorded size above it is refused."""
+
+
+def _check_size(dtype: torch.dtype, size: tuple[int, ...]) -> None:
+    """Refuses negative sizes and tensors over `MAX_EXAMPLE_BYTES`, in one line (issue 11)."""
+    numel = 1
+    for s in size:
+        if s < 0:
+            raise ReplayError(f"the recorded size {list(size)} has a negative dimension")
+        numel *= s
+    nbytes = numel * dtype.itemsize
+    if nbytes > MAX_EXAMPLE_BYTES:
+        raise ReplayError(
+            f"the recorded size {list(size)[:8]} of a {dtype} tensor needs {nbytes:,} bytes, "
+            f"over replay's limit of {MAX_EXAMPLE_BYTES:,}; the store's sizes are not plausible"
+        )
+
+
 def make_tensor(
     dtype: torch.dtype,
     shape: Sequence[int],
@@ -82,6 +103,7 @@ def make_tensor(
         [[5, 5, 5], [5, 5, 5]]
     """
     size = tuple(int(s) for s in shape)
+    _check_size(dtype, size)
     if dtype == torch.bool:
         out = torch.ones(size, dtype=dtype)
     elif dtype.is_floating_point or dtype.is_complex:
@@ -99,7 +121,15 @@ def make_tensor(
 
 def _scalar(row: dict[str, Any]) -> Any:
     value = row.get("value")
-    return None if value is None else json.loads(value)
+    try:
+        return None if value is None else json.loads(value)
+    except ValueError:  # stored data: one line, not a traceback (issue 11)
+        raise ReplayError(f"{row.get('path')}: the recorded value is not JSON") from None
+
+
+def _source(leaves: Sequence[dict[str, Any]]) -> str:
+    row = leaves[0] if leaves else {}
+    return f"the structure {row.get('structure_id')!r} of model {row.get('model')!r}"
 
 
 def rebuild(
@@ -174,7 +204,10 @@ def rebuild(
         else:
             values.append(_scalar(row))
     with nodes.register_flattening_functions():
-        spec = pytree.treespec_loads(treespec)
+        try:  # our own allow-list parser, never torch's treespec_loads (issue 11)
+            spec = to_treespec(parse_treespec(treespec, _source(leaves)), _source(leaves))
+        except UnsafeTreespec as e:
+            raise ReplayError(str(e)) from None
         if spec.num_leaves != len(values):
             raise ReplayError(
                 f"the recorded treespec has {spec.num_leaves} leaves, the structure rows "

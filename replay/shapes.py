@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import ReplayError
+from capture.treespec import Node, UnsafeTreespec
+from capture.treespec import parse as parse_treespec
 
 if TYPE_CHECKING:
     from capture.analysis import Group
@@ -164,20 +166,17 @@ def axis_specs(
 
 
 # -- the structure of (args, kwargs) -------------------------------------------------------------
-def _children(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(node.get("children_spec") or [])
-
-
-def _build(node: dict[str, Any], leaves: Iterator[Any]) -> Any:
-    kind = node.get("type")
+def _build(node: Node, leaves: Iterator[Any]) -> Any:
+    kind = node.type
     if kind is None:
         return next(leaves)
-    children = [_build(child, leaves) for child in _children(node)]
+    children = [_build(child, leaves) for child in node.children]
     if kind in _SEQUENCES:
         return tuple(children) if kind != "builtins.list" else children
     if kind in _MAPPINGS:
-        keys = json.loads(node.get("context") or "[]")
-        return dict(zip(keys, children, strict=True))
+        return dict(zip(node.context, children, strict=True))
+    if kind == "collections.defaultdict":  # context: (factory name, keys)
+        return dict(zip(node.context[1], children, strict=True))
     # A registered class (a cache): torch.export matches its flattened children, as a list.
     return children
 
@@ -210,11 +209,17 @@ def spec_tree(treespec: str | None, leaves: Sequence[Any]) -> tuple[list[Any], d
             "the recorded structure has no treespec (a node type that torch's pytree cannot "
             "serialize); it cannot be rebuilt"
         )
-    loaded = json.loads(treespec)
-    root = loaded[1] if isinstance(loaded, list) and len(loaded) == 2 else loaded
-    top = _children(root)
-    if root.get("type") != "builtins.tuple" or len(top) != 2:
+    try:  # our own parser: nothing a store names is imported (issue 11)
+        root = parse_treespec(treespec, "the store's structures")
+    except UnsafeTreespec as e:
+        raise ReplayError(str(e)) from None
+    top = root.children
+    if root.type != "builtins.tuple" or len(top) != 2:
         raise ReplayError("the recorded treespec does not describe (args, kwargs)")
+    if root.num_leaves != len(leaves):
+        raise ReplayError(
+            f"the recorded treespec has {root.num_leaves} leaves, the structure rows {len(leaves)}"
+        )
     it = iter(leaves)
     args = _build(top[0], it)
     kwargs = _build(top[1], it)
@@ -258,7 +263,13 @@ def parse_params(signature: str | None) -> list[Param]:
     """The recorded method's parameters from the stored JSON signature (empty when unknown)."""
     if not signature:
         return []
-    return [Param(p["name"], p["kind"], bool(p["has_default"])) for p in json.loads(signature)]
+    try:  # stored data: a malformed signature is one line, not a traceback (issue 11)
+        return [
+            Param(str(p["name"]), str(p["kind"]), bool(p["has_default"]))
+            for p in json.loads(signature)
+        ]
+    except (ValueError, TypeError, KeyError) as e:
+        raise ReplayError(f"the recorded method signature is malformed ({e!r:.80})") from None
 
 
 @dataclass(frozen=True)

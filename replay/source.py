@@ -22,6 +22,7 @@ own Dims) and ``dynamic_shapes`` names the largest group's.
 
 from __future__ import annotations
 
+import keyword
 import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -48,8 +49,15 @@ class _Code:
 
 
 def _identifier(text: str) -> str:
-    name = re.sub(r"\W+", "_", text).strip("_") or "group"
-    return f"_{name}" if name[0].isdigit() else name
+    # ASCII only: stored names must not shape the generated source (issue 11).
+    name = re.sub(r"[^0-9A-Za-z_]+", "_", text).strip("_") or "group"
+    name = f"_{name}" if name[0].isdigit() else name
+    return f"{name}_" if keyword.iskeyword(name) else name
+
+
+def _comment(text: str) -> str:
+    """One comment line: stored text never ends the comment (newlines become escapes)."""
+    return repr(text)[1:-1] if not text.isprintable() else text
 
 
 def _axis_code(spec: shapes.AxisSpec, *, expand: bool = False) -> _Code:
@@ -118,14 +126,14 @@ def _group_source(group: Group, variable: str, named_dims: bool, keyword_only: b
     args_t, kwargs = shapes.arrange(form, args, kwargs)
     structure = shapes.shapes_of(form, args_t, kwargs)
     lines = [
-        f"# {group.model}, group {group.name}: {group.calls} calls, "
+        f"# {group.model!r}, group {group.name!r}: {group.calls} calls, "
         f"{group.signatures} distinct signatures"
     ]
-    lines.extend(f"# {note}" for note in specs.notes)
+    lines.extend(f"# {_comment(note)}" for note in specs.notes)
     if form.extra:
         lines.append(
-            f"# passed through **kwargs: {', '.join(form.extra)} (torch.export cannot match "
-            "dynamic_shapes there);"
+            f"# passed through **kwargs: {', '.join(map(repr, form.extra))} (torch.export "
+            "cannot match dynamic_shapes there);"
         )
         lines.append(
             f"# export replay.export_inputs(store).group({group.name!r}).module(model), "

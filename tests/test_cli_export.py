@@ -142,7 +142,10 @@ def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) ->
         ("nosuch_module_xyz:add", "Error: cannot import nosuch_module_xyz: ModuleNotFoundError: "),
         ("{factories}:nothing", "has no callable 'nothing'"),
         ("{factories}:broken", "broken() failed: RuntimeError: no weights here"),
-        ("{factories}:not_a_model", "not_a_model() returned a int, not a torch.nn.Module"),
+        (
+            "{factories}:not_a_model",
+            "not_a_model() returned an object of type int, not a torch.nn.Module",
+        ),
         ("missing.py:add", "Error: cannot import missing.py: no such file"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 
+import click
 import pyarrow as pa
 import pytest
 
@@ -73,8 +74,6 @@ def test_render_mixed_types(fmt: str, capsys: pytest.CaptureFixture[str]) -> Non
     [
         ("table", "a   1.5\nbb  nan\n"),
         ("csv", "a,1.5\nbb,nan\n"),
-        ("json", '[\n  {"s": "a", "x": 1.5},\n  {"s": "bb", "x": null}\n]\n'),
-        ("jsonl", '{"s": "a", "x": 1.5}\n{"s": "bb", "x": null}\n'),
     ],
 )
 def test_render_without_headers(
@@ -82,6 +81,13 @@ def test_render_without_headers(
 ) -> None:
     render(pa.table({"s": ["a", "bb"], "x": [1.5, float("nan")]}), fmt, headers=False)
     assert capsys.readouterr().out == expected
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_render_without_headers_refuses_json(fmt: str) -> None:
+    # issue 11: --no-headers with json/jsonl is a usage error, not silently ignored
+    with pytest.raises(click.UsageError, match="has no header row"):
+        render(pa.table({"s": ["a"]}), fmt, headers=False)
 
 
 @pytest.mark.parametrize(

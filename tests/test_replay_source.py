@@ -44,7 +44,7 @@ def test_positional_model(store: Store) -> None:
         """\
         from torch.export import Dim
 
-        # add_broadcast, group g0: 3 calls, 3 distinct signatures
+        # 'add_broadcast', group 'g0': 3 calls, 3 distinct signatures
         x_0 = Dim('x_0', min=2, max=4)
         x_1 = Dim('x_1', min=6, max=8)
         dynamic_shapes = ({0: x_0, 1: x_1}, {1: x_1})"""
@@ -56,8 +56,8 @@ def test_derived_dims_and_a_cache(store: Store) -> None:
         """\
         from torch.export import Dim
 
-        # LlamaForCausalLM, group decode: 9 calls, 9 distinct signatures
-        # passed through **kwargs: return_dict (torch.export cannot match dynamic_shapes there);
+        # 'LlamaForCausalLM', group 'decode': 9 calls, 9 distinct signatures
+        # passed through **kwargs: 'return_dict' (torch.export cannot match dynamic_shapes there);
         # export replay.export_inputs(store).group('decode').module(model), which names them
         batch = Dim('batch', min=2, max=3)
         past_key_values_2 = Dim('past_key_values_2', min=4, max=9)
