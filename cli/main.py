@@ -52,6 +52,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Merge the store's small Parquet files into big ones.",
     ),
     "demo": ("cli.demo:demo_command", "Record a tiny model into a store to try the commands."),
+    "report": (
+        "cli.html_report:report_command",
+        "Write an HTML page with plots of the store's traffic.",
+    ),
+    "profiles": (
+        "cli.engines:profiles_command",
+        "Print TensorRT optimization profiles (min/opt/max shapes) per call group.",
+    ),
+    "buckets": (
+        "cli.engines:buckets_command",
+        "Choose the N sizes (CUDA-graph batch sizes, sequence buckets) that pad least.",
+    ),
 }
 """Command name -> (``"module:function"``, one-line summary shown by ``capture --help``).
 
