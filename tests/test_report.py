@@ -47,7 +47,7 @@ def llama_page(llama: Store) -> str:
 
 def test_page_inlines_every_plot(llama_page: str) -> None:
     images = re.findall(
-        r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', llama_page
+        r'<img alt="[^"]*" src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)">', llama_page
     )
     # Calls over time, one distribution figure per group (4), optional inputs, drift.
     assert len(images) == 7
