@@ -1,5 +1,7 @@
-"""Optimization profiles as the engines take them: trtexec flags, torch_tensorrt.Input lines,
-ONNX Runtime TensorRT provider options (`capture profiles -f ...`).
+"""Optimization profiles in the engines' own syntax: trtexec, torch_tensorrt, ONNX Runtime.
+
+trtexec flags, ``torch_tensorrt.Input`` lines, ONNX Runtime TensorRT provider options
+(`capture profiles -f ...`).
 
 Every format names inputs as `capture.profiles.export_names` does (torch.export placeholder
 names, kept by ``torch.onnx.export`` as the ONNX input names) and writes a shape as its sizes

@@ -68,7 +68,7 @@ def profiles_command(
     max_profiles: int,
     fmt: str,
 ) -> None:
-    """Print TensorRT optimization profiles (min/opt/max shapes) per call group.
+    """Print TensorRT min/opt/max shape profiles per call group.
 
     For every tensor input of a call group: the smallest and largest
     recorded shape, and an opt shape that production actually sent (a real
@@ -144,14 +144,14 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
     metavar="NAME",
     required=True,
     help="The shared symbol to size (batch, input_ids_1, past_key_values_2, ... as the symbol "
-    "column of `capture dims` names them). Required.",
+    "column of `capture dims` names them). Default: none, required.",
 )
 @click.option(
     "--budget",
     type=click.IntRange(min=1),
     required=True,
     metavar="N",
-    help="How many sizes to choose. Required.",
+    help="How many sizes to choose. Default: none, required.",
 )
 @click.option(
     "--model",
@@ -183,7 +183,7 @@ def buckets_command(
     group: str | None,
     fmt: str,
 ) -> None:
-    """Choose the N sizes (CUDA-graph batch sizes, sequence buckets) that pad least.
+    """Choose the N batch or sequence sizes that pad recorded calls least.
 
     Each recorded call runs at the smallest chosen size that holds it (a
     batch of 5 runs as 8 when 4 and 8 are chosen); the chosen sizes minimise

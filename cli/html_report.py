@@ -48,7 +48,7 @@ def read_artifact_manifest(path: str) -> tuple[str, Mapping[str, Any]]:
     "--out",
     metavar="PATH",
     required=True,
-    help="The HTML file to write (replaced if it exists). Required.",
+    help="The HTML file to write (replaced if it exists). Default: none, required.",
 )
 @click.option(
     "--model",

@@ -58,11 +58,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "profiles": (
         "cli.engines:profiles_command",
-        "Print TensorRT optimization profiles (min/opt/max shapes) per call group.",
+        "Print TensorRT min/opt/max shape profiles per call group.",
     ),
     "buckets": (
         "cli.engines:buckets_command",
-        "Choose the N sizes (CUDA-graph batch sizes, sequence buckets) that pad least.",
+        "Choose the N batch or sequence sizes that pad recorded calls least.",
     ),
 }
 """Command name -> (``"module:function"``, one-line summary shown by ``capture --help``).
