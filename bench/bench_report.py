@@ -144,7 +144,10 @@ def main() -> int:
         "Store.profiles()",
         "Store.buckets('batch', 8)",
     ]
-    stages = [{"stage": n, "seconds": f"{float(t):.3f}"} for n, t in zip(names, stage_times)]
+    stages = [
+        {"stage": n, "seconds": f"{float(t):.3f}"}
+        for n, t in zip(names, stage_times[:-1], strict=True)
+    ]
     page_kib = int(stage_times[-1]) / 1024
     print(f"### capture report / profiles / buckets on {calls:,} calls\n")
     print(f"- Machine: {machine_line(('pyarrow', 'duckdb', 'matplotlib'))}")
