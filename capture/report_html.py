@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -70,8 +71,12 @@ def _esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+_NUMBER = re.compile(r"^-?[0-9][0-9,.]*%?$")
+
+
 def _cell(value: Any, numeric: bool = False) -> str:
     text = "" if value is None else str(value)
+    numeric = numeric or bool(_NUMBER.match(text))
     if len(text) > _CELL:
         shown = text[: _CELL - 1] + "…"
         return f'<td title="{_esc(text)}">{_esc(shown)}</td>'
@@ -83,14 +88,7 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> str:
         return "<p>none</p>"
     names = list(rows[0])
     head = "".join(f"<th>{_esc(n)}</th>" for n in names)
-    body = "".join(
-        "<tr>"
-        + "".join(
-            _cell(r[n], isinstance(r[n], int | float) and not isinstance(r[n], bool)) for n in names
-        )
-        + "</tr>"
-        for r in rows
-    )
+    body = "".join("<tr>" + "".join(_cell(r[n]) for n in names) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -99,7 +97,11 @@ def _join(values: Sequence[Any] | None) -> str:
 
 
 def _figure_html(
-    draw: Callable[[Any], None], alt: str, size: tuple[float, float], left: float = 0.8
+    draw: Callable[[Any], None],
+    alt: str,
+    size: tuple[float, float],
+    left: float = 0.8,
+    top: float = 0.4,
 ) -> str:
     """Draws with ``draw(figure)`` and returns an ``<img>`` with the PNG inlined.
 
@@ -115,7 +117,7 @@ def _figure_html(
         left=left / width,
         right=1 - 0.25 / width,
         bottom=0.62 / height,
-        top=1 - 0.4 / height,
+        top=1 - top / height,
         wspace=0.3,
     )
     draw(fig)
@@ -168,11 +170,14 @@ def _timeline_plot(tl: Timeline) -> str:
         ax.set_xlim(edges[0], edges[-1])
         ax.set_xlabel(label)
         ax.set_ylabel(f"calls per {_per_bin(tl)}")
-        ax.set_title("Calls over time, per call group (stacked)")
-        ax.legend(loc="upper left", fontsize="small")
+        columns = min(4, len(tl.groups)) or 1
+        ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncols=columns, fontsize="small")
         ax.grid(alpha=0.3)
 
-    return _figure_html(draw, "calls over time per call group", (10, 3.6))
+    rows = -(-len(tl.groups) // 4)
+    return _figure_html(
+        draw, "calls over time per call group", (10, 3.4 + 0.25 * rows), top=0.15 + 0.25 * rows
+    )
 
 
 def _drift_plot(tl: Timeline) -> str:
