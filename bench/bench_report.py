@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -44,14 +45,18 @@ def _capture() -> list[str]:
     return [sys.executable, "-m", "cli"]
 
 
-def _time_command(args: list[str], repeat: int) -> list[float]:
+def _time_command(args: list[str], repeat: int) -> tuple[list[float], list[float]]:
+    """Wall seconds and CPU seconds (user + system, of the child) per run."""
     env = dict(os.environ, PYTHONPATH=ROOT)
-    times = []
+    times, cpu = [], []
     for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         subprocess.run(args, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
         times.append(time.perf_counter() - t0)
-    return times
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return times, cpu
 
 
 _STAGES = """
@@ -114,12 +119,13 @@ def main() -> int:
     rows = []
     for name, args in commands.items():
         log(f"timing {name}")
-        times = _time_command(args, repeat)
+        times, cpu = _time_command(args, repeat)
         rows.append(
             {
                 "command": f"`{name}`",
                 "median s": f"{median(times):.2f}",
                 "max s": f"{max(times):.2f}",
+                "median CPU s": f"{median(cpu):.2f}",
                 "target": "" if "help" in name else f"≤ {TARGET_S:.0f} s",
                 "verdict": ""
                 if "help" in name
@@ -158,7 +164,10 @@ def main() -> int:
         f"distinct signatures (bench_store.py generator v{info['version']}); report page "
         f"{page_kib:,.0f} KiB"
     )
-    print(f"- Method: fresh process per run (`python -m cli ...`), {repeat} runs, wall time\n")
+    print(
+        f"- Method: fresh process per run (`python -m cli ...`), {repeat} runs, wall time; CPU "
+        "time (user + system of the process) as well, which a loaded machine inflates less\n"
+    )
     print(md_table(list(rows[0]), [list(r.values()) for r in rows]))
     print("\nStages in one process (one run):\n")
     print(md_table(list(stages[0]), [list(r.values()) for r in stages]))
