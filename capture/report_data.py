@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from capture.errors import CaptureError
+
 if TYPE_CHECKING:
     from capture.analysis import Group
     from capture.store import Store
 
-__all__ = ["Timeline", "ServedGroup", "timeline", "served_calls", "symbol_kind"]
+__all__ = ["BadManifest", "Timeline", "ServedGroup", "timeline", "served_calls", "symbol_kind"]
 
 _STATS_SQL = """
 SELECT in_structure, calls, epoch_us(first_ts) AS t0, epoch_us(last_ts) AS t1
@@ -142,6 +144,21 @@ class ServedGroup:
     programs: list[str]
 
 
+class BadManifest(CaptureError):
+    """An artifact manifest without the shape `served_calls` documents."""
+
+
+def _dim_range(dim: Any, program: Any) -> tuple[str, int, int, int]:
+    """``(path, axis, min, max)`` of one manifest dims entry, checked."""
+    try:
+        return str(dim["path"]), int(dim["axis"]), int(dim["min"]), int(dim["max"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadManifest(
+            f"the artifact manifest's program {program!r} has a dims entry without an integer "
+            f"path/axis/min/max ({dim!r}); the artifact may come from another capture version"
+        ) from e
+
+
 def served_calls(groups: Sequence[Group], manifest: Mapping[str, Any]) -> list[ServedGroup]:
     """Which recorded calls the artifact whose manifest this is serves (module docstring).
 
@@ -153,7 +170,7 @@ def served_calls(groups: Sequence[Group], manifest: Mapping[str, Any]) -> list[S
         One `ServedGroup` per recorded group, in the order of `groups`.
 
     Raises:
-        ValueError: The manifest does not have the documented shape.
+        BadManifest: The manifest does not have the documented shape.
 
     Example:
         >>> served_calls(groups, {"groups": []})[0].served_calls  # doctest: +SKIP
@@ -161,7 +178,7 @@ def served_calls(groups: Sequence[Group], manifest: Mapping[str, Any]) -> list[S
     """
     programs = manifest.get("groups") if isinstance(manifest, Mapping) else None
     if not isinstance(programs, list):
-        raise ValueError("the artifact manifest has no 'groups' list")
+        raise BadManifest("the artifact manifest has no 'groups' list; is it an artifact?")
     out = []
     for g in groups:
         if g.matrix is None or g.weights is None:
@@ -174,12 +191,13 @@ def served_calls(groups: Sequence[Group], manifest: Mapping[str, Any]) -> list[S
                 continue
             ok = np.ones(g.matrix.shape[0], dtype=bool)
             for dim in program.get("dims") or ():
-                j = column.get((dim.get("path"), dim.get("axis")))
+                path, axis, lo, hi = _dim_range(dim, program.get("name"))
+                j = column.get((path, axis))
                 if j is None:  # the program constrains an axis this structure lacks
                     ok[:] = False
                     break
                 values = g.matrix[:, j]
-                ok &= (values >= int(dim["min"])) & (values <= int(dim["max"]))
+                ok &= (values >= lo) & (values <= hi)
             served |= ok
             names.append(str(program.get("name", "?")))
         out.append(

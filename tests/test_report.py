@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 import capture
 from capture.analysis import analyze
-from capture.report_data import served_calls, timeline
+from capture.report_data import BadManifest, served_calls, timeline
 from capture.report_html import build_report
 from capture.store import Store
 from cli.main import cli
@@ -224,3 +224,10 @@ def test_page_renders_its_plots_in_headless_chromium(llama_page: str, tmp_path: 
     # The distribution bars are drawn in #0969da: the images were decoded and painted.
     bars = np.all(np.abs(pixels - np.array([9, 105, 218])) <= 6, axis=-1)
     assert bars.sum() > 5_000
+
+
+def test_manifest_without_ranges_is_a_clear_error(pair: Store) -> None:
+    (group,) = analyze(pair)
+    manifest = {"groups": [{"name": "p", "structure_id": group.structure_id, "dims": [{}]}]}
+    with pytest.raises(BadManifest, match="program 'p' has a dims entry without an integer"):
+        served_calls([group], manifest)
