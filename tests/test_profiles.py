@@ -208,3 +208,36 @@ def test_llama_fixture_profiles_cover_every_tensor_input(llama: Store) -> None:
     mask, cache = by_name["attention_mask"], by_name["past_key_values_key_cache_0"]
     # The opt signature keeps the recorded relation mask = cache + 1.
     assert mask["opt_shape"][1] == cache["opt_shape"][2] + 1
+
+
+def test_llama_prefill_profile_from_the_workload(llama: Store) -> None:
+    from fixtures.stores import LLAMA_WORKLOAD
+
+    # Prompts of batch >= 2 carry an attention mask: the `prefill` group.
+    prompts = [(b, n) for b, n in LLAMA_WORKLOAD if b >= 2]
+    batches = [b for b, _ in prompts]
+    lengths = [n for _, n in prompts]
+    # Mode per symbol: batch 2 (most prompts), length: all once, so the smallest.
+    target = (max(set(batches), key=lambda b: (batches.count(b), -b)), min(lengths))
+    assert target in prompts  # so the rule's nearest signature is the target itself
+    row = next(r for r in llama.profiles(group="prefill").to_pylist() if r["input"] == "input_ids")
+    assert row["min_shape"] == [min(batches), min(lengths)]
+    assert row["max_shape"] == [max(batches), max(lengths)]
+    assert row["opt_shape"] == list(target)
+
+
+@pytest.mark.slow
+def test_llama_input_names_match_the_exported_program(llama: Store, llama_root: Path) -> None:
+    import replay
+    from fixtures.models import tiny_llama
+
+    result = replay.export(tiny_llama(0), llama_root, groups=["decode"])
+    placeholders = [
+        s.arg.name
+        for s in result.programs["decode"].graph_signature.input_specs
+        if s.kind == torch.export.graph_signature.InputKind.USER_INPUT
+    ]
+    names = llama.profiles(group="decode").column("input").to_pylist()
+    # The program's user inputs also hold the scalars (use_cache, ...): ours are its tensors.
+    assert names == [p for p in placeholders if p in names]
+    assert set(placeholders) - set(names) == {"logits_to_keep", "use_cache", "return_dict"}
