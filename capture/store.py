@@ -285,6 +285,25 @@ class Store:
         result: dict[str, Any] = summary(self, model)
         return result
 
+    def profiles(self, model: str | None = None, **options: Any) -> pa.Table:
+        """TensorRT optimization profiles (min/opt/max per input) per call group.
+
+        See `capture.profiles.profiles_table` for the columns and options (``group``,
+        ``opt``, ``max_profiles``).
+        """
+        from capture.profiles import profiles_table
+
+        return profiles_table(self, model, **options)
+
+    def buckets(self, symbol: str, budget: int, **options: Any) -> pa.Table:
+        """The `budget` sizes of a shared symbol that minimise padding over the recorded calls.
+
+        See `capture.buckets.buckets_table` for the columns and options (``model``, ``group``).
+        """
+        from capture.buckets import buckets_table
+
+        return buckets_table(self, symbol, budget, **options)
+
     def close(self) -> None:
         """Closes the DuckDB connection."""
         self.con.close()

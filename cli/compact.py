@@ -9,6 +9,7 @@ import click
 
 from cli.main import store_path
 from cli.output import write_text
+from cli.progress import Progress
 
 __all__ = ["compact_command"]
 
@@ -48,7 +49,9 @@ def compact_command(ctx: click.Context, target_rows: int, dry_run: bool) -> None
     """
     from capture.compaction import compact
 
-    result = compact(store_path(ctx), target_rows=target_rows, dry_run=dry_run)
+    with Progress("compact") as progress:  # on stderr, only when it is a terminal
+        progress.phase("merging small files" if not dry_run else "listing files")
+        result = compact(store_path(ctx), target_rows=target_rows, dry_run=dry_run)
     lines = [
         f"{'would compact' if dry_run else 'compacted'} {store_path(ctx)} "
         f"(target {target_rows:,} calls per file)",

@@ -28,6 +28,7 @@ import click
 
 from cli.main import store_path
 from cli.output import format_option, no_headers_option, render
+from cli.progress import Progress
 
 __all__ = ["export_command", "load_factory", "EXIT_PARTIAL", "OUT_SUFFIXES"]
 
@@ -235,16 +236,18 @@ def export_command(
 
     import replay
 
-    result = replay.export(
-        module,
-        store_path(ctx),
-        model,
-        groups=list(groups) or None,
-        onnx=onnx,
-        set_batch_dimension_for=_batch_option(batch),
-        named_dims=named_dims,
-        keyword_only=keyword_only,
-    )
+    with Progress("export") as progress:  # on stderr, only when it is a terminal
+        progress.phase("exporting each call group and checking every recorded signature")
+        result = replay.export(
+            module,
+            store_path(ctx),
+            model,
+            groups=list(groups) or None,
+            onnx=onnx,
+            set_batch_dimension_for=_batch_option(batch),
+            named_dims=named_dims,
+            keyword_only=keyword_only,
+        )
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     written = list(result.onnx.values())

@@ -61,6 +61,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "List or delete the real calls kept with Recorder(payloads=...).",
     ),
     "demo": ("cli.demo:demo_command", "Record a tiny model into a store to try the commands."),
+    "report": (
+        "cli.html_report:report_command",
+        "Write an HTML page with plots of the store's traffic.",
+    ),
+    "profiles": (
+        "cli.engines:profiles_command",
+        "Print TensorRT min/opt/max shape profiles per call group.",
+    ),
+    "buckets": (
+        "cli.engines:buckets_command",
+        "Choose the N batch or sequence sizes that pad recorded calls least.",
+    ),
 }
 """Command name -> (``"module:function"``, one-line summary shown by ``capture --help``).
 

@@ -1,0 +1,213 @@
+"""What `capture report` shows, computed from the store: timelines, distributions, coverage.
+
+Everything here reads the per-segment ``stats`` rows (one per distinct signature per written
+segment, with a call count and the segment's first and last call time) and the call groups of
+`capture.analysis`, never the raw ``calls``, so a store of millions of calls costs the same as
+its thousands of stats rows. No plotting and no torch here (`capture.report_html` draws).
+
+**Calls over time.** A stats row says that `calls` calls of one signature happened between
+`first_ts` and `last_ts`; they are spread evenly over that span (a segment lasts at most the
+recorder's ``flush_seconds``, 10 s by default), so the time resolution is the segment's length.
+
+**Served by an artifact.** `served_calls` takes the artifact's manifest as JSON (the interface
+between this report and the artifact format of `replay`):
+
+    {"groups": [{"name": "decode", "structure_id": "<calls.in_structure>",
+                 "dims": [{"path": "kwargs['input_ids']", "axis": 0, "min": 1, "max": 64},
+                          ...]}]}
+
+A recorded signature is served when a manifest group has its input structure and every listed
+``(path, axis)`` of it holds the recorded size within ``[min, max]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from capture.errors import CaptureError
+
+if TYPE_CHECKING:
+    from capture.analysis import Group
+    from capture.store import Store
+
+__all__ = ["BadManifest", "Timeline", "ServedGroup", "timeline", "served_calls", "symbol_kind"]
+
+_STATS_SQL = """
+SELECT in_structure, calls, epoch_us(first_ts) AS t0, epoch_us(last_ts) AS t1
+FROM stats WHERE model = $model
+"""
+
+
+@dataclass
+class Timeline:
+    """Calls per time bin, per call group of one model.
+
+    Attributes:
+        start_us: Start of the first bin (epoch microseconds, UTC).
+        bin_us: Width of one bin in microseconds.
+        groups: Group names, in the order of the rows of `calls`.
+        calls: ``(groups, bins)`` calls per bin (fractional: segments are spread evenly).
+    """
+
+    start_us: int
+    bin_us: int
+    groups: list[str]
+    calls: np.ndarray[Any, np.dtype[np.float64]]
+
+
+def timeline(store: Store, model: str, groups: Sequence[Group], bins: int = 60) -> Timeline:
+    """Calls over time per group of `model`, from the stats rows (module docstring).
+
+    Args:
+        store: An open store.
+        model: The model.
+        groups: Its call groups (`capture.analysis.analyze`), to name the structures.
+        bins: Number of time bins.
+
+    Returns:
+        A `Timeline`; structures that no group describes are left out.
+
+    Example:
+        >>> tl = timeline(store, "M", analyze(store, "M"))  # doctest: +SKIP
+        >>> tl.calls.sum(axis=1)  # doctest: +SKIP
+    """
+    table = store.query(_STATS_SQL, {"model": model})
+    names = [g.name for g in groups]
+    row_of = {g.structure_id: i for i, g in enumerate(groups)}
+    structures = table.column("in_structure").to_pylist()
+    keep = np.array([s in row_of for s in structures], dtype=bool)
+    rows = np.array([row_of.get(s, -1) for s in structures], dtype=np.int64)[keep]
+    calls = table.column("calls").to_numpy().astype(np.float64)[keep]
+    t0 = table.column("t0").to_numpy().astype(np.int64)[keep]
+    t1 = np.maximum(table.column("t1").to_numpy().astype(np.int64)[keep], t0)
+    matrix = np.zeros((len(groups), bins))
+    if t0.size == 0:
+        return Timeline(0, 1, names, matrix)
+    start, stop = int(t0.min()), int(t1.max())
+    width = max(1, -(-(stop - start + 1) // bins))
+    edges = start + width * np.arange(bins + 1, dtype=np.int64)
+    span = (t1 - t0).astype(np.float64)
+    instant = span == 0
+    # Overlap of each row's [t0, t1] with each bin, as a share of the row's span.
+    lo = np.maximum(t0[:, None], edges[None, :-1])
+    hi = np.minimum(t1[:, None], edges[None, 1:])
+    share = np.clip(hi - lo, 0, None) / np.where(instant, 1.0, span)[:, None]
+    share[instant] = 0.0
+    share[instant, np.minimum((t0[instant] - start) // width, bins - 1)] = 1.0
+    # Rounding: make every row's shares sum to exactly 1 so no call is lost.
+    share /= share.sum(axis=1, keepdims=True)
+    np.add.at(matrix, rows, share * calls[:, None])
+    return Timeline(start, width, names, matrix)
+
+
+def symbol_kind(group: Group, symbol: str) -> str:
+    """A reader's guess at what a shared symbol measures, from the dims it covers.
+
+    Returns:
+        ``batch size``, ``cache length``, ``sequence length``, ``image size`` or ``size``.
+
+    Example:
+        >>> symbol_kind(group, "batch")  # doctest: +SKIP
+        'batch size'
+    """
+    if symbol == "batch" or symbol.startswith("batch_"):
+        return "batch size"
+    dims = [d for d in group.dims if d.symbol == symbol]
+    arguments = {(d.argument or d.path).lower() for d in dims}
+    axes = {d.axis for d in dims}
+    if any("past" in a or "cache" in a for a in arguments):
+        return "cache length"
+    if any("pixel" in a or "image" in a for a in arguments) and axes & {2, 3}:
+        return "image size"
+    if axes == {0}:
+        return "batch size"
+    if axes & {1} and any(
+        k in a for a in arguments for k in ("input_ids", "mask", "position", "embeds", "token")
+    ):
+        return "sequence length"
+    return "size"
+
+
+@dataclass(frozen=True)
+class ServedGroup:
+    """How much of one recorded call group an artifact serves."""
+
+    group: str
+    calls: int
+    served_calls: int
+    signatures: int
+    served_signatures: int
+    programs: list[str]
+
+
+class BadManifest(CaptureError):
+    """An artifact manifest without the shape `served_calls` documents."""
+
+
+def _dim_range(dim: Any, program: Any) -> tuple[str, int, int, int]:
+    """``(path, axis, min, max)`` of one manifest dims entry, checked."""
+    try:
+        return str(dim["path"]), int(dim["axis"]), int(dim["min"]), int(dim["max"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadManifest(
+            f"the artifact manifest's program {program!r} has a dims entry without an integer "
+            f"path/axis/min/max ({dim!r}); the artifact may come from another capture version"
+        ) from e
+
+
+def served_calls(groups: Sequence[Group], manifest: Mapping[str, Any]) -> list[ServedGroup]:
+    """Which recorded calls the artifact whose manifest this is serves (module docstring).
+
+    Args:
+        groups: The recorded call groups of one model.
+        manifest: The artifact's manifest, parsed JSON.
+
+    Returns:
+        One `ServedGroup` per recorded group, in the order of `groups`.
+
+    Raises:
+        BadManifest: The manifest does not have the documented shape.
+
+    Example:
+        >>> served_calls(groups, {"groups": []})[0].served_calls  # doctest: +SKIP
+        0
+    """
+    programs = manifest.get("groups") if isinstance(manifest, Mapping) else None
+    if not isinstance(programs, list):
+        raise BadManifest("the artifact manifest has no 'groups' list; is it an artifact?")
+    out = []
+    for g in groups:
+        if g.matrix is None or g.weights is None:
+            continue
+        column = {(d.path, d.axis): j for j, d in enumerate(g.dims)}
+        served = np.zeros(g.matrix.shape[0], dtype=bool)
+        names = []
+        for program in programs:
+            if not isinstance(program, Mapping) or program.get("structure_id") != g.structure_id:
+                continue
+            ok = np.ones(g.matrix.shape[0], dtype=bool)
+            for dim in program.get("dims") or ():
+                path, axis, lo, hi = _dim_range(dim, program.get("name"))
+                j = column.get((path, axis))
+                if j is None:  # the program constrains an axis this structure lacks
+                    ok[:] = False
+                    break
+                values = g.matrix[:, j]
+                ok &= (values >= lo) & (values <= hi)
+            served |= ok
+            names.append(str(program.get("name", "?")))
+        out.append(
+            ServedGroup(
+                group=g.name,
+                calls=int(g.weights.sum()),
+                served_calls=int(g.weights[served].sum()),
+                signatures=int(g.matrix.shape[0]),
+                served_signatures=int(served.sum()),
+                programs=names,
+            )
+        )
+    return out

@@ -1,0 +1,213 @@
+"""`capture profiles` and `capture buckets`: engine settings sized from the recorded traffic.
+
+Thin commands over `capture.profiles`, `capture.profile_formats` and `capture.buckets`; they
+read the store through DuckDB and pyarrow and never import torch.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from cli.main import store_path
+from cli.output import render, render_document, write_text
+
+__all__ = ["profiles_command", "buckets_command"]
+
+_PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt", "onnxruntime")
+
+
+@click.command("profiles")
+@click.option(
+    "--model",
+    metavar="NAME",
+    default=None,
+    help="Only this model (the Recorder's name). Default: every model in the store.",
+)
+@click.option(
+    "--group",
+    metavar="NAME",
+    default=None,
+    help="Only this call group (decode, prefill, g0, ... as `capture dims` shows them). "
+    "Default: every group.",
+)
+@click.option(
+    "--opt",
+    type=click.Choice(["mode", "p50", "p90"]),
+    default="mode",
+    help="How opt is targeted per shared symbol: the size with the most calls, or the 50th / "
+    "90th percentile over calls; opt is then the recorded signature nearest to the targets. "
+    "Default: mode.",
+)
+@click.option(
+    "--max-profiles",
+    type=click.IntRange(min=1),
+    default=1,
+    metavar="N",
+    help="Most profiles per group; a group gets several only when its size distribution has "
+    "several peaks. Default: 1.",
+)
+@click.option(
+    "-f",
+    "--format",
+    "fmt",
+    type=click.Choice(_PROFILE_FORMATS),
+    default="table",
+    help="table, json, jsonl, csv (one row per profile and input), or the tool's own syntax: "
+    "trtexec flags, torch_tensorrt.Input Python lines, ONNX Runtime TensorRT provider "
+    "options. Default: table.",
+)
+@click.pass_context
+def profiles_command(
+    ctx: click.Context,
+    model: str | None,
+    group: str | None,
+    opt: str,
+    max_profiles: int,
+    fmt: str,
+) -> None:
+    """Print TensorRT min/opt/max shape profiles per call group.
+
+    For every tensor input of a call group: the smallest and largest
+    recorded shape, and an opt shape that production actually sent (a real
+    recorded signature, never a mix of sizes from different calls). Input
+    names are the names torch.export gives the inputs (the flattened
+    argument path joined with _, e.g. past_key_values_key_cache_0), which
+    torch.onnx.export keeps as the ONNX input names.
+
+    \b
+    Example:
+      capture profiles
+      capture profiles --group decode -f trtexec
+      capture profiles --model LlamaForCausalLM -f onnxruntime --max-profiles 3
+      capture profiles -f torch-tensorrt --opt p90
+    """
+    from capture.profile_formats import TEXT_FORMATS, format_profiles
+    from capture.profiles import profiles_to_table, store_profiles
+    from capture.store import open_store
+
+    with open_store(store_path(ctx)) as store:
+        profiles = store_profiles(store, model, group=group, opt=opt, max_profiles=max_profiles)
+    if fmt in TEXT_FORMATS:
+        write_text(format_profiles(profiles, fmt))
+    else:
+        render(profiles_to_table(profiles), fmt)
+
+
+def _percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.2f}%" if whole else "0.00%"
+
+
+def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
+    from cli.output import table_text
+
+    calls = int(summary["calls"])
+    work = int(summary["work"])
+    padding = int(summary["padding"])
+    vllm_padding = int(summary["vllm_padding"])
+    uncovered = int(summary["vllm_uncovered_calls"])
+    buckets = list(summary["buckets"])
+    vllm = list(summary["vllm_sizes"])
+    groups = ", ".join(summary["groups"])
+    sizes = json.dumps(buckets)
+    lines = [
+        f"{summary['model']}, symbol {summary['symbol']} (groups {groups}): {calls:,} calls, "
+        f"{summary['distinct_sizes']} distinct sizes from {summary['min']} to {summary['max']}",
+        "",
+        table_text(rows),
+        "",
+        f"padding with these {len(buckets)} sizes: {padding:,} "
+        f"({_percent(padding, work)} of the {work:,} useful; {padding / calls:.4g} per call)",
+        f"padding with vLLM's default sizes cut to {summary['budget']} {json.dumps(vllm)}: "
+        f"{vllm_padding:,} ({_percent(vllm_padding, work)}; {vllm_padding / calls:.4g} per call)"
+        + (
+            f", and {uncovered:,} calls ({_percent(uncovered, calls)}) larger than "
+            f"{vllm[-1]} that no captured size holds"
+            if uncovered
+            else ""
+        ),
+        "",
+        "vLLM:   --compilation-config '"
+        + json.dumps({"cudagraph_capture_sizes": buckets, "compile_sizes": buckets})
+        + "'",
+        f"Python: CompilationConfig(cudagraph_capture_sizes={sizes}, compile_sizes={sizes})",
+        "SGLang: --cuda-graph-bs " + " ".join(str(b) for b in buckets),
+    ]
+    return "\n".join(lines)
+
+
+@click.command("buckets")
+@click.option(
+    "--symbol",
+    metavar="NAME",
+    required=True,
+    help="The shared symbol to size (batch, input_ids_1, past_key_values_2, ... as the symbol "
+    "column of `capture dims` names them). Default: none, required.",
+)
+@click.option(
+    "--budget",
+    type=click.IntRange(min=1),
+    required=True,
+    metavar="N",
+    help="How many sizes to choose. Default: none, required.",
+)
+@click.option(
+    "--model",
+    metavar="NAME",
+    default=None,
+    help="The model (the Recorder's name). Default: the store's only model.",
+)
+@click.option(
+    "--group",
+    metavar="NAME",
+    default=None,
+    help="Only this call group's calls. Default: every group that has the symbol.",
+)
+@click.option(
+    "-f",
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    help="table: the sizes, the padding next to vLLM's default sizes, and lines to paste into "
+    "vLLM and SGLang; json: the same as one document. Default: table.",
+)
+@click.pass_context
+def buckets_command(
+    ctx: click.Context,
+    symbol: str,
+    budget: int,
+    model: str | None,
+    group: str | None,
+    fmt: str,
+) -> None:
+    """Choose the N batch or sequence sizes that pad recorded calls least.
+
+    Each recorded call runs at the smallest chosen size that holds it (a
+    batch of 5 runs as 8 when 4 and 8 are chosen); the chosen sizes minimise
+    the total padding over the recorded calls, exactly (dynamic programming
+    over the recorded distribution), and the largest is the largest size
+    recorded. Prints the padding next to that of vLLM's default capture
+    sizes ([1, 2, 4] + range(8, 256, 8) + range(256, 513, 16)) cut to N,
+    and ready lines for vLLM (cudagraph_capture_sizes, compile_sizes) and
+    SGLang (--cuda-graph-bs).
+
+    \b
+    Example:
+      capture buckets --symbol batch --budget 8
+      capture buckets --symbol input_ids_1 --budget 4 --group prefill
+      capture buckets --symbol batch --budget 4 -f json
+    """
+    from capture.buckets import METADATA_BUCKETS, buckets_table
+    from capture.store import open_store
+
+    with open_store(store_path(ctx)) as store:
+        table = buckets_table(store, symbol, budget, model=model, group=group)
+    summary = json.loads((table.schema.metadata or {})[METADATA_BUCKETS])
+    rows = table.to_pylist()
+    if fmt == "json":
+        render_document({**summary, "rows": rows}, "json")
+    else:
+        write_text(_buckets_text(summary, rows))

@@ -1,0 +1,96 @@
+"""`capture report --out report.html`: the store's traffic as one self-contained HTML page.
+
+Draws with matplotlib (the ``report`` extra), imported when the command runs; never torch.
+``--artifact`` reads an artifact's manifest through `replay.artifact.read_manifest` (the
+artifact format of issue 10); where that is not installed the option fails with one line and
+exit status 1 instead of writing a page without the section asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from cli.main import store_path
+from cli.progress import Progress
+
+__all__ = ["report_command", "read_artifact_manifest"]
+
+
+def read_artifact_manifest(path: str) -> tuple[str, Mapping[str, Any]]:
+    """The manifest of the artifact at `path`, read by `replay.artifact.read_manifest`.
+
+    Raises:
+        click.ClickException: The artifact reader is not installed, or the file is missing.
+    """
+    if not os.path.exists(path):
+        raise click.ClickException(
+            f"no artifact at {path}; pass the .pt2 that capture export wrote"
+        )
+    try:
+        from replay.artifact import read_manifest  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as e:
+        raise click.ClickException(
+            "--artifact needs replay.artifact.read_manifest (the .pt2 artifact format), which "
+            "this installation does not have; run capture report without --artifact"
+        ) from e
+    manifest = read_manifest(path)
+    if not isinstance(manifest, Mapping):
+        raise click.ClickException(f"the manifest of {path} is not a JSON object")
+    return path, manifest
+
+
+@click.command("report")
+@click.option(
+    "--out",
+    metavar="PATH",
+    required=True,
+    help="The HTML file to write (replaced if it exists). Default: none, required.",
+)
+@click.option(
+    "--model",
+    metavar="NAME",
+    default=None,
+    help="Only this model (the Recorder's name). Default: every model in the store.",
+)
+@click.option(
+    "--artifact",
+    metavar="PATH",
+    default=None,
+    help="An artifact written by capture export --out (.pt2): add which recorded calls its "
+    "programs serve. Default: no artifact section.",
+)
+@click.pass_context
+def report_command(ctx: click.Context, out: str, model: str | None, artifact: str | None) -> None:
+    """Write an HTML page with plots of the store's traffic.
+
+    One self-contained file (plots inlined, no network needed to view it):
+    per model, the call groups, calls over time per group, the
+    distribution of every dynamic size per group (batch, sequence, cache
+    and image sizes), which optional inputs were passed, the input
+    structures over time (drift) and, with --artifact, which recorded
+    calls the artifact serves. Needs matplotlib (pip install
+    'capture[report]'). Progress goes to stderr when it is a terminal.
+
+    \b
+    Example:
+      capture report --out report.html
+      capture --store runs/prod report --model LlamaForCausalLM --out llama.html
+      capture report --artifact model.pt2 --out report.html
+    """
+    from capture.report_html import build_report, require_matplotlib
+    from capture.store import open_store
+
+    require_matplotlib()
+    manifest = read_artifact_manifest(artifact) if artifact is not None else None
+    with Progress("report") as progress, open_store(store_path(ctx)) as store:
+        page = build_report(store, model, manifest=manifest, progress=progress.phase)
+        progress.phase(f"writing {out}")
+        tmp = f"{out}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(page)
+        os.replace(tmp, out)
+    click.echo(f"wrote {out} ({len(page) / 1024:,.0f} KiB)", err=True)

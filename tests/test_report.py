@@ -1,0 +1,233 @@
+"""`capture report` (issue 15): a self-contained HTML page with plots, and its data."""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import capture
+from capture.analysis import analyze
+from capture.report_data import BadManifest, served_calls, timeline
+from capture.report_html import build_report
+from capture.store import Store
+from cli.main import cli
+from cli.progress import Progress
+from fixtures.traffic import record_traffic
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAFFIC = [((1, 10), 2), ((1, 20), 2), ((2, 30), 3), ((4, 30), 3)]
+
+
+@pytest.fixture(scope="module")
+def pair_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("report-pair")
+    record_traffic(root, TRAFFIC)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pair(pair_root: Path) -> Iterator[Store]:
+    with capture.open_store(pair_root) as store:
+        yield store
+
+
+@pytest.fixture(scope="module")
+def llama_page(llama: Store) -> str:
+    return build_report(llama)
+
+
+def test_page_inlines_every_plot(llama_page: str) -> None:
+    images = re.findall(
+        r'<img alt="[^"]*" src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)">', llama_page
+    )
+    # Calls over time, one distribution figure per group (4), optional inputs, drift.
+    assert len(images) == 7
+
+
+def test_page_needs_no_network(llama_page: str) -> None:
+    assert re.findall(r"(?:src|href)\s*=\s*[\"']?(?:https?:|//)", llama_page) == []
+    assert "<script" not in llama_page
+    assert "@import" not in llama_page and "url(" not in llama_page
+
+
+def test_table_cells_stay_short(llama_page: str) -> None:
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", llama_page, flags=re.S)
+    longest = max(len(re.sub(r"&[a-z#0-9]+;", "x", c)) for c in cells)
+    assert longest <= 60  # summary's dims column was over 300 characters (issue 15)
+
+
+def test_page_shows_every_group_and_symbol(llama_page: str) -> None:
+    for name in ("decode", "decode_no_attention_mask", "prefill", "prefill_no_attention_mask"):
+        assert f"<h3>Group {name}:" in llama_page
+    assert "<td>past_key_values_2</td><td>cache length</td>" in llama_page
+
+
+def test_timeline_keeps_every_call(llama: Store) -> None:
+    groups = analyze(llama)
+    tl = timeline(llama, groups[0].model, groups)
+    assert np.allclose(tl.calls.sum(axis=1), [g.calls for g in groups])
+
+
+def test_served_calls_follow_the_manifest_ranges(pair: Store) -> None:
+    (group,) = analyze(pair)
+    manifest = {
+        "groups": [
+            {
+                "name": "small",
+                "structure_id": group.structure_id,
+                "dims": [
+                    {"path": "args[0]", "axis": 0, "min": 1, "max": 2},
+                    {"path": "args[0]", "axis": 1, "min": 10, "max": 30},
+                ],
+            },
+            {"name": "other", "structure_id": "not-this-one", "dims": []},
+        ]
+    }
+    (served,) = served_calls([group], manifest)
+    # Batch <= 2: (1, 10) x 2, (1, 20) x 2, (2, 30) x 3 are served, (4, 30) x 3 is not.
+    assert (served.served_calls, served.calls, served.served_signatures) == (7, 10, 3)
+    assert served.programs == ["small"]
+
+
+def test_report_command_writes_the_page(pair_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(cli, ["--store", str(pair_root), "report", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    # stderr is not a terminal here: no progress line, only what was written.
+    assert re.fullmatch(rf"wrote {re.escape(str(out))} \([0-9,]+ KiB\)\n", result.stderr)
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_artifact_without_the_artifact_reader_is_one_error_line(
+    pair_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    artifact = tmp_path / "model.pt2"
+    artifact.write_bytes(b"PK")
+    monkeypatch.setitem(sys.modules, "replay.artifact", None)  # as in a build without it
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(
+        cli, ["--store", str(pair_root), "report", "--artifact", str(artifact), "--out", str(out)]
+    )
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: --artifact needs replay.artifact.read_manifest (the .pt2 artifact format), which "
+        "this installation does not have; run capture report without --artifact\n"
+    )
+    assert not out.exists()
+
+
+def test_missing_artifact_file_is_one_error_line(pair_root: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli,
+        ["--store", str(pair_root), "report", "--artifact", "nope.pt2", "--out", "r.html"],
+    )
+    assert result.exit_code == 1
+    assert (
+        result.stderr == "Error: no artifact at nope.pt2; pass the .pt2 that capture export wrote\n"
+    )
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_draws_on_a_terminal_and_erases_itself() -> None:
+    stream = _Terminal()
+    with Progress("report", stream=stream) as progress:
+        progress.phase("plotting", 2, 5)
+    text = stream.getvalue()
+    assert "\rreport: plotting 2/5 (" in text
+    assert text.endswith("\r")
+
+
+def test_progress_is_silent_when_not_a_terminal() -> None:
+    stream = io.StringIO()
+    with Progress("report", stream=stream) as progress:
+        progress.phase("plotting", 2, 5)
+    assert stream.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import capture, capture.store",
+        "from cli.main import cli; cli(['--store', STORE, 'query', 'SELECT 1'], "
+        "standalone_mode=False)",
+    ],
+    ids=["import-capture", "capture-query"],
+)
+def test_matplotlib_is_imported_only_by_the_report(pair_root: Path, code: str) -> None:
+    script = (
+        f"STORE = {str(pair_root)!r}\n{code}\nimport sys\n"
+        "sys.stderr.write('matplotlib' in sys.modules and 'loaded' or 'absent')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.endswith("absent")
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("chromium is not installed (.ci/run installs it with apt-get as root)")
+    return found
+
+
+@pytest.mark.slow
+def test_page_renders_its_plots_in_headless_chromium(llama_page: str, tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    page = tmp_path / "report.html"
+    page.write_text(llama_page, encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    result = subprocess.run(
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1200,2000",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
+    assert console == [], console
+    assert "Failed to load resource" not in result.stderr
+    pixels = np.rint(imread(shot)[..., :3] * 255).astype(int)
+    assert pixels.std() > 10  # not a blank page
+    # The distribution bars are drawn in #0969da: the images were decoded and painted.
+    bars = np.all(np.abs(pixels - np.array([9, 105, 218])) <= 6, axis=-1)
+    assert bars.sum() > 5_000
+
+
+def test_manifest_without_ranges_is_a_clear_error(pair: Store) -> None:
+    (group,) = analyze(pair)
+    manifest = {"groups": [{"name": "p", "structure_id": group.structure_id, "dims": [{}]}]}
+    with pytest.raises(BadManifest, match="program 'p' has a dims entry without an integer"):
+        served_calls([group], manifest)
