@@ -224,8 +224,8 @@ def probes(group: Group, limit: int = DEFAULT_PROBES) -> list[tuple[int, ...]]:
     example comes from (`representative`). In order, until `limit`:
     every free symbol at its recorded max together, then per symbol an unseen value in the
     middle of its widest gap between recorded values, then every symbol at its floor together,
-    then per symbol the unseen size vector closest to the middle of its range, then per symbol its two ends. Recorded signatures and
-    duplicates are skipped.
+    then per symbol the unseen size vector closest to the middle of its range, then per symbol
+    its two ends. Recorded signatures and duplicates are skipped.
 
     Args:
         group: A call group from `capture.analysis.analyze`.
