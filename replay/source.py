@@ -47,8 +47,8 @@ __all__ = ["dynamic_shapes_source"]
 _WIDTH = 96
 
 _HINTS = """\
-# Dims are bounded hints with the recorded ranges (the program refuses sizes beyond them);
-# torch.export finds the shared dims and relations while tracing and checks them at run time."""
+# Bounded hints with the recorded ranges: the program refuses sizes beyond them, and
+# torch.export finds the shared dims and relations while tracing (checked at run time)."""
 
 
 class _Code:
@@ -146,7 +146,9 @@ def _dim_lines(specs: shapes.GroupSpecs, names: dict[str, str]) -> list[str]:
     return lines
 
 
-def _group_source(group: Group, variable: str, named_dims: bool, keyword_only: bool) -> list[str]:
+def _group_source(
+    group: Group, variable: str, named_dims: bool, keyword_only: bool, options: str
+) -> list[str]:
     leaves = group.leaves
     example = select.representative(group)
     specs = shapes.axis_specs(group, named_dims=named_dims, example=example.symbols)
@@ -170,9 +172,12 @@ def _group_source(group: Group, variable: str, named_dims: bool, keyword_only: b
     lines.extend(_comment(note) for note in specs.notes)
     if form.extra:
         extra = ", ".join(form.extra)
-        lines.append(_comment(f"passed through **kwargs: {extra} (torch.export cannot match"))
-        lines.append("# dynamic_shapes there); g.module(model) below names them")
-    lines.append(f"# with g = replay.export_inputs(store, {group.model!r}).group({group.name!r}):")
+        lines.append(_comment(f"passed through **kwargs: {extra}; g.module(model) names them"))
+        lines.append("# (torch.export cannot match dynamic_shapes to **kwargs entries)")
+    lines.append(
+        _comment(f"with g = replay.export_inputs(store, {group.model!r}{options})")
+        + f".group({group.name!r}):"
+    )
     lines.append(
         f"# torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes={variable})"
     )
@@ -219,6 +224,8 @@ def dynamic_shapes_source(
     from capture.analysis import analyze
     from capture.errors import ReplayError
 
+    if set_batch_dimension_for not in (None, True, False):
+        set_batch_dimension_for = list(set_batch_dimension_for)  # type: ignore[arg-type]
     groups = analyze(store, model, set_batch_dimension_for=set_batch_dimension_for)
     if group is not None:
         known = sorted({g.name for g in groups})
@@ -226,6 +233,12 @@ def dynamic_shapes_source(
         if not groups:
             raise ReplayError(f"no group {group!r} (groups: {', '.join(known)})")
     models = list(dict.fromkeys(g.model for g in groups))
+    # The options export_inputs needs to build the same example inputs.
+    options = ""
+    if set_batch_dimension_for:
+        options += f", set_batch_dimension_for={set_batch_dimension_for!r}"
+    if keyword_only:
+        options += ", keyword_only=True"
     sections = ["from torch.export import Dim"]
     if named_dims:
         sections[0] += "\n\n" + _HINTS
@@ -236,7 +249,8 @@ def dynamic_shapes_source(
             variable = f"dynamic_shapes_{_identifier(g.name)}"
         else:
             variable = f"dynamic_shapes_{_identifier(g.model)}_{_identifier(g.name)}"
-        sections.append("\n".join(_group_source(g, variable, named_dims, keyword_only)))
+        lines = _group_source(g, variable, named_dims, keyword_only, options)
+        sections.append("\n".join(lines))
     if len(groups) > 1 and len(models) == 1:
         sections.append(f"dynamic_shapes = dynamic_shapes_{_identifier(groups[0].name)}")
     return "\n\n".join(sections)
