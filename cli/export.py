@@ -177,8 +177,17 @@ def _save(result: Any, out: str) -> list[str]:
     "--named-dims",
     is_flag=True,
     default=False,
-    help="Use named Dim(symbol, min, max) with the recorded ranges, shared and derived dims. "
-    "Default: Dim.DYNAMIC.",
+    help="Use named Dim(symbol, min, max) with the recorded ranges, shared and derived dims; "
+    "where torch.export rejects them, bounded Dim.DYNAMIC(min, max) hints (exit 3 when neither "
+    "is accepted). Default: Dim.DYNAMIC.",
+)
+@click.option(
+    "--probes",
+    type=click.IntRange(min=0),
+    default=4,
+    show_default=True,
+    help="Unseen sizes inside the recorded ranges checked per group besides every recorded "
+    "signature (coverage rows of kind probe); 0 for none.",
 )
 @click.option(
     "--keyword-only",
@@ -198,6 +207,7 @@ def export_command(
     batch: tuple[str, ...],
     named_dims: bool,
     keyword_only: bool,
+    probes: int,
     fmt: str,
     no_headers: bool,
 ) -> None:
@@ -244,6 +254,7 @@ def export_command(
         set_batch_dimension_for=_batch_option(batch),
         named_dims=named_dims,
         keyword_only=keyword_only,
+        probes=probes,
     )
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
@@ -254,10 +265,10 @@ def export_command(
         click.echo(f"wrote {path}", err=True)
     render(result.coverage, fmt, headers=not no_headers)
     if not result.complete:
-        covered = sum(1 for c in result.coverage.column("covered").to_pylist() if c)
-        click.echo(
-            f"export incomplete: {covered} of {result.coverage.num_rows} recorded signatures "
-            "covered (see the error column)",
-            err=True,
-        )
+        for group, why in result.not_honoured.items():
+            click.echo(f"not honoured: {group}: {why}", err=True)
+        from replay.coverage import coverage_counts
+
+        counts = coverage_counts(result.coverage)
+        click.echo(f"export incomplete: {counts} (see the error column)", err=True)
         ctx.exit(EXIT_PARTIAL)

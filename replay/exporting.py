@@ -36,6 +36,7 @@ from capture.errors import ReplayError
 from capture.flatten import signature_of
 from replay import select, shapes
 from replay.bounded import export_bounded, export_unbounded
+from replay.coverage import KIND_PROBE, KIND_RECORDED
 from replay.inputs import ExportGroup, ExportInputs, export_inputs
 
 if TYPE_CHECKING:
@@ -53,11 +54,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-KIND_RECORDED = "recorded"
-"""Coverage row kind: a distinct recorded signature, rebuilt from its metadata."""
-KIND_PROBE = "probe"
-"""Coverage row kind: an unseen size vector inside the recorded ranges (`replay.select.probes`)."""
 
 COVERAGE_SCHEMA = pa.schema(
     [
