@@ -218,12 +218,14 @@ def export_command(
     (models.py:build). The model is exported once per call group of its
     recordings (prefill, decode, ...) from arguments rebuilt from the store,
     and each program is run against the eager model on every recorded
-    signature. The coverage table (one row per signature: calls, covered,
-    max_abs_diff, error) goes to stdout; notes go to stderr.
+    signature, and on --probes unseen sizes inside the recorded ranges. The
+    coverage table (one row per recorded signature or probe: kind, calls,
+    covered, max_abs_diff, error) goes to stdout; notes go to stderr.
 
-    Exit status: 0 every recorded signature is covered; 3 the export ran but
-    torch.export rejected a group or some signatures are not reproduced (the
-    table is printed and --out still written for the programs that exported);
+    Exit status: 0 every recorded signature is covered (and every probe); 3 the
+    export ran but torch.export rejected a group, some signatures or probes are
+    not reproduced, or --named-dims could not be honoured (the table is printed
+    and --out still written for the programs that exported);
     1 an error before exporting (no store, unknown model, a factory that does
     not import, a forward signature that no longer matches the recordings),
     with nothing written.

@@ -270,7 +270,7 @@ def probes(group: Group, limit: int = DEFAULT_PROBES) -> list[tuple[int, ...]]:
         near = [middle + k * sign for k in range(32) for sign in (-1, 1)][1:]
         for v in (v for v in near if floor[s] <= v <= bounds[s][1]):
             sizes = _probe_sizes(base, columns, relations, bounds, {s: v})
-            if sizes is not None and sizes not in recorded:
+            if sizes is not None and sizes not in recorded and {s: v} not in candidates:
                 candidates.append({s: v})
                 break
     for s in free:
