@@ -206,13 +206,16 @@ def test_llama_named_dims_fall_back_when_torch_cannot_prove_a_guard(
     llama: tuple[Store, Any],
 ) -> None:
     # torch 2.13 cannot prove the Min(...) stride guard repeat_kv's reshape adds for the cache
-    # length (grouped-query attention), so named Dims on it are rejected; Dim.DYNAMIC is not.
+    # length (grouped-query attention), so named Dims on it are rejected; a bounded
+    # Dim.DYNAMIC(min=, max=) hint is not (issue 9: never an unbounded fallback).
     store, model = llama
     result = replay.export(model, store, named_dims=True, groups=["decode", "prefill"])
     _all_covered(result)
     notes = [n for n in result.notes if "named dims rejected by torch.export" in n]
     assert [n.split(":")[0] for n in notes] == ["decode"]
     assert "satisfy the generated guard min(" in notes[0]
+    assert "bounded Dim.DYNAMIC hints for past_key_values_2 in [4, 9]" in notes[0]
+    assert result.not_honoured == {}
     prefill = result.inputs.group("prefill").dynamic_shapes
     assert (
         str(prefill["input_ids"]) == "{0: Dim('batch', max=3), 1: Dim('input_ids_1', min=4, max=7)}"
