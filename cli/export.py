@@ -185,9 +185,8 @@ def _save(result: Any, out: str) -> list[str]:
     "--probes",
     type=click.IntRange(min=0),
     default=4,
-    show_default=True,
     help="Unseen sizes inside the recorded ranges checked per group besides every recorded "
-    "signature (coverage rows of kind probe); 0 for none.",
+    "signature (coverage rows of kind probe); 0 for none. Default: 4.",
 )
 @click.option(
     "--keyword-only",
