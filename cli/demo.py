@@ -184,17 +184,20 @@ def _export(model: Any, store: Any) -> bool:
     _done(start)
     for note in result.notes:
         click.echo(f"      note: {note}", err=True)
-    coverage = result.coverage.to_pylist()
+    rows = result.coverage.to_pylist()
+    coverage = [row for row in rows if row["kind"] == "recorded"]
     covered = [row for row in coverage if row["covered"]]
-    worst = max((row["max_abs_diff"] or 0.0 for row in covered), default=0.0)
+    probes = [row for row in rows if row["kind"] == "probe"]
+    worst = max((row["max_abs_diff"] or 0.0 for row in rows if row["covered"]), default=0.0)
     _section(
-        f"Export of the {EXPORT_GROUP} group: the program run on every recorded signature, "
-        "compared with eager",
+        f"Export of the {EXPORT_GROUP} group: the program run on every recorded signature "
+        "and on probes (unseen sizes inside the recorded ranges), compared with eager",
         table_text(result.coverage),
     )
     write_text(
         f"{len(covered)} of {len(coverage)} recorded signatures covered "
         f"({sum(r['calls'] for r in covered)} of {sum(r['calls'] for r in coverage)} calls), "
+        f"{sum(1 for r in probes if r['covered'])} of {len(probes)} probes covered, "
         f"max abs diff {worst:g}"
     )
     return bool(result.complete)

@@ -178,8 +178,16 @@ def _save(result: Any, out: str) -> list[str]:
     "--named-dims",
     is_flag=True,
     default=False,
-    help="Use named Dim(symbol, min, max) with the recorded ranges, shared and derived dims. "
-    "Default: Dim.DYNAMIC.",
+    help="Use named Dim(symbol, min, max) with the recorded ranges, shared and derived dims; "
+    "where torch.export rejects them, bounded Dim.DYNAMIC(min, max) hints (exit 3 when neither "
+    "is accepted). Default: Dim.DYNAMIC.",
+)
+@click.option(
+    "--probes",
+    type=click.IntRange(min=0),
+    default=4,
+    help="Unseen sizes inside the recorded ranges checked per group besides every recorded "
+    "signature (coverage rows of kind probe); 0 for none. Default: 4.",
 )
 @click.option(
     "--keyword-only",
@@ -199,6 +207,7 @@ def export_command(
     batch: tuple[str, ...],
     named_dims: bool,
     keyword_only: bool,
+    probes: int,
     fmt: str,
     no_headers: bool,
 ) -> None:
@@ -209,12 +218,14 @@ def export_command(
     (models.py:build). The model is exported once per call group of its
     recordings (prefill, decode, ...) from arguments rebuilt from the store,
     and each program is run against the eager model on every recorded
-    signature. The coverage table (one row per signature: calls, covered,
-    max_abs_diff, error) goes to stdout; notes go to stderr.
+    signature, and on --probes unseen sizes inside the recorded ranges. The
+    coverage table (one row per recorded signature or probe: kind, calls,
+    covered, max_abs_diff, error) goes to stdout; notes go to stderr.
 
-    Exit status: 0 every recorded signature is covered; 3 the export ran but
-    torch.export rejected a group or some signatures are not reproduced (the
-    table is printed and --out still written for the programs that exported);
+    Exit status: 0 every recorded signature is covered (and every probe); 3 the
+    export ran but torch.export rejected a group, some signatures or probes are
+    not reproduced, or --named-dims could not be honoured (the table is printed
+    and --out still written for the programs that exported);
     1 an error before exporting (no store, unknown model, a factory that does
     not import, a forward signature that no longer matches the recordings),
     with nothing written.
@@ -247,6 +258,7 @@ def export_command(
             set_batch_dimension_for=_batch_option(batch),
             named_dims=named_dims,
             keyword_only=keyword_only,
+            probes=probes,
         )
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
@@ -257,10 +269,10 @@ def export_command(
         click.echo(f"wrote {path}", err=True)
     render(result.coverage, fmt, headers=not no_headers)
     if not result.complete:
-        covered = sum(1 for c in result.coverage.column("covered").to_pylist() if c)
-        click.echo(
-            f"export incomplete: {covered} of {result.coverage.num_rows} recorded signatures "
-            "covered (see the error column)",
-            err=True,
-        )
+        for group, why in result.not_honoured.items():
+            click.echo(f"not honoured: {group}: {why}", err=True)
+        from replay.coverage import coverage_counts
+
+        counts = coverage_counts(result.coverage)
+        click.echo(f"export incomplete: {counts} (see the error column)", err=True)
         ctx.exit(EXIT_PARTIAL)

@@ -1,4 +1,4 @@
-"""export(): torch.export (and optionally ONNX) from a store, checked on every recorded signature.
+"""export(): torch.export (and optionally ONNX) from a store, checked on recorded signatures.
 
 For each call group of the model (`replay.inputs.export_inputs`), one ``torch.export.export`` of
 ``group.module(model)`` with the group's example and ``dynamic_shapes`` (non-strict, the default
@@ -7,10 +7,13 @@ group, fresh inputs of exactly those sizes and integer value ranges are rebuilt 
 may mutate its inputs: a DynamicCache grows in place), the exported program
 (``ep.module()``) runs on one copy and the eager model on the other, as the recorded calls passed
 them, and every output tensor (flattened with torch's pytree) is compared. A signature is
-covered when both ran and agree within ``atol + rtol * max|eager|``.
+covered when both ran and agree within ``atol + rtol * max|eager|``. **Probes** are checked the
+same way: a few size vectors never recorded, inside each dynamic dim's recorded range and at
+its ends (`replay.select.probes`, at most ``probes`` per group), as rows of kind ``probe``.
 
 A group torch.export rejects has no program; its signatures are in the coverage table,
-uncovered, with the error. `ExportResult.complete` is true when every signature is covered.
+uncovered, with the error. `ExportResult.complete` is true when every row (every kind) is
+covered and every option asked for was honoured.
 
 Nothing is printed: the CLI (`cli.export`) renders the result.
 """
@@ -31,8 +34,10 @@ import torch.utils._pytree as pytree
 from capture import nodes, schema
 from capture.errors import ReplayError
 from capture.flatten import signature_of
-from replay import shapes
-from replay.inputs import ExportGroup, ExportInputs, build_group, export_inputs
+from replay import select, shapes
+from replay.bounded import export_bounded, export_unbounded
+from replay.coverage import KIND_PROBE, KIND_RECORDED
+from replay.inputs import ExportGroup, ExportInputs, export_inputs
 from replay.payloads import DEFAULT_LIMIT, payload_rows
 
 if TYPE_CHECKING:
@@ -45,6 +50,8 @@ __all__ = [
     "COVERAGE_SCHEMA",
     "require_onnx",
     "output_path",
+    "KIND_RECORDED",
+    "KIND_PROBE",
 ]
 
 logger = logging.getLogger(__name__)
@@ -52,17 +59,17 @@ logger = logging.getLogger(__name__)
 COVERAGE_SCHEMA = pa.schema(
     [
         pa.field("group", pa.string()),
+        pa.field("kind", pa.string()),
         pa.field("signature", pa.string()),
         pa.field("calls", pa.int64()),
         pa.field("covered", pa.bool_()),
         pa.field("max_abs_diff", pa.float64()),
         pa.field("error", pa.string()),
-        # 'recorded' (a rebuilt recorded signature) or 'payload' (a sampled real call).
-        pa.field("kind", pa.string()),
     ]
 )
-"""Columns of `ExportResult.coverage`: one row per distinct recorded signature (kind
-'recorded') and one per sampled real call (kind 'payload', `replay.payloads`)."""
+"""Columns of `ExportResult.coverage`: one row per distinct recorded signature (``kind``
+``recorded``, ``calls`` the calls it stands for), then the group's probes (``kind`` ``probe``,
+``calls`` 0), then one row per sampled real call (``kind`` ``payload``, `replay.payloads`)."""
 
 ONNX_HINT = "pip install capture[onnx]"
 _TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
@@ -74,12 +81,16 @@ class ExportResult:
 
     Attributes:
         programs: Group name -> the group's `torch.export.ExportedProgram`.
-        coverage: One row per distinct recorded signature (`COVERAGE_SCHEMA`).
+        coverage: One row per distinct recorded signature and per probe (`COVERAGE_SCHEMA`).
         notes: What was done and why, per group (``"<group>: <note>"``).
-        complete: Every recorded signature is covered.
+        complete: Every row of `coverage` is covered (every kind: recorded signatures,
+            probes) and every option asked for was honoured (`not_honoured` is empty).
         inputs: The export inputs the programs were exported from.
         errors: Group name -> why torch.export rejected it.
         onnx: Group name -> path of the ONNX file written.
+        not_honoured: Group name -> an option asked for that its program does not honour, and
+            why (``named_dims``: torch.export accepted no bounded form, the program was
+            exported with unbounded ``Dim.DYNAMIC``).
     """
 
     programs: dict[str, ExportedProgram]
@@ -89,6 +100,7 @@ class ExportResult:
     inputs: ExportInputs
     errors: dict[str, str] = field(default_factory=dict)
     onnx: dict[str, str] = field(default_factory=dict)
+    not_honoured: dict[str, str] = field(default_factory=dict)
 
 
 def require_onnx() -> None:
@@ -245,12 +257,17 @@ def _coverage_rows(
     error: str | None,
     atol: float,
     rtol: float,
+    probes: int,
 ) -> list[dict[str, Any]]:
     rows = []
     runnable = program.module() if program is not None else None
-    for sizes, calls in group.recorded():
+    checks = [(sizes, calls, KIND_RECORDED) for sizes, calls in group.recorded()]
+    if group.analysis is not None:
+        checks += [(sizes, 0, KIND_PROBE) for sizes in select.probes(group.analysis, probes)]
+    for sizes, calls, kind in checks:
         row: dict[str, Any] = {
             "group": group.name,
+            "kind": kind,
             "signature": shapes.describe_sizes(group.leaves, sizes),
             "calls": calls,
             "covered": False,
@@ -374,9 +391,15 @@ def export(
     fill_missing: bool = False,
     seed: int = 0,
     device: str | None = None,
+    probes: int = select.DEFAULT_PROBES,
     max_payloads: int = DEFAULT_LIMIT,
 ) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
+
+    Besides the recorded signatures, up to `probes` unseen size vectors per group inside the
+    recorded ranges (`replay.select.probes`: the ends of every dynamic dim together, a value
+    between recorded ones) are checked the same way: coverage rows of kind ``probe`` tell
+    whether the program generalizes inside the range it claims.
 
     Args:
         module: The model (a `torch.nn.Module`) whose calls were recorded.
@@ -389,12 +412,16 @@ def export(
         atol: Absolute tolerance of the output comparison.
         rtol: Relative tolerance (times the largest eager magnitude of the output).
         set_batch_dimension_for: See `replay.export_inputs`.
-        named_dims: See `replay.export_inputs`.
+        named_dims: See `replay.export_inputs`. When torch.export rejects the named Dims,
+            bounded ``Dim.DYNAMIC(min=, max=)`` hints are tried (`replay.bounded`); when none
+            is accepted the group is exported with ``Dim.DYNAMIC`` and listed in
+            ``not_honoured`` (``complete`` is then False).
         keyword_only: See `replay.export_inputs`.
         value_if_missing: See `replay.export_inputs`.
         fill_missing: See `replay.export_inputs`.
         seed: Seed of the rebuilt tensors.
         device: Device of the rebuilt tensors (default: the model's).
+        probes: Most probes checked per group (default 4; 0: recorded signatures only).
         max_payloads: Check at most this many sampled real calls (`replay.payloads`; stores
             recorded with ``payloads=``), the newest ones; 0 skips them.
 
@@ -435,29 +462,23 @@ def export(
     notes: list[str] = []
     rows: list[dict[str, Any]] = []
     onnx_files: dict[str, str] = {}
-    analysed = inputs.analysed
+    not_honoured: dict[str, str] = {}
     for index, group in enumerate(inputs.groups):
         program, error = _export_group(module, group, strict)
         if named_dims and error is not None and _is_constraint(error) and group.analysis:
             # torch.export could not prove a guard within the named ranges (e.g. the
-            # Min(...) stride guard of repeat_kv's reshape on torch 2.13): Dim.DYNAMIC lets it
-            # keep the guard. Said in the notes; the coverage check covers the result.
-            retry = build_group(
-                group.analysis,
-                analysed,
-                group.ranges,
-                keyword_only=keyword_only,
-                value_if_missing=value_if_missing,
-                fill_missing=fill_missing,
-                seed=seed,
-                device=device,
+            # Min(...) stride guard of repeat_kv's reshape on torch 2.13): bounded hints keep
+            # the recorded ranges and let torch check the guard at run time.
+            group, program, error = export_bounded(
+                group, error, lambda g: _export_group(module, g, strict), _summary
             )
-            retry.notes.append(
-                f"named dims rejected by torch.export ({_summary(error)}); "
-                "exported with Dim.DYNAMIC instead"
+            inputs.groups[index] = group
+        if named_dims and error is not None and _is_constraint(error) and group.analysis:
+            # No bounded form was accepted: reported as not honoured, never silently.
+            group, program, error, not_honoured[group.name] = export_unbounded(
+                group, error, lambda g: _export_group(module, g, strict), _summary
             )
-            program, error = _export_group(module, retry, strict)
-            group = inputs.groups[index] = retry
+            inputs.groups[index] = group
         notes.extend(f"{group.name}: {note}" for note in group.notes)
         if error is not None:
             errors[group.name] = f"torch.export failed: {_summary(error)}"
@@ -465,9 +486,9 @@ def export(
         if program is not None:
             programs[group.name] = program
         with nodes.register_flattening_functions():
-            rows.extend(_coverage_rows(module, group, program, errors.get(group.name), atol, rtol))
-    for row in rows:
-        row.setdefault("kind", "recorded")
+            rows.extend(
+                _coverage_rows(module, group, program, errors.get(group.name), atol, rtol, probes)
+            )
     found, payload_notes = payload_rows(
         module,
         store,
@@ -484,5 +505,7 @@ def export(
     if onnx is not None:
         onnx_files = _write_onnx(inputs, programs, os.fspath(onnx))
     coverage = pa.Table.from_pylist(rows, schema=COVERAGE_SCHEMA)
-    complete = bool(rows) and all(r["covered"] for r in rows)
-    return ExportResult(programs, coverage, notes, complete, inputs, errors, onnx_files)
+    complete = bool(rows) and all(r["covered"] for r in rows) and not not_honoured
+    return ExportResult(
+        programs, coverage, notes, complete, inputs, errors, onnx_files, not_honoured
+    )

@@ -108,19 +108,24 @@ class ExportGroup:
         return select.signatures(self.analysis)
 
     def recorded_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Fresh ``(args, kwargs)`` of one recorded signature, as the recorded calls passed them."""
+        """Fresh ``(args, kwargs)`` of one recorded signature, as the recorded calls passed them.
+
+        A size vector that was never recorded (a probe) takes the integer value ranges of the
+        closest recorded signature (`replay.select.nearest_ranges`).
+        """
         sizes = tuple(int(s) for s in sizes)
         return rb.rebuild(
             self.leaves,
             self.leaves[0].get("treespec") if self.leaves else None,
             sizes,
-            self.ranges.get(sizes),
+            select.nearest_ranges(self.ranges, sizes),
             seed=self.seed,
             device=self.device,
         )
 
     def program_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Fresh ``(args, kwargs)`` of one recorded signature, in the program's call form."""
+        """Fresh ``(args, kwargs)`` of one signature (recorded or probe), in the program's call
+        form."""
         args, kwargs = self.recorded_call(sizes)
         kwargs.update({k: v.clone() for k, v in self.added.items()})
         return shapes.arrange(self.form, args, kwargs)

@@ -34,6 +34,7 @@ import torch.utils._pytree as pytree
 from capture import nodes, schema
 from capture.errors import ReplayError
 from capture.flatten import dtype_name
+from replay.coverage import KIND_PAYLOAD
 from capture.payloads import Payload, iter_payloads, list_payloads
 from replay import rebuild as rb
 from replay import shapes
@@ -119,7 +120,7 @@ def _row(group: str | None, signature: str, **values: Any) -> dict[str, Any]:
         "covered": False,
         "max_abs_diff": None,
         "error": None,
-        "kind": "payload",
+        "kind": KIND_PAYLOAD,
     }
     row.update(values)
     return row

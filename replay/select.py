@@ -33,7 +33,16 @@ if TYPE_CHECKING:
     from capture.analysis import Group
     from capture.store import Store
 
-__all__ = ["Representative", "Ranges", "representative", "signatures", "value_ranges"]
+__all__ = [
+    "Representative",
+    "Ranges",
+    "DEFAULT_PROBES",
+    "representative",
+    "signatures",
+    "value_ranges",
+    "probes",
+    "nearest_ranges",
+]
 
 MIN_DYNAMIC = 2
 """The smallest example size torch.export keeps dynamic."""
@@ -198,3 +207,116 @@ def value_ranges(store: Store, group: Group) -> dict[tuple[int, ...], Ranges]:
         else:
             out[key] = (list(lows), list(highs))
     return out
+
+
+DEFAULT_PROBES = 4
+"""Probes per call group `replay.export` checks by default (`probes`)."""
+
+
+def probes(group: Group, limit: int = DEFAULT_PROBES) -> list[tuple[int, ...]]:
+    """Unseen size vectors inside the recorded ranges of a group, to check a program between
+    the recorded points.
+
+    Each free symbol (a dynamic dim's shared symbol that no relation derives) takes values in
+    its recorded range ``[min, max]``, never below 2 (the example's floor: torch.export
+    specializes 0 and 1); derived symbols are recomputed from their relation and must stay in
+    their own recorded range; the other dims keep the sizes of the recorded signature the
+    example comes from (`representative`). In order, until `limit`:
+    every free symbol at its recorded max together, then per symbol an unseen value in the
+    middle of its widest gap between recorded values, then every symbol at its floor together,
+    then per symbol the unseen size vector closest to the middle of its range, then per symbol
+    its two ends. Recorded signatures and duplicates are skipped.
+
+    Args:
+        group: A call group from `capture.analysis.analyze`.
+        limit: The most probes returned (0: none).
+
+    Returns:
+        Size vectors in the order of ``group.dims``, none of them recorded.
+
+    Example:
+        >>> probes(group, 2)  # doctest: +SKIP
+        [(4, 1, 4, 2, 22, 16, ...), (3, 1, 3, 2, 14, 16, ...)]
+    """
+    if limit <= 0:
+        return []
+    matrix, _ = _matrix(group)
+    # The recorded signature the example comes from (a synthesized example may hold sizes
+    # never recorded, such as batch 2 for a batch dim forced dynamic but always 1).
+    base = [int(v) for v in matrix[representative(group).row]]
+    columns: dict[str, list[int]] = {}
+    for j, d in enumerate(group.dims):
+        if d.dynamic and d.symbol is not None:
+            columns.setdefault(d.symbol, []).append(j)
+    relations = {r.symbol: r for r in group.relations if r.symbol in columns}
+    bounds = {
+        s: (int(matrix[:, cols[0]].min()), int(matrix[:, cols[0]].max()))
+        for s, cols in columns.items()
+    }
+    free = [s for s in columns if s not in relations and bounds[s][1] >= MIN_DYNAMIC]
+    floor = {s: max(bounds[s][0], MIN_DYNAMIC) for s in free}
+    candidates: list[dict[str, int]] = [{s: bounds[s][1] for s in free}]
+    for s in free:
+        seen = sorted({int(v) for v in matrix[:, columns[s][0]] if v >= floor[s]})
+        gaps = [(b - a, a, b) for a, b in zip(seen, seen[1:], strict=False) if b - a > 1]
+        if gaps:
+            _, a, b = max(gaps, key=lambda g: (g[0], -g[1]))
+            candidates.append({s: (a + b) // 2})
+    candidates.append(dict(floor))
+    recorded = {tuple(int(v) for v in row) for row in matrix}
+    for s in free:
+        # The unseen vector closest to the middle of the range, the others at the example's.
+        middle = (floor[s] + bounds[s][1]) // 2
+        near = [middle + k * sign for k in range(32) for sign in (-1, 1)][1:]
+        for v in (v for v in near if floor[s] <= v <= bounds[s][1]):
+            sizes = _probe_sizes(base, columns, relations, bounds, {s: v})
+            if sizes is not None and sizes not in recorded and {s: v} not in candidates:
+                candidates.append({s: v})
+                break
+    for s in free:
+        candidates.extend([{s: floor[s]}, {s: bounds[s][1]}])
+    out: list[tuple[int, ...]] = []
+    for change in candidates:
+        sizes = _probe_sizes(base, columns, relations, bounds, change)
+        if sizes is not None and sizes not in recorded and sizes not in out:
+            out.append(sizes)
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _probe_sizes(
+    base: list[int],
+    columns: dict[str, list[int]],
+    relations: dict[str, Any],
+    bounds: dict[str, tuple[int, int]],
+    change: dict[str, int],
+) -> tuple[int, ...] | None:
+    """`base` with `change` applied and derived symbols recomputed; None when a derived symbol
+    leaves its recorded range."""
+    values = {s: base[cols[0]] for s, cols in columns.items()}
+    values.update(change)
+    for _ in range(len(relations)):  # a derived symbol may depend on another derived one
+        for symbol, rel in relations.items():
+            values[symbol] = sum(values.get(t, 0) for t in rel.terms) + rel.offset
+    for symbol in relations:
+        low, high = bounds[symbol]
+        if not low <= values[symbol] <= high:
+            return None
+    sizes = list(base)
+    for symbol, cols in columns.items():
+        for j in cols:
+            sizes[j] = values[symbol]
+    return tuple(sizes)
+
+
+def nearest_ranges(ranges: dict[tuple[int, ...], Ranges], sizes: Sequence[int]) -> Ranges | None:
+    """The value ranges of `sizes`, or of the recorded signature closest to it (a probe).
+
+    Closest: the smallest sum of absolute size differences; ties go to the smallest vector.
+    """
+    key = tuple(int(s) for s in sizes)
+    if key in ranges or not ranges:
+        return ranges.get(key)
+    best = min(ranges, key=lambda k: (sum(abs(a - b) for a, b in zip(k, key, strict=False)), k))
+    return ranges[best]

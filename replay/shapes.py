@@ -31,7 +31,7 @@ What it decides, for one call group (`capture.analysis.Group`):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,7 @@ __all__ = [
     "arrange",
     "shapes_of",
     "materialize",
+    "bounds_of",
     "describe_sizes",
 ]
 
@@ -353,17 +354,43 @@ def shapes_of(form: CallForm, args: Sequence[Any], kwargs: dict[str, Any]) -> An
     return out
 
 
-def materialize(specs: GroupSpecs) -> dict[int, dict[int, Any]]:
+def bounds_of(specs: GroupSpecs, spec: AxisSpec, floor: int = 0) -> tuple[int, int | None]:
+    """(min, max) of a named axis: its symbol's range, or its root's through the relation.
+
+    `floor` raises the min (2: the smallest size torch.export keeps dynamic).
+    """
+    symbol = specs.symbols[spec.root or str(spec.symbol)]
+    low, high = symbol.min, symbol.max
+    if spec.root is not None:
+        low = low * spec.coef + spec.offset
+        high = high * spec.coef + spec.offset if high is not None else None
+    low = max(low, floor)
+    return (min(low, high), high) if high is not None else (low, None)
+
+
+def materialize(
+    specs: GroupSpecs, hinted: Iterable[str] = (), floor: int = 0
+) -> dict[int, dict[int, Any]]:
     """Turns `AxisSpec` values into torch.export ``Dim`` objects, one object per symbol.
 
+    Args:
+        specs: The group's axis specs.
+        hinted: Symbols given as bounded hints, ``Dim.DYNAMIC(min=, max=)`` with the recorded
+            range, instead of named Dims (with the axes derived from them): torch.export turns
+            a guard it cannot prove over a hint's range into a runtime check, where a named
+            Dim is rejected (``Constraints violated``). The program stays bounded.
+        floor: Raise the min of the hinted axes to this (2: torch specializes 0 and 1).
+
     Returns:
-        Structure leaf index -> ``{axis: Dim | Dim.DYNAMIC}``.
+        Structure leaf index -> ``{axis: Dim | Dim.DYNAMIC | Dim.DYNAMIC(min=, max=)}``.
     """
     from torch.export import Dim
 
+    hints = set(hinted)
     dims: dict[str, Any] = {
         s.name: Dim(s.name, min=s.min, max=s.max) if s.max is not None else Dim(s.name, min=s.min)
         for s in specs.symbols.values()
+        if s.name not in hints
     }
     out: dict[int, dict[int, Any]] = {}
     for leaf, axes in specs.by_leaf.items():
@@ -371,6 +398,9 @@ def materialize(specs: GroupSpecs) -> dict[int, dict[int, Any]]:
         for axis, spec in axes.items():
             if spec.symbol is None:
                 converted[axis] = Dim.DYNAMIC
+            elif (spec.root or spec.symbol) in hints:
+                low, high = bounds_of(specs, spec, floor)
+                converted[axis] = Dim.DYNAMIC(min=low, max=high)
             elif spec.root is None:
                 converted[axis] = dims[spec.symbol]
             else:

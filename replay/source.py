@@ -6,18 +6,27 @@ and writes text. The text itself imports torch when it runs::
 
     from torch.export import Dim
 
-    batch = Dim('batch', min=1, max=3)
-    past_key_values_2 = Dim('past_key_values_2', min=4, max=9)
-    attention_mask_1 = past_key_values_2 + 1
+    batch = Dim.DYNAMIC(min=1, max=3)
+    past_key_values_2 = Dim.DYNAMIC(min=4, max=9)
+    attention_mask_1 = Dim.DYNAMIC(min=5, max=10)  # = past_key_values_2 + 1 in every call
     dynamic_shapes = {
         'input_ids': {0: batch},
         ...
     }
 
-It is the same structure `replay.export_inputs` builds (with ``named_dims=True`` by default
-here): named Dims with the recorded ranges, one per symbol, derived Dims for relations.
-A model with several call groups gets one ``dynamic_shapes_<group>`` per group (each after its
-own Dims) and ``dynamic_shapes`` names the largest group's.
+It is the structure `replay.export_inputs` builds, with **bounded hints**
+``Dim.DYNAMIC(min=, max=)`` carrying the recorded ranges (``named_dims=True``, the default
+here) instead of named ``Dim`` objects: torch.export rejects a named Dim outright when it cannot
+prove a guard over its range (the ``min(...)`` stride guard of a grouped-query attention cache on
+torch 2.13), and only running torch can tell, which this module does not. A bounded hint keeps
+the range (the program refuses sizes beyond it) and torch finds the shared symbols and relations
+while tracing; they are kept as comments. `replay.export` tries the named Dims first
+(`replay.bounded`).
+
+Names from the store reach the text only as ``repr()`` literals, as sanitized identifiers, or in
+comments with unprintable characters escaped. A model with several call groups gets one
+``dynamic_shapes_<group>`` per group (each after its own dims) and ``dynamic_shapes`` names the
+largest group's. The header says how to use them.
 """
 
 from __future__ import annotations
@@ -37,6 +46,10 @@ __all__ = ["dynamic_shapes_source"]
 
 _WIDTH = 96
 
+_HINTS = """\
+# Bounded hints with the recorded ranges: the program refuses sizes beyond them, and
+# torch.export finds the shared dims and relations while tracing (checked at run time)."""
+
 
 class _Code:
     """A value rendered as its source text (``repr`` gives the text itself)."""
@@ -48,28 +61,46 @@ class _Code:
         return self.text
 
 
+_RESERVED = {"Dim", "torch"}
+
+
 def _identifier(text: str) -> str:
-    # ASCII only: stored names must not shape the generated source (issue 11).
+    """An ASCII Python identifier made from `text` (a name read from the store)."""
     name = re.sub(r"[^0-9A-Za-z_]+", "_", text).strip("_") or "group"
     name = f"_{name}" if name[0].isdigit() else name
-    return f"{name}_" if keyword.iskeyword(name) else name
+    return f"{name}_" if keyword.iskeyword(name) or name in _RESERVED else name
 
 
 def _comment(text: str) -> str:
-    """One comment line: stored text never ends the comment (newlines become escapes)."""
-    return repr(text)[1:-1] if not text.isprintable() else text
+    """A comment line; unprintable characters (a newline in a stored name) are escaped."""
+    return "# " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _axis_code(spec: shapes.AxisSpec, *, expand: bool = False) -> _Code:
-    """``Dim.DYNAMIC``, the symbol's variable, or (``expand``) a derived Dim's arithmetic."""
-    if spec.symbol is None:
-        return _Code("Dim.DYNAMIC")
-    if spec.root is None or not expand:
-        return _Code(spec.symbol)
-    text = spec.root if spec.coef == 1 else f"{spec.coef} * {spec.root}"
+def _variables(specs: shapes.GroupSpecs) -> dict[str, str]:
+    """Symbol -> a distinct identifier for it (symbols come from stored argument names)."""
+    names: dict[str, str] = {}
+    symbols = list(specs.symbols)
+    for axes in specs.by_leaf.values():
+        symbols += [a.symbol for a in axes.values() if a.symbol is not None]
+    for symbol in dict.fromkeys(symbols):
+        name, n = _identifier(symbol), 2
+        while name in names.values() or name.startswith("dynamic_shapes"):
+            name, n = f"{_identifier(symbol)}_{n}", n + 1
+        names[symbol] = name
+    return names
+
+
+def _expr(spec: shapes.AxisSpec, names: dict[str, str]) -> str:
+    """``coef * root + offset`` of a derived axis, with the root's variable."""
+    text = names[str(spec.root)] if spec.coef == 1 else f"{spec.coef} * {names[str(spec.root)]}"
     if spec.offset:
         text += f" {'+' if spec.offset > 0 else '-'} {abs(spec.offset)}"
-    return _Code(text)
+    return text
+
+
+def _axis_code(spec: shapes.AxisSpec, names: dict[str, str]) -> _Code:
+    """``Dim.DYNAMIC`` or the variable of the axis' symbol."""
+    return _Code("Dim.DYNAMIC" if spec.symbol is None else names[spec.symbol])
 
 
 def _render(value: Any, indent: int = 0) -> str:
@@ -97,26 +128,33 @@ def _inline(value: Any) -> str:
     return repr(value)
 
 
-def _dim_lines(specs: shapes.GroupSpecs) -> list[str]:
-    lines = []
-    for symbol in specs.symbols.values():
-        bounds = f"min={symbol.min}" + (f", max={symbol.max}" if symbol.max is not None else "")
-        lines.append(f"{symbol.name} = Dim({symbol.name!r}, {bounds})")
-    derived: dict[str, str] = {}
+def _hint(low: int, high: int | None) -> str:
+    return f"Dim.DYNAMIC(min={low}" + (f", max={high})" if high is not None else ")")
+
+
+def _dim_lines(specs: shapes.GroupSpecs, names: dict[str, str]) -> list[str]:
+    """One bounded hint per symbol; a derived one says its relation in a comment."""
+    lines = [f"{names[s.name]} = {_hint(s.min, s.max)}" for s in specs.symbols.values()]
+    derived: dict[str, shapes.AxisSpec] = {}
     for axes in specs.by_leaf.values():
         for spec in axes.values():
             if spec.symbol is not None and spec.root is not None:
-                derived[spec.symbol] = _axis_code(spec, expand=True).text
-    lines.extend(f"{name} = {text}" for name, text in derived.items())
+                derived[spec.symbol] = spec
+    for symbol, spec in derived.items():
+        hint = _hint(*shapes.bounds_of(specs, spec))
+        lines.append(f"{names[symbol]} = {hint}  # = {_expr(spec, names)} in every call")
     return lines
 
 
-def _group_source(group: Group, variable: str, named_dims: bool, keyword_only: bool) -> list[str]:
+def _group_source(
+    group: Group, variable: str, named_dims: bool, keyword_only: bool, options: str
+) -> list[str]:
     leaves = group.leaves
     example = select.representative(group)
     specs = shapes.axis_specs(group, named_dims=named_dims, example=example.symbols)
+    names = _variables(specs)
     by_leaf = {
-        leaf: {axis: _axis_code(spec) for axis, spec in axes.items()}
+        leaf: {axis: _axis_code(spec, names) for axis, spec in axes.items()}
         for leaf, axes in specs.by_leaf.items()
     }
     treespec = leaves[0].get("treespec") if leaves else None
@@ -126,21 +164,25 @@ def _group_source(group: Group, variable: str, named_dims: bool, keyword_only: b
     args_t, kwargs = shapes.arrange(form, args, kwargs)
     structure = shapes.shapes_of(form, args_t, kwargs)
     lines = [
-        f"# {group.model!r}, group {group.name!r}: {group.calls} calls, "
-        f"{group.signatures} distinct signatures"
+        _comment(
+            f"{group.model}, group {group.name}: {group.calls} calls, "
+            f"{group.signatures} distinct signatures"
+        )
     ]
-    lines.extend(f"# {_comment(note)}" for note in specs.notes)
+    lines.extend(_comment(note) for note in specs.notes)
     if form.extra:
-        lines.append(
-            f"# passed through **kwargs: {', '.join(map(repr, form.extra))} (torch.export "
-            "cannot match dynamic_shapes there);"
-        )
-        lines.append(
-            f"# export replay.export_inputs(store).group({group.name!r}).module(model), "
-            "which names them"
-        )
+        extra = ", ".join(form.extra)
+        lines.append(_comment(f"passed through **kwargs: {extra}; g.module(model) names them"))
+        lines.append("# (torch.export cannot match dynamic_shapes to **kwargs entries)")
+    lines.append(
+        _comment(f"with g = replay.export_inputs(store, {group.model!r}{options})")
+        + f".group({group.name!r}):"
+    )
+    lines.append(
+        f"# torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes={variable})"
+    )
     if named_dims and specs.symbols:
-        lines.extend(_dim_lines(specs))
+        lines.extend(_dim_lines(specs, names))
     lines.append(f"{variable} = {_render(structure)}")
     return lines
 
@@ -182,6 +224,8 @@ def dynamic_shapes_source(
     from capture.analysis import analyze
     from capture.errors import ReplayError
 
+    if set_batch_dimension_for not in (None, True, False):
+        set_batch_dimension_for = list(set_batch_dimension_for)  # type: ignore[arg-type]
     groups = analyze(store, model, set_batch_dimension_for=set_batch_dimension_for)
     if group is not None:
         known = sorted({g.name for g in groups})
@@ -189,7 +233,15 @@ def dynamic_shapes_source(
         if not groups:
             raise ReplayError(f"no group {group!r} (groups: {', '.join(known)})")
     models = list(dict.fromkeys(g.model for g in groups))
+    # The options export_inputs needs to build the same example inputs.
+    options = ""
+    if set_batch_dimension_for:
+        options += f", set_batch_dimension_for={set_batch_dimension_for!r}"
+    if keyword_only:
+        options += ", keyword_only=True"
     sections = ["from torch.export import Dim"]
+    if named_dims:
+        sections[0] += "\n\n" + _HINTS
     for g in groups:
         if len(groups) == 1:
             variable = "dynamic_shapes"
@@ -197,7 +249,8 @@ def dynamic_shapes_source(
             variable = f"dynamic_shapes_{_identifier(g.name)}"
         else:
             variable = f"dynamic_shapes_{_identifier(g.model)}_{_identifier(g.name)}"
-        sections.append("\n".join(_group_source(g, variable, named_dims, keyword_only)))
+        lines = _group_source(g, variable, named_dims, keyword_only, options)
+        sections.append("\n".join(lines))
     if len(groups) > 1 and len(models) == 1:
         sections.append(f"dynamic_shapes = dynamic_shapes_{_identifier(groups[0].name)}")
     return "\n\n".join(sections)

@@ -58,11 +58,15 @@ FACTORIES = textwrap.dedent(
 )
 
 ADD_TABLE = """\
-group  signature    calls  covered  max_abs_diff  error  kind
------  -----------  -----  -------  ------------  -----  --------
-g0     x=2x6 y=2x6      1  true              0.0  null   recorded
-g0     x=3x7 y=3x7      1  true              0.0  null   recorded
-g0     x=4x8 y=4x8      1  true              0.0  null   recorded
+group  kind      signature    calls  covered  max_abs_diff  error
+-----  --------  -----------  -----  -------  ------------  -----
+g0     recorded  x=2x6 y=2x6      1  true              0.0  null
+g0     recorded  x=3x7 y=3x7      1  true              0.0  null
+g0     recorded  x=4x8 y=4x8      1  true              0.0  null
+g0     probe     x=3x6 y=3x6      0  true              0.0  null
+g0     probe     x=2x7 y=2x7      0  true              0.0  null
+g0     probe     x=4x6 y=4x6      0  true              0.0  null
+g0     probe     x=2x8 y=2x8      0  true              0.0  null
 """
 
 
@@ -96,8 +100,8 @@ def test_json_format(store: str, factories: str) -> None:
     code, out, _ = _run(store, f"{factories}:add", "--model", "add", "-f", "jsonl")
     assert code == 0
     assert out.splitlines()[0] == (
-        '{"group": "g0", "signature": "x=2x6 y=2x6", "calls": 1, "covered": true, '
-        '"max_abs_diff": 0.0, "error": null, "kind": "recorded"}'
+        '{"group": "g0", "kind": "recorded", "signature": "x=2x6 y=2x6", "calls": 1, '
+        '"covered": true, "max_abs_diff": 0.0, "error": null}'
     )
 
 
@@ -122,12 +126,12 @@ def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) ->
     assert code == 3
     rule = "-" * 62
     assert out.splitlines() == [
-        f"group  signature         calls  covered  max_abs_diff  error{' ' * 59}kind",
-        f"-----  ----------------  -----  -------  ------------  {rule}  --------",
-        f"g0     x=3x10 mask=3x10      1  true              0.0  null{' ' * 60}recorded",
-        "g0     x=4x10 mask=4x10      1  false            null  "
-        "program failed: AssertionError: Guard failed: x.size()[0] <= 3  recorded",
-        f"g1     x=2x10                1  true              0.0  null{' ' * 60}recorded",
+        "group  kind      signature         calls  covered  max_abs_diff  error",
+        f"-----  --------  ----------------  -----  -------  ------------  {rule}",
+        "g0     recorded  x=3x10 mask=3x10      1  true              0.0  null",
+        "g0     recorded  x=4x10 mask=4x10      1  false            null  "
+        "program failed: AssertionError: Guard failed: x.size()[0] <= 3",
+        "g1     recorded  x=2x10                1  true              0.0  null",
     ]
     assert err.endswith(
         "export incomplete: 2 of 3 recorded signatures covered (see the error column)\n"
@@ -220,6 +224,6 @@ def test_onnx_needs_the_extra(store: str, factories: str, tmp_path: Path) -> Non
 def test_help_states_the_exit_codes() -> None:
     result = CliRunner().invoke(cli, ["export", "--help"])
     assert result.exit_code == 0
-    assert "Exit status: 0 every recorded signature is covered; 3 the export ran but" in (
+    assert "Exit status: 0 every recorded signature is covered (and every probe); 3 the" in (
         " ".join(result.stdout.split())
     )

@@ -44,9 +44,14 @@ def test_positional_model(store: Store) -> None:
         """\
         from torch.export import Dim
 
-        # 'add_broadcast', group 'g0': 3 calls, 3 distinct signatures
-        x_0 = Dim('x_0', min=2, max=4)
-        x_1 = Dim('x_1', min=6, max=8)
+        # Bounded hints with the recorded ranges: the program refuses sizes beyond them, and
+        # torch.export finds the shared dims and relations while tracing (checked at run time).
+
+        # add_broadcast, group g0: 3 calls, 3 distinct signatures
+        # with g = replay.export_inputs(store, 'add_broadcast').group('g0'):
+        # torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes=dynamic_shapes)
+        x_0 = Dim.DYNAMIC(min=2, max=4)
+        x_1 = Dim.DYNAMIC(min=6, max=8)
         dynamic_shapes = ({0: x_0, 1: x_1}, {1: x_1})"""
     )
 
@@ -56,12 +61,17 @@ def test_derived_dims_and_a_cache(store: Store) -> None:
         """\
         from torch.export import Dim
 
-        # 'LlamaForCausalLM', group 'decode': 9 calls, 9 distinct signatures
-        # passed through **kwargs: 'return_dict' (torch.export cannot match dynamic_shapes there);
-        # export replay.export_inputs(store).group('decode').module(model), which names them
-        batch = Dim('batch', min=2, max=3)
-        past_key_values_2 = Dim('past_key_values_2', min=4, max=9)
-        attention_mask_1 = past_key_values_2 + 1
+        # Bounded hints with the recorded ranges: the program refuses sizes beyond them, and
+        # torch.export finds the shared dims and relations while tracing (checked at run time).
+
+        # LlamaForCausalLM, group decode: 9 calls, 9 distinct signatures
+        # passed through **kwargs: return_dict; g.module(model) names them
+        # (torch.export cannot match dynamic_shapes to **kwargs entries)
+        # with g = replay.export_inputs(store, 'LlamaForCausalLM').group('decode'):
+        # torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes=dynamic_shapes)
+        batch = Dim.DYNAMIC(min=2, max=3)
+        past_key_values_2 = Dim.DYNAMIC(min=4, max=9)
+        attention_mask_1 = Dim.DYNAMIC(min=5, max=10)  # = past_key_values_2 + 1 in every call
         dynamic_shapes = {
             'input_ids': {0: batch},
             'past_key_values': [
@@ -81,7 +91,7 @@ def test_derived_dims_and_a_cache(store: Store) -> None:
 
 def test_unnamed_dims(store: Store) -> None:
     source = dynamic_shapes_source(store, "llm", named_dims=False, set_batch_dimension_for=True)
-    assert source.splitlines()[3:5] == [
+    assert source.splitlines()[5:7] == [
         "dynamic_shapes = {",
         "    'input_ids': {0: Dim.DYNAMIC, 1: Dim.DYNAMIC},",
     ]
@@ -93,10 +103,57 @@ def test_one_variable_per_group_and_the_largest_as_dynamic_shapes(store: Store) 
     assert str(namespace["dynamic_shapes_g1"]) == "{'x': None}"
 
 
-def test_the_source_is_what_export_inputs_builds(store: Store) -> None:
-    namespace = _run(dynamic_shapes_source(store, "LlamaForCausalLM", group="prefill"))
-    expected = replay.export_inputs(store, "LlamaForCausalLM", named_dims=True, groups=["prefill"])
-    assert str(namespace["dynamic_shapes"]) == str(expected.dynamic_shapes)
+def _bounds(value: Any) -> Any:
+    """The (min, max) of every dim in a dynamic_shapes structure (named Dim or bounded hint)."""
+    if isinstance(value, dict):
+        return {k: _bounds(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_bounds(v) for v in value]
+    return None if value is None else (value.min, value.max)
+
+
+def test_the_source_has_the_ranges_export_inputs_builds(store: Store) -> None:
+    namespace = _run(dynamic_shapes_source(store, "LlamaForCausalLM", group="decode"))
+    expected = replay.export_inputs(store, "LlamaForCausalLM", named_dims=True, groups=["decode"])
+    assert _bounds(namespace["dynamic_shapes"]) == _bounds(expected.dynamic_shapes)
+
+
+def test_hostile_names_stay_identifiers_and_comments() -> None:
+    from replay.source import _comment, _identifier
+
+    assert _identifier("import os\nx") == "import_os_x"
+    assert _identifier("class") == "class_"
+    assert _identifier("Dim") == "Dim_"
+    assert _identifier("2x") == "_2x"
+    assert _comment("m\nimport os") == "# m\\nimport os"
+
+
+def test_printed_code_exports_the_demo_llama(tmp_path: Path) -> None:
+    # issue 9: `capture dims --python`, pasted as its comments say, exports both groups.
+    from click.testing import CliRunner
+
+    from cli.demo import DEMO_MODEL, MAX_NEW_TOKENS, WORKLOAD
+    from cli.main import cli
+
+    model, _ = record_llama(tmp_path, WORKLOAD, max_new_tokens=MAX_NEW_TOKENS, name=DEMO_MODEL)
+    printed = CliRunner().invoke(cli, ["--store", str(tmp_path), "dims", "--python"])
+    assert printed.exit_code == 0, printed.output
+    namespace = _run(printed.stdout)
+    assert f"replay.export_inputs(store, {DEMO_MODEL!r}).group('decode')" in printed.stdout
+    import torch
+
+    inputs = replay.export_inputs(tmp_path, DEMO_MODEL)
+    for name in ("prefill", "decode"):
+        g = inputs.group(name)
+        with capture.register_flattening_functions():
+            program = torch.export.export(
+                g.module(model),
+                g.args,
+                g.kwargs,
+                dynamic_shapes=namespace[f"dynamic_shapes_{name}"],
+            )
+        uppers = [r.upper for r in program.range_constraints.values()]
+        assert uppers and all(u <= 64 for u in uppers), (name, program.range_constraints)
 
 
 def test_several_models_get_one_section_each(store: Store) -> None:
