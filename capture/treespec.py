@@ -9,8 +9,9 @@ plain `json.loads` and checked node by node:
   of `DEFAULT_FACTORIES`) are rebuilt from their own kind;
 - a namedtuple is the class registered under its name in this process when there is one, else
   an equivalent namedtuple class made here (the named module is never imported);
-- any other node type must be a class registered with torch's pytree *in this process* whose
-  context loader is ours (`capture.nodes`: the transformers caches).
+- any other node type must be a class registered with torch's pytree *in this process* (the
+  transformers caches by `capture.nodes`, or the user's own registrations); its context is the
+  stored JSON value, given to the loader that registration provided.
 
 Anything else raises `UnsafeTreespec` naming the file it came from. `parse` needs no torch
 (``capture dims --python`` uses it); `to_treespec` builds a torch ``TreeSpec`` from the result.
@@ -248,8 +249,7 @@ def to_treespec(node: Node, source: str = "a stored treespec") -> Any:
         A ``torch.utils._pytree.TreeSpec``.
 
     Raises:
-        UnsafeTreespec: A registered class is not registered in this process, or its context
-            loader is not one of ours.
+        UnsafeTreespec: A node type is not registered with torch pytree in this process.
     """
     import torch.utils._pytree as pytree
 
@@ -277,8 +277,11 @@ def to_treespec(node: Node, source: str = "a stored treespec") -> Any:
     else:
         typ = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(kind)
         node_def = pytree.SUPPORTED_SERIALIZED_TYPES.get(typ) if typ is not None else None
-        loader = getattr(node_def, "from_dumpable_context", None)
-        if node_def is None or loader is None or loader.__module__ != "capture.nodes":
+        if node_def is None:
             raise _fail(source, f"names the node type {kind!r}, not registered in this process")
-        ctx = loader(context)
+        # A class registered in this process was imported by this process's own code: its
+        # context loader (ours for the caches, the user's for their own classes) gets the
+        # stored JSON value; nothing named by the store is imported.
+        loader = getattr(node_def, "from_dumpable_context", None)
+        ctx = context if loader is None else loader(context)
     return pytree.TreeSpec(typ, ctx, children)

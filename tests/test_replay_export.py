@@ -110,7 +110,6 @@ def test_coverage_table(seeds: tuple[Store, dict[str, Scenario]]) -> None:
             covered=True,
             max_abs_diff=0.0,
             error=None,
-            kind="recorded",
         ),
         dict(
             group="g0",
@@ -120,16 +119,6 @@ def test_coverage_table(seeds: tuple[Store, dict[str, Scenario]]) -> None:
             covered=True,
             max_abs_diff=0.0,
             error=None,
-            kind="recorded",
-        ),
-        dict(
-            group="g1",
-            signature="x=2x10",
-            calls=1,
-            covered=True,
-            max_abs_diff=0.0,
-            error=None,
-            kind="recorded",
         ),
         dict(
             group="g1",
