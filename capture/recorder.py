@@ -19,6 +19,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from itertools import chain
 from types import TracebackType
@@ -27,12 +28,17 @@ from typing import Any, cast
 import torch
 import torch.utils._pytree as pytree
 
-from capture import nodes
+from capture import lifecycle, nodes
 from capture.errors import CaptureError
 from capture.flatten import (
+    MAX_ITEMS,
+    MAX_KEY,
+    Oversized,
     Structure,
+    Summary,
     describe,
     metadata_guard,
+    shapes_of,
     signature_of,
     tensor_key,
     walk,
@@ -45,6 +51,16 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_STORE = "capture-store"
 _VALUE_RANGES = ("cpu", "all", "none")
+_WRITER_COUNTS = (
+    "recorded",
+    "dropped",
+    "write_errors",
+    "written",
+    "files",
+    "bad_records",
+    "store_resets",
+    "tmp_removed",
+)
 
 
 _UNSEEN: Any = object()
@@ -53,6 +69,14 @@ _shape = operator.attrgetter("shape")
 # Guards kept per container key: one per dtype/device/rank/requires_grad combination seen,
 # up to this many; beyond, calls take the Python key (`tensor_key`), which is always right.
 _MAX_GUARDS = 4
+# Key tokens held by all the structures of one recorder together (about two per leaf): with
+# `flatten.MAX_KEY` per call this bounds the memory of many large distinct structures.
+_MAX_HELD_TOKENS = 2_000_000
+# Longest time stop() waits for calls still inside the model to finish and be queued.
+STOP_WAIT_SECONDS = 5.0
+# Integer dtypes torch.aminmax does not implement on CPU: widened to int64 first (exact).
+_WIDEN = {getattr(torch, n) for n in ("uint16", "uint32") if hasattr(torch, n)}
+_INT64 = torch.int64
 
 
 def _never(t: torch.Tensor) -> bool:
@@ -73,8 +97,15 @@ def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
         for _ in range(t.dim() - 1):
             values = [v for row in values for v in row]
         return int(min(values)), int(max(values))
+    if t.dtype in _WIDEN:
+        t = t.to(_INT64)
     lo, hi = torch.aminmax(t)
     return int(lo), int(hi)
+
+
+def _count_value(counter: itertools.count[int]) -> int:
+    """The next value of an `itertools.count` without consuming it (its repr is 'count(n)')."""
+    return int(repr(counter)[6:-1])
 
 
 class Recorder:
@@ -96,6 +127,10 @@ class Recorder:
         max_structures: Distinct structures kept; calls with a new structure beyond this are
             dropped and counted (a scalar argument that changes every call would otherwise
             grow the cache without bound).
+        compiled: Record the calls of a `torch.compile`d model: the compiled caller breaks its
+            graph at the recorder, which runs eagerly around the compiled method. False: a
+            compile traces through the recorder and its calls are not recorded (what
+            ``fullgraph=True`` needs: there a graph break is an error).
 
     Example:
         >>> import torch
@@ -121,6 +156,7 @@ class Recorder:
         flush_rows: int = 100_000,
         flush_seconds: float = 10.0,
         max_structures: int = 10_000,
+        compiled: bool = True,
     ) -> None:
         if not hasattr(model, method) or not callable(getattr(model, method)):
             raise CaptureError(
@@ -140,6 +176,7 @@ class Recorder:
         self.record_outputs = record_outputs
         self.value_ranges = value_ranges
         self.max_structures = max_structures
+        self.compiled = compiled
         self._writer_options: dict[str, Any] = dict(
             queue_size=queue_size, flush_rows=flush_rows, flush_seconds=flush_seconds
         )
@@ -161,6 +198,14 @@ class Recorder:
         self._overflow = 0
         self._warned: set[str] = set()
         self._registered = False
+        self._oversized = 0
+        self._held_tokens = 0
+        self._wrapper: Callable[..., Any] | None = None
+        # Calls that entered / left the recording part of the wrapper: stop() waits until they
+        # are equal (bounded), so a call still inside the model at stop() is written too.
+        self._flight = [itertools.count(), itertools.count()]
+        # Counters of the writers of previous start()/stop() rounds: stats() keeps counting.
+        self._past: dict[str, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Recorder:
@@ -169,8 +214,13 @@ class Recorder:
             return self
         original = getattr(self.model, self.method)
         signature = signature_of(original)
+        previous = self._writer
+        if previous is not None:
+            self._add_past(previous)
         try:
             self._writer = StoreWriter(self.store, self.name, signature, **self._writer_options)
+            if previous is not None:
+                self._writer.adopt(previous)
             self._writer.start()
         except Exception as e:  # an unusable store must not stop the model from serving
             self._count_error("opening the store", e)
@@ -182,26 +232,27 @@ class Recorder:
         self._original = original
         self._had_instance_attr = self.method in getattr(self.model, "__dict__", {})
         wrapper = self._make_wrapper(original)
+        self._wrapper = wrapper
         setattr(self.model, self.method, wrapper)
         self._active = True
         atexit.register(self.stop)
+        lifecycle.track(self)
         return self
 
     def stop(self) -> None:
-        """Restores the method, writes what is buffered and stops the writer thread."""
+        """Restores the method, writes what is buffered and stops the writer thread.
+
+        Calls still inside the model are waited for (at most `STOP_WAIT_SECONDS`) and written.
+        """
         if not self._active:
             return
         self._active = False
         try:
-            if self._had_instance_attr:
-                setattr(self.model, self.method, self._original)
-            else:
-                try:
-                    delattr(self.model, self.method)
-                except AttributeError:
-                    setattr(self.model, self.method, self._original)
+            self._unwrap()
         finally:
             atexit.unregister(self.stop)
+            lifecycle.untrack(self)
+            self._wait_in_flight()
             if self._writer is not None:
                 try:
                     self._writer.close()
@@ -211,10 +262,61 @@ class Recorder:
                 nodes.release()
                 self._registered = False
 
-    def flush(self) -> None:
-        """Writes every call recorded so far to the store (the recorder keeps running)."""
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """Writes every call recorded so far to the store (the recorder keeps running).
+
+        A server with its own SIGTERM handler calls this (or `stop()`) in it: see
+        `capture.lifecycle`.
+
+        Args:
+            timeout: Longest wait for the writer thread, in seconds (None: no limit).
+        """
         if self._writer is not None:
-            self._writer.flush()
+            self._writer.flush(timeout=timeout)
+
+    def _unwrap(self) -> None:
+        """Puts back the method, unless another wrapper was set on top of ours since.
+
+        Recorders stopped in the order they started (FIFO) would otherwise leave a stale
+        wrapper: the first one's restore removed the second's, which then put the first's back
+        (issue 12). A wrapper left under another is inactive (it passes calls through) and the
+        one on top removes it with itself when it stops.
+        """
+        attrs = getattr(self.model, "__dict__", {})
+        if self.method in attrs and attrs[self.method] is not self._wrapper:
+            return  # someone wrapped on top of us: they restore through us
+        target, had = self._original, self._had_instance_attr
+        while True:  # skip wrappers of recorders stopped while we were on top of them
+            below = getattr(target, "_capture_recorder", None)
+            below = below() if below is not None else None
+            if below is None or below._active:
+                break
+            target, had = below._original, below._had_instance_attr
+        if had:
+            setattr(self.model, self.method, target)
+        else:
+            try:
+                delattr(self.model, self.method)
+            except AttributeError:
+                setattr(self.model, self.method, target)
+
+    def _wait_in_flight(self) -> None:
+        deadline = time.monotonic() + STOP_WAIT_SECONDS
+        entered, left = self._flight
+        while _count_value(entered) > _count_value(left) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child's recorder: new call ids, fresh counters, its own writer (issue 12)."""
+        self._lock = threading.Lock()
+        self._id_base = (int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF) << 32
+        self._seq = itertools.count()
+        self._random = random.Random()
+        self._flight[:] = [itertools.count(), itertools.count()]
+        self._errors = self._sampled_out = self._overflow = self._oversized = 0
+        self._past = {}
+        if self._writer is not None:
+            self._writer.after_fork_in_child()
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -228,27 +330,64 @@ class Recorder:
         self.stop()
 
     def stats(self) -> dict[str, int]:
-        """Counters: recorded, dropped, errors, written, sampled_out, structures, files."""
+        """Counters since the recorder was created (they add up over stop() and start()).
+
+        Returns:
+            recorded, dropped, errors, written, sampled_out, structures, files; and what
+            explains a loss: bad_records (calls the writer could not convert, also in
+            dropped), oversized (calls with an argument summarised past `flatten.MAX_ITEMS`
+            or `MAX_KEY`), store_resets (the store's folder was found removed: structures
+            written again), tmp_removed (old `.tmp` files of killed writers removed).
+        """
         w = self._writer
+        now = self._writer_counts(w) if w is not None else {}
+        out = {k: self._past.get(k, 0) + now.get(k, 0) for k in _WRITER_COUNTS}
         return {
-            "recorded": w.recorded if w else 0,
-            "dropped": (w.dropped if w else 0) + self._overflow,
-            "errors": self._errors + (w.write_errors if w else 0),
-            "written": w.written_calls if w else 0,
+            "recorded": out["recorded"],
+            "dropped": out["dropped"] + self._overflow,
+            "errors": self._errors + out["write_errors"],
+            "written": out["written"],
             "sampled_out": self._sampled_out,
             "structures": sum(1 for s in self._structures.values() if s is not None),
-            "files": w.files_written if w else 0,
+            "files": out["files"],
+            "bad_records": out["bad_records"],
+            "oversized": self._oversized,
+            "store_resets": out["store_resets"],
+            "tmp_removed": out["tmp_removed"],
         }
+
+    @staticmethod
+    def _writer_counts(w: StoreWriter) -> dict[str, int]:
+        return {
+            "recorded": w.recorded,
+            "dropped": w.dropped,
+            "write_errors": w.write_errors,
+            "written": w.written_calls,
+            "files": w.files_written,
+            "bad_records": w.bad_records,
+            "store_resets": w.store_resets,
+            "tmp_removed": w.tmp_removed,
+        }
+
+    def _add_past(self, w: StoreWriter) -> None:
+        for k, v in self._writer_counts(w).items():
+            self._past[k] = self._past.get(k, 0) + v
 
     # -- hot path ----------------------------------------------------------------------------
     def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         perf_ns = time.perf_counter_ns
         time_ns = time.time_ns
+        flight = self._flight
+        outside: Callable[..., Any] = original  # set below
 
         @functools.wraps(original)
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            if not self._active or torch.compiler.is_compiling():
+            if not self._active:
                 return original(*args, **kwargs)
+            if torch.compiler.is_compiling():  # Dynamo traces this: call the eager part instead
+                if not self.compiled or torch.compiler.is_exporting():
+                    return original(*args, **kwargs)
+                return outside(*args, **kwargs)
             pending = None
             try:
                 pending = self._inputs(args, kwargs)
@@ -256,6 +395,7 @@ class Recorder:
                 self._count_error("recording inputs", e)
             if pending is None:
                 return original(*args, **kwargs)
+            next(flight[0])
             ts = time_ns()
             t0 = perf_ns()
             try:
@@ -266,14 +406,22 @@ class Recorder:
                     self._emit(pending, ts, duration, None, f"{type(e).__name__}: {e}")
                 except Exception as e2:
                     self._count_error("recording an exception", e2)
+                next(flight[1])
                 raise
             duration = perf_ns() - t0
             try:
                 self._emit(pending, ts, duration, out, None)
             except Exception as e:
                 self._count_error("recording outputs", e)
+            next(flight[1])
             return out
 
+        recorded._capture_recorder = weakref.ref(self)  # type: ignore[attr-defined]
+        # Compiled callers (torch.compile of the model, before or after wrapping) graph-break
+        # to `outside`, which records eagerly and calls the compiled method (issue 12).
+        outside = lifecycle.outside_compiled_region(
+            recorded, Recorder._inputs, Recorder._emit, Recorder._count_error
+        )
         return recorded
 
     def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -284,8 +432,11 @@ class Recorder:
             return None
         tensors: list[torch.Tensor] = []
         key: list[Any] = [len(args)]
-        walk(args, tensors, key)
-        walk(kwargs, tensors, key)
+        try:
+            walk(args, tensors, key)
+            walk(kwargs, tensors, key)
+        except Oversized:
+            args, kwargs, tensors, key = self._summarised(args, kwargs)
         found = self._structure((args, kwargs), tensors, key, "inputs")
         if found is None:
             return None
@@ -303,7 +454,12 @@ class Recorder:
         if error is None and self.record_outputs:
             tensors: list[torch.Tensor] = []
             key: list[Any] = ["out"]
-            walk(out, tensors, key)
+            try:
+                walk(out, tensors, key)
+            except Oversized:
+                self._oversized += 1
+                out = self._summary(out)
+                tensors, key = [], ["out", out.type_name]
             found = self._structure(out, tensors, key, "output")
             if found is not None:
                 out_sid, out_dims = found[0].structure_id, found[1]
@@ -331,7 +487,10 @@ class Recorder:
         for guard, known in self._guarded.get(containers, ()):
             if guard(*tensors):
                 return known, tuple(_chain(map(_shape, tensors)))
-        k, shapes = tensor_key(containers, tensors, devices=root == "inputs")
+        try:
+            k, shapes = tensor_key(containers, tensors, devices=root == "inputs")
+        except RuntimeError:  # a strided nested tensor has no sizes: ragged dimensions are -1
+            k, shapes = tensor_key(containers, tensors, root == "inputs", shapes_of(tensors))
         found = self._structures.get(k, _UNSEEN)
         st = (
             self._new_structure(k, obj, tensors, root)
@@ -342,7 +501,9 @@ class Recorder:
             return None
         if st.slow:  # walk() and torch's pytree disagree on this structure: trust pytree
             tensors[:] = [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
-            shapes = [t.shape for t in tensors]
+            shapes = shapes_of(tensors)
+        elif st.nested:  # sizes as ints (a jagged tensor's ragged size is a SymInt); no guard
+            shapes = shapes_of(tensors)
         else:
             self._add_guard(containers, tensors, st)
         return st, tuple(_chain(shapes))
@@ -364,7 +525,11 @@ class Recorder:
         with self._lock:
             if key in self._structures:
                 return self._structures[key]
-            if len(self._structures) >= self.max_structures:
+            tokens = len(key[0])
+            if (
+                len(self._structures) >= self.max_structures
+                or self._held_tokens + tokens > _MAX_HELD_TOKENS
+            ):
                 self._overflow += 1
                 self._warn_once(
                     "max_structures",
@@ -392,7 +557,53 @@ class Recorder:
             if self._writer is not None:
                 self._writer.add_structure(st)
             self._structures[key] = st
+            self._held_tokens += tokens
             return st
+
+    def _summary(self, obj: Any) -> Summary:
+        """An argument too large to record leaf by leaf: counted, warned once (issue 12)."""
+        tp = type(obj)
+        self._warn_once(
+            "oversized",
+            "capture: %s receives a %s with more than %d items (or %d leaves in all); such "
+            "arguments are recorded as opaque leaves (type name only), counted in "
+            "stats()['oversized']",
+            self.name,
+            tp.__name__,
+            MAX_ITEMS,
+            MAX_KEY // 2,
+        )
+        return Summary(f"{tp.__module__}.{tp.__qualname__}")
+
+    def _summarised(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """(args, kwargs, tensors, key) with each argument too large to walk as a `Summary`."""
+        self._oversized += 1
+        key: list[Any] = []
+
+        def fit(value: Any) -> Any:
+            n = len(key)
+            try:
+                walk(value, [], key)
+            except Oversized:
+                del key[n:]
+                return self._summary(value)
+            return value
+
+        args = tuple(fit(a) for a in args)
+        kwargs = {k: fit(v) for k, v in kwargs.items()}
+        tensors: list[torch.Tensor] = []
+        key = [len(args)]
+        try:
+            walk(args, tensors, key)
+            walk(kwargs, tensors, key)
+        except Oversized:  # each fits but not all together (a few container tokens more)
+            args = tuple(map(self._summary, args))
+            kwargs = {k: self._summary(v) for k, v in kwargs.items()}
+            tensors, key = [], [len(args)]
+            walk(args, tensors, key)
+            walk(kwargs, tensors, key)
+        key.append(tuple(v.type_name for v in (*args, *kwargs.values()) if type(v) is Summary))
+        return args, kwargs, tensors, key
 
     def _track_ranges(self, t: torch.Tensor) -> bool:
         if self.value_ranges == "none":
