@@ -78,9 +78,9 @@ _NO_RANGE_DTYPES = frozenset({getattr(torch, "uint64", torch.int64)} - {torch.in
 # stand-in each call would make a new structure (issue 12).
 _NAN = float("nan")
 
-MAX_ITEMS = 10_000
+MAX_ITEMS = 1_000
 """Items in one list/tuple/dict beyond which an argument is summarised (issue 12)."""
-MAX_KEY = 20_000
+MAX_KEY = 4_000
 """Key tokens of one call (about two per leaf) beyond which an argument is summarised."""
 
 
