@@ -85,11 +85,7 @@ MAX_KEY = 4_000
 
 
 class Oversized(Exception):
-    """Raised by `walk()` when a container or the whole key passes `MAX_ITEMS`/`MAX_KEY`.
-
-    The recorder then records the arguments too large to walk as `Summary` leaves, so that the
-    memory and time of recording one call stay bounded whatever the call receives.
-    """
+    """Raised by `walk()` past `MAX_ITEMS`/`MAX_KEY`: the recorder then uses `Summary` leaves."""
 
 
 @dataclass(frozen=True)

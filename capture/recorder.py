@@ -4,8 +4,7 @@ The wrapper does, per call: a sampling check, `flatten.walk` over (args, kwargs)
 and a structure key), a dict lookup of the key, the sizes of the tensors, optional integer value
 ranges, the forward itself (timed), the same for the output, and one deque append. Everything
 that can fail in there is inside one `try`: a failure is counted in `stats()["errors"]`, logged
-once, and the model's call goes on untouched. An exception raised by the model is recorded on
-the call row and re-raised as it is.
+once, and the model's call goes on untouched. A model's exception is recorded and re-raised.
 """
 
 from __future__ import annotations
@@ -31,11 +30,8 @@ import torch.utils._pytree as pytree
 from capture import lifecycle, nodes
 from capture.errors import CaptureError
 from capture.flatten import (
-    MAX_ITEMS,
-    MAX_KEY,
     Oversized,
     Structure,
-    Summary,
     describe,
     metadata_guard,
     shapes_of,
@@ -43,6 +39,7 @@ from capture.flatten import (
     tensor_key,
     walk,
 )
+from capture.recorder_base import RecorderBase
 from capture.writer import StoreWriter
 
 __all__ = ["Recorder", "DEFAULT_STORE"]
@@ -51,16 +48,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_STORE = "capture-store"
 _VALUE_RANGES = ("cpu", "all", "none")
-_WRITER_COUNTS = (
-    "recorded",
-    "dropped",
-    "write_errors",
-    "written",
-    "files",
-    "bad_records",
-    "store_resets",
-    "tmp_removed",
-)
 
 
 _UNSEEN: Any = object()
@@ -72,8 +59,6 @@ _MAX_GUARDS = 4
 # Key tokens held by all the structures of one recorder together (about two per leaf): with
 # `flatten.MAX_KEY` per call this bounds the memory of many large distinct structures.
 _MAX_HELD_TOKENS = 2_000_000
-# Longest time stop() waits for calls still inside the model to finish and be queued.
-STOP_WAIT_SECONDS = 5.0
 # Integer dtypes torch.aminmax does not implement on CPU: widened to int64 first (exact).
 _WIDEN = {getattr(torch, n) for n in ("uint16", "uint32") if hasattr(torch, n)}
 _INT64 = torch.int64
@@ -103,12 +88,7 @@ def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
     return int(lo), int(hi)
 
 
-def _count_value(counter: itertools.count[int]) -> int:
-    """The next value of an `itertools.count` without consuming it (its repr is 'count(n)')."""
-    return int(repr(counter)[6:-1])
-
-
-class Recorder:
+class Recorder(RecorderBase):
     """Records how a model's method is called, into a Parquet store.
 
     Args:
@@ -274,50 +254,6 @@ class Recorder:
         if self._writer is not None:
             self._writer.flush(timeout=timeout)
 
-    def _unwrap(self) -> None:
-        """Puts back the method, unless another wrapper was set on top of ours since.
-
-        Recorders stopped in the order they started (FIFO) would otherwise leave a stale
-        wrapper: the first one's restore removed the second's, which then put the first's back
-        (issue 12). A wrapper left under another is inactive (it passes calls through) and the
-        one on top removes it with itself when it stops.
-        """
-        attrs = getattr(self.model, "__dict__", {})
-        if self.method in attrs and attrs[self.method] is not self._wrapper:
-            return  # someone wrapped on top of us: they restore through us
-        target, had = self._original, self._had_instance_attr
-        while True:  # skip wrappers of recorders stopped while we were on top of them
-            below = getattr(target, "_capture_recorder", None)
-            below = below() if below is not None else None
-            if below is None or below._active:
-                break
-            target, had = below._original, below._had_instance_attr
-        if had:
-            setattr(self.model, self.method, target)
-        else:
-            try:
-                delattr(self.model, self.method)
-            except AttributeError:
-                setattr(self.model, self.method, target)
-
-    def _wait_in_flight(self) -> None:
-        deadline = time.monotonic() + STOP_WAIT_SECONDS
-        entered, left = self._flight
-        while _count_value(entered) > _count_value(left) and time.monotonic() < deadline:
-            time.sleep(0.001)
-
-    def _after_fork_in_child(self) -> None:
-        """A forked child's recorder: new call ids, fresh counters, its own writer (issue 12)."""
-        self._lock = threading.Lock()
-        self._id_base = (int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF) << 32
-        self._seq = itertools.count()
-        self._random = random.Random()
-        self._flight[:] = [itertools.count(), itertools.count()]
-        self._errors = self._sampled_out = self._overflow = self._oversized = 0
-        self._past = {}
-        if self._writer is not None:
-            self._writer.after_fork_in_child()
-
     def __enter__(self) -> Recorder:
         return self.start()
 
@@ -339,9 +275,7 @@ class Recorder:
             or `MAX_KEY`), store_resets (the store's folder was found removed: structures
             written again), tmp_removed (old `.tmp` files of killed writers removed).
         """
-        w = self._writer
-        now = self._writer_counts(w) if w is not None else {}
-        out = {k: self._past.get(k, 0) + now.get(k, 0) for k in _WRITER_COUNTS}
+        out = self._totals()
         return {
             "recorded": out["recorded"],
             "dropped": out["dropped"] + self._overflow,
@@ -355,23 +289,6 @@ class Recorder:
             "store_resets": out["store_resets"],
             "tmp_removed": out["tmp_removed"],
         }
-
-    @staticmethod
-    def _writer_counts(w: StoreWriter) -> dict[str, int]:
-        return {
-            "recorded": w.recorded,
-            "dropped": w.dropped,
-            "write_errors": w.write_errors,
-            "written": w.written_calls,
-            "files": w.files_written,
-            "bad_records": w.bad_records,
-            "store_resets": w.store_resets,
-            "tmp_removed": w.tmp_removed,
-        }
-
-    def _add_past(self, w: StoreWriter) -> None:
-        for k, v in self._writer_counts(w).items():
-            self._past[k] = self._past.get(k, 0) + v
 
     # -- hot path ----------------------------------------------------------------------------
     def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -559,51 +476,6 @@ class Recorder:
             self._structures[key] = st
             self._held_tokens += tokens
             return st
-
-    def _summary(self, obj: Any) -> Summary:
-        """An argument too large to record leaf by leaf: counted, warned once (issue 12)."""
-        tp = type(obj)
-        self._warn_once(
-            "oversized",
-            "capture: %s receives a %s with more than %d items (or %d leaves in all); such "
-            "arguments are recorded as opaque leaves (type name only), counted in "
-            "stats()['oversized']",
-            self.name,
-            tp.__name__,
-            MAX_ITEMS,
-            MAX_KEY // 2,
-        )
-        return Summary(f"{tp.__module__}.{tp.__qualname__}")
-
-    def _summarised(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """(args, kwargs, tensors, key) with each argument too large to walk as a `Summary`."""
-        self._oversized += 1
-        key: list[Any] = []
-
-        def fit(value: Any) -> Any:
-            n = len(key)
-            try:
-                walk(value, [], key)
-            except Oversized:
-                del key[n:]
-                return self._summary(value)
-            return value
-
-        args = tuple(fit(a) for a in args)
-        kwargs = {k: fit(v) for k, v in kwargs.items()}
-        tensors: list[torch.Tensor] = []
-        key = [len(args)]
-        try:
-            walk(args, tensors, key)
-            walk(kwargs, tensors, key)
-        except Oversized:  # each fits but not all together (a few container tokens more)
-            args = tuple(map(self._summary, args))
-            kwargs = {k: self._summary(v) for k, v in kwargs.items()}
-            tensors, key = [], [len(args)]
-            walk(args, tensors, key)
-            walk(kwargs, tensors, key)
-        key.append(tuple(v.type_name for v in (*args, *kwargs.values()) if type(v) is Summary))
-        return args, kwargs, tensors, key
 
     def _track_ranges(self, t: torch.Tensor) -> bool:
         if self.value_ranges == "none":
