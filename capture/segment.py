@@ -131,8 +131,6 @@ class _Segment:
             mins, maxs = list(ranges[0::2]), list(ranges[1::2])
         if error is not None:
             error.encode()  # UnicodeEncodeError: Arrow cannot hold a lone surrogate
-        if type(call_id) is not int or type(ts) is not int or type(duration) is not int:
-            raise TypeError(f"call record with a non-int id/time/duration: {rec[:2]}")
         self.call_id.append(call_id)
         self.ts.append(ts)
         self.in_structure.append(sin)
