@@ -54,6 +54,11 @@ __all__ = [
     "metadata_guard",
     "tensor_leaves",
     "dtype_name",
+    "Oversized",
+    "Summary",
+    "MAX_ITEMS",
+    "MAX_KEY",
+    "shapes_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -67,6 +72,27 @@ _INTEGER_DTYPES = frozenset(
     | {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
 )
 _OPAQUE = "<opaque>"
+# Integer dtypes whose value range is not recorded: uint64 values may not fit the int64 columns.
+_NO_RANGE_DTYPES = frozenset({getattr(torch, "uint64", torch.int64)} - {torch.int64})
+# A NaN argument: every float('nan') is a different object and NaN != NaN, so without one shared
+# stand-in each call would make a new structure (issue 12).
+_NAN = float("nan")
+
+MAX_ITEMS = 1_000
+"""Items in one list/tuple/dict beyond which an argument is summarised (issue 12)."""
+MAX_KEY = 4_000
+"""Key tokens of one call (about two per leaf) beyond which an argument is summarised."""
+
+
+class Oversized(Exception):
+    """Raised by `walk()` past `MAX_ITEMS`/`MAX_KEY`: the recorder then uses `Summary` leaves."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Stands for an argument too large to record leaf by leaf (an opaque leaf of its type)."""
+
+    type_name: str
 
 
 @dataclass(frozen=True)
@@ -121,6 +147,8 @@ class Structure:
     # True when torch's pytree and `walk()` disagree: flatten this structure with pytree.
     slow: bool = False
     opaque: list[str] = field(default_factory=list)
+    # True when a tensor leaf is nested: its sizes are read with `shapes_of` (ragged: -1).
+    nested: bool = False
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -155,11 +183,15 @@ def walk(obj: Any, tensors: list[torch.Tensor], key: list[Any]) -> None:
         tensors.append(obj)
         key.append(_T)
     elif tp is tuple or tp is list:
+        if len(obj) > MAX_ITEMS or len(key) > MAX_KEY:
+            raise Oversized(tp.__name__)
         key.append(tp)
         key.append(len(obj))
         for child in obj:
             walk(child, tensors, key)
     elif tp is dict:
+        if len(obj) > MAX_ITEMS or len(key) > MAX_KEY:
+            raise Oversized("dict")
         key.append(dict)
         key.append(tuple(obj))
         for child in obj.values():
@@ -168,7 +200,7 @@ def walk(obj: Any, tensors: list[torch.Tensor], key: list[Any]) -> None:
         key.append(None)
     elif tp in _SCALARS:
         key.append(tp)
-        key.append(obj)
+        key.append(obj if obj == obj else _NAN)
     elif tp in nodes.LAYERED_CACHES:
         _walk_layers(obj, tp, tensors, key)
     else:
@@ -210,6 +242,8 @@ def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any])
         key.append(tp)
         return
     children, context = node.flatten_fn(obj)
+    if len(children) > MAX_ITEMS or len(key) > MAX_KEY:
+        raise Oversized(tp.__name__)
     key.append(tp)
     key.append(_freeze(context))
     key.append(len(children))
@@ -224,16 +258,21 @@ _device_index = _Tensor.get_device
 
 
 def tensor_key(
-    key: Sequence[Any], tensors: list[torch.Tensor], devices: bool = True
-) -> tuple[tuple[Any, ...], list[torch.Size]]:
+    key: Sequence[Any],
+    tensors: list[torch.Tensor],
+    devices: bool = True,
+    shapes: list[Any] | None = None,
+) -> tuple[tuple[Any, ...], list[Any]]:
     """The full structure key (containers, dtypes, devices, ranks) and the tensors' shapes.
 
     `key` is what `walk()` built; a tuple is used as it is (no copy).
 
     `devices=False` leaves the device indices out (the recorder does so for outputs, whose
     devices follow the inputs'; the structure still records the device seen first).
+    `shapes` are the tensors' sizes when the caller has them (`shapes_of` for nested tensors).
     """
-    shapes = list(map(_shape, tensors))
+    if shapes is None:
+        shapes = list(map(_shape, tensors))
     return (
         tuple(key),
         tuple(map(_dtype, tensors)),
@@ -269,6 +308,25 @@ def metadata_guard(tensors: Sequence[torch.Tensor]) -> Callable[..., bool] | Non
     return guards.check
 
 
+def _safe_shape(t: torch.Tensor) -> tuple[int, ...]:
+    """The sizes of a tensor; a ragged dimension of a nested tensor is -1."""
+    if not t.is_nested:
+        return tuple(t.shape)
+    sizes = []
+    for i in range(t.dim()):
+        try:
+            size = t.size(i)
+        except RuntimeError:  # a strided nested tensor's irregular dimension
+            size = -1
+        sizes.append(size if type(size) is int else -1)  # a jagged one's is a SymInt
+    return tuple(sizes)
+
+
+def shapes_of(tensors: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:
+    """The sizes of each tensor as ints (nested tensors' ragged dimensions are -1)."""
+    return [_safe_shape(t) for t in tensors]
+
+
 def tensor_leaves(obj: Any) -> list[torch.Tensor]:
     """The tensor leaves of `obj`, in pytree order."""
     tensors: list[torch.Tensor] = []
@@ -298,6 +356,8 @@ def _leaf_of(
 ) -> tuple[Leaf, bool]:
     """Describes one leaf; the bool tells whether it is a tensor."""
     tp = type(value)
+    if tp is Summary:
+        return Leaf(path, argument, position, KIND_OPAQUE, value.type_name), False
     if isinstance(value, _Tensor):
         leaf = Leaf(
             path,
@@ -395,16 +455,26 @@ def describe(
     offset = 0
     range_tensors: list[int] = []
     opaque: list[str] = []
+    nested = False
+    n_seen = 0  # tensors before this leaf (a running count: a list scan per leaf was quadratic)
     for kp, value in flat:
         path, argument, position = _root_path(kp, root)
         leaf, is_tensor = _leaf_of(value, path, argument, position)
         if is_tensor:
             range_index = None
-            if value.dtype in _INTEGER_DTYPES and track_ranges(value):
+            if (
+                value.dtype in _INTEGER_DTYPES
+                and value.dtype not in _NO_RANGE_DTYPES
+                and value.layout is torch.strided
+                and not value.is_nested
+                and track_ranges(value)
+            ):
                 range_index = len(range_tensors)
-                range_tensors.append(len([x for x in leaves if x.kind == KIND_TENSOR]))
+                range_tensors.append(n_seen)
             leaf = Leaf(**{**leaf.__dict__, "dim_offset": offset, "range_index": range_index})
             offset += value.dim()
+            n_seen += 1
+            nested = nested or value.is_nested
         elif leaf.kind == KIND_OPAQUE:
             opaque.append(f"{leaf.path} ({leaf.type})")
         leaves.append(leaf)
@@ -424,4 +494,5 @@ def describe(
         range_tensors=tuple(range_tensors),
         slow=slow,
         opaque=opaque,
+        nested=nested,
     )

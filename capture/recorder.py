@@ -4,8 +4,7 @@ The wrapper does, per call: a sampling check, `flatten.walk` over (args, kwargs)
 and a structure key), a dict lookup of the key, the sizes of the tensors, optional integer value
 ranges, the forward itself (timed), the same for the output, and one deque append. Everything
 that can fail in there is inside one `try`: a failure is counted in `stats()["errors"]`, logged
-once, and the model's call goes on untouched. An exception raised by the model is recorded on
-the call row and re-raised as it is.
+once, and the model's call goes on untouched. A model's exception is recorded and re-raised.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from itertools import chain
 from types import TracebackType
@@ -27,17 +27,20 @@ from typing import Any, cast
 import torch
 import torch.utils._pytree as pytree
 
-from capture import nodes
+from capture import lifecycle, nodes
 from capture.errors import CaptureError
 from capture.flatten import (
+    Oversized,
     Structure,
     describe,
     metadata_guard,
+    shapes_of,
     signature_of,
     tensor_key,
     walk,
 )
 from capture.payload_keeper import PayloadKeeper, Payloads, payload_policy
+from capture.recorder_base import RecorderBase
 from capture.writer import StoreWriter
 
 __all__ = ["Recorder", "DEFAULT_STORE"]
@@ -54,6 +57,12 @@ _shape = operator.attrgetter("shape")
 # Guards kept per container key: one per dtype/device/rank/requires_grad combination seen,
 # up to this many; beyond, calls take the Python key (`tensor_key`), which is always right.
 _MAX_GUARDS = 4
+# Key tokens held by all the structures of one recorder together (about two per leaf): with
+# `flatten.MAX_KEY` per call this bounds the memory of many large distinct structures.
+_MAX_HELD_TOKENS = 2_000_000
+# Integer dtypes torch.aminmax does not implement on CPU: widened to int64 first (exact).
+_WIDEN = {getattr(torch, n) for n in ("uint16", "uint32") if hasattr(torch, n)}
+_INT64 = torch.int64
 
 
 def _never(t: torch.Tensor) -> bool:
@@ -74,11 +83,13 @@ def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
         for _ in range(t.dim() - 1):
             values = [v for row in values for v in row]
         return int(min(values)), int(max(values))
+    if t.dtype in _WIDEN:
+        t = t.to(_INT64)
     lo, hi = torch.aminmax(t)
     return int(lo), int(hi)
 
 
-class Recorder:
+class Recorder(RecorderBase):
     """Records how a model's method is called, into a Parquet store.
 
     Args:
@@ -103,6 +114,10 @@ class Recorder:
             per store, default 1 GiB). **These are user data**: off (0) by default; see the
             README's "Payloads" section for what is kept and how to delete it. Needs the
             ``safetensors`` package (``capture[payloads]``).
+        compiled: Record the calls of a `torch.compile`d model: the compiled caller breaks its
+            graph at the recorder, which runs eagerly around the compiled method. False: a
+            compile traces through the recorder and its calls are not recorded (what
+            ``fullgraph=True`` needs: there a graph break is an error).
 
     Example:
         >>> import torch
@@ -129,6 +144,7 @@ class Recorder:
         flush_seconds: float = 10.0,
         max_structures: int = 10_000,
         payloads: float | Payloads = 0.0,
+        compiled: bool = True,
     ) -> None:
         if not hasattr(model, method) or not callable(getattr(model, method)):
             raise CaptureError(
@@ -150,6 +166,7 @@ class Recorder:
         self.max_structures = max_structures
         policy = payload_policy(payloads)  # raises now, not at start(), on a bad option
         self._payloads = PayloadKeeper(policy, store, self.name) if policy else None
+        self.compiled = compiled
         self._writer_options: dict[str, Any] = dict(
             queue_size=queue_size, flush_rows=flush_rows, flush_seconds=flush_seconds
         )
@@ -171,6 +188,14 @@ class Recorder:
         self._overflow = 0
         self._warned: set[str] = set()
         self._registered = False
+        self._oversized = 0
+        self._held_tokens = 0
+        self._wrapper: Callable[..., Any] | None = None
+        # Calls that entered / left the recording part of the wrapper: stop() waits until they
+        # are equal (bounded), so a call still inside the model at stop() is written too.
+        self._flight = [itertools.count(), itertools.count()]
+        # Counters of the writers of previous start()/stop() rounds: stats() keeps counting.
+        self._past: dict[str, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Recorder:
@@ -179,8 +204,13 @@ class Recorder:
             return self
         original = getattr(self.model, self.method)
         signature = signature_of(original)
+        previous = self._writer
+        if previous is not None:
+            self._add_past(previous)
         try:
             self._writer = StoreWriter(self.store, self.name, signature, **self._writer_options)
+            if previous is not None:
+                self._writer.adopt(previous)
             self._writer.start()
         except Exception as e:  # an unusable store must not stop the model from serving
             self._count_error("opening the store", e)
@@ -194,26 +224,27 @@ class Recorder:
         if self._payloads is not None:
             self._payloads.start()
         wrapper = self._make_wrapper(original)
+        self._wrapper = wrapper
         setattr(self.model, self.method, wrapper)
         self._active = True
         atexit.register(self.stop)
+        lifecycle.track(self)
         return self
 
     def stop(self) -> None:
-        """Restores the method, writes what is buffered and stops the writer thread."""
+        """Restores the method, writes what is buffered and stops the writer thread.
+
+        Calls still inside the model are waited for (at most `STOP_WAIT_SECONDS`) and written.
+        """
         if not self._active:
             return
         self._active = False
         try:
-            if self._had_instance_attr:
-                setattr(self.model, self.method, self._original)
-            else:
-                try:
-                    delattr(self.model, self.method)
-                except AttributeError:
-                    setattr(self.model, self.method, self._original)
+            self._unwrap()
         finally:
             atexit.unregister(self.stop)
+            lifecycle.untrack(self)
+            self._wait_in_flight()
             if self._writer is not None:
                 try:
                     self._writer.close()
@@ -225,10 +256,17 @@ class Recorder:
                 nodes.release()
                 self._registered = False
 
-    def flush(self) -> None:
-        """Writes every call recorded so far to the store (the recorder keeps running)."""
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """Writes every call recorded so far to the store (the recorder keeps running).
+
+        A server with its own SIGTERM handler calls this (or `stop()`) in it: see
+        `capture.lifecycle`.
+
+        Args:
+            timeout: Longest wait for the writer thread, in seconds (None: no limit).
+        """
         if self._writer is not None:
-            self._writer.flush()
+            self._writer.flush(timeout=timeout)
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -242,16 +280,28 @@ class Recorder:
         self.stop()
 
     def stats(self) -> dict[str, int]:
-        """Counters: recorded, dropped, errors, written, sampled_out, structures, files."""
-        w = self._writer
+        """Counters since the recorder was created (they add up over stop() and start()).
+
+        Returns:
+            recorded, dropped, errors, written, sampled_out, structures, files; and what
+            explains a loss: bad_records (calls the writer could not convert, also in
+            dropped), oversized (calls with an argument summarised past `flatten.MAX_ITEMS`
+            or `MAX_KEY`), store_resets (the store's folder was found removed: structures
+            written again), tmp_removed (old `.tmp` files of killed writers removed).
+        """
+        out = self._totals()
         return {
-            "recorded": w.recorded if w else 0,
-            "dropped": (w.dropped if w else 0) + self._overflow,
-            "errors": self._errors + (w.write_errors if w else 0),
-            "written": w.written_calls if w else 0,
+            "recorded": out["recorded"],
+            "dropped": out["dropped"] + self._overflow,
+            "errors": self._errors + out["write_errors"],
+            "written": out["written"],
             "sampled_out": self._sampled_out,
             "structures": sum(1 for s in self._structures.values() if s is not None),
-            "files": w.files_written if w else 0,
+            "files": out["files"],
+            "bad_records": out["bad_records"],
+            "oversized": self._oversized,
+            "store_resets": out["store_resets"],
+            "tmp_removed": out["tmp_removed"],
             **(self._payloads.stats() if self._payloads is not None else {}),
         }
 
@@ -260,11 +310,17 @@ class Recorder:
         perf_ns = time.perf_counter_ns
         time_ns = time.time_ns
         payloads = self._payloads
+        flight = self._flight
+        outside: Callable[..., Any] = original  # set below
 
         @functools.wraps(original)
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            if not self._active or torch.compiler.is_compiling():
+            if not self._active:
                 return original(*args, **kwargs)
+            if torch.compiler.is_compiling():  # Dynamo traces this: call the eager part instead
+                if not self.compiled or torch.compiler.is_exporting():
+                    return original(*args, **kwargs)
+                return outside(*args, **kwargs)
             pending = None
             try:
                 pending = self._inputs(args, kwargs)
@@ -278,6 +334,7 @@ class Recorder:
                     kept = payloads.take(args, kwargs, pending[0])
                 except Exception as e:
                     self._count_error("keeping a payload", e)
+            next(flight[0])
             ts = time_ns()
             t0 = perf_ns()
             try:
@@ -288,6 +345,7 @@ class Recorder:
                     self._emit(pending, ts, duration, None, f"{type(e).__name__}: {e}")
                 except Exception as e2:
                     self._count_error("recording an exception", e2)
+                next(flight[1])
                 raise
             duration = perf_ns() - t0
             try:
@@ -296,8 +354,15 @@ class Recorder:
                     payloads.finish(kept, call_id, out)  # type: ignore[union-attr]
             except Exception as e:
                 self._count_error("recording outputs", e)
+            next(flight[1])
             return out
 
+        recorded._capture_recorder = weakref.ref(self)  # type: ignore[attr-defined]
+        # Compiled callers (torch.compile of the model, before or after wrapping) graph-break
+        # to `outside`, which records eagerly and calls the compiled method (issue 12).
+        outside = lifecycle.outside_compiled_region(
+            recorded, Recorder._inputs, Recorder._emit, Recorder._count_error
+        )
         return recorded
 
     def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -308,8 +373,11 @@ class Recorder:
             return None
         tensors: list[torch.Tensor] = []
         key: list[Any] = [len(args)]
-        walk(args, tensors, key)
-        walk(kwargs, tensors, key)
+        try:
+            walk(args, tensors, key)
+            walk(kwargs, tensors, key)
+        except Oversized:
+            args, kwargs, tensors, key = self._summarised(args, kwargs)
         found = self._structure((args, kwargs), tensors, key, "inputs")
         if found is None:
             return None
@@ -329,7 +397,12 @@ class Recorder:
         if error is None and self.record_outputs:
             tensors: list[torch.Tensor] = []
             key: list[Any] = ["out"]
-            walk(out, tensors, key)
+            try:
+                walk(out, tensors, key)
+            except Oversized:
+                self._oversized += 1
+                out = self._summary(out)
+                tensors, key = [], ["out", out.type_name]
             found = self._structure(out, tensors, key, "output")
             if found is not None:
                 out_sid, out_dims = found[0].structure_id, found[1]
@@ -358,7 +431,10 @@ class Recorder:
         for guard, known in self._guarded.get(containers, ()):
             if guard(*tensors):
                 return known, tuple(_chain(map(_shape, tensors)))
-        k, shapes = tensor_key(containers, tensors, devices=root == "inputs")
+        try:
+            k, shapes = tensor_key(containers, tensors, devices=root == "inputs")
+        except RuntimeError:  # a strided nested tensor has no sizes: ragged dimensions are -1
+            k, shapes = tensor_key(containers, tensors, root == "inputs", shapes_of(tensors))
         found = self._structures.get(k, _UNSEEN)
         st = (
             self._new_structure(k, obj, tensors, root)
@@ -369,7 +445,9 @@ class Recorder:
             return None
         if st.slow:  # walk() and torch's pytree disagree on this structure: trust pytree
             tensors[:] = [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
-            shapes = [t.shape for t in tensors]
+            shapes = shapes_of(tensors)
+        elif st.nested:  # sizes as ints (a jagged tensor's ragged size is a SymInt); no guard
+            shapes = shapes_of(tensors)
         else:
             self._add_guard(containers, tensors, st)
         return st, tuple(_chain(shapes))
@@ -391,7 +469,11 @@ class Recorder:
         with self._lock:
             if key in self._structures:
                 return self._structures[key]
-            if len(self._structures) >= self.max_structures:
+            tokens = len(key[0])
+            if (
+                len(self._structures) >= self.max_structures
+                or self._held_tokens + tokens > _MAX_HELD_TOKENS
+            ):
                 self._overflow += 1
                 self._warn_once(
                     "max_structures",
@@ -419,6 +501,7 @@ class Recorder:
             if self._writer is not None:
                 self._writer.add_structure(st)
             self._structures[key] = st
+            self._held_tokens += tokens
             return st
 
     def _track_ranges(self, t: torch.Tensor) -> bool:

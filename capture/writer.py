@@ -5,37 +5,38 @@ The recording thread only appends a tuple to a deque (tens of nanoseconds); when
 daemon thread drains the deque every `poll_seconds`, accumulates columns, and writes a *segment*
 when `flush_rows` rows are buffered or `flush_seconds` have passed since the first one:
 
-1. ``structures/model=<m>/<prefix>-<seq>.parquet``: structures first seen since the last segment;
-2. ``stats/model=<m>/<prefix>-<seq>.parquet``: one row per distinct signature in the segment;
-3. ``calls/model=<m>/date=<d>/<prefix>-<seq>.parquet``: one row per call.
+1. ``structures/model=<m>/<prefix>-<seq>.parquet``: the structures its calls refer to that this
+   writer has not written yet (all of them again after the store folder was removed);
+2. ``calls/model=<m>/date=<d>/<prefix>-<seq>.parquet``: one row per call;
+3. ``stats/model=<m>/<prefix>-<seq>.parquet``: one row per distinct signature in the segment.
 
 Each file is written as ``.<name>.tmp`` in its final folder and renamed, so readers never see a
-partial file. A SIGKILL loses the rows buffered since the last segment: at most
-``flush_rows + queue_size`` calls, or what `flush_seconds` let accumulate. A write that fails
-(disk full, permissions, RLIMIT_FSIZE) removes its temporary file, counts the segment's calls as
-dropped, logs one warning per recorder, and leaves every complete file untouched.
+partial file. A segment is all or nothing: when a write fails (disk full, permissions,
+RLIMIT_FSIZE) the calls files it already renamed are deleted again, its calls are counted as
+dropped and one warning is logged per recorder; every complete file stays untouched. A record the
+tables cannot hold is dropped alone (`bad_records`). A SIGKILL loses the rows not yet in a
+complete segment: those of the last `flush_seconds` plus those that arrived while the last
+segment was being written (bounded by ``flush_rows + queue_size`` calls).
 """
 
 from __future__ import annotations
 
 import collections
-import datetime as dt
+import hashlib
 import itertools
 import logging
 import os
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
+from capture.segment import CallRecord, _list_array, _pack, _Segment, structure_table
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
     from capture.flatten import Param, Structure
@@ -47,23 +48,18 @@ __all__ = [
     "write_parquet",
     "library_version",
     "safe_name",
+    "model_folder",
+    "structure_table",
+    "TMP_MAX_AGE",
 ]
 
 logger = logging.getLogger(__name__)
 
-# (call_id, ts_ns, in_structure_id, out_structure_id, dims, out_dims, ranges, duration_ns,
-#  error); dims are every tensor size of the call, concatenated in leaf order.
-CallRecord = tuple[
-    int,
-    int,
-    str,
-    str | None,
-    tuple[int, ...],
-    tuple[int, ...] | None,
-    Sequence[int | None] | None,
-    int,
-    str | None,
-]
+_ = (_list_array, _pack)  # re-exported for the tests and benchmarks that import them from here
+
+TMP_MAX_AGE = 3600.0
+"""Seconds after which a ``.tmp`` file is a killed writer's leftover, removed by the next writer."""
+_MAX_NAME = 200  # bytes of a file-name component; most file systems allow 255
 
 
 def library_version() -> str:
@@ -127,220 +123,21 @@ def write_parquet(
 
 
 def safe_name(value: str) -> str:
-    """`value` safe as a directory or file name part (hive partition values, host names)."""
+    """`value` safe as a directory or file name part (hive partition values, host names).
+
+    A long value is cut and ends with a hash of the whole of it, so that it stays distinct and
+    within file systems' 255-byte limit (issue 12: a 300-character model name dropped every call).
+    """
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
+    if len(safe.encode()) > _MAX_NAME:
+        digest = hashlib.sha256(value.encode(errors="surrogatepass")).hexdigest()[:16]
+        safe = safe.encode()[: _MAX_NAME - 17].decode(errors="ignore") + "-" + digest
     return safe or "_"
 
 
-_PACKERS: dict[int, Callable[..., bytes]] = {}
-
-
-def _pack(values: tuple[int, ...]) -> bytes:
-    """Ints as little-endian int64 bytes."""
-    pack = _PACKERS.get(len(values))
-    if pack is None:
-        pack = _PACKERS[len(values)] = struct.Struct(f"<{len(values)}q").pack
-    return pack(*values)
-
-
-def _list_array(packed: Sequence[bytes | None]) -> pa.Array:
-    """A list<int64> Arrow array from `_pack`ed rows (None: a null list)."""
-    lengths = np.fromiter(
-        (0 if b is None else len(b) >> 3 for b in packed), np.int32, count=len(packed)
-    )
-    offsets = np.zeros(len(packed) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.frombuffer(b"".join(b for b in packed if b is not None), "<i8")
-    nulls = None
-    if any(b is None for b in packed):  # a null start offset makes its list null
-        nulls = np.zeros(len(packed) + 1, np.bool_)
-        nulls[:-1] = [b is None for b in packed]
-    return pa.ListArray.from_arrays(
-        pa.array(offsets, pa.int32(), mask=nulls),
-        pa.array(values, pa.int64()),
-        type=pa.list_(pa.int64()),
-    )
-
-
-@dataclass
-class _Signature:
-    calls: int = 0
-    errors: int = 0
-    int_min: list[int | None] = field(default_factory=list)
-    int_max: list[int | None] = field(default_factory=list)
-    first_ts: int = 0
-    last_ts: int = 0
-    dur_sum: int = 0
-    dur_min: int = 0
-    dur_max: int = 0
-
-
-def _merge_elementwise(
-    acc: list[int | None], new: Sequence[int | None], pick: Any
-) -> list[int | None]:
-    """`pick` (min or max) of two value-range lists, element by element; None is unknown."""
-    if not acc:
-        return list(new)
-    return [
-        b if a is None else a if b is None else pick(a, b) for a, b in zip(acc, new, strict=False)
-    ]
-
-
-class _Segment:
-    """Columns of the calls buffered since the last write, plus their signature summary."""
-
-    def __init__(self) -> None:
-        self.call_id: list[int] = []
-        self.ts: list[int] = []
-        self.in_structure: list[str] = []
-        self.out_structure: list[str | None] = []
-        # Sizes packed as little-endian int64 bytes: 4x faster to turn into Arrow than Python
-        # ints, and a cheap, hash-cached signature key.
-        self.dims: list[bytes] = []
-        self.out_dims: list[bytes | None] = []
-        self.int_min: list[list[int | None] | None] = []
-        self.int_max: list[list[int | None] | None] = []
-        self.duration: list[int] = []
-        self.error: list[str | None] = []
-        self.signatures: dict[tuple[Any, ...], _Signature] = {}
-        self.started = time.monotonic()
-
-    def __len__(self) -> int:
-        return len(self.call_id)
-
-    def add(self, rec: CallRecord) -> None:
-        call_id, ts, sin, sout, dims, out_dims, ranges, duration, error = rec
-        mins = maxs = None
-        if ranges:
-            mins, maxs = list(ranges[0::2]), list(ranges[1::2])
-        self.call_id.append(call_id)
-        self.ts.append(ts)
-        self.in_structure.append(sin)
-        self.out_structure.append(sout)
-        packed = _pack(dims)
-        out_packed = None if out_dims is None else _pack(out_dims)
-        self.dims.append(packed)
-        self.out_dims.append(out_packed)
-        self.int_min.append(mins)
-        self.int_max.append(maxs)
-        self.duration.append(duration)
-        self.error.append(error)
-        key = (sin, sout, packed, out_packed)
-        sig = self.signatures.get(key)
-        if sig is None:
-            sig = self.signatures[key] = _Signature(first_ts=ts, dur_min=duration)
-        sig.calls += 1
-        sig.errors += error is not None
-        if mins is not None and maxs is not None:
-            sig.int_min = _merge_elementwise(sig.int_min, mins, min)
-            sig.int_max = _merge_elementwise(sig.int_max, maxs, max)
-        sig.first_ts = min(sig.first_ts, ts)
-        sig.last_ts = max(sig.last_ts, ts)
-        sig.dur_sum += duration
-        sig.dur_min = min(sig.dur_min, duration)
-        sig.dur_max = max(sig.dur_max, duration)
-
-    def calls_tables(self, model: str, host: str, pid: int) -> dict[str, pa.Table]:
-        """One calls table per UTC date."""
-        ts = pa.array(self.ts, pa.int64())
-        full = pa.table(
-            {
-                "call_id": pa.array(self.call_id, pa.int64()),
-                "ts": ts.cast(pa.timestamp("ns", tz="UTC")).cast(
-                    pa.timestamp("us", tz="UTC"), safe=False
-                ),
-                "model": pa.array([model] * len(self), pa.string()),
-                "host": pa.array([host] * len(self), pa.string()),
-                "pid": pa.array([pid] * len(self), pa.int32()),
-                "in_structure": pa.array(self.in_structure, pa.string()),
-                "out_structure": pa.array(self.out_structure, pa.string()),
-                "dims": _list_array(self.dims),
-                "out_dims": _list_array(self.out_dims),
-                "int_min": pa.array(self.int_min, pa.list_(pa.int64())),
-                "int_max": pa.array(self.int_max, pa.list_(pa.int64())),
-                "duration_ns": pa.array(self.duration, pa.int64()),
-                "error": pa.array(self.error, pa.string()),
-            },
-            schema=schema.CALLS_SCHEMA,
-        )
-        days = [
-            dt.datetime.fromtimestamp(t / 1e9, tz=dt.timezone.utc).date().isoformat()
-            for t in (self.ts[0], self.ts[-1])
-        ]
-        if days[0] == days[1]:
-            return {days[0]: full}
-        all_days = [
-            dt.datetime.fromtimestamp(t / 1e9, tz=dt.timezone.utc).date().isoformat()
-            for t in self.ts
-        ]
-        col = pa.array(all_days)
-        out = {}
-        for day in sorted(set(all_days)):
-            out[day] = full.filter(pa.compute.equal(col, day))
-        return out
-
-    def stats_table(self, model: str) -> pa.Table:
-        rows = list(self.signatures.items())
-
-        def ts_col(values: list[int]) -> pa.Array:
-            return (
-                pa.array(values, pa.int64())
-                .cast(pa.timestamp("ns", tz="UTC"))
-                .cast(pa.timestamp("us", tz="UTC"), safe=False)
-            )
-
-        return pa.table(
-            {
-                "model": pa.array([model] * len(rows), pa.string()),
-                "in_structure": pa.array([k[0] for k, _ in rows], pa.string()),
-                "out_structure": pa.array([k[1] for k, _ in rows], pa.string()),
-                "dims": _list_array([k[2] for k, _ in rows]),
-                "out_dims": _list_array([k[3] for k, _ in rows]),
-                "calls": pa.array([s.calls for _, s in rows], pa.int64()),
-                "errors": pa.array([s.errors for _, s in rows], pa.int64()),
-                "int_min": pa.array([s.int_min or None for _, s in rows], pa.list_(pa.int64())),
-                "int_max": pa.array([s.int_max or None for _, s in rows], pa.list_(pa.int64())),
-                "first_ts": ts_col([s.first_ts for _, s in rows]),
-                "last_ts": ts_col([s.last_ts for _, s in rows]),
-                "duration_ns_sum": pa.array([s.dur_sum for _, s in rows], pa.int64()),
-                "duration_ns_min": pa.array([s.dur_min for _, s in rows], pa.int64()),
-                "duration_ns_max": pa.array([s.dur_max for _, s in rows], pa.int64()),
-            },
-            schema=schema.STATS_SCHEMA,
-        )
-
-
-def structure_table(
-    model: str, structures: Sequence[Structure], signature: Sequence[Param]
-) -> pa.Table:
-    """One row per leaf of each structure (the `structures` table)."""
-    import json
-
-    sig_json = json.dumps([p.__dict__ for p in signature])
-    cols: dict[str, list[Any]] = {f.name: [] for f in schema.STRUCTURES_SCHEMA}
-    for st in structures:
-        for index, leaf in enumerate(st.leaves):
-            cols["structure_id"].append(st.structure_id)
-            cols["model"].append(model)
-            cols["leaf"].append(index)
-            for name in (
-                "path",
-                "argument",
-                "position",
-                "kind",
-                "type",
-                "dtype",
-                "rank",
-                "device",
-                "value",
-                "dim_offset",
-                "range_index",
-            ):
-                cols[name].append(getattr(leaf, name))
-            cols["treespec"].append(st.treespec)
-            cols["signature"].append(sig_json)
-            cols["n_args"].append(st.n_args)
-    return pa.table(cols, schema=schema.STRUCTURES_SCHEMA)
+def model_folder(model: str) -> str:
+    """The ``model=<m>`` folder name of a model (the full name stays in the `model` column)."""
+    return f"model={safe_name(model)}"
 
 
 class StoreWriter:
@@ -365,6 +162,15 @@ class StoreWriter:
         self.flush_seconds = flush_seconds
         self.poll_seconds = poll_seconds
         self.host = os.uname().nodename if hasattr(os, "uname") else "host"
+        # Every structure added (id -> Structure), and the ids this writer has written: a segment
+        # writes the ones its calls refer to that are missing (again after the store was removed).
+        self._structures: dict[str, Structure] = {}
+        self._written_ids: set[str] = set()
+        self._thread: threading.Thread | None = None
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """Queue, segment, counters, locks and file prefix of a new writer (or a forked child)."""
         self.pid = os.getpid()
         self.prefix = (
             f"{safe_name(self.host)}-{self.pid}-{time.time_ns() // 1000:x}-{os.urandom(2).hex()}"
@@ -378,20 +184,22 @@ class StoreWriter:
         self._flush_now = threading.Event()
         self._flushed = threading.Condition()
         self._flush_generation = 0
-        self._thread: threading.Thread | None = None
         self._drained = 0
         self._count_lock = threading.Lock()
         self.dropped = 0
         self.written_calls = 0
         self.write_errors = 0
+        self.bad_records = 0
+        self.store_resets = 0
+        self.tmp_removed = 0
         self.files: collections.deque[str] = collections.deque(maxlen=1000)  # the latest ones
         self.files_written = 0
-        self._warned = False
+        self._warned: set[str] = set()
         self._segment = _Segment()
 
     # -- recording side (any thread) -------------------------------------------------------
     def submit(self, rec: CallRecord) -> bool:
-        """Queues one call; False (and counted) when the queue is full."""
+        """Queues one call; False (and counted) when the queue is full or the writer closed."""
         if len(self._queue) >= self.queue_size:
             with self._count_lock:
                 self.dropped += 1
@@ -408,6 +216,7 @@ class StoreWriter:
         """Queues a new structure; it is written before any call that refers to it."""
         with self._structures_lock:
             self._pending_structures.append(structure)
+            self._structures[structure.structure_id] = structure
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -421,7 +230,7 @@ class StoreWriter:
         self._thread.start()
 
     def flush(self, timeout: float | None = 30.0) -> None:
-        """Writes everything queued so far, and waits for it."""
+        """Writes everything queued so far, and waits for it (at most `timeout` seconds)."""
         if self._thread is None or not self._thread.is_alive():
             self._drain_and_write(force=True)
             return
@@ -432,16 +241,40 @@ class StoreWriter:
             self._flushed.wait_for(lambda: self._flush_generation >= target, timeout=timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Flushes and stops the writer thread."""
+        """Flushes and stops the writer thread; later submissions are counted as dropped."""
+        self.queue_size = 0  # submit() refuses from now on (and counts)
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout)
             self._thread = None
         self._drain_and_write(force=True)
+        late = len(self._queue)  # appended by a submit() that raced with the line above
+        if late:
+            self._queue.clear()
+            with self._count_lock:
+                self.dropped += late
+                self._drained += late
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: a new file prefix, an empty queue and a new writer thread.
+
+        The calls buffered before the fork are the parent's to write (issue 12: the child wrote
+        them again, under the parent's file names). Structures the parent had written stay
+        known; the child's segments write the ones they need that are not.
+        """
+        running = self._thread is not None
+        self._thread = None
+        self._fresh()
+        if running:
+            self.start()
 
     # -- writer thread -----------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._clean_tmp()
+        except Exception:  # cleaning is a courtesy: never stop the writer for it
+            self._fail("tmp cleanup", "removing old .tmp files", exc_info=True)
         while not self._stop.is_set():
             self._wake.wait(self.poll_seconds)
             self._wake.clear()
@@ -450,7 +283,7 @@ class StoreWriter:
             try:
                 self._drain_and_write(force=force)
             except Exception:  # never let the thread die: count, log once, go on
-                self._fail("writer loop", exc_info=True)
+                self._fail("loop", "writer loop", exc_info=True)
             if force:
                 with self._flushed:
                     self._flush_generation += 1
@@ -460,81 +293,139 @@ class StoreWriter:
             self._flushed.notify_all()
 
     def _drain_and_write(self, force: bool) -> None:
-        queue, segment = self._queue, self._segment
+        queue = self._queue
         while queue:
-            segment.add(queue.popleft())
+            rec = queue.popleft()
             self._drained += 1
-            if len(segment) >= self.flush_rows:
+            try:
+                self._segment.add(rec)
+            except Exception as e:  # this record alone is dropped (issue 12)
+                with self._count_lock:
+                    self.dropped += 1
+                self.bad_records += 1
+                self._fail("record", f"converting a call record ({type(e).__name__}: {e})")
+            if len(self._segment) >= self.flush_rows:
                 self._write_segment()
-                segment = self._segment
+        segment = self._segment
         due = time.monotonic() - segment.started >= self.flush_seconds
         if len(segment) and (force or due):
             self._write_segment()
         elif force or due:
-            self._write_structures()
+            self._write_structures(set())
             segment.started = time.monotonic()
 
-    def _write_structures(self, seq: int | None = None) -> None:
+    def _check_store(self) -> None:
+        """Forgets the written structures when the store's structures folder was removed."""
+        if not self._written_ids:
+            return
+        folder = f"{self.root}/{schema.STRUCTURES}/{model_folder(self.model)}"
+        if self.fs.get_file_info(folder).type == pafs.FileType.NotFound:
+            self._written_ids.clear()
+            self.store_resets += 1
+            self._fail("reset", f"finding the store's structures under {folder} (removed?)")
+
+    def _write_structures(self, needed: set[str], seq: int | None = None) -> None:
         with self._structures_lock:
-            structures, self._pending_structures = self._pending_structures, []
+            pending, self._pending_structures = self._pending_structures, []
+            wanted = {st.structure_id: st for st in pending}
+            for sid in needed - self._written_ids - wanted.keys():
+                if sid in self._structures:
+                    wanted[sid] = self._structures[sid]
+        structures = [st for sid, st in wanted.items() if sid not in self._written_ids]
         if not structures:
             return
-        model = safe_name(self.model)
         seq = next(self._seq) if seq is None else seq
         table = structure_table(self.model, structures, self.signature)
         try:
             path = write_parquet(
                 self.fs,
-                f"{self.root}/{schema.STRUCTURES}/model={model}",
+                f"{self.root}/{schema.STRUCTURES}/{model_folder(self.model)}",
                 f"{self.prefix}-{seq:06d}.parquet",
                 table,
                 schema.STRUCTURES,
             )
             self._written(path)
+            self._written_ids.update(st.structure_id for st in structures)
         except Exception as e:
             with self._structures_lock:  # keep them: the next segment tries again
-                self._pending_structures[:0] = structures
+                self._pending_structures[:0] = pending
             raise OSError(f"cannot write structures to {self.root}: {e}") from e
 
     def _write_segment(self) -> None:
         segment, self._segment = self._segment, _Segment()
-        model = safe_name(self.model)
+        model = model_folder(self.model)
         seq = next(self._seq)
         name = f"{self.prefix}-{seq:06d}.parquet"
+        landed: list[str] = []
         try:
-            self._write_structures(seq)
+            self._check_store()
+            needed = set(segment.in_structure)
+            needed.update(s for s in segment.out_structure if s is not None)
+            self._write_structures(needed, seq)
             stats = segment.stats_table(self.model)
             for day, table in segment.calls_tables(self.model, self.host, self.pid).items():
-                path = write_parquet(
-                    self.fs,
-                    f"{self.root}/{schema.CALLS}/model={model}/date={day}",
-                    name,
-                    table,
-                    schema.CALLS,
+                landed.append(
+                    write_parquet(
+                        self.fs,
+                        f"{self.root}/{schema.CALLS}/{model}/date={day}",
+                        name,
+                        table,
+                        schema.CALLS,
+                    )
                 )
-                self._written(path)
             # Stats last: a reader that trusts stats never counts calls whose file is missing.
             path = write_parquet(
-                self.fs, f"{self.root}/{schema.STATS}/model={model}", name, stats, schema.STATS
+                self.fs, f"{self.root}/{schema.STATS}/{model}", name, stats, schema.STATS
             )
-            self._written(path)
+            for done in (*landed, path):
+                self._written(done)
             self.written_calls += len(segment)
         except Exception as e:
+            # All or nothing: calls files without their stats would be visible yet counted
+            # dropped (issue 12: `calls` != `signatures` after a disk-full round).
+            for done in landed:
+                try:
+                    self.fs.delete_file(done)
+                except Exception:  # nothing more to do: the warning below names the failure
+                    pass
             with self._count_lock:
                 self.dropped += len(segment)
             self.write_errors += 1
-            self._fail(f"writing {len(segment)} calls to {self.root} ({e})")
+            self._fail("write", f"writing {len(segment)} calls to {self.root} ({e})")
+
+    def _clean_tmp(self) -> None:
+        """Removes ``.tmp`` files older than `TMP_MAX_AGE` (left by killed writers)."""
+        now = time.time()
+        for table in schema.TABLES:
+            selector = pafs.FileSelector(
+                f"{self.root}/{table}/{model_folder(self.model)}",
+                recursive=True,
+                allow_not_found=True,
+            )
+            for info in self.fs.get_file_info(selector):
+                if not (info.base_name.startswith(".") and info.base_name.endswith(".tmp")):
+                    continue
+                if info.mtime is not None and now - info.mtime.timestamp() > TMP_MAX_AGE:
+                    self.fs.delete_file(info.path)
+                    self.tmp_removed += 1
 
     def _written(self, path: str) -> None:
         self.files.append(path)
         self.files_written += 1
 
-    def _fail(self, what: str, exc_info: bool = False) -> None:
-        if not self._warned:
-            self._warned = True
+    def _fail(self, topic: str, what: str, exc_info: bool = False) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
             logger.warning(
-                "capture: failed %s; the model keeps running, these calls are counted as "
-                "dropped (further failures are counted in stats() without a warning)",
+                "capture: failed %s; the model keeps running, the calls concerned are counted "
+                "in stats() (further failures of this kind are counted without a warning)",
                 what,
                 exc_info=exc_info,
             )
+
+    def adopt(self, previous: StoreWriter) -> None:
+        """Takes over the structures a previous writer of the same recorder knew and wrote."""
+        with previous._structures_lock:
+            self._structures.update(previous._structures)
+            self._written_ids.update(previous._written_ids)
+            self._pending_structures.extend(previous._pending_structures)

@@ -34,10 +34,10 @@ import torch.utils._pytree as pytree
 from capture import nodes, schema
 from capture.errors import ReplayError
 from capture.flatten import dtype_name
-from replay.coverage import KIND_PAYLOAD
 from capture.payloads import Payload, iter_payloads, list_payloads
 from replay import rebuild as rb
 from replay import shapes
+from replay.coverage import KIND_PAYLOAD
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram

@@ -81,6 +81,10 @@ def test_generate_every_forward_call_recorded_once(llama_run: dict[str, object])
         "sampled_out": 0,
         "structures": 5,  # 4 input structures + 1 output structure
         "files": 3,
+        "bad_records": 0,
+        "oversized": 0,
+        "store_resets": 0,
+        "tmp_removed": 0,
     }
 
 
