@@ -85,6 +85,28 @@ class ExportResult:
     inputs: ExportInputs
     errors: dict[str, str] = field(default_factory=dict)
     onnx: dict[str, str] = field(default_factory=dict)
+    source: str | None = None
+    """The store the programs were exported from (its path or URI), for the artifact."""
+
+    def save(
+        self, path: str | os.PathLike[str], modules: Mapping[str, ExportResult] | None = None
+    ) -> str:
+        """Writes every program and a JSON manifest into one PT2 archive (`replay.artifact`).
+
+        Args:
+            path: The ``.pt2`` to write.
+            modules: Sub-module name -> its `ExportResult` (``{"encoder": ...}``), stored in
+                the same archive and served by ``replay.load(path).modules[name]``.
+
+        Returns:
+            The path written.
+
+        Raises:
+            ArtifactError: No program to save, or a group the manifest cannot describe.
+        """
+        from replay.artifact import save
+
+        return save(path, {"": self, **(modules or {})})
 
 
 def require_onnx() -> None:
@@ -463,4 +485,5 @@ def export(
         onnx_files = _write_onnx(inputs, programs, os.fspath(onnx))
     coverage = pa.Table.from_pylist(rows, schema=COVERAGE_SCHEMA)
     complete = bool(rows) and all(r["covered"] for r in rows)
-    return ExportResult(programs, coverage, notes, complete, inputs, errors, onnx_files)
+    source = str(getattr(store, "path", store)) if store is not None else None
+    return ExportResult(programs, coverage, notes, complete, inputs, errors, onnx_files, source)
