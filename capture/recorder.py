@@ -19,7 +19,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from itertools import chain
 from types import TracebackType
 from typing import Any, cast
@@ -53,6 +53,29 @@ _shape = operator.attrgetter("shape")
 # Guards kept per container key: one per dtype/device/rank/requires_grad combination seen,
 # up to this many; beyond, calls take the Python key (`tensor_key`), which is always right.
 _MAX_GUARDS = 4
+
+
+def _submodules(model: Any, modules: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
+    """The ``modules=`` option as name -> object (paths resolved with ``get_submodule``)."""
+    if modules is None:
+        return {}
+    items = modules.items() if isinstance(modules, Mapping) else ((p, p) for p in modules)
+    out: dict[str, Any] = {}
+    for name, sub in items:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise CaptureError(f"modules: {name!r} is not a usable sub-module name")
+        if isinstance(sub, str):
+            try:
+                sub = model.get_submodule(sub)
+            except (AttributeError, TypeError) as e:
+                raise CaptureError(
+                    f"modules: {type(model).__name__} has no sub-module {sub!r} ({e}); pass "
+                    "{name: module} for a module reached otherwise (model.get_encoder())"
+                ) from e
+        if sub is model:
+            raise CaptureError(f"modules: {name!r} is the model itself, already recorded")
+        out[name] = sub
+    return out
 
 
 def _never(t: torch.Tensor) -> bool:
@@ -96,6 +119,13 @@ class Recorder:
         max_structures: Distinct structures kept; calls with a new structure beyond this are
             dropped and counted (a scalar argument that changes every call would otherwise
             grow the cache without bound).
+        modules: Sub-modules to record too, for those that callers such as ``generate()``
+            call directly (an encoder through ``get_encoder()``, a vision tower): a mapping
+            ``{name: module or module path}`` or a list of module paths
+            (``model.get_submodule(path)``). Each is recorded by a child `Recorder` (same
+            options) under the model partition ``<name>.<sub-module name>``
+            (``T5ForConditionalGeneration.encoder``); they start and stop with this one and
+            are in ``recorder.modules``.
 
     Example:
         >>> import torch
@@ -121,6 +151,7 @@ class Recorder:
         flush_rows: int = 100_000,
         flush_seconds: float = 10.0,
         max_structures: int = 10_000,
+        modules: Mapping[str, Any] | Iterable[str] | None = None,
     ) -> None:
         if not hasattr(model, method) or not callable(getattr(model, method)):
             raise CaptureError(
@@ -161,6 +192,23 @@ class Recorder:
         self._overflow = 0
         self._warned: set[str] = set()
         self._registered = False
+        self.modules: dict[str, Recorder] = {}
+        """Sub-module name -> the child `Recorder` recording it (the ``modules=`` option)."""
+        for sub_name, sub in _submodules(model, modules).items():
+            self.modules[sub_name] = Recorder(
+                sub,
+                store,
+                name=f"{self.name}.{sub_name}",
+                method=method,
+                sample=sample,
+                max_calls=max_calls,
+                record_outputs=record_outputs,
+                value_ranges=value_ranges,
+                queue_size=queue_size,
+                flush_rows=flush_rows,
+                flush_seconds=flush_seconds,
+                max_structures=max_structures,
+            )
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Recorder:
@@ -185,6 +233,8 @@ class Recorder:
         setattr(self.model, self.method, wrapper)
         self._active = True
         atexit.register(self.stop)
+        for child in self.modules.values():
+            child.start()
         return self
 
     def stop(self) -> None:
@@ -192,6 +242,8 @@ class Recorder:
         if not self._active:
             return
         self._active = False
+        for child in self.modules.values():
+            child.stop()
         try:
             if self._had_instance_attr:
                 setattr(self.model, self.method, self._original)
@@ -215,6 +267,8 @@ class Recorder:
         """Writes every call recorded so far to the store (the recorder keeps running)."""
         if self._writer is not None:
             self._writer.flush()
+        for child in self.modules.values():
+            child.flush()
 
     def __enter__(self) -> Recorder:
         return self.start()
