@@ -52,6 +52,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Merge the store's small Parquet files into big ones.",
     ),
     "demo": ("cli.demo:demo_command", "Record a tiny model into a store to try the commands."),
+    "check": (
+        "cli.check:check_command",
+        "Check that a saved artifact serves the calls recorded in the store.",
+    ),
 }
 """Command name -> (``"module:function"``, one-line summary shown by ``capture --help``).
 

@@ -135,7 +135,27 @@ def _pytree_types(spec: Any, out: set[str]) -> None:
         _pytree_types(child, out)
 
 
-def _entry(module: str, group: ExportGroup, program: ExportedProgram) -> dict[str, Any]:
+def _rejected(group: ExportGroup, coverage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recorded signatures of `group` its program failed in the export's check.
+
+    The coverage rows of a group follow `ExportGroup.recorded()`, one row per signature.
+    """
+    rows = [r for r in coverage if r["group"] == group.name]
+    if not rows or all(r["covered"] for r in rows) or group.analysis is None:
+        return []
+    recorded = group.recorded()
+    if len(recorded) != len(rows):
+        return []
+    return [
+        {"dims": list(sizes), "error": row["error"] or "not reproduced"}
+        for (sizes, _), row in zip(recorded, rows, strict=True)
+        if not row["covered"]
+    ]
+
+
+def _entry(
+    module: str, group: ExportGroup, program: ExportedProgram, coverage: list[dict[str, Any]]
+) -> dict[str, Any]:
     if group.added:
         raise ArtifactError(
             f"group {group.name} was exported with fill_missing substitutes "
@@ -172,6 +192,7 @@ def _entry(module: str, group: ExportGroup, program: ExportedProgram) -> dict[st
             "var_positional": group.form.var_positional,
         },
         "pytree_types": sorted(types),
+        "rejected": _rejected(group, coverage),
         "first_ts": _iso(group.analysis.first_ts) if group.analysis else None,
         "last_ts": _iso(group.analysis.last_ts) if group.analysis else None,
     }
@@ -189,10 +210,11 @@ def manifest(results: Mapping[str, ExportResult]) -> dict[str, Any]:
     programs: list[dict[str, Any]] = []
     modules: dict[str, dict[str, Any]] = {}
     for module, result in results.items():
+        coverage = result.coverage.to_pylist()
         for group in result.inputs.groups:
             program = result.programs.get(group.name)
             if program is not None:
-                programs.append(_entry(module, group, program))
+                programs.append(_entry(module, group, program, coverage))
         starts = [g.first_ts for g in result.inputs.analysed if g.first_ts]
         ends = [g.last_ts for g in result.inputs.analysed if g.last_ts]
         modules[module] = {
@@ -475,7 +497,16 @@ class Runner:
             form.get("var_positional"),
         )
         args, kwargs = arrange(call_form, args, kwargs)
-        return runnable(*args, **kwargs)
+        try:
+            return runnable(*args, **kwargs)
+        except (AssertionError, RuntimeError, ValueError) as e:
+            # torch's own input checks (a guard the recorded ranges did not show): say so
+            text = str(e).strip().splitlines()
+            reason = f"its program refused the call: {type(e).__name__}: {text[0] if text else ''}"
+            raise CallNotServed(
+                f"group {guard.label} of {self.manifest['model']} matched, but {reason}",
+                {guard.label: reason},
+            ) from e
 
     def __repr__(self) -> str:
         name = self.manifest["model"] + (f".{self.module}" if self.module else "")

@@ -64,6 +64,8 @@ class ProgramGuard:
         axes: One entry per tensor axis, in the order of a call's ``dims``: ``path``,
             ``axis``, ``min``, ``max``, ``dynamic``, ``symbol``.
         relations: ``{"symbol", "terms", "offset"}``: ``symbol == sum(terms) + offset``.
+        rejected: Recorded signatures (``{"dims", "error"}``) the program failed in the
+            export's check: within the ranges, yet not served.
     """
 
     module: str
@@ -74,6 +76,7 @@ class ProgramGuard:
     leaves: list[dict[str, Any]]
     axes: list[dict[str, Any]]
     relations: list[dict[str, Any]] = field(default_factory=list)
+    rejected: dict[tuple[int, ...], str] = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, entry: Mapping[str, Any]) -> ProgramGuard:
@@ -87,6 +90,9 @@ class ProgramGuard:
             leaves=list(entry["leaves"]),
             axes=list(entry["axes"]),
             relations=list(entry.get("relations", [])),
+            rejected={
+                tuple(int(v) for v in r["dims"]): str(r["error"]) for r in entry.get("rejected", [])
+            },
         )
 
     @property
@@ -120,6 +126,9 @@ class ProgramGuard:
         """
         if len(dims) != len(self.axes):
             return f"the call has {len(dims)} tensor dims, the program {len(self.axes)}"
+        failed = self.rejected.get(tuple(int(v) for v in dims))
+        if failed is not None:
+            return f"this recorded signature failed the export's check ({failed})"
         symbols: dict[str, tuple[int, str]] = {}
         for size, ax in zip(dims, self.axes, strict=True):
             where = f"{ax['path']} axis {ax['axis']}"
