@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -141,12 +142,16 @@ def _batch_option(values: tuple[str, ...]) -> bool | list[str | int] | None:
 
 @contextlib.contextmanager
 def stdout_to_stderr() -> Iterator[None]:
-    """Sends everything written to stdout (Python and file descriptor 1) to stderr for a block.
+    """Sends everything written to stdout (Python and file descriptor 1) to stderr for a block,
+    and mutes log records below ERROR.
 
     torch's exporters print progress with ``print`` and from C++; the command's stdout must
-    carry only its data (``-f json`` is parsed by scripts).
+    carry only its data (``-f json`` is parsed by scripts). A failing torch.export logs
+    warnings with whole graphs in them; the command says the one-line reason itself
+    (`replay.ExportResult.errors`), so records below ERROR are muted while torch runs.
     """
     sys.stdout.flush()
+    logging.disable(logging.WARNING)
     saved = None
     try:
         saved = os.dup(1)
@@ -157,6 +162,7 @@ def stdout_to_stderr() -> Iterator[None]:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
+        logging.disable(logging.NOTSET)
         sys.stdout.flush()
         if saved is not None:
             os.dup2(saved, 1)
@@ -320,6 +326,9 @@ def export_command(
     for sub, sub_result in subs.items():
         for note in sub_result.notes:
             click.echo(f"note: {sub}.{note}", err=True)
+    for prefix, errors in [("", result.errors)] + [(f"{s}.", r.errors) for s, r in subs.items()]:
+        for group, error in errors.items():
+            click.echo(f"error: group {prefix}{group}: {error}", err=True)
     written = list(result.onnx.values())
     if out is not None and onnx is None and result.programs:
         with stdout_to_stderr():
