@@ -240,6 +240,13 @@ def _coverage(result: Any, subs: dict[str, Any]) -> Any:
     "Default: nothing written.",
 )
 @click.option(
+    "--aoti",
+    is_flag=True,
+    default=False,
+    help="Also compile every program with AOTInductor into the --out .pt2 artifact "
+    "(replay.load then runs the compiled form). Slow: minutes per program. Default: off.",
+)
+@click.option(
     "--set-batch-dimension-for",
     "batch",
     metavar="NAME",
@@ -269,6 +276,7 @@ def export_command(
     model: str | None,
     groups: tuple[str, ...],
     out: str | None,
+    aoti: bool,
     batch: tuple[str, ...],
     named_dims: bool,
     keyword_only: bool,
@@ -301,6 +309,8 @@ def export_command(
     if out is not None and not out.endswith(OUT_SUFFIXES):
         raise click.BadParameter(f"{out!r} must end with .pt2 or .onnx", param_hint="'--out'")
     onnx = out if out is not None and out.endswith(".onnx") else None
+    if aoti and (out is None or onnx is not None):
+        raise click.BadParameter("--aoti needs --out MODEL.pt2", param_hint="'--aoti'")
     if onnx is not None:
         from replay.exporting import require_onnx
 
@@ -332,7 +342,7 @@ def export_command(
     written = list(result.onnx.values())
     if out is not None and onnx is None and result.programs:
         with stdout_to_stderr():
-            written = [result.save(out, modules=subs)]
+            written = [result.save(out, modules=subs, aoti=aoti)]
     for path in written:
         click.echo(f"wrote {path}", err=True)
     coverage = _coverage(result, subs)

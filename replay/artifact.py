@@ -241,9 +241,31 @@ def manifest(results: Mapping[str, ExportResult]) -> dict[str, Any]:
     }
 
 
+def _compile(name: str, program: ExportedProgram) -> list[Any]:
+    """AOTInductor-compiles one program (from its own example inputs); the files to package."""
+    from torch._inductor import aot_compile
+
+    args, kwargs = program.example_inputs or ((), {})
+    try:
+        files = aot_compile(
+            program.module(), tuple(args), dict(kwargs), options={"aot_inductor.package": True}
+        )
+    except Exception as e:  # no silent fallback: the artifact would not be what was asked
+        text = str(e).strip().splitlines()
+        raise ArtifactError(
+            f"AOTInductor could not compile program {name}: {type(e).__name__}: "
+            f"{text[0] if text else ''}"
+        ) from e
+    if not isinstance(files, list):
+        raise ArtifactError(f"AOTInductor returned no package files for program {name}")
+    return files
+
+
 def save(
     path: str | os.PathLike[str],
     results: ExportResult | Mapping[str, ExportResult],
+    *,
+    aoti: bool = False,
 ) -> str:
     """Writes one PT2 archive with every program of `results` and the JSON manifest.
 
@@ -251,12 +273,15 @@ def save(
         path: Where to write (``model.pt2``).
         results: An `ExportResult`, or sub-module name -> `ExportResult` (``""`` for the model
             itself, ``"encoder"`` for a sub-module recorded with ``Recorder(modules=...)``).
+        aoti: Also compile every program with AOTInductor into the archive; `load` then runs
+            the compiled form (the exported program stays in the archive). Slow: minutes.
 
     Returns:
         The path written.
 
     Raises:
-        ArtifactError: Nothing to save (no program exported), or a group cannot be described.
+        ArtifactError: Nothing to save (no program exported), a group cannot be described,
+            or AOTInductor fails on a program (``aoti=True``).
 
     Example:
         >>> replay.export(model, "capture-store").save("model.pt2")  # doctest: +SKIP
@@ -270,6 +295,7 @@ def save(
         results = {"": results}
     with nodes.register_flattening_functions():  # the manifest names the cache types
         data = manifest(results)
+    data["aoti"] = bool(aoti)
     if not data["programs"]:
         raise ArtifactError("no program to save: torch.export rejected every group")
     programs: dict[str, ExportedProgram] = {}
@@ -282,12 +308,14 @@ def save(
     target = os.fspath(path)
     # (The setter checks the inputs against the program's treespec: caches must be registered.)
     with nodes.register_flattening_functions():
+        compiled = {n: _compile(n, p) for n, p in programs.items()} if aoti else None
         try:
             for p in programs.values():
                 p.example_inputs = None
             package_pt2(
                 target,
                 exported_programs=programs,
+                aoti_files=compiled,
                 extra_files={MANIFEST: json.dumps(data, indent=1, default=str)},
             )
         finally:
@@ -390,6 +418,8 @@ class Runner:
     Attributes:
         manifest: The artifact's manifest.
         programs: Program name -> `torch.export.ExportedProgram`.
+        compiled: Program name -> its AOTInductor-compiled form (artifacts saved with
+            ``aoti=True``); when present, calls run it instead of the exported program.
         module: The sub-module this runner serves (``""``: the model itself).
         modules: Sub-module name -> its `Runner` (``runner.modules["encoder"]``).
     """
@@ -399,9 +429,11 @@ class Runner:
         manifest: dict[str, Any],
         programs: Mapping[str, ExportedProgram],
         module: str = "",
+        compiled: Mapping[str, Any] | None = None,
     ) -> None:
         self.manifest = manifest
         self.programs = dict(programs)
+        self.compiled = dict(compiled or {})
         self.module = module
         self._entries = [e for e in manifest["programs"] if e.get("module", "") == module]
         self._guards = [ProgramGuard.from_manifest(e) for e in self._entries]
@@ -411,7 +443,7 @@ class Runner:
         if not module:
             for name in manifest["modules"]:
                 if name:
-                    self.modules[name] = Runner(manifest, programs, name)
+                    self.modules[name] = Runner(manifest, programs, name, compiled)
 
     @property
     def groups(self) -> list[str]:
@@ -488,7 +520,8 @@ class Runner:
         guard, entry = self._route(args, kwargs)
         runnable = self._callables.get(guard.program)
         if runnable is None:
-            runnable = self._callables[guard.program] = self.programs[guard.program].module()
+            runnable = self.compiled.get(guard.program) or self.programs[guard.program].module()
+            self._callables[guard.program] = runnable
         form = entry["form"]
         call_form = CallForm(
             tuple(form["positional"]),
@@ -561,4 +594,10 @@ def load(path: str | os.PathLike[str]) -> Runner:
         raise ArtifactError(
             f"{os.fspath(path)} lacks the programs {', '.join(absent)} its manifest lists"
         )
-    return Runner(data, programs)
+    compiled = dict(getattr(contents, "aoti_runners", None) or {}) if data.get("aoti") else {}
+    if data.get("aoti") and set(compiled) != set(programs):
+        missing = ", ".join(sorted(set(programs) - set(compiled)))
+        raise ArtifactError(
+            f"{os.fspath(path)} says it holds AOTInductor builds, none for {missing}"
+        )
+    return Runner(data, programs, compiled=compiled)

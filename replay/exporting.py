@@ -89,7 +89,11 @@ class ExportResult:
     """The store the programs were exported from (its path or URI), for the artifact."""
 
     def save(
-        self, path: str | os.PathLike[str], modules: Mapping[str, ExportResult] | None = None
+        self,
+        path: str | os.PathLike[str],
+        modules: Mapping[str, ExportResult] | None = None,
+        *,
+        aoti: bool = False,
     ) -> str:
         """Writes every program and a JSON manifest into one PT2 archive (`replay.artifact`).
 
@@ -97,6 +101,8 @@ class ExportResult:
             path: The ``.pt2`` to write.
             modules: Sub-module name -> its `ExportResult` (``{"encoder": ...}``), stored in
                 the same archive and served by ``replay.load(path).modules[name]``.
+            aoti: Also compile every program with AOTInductor into the archive
+                (``replay.load`` then runs the compiled form).
 
         Returns:
             The path written.
@@ -106,7 +112,7 @@ class ExportResult:
         """
         from replay.artifact import save
 
-        return save(path, {"": self, **(modules or {})})
+        return save(path, {"": self, **(modules or {})}, aoti=aoti)
 
 
 def require_onnx() -> None:

@@ -288,3 +288,22 @@ def test_the_loader_finds_the_cache_types_in_the_programs_treespecs(tmp_path: Pa
         "transformers.cache_utils.DynamicCache",
         "transformers.modeling_outputs.CausalLMOutputWithPast",
     }
+
+
+@pytest.mark.slow
+def test_aoti_compiles_every_program_into_the_artifact_and_load_runs_it(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    with capture.Recorder(model, tmp_path / "store", name="linear"), torch.no_grad():
+        for batch in (2, 3, 5):
+            model(torch.randn(batch, 4))
+    replay.export(model, tmp_path / "store").save(tmp_path / "linear.pt2", aoti=True)
+    runner = replay.load(tmp_path / "linear.pt2")
+    assert read_manifest(tmp_path / "linear.pt2")["aoti"] is True
+    assert type(runner.compiled["g0"]).__name__ == "AOTICompiledModel"
+    x = torch.randn(4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(runner(x), model(x))
+    # the compiled form checks no input itself: the runner's guards still refuse (issue 10)
+    with pytest.raises(CallNotServed, match=r"axis 0 = 9 is outside the recorded range \[2, 5\]"):
+        runner(torch.randn(9, 4))
