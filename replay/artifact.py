@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import warnings
 import zipfile
 from collections.abc import Mapping
 from datetime import datetime
@@ -247,9 +248,12 @@ def _compile(name: str, program: ExportedProgram) -> list[Any]:
 
     args, kwargs = program.example_inputs or ((), {})
     try:
-        files = aot_compile(
-            program.module(), tuple(args), dict(kwargs), options={"aot_inductor.package": True}
-        )
+        with warnings.catch_warnings():
+            # torch 2.13's own deprecation warnings while it copies graphs (LeafSpec): chatter
+            warnings.simplefilter("ignore", FutureWarning)
+            files = aot_compile(
+                program.module(), tuple(args), dict(kwargs), options={"aot_inductor.package": True}
+            )
     except Exception as e:  # no silent fallback: the artifact would not be what was asked
         text = str(e).strip().splitlines()
         raise ArtifactError(
