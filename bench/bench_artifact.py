@@ -86,9 +86,7 @@ def main() -> int:
         f"{result['program_us']:.0f} µs |"
     )
     print(f"| the same call through the runner, median | {result['runner_us']:.0f} µs |")
-    print(
-        f"| `runner.select` alone (structure match + guards), median | {result['route_us']:.0f} µs |"
-    )
+    print(f"| `runner.select` alone (match + guards), median | {result['route_us']:.0f} µs |")
     print(f"| load average (1 min) during the run | {result['load_avg']:.1f} |")
     return 0
 
