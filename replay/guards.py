@@ -22,7 +22,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ProgramGuard", "leaf_key", "LEAF_FIELDS"]
+from capture.errors import ReplayError
+
+__all__ = ["ProgramGuard", "ArtifactError", "CallNotServed", "leaf_key", "LEAF_FIELDS"]
+
+
+class ArtifactError(ReplayError):
+    """An artifact cannot be written or read (not a capture artifact, unknown format, ...)."""
+
+
+class CallNotServed(ArtifactError):
+    """No program of the artifact accepts a call; the message names each group tried and why.
+
+    Attributes:
+        reasons: Group label -> the guard that failed (or "different structure").
+    """
+
+    def __init__(self, message: str, reasons: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.reasons = dict(reasons)
+
 
 LEAF_FIELDS = ("path", "kind", "dtype", "rank", "value")
 """The leaf columns that make a structure, for matching (device and bookkeeping left out)."""
