@@ -19,7 +19,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from itertools import chain
 from types import TracebackType
 from typing import Any, cast
@@ -63,6 +63,29 @@ _MAX_HELD_TOKENS = 2_000_000
 # Integer dtypes torch.aminmax does not implement on CPU: widened to int64 first (exact).
 _WIDEN = {getattr(torch, n) for n in ("uint16", "uint32") if hasattr(torch, n)}
 _INT64 = torch.int64
+
+
+def _submodules(model: Any, modules: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
+    """The ``modules=`` option as name -> object (paths resolved with ``get_submodule``)."""
+    if modules is None:
+        return {}
+    items = modules.items() if isinstance(modules, Mapping) else ((p, p) for p in modules)
+    out: dict[str, Any] = {}
+    for name, sub in items:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise CaptureError(f"modules: {name!r} is not a usable sub-module name")
+        if isinstance(sub, str):
+            try:
+                sub = model.get_submodule(sub)
+            except (AttributeError, TypeError) as e:
+                raise CaptureError(
+                    f"modules: {type(model).__name__} has no sub-module {sub!r} ({e}); pass "
+                    "{name: module} for a module reached otherwise (model.get_encoder())"
+                ) from e
+        if sub is model:
+            raise CaptureError(f"modules: {name!r} is the model itself, already recorded")
+        out[name] = sub
+    return out
 
 
 def _never(t: torch.Tensor) -> bool:
@@ -118,6 +141,13 @@ class Recorder(RecorderBase):
             graph at the recorder, which runs eagerly around the compiled method. False: a
             compile traces through the recorder and its calls are not recorded (what
             ``fullgraph=True`` needs: there a graph break is an error).
+        modules: Sub-modules to record too, for those that callers such as ``generate()``
+            call directly (an encoder through ``get_encoder()``, a vision tower): a mapping
+            ``{name: module or module path}`` or a list of module paths
+            (``model.get_submodule(path)``). Each is recorded by a child `Recorder` (same
+            options) under the model partition ``<name>.<sub-module name>``
+            (``T5ForConditionalGeneration.encoder``); they start and stop with this one and
+            are in ``recorder.modules``.
 
     Example:
         >>> import torch
@@ -145,6 +175,7 @@ class Recorder(RecorderBase):
         max_structures: int = 10_000,
         payloads: float | Payloads = 0.0,
         compiled: bool = True,
+        modules: Mapping[str, Any] | Iterable[str] | None = None,
     ) -> None:
         if not hasattr(model, method) or not callable(getattr(model, method)):
             raise CaptureError(
@@ -196,6 +227,25 @@ class Recorder(RecorderBase):
         self._flight = [itertools.count(), itertools.count()]
         # Counters of the writers of previous start()/stop() rounds: stats() keeps counting.
         self._past: dict[str, int] = {}
+        self.modules: dict[str, Recorder] = {}
+        """Sub-module name -> the child `Recorder` recording it (the ``modules=`` option)."""
+        for sub_name, sub in _submodules(model, modules).items():
+            self.modules[sub_name] = Recorder(
+                sub,
+                store,
+                name=f"{self.name}.{sub_name}",
+                method=method,
+                sample=sample,
+                max_calls=max_calls,
+                record_outputs=record_outputs,
+                value_ranges=value_ranges,
+                queue_size=queue_size,
+                flush_rows=flush_rows,
+                flush_seconds=flush_seconds,
+                max_structures=max_structures,
+                payloads=payloads,
+                compiled=compiled,
+            )
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Recorder:
@@ -229,6 +279,8 @@ class Recorder(RecorderBase):
         self._active = True
         atexit.register(self.stop)
         lifecycle.track(self)
+        for child in self.modules.values():
+            child.start()
         return self
 
     def stop(self) -> None:
@@ -239,6 +291,8 @@ class Recorder(RecorderBase):
         if not self._active:
             return
         self._active = False
+        for child in self.modules.values():
+            child.stop()
         try:
             self._unwrap()
         finally:
@@ -267,6 +321,8 @@ class Recorder(RecorderBase):
         """
         if self._writer is not None:
             self._writer.flush(timeout=timeout)
+        for child in self.modules.values():
+            child.flush(timeout=timeout)
 
     def __enter__(self) -> Recorder:
         return self.start()

@@ -11,6 +11,15 @@ a group or some signatures are not reproduced (the table says which and why); 1 
 anything was exported (no store, unknown model, a factory that cannot be imported or called, a
 forward signature that no longer matches the recordings). Files are written (``--out``) only when
 the export ran, and never on exit 1.
+
+``--out MODEL.pt2`` writes one artifact (`replay.artifact`): every group's program and a JSON
+manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)`` (store
+partitions ``<model>.<name>``; the sub-module is ``model.get_<name>()`` or
+``model.get_submodule(name)``). ``replay.load`` serves it; ``capture check`` measures new
+traffic against it.
+
+Stdout carries the coverage table only: whatever torch prints while exporting (the ONNX
+exporter's progress lines) goes to stderr, at the file-descriptor level.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -30,7 +40,14 @@ from cli.main import store_path
 from cli.output import format_option, no_headers_option, render
 from cli.progress import Progress
 
-__all__ = ["export_command", "load_factory", "EXIT_PARTIAL", "OUT_SUFFIXES"]
+__all__ = [
+    "export_command",
+    "load_factory",
+    "stdout_to_stderr",
+    "submodule",
+    "EXIT_PARTIAL",
+    "OUT_SUFFIXES",
+]
 
 EXIT_PARTIAL = 3
 """Exit status when the export does not cover every recorded signature (STYLE: exit codes)."""
@@ -124,21 +141,77 @@ def _batch_option(values: tuple[str, ...]) -> bool | list[str | int] | None:
     return [int(v) if v.isdigit() else v for v in values]
 
 
-def _save(result: Any, out: str) -> list[str]:
-    """Writes every program as a torch.export archive; returns the paths written."""
-    import torch
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Sends everything written to stdout (Python and file descriptor 1) to stderr for a block,
+    and mutes log records below ERROR.
 
-    from capture import nodes
-    from replay.exporting import output_path
+    torch's exporters print progress with ``print`` and from C++; the command's stdout must
+    carry only its data (``-f json`` is parsed by scripts). A failing torch.export logs
+    warnings with whole graphs in them; the command says the one-line reason itself
+    (`replay.ExportResult.errors`), so records below ERROR are muted while torch runs.
+    """
+    sys.stdout.flush()
+    logging.disable(logging.WARNING)
+    saved = None
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no real descriptors (an embedding host): the Python redirect still holds
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+        sys.stdout.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
 
-    written = []
-    several = len(result.programs) > 1
-    with nodes.register_flattening_functions():
-        for name, program in result.programs.items():
-            path = output_path(out, name, several)
-            torch.export.save(program, path)
-            written.append(path)
-    return written
+
+def submodule(model: Any, name: str) -> Any:
+    """The sub-module recorded as ``<model>.<name>``: ``model.get_<name>()``, else the
+    sub-module at path `name`.
+
+    Raises:
+        click.ClickException: The model has neither.
+    """
+    getter = getattr(model, f"get_{name}", None)
+    if callable(getter):
+        return getter()
+    try:
+        return model.get_submodule(name)
+    except AttributeError as e:
+        raise click.ClickException(
+            f"the store has recordings of sub-module {name!r}, but the model has no "
+            f"get_{name}() and no sub-module {name!r}"
+        ) from e
+
+
+def _sub_results(module: Any, store: str, name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Exports the sub-modules recorded under ``<name>.<sub>`` (``Recorder(modules=...)``)."""
+    import capture
+    import replay
+
+    with capture.open_store(store) as opened:
+        subs = [m.removeprefix(f"{name}.") for m in opened.models() if m.startswith(f"{name}.")]
+    return {
+        sub: replay.export(submodule(module, sub), store, f"{name}.{sub}", **options)
+        for sub in subs
+    }
+
+
+def _coverage(result: Any, subs: dict[str, Any]) -> Any:
+    """The coverage table of the model, then of each sub-module (group ``encoder.g0``)."""
+    import pyarrow as pa
+
+    tables = [result.coverage]
+    for sub, sub_result in subs.items():
+        table = sub_result.coverage
+        groups = [f"{sub}.{g}" for g in table.column("group").to_pylist()]
+        tables.append(table.set_column(0, "group", pa.array(groups, pa.string())))
+    return pa.concat_tables(tables)
 
 
 @click.command("export")
@@ -162,9 +235,17 @@ def _save(result: Any, out: str) -> list[str]:
     "--out",
     metavar="PATH",
     default=None,
-    help="Write the programs: PATH.pt2 (torch.export.save) or PATH.onnx (needs capture[onnx]); "
-    "with several groups, one file per group named PATH-stem.GROUP.suffix. Default: nothing "
-    "written.",
+    help="Write the programs: PATH.pt2, one artifact holding every group's (and recorded "
+    "sub-module's) program and a manifest, served by replay.load; or PATH.onnx (needs "
+    "capture[onnx]), one file per group named PATH-stem.GROUP.onnx when there are several. "
+    "Default: nothing written.",
+)
+@click.option(
+    "--aoti",
+    is_flag=True,
+    default=False,
+    help="Also compile every program with AOTInductor into the --out .pt2 artifact "
+    "(replay.load then runs the compiled form). Slow: minutes per program. Default: off.",
 )
 @click.option(
     "--set-batch-dimension-for",
@@ -204,6 +285,7 @@ def export_command(
     model: str | None,
     groups: tuple[str, ...],
     out: str | None,
+    aoti: bool,
     batch: tuple[str, ...],
     named_dims: bool,
     keyword_only: bool,
@@ -239,6 +321,8 @@ def export_command(
     if out is not None and not out.endswith(OUT_SUFFIXES):
         raise click.BadParameter(f"{out!r} must end with .pt2 or .onnx", param_hint="'--out'")
     onnx = out if out is not None and out.endswith(".onnx") else None
+    if aoti and (out is None or onnx is not None):
+        raise click.BadParameter("--aoti needs --out MODEL.pt2", param_hint="'--aoti'")
     if onnx is not None:
         from replay.exporting import require_onnx
 
@@ -247,32 +331,42 @@ def export_command(
 
     import replay
 
-    with Progress("export") as progress:  # on stderr, only when it is a terminal
+    options: dict[str, Any] = dict(
+        set_batch_dimension_for=_batch_option(batch),
+        named_dims=named_dims,
+        keyword_only=keyword_only,
+        probes=probes,
+    )
+    with Progress("export") as progress, stdout_to_stderr():  # progress: only on a terminal
         progress.phase("exporting each call group and checking every recorded signature")
         result = replay.export(
-            module,
-            store_path(ctx),
-            model,
-            groups=list(groups) or None,
-            onnx=onnx,
-            set_batch_dimension_for=_batch_option(batch),
-            named_dims=named_dims,
-            keyword_only=keyword_only,
-            probes=probes,
+            module, store_path(ctx), model, groups=list(groups) or None, onnx=onnx, **options
         )
+        subs: dict[str, Any] = {}
+        if out is not None and onnx is None:
+            subs = _sub_results(module, store_path(ctx), result.inputs.model, options)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
+    for sub, sub_result in subs.items():
+        for note in sub_result.notes:
+            click.echo(f"note: {sub}.{note}", err=True)
+    for prefix, errors in [("", result.errors)] + [(f"{s}.", r.errors) for s, r in subs.items()]:
+        for group, error in errors.items():
+            click.echo(f"error: group {prefix}{group}: {error}", err=True)
     written = list(result.onnx.values())
     if out is not None and onnx is None and result.programs:
-        written = _save(result, out)
+        with stdout_to_stderr():
+            written = [result.save(out, modules=subs, aoti=aoti)]
     for path in written:
         click.echo(f"wrote {path}", err=True)
-    render(result.coverage, fmt, headers=not no_headers)
-    if not result.complete:
-        for group, why in result.not_honoured.items():
-            click.echo(f"not honoured: {group}: {why}", err=True)
+    coverage = _coverage(result, subs)
+    render(coverage, fmt, headers=not no_headers)
+    if not (result.complete and all(r.complete for r in subs.values())):
         from replay.coverage import coverage_counts
 
-        counts = coverage_counts(result.coverage)
+        for prefix, sub_result in [("", result)] + [(f"{s}.", r) for s, r in subs.items()]:
+            for group, why in sub_result.not_honoured.items():
+                click.echo(f"not honoured: {prefix}{group}: {why}", err=True)
+        counts = coverage_counts(coverage)
         click.echo(f"export incomplete: {counts} (see the error column)", err=True)
         ctx.exit(EXIT_PARTIAL)

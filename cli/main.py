@@ -73,6 +73,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cli.engines:buckets_command",
         "Choose the N batch or sequence sizes that pad recorded calls least.",
     ),
+    "check": (
+        "cli.check:check_command",
+        "Check that a saved artifact serves the calls recorded in the store.",
+    ),
 }
 """Command name -> (``"module:function"``, one-line summary shown by ``capture --help``).
 

@@ -15,6 +15,7 @@ __all__ = [
     "ExportResult",
     "ModelInputs",
     "all_dynamic_shape_from_inputs",
+    "load",
 ]
 
 _LAZY = {
@@ -24,9 +25,11 @@ _LAZY = {
     "ExportResult": "replay.exporting",
     "ModelInputs": "replay.modelinputs",
     "all_dynamic_shape_from_inputs": "replay.modelinputs",
+    "load": "replay.artifact",
 }
 
 if TYPE_CHECKING:
+    from replay.artifact import load
     from replay.exporting import ExportResult, export
     from replay.inputs import ExportInputs, export_inputs
     from replay.modelinputs import ModelInputs, all_dynamic_shape_from_inputs

@@ -101,6 +101,34 @@ class ExportResult:
     errors: dict[str, str] = field(default_factory=dict)
     onnx: dict[str, str] = field(default_factory=dict)
     not_honoured: dict[str, str] = field(default_factory=dict)
+    source: str | None = None
+    """The store the programs were exported from (its path or URI), for the artifact."""
+
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        modules: Mapping[str, ExportResult] | None = None,
+        *,
+        aoti: bool = False,
+    ) -> str:
+        """Writes every program and a JSON manifest into one PT2 archive (`replay.artifact`).
+
+        Args:
+            path: The ``.pt2`` to write.
+            modules: Sub-module name -> its `ExportResult` (``{"encoder": ...}``), stored in
+                the same archive and served by ``replay.load(path).modules[name]``.
+            aoti: Also compile every program with AOTInductor into the archive
+                (``replay.load`` then runs the compiled form).
+
+        Returns:
+            The path written.
+
+        Raises:
+            ArtifactError: No program to save, or a group the manifest cannot describe.
+        """
+        from replay.artifact import save
+
+        return save(path, {"": self, **(modules or {})}, aoti=aoti)
 
 
 def require_onnx() -> None:
@@ -506,6 +534,15 @@ def export(
         onnx_files = _write_onnx(inputs, programs, os.fspath(onnx))
     coverage = pa.Table.from_pylist(rows, schema=COVERAGE_SCHEMA)
     complete = bool(rows) and all(r["covered"] for r in rows) and not not_honoured
+    source = str(getattr(store, "path", store)) if store is not None else None
     return ExportResult(
-        programs, coverage, notes, complete, inputs, errors, onnx_files, not_honoured
+        programs,
+        coverage,
+        notes,
+        complete,
+        inputs,
+        errors,
+        onnx_files,
+        not_honoured=not_honoured,
+        source=source,
     )

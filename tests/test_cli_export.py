@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from fixtures.stores import record_seed_scenarios
+from replay.artifact import read_manifest
 
 FACTORIES = textwrap.dedent(
     """
@@ -110,13 +111,16 @@ def test_a_module_name_works_as_factory(store: str) -> None:
     assert (code, out) == (0, ADD_TABLE)
 
 
-def test_out_writes_one_archive_per_group(store: str, factories: str, tmp_path: Path) -> None:
+def test_out_writes_one_artifact_with_every_group(
+    store: str, factories: str, tmp_path: Path
+) -> None:
     target = tmp_path / "masked.pt2"
     code, _, err = _run(store, f"{factories}:masked", "--model", "masked", "--out", str(target))
     assert code == 0
-    written = sorted(p.name for p in tmp_path.glob("*.pt2"))
-    assert written == ["masked.g0.pt2", "masked.g1.pt2"]
-    assert f"wrote {tmp_path / 'masked.g0.pt2'}\n" in err
+    # one archive holding both groups' programs (issue 10), no longer one file per group
+    assert sorted(p.name for p in tmp_path.glob("*.pt2")) == ["masked.pt2"]
+    assert [p["group"] for p in read_manifest(target)["programs"]] == ["g0", "g1"]
+    assert f"wrote {target}\n" in err
 
 
 def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) -> None:
@@ -136,8 +140,12 @@ def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) ->
     assert err.endswith(
         "export incomplete: 2 of 3 recorded signatures covered (see the error column)\n"
     )
-    # The programs that exported are still written.
-    assert sorted(p.name for p in tmp_path.glob("*.pt2")) == ["branchy.g0.pt2", "branchy.g1.pt2"]
+    # The programs that exported are still written; the artifact refuses the failed signature.
+    assert sorted(p.name for p in tmp_path.glob("*.pt2")) == ["branchy.pt2"]
+    g0 = read_manifest(target)["programs"][0]
+    assert [r["error"] for r in g0["rejected"]] == [
+        "program failed: AssertionError: Guard failed: x.size()[0] <= 3"
+    ]
 
 
 @pytest.mark.parametrize(
