@@ -9,15 +9,10 @@ its thousands of stats rows. No plotting and no torch here (`capture.report_html
 `first_ts` and `last_ts`; they are spread evenly over that span (a segment lasts at most the
 recorder's ``flush_seconds``, 10 s by default), so the time resolution is the segment's length.
 
-**Served by an artifact.** `served_calls` takes the artifact's manifest as JSON (the interface
-between this report and the artifact format of `replay`):
-
-    {"groups": [{"name": "decode", "structure_id": "<calls.in_structure>",
-                 "dims": [{"path": "kwargs['input_ids']", "axis": 0, "min": 1, "max": 64},
-                          ...]}]}
-
-A recorded signature is served when a manifest group has its input structure and every listed
-``(path, axis)`` of it holds the recorded size within ``[min, max]``.
+**Served by an artifact.** `served_calls` aggregates, per recorded call group, the rows of
+`replay.drift.check_rows` (one per distinct recorded signature: its input structure, calls, and
+whether a program of the artifact serves it, with the runner's own guards), so the report and
+`capture check` give one answer.
 """
 
 from __future__ import annotations
@@ -28,13 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from capture.errors import CaptureError
-
 if TYPE_CHECKING:
     from capture.analysis import Group
     from capture.store import Store
 
-__all__ = ["BadManifest", "Timeline", "ServedGroup", "timeline", "served_calls", "symbol_kind"]
+__all__ = ["Timeline", "ServedGroup", "timeline", "served_calls", "symbol_kind"]
 
 _STATS_SQL = """
 SELECT in_structure, calls, epoch_us(first_ts) AS t0, epoch_us(last_ts) AS t1
@@ -144,70 +137,32 @@ class ServedGroup:
     programs: list[str]
 
 
-class BadManifest(CaptureError):
-    """An artifact manifest without the shape `served_calls` documents."""
-
-
-def _dim_range(dim: Any, program: Any) -> tuple[str, int, int, int]:
-    """``(path, axis, min, max)`` of one manifest dims entry, checked."""
-    try:
-        return str(dim["path"]), int(dim["axis"]), int(dim["min"]), int(dim["max"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise BadManifest(
-            f"the artifact manifest's program {program!r} has a dims entry without an integer "
-            f"path/axis/min/max ({dim!r}); the artifact may come from another capture version"
-        ) from e
-
-
-def served_calls(groups: Sequence[Group], manifest: Mapping[str, Any]) -> list[ServedGroup]:
-    """Which recorded calls the artifact whose manifest this is serves (module docstring).
+def served_calls(groups: Sequence[Group], rows: Sequence[Mapping[str, Any]]) -> list[ServedGroup]:
+    """How much of each recorded call group an artifact serves (module docstring).
 
     Args:
         groups: The recorded call groups of one model.
-        manifest: The artifact's manifest, parsed JSON.
+        rows: `replay.drift.check_rows` for the artifact (every model of the store).
 
     Returns:
         One `ServedGroup` per recorded group, in the order of `groups`.
 
-    Raises:
-        BadManifest: The manifest does not have the documented shape.
-
     Example:
-        >>> served_calls(groups, {"groups": []})[0].served_calls  # doctest: +SKIP
-        0
+        >>> served_calls(groups, rows)[0].served_calls  # doctest: +SKIP
+        7
     """
-    programs = manifest.get("groups") if isinstance(manifest, Mapping) else None
-    if not isinstance(programs, list):
-        raise BadManifest("the artifact manifest has no 'groups' list; is it an artifact?")
     out = []
     for g in groups:
-        if g.matrix is None or g.weights is None:
-            continue
-        column = {(d.path, d.axis): j for j, d in enumerate(g.dims)}
-        served = np.zeros(g.matrix.shape[0], dtype=bool)
-        names = []
-        for program in programs:
-            if not isinstance(program, Mapping) or program.get("structure_id") != g.structure_id:
-                continue
-            ok = np.ones(g.matrix.shape[0], dtype=bool)
-            for dim in program.get("dims") or ():
-                path, axis, lo, hi = _dim_range(dim, program.get("name"))
-                j = column.get((path, axis))
-                if j is None:  # the program constrains an axis this structure lacks
-                    ok[:] = False
-                    break
-                values = g.matrix[:, j]
-                ok &= (values >= lo) & (values <= hi)
-            served |= ok
-            names.append(str(program.get("name", "?")))
+        mine = [r for r in rows if r["model"] == g.model and r["structure"] == g.structure_id]
+        served = [r for r in mine if r["served"]]
         out.append(
             ServedGroup(
                 group=g.name,
-                calls=int(g.weights.sum()),
-                served_calls=int(g.weights[served].sum()),
-                signatures=int(g.matrix.shape[0]),
-                served_signatures=int(served.sum()),
-                programs=names,
+                calls=sum(int(r["calls"]) for r in mine),
+                served_calls=sum(int(r["calls"]) for r in served),
+                signatures=len(mine),
+                served_signatures=len(served),
+                programs=sorted({str(r["group"]) for r in served}),
             )
         )
     return out

@@ -299,7 +299,7 @@ def _model_section(
     store: Store,
     model: Mapping[str, Any],
     groups: Sequence[Group],
-    manifest: tuple[str, Mapping[str, Any]] | None,
+    served: tuple[str, Sequence[Mapping[str, Any]]] | None,
 ) -> list[str]:
     name = model["model"]
     parts = [
@@ -371,9 +371,9 @@ def _model_section(
         parts += ["<p>Inputs seen with several kinds, dtypes or ranks:</p>", _table(drift)]
     else:
         parts.append("<p>No input changed kind, dtype or rank.</p>")
-    if manifest is not None:
-        source, data = manifest
-        parts += _served_section(served_calls(groups, data), source)
+    if served is not None:
+        source, rows = served
+        parts += _served_section(served_calls(groups, rows), source)
     return parts
 
 
@@ -381,7 +381,7 @@ def build_report(
     store: Store,
     model: str | None = None,
     *,
-    manifest: tuple[str, Mapping[str, Any]] | None = None,
+    served: tuple[str, Sequence[Mapping[str, Any]]] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> str:
     """The report page as one HTML string (module docstring).
@@ -389,8 +389,8 @@ def build_report(
     Args:
         store: An open store.
         model: One model, or None for every model in the store.
-        manifest: ``(source, manifest JSON)`` of an artifact: adds which recorded calls it
-            serves (see `capture.report_data.served_calls`).
+        served: ``(source, rows)`` for an artifact, the rows of `replay.drift.check_rows`:
+            adds which recorded calls it serves (`capture.report_data.served_calls`).
         progress: Called with a short message before each step (the CLI's progress line).
 
     Returns:
@@ -430,6 +430,6 @@ def build_report(
     for i, entry in enumerate(summary["models"]):
         say(f"model {i + 1}/{len(summary['models'])}: {entry['model']}")
         mine = [g for g in groups if g.model == entry["model"]]
-        parts += _model_section(store, entry, mine, manifest)
+        parts += _model_section(store, entry, mine, served)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

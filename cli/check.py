@@ -26,23 +26,10 @@ import click
 from cli.main import store_path
 from cli.output import format_option, no_headers_option, render
 
-__all__ = ["check_command", "EXIT_NOT_SERVED", "parse_since", "check_rows"]
+__all__ = ["check_command", "EXIT_NOT_SERVED", "parse_since"]
 
 EXIT_NOT_SERVED = 3
 """Exit status when some calls of the window are not served by the artifact."""
-
-_CALLS = """
-SELECT in_structure, dims, count(*) AS calls, min(ts) AS first_ts, max(ts) AS last_ts
-FROM calls
-WHERE model = $model AND error IS NULL AND ($since IS NULL OR ts >= $since)
-GROUP BY in_structure, dims
-ORDER BY min(ts), in_structure
-"""
-
-_STRUCTURES = """
-SELECT structure_id, leaf, path, argument, kind, dtype, rank, value, dim_offset, treespec
-FROM structures WHERE model = $model ORDER BY structure_id, leaf
-"""
 
 
 def parse_since(text: str | None) -> datetime | None:
@@ -67,65 +54,6 @@ def parse_since(text: str | None) -> datetime | None:
             f"{text!r} is not a date (YYYY-MM-DD) or an ISO timestamp", param_hint="'--since'"
         ) from e
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-
-
-def check_rows(
-    store: Any, manifest: dict[str, Any], since: datetime | None, model: str | None
-) -> list[dict[str, Any]]:
-    """One row per distinct recorded signature of the window, for every module of the artifact.
-
-    Args:
-        store: An open `capture.Store`.
-        manifest: The artifact's manifest (`replay.artifact.read_manifest`).
-        since: Only calls at or after this moment (None: every call).
-        model: The model's name in the store when it differs from the artifact's.
-
-    Returns:
-        Rows with ``model, group, signature, calls, served, reason`` (``group``: the program
-        serving the signature, or null; ``reason``: why each program refused it).
-    """
-    from replay.guards import ProgramGuard
-    from replay.shapes import describe_sizes
-
-    base = model or str(manifest["model"])
-    rows: list[dict[str, Any]] = []
-    for module in manifest["modules"]:
-        name = f"{base}.{module}" if module else base
-        store.check_model(name)
-        guards = [
-            ProgramGuard.from_manifest(e)
-            for e in manifest["programs"]
-            if e.get("module", "") == module
-        ]
-        leaves: dict[str, list[dict[str, Any]]] = {}
-        for row in store.query(_STRUCTURES, {"model": name}).to_pylist():
-            leaves.setdefault(row["structure_id"], []).append(row)
-        calls = store.query(_CALLS, {"model": name, "since": since}).to_pylist()
-        for call in calls:
-            structure = leaves.get(call["in_structure"], [])
-            treespec = structure[0]["treespec"] if structure else None
-            dims = [int(v) for v in call["dims"]]
-            served, reasons = None, []
-            for guard in guards:
-                if not guard.matches(treespec, structure, call["in_structure"]):
-                    reasons.append(f"{guard.label}: different call structure")
-                    continue
-                failed = guard.check(dims)
-                if failed is None:
-                    served = guard.label
-                    break
-                reasons.append(f"{guard.label}: {failed}")
-            rows.append(
-                {
-                    "model": name,
-                    "group": served,
-                    "signature": describe_sizes(structure, dims) if structure else "?",
-                    "calls": int(call["calls"]),
-                    "served": served is not None,
-                    "reason": None if served else ("; ".join(reasons) or "no program"),
-                }
-            )
-    return rows
 
 
 def _summary(rows: Sequence[dict[str, Any]]) -> str:
@@ -187,8 +115,12 @@ def check_command(
 
     manifest = read_manifest(artifact)
     moment = parse_since(since)
+    from replay.drift import check_rows
+
     with capture.open_store(store_path(ctx)) as store:
         rows = check_rows(store, manifest, moment, model)
+    for row in rows:
+        del row["structure"]
     render(rows, fmt, headers=not no_headers)
     if not rows:
         window = f" since {since}" if since else ""

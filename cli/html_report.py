@@ -1,15 +1,13 @@
 """`capture report --out report.html`: the store's traffic as one self-contained HTML page.
 
 Draws with matplotlib (the ``report`` extra), imported when the command runs; never torch.
-``--artifact`` reads an artifact's manifest through `replay.artifact.read_manifest` (the
-artifact format of issue 10); where that is not installed the option fails with one line and
-exit status 1 instead of writing a page without the section asked for.
+``--artifact`` adds which recorded calls a saved artifact serves, with the same guards as
+`capture check` (`replay.drift`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -17,30 +15,23 @@ import click
 from cli.main import store_path
 from cli.progress import Progress
 
-__all__ = ["report_command", "read_artifact_manifest"]
+__all__ = ["report_command", "served_rows"]
 
 
-def read_artifact_manifest(path: str) -> tuple[str, Mapping[str, Any]]:
-    """The manifest of the artifact at `path`, read by `replay.artifact.read_manifest`.
+def served_rows(store: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
+    """Which recorded calls the artifact at `path` serves (`replay.drift.check_rows`).
 
     Raises:
-        click.ClickException: The artifact reader is not installed, or the file is missing.
+        click.ClickException: The file is missing.
     """
     if not os.path.exists(path):
         raise click.ClickException(
             f"no artifact at {path}; pass the .pt2 that capture export wrote"
         )
-    try:
-        from replay.artifact import read_manifest  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as e:
-        raise click.ClickException(
-            "--artifact needs replay.artifact.read_manifest (the .pt2 artifact format), which "
-            "this installation does not have; run capture report without --artifact"
-        ) from e
-    manifest = read_manifest(path)
-    if not isinstance(manifest, Mapping):
-        raise click.ClickException(f"the manifest of {path} is not a JSON object")
-    return path, manifest
+    from replay.artifact import read_manifest
+    from replay.drift import check_rows
+
+    return path, check_rows(store, read_manifest(path), None, None)
 
 
 @click.command("report")
@@ -85,9 +76,12 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
     from capture.store import open_store
 
     require_matplotlib()
-    manifest = read_artifact_manifest(artifact) if artifact is not None else None
     with Progress("report") as progress, open_store(store_path(ctx)) as store:
-        page = build_report(store, model, manifest=manifest, progress=progress.phase)
+        served = None
+        if artifact is not None:
+            progress.phase(f"checking which recorded calls {artifact} serves")
+            served = served_rows(store, artifact)
+        page = build_report(store, model, served=served, progress=progress.phase)
         progress.phase(f"writing {out}")
         tmp = f"{out}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:

@@ -85,7 +85,8 @@ def test_export_out_puts_every_recorded_sub_module_in_the_artifact(
         cli, ["--store", str(tmp_path / "store"), "export", target, "--out", str(artifact)]
     )
     assert result.exit_code == 0, result.stderr
-    groups = [line.split()[0] for line in result.stdout.splitlines()[2:]]
+    rows = [line.split()[:2] for line in result.stdout.splitlines()[2:]]
+    groups = [group for group, kind in rows if kind == "recorded"]
     assert groups == ["g0", "g0", "g0", "inner.g0", "inner.g0", "inner.g0"]
     runner = replay.load(artifact)
     x = torch.randn(4, 4)

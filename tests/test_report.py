@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 import capture
 from capture.analysis import analyze
-from capture.report_data import BadManifest, served_calls, timeline
+from capture.report_data import served_calls, timeline
 from capture.report_html import build_report
 from capture.store import Store
 from cli.main import cli
@@ -77,25 +77,63 @@ def test_timeline_keeps_every_call(llama: Store) -> None:
     assert np.allclose(tl.calls.sum(axis=1), [g.calls for g in groups])
 
 
-def test_served_calls_follow_the_manifest_ranges(pair: Store) -> None:
+def test_served_calls_add_up_the_check_rows_per_group(pair: Store) -> None:
     (group,) = analyze(pair)
-    manifest = {
-        "groups": [
-            {
-                "name": "small",
-                "structure_id": group.structure_id,
-                "dims": [
-                    {"path": "args[0]", "axis": 0, "min": 1, "max": 2},
-                    {"path": "args[0]", "axis": 1, "min": 10, "max": 30},
-                ],
-            },
-            {"name": "other", "structure_id": "not-this-one", "dims": []},
-        ]
-    }
-    (served,) = served_calls([group], manifest)
-    # Batch <= 2: (1, 10) x 2, (1, 20) x 2, (2, 30) x 3 are served, (4, 30) x 3 is not.
-    assert (served.served_calls, served.calls, served.served_signatures) == (7, 10, 3)
-    assert served.programs == ["small"]
+    rows = [
+        {
+            "model": "pair",
+            "structure": group.structure_id,
+            "group": "g0",
+            "calls": 2,
+            "served": True,
+        },
+        {
+            "model": "pair",
+            "structure": group.structure_id,
+            "group": None,
+            "calls": 3,
+            "served": False,
+        },
+        {"model": "pair", "structure": "another", "group": "g1", "calls": 5, "served": True},
+        {
+            "model": "other",
+            "structure": group.structure_id,
+            "group": "g0",
+            "calls": 7,
+            "served": True,
+        },
+    ]
+    (served,) = served_calls([group], rows)
+    assert (served.calls, served.served_calls) == (5, 2)
+    assert (served.signatures, served.served_signatures) == (2, 1)
+    assert served.programs == ["g0"]
+
+
+def test_report_with_an_artifact_says_what_capture_check_says(tmp_path: Path) -> None:
+    # One answer for "which calls does the artifact serve": the report uses capture check's rows.
+    import torch
+
+    import replay
+    from fixtures.traffic import Pair
+
+    root = tmp_path / "store"
+    record_traffic(root, [((1, 10), 2), ((1, 20), 2), ((2, 30), 3)])
+    torch.manual_seed(0)
+    replay.export(Pair(), root, "pair", probes=0).save(tmp_path / "pair.pt2")
+    record_traffic(root, [((4, 30), 3)])  # newer traffic: batch 4 is outside [1, 2]
+    out = tmp_path / "r.html"
+    args = ["--store", str(root), "report", "--artifact", str(tmp_path / "pair.pt2")]
+    result = CliRunner().invoke(cli, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text(encoding="utf-8")
+    section = page[page.index("Served by the artifact") :]
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", section)[:7]
+    assert cells == ["g0", "10", "7", "70.0%", "4", "3", "g0"]
+    check = CliRunner().invoke(
+        cli, ["--store", str(root), "check", str(tmp_path / "pair.pt2"), "-f", "json"]
+    )
+    assert check.exit_code == 3
+    assert check.stderr.endswith("served: 3 of 4 recorded signatures, 7 of 10 calls\n")
 
 
 def test_report_command_writes_the_page(pair_root: Path, tmp_path: Path) -> None:
@@ -106,24 +144,6 @@ def test_report_command_writes_the_page(pair_root: Path, tmp_path: Path) -> None
     # stderr is not a terminal here: no progress line, only what was written.
     assert re.fullmatch(rf"wrote {re.escape(str(out))} \([0-9,]+ KiB\)\n", result.stderr)
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
-
-
-def test_artifact_without_the_artifact_reader_is_one_error_line(
-    pair_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    artifact = tmp_path / "model.pt2"
-    artifact.write_bytes(b"PK")
-    monkeypatch.setitem(sys.modules, "replay.artifact", None)  # as in a build without it
-    out = tmp_path / "r.html"
-    result = CliRunner().invoke(
-        cli, ["--store", str(pair_root), "report", "--artifact", str(artifact), "--out", str(out)]
-    )
-    assert result.exit_code == 1
-    assert result.stderr == (
-        "Error: --artifact needs replay.artifact.read_manifest (the .pt2 artifact format), which "
-        "this installation does not have; run capture report without --artifact\n"
-    )
-    assert not out.exists()
 
 
 def test_missing_artifact_file_is_one_error_line(pair_root: Path, tmp_path: Path) -> None:
@@ -224,10 +244,3 @@ def test_page_renders_its_plots_in_headless_chromium(llama_page: str, tmp_path: 
     # The distribution bars are drawn in #0969da: the images were decoded and painted.
     bars = np.all(np.abs(pixels - np.array([9, 105, 218])) <= 6, axis=-1)
     assert bars.sum() > 5_000
-
-
-def test_manifest_without_ranges_is_a_clear_error(pair: Store) -> None:
-    (group,) = analyze(pair)
-    manifest = {"groups": [{"name": "p", "structure_id": group.structure_id, "dims": [{}]}]}
-    with pytest.raises(BadManifest, match="program 'p' has a dims entry without an integer"):
-        served_calls([group], manifest)
