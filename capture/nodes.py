@@ -73,6 +73,10 @@ class CacheKey(pytree.GetAttrKey):
         if self.attr in ("key_cache", "value_cache") and self.index is not None:
             layer = parent.layers[self.index]
             return layer.keys if self.attr == "key_cache" else layer.values
+        if self.attr == "cumulative_length" and self.index is not None:
+            return parent.layers[self.index].cumulative_length
+        if self.attr == SEEN_TOKENS:
+            return flatten_layers(parent)[0][-1]
         return getattr(parent, self.attr)
 
 
@@ -86,27 +90,150 @@ def transformers_loaded() -> bool:
     return "transformers" in sys.modules
 
 
+SEEN_TOKENS = "seen_tokens"
+"""Key of the shape-only leaf that carries a full sliding-window layer's ``cumulative_length``."""
+
+_FULL = "full"
+_FILLING = "filling"
+
+# Layer classes whose forward-relevant state the flattening carries exactly (issue 9). The
+# enumeration test (tests/test_fidelity_caches.py) fails when transformers ships a cache or layer
+# class that is in neither table.
+SUPPORTED_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer", "StaticLayer")
+SUPPORTED_CACHES = ("DynamicCache", "StaticCache", "EncoderDecoderCache")
+_QUANTIZED = "its quantized states are not tensors torch.export can take"
+_LINEAR = "its convolution and recurrent states are not flattened"
+_INDEXED = "its indexer keys and positions are not flattened"
+_DRAFT = "its draft-model state is not flattened (no pytree registration)"
+UNSUPPORTED: dict[str, str] = {
+    "StaticSlidingWindowLayer": (
+        "its Python-int fill level (cumulative_length_int) selects the update path and cannot "
+        "be an input of an exported program"
+    ),
+    "DynamicIndexedLayer": _INDEXED,
+    "StaticIndexedLayer": _INDEXED,
+    "BaseQuantizedLayer": _QUANTIZED,
+    "QuantizedLayer": _QUANTIZED,
+    "QuantoQuantizedLayer": _QUANTIZED,
+    "HQQQuantizedLayer": _QUANTIZED,
+    "Fp8QuantizedLayer": _QUANTIZED,
+    "LinearAttentionCacheLayerMixin": _LINEAR,
+    "LinearAttentionLayer": _LINEAR,
+    "LinearAttentionAndFullAttentionLayer": _LINEAR,
+    "LinearAttentionAndSlidingWindowAttentionLayer": _LINEAR,
+    "LinearAttentionAndStaticFullAttentionLayer": _LINEAR,
+    "LinearAttentionAndStaticSlidingWindowAttentionLayer": _LINEAR,
+    "QuantizedCache": "quantized layers are not flattened (no pytree registration)",
+    "MtpCache": _DRAFT,
+    "DFlashCache": _DRAFT,
+}
+"""Cache and layer classes we cannot round-trip exactly -> why (reported as not covered)."""
+
+_MARKER: list[torch.Tensor] = []
+
+
+def _marker(length: int) -> torch.Tensor:
+    """A shape-only tensor of `length` elements: a contiguous view of a shared zero buffer.
+
+    A view, so the hot path allocates nothing per call; contiguous, because torch.export
+    gives an expanded (stride 0) input a static size.
+    """
+    if not _MARKER or _MARKER[0].shape[0] < length:
+        size = max(1024, 2 * length)
+        _MARKER[:] = [torch.zeros(size)]
+    return _MARKER[0][:length]
+
+
 def _layer_context(layer: Any) -> tuple[Any, ...]:
+    """The structural state of a layer: its class, its constants and, for a sliding window,
+    whether it is full (``cumulative_length`` then exceeds the cached keys)."""
     name = type(layer).__name__
-    if hasattr(layer, "sliding_window"):
-        return (name, int(layer.sliding_window))
+    if name == "DynamicLayer":
+        return _DYNAMIC_CONTEXT
+    if hasattr(layer, "sliding_window") and name != "StaticSlidingWindowLayer":
+        keys = getattr(layer, "keys", None)
+        seen = getattr(layer, "cumulative_length", 0)
+        cached = keys.shape[-2] if isinstance(keys, torch.Tensor) and keys.ndim == 4 else 0
+        if type(seen) is int and type(cached) is int:
+            state = _FULL if seen != cached else _FILLING
+        else:
+            # Symbolic while torch.export traces: comparing would add a guard. The state is
+            # the one the layer was rebuilt with (the length itself travels as `SEEN_TOKENS`).
+            state = getattr(layer, _STATE, _FILLING)
+        return (name, int(layer.sliding_window), state)
     if hasattr(layer, "max_cache_len"):
         return (name, int(layer.max_cache_len))
     return (name,)
 
 
-def _flatten_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...]]:
+_DYNAMIC_CONTEXT = ("DynamicLayer",)
+
+
+def _seen_leaf(cache: Any, seen: Any) -> torch.Tensor:
+    """The `SEEN_TOKENS` leaf of `seen` tokens.
+
+    A cache we rebuilt keeps the leaf it was given (`_ANCHOR`): torch.export must find that very
+    input tensor when it flattens the example (a view gets a static size). While torch.export
+    traces the outputs, `seen` is symbolic and the leaf is a graph op (no constant tensor).
+    """
+    anchor: torch.Tensor | None = getattr(cache, _ANCHOR, None)
+    if anchor is None:
+        return _marker(seen)
+    if type(seen) is int and anchor.shape[0] == seen:
+        return anchor
+    return anchor.new_zeros(seen)
+
+
+_ANCHOR = "_capture_seen_tokens"
+_STATE = "_capture_state"
+
+
+def _extras(cache: Any, layers: Sequence[Any], context: Sequence[Sequence[Any]]) -> list[Any]:
+    """The state leaves after keys and values: StaticLayer fill levels, then `SEEN_TOKENS`.
+
+    Every sliding-window layer of a cache has seen the same tokens, so one shape-only leaf
+    carries their ``cumulative_length`` (a dim, not a value: it varies per call without making a
+    new structure, and torch.export takes it as a dynamic dim).
+    """
+    extras: list[Any] = []
+    seen = None
+    for layer, ctx in zip(layers, context, strict=True):
+        if ctx[0] == "StaticLayer":
+            extras.append(layer.cumulative_length if layer.is_initialized else None)
+        elif len(ctx) > 2 and seen is None:
+            seen = layer.cumulative_length if layer.is_initialized else None
+    if any(len(ctx) > 2 for ctx in context):
+        extras.append(None if seen is None else _seen_leaf(cache, seen))
+    return extras
+
+
+def flatten_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...]]:
+    """``(children, context)`` of a layered cache: keys, values, then the state leaves.
+
+    Also the recorder's fast path (`capture.flatten.walk`), so both agree on the structure.
+    """
     layers = cache.layers
+    context = tuple(_layer_context(layer) for layer in layers)
     keys = [layer.keys for layer in layers]
     values = [layer.values for layer in layers]
-    return keys + values, tuple(_layer_context(layer) for layer in layers)
+    if context.count(_DYNAMIC_CONTEXT) == len(context):
+        return keys + values, context
+    return keys + values + _extras(cache, layers, context), context
+
+
+def _flatten_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...]]:
+    return flatten_layers(cache)
 
 
 def _flatten_layers_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
-    children, context = _flatten_layers(cache)
+    children, context = flatten_layers(cache)
     n = len(context)
     keyed = [(_key("key_cache", i), children[i]) for i in range(n)]
     keyed += [(_key("value_cache", i), children[n + i]) for i in range(n)]
+    statics = [i for i, ctx in enumerate(context) if ctx[0] == "StaticLayer"]
+    keyed += [(_key("cumulative_length", i), children[2 * n + j]) for j, i in enumerate(statics)]
+    if any(len(ctx) > 2 for ctx in context):
+        keyed.append((_key(SEEN_TOKENS), children[-1]))
     return keyed, context
 
 
@@ -118,17 +245,23 @@ def _fill_layer(layer: Any, key: Any, value: Any) -> Any:
         if hasattr(layer, "max_cache_len"):
             layer.batch_size, layer.num_heads = key.shape[0], key.shape[1]
             layer.k_head_dim, layer.v_head_dim = key.shape[-1], value.shape[-1]
+        if hasattr(layer, "sliding_window") and key.ndim == 4:
+            # Exact while the window is filling: every token seen is still cached. A full
+            # window gets the `SEEN_TOKENS` length afterwards. A SymInt under torch.export.
+            layer.cumulative_length = key.shape[-2]
     return layer
 
 
 def _make_layer(cu: Any, context: Sequence[Any]) -> Any:
-    layer_cls = getattr(cu, str(context[0]), None) or cu.DynamicLayer
-    if len(context) > 1 and hasattr(layer_cls, "__init__"):
-        param = "sliding_window" if "Sliding" in layer_cls.__name__ else "max_cache_len"
-        try:
-            return layer_cls(**{param: int(context[1])})
-        except TypeError:
-            return cu.DynamicLayer()
+    name = str(context[0])
+    layer_cls = getattr(cu, name, None)
+    if layer_cls is None or name in UNSUPPORTED:
+        # Rebuilt as the nearest supported layer; `unsupported_reason` reports the group.
+        return cu.DynamicLayer()
+    if name == "DynamicSlidingWindowLayer":
+        return layer_cls(sliding_window=int(context[1]))
+    if name == "StaticLayer":
+        return layer_cls(max_cache_len=int(context[1]))
     return layer_cls()
 
 
@@ -142,8 +275,23 @@ def _unflatten_layers(cache_cls: type) -> Callable[[Any, Any], Any]:
             _fill_layer(_make_layer(cu, ctx), children[i], children[n + i])
             for i, ctx in enumerate(context)
         ]
+        extras = iter(children[2 * n :])
+        for layer, ctx in zip(layers, context, strict=True):
+            if ctx[0] == "StaticLayer":
+                length = next(extras, None)
+                if isinstance(length, torch.Tensor):
+                    layer.cumulative_length = length
+        seen = next(extras, None)
+        if isinstance(seen, torch.Tensor):
+            for layer, ctx in zip(layers, context, strict=True):
+                if len(ctx) > 2:
+                    # A SymInt under torch.export: never int() it (that would specialize).
+                    layer.cumulative_length = seen.shape[0]
+                    setattr(layer, _STATE, ctx[2])
         cache: Any = object.__new__(cache_cls)
         cu.Cache.__init__(cache, layers=layers)
+        if isinstance(seen, torch.Tensor):
+            setattr(cache, _ANCHOR, seen)
         return cache
 
     return unflatten
