@@ -41,6 +41,12 @@ __all__ = [
     "make_encoder_decoder_cache",
     "registered_classes",
     "transformers_loaded",
+    "flatten_layers",
+    "unsupported_reason",
+    "SEEN_TOKENS",
+    "SUPPORTED_CACHES",
+    "SUPPORTED_LAYERS",
+    "UNSUPPORTED",
 ]
 
 logger = logging.getLogger(__name__)
@@ -313,6 +319,54 @@ def _unflatten_encoder_decoder(children: Any, context: Any) -> Any:
 
     self_attention, cross_attention = list(children)
     return cu.EncoderDecoderCache(self_attention, cross_attention)
+
+
+def unsupported_reason(leaves: Sequence[dict[str, Any]]) -> str | None:
+    """Why a recorded structure holds cache state we cannot rebuild exactly, or None.
+
+    Reads the structure rows (``structures`` view): an opaque leaf of an `UNSUPPORTED` class, or
+    a layer of one in a cache's treespec context.
+
+    Args:
+        leaves: The structure's rows, each with ``kind``, ``type``, ``path`` and ``treespec``.
+
+    Returns:
+        ``"<path>: <Class> <reason>"`` for the first such class, or None.
+
+    Example:
+        >>> unsupported_reason([{"kind": "tensor", "type": "Tensor", "path": "x",
+        ...                      "treespec": None}]) is None
+        True
+    """
+    for row in leaves:
+        name = str(row.get("type") or "").rsplit(".", 1)[-1]
+        if row.get("kind") == "opaque" and name in UNSUPPORTED:
+            return f"{row.get('path')}: {name} {UNSUPPORTED[name]}"
+    treespec = leaves[0].get("treespec") if leaves else None
+    if not treespec:
+        return None
+    try:
+        loaded = json.loads(str(treespec))
+    except ValueError:
+        return None
+    stack = [loaded[1] if isinstance(loaded, list) and len(loaded) == 2 else loaded]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        stack.extend(node.get("children_spec") or [])
+        kind = str(node.get("type") or "")
+        if not kind.startswith("transformers."):
+            continue
+        try:
+            context = json.loads(node.get("context") or "null")
+        except ValueError:
+            continue
+        for layer in context if isinstance(context, list) else []:
+            if isinstance(layer, list) and layer and layer[0] in UNSUPPORTED:
+                cache = kind.rsplit(".", 1)[-1]
+                return f"a {cache} layer: {layer[0]} {UNSUPPORTED[layer[0]]}"
+    return None
 
 
 def _dump_context(context: Any) -> str:
