@@ -6,8 +6,18 @@ sees a `DynamicCache` as one opaque leaf. We register the classes the installed 
 - `DynamicCache` flattens to ``[key_0, ..., key_{L-1}, value_0, ..., value_{L-1}]`` (one flat
   list, so its `dynamic_shapes` is a flat list of ``2 * L`` per-tensor dicts), with readable key
   paths ``.key_cache[i]`` / ``.value_cache[i]``;
+- state that changes a forward's result follows the keys and values (issue 9): a
+  `StaticLayer`'s fill level (``.cumulative_length[i]``, a 0-d tensor), then, for a cache with
+  sliding-window layers, one shape-only ``.seen_tokens`` leaf whose length is the tokens those
+  layers have seen (their ``cumulative_length``: a dim, so it varies per call without a new
+  structure, and torch.export takes it as a dynamic dim); whether a window is full is in the
+  layer's context (``("DynamicSlidingWindowLayer", window, "full" | "filling")``);
 - `StaticCache` the same way (its context keeps ``max_cache_len`` per layer);
 - `EncoderDecoderCache` to ``[self_attention_cache, cross_attention_cache]``.
+
+Classes we cannot round-trip exactly are listed in `UNSUPPORTED` with the reason;
+`unsupported_reason` finds them in a recorded structure, and replay reports the group not
+covered. A Llama-style cache of plain `DynamicLayer` flattens exactly as before.
 
 Contexts are tuples of plain values, so they hash (the recorder's structure cache keys on them)
 and dump to JSON (`treespec_dumps`). Unflattening assigns the given tensors to fresh layers and
@@ -31,6 +41,8 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+
+from capture.cachespec import SUPPORTED_CACHES, SUPPORTED_LAYERS, UNSUPPORTED, unsupported_reason
 
 __all__ = [
     "CacheKey",
@@ -102,38 +114,6 @@ SEEN_TOKENS = "seen_tokens"
 _FULL = "full"
 _FILLING = "filling"
 
-# Layer classes whose forward-relevant state the flattening carries exactly (issue 9). The
-# enumeration test (tests/test_fidelity_caches.py) fails when transformers ships a cache or layer
-# class that is in neither table.
-SUPPORTED_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer", "StaticLayer")
-SUPPORTED_CACHES = ("DynamicCache", "StaticCache", "EncoderDecoderCache")
-_QUANTIZED = "its quantized states are not tensors torch.export can take"
-_LINEAR = "its convolution and recurrent states are not flattened"
-_INDEXED = "its indexer keys and positions are not flattened"
-_DRAFT = "its draft-model state is not flattened (no pytree registration)"
-UNSUPPORTED: dict[str, str] = {
-    "StaticSlidingWindowLayer": (
-        "its Python-int fill level (cumulative_length_int) selects the update path and cannot "
-        "be an input of an exported program"
-    ),
-    "DynamicIndexedLayer": _INDEXED,
-    "StaticIndexedLayer": _INDEXED,
-    "BaseQuantizedLayer": _QUANTIZED,
-    "QuantizedLayer": _QUANTIZED,
-    "QuantoQuantizedLayer": _QUANTIZED,
-    "HQQQuantizedLayer": _QUANTIZED,
-    "Fp8QuantizedLayer": _QUANTIZED,
-    "LinearAttentionCacheLayerMixin": _LINEAR,
-    "LinearAttentionLayer": _LINEAR,
-    "LinearAttentionAndFullAttentionLayer": _LINEAR,
-    "LinearAttentionAndSlidingWindowAttentionLayer": _LINEAR,
-    "LinearAttentionAndStaticFullAttentionLayer": _LINEAR,
-    "LinearAttentionAndStaticSlidingWindowAttentionLayer": _LINEAR,
-    "QuantizedCache": "quantized layers are not flattened (no pytree registration)",
-    "MtpCache": _DRAFT,
-    "DFlashCache": _DRAFT,
-}
-"""Cache and layer classes we cannot round-trip exactly -> why (reported as not covered)."""
 
 _MARKER: list[torch.Tensor] = []
 
@@ -319,54 +299,6 @@ def _unflatten_encoder_decoder(children: Any, context: Any) -> Any:
 
     self_attention, cross_attention = list(children)
     return cu.EncoderDecoderCache(self_attention, cross_attention)
-
-
-def unsupported_reason(leaves: Sequence[dict[str, Any]]) -> str | None:
-    """Why a recorded structure holds cache state we cannot rebuild exactly, or None.
-
-    Reads the structure rows (``structures`` view): an opaque leaf of an `UNSUPPORTED` class, or
-    a layer of one in a cache's treespec context.
-
-    Args:
-        leaves: The structure's rows, each with ``kind``, ``type``, ``path`` and ``treespec``.
-
-    Returns:
-        ``"<path>: <Class> <reason>"`` for the first such class, or None.
-
-    Example:
-        >>> unsupported_reason([{"kind": "tensor", "type": "Tensor", "path": "x",
-        ...                      "treespec": None}]) is None
-        True
-    """
-    for row in leaves:
-        name = str(row.get("type") or "").rsplit(".", 1)[-1]
-        if row.get("kind") == "opaque" and name in UNSUPPORTED:
-            return f"{row.get('path')}: {name} {UNSUPPORTED[name]}"
-    treespec = leaves[0].get("treespec") if leaves else None
-    if not treespec:
-        return None
-    try:
-        loaded = json.loads(str(treespec))
-    except ValueError:
-        return None
-    stack = [loaded[1] if isinstance(loaded, list) and len(loaded) == 2 else loaded]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        stack.extend(node.get("children_spec") or [])
-        kind = str(node.get("type") or "")
-        if not kind.startswith("transformers."):
-            continue
-        try:
-            context = json.loads(node.get("context") or "null")
-        except ValueError:
-            continue
-        for layer in context if isinstance(context, list) else []:
-            if isinstance(layer, list) and layer and layer[0] in UNSUPPORTED:
-                cache = kind.rsplit(".", 1)[-1]
-                return f"a {cache} layer: {layer[0]} {UNSUPPORTED[layer[0]]}"
-    return None
 
 
 def _dump_context(context: Any) -> str:
