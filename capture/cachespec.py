@@ -11,6 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+_STATEFUL = ("DynamicSlidingWindowLayer",)
+
 __all__ = ["SUPPORTED_CACHES", "SUPPORTED_LAYERS", "UNSUPPORTED", "unsupported_reason"]
 
 # Layer classes whose forward-relevant state the flattening carries exactly (issue 9). The
@@ -89,6 +91,12 @@ def unsupported_reason(leaves: Sequence[dict[str, Any]]) -> str | None:
         except ValueError:
             continue
         for layer in context if isinstance(context, list) else []:
+            if isinstance(layer, list) and layer and layer[0] in _STATEFUL and len(layer) < 3:
+                # Recorded before capture kept the window's fill level (schema v1 stores).
+                return (
+                    f"a {kind.rsplit('.', 1)[-1]} layer: {layer[0]} was recorded without its "
+                    "fill level (a store written before capture 'issue 9'); record again"
+                )
             if isinstance(layer, list) and layer and layer[0] in UNSUPPORTED:
                 cache = kind.rsplit(".", 1)[-1]
                 return f"a {cache} layer: {layer[0]} {UNSUPPORTED[layer[0]]}"
