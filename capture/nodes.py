@@ -130,13 +130,25 @@ def _marker(length: int) -> torch.Tensor:
     return _MARKER[0][:length]
 
 
+_WINDOWS: dict[type, bool] = {}
+
+
+def _is_window(tp: type) -> bool:
+    """A DynamicSlidingWindowLayer (or subclass): its fill level changes results."""
+    known = _WINDOWS.get(tp)
+    if known is None:
+        known = any(base.__name__ == "DynamicSlidingWindowLayer" for base in tp.__mro__)
+        _WINDOWS[tp] = known
+    return known
+
+
 def _layer_context(layer: Any) -> tuple[Any, ...]:
     """The structural state of a layer: its class, its constants and, for a sliding window,
     whether it is full (``cumulative_length`` then exceeds the cached keys)."""
     name = type(layer).__name__
     if name == "DynamicLayer":
         return _DYNAMIC_CONTEXT
-    if hasattr(layer, "sliding_window") and name != "StaticSlidingWindowLayer":
+    if _is_window(type(layer)):
         keys = getattr(layer, "keys", None)
         seen = getattr(layer, "cumulative_length", 0)
         cached = keys.shape[-2] if isinstance(keys, torch.Tensor) and keys.ndim == 4 else 0
@@ -174,7 +186,56 @@ _ANCHOR = "_capture_seen_tokens"
 _STATE = "_capture_state"
 
 
-def _extras(cache: Any, layers: Sequence[Any], context: Sequence[Sequence[Any]]) -> list[Any]:
+@dataclass(frozen=True)
+class _Layout:
+    """What the classes of a cache's layers imply, computed once per tuple of layer types."""
+
+    plain: tuple[Any, ...] | None
+    """The context when every layer is a plain DynamicLayer (it has no state to read)."""
+    sliding: int | None
+    """Index of the first sliding-window layer."""
+    static: tuple[int, ...]
+    """Indices of the StaticLayer layers."""
+
+
+_LAYOUTS: dict[tuple[type, ...], _Layout] = {}
+_CONTEXTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_CACHE_LIMIT = 1024
+
+
+def _layout(types: tuple[type, ...]) -> _Layout:
+    layout = _LAYOUTS.get(types)
+    if layout is None:
+        names = [tp.__name__ for tp in types]
+        plain = (_DYNAMIC_CONTEXT,) * len(names) if set(names) <= {"DynamicLayer"} else None
+        sliding = [i for i, tp in enumerate(types) if _is_window(tp)]
+        static = tuple(i for i, name in enumerate(names) if name == "StaticLayer")
+        layout = _Layout(plain, sliding[0] if sliding else None, static)
+        if len(_LAYOUTS) < _CACHE_LIMIT:
+            _LAYOUTS[types] = layout
+    return layout
+
+
+def _context(layers: Sequence[Any], types: tuple[type, ...], layout: _Layout) -> tuple[Any, ...]:
+    """The per-layer contexts, from a cache keyed by the layer types and the window's state.
+
+    Every sliding layer of a cache has seen the same tokens, so the first one's state stands
+    for all; a context is only cached when the layers agree (else it is computed per call).
+    """
+    first = layers[layout.sliding] if layout.sliding is not None else None
+    head = _layer_context(first) if first is not None else None
+    key = (types, head, getattr(layers[0], "max_cache_len", None) if layers else None)
+    context = _CONTEXTS.get(key)
+    if context is None:
+        context = tuple(_layer_context(layer) for layer in layers)
+        windows = {ctx[1:] for ctx in context if len(ctx) > 2}
+        sizes = {ctx for ctx in context if ctx[0] == "StaticLayer"}
+        if len(windows) <= 1 and len(sizes) <= 1 and len(_CONTEXTS) < _CACHE_LIMIT:
+            _CONTEXTS[key] = context
+    return context
+
+
+def _extras(cache: Any, layers: Sequence[Any], layout: _Layout) -> list[Any]:
     """The state leaves after keys and values: StaticLayer fill levels, then `SEEN_TOKENS`.
 
     Every sliding-window layer of a cache has seen the same tokens, so one shape-only leaf
@@ -182,13 +243,12 @@ def _extras(cache: Any, layers: Sequence[Any], context: Sequence[Sequence[Any]])
     new structure, and torch.export takes it as a dynamic dim).
     """
     extras: list[Any] = []
-    seen = None
-    for layer, ctx in zip(layers, context, strict=True):
-        if ctx[0] == "StaticLayer":
-            extras.append(layer.cumulative_length if layer.is_initialized else None)
-        elif len(ctx) > 2 and seen is None:
-            seen = layer.cumulative_length if layer.is_initialized else None
-    if any(len(ctx) > 2 for ctx in context):
+    for i in layout.static:
+        layer = layers[i]
+        extras.append(layer.cumulative_length if layer.is_initialized else None)
+    if layout.sliding is not None:
+        first = layers[layout.sliding]
+        seen = first.cumulative_length if first.is_initialized else None
         extras.append(None if seen is None else _seen_leaf(cache, seen))
     return extras
 
@@ -199,12 +259,14 @@ def flatten_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...]]:
     Also the recorder's fast path (`capture.flatten.walk`), so both agree on the structure.
     """
     layers = cache.layers
-    context = tuple(_layer_context(layer) for layer in layers)
+    types = tuple(map(type, layers))
+    layout = _layout(types)
     keys = [layer.keys for layer in layers]
     values = [layer.values for layer in layers]
-    if context.count(_DYNAMIC_CONTEXT) == len(context):
-        return keys + values, context
-    return keys + values + _extras(cache, layers, context), context
+    if layout.plain is not None:
+        return keys + values, layout.plain
+    context = _context(layers, types, layout)
+    return keys + values + _extras(cache, layers, layout), context
 
 
 def _flatten_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...]]:
