@@ -6,26 +6,23 @@ sees a `DynamicCache` as one opaque leaf. We register the classes the installed 
 - `DynamicCache` flattens to ``[key_0, ..., key_{L-1}, value_0, ..., value_{L-1}]`` (one flat
   list, so its `dynamic_shapes` is a flat list of ``2 * L`` per-tensor dicts), with readable key
   paths ``.key_cache[i]`` / ``.value_cache[i]``;
-- state that changes a forward's result follows the keys and values (issue 9): a
-  `StaticLayer`'s fill level (``.cumulative_length[i]``, a 0-d tensor), then, for a cache with
-  sliding-window layers, one shape-only ``.seen_tokens`` leaf whose length is the tokens those
-  layers have seen (their ``cumulative_length``: a dim, so it varies per call without a new
-  structure, and torch.export takes it as a dynamic dim); whether a window is full is in the
-  layer's context (``("DynamicSlidingWindowLayer", window, "full" | "filling")``);
+- then the state that changes a forward's result (issue 9): each `StaticLayer`'s fill level
+  (``.cumulative_length[i]``, 0-d), and for sliding windows one shape-only ``.seen_tokens``
+  leaf, as long as their ``cumulative_length`` (a dim: no structure per step, dynamic in
+  torch.export); a window's full/filling state is in its layer's context;
 - `StaticCache` the same way (its context keeps ``max_cache_len`` per layer);
 - `EncoderDecoderCache` to ``[self_attention_cache, cross_attention_cache]``.
 
-Classes we cannot round-trip exactly are listed in `UNSUPPORTED` with the reason;
-`unsupported_reason` finds them in a recorded structure, and replay reports the group not
-covered. A Llama-style cache of plain `DynamicLayer` flattens exactly as before.
+Classes we cannot round-trip exactly are in `capture.cachespec.UNSUPPORTED`; replay reports
+their groups not covered. A cache of plain `DynamicLayer` flattens exactly as before.
 
 Contexts are tuples of plain values, so they hash (the recorder's structure cache keys on them)
 and dump to JSON (`treespec_dumps`). Unflattening assigns the given tensors to fresh layers and
 creates no tensor of its own, which `torch.onnx.export` needs.
 
 torch's pytree registry is process-wide, so registration is reference counted: the first
-`acquire()` registers, the last `release()` deregisters exactly what was registered, and a class
-that someone else registered before us is left alone.
+`acquire()` registers, the last `release()` deregisters exactly what it registered, and a class
+someone else registered before us is left alone.
 """
 
 from __future__ import annotations
