@@ -16,13 +16,11 @@ sees a `DynamicCache` as one opaque leaf. We register the classes the installed 
 Classes we cannot round-trip exactly are in `capture.cachespec.UNSUPPORTED`; replay reports
 their groups not covered. A cache of plain `DynamicLayer` flattens exactly as before.
 
-Contexts are tuples of plain values, so they hash (the recorder's structure cache keys on them)
-and dump to JSON (`treespec_dumps`). Unflattening assigns the given tensors to fresh layers and
-creates no tensor of its own, which `torch.onnx.export` needs.
+Contexts are tuples of plain values: they hash (the recorder's structure cache keys on them) and
+dump to JSON. Unflattening creates no tensor of its own, which `torch.onnx.export` needs.
 
-torch's pytree registry is process-wide, so registration is reference counted: the first
-`acquire()` registers, the last `release()` deregisters exactly what it registered, and a class
-someone else registered before us is left alone.
+The registry is process-wide, so registration is reference counted (`acquire`/`release`); a
+class someone else registered first is left alone.
 """
 
 from __future__ import annotations
