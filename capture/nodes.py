@@ -264,8 +264,7 @@ def flatten_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...]]:
     return keys + values + _extras(cache, layers, layout), context
 
 
-def _flatten_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...]]:
-    return flatten_layers(cache)
+_flatten_layers = flatten_layers
 
 
 def _flatten_layers_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
