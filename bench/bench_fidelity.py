@@ -10,8 +10,10 @@ Two workloads, each recorded once with the real Recorder under greedy generate()
 
 Then ``replay.export(model, store)`` (every group: torch.export + the coverage check) is timed
 `--repeat` times. The ORIGINAL calls (a forward pre-hook's copies) are also run through the
-programs: the table says how many calls a program served, how many of those it answered
-wrong while the coverage table said covered. Prints Markdown (docs/benchmarks.md holds results).
+programs: the table says how many calls a program served, and how many of those it answered
+wrong while the coverage table said covered. The recorder's cache walk on a 32-layer
+decode-step cache (plain and sliding window) is timed too: issue 9 made it carry the window's
+state. Prints Markdown (docs/benchmarks.md holds results).
 """
 
 from __future__ import annotations
@@ -77,11 +79,52 @@ def _run(
     ]
 
 
+def _walk_rows(layers: int = 32, cache_len: int = 128) -> list[list[Any]]:
+    """Median µs of the recorder's cache walk (`capture.flatten.walk`) on one decode-step cache."""
+    import timeit
+
+    import torch
+    import transformers.cache_utils as cu
+
+    from capture import flatten, nodes
+
+    def cache(layer: Any) -> Any:
+        out = cu.DynamicCache()
+        out.layers = []
+        for _ in range(layers):
+            item, states = layer(), torch.zeros(1, 8, cache_len, 64)
+            item.keys, item.values, item.is_initialized = states, states, True
+            if hasattr(item, "cumulative_length"):
+                item.cumulative_length = 2 * cache_len  # a full window
+            out.layers.append(item)
+        return out
+
+    nodes.acquire()
+    rows = []
+    for name, layer in [
+        ("DynamicLayer", cu.DynamicLayer),
+        ("DynamicSlidingWindowLayer", lambda: cu.DynamicSlidingWindowLayer(cache_len + 1)),
+    ]:
+        obj = cache(layer)
+
+        def step(obj: Any = obj) -> None:
+            flatten.walk(obj, [], [])
+
+        runs = [t / 5000 * 1e6 for t in timeit.repeat(step, number=5000, repeat=7)]
+        rows.append([f"{layers} x {name}", f"{statistics.median(runs):.1f}", f"{min(runs):.1f}"])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
     parser.add_argument("--repeat", type=int, default=3, help="timed exports per workload")
+    parser.add_argument("--walk-only", action="store_true", help="only the cache-walk timing")
     args = parser.parse_args(argv)
+    walk = md_table(["cache (decode step)", "walk median µs", "min µs"], _walk_rows())
+    if args.walk_only:
+        print(f"#### Recorder cache walk\n\n{load_line()}\n\n{walk}")
+        return 0
     rows = [_run(n, m, w, t, args.repeat) for n, m, w, t in _workloads(args.quick)]
     print("#### replay.export: export + coverage (all groups)\n")
     print(machine_line(("torch", "transformers")))
@@ -101,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         )
     )
+    print(f"\n#### Recorder cache walk\n\n{walk}")
     return 0
 
 
