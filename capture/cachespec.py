@@ -18,13 +18,18 @@ __all__ = ["SUPPORTED_CACHES", "SUPPORTED_LAYERS", "UNSUPPORTED", "unsupported_r
 # Layer classes whose forward-relevant state the flattening carries exactly (issue 9). The
 # enumeration test (tests/test_fidelity_caches.py) fails when transformers ships a cache or layer
 # class that is in neither table.
-SUPPORTED_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer", "StaticLayer")
+SUPPORTED_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer")
 SUPPORTED_CACHES = ("DynamicCache", "StaticCache", "EncoderDecoderCache")
+"""Registered cache classes; their layers are judged by `SUPPORTED_LAYERS` / `UNSUPPORTED`."""
 _QUANTIZED = "its quantized states are not tensors torch.export can take"
 _LINEAR = "its convolution and recurrent states are not flattened"
 _INDEXED = "its indexer keys and positions are not flattened"
 _DRAFT = "its draft-model state is not flattened (no pytree registration)"
 UNSUPPORTED: dict[str, str] = {
+    "StaticLayer": (
+        "its fill level (cumulative_length, a device tensor) is not recorded: reading it costs "
+        "a device sync per call, and a leaf for it would change the seed-compatible flattening"
+    ),
     "StaticSlidingWindowLayer": (
         "its Python-int fill level (cumulative_length_int) selects the update path and cannot "
         "be an input of an exported program"

@@ -6,10 +6,9 @@ sees a `DynamicCache` as one opaque leaf. We register the classes the installed 
 - `DynamicCache` flattens to ``[key_0, ..., key_{L-1}, value_0, ..., value_{L-1}]`` (one flat
   list, so its `dynamic_shapes` is a flat list of ``2 * L`` per-tensor dicts), with readable key
   paths ``.key_cache[i]`` / ``.value_cache[i]``;
-- then the state that changes a forward's result (issue 9): each `StaticLayer`'s fill level
-  (``.cumulative_length[i]``, 0-d), and for sliding windows one shape-only ``.seen_tokens``
-  leaf, as long as their ``cumulative_length`` (a dim: no structure per step, dynamic in
-  torch.export); a window's full/filling state is in its layer's context;
+- then the state that changes a forward's result (issue 9): for sliding windows one
+  shape-only ``.seen_tokens`` leaf, as long as their ``cumulative_length`` (a dim: no structure
+  per step, dynamic in torch.export); a window's full/filling state is in its layer's context;
 - `StaticCache` the same way (its context keeps ``max_cache_len`` per layer);
 - `EncoderDecoderCache` to ``[self_attention_cache, cross_attention_cache]``.
 
@@ -86,8 +85,6 @@ class CacheKey(pytree.GetAttrKey):
         if self.attr in ("key_cache", "value_cache") and self.index is not None:
             layer = parent.layers[self.index]
             return layer.keys if self.attr == "key_cache" else layer.values
-        if self.attr == "cumulative_length" and self.index is not None:
-            return parent.layers[self.index].cumulative_length
         if self.attr == SEEN_TOKENS:
             return flatten_layers(parent)[0][-1]
         return getattr(parent, self.attr)
@@ -189,8 +186,6 @@ class _Layout:
     """The context when every layer is a plain DynamicLayer (it has no state to read)."""
     sliding: int | None
     """Index of the first sliding-window layer."""
-    static: tuple[int, ...]
-    """Indices of the StaticLayer layers."""
 
 
 _LAYOUTS: dict[tuple[type, ...], _Layout] = {}
@@ -204,8 +199,7 @@ def _layout(types: tuple[type, ...]) -> _Layout:
         names = [tp.__name__ for tp in types]
         plain = (_DYNAMIC_CONTEXT,) * len(names) if set(names) <= {"DynamicLayer"} else None
         sliding = [i for i, tp in enumerate(types) if _is_window(tp)]
-        static = tuple(i for i, name in enumerate(names) if name == "StaticLayer")
-        layout = _Layout(plain, sliding[0] if sliding else None, static)
+        layout = _Layout(plain, sliding[0] if sliding else None)
         if len(_LAYOUTS) < _CACHE_LIMIT:
             _LAYOUTS[types] = layout
     return layout
@@ -231,16 +225,13 @@ def _context(layers: Sequence[Any], types: tuple[type, ...], layout: _Layout) ->
 
 
 def _extras(cache: Any, layers: Sequence[Any], layout: _Layout) -> list[Any]:
-    """The state leaves after keys and values: StaticLayer fill levels, then `SEEN_TOKENS`.
+    """The state leaves after keys and values: `SEEN_TOKENS` when there is a sliding window.
 
     Every sliding-window layer of a cache has seen the same tokens, so one shape-only leaf
     carries their ``cumulative_length`` (a dim, not a value: it varies per call without making a
     new structure, and torch.export takes it as a dynamic dim).
     """
     extras: list[Any] = []
-    for i in layout.static:
-        layer = layers[i]
-        extras.append(layer.cumulative_length if layer.is_initialized else None)
     if layout.sliding is not None:
         first = layers[layout.sliding]
         seen = first.cumulative_length if first.is_initialized else None
@@ -272,8 +263,6 @@ def _flatten_layers_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], tuple[
     n = len(context)
     keyed = [(_key("key_cache", i), children[i]) for i in range(n)]
     keyed += [(_key("value_cache", i), children[n + i]) for i in range(n)]
-    statics = [i for i, ctx in enumerate(context) if ctx[0] == "StaticLayer"]
-    keyed += [(_key("cumulative_length", i), children[2 * n + j]) for j, i in enumerate(statics)]
     if any(len(ctx) > 2 for ctx in context):
         keyed.append((_key(SEEN_TOKENS), children[-1]))
     return keyed, context
@@ -317,13 +306,7 @@ def _unflatten_layers(cache_cls: type) -> Callable[[Any, Any], Any]:
             _fill_layer(_make_layer(cu, ctx), children[i], children[n + i])
             for i, ctx in enumerate(context)
         ]
-        extras = iter(children[2 * n :])
-        for layer, ctx in zip(layers, context, strict=True):
-            if ctx[0] == "StaticLayer":
-                length = next(extras, None)
-                if isinstance(length, torch.Tensor):
-                    layer.cumulative_length = length
-        seen = next(extras, None)
+        seen = children[2 * n] if len(children) > 2 * n else None
         if isinstance(seen, torch.Tensor):
             for layer, ctx in zip(layers, context, strict=True):
                 if len(ctx) > 2:

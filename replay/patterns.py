@@ -14,8 +14,7 @@ paths production never took (no padding) or impossible ones (positions unrelated
   ``cumsum(mask) - 1`` (padding at 1) over the last ``q`` columns when a self-attention mask of
   length ``past + q`` is present, else ``past .. past + q - 1``; ``cache_position`` is
   ``past .. past + q - 1``. ``past`` is the cache's ``seen_tokens`` length (a sliding
-  window), a StaticLayer's ``cumulative_length``, else its keys' length, else the mask length
-  minus ``q``, else 0.
+  window), else its keys' length, else the mask length minus ``q``, else 0.
 - token ids stay uniform within their recorded range (unchanged).
 """
 
@@ -32,7 +31,6 @@ __all__ = ["apply", "past_length"]
 
 _KEY_CACHE = ".key_cache["
 _SEEN = f".{nodes.SEEN_TOKENS}"
-_STATIC_LENGTH = ".cumulative_length["
 
 
 def _pad_rows(mask: torch.Tensor, right: bool) -> None:
@@ -55,8 +53,6 @@ def past_length(rows: Sequence[dict[str, Any]], values: Sequence[Any]) -> int | 
         path = str(row["path"])
         if path.endswith(_SEEN):
             return int(value.shape[0])
-        if _STATIC_LENGTH in path and value.dim() == 0:
-            return int(value)
         if keys is None and _KEY_CACHE in path and value.dim() == 4:
             keys = int(value.shape[-2])
     return keys
