@@ -208,12 +208,13 @@ def walk(obj: Any, tensors: list[torch.Tensor], key: list[Any]) -> None:
 
 
 def _walk_layers(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any]) -> None:
-    """A DynamicCache/StaticCache we registered: keys of every layer, then values."""
-    layers = obj.layers
+    """A DynamicCache/StaticCache we registered: keys, values, then state leaves (issue 9)."""
+    # The context holds each layer's class and state (a full sliding window): the same
+    # children and context as the registered flatten_fn, so the cached structure matches it.
+    children, context = nodes.flatten_layers(obj)
     key.append(tp)
-    key.append(tuple(map(type, layers)))
-    children = [layer.keys for layer in layers] + [layer.values for layer in layers]
-    if all(map(_is_initialized, layers)):
+    key.append(context)
+    if all(map(_is_initialized, obj.layers)):
         # Every child is a tensor: one token for all of them (their dtypes, devices and ranks
         # are in the key built by `tensor_key`).
         tensors.extend(children)

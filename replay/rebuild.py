@@ -4,11 +4,12 @@ The store keeps no tensor contents, so every tensor is made up from what was rec
 dtype, shape (a size vector of the call) and, for integer tensors, the value range of the call.
 
 - float (and complex) tensors: ``randn`` from a seeded generator;
-- integer tensors: uniform in the recorded ``[int_min, int_max]`` (token ids stay valid indices,
-  positions stay positions); a mask-like tensor (its argument or path says ``mask``) whose range
-  lies within [0, 1], or that has no recorded range, is all ones (a partly masked example could
-  mask whole rows, which turns attention into NaN in eager and exported code alike); other
-  integer tensors without a recorded range are zeros;
+- integer tensors: uniform in the recorded ``[int_min, int_max]`` (token ids stay valid
+  indices); a mask-like tensor (its argument or path says ``mask``) whose range lies within
+  [0, 1], or that has no recorded range, starts as all ones; other integer tensors without a
+  recorded range are zeros. Then masks, positions and cache positions are rewritten in the
+  patterns production sends (`replay.patterns`: left/right-padded rows when the mask's recorded
+  minimum is 0, never a whole row; positions that agree with the mask and the cache length);
 - bool tensors: all True.
 
 Everything is drawn from one generator seeded by `seed`, in leaf order, so rebuilding the same
@@ -35,6 +36,7 @@ from capture import nodes, schema
 from capture.errors import ReplayError
 from capture.treespec import UnsafeTreespec, to_treespec
 from capture.treespec import parse as parse_treespec
+from replay import patterns
 
 __all__ = ["DEFAULT_SEED", "dtype_of", "is_mask", "make_tensor", "rebuild", "resolve_device"]
 
@@ -203,6 +205,8 @@ def rebuild(
             )
         else:
             values.append(_scalar(row))
+    # Masks padded, positions consistent with the mask and the cache (replay.patterns).
+    patterns.apply([row for row in leaves if row["kind"] != schema.KIND_MISSING], values, lows)
     with nodes.register_flattening_functions():
         try:  # our own allow-list parser, never torch's treespec_loads (issue 11)
             spec = to_treespec(parse_treespec(treespec, _source(leaves)), _source(leaves))
