@@ -48,6 +48,7 @@ from capture.layout import (
     SIGNATURE_TOTALS,
     list_files,
     read_footer,
+    read_footers,
     replaced_files,
 )
 from capture.writer import resolve_store, safe_name, write_parquet
@@ -132,8 +133,9 @@ def _folders(
 ) -> Iterator[tuple[str, list[_File]]]:
     """(folder, its readable files) for every partition folder of `table`."""
     by_folder: dict[str, list[_File]] = {}
-    for info in list_files(fs, root, table):
-        footer = read_footer(fs, info.path)
+    infos = list_files(fs, root, table)
+    footers = read_footers(fs, [i.path for i in infos], read_footer)  # many at once (issue 14)
+    for info, footer in zip(infos, footers, strict=True):
         if isinstance(footer, str):  # truncated or not Parquet: left where it is, reported
             result.unreadable.append(info.path)
             continue

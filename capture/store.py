@@ -36,7 +36,13 @@ import pyarrow.fs as pafs
 
 from capture import schema
 from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
-from capture.layout import SIGNATURE_TOTALS, list_files, read_footer, replaced_files
+from capture.layout import (
+    SIGNATURE_TOTALS,
+    list_files,
+    read_footer,
+    read_footers,
+    replaced_files,
+)
 from capture.writer import resolve_store
 
 __all__ = ["Store", "open_store", "SkippedFile"]
@@ -114,8 +120,11 @@ class Store:
         for table in schema.TABLES:
             good = []
             replaced: set[str] = set()  # by a compacted file (capture.compact): read it instead
-            for file_info in list_files(self.fs, self.root, table):
-                footer = read_footer(self.fs, file_info.path)
+            infos = list_files(self.fs, self.root, table)
+            # Many footers at once (a thread pool): one after the other, 100,000 files took
+            # minutes to open (issue 14).
+            footers = read_footers(self.fs, [i.path for i in infos], read_footer)
+            for file_info, footer in zip(infos, footers, strict=True):
                 if isinstance(footer, str):
                     self.skipped.append(SkippedFile(file_info.path, footer))
                 else:

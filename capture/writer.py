@@ -10,7 +10,8 @@ when `flush_rows` rows are buffered or `flush_seconds` have passed since the fir
 3. ``calls/model=<m>/date=<d>/<prefix>-<seq>.parquet``: one row per call.
 
 Each file is written as ``.<name>.tmp`` in its final folder and renamed, so readers never see a
-partial file. A SIGKILL loses the rows buffered since the last segment: at most
+partial file (on object stores, S3 and GCS, in one upload under its final name: an object is
+visible only once complete). A SIGKILL loses the rows buffered since the last segment: at most
 ``flush_rows + queue_size`` calls, or what `flush_seconds` let accumulate. A write that fails
 (disk full, permissions, RLIMIT_FSIZE) removes its temporary file, counts the segment's calls as
 dropped, logs one warning per recorder, and leaves every complete file untouched.
@@ -85,6 +86,10 @@ def resolve_store(store: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(text)
 
 
+OBJECT_STORES = frozenset({"s3", "gcs"})
+"""pyarrow filesystem types whose objects become visible only once completely uploaded."""
+
+
 def write_parquet(
     fs: pafs.FileSystem,
     folder: str,
@@ -104,18 +109,31 @@ def write_parquet(
         schema.METADATA_KIND: kind.encode(),
         **(extra_metadata or {}),
     }
+    final = f"{folder}/{name}"
+
+    def write(sink: Any) -> None:
+        if isinstance(table, pa.Table):
+            pq.write_table(table.replace_schema_metadata(meta), sink, compression="zstd")
+        else:
+            target = schema.SCHEMAS[kind].with_metadata(meta)
+            with pq.ParquetWriter(sink, target, compression="zstd") as out:
+                for part in table:
+                    out.write_table(part.cast(target))
+
+    if fs.type_name in OBJECT_STORES:
+        # An object appears whole when its upload completes, and a rename there is a copy then
+        # a delete (twice the traffic, and a window with both names): the complete file is built
+        # in memory and written under its final name in one upload (issue 14).
+        buffer = pa.BufferOutputStream()
+        write(buffer)
+        with fs.open_output_stream(final) as sink:
+            sink.write(buffer.getvalue())
+        return final
     fs.create_dir(folder, recursive=True)
     tmp = f"{folder}/.{name}.tmp"
-    final = f"{folder}/{name}"
     try:
         with fs.open_output_stream(tmp) as sink:
-            if isinstance(table, pa.Table):
-                pq.write_table(table.replace_schema_metadata(meta), sink, compression="zstd")
-            else:
-                target = schema.SCHEMAS[kind].with_metadata(meta)
-                with pq.ParquetWriter(sink, target, compression="zstd") as out:
-                    for part in table:
-                        out.write_table(part.cast(target))
+            write(sink)
         fs.move(tmp, final)
     except BaseException:
         try:
