@@ -52,9 +52,8 @@ def _tables() -> tuple[Any, Any, Any]:
     """One calls table, its stats table and the structures table (from bench_store)."""
     import tempfile
 
-    import pyarrow.parquet as pq
-
     import bench_store
+    import pyarrow.parquet as pq
 
     with tempfile.TemporaryDirectory() as tmp:
         bench_store.generate(tmp + "/s", CALLS_PER_FILE, rows_per_file=CALLS_PER_FILE)

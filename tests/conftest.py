@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from s3_server import S3Server
 
 import capture
 from capture.store import Store
 from fixtures.stores import record_llama, record_seed_scenarios
-from s3_server import S3Server
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,9 @@ import contextlib
 import json
 import os
 import socket
-import tempfile
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from s3_server import S3Server
 
 import capture
-from s3_server import S3Server
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3
