@@ -116,7 +116,13 @@ def compact(
     if target_rows < 1:
         raise CaptureError(f"target_rows={target_rows} must be at least 1")
     fs, root = resolve_store(store)
-    if fs.get_file_info(root).type != pafs.FileType.Directory:
+    try:
+        found = fs.get_file_info(root).type
+    except OSError as e:  # unreachable endpoint, access denied: one line (issue 14)
+        from capture.remote import store_error
+
+        raise store_error(os.fspath(store), e) from None
+    if found != pafs.FileType.Directory:
         raise StoreNotFound(f"no store at {os.fspath(store)}; nothing to compact")
     result = CompactResult(dry_run=dry_run)
     with _Lock(fs, root, dry_run):

@@ -109,7 +109,12 @@ class Store:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self.fs, self.root = resolve_store(path)
-        info = self.fs.get_file_info(self.root)
+        try:
+            info = self.fs.get_file_info(self.root)
+        except OSError as e:  # unreachable endpoint, access denied: one line (issue 14)
+            from capture.remote import store_error
+
+            raise store_error(self.path, e) from None
         if info.type != pafs.FileType.Directory:
             raise StoreNotFound(
                 f"no store at {self.path}; record into it first (capture.Recorder) "

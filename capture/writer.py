@@ -81,8 +81,13 @@ def resolve_store(store: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem and root path for a local directory or a filesystem URI."""
     text = os.fspath(store)
     if "://" in text:
-        fs, root = pafs.FileSystem.from_uri(text)
-        return fs, root.rstrip("/")
+        from capture.remote import bounded, store_error
+
+        try:
+            fs, root = pafs.FileSystem.from_uri(text)
+        except (pa.ArrowInvalid, OSError) as e:  # unknown scheme, bad option: one line (#14)
+            raise store_error(text, e) from None
+        return bounded(fs), root.rstrip("/")
     return pafs.LocalFileSystem(), os.path.abspath(text)
 
 

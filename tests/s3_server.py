@@ -54,7 +54,9 @@ server.stop()
 class S3Server:
     """moto's S3 server on 127.0.0.1:<free port>, for as long as the context lasts."""
 
-    def __init__(self) -> None:
+    def __init__(self, enforce_auth: bool = False) -> None:
+        """`enforce_auth`: moto checks credentials (IAM): unknown keys get 403 Access Denied."""
+        self.enforce_auth = enforce_auth
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -78,6 +80,8 @@ class S3Server:
             "MOTO_ALLOW_NONEXISTENT_REGION": "true",
             "MOTO_RECORDER_FILEPATH": self.requests_log,
         }
+        if self.enforce_auth:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _SERVE, str(self.port)],
             stdout=subprocess.DEVNULL,
