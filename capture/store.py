@@ -99,6 +99,14 @@ CREATE OR REPLACE VIEW dims AS
 """
 
 
+def _vanished(error: Exception) -> bool:
+    """Whether `error` says that a listed file no longer exists."""
+    text = str(error)
+    return isinstance(error, FileNotFoundError) or any(
+        m in text for m in ("No files found", "No such file", "not found", "NoSuchKey")
+    )
+
+
 class Store:
     """A read-only view of a capture store through an in-process DuckDB connection.
 
@@ -120,6 +128,23 @@ class Store:
                 f"no store at {self.path}; record into it first (capture.Recorder) "
                 "or pass --store / set CAPTURE_STORE"
             )
+        self._list_files()
+        for skipped in self.skipped:
+            warnings.warn(
+                f"capture: skipping unreadable store file {skipped.path} ({skipped.reason})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if not any(self.files.values()):
+            raise EmptyStore(
+                f"the store at {self.path} holds no recorded call yet; record into it first "
+                "(capture.Recorder) or pass another --store"
+            )
+        self.con = duckdb.connect()
+        self._create_views()
+
+    def _list_files(self) -> None:
+        """Lists the store's files into `files` (those a reader sees) and `skipped`."""
         self.skipped: list[SkippedFile] = []
         self.files: dict[str, list[str]] = {}
         for table in schema.TABLES:
@@ -136,19 +161,6 @@ class Store:
                     replaced |= replaced_files(file_info.path, footer)
                     good.append(file_info.path)
             self.files[table] = sorted(p for p in good if p not in replaced)
-        for skipped in self.skipped:
-            warnings.warn(
-                f"capture: skipping unreadable store file {skipped.path} ({skipped.reason})",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        if not any(self.files.values()):
-            raise EmptyStore(
-                f"the store at {self.path} holds no recorded call yet; record into it first "
-                "(capture.Recorder) or pass another --store"
-            )
-        self.con = duckdb.connect()
-        self._create_views()
 
     def _create_views(self) -> None:
         local = isinstance(self.fs, pafs.LocalFileSystem)
@@ -206,13 +218,23 @@ class Store:
             >>> store.query("SELECT count(*) AS n FROM calls").to_pylist()  # doctest: +SKIP
             [{'n': 8}]
         """
-        try:
-            relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
-            if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
-                return pa.table({})
-            return relation.to_arrow_table()
-        except duckdb.Error as e:
-            raise QueryError(f"query failed: {str(e).strip()}") from e
+        for attempt in (1, 2):
+            try:
+                relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
+                if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
+                    return pa.table({})
+                return relation.to_arrow_table()
+            except (duckdb.IOException, OSError, FileNotFoundError) as e:
+                if attempt == 1 and _vanished(e):
+                    # A compaction replaced (then deleted) files listed when the store opened:
+                    # its merged file holds their rows; list again, once (issue 14).
+                    self._list_files()
+                    self._create_views()
+                    continue
+                raise QueryError(f"query failed: {str(e).strip()}") from e
+            except duckdb.Error as e:
+                raise QueryError(f"query failed: {str(e).strip()}") from e
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def models(self) -> list[str]:
         """The model names recorded in the store, sorted."""
