@@ -138,6 +138,10 @@ def main() -> None:
     parser.add_argument("--no-s3", action="store_true")
     parser.add_argument("--no-compact", action="store_true")
     parser.add_argument("--label", default="this branch")
+    parser.add_argument(
+        "--baseline", help="a checkout of the code before (e.g. /work/main): its summary too"
+    )
+    parser.add_argument("--baseline-max", type=int, default=10_000, help="largest store for it")
     args = parser.parse_args()
     rows: list[list[Any]] = []
     env = dict(os.environ)
@@ -151,7 +155,11 @@ def main() -> None:
         t_sum, out = capture_cli(path, "summary", env=env)
         expect = f"{n * CALLS_PER_FILE:,}"
         ok = expect in out or str(n * CALLS_PER_FILE) in out
-        row = [f"local, {n:,} files", f"{t_sum:.1f}", "yes" if ok else "NO"]
+        before = ""
+        if args.baseline and n <= args.baseline_max:
+            t_before, _ = capture_cli(path, "summary", env={**env, "PYTHONPATH": args.baseline})
+            before = f"{t_before:.1f}"
+        row = [f"local, {n:,} files", before, f"{t_sum:.1f}", "yes" if ok else "NO"]
         if not args.no_compact:
             t_c, _ = capture_cli(path, "compact", env=env)
             t_after, out = capture_cli(path, "summary", env=env)
@@ -177,7 +185,12 @@ def main() -> None:
                 log(f"  generated in {gen:.0f} s; summary")
                 t_sum, out = capture_cli(uri, "summary", env=s3env)
                 ok = f"{n * CALLS_PER_FILE:,}" in out or str(n * CALLS_PER_FILE) in out
-                row = [f"S3 (moto, loopback), {n:,} files", f"{t_sum:.1f}", "yes" if ok else "NO"]
+                before = ""
+                if args.baseline and n <= args.baseline_max:
+                    base_env = {**s3env, "PYTHONPATH": args.baseline}
+                    before = f"{capture_cli(uri, 'summary', env=base_env)[0]:.1f}"
+                row = [f"S3 (moto, loopback), {n:,} files", before, f"{t_sum:.1f}"]
+                row.append("yes" if ok else "NO")
                 if not args.no_compact:
                     t_c, _ = capture_cli(uri, "compact", env=s3env)
                     t_after, out = capture_cli(uri, "summary", env=s3env)
@@ -194,6 +207,7 @@ def main() -> None:
         md_table(
             [
                 "store",
+                "`summary` before (s)",
                 "`summary` (s)",
                 "all calls counted",
                 "`compact` (s)",
