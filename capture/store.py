@@ -141,6 +141,10 @@ class Store:
                 "(capture.Recorder) or pass another --store"
             )
         self.con = duckdb.connect()
+        # Every query over the views reads the footer of each file again; store files never
+        # change once written, so DuckDB may keep them (issue 14: summary of 1,000 small
+        # files 4.8-6.8 s -> 3.0-3.6 s).
+        self.con.execute("SET parquet_metadata_cache = true")
         self._create_views()
 
     def _list_files(self) -> None:
