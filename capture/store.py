@@ -99,6 +99,13 @@ CREATE OR REPLACE VIEW dims AS
 """
 
 
+def _read_table(fs: pafs.FileSystem, path: str) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    with fs.open_input_file(path) as f:
+        return pq.read_table(f)
+
+
 def _vanished(error: Exception) -> bool:
     """Whether `error` says that a listed file no longer exists."""
     text = str(error)
@@ -192,6 +199,15 @@ class Store:
                     + f"FROM read_parquet({_sql_list(files)}, hive_partitioning = false, "
                     f"union_by_name = true{', filename = true' if dated else ''})"
                 )
+            elif table != schema.CALLS:
+                # Object store: every query would fetch every file again (a round trip each);
+                # the stats and structures files are small (a row per signature or leaf per
+                # segment), so they are fetched once, many at a time, and kept (issue 14).
+                rows = pa.concat_tables(
+                    read_footers(self.fs, files, _read_table), promote_options="permissive"
+                )
+                self.con.register(f"_{table}_rows", rows)
+                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
             else:
                 import pyarrow.dataset as ds
 
