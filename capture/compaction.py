@@ -17,10 +17,13 @@ renamed into place; its Parquet metadata names the files it replaces (``capture.
 `open_store` skips every file that a file beside it replaces, so the switch is atomic for a
 reader that opens the store at any moment. The replaced files are deleted afterwards; when the
 process dies before that, the next `compact` deletes them. A `Store` opened before a compaction
-may refer to deleted files: open it again.
+may refer to deleted files: its next query lists the store again (once) and reads the merged
+file instead.
 
 One compaction at a time per store: ``<store>/.compact.lock`` is created exclusively and
-removed at the end (delete it by hand if a killed compaction left it). Writers may keep
+removed at the end. It notes host, pid and start time: a lock left by a killed compaction
+(its pid gone on this host, or older than ``CAPTURE_COMPACT_LOCK_TTL`` seconds, default 6 h,
+from another host) is taken over. Writers may keep
 recording meanwhile: they only add new files, which this run does not touch.
 
 This module imports pyarrow (and duckdb to merge stats rows), never torch.
@@ -29,9 +32,12 @@ This module imports pyarrow (and duckdb to merge stats rows), never torch.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import itertools
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,6 +49,7 @@ import pyarrow.parquet as pq
 
 from capture import schema
 from capture.claims import verified_replaced
+from capture.compaction_lock import LOCK_NAME, _Lock
 from capture.errors import CaptureError, EmptyStore
 from capture.layout import (
     METADATA_REPLACES,
@@ -53,12 +60,12 @@ from capture.layout import (
     list_files,
     open_root,
     read_footer,
+    read_footers,
 )
 from capture.writer import safe_name, write_parquet
 
 __all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
 
-LOCK_NAME = ".compact.lock"
 DEFAULT_TARGET_ROWS = 1_000_000
 
 
@@ -139,8 +146,10 @@ def _folders(
     """(folder, its readable files) for every partition folder of `table`."""
     by_folder: dict[str, list[_File]] = {}
     skips: list[Skip] = []
-    for info in list_files(fs, root, table, skips):
-        checked = read_footer(fs, info.path, table)
+    infos = list_files(fs, root, table, skips)
+    # Many footers at once (issue 14); each is checked against the schema (issue 11).
+    footers = read_footers(fs, [i.path for i in infos], lambda f, p: read_footer(f, p, table))
+    for checked in footers:
         if isinstance(checked, Skip):  # foreign, wrong schema, truncated: left, reported
             skips.append(checked)
             continue
@@ -214,14 +223,8 @@ def _merge(fs: pafs.FileSystem, table: str, folder: str, group: list[_File]) -> 
     rows: pa.Table | Iterator[pa.Table]
     if table == schema.CALLS:  # streamed: one row group in memory at a time
         rows, expected = _regrouped(fs, group), sum(f.rows for f in group)
-    else:  # a few thousand rows per file: merged in memory
-        sources = pa.concat_tables([_read(fs, f.path, table) for f in group])
-        if table == schema.STATS:
-            rows = merge_stats(sources)
-            expected = int(pc.sum(sources.column("calls")).as_py() or 0)
-        else:
-            rows = _unique_structures(sources)
-            expected = int(rows.num_rows)
+    else:
+        rows, expected = _merged_in_batches(fs, table, folder, group)
     name = f"compact-{_stamp()}.parquet"
     replaces = json.dumps([f.name for f in group]).encode()
     counts = json.dumps({f.name: f.rows for f in group}).encode()
@@ -239,17 +242,64 @@ def _merge(fs: pafs.FileSystem, table: str, folder: str, group: list[_File]) -> 
 
 
 def _read(fs: pafs.FileSystem, path: str, table: str) -> pa.Table:
+    """The rows of one store file, in `table`'s schema."""
     with fs.open_input_file(path) as src:
         return pq.read_table(src).select(schema.SCHEMAS[table].names).cast(schema.SCHEMAS[table])
+
+
+_BATCH_FILES = 1_000
+"""Files read at once (by a thread pool) and merged into the running result: the memory a
+merge needs is bounded by one batch plus the merged rows, whatever the number of files; all of
+100,000 stats files at once ran DuckDB out of memory (issue 14)."""
+
+
+def _batches(
+    fs: pafs.FileSystem, table: str, folder: str, group: list[_File]
+) -> Iterator[pa.Table]:
+    """The rows of `group`'s files, `_BATCH_FILES` files per table, in file order."""
+    reader = functools.partial(_read, table=table)
+    for start in range(0, len(group), _BATCH_FILES):
+        paths = [f.path for f in group[start : start + _BATCH_FILES]]
+        _progress(f"{folder}: {start + len(paths):,}/{len(group):,} files read")
+        yield pa.concat_tables(read_footers(fs, paths, reader))
+    _progress("")
+
+
+def _merged_in_batches(
+    fs: pafs.FileSystem, table: str, folder: str, group: list[_File]
+) -> tuple[pa.Table, int]:
+    """Stats or structures of `group`, merged batch by batch; and the check's expected value.
+
+    Merging is associative (sums, minima, maxima, first occurrence), so merging each batch
+    into the running result gives what merging everything at once would.
+    """
+    merged: pa.Table | None = None
+    calls = 0
+    for batch in _batches(fs, table, folder, group):
+        if table == schema.STATS:
+            calls += int(pc.sum(batch.column("calls")).as_py() or 0)
+        both = batch if merged is None else pa.concat_tables([merged, batch])
+        merged = merge_stats(both) if table == schema.STATS else _unique_structures(both)
+    assert merged is not None  # groups hold at least two files
+    return merged, calls if table == schema.STATS else int(merged.num_rows)
+
+
+def _progress(text: str) -> None:
+    """One updating progress line on stderr, only when stderr is a terminal."""
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r\033[Kcompact: {text}" if text else "\r\033[K")
+        sys.stderr.flush()
 
 
 def _regrouped(fs: pafs.FileSystem, group: list[_File]) -> Iterator[pa.Table]:
     """The calls of `group`, in file order, in tables of about `_ROW_GROUP` rows."""
     pending: list[pa.Table] = []
     count = 0
-    for f in group:
-        part = _read(fs, f.path, schema.CALLS)
-        pending.append(part)
+    folder = group[0].path.rsplit("/", 1)[0]
+    for part in itertools.chain.from_iterable(
+        b.to_batches() for b in _batches(fs, schema.CALLS, folder, group)
+    ):
+        pending.append(pa.Table.from_batches([part]))
         count += part.num_rows
         if count >= _ROW_GROUP:
             yield pa.concat_tables(pending)
@@ -310,6 +360,9 @@ ORDER BY t.first_ts
 """
 
 
+_DUCKDB_MEMORY = os.environ.get("CAPTURE_COMPACT_MEMORY", "2GB")
+
+
 def merge_stats(stats: pa.Table) -> pa.Table:
     """One row per signature (model, structures, dims, out_dims), merged as the writer does.
 
@@ -320,6 +373,8 @@ def merge_stats(stats: pa.Table) -> pa.Table:
 
     con = duckdb.connect()
     try:
+        # bounded: beyond this DuckDB spills to its temporary directory instead of failing
+        con.execute(f"SET memory_limit = '{_DUCKDB_MEMORY}'")
         con.register("_stats", stats)
         merged = con.sql(_MERGE_STATS_SQL).to_arrow_table()
     finally:
@@ -350,40 +405,3 @@ def _stamp() -> str:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
     host = safe_name(socket.gethostname())
     return f"{now}-{host}-{os.getpid()}-{time.perf_counter_ns() % 1_000_000:06d}"
-
-
-# -- lock --------------------------------------------------------------------------------------
-class _Lock:
-    """``<store>/.compact.lock``, created exclusively (local disks) or checked then created."""
-
-    def __init__(self, fs: pafs.FileSystem, root: str, dry_run: bool) -> None:
-        self.fs, self.path, self.dry_run = fs, f"{root}/{LOCK_NAME}", dry_run
-
-    def __enter__(self) -> None:
-        if self.dry_run:
-            return
-        note = json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-        ).encode()
-        try:
-            if isinstance(self.fs, pafs.LocalFileSystem):
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(note)
-                return
-            if self.fs.get_file_info(self.path).type != pafs.FileType.NotFound:
-                raise FileExistsError(self.path)
-            with self.fs.open_output_stream(self.path) as f:
-                f.write(note)
-        except FileExistsError:
-            raise CaptureError(
-                f"another compaction holds {self.path}; wait for it, or delete that file if "
-                "no compaction is running (a killed one leaves it behind)"
-            ) from None
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.dry_run:
-            try:
-                self.fs.delete_file(self.path)
-            except FileNotFoundError:  # removed by hand meanwhile: nothing left to release
-                pass

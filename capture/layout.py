@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -34,6 +37,8 @@ __all__ = [
     "list_files",
     "open_root",
     "read_footer",
+    "read_footers",
+    "footer_threads",
 ]
 
 METADATA_REPLACES = b"capture.replaces"
@@ -81,7 +86,11 @@ def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSys
     try:
         fs, root = resolve_store(text)
         kind = fs.get_file_info(root).type
-    except (OSError, ValueError, pa.ArrowException) as e:
+    except OSError as e:  # unreachable endpoint, access denied, missing bucket (issue 14)
+        from capture.remote import store_error
+
+        raise store_error(text, e) from None
+    except (ValueError, pa.ArrowException) as e:
         raise StoreNotFound(
             f"cannot open the store {text}: {_one_line(str(e))}; check the path or URI, the "
             "network and credentials, or pass another --store"
@@ -260,6 +269,33 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
     if isinstance(replaces, Skip):
         return replaces
     return FileInfo(path, table, int(meta.num_rows), size, replaces, _call_ids(meta, table))
+
+
+T = TypeVar("T")
+
+
+def footer_threads(fs: pafs.FileSystem) -> int:
+    """How many footers to read at once: many on object stores (each read is a round trip)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return min(16, 4 * (os.cpu_count() or 1))
+    return 64
+
+
+def read_footers(
+    fs: pafs.FileSystem,
+    paths: Sequence[str],
+    read: Callable[[pafs.FileSystem, str], T],
+) -> list[T]:
+    """`read(fs, path)` (e.g. `read_footer`) for every path, in order, many at a time.
+
+    A store of 100,000 files read one footer after the other took minutes (issue 14); pyarrow
+    releases the GIL while it reads, so a thread pool overlaps the reads (and the round trips
+    of an object store). An exception raised by `read` is raised here.
+    """
+    if len(paths) < 8:
+        return [read(fs, p) for p in paths]
+    with ThreadPoolExecutor(footer_threads(fs), thread_name_prefix="capture-footer") as pool:
+        return list(pool.map(lambda p: read(fs, p), paths))
 
 
 _GLOB = "*?[]{}"

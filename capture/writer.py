@@ -11,11 +11,12 @@ when `flush_rows` rows are buffered or `flush_seconds` have passed since the fir
 3. ``stats/model=<m>/<prefix>-<seq>.parquet``: one row per distinct signature in the segment.
 
 Each file is written as ``.<name>.tmp`` in its final folder and renamed, so readers never see a
-partial file. A segment is all or nothing: when a write fails (disk full, permissions,
-RLIMIT_FSIZE) the calls files it already renamed are deleted again, its calls are counted as
-dropped and one warning is logged per recorder; every complete file stays untouched. A record the
-tables cannot hold is dropped alone (`bad_records`). A SIGKILL loses the rows not yet in a
-complete segment: those of the last `flush_seconds` plus those that arrived while the last
+partial file (on object stores, S3 and GCS, in one upload under its final name: an object is
+visible only once complete). A segment is all or nothing: when a write fails (disk full,
+permissions, RLIMIT_FSIZE) the calls files it already renamed are deleted again, its calls are
+counted as dropped and one warning is logged per recorder; every complete file stays untouched. A
+record the tables cannot hold is dropped alone (`bad_records`). A SIGKILL loses the rows not yet in
+a complete segment: those of the last `flush_seconds` plus those that arrived while the last
 segment was being written (bounded by ``flush_rows + queue_size`` calls).
 """
 
@@ -29,7 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -76,9 +77,18 @@ def resolve_store(store: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem and root path for a local directory or a filesystem URI."""
     text = os.fspath(store)
     if "://" in text:
-        fs, root = pafs.FileSystem.from_uri(text)
-        return fs, root.rstrip("/")
+        from capture.remote import bounded, store_error
+
+        try:
+            fs, root = pafs.FileSystem.from_uri(text)
+        except (pa.ArrowInvalid, OSError) as e:  # unknown scheme, bad option: one line (#14)
+            raise store_error(text, e) from None
+        return bounded(fs), root.rstrip("/")
     return pafs.LocalFileSystem(), os.path.abspath(text)
+
+
+OBJECT_STORES = frozenset({"s3", "gcs"})
+"""pyarrow filesystem types whose objects become visible only once completely uploaded."""
 
 
 def write_parquet(
@@ -100,18 +110,31 @@ def write_parquet(
         schema.METADATA_KIND: kind.encode(),
         **(extra_metadata or {}),
     }
+    final = f"{folder}/{name}"
+
+    def write(sink: Any) -> None:
+        if isinstance(table, pa.Table):
+            pq.write_table(table.replace_schema_metadata(meta), sink, compression="zstd")
+        else:
+            target = schema.SCHEMAS[kind].with_metadata(meta)
+            with pq.ParquetWriter(sink, target, compression="zstd") as out:
+                for part in table:
+                    out.write_table(part.cast(target))
+
+    if fs.type_name in OBJECT_STORES:
+        # An object appears whole when its upload completes, and a rename there is a copy then
+        # a delete (twice the traffic, and a window with both names): the complete file is built
+        # in memory and written under its final name in one upload (issue 14).
+        buffer = pa.BufferOutputStream()
+        write(buffer)
+        with fs.open_output_stream(final) as sink:
+            sink.write(buffer.getvalue())
+        return final
     fs.create_dir(folder, recursive=True)
     tmp = f"{folder}/.{name}.tmp"
-    final = f"{folder}/{name}"
     try:
         with fs.open_output_stream(tmp) as sink:
-            if isinstance(table, pa.Table):
-                pq.write_table(table.replace_schema_metadata(meta), sink, compression="zstd")
-            else:
-                target = schema.SCHEMAS[kind].with_metadata(meta)
-                with pq.ParquetWriter(sink, target, compression="zstd") as out:
-                    for part in table:
-                        out.write_table(part.cast(target))
+            write(sink)
         fs.move(tmp, final)
     except BaseException:
         try:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from s3_server import S3Server
 
 import capture
 from capture.store import Store
@@ -44,3 +45,18 @@ def llama(llama_root: Path) -> Iterator[Store]:
     """The tiny-Llama store, opened."""
     with capture.open_store(llama_root) as store:
         yield store
+
+
+# -- a real S3 server on loopback (issue 14; tests/s3_server.py) ----------------------------------
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 server on 127.0.0.1 (a free port), for the whole test session."""
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's AWS environment variables point pyarrow at `s3_server`."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)

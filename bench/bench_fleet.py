@@ -1,0 +1,223 @@
+"""Benchmark of stores written by a fleet: many small files, on a local disk and on S3.
+
+    python bench/bench_fleet.py                      # 1k/10k/100k local, 1k/10k S3
+    python bench/bench_fleet.py --sizes 1000 10000   # fewer
+    python bench/bench_fleet.py --no-s3              # local only
+
+Prints one Markdown section on stdout (progress goes to stderr).
+
+**The stores.** A fleet that flushes every 10 s leaves, per flush of each process, one calls file
+and one stats file (and one structures file per process). The synthetic store reproduces that:
+`N` flushes, each writing a calls file of 10 calls and its stats file (`capture.schema` tables
+written with `capture.writer.write_parquet`, zstd + schema metadata, as the recorder writes them),
+spread over 8 writer processes. The tables are built once per process from
+`bench_store.generate`'s LLM traffic (10 tensor leaves per call) and written again under each
+file name (contents are the same, names and call ids differ), so 100,000 files take minutes, not
+hours. So "N files" means N calls files + N stats files + 8 structures files.
+
+S3: moto's standalone server (`tests/s3_server.py`) on 127.0.0.1, a real HTTP S3 API; the store
+is written through pyarrow's S3FileSystem.
+
+**What is timed.** `capture --store PATH summary` as a subprocess (imports, listing, footers,
+views and the summary queries, as a user sees it), wall time of one run (a second run for the
+small stores), and `capture compact` on the local stores, then `summary` again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common import load_line, machine_line, md_table  # noqa: E402
+
+STORES_DIR = "/tmp/capture-bench-fleet"
+PROCESSES = 8
+CALLS_PER_FILE = 10
+MODEL = "LlamaForCausalLM"
+
+
+def log(msg: str) -> None:
+    print(f"[bench_fleet] {msg}", file=sys.stderr, flush=True)
+
+
+def _tables() -> tuple[Any, Any, Any]:
+    """One calls table, its stats table and the structures table (from bench_store)."""
+    import tempfile
+
+    import bench_store
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_store.generate(tmp + "/s", CALLS_PER_FILE, rows_per_file=CALLS_PER_FILE)
+
+        def first(table: str) -> Any:
+            for d, _, names in os.walk(f"{tmp}/s/{table}"):
+                for n in names:
+                    if n.endswith(".parquet"):
+                        return pq.read_table(os.path.join(d, n))
+            raise RuntimeError(table)
+
+        return first("calls"), first("stats"), first("structures")
+
+
+def generate(uri: str, files: int) -> float:
+    """Writes a store of `files` calls files (+ as many stats files) at `uri`; seconds taken."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+
+    from capture import schema
+    from capture.writer import resolve_store, write_parquet
+
+    t0 = time.perf_counter()
+    calls, stats, structures = _tables()
+    calls = calls.select(schema.CALLS_SCHEMA.names).cast(schema.CALLS_SCHEMA)
+    stats = stats.select(schema.STATS_SCHEMA.names).cast(schema.STATS_SCHEMA)
+    structures = structures.select(schema.STRUCTURES_SCHEMA.names).cast(schema.STRUCTURES_SCHEMA)
+    fs, root = resolve_store(uri)
+    prefixes = [f"bench-host{p % 3}-{1000 + p}-{p:x}0000" for p in range(PROCESSES)]
+    for p in range(PROCESSES):
+        write_parquet(
+            fs,
+            f"{root}/{schema.STRUCTURES}/model={MODEL}",
+            f"{prefixes[p]}-000000.parquet",
+            structures,
+            schema.STRUCTURES,
+        )
+    date = "2026-01-01"
+    calls_dir = f"{root}/{schema.CALLS}/model={MODEL}/date={date}"
+    stats_dir = f"{root}/{schema.STATS}/model={MODEL}"
+    fs.create_dir(calls_dir, recursive=True)
+    fs.create_dir(stats_dir, recursive=True)
+    ids = calls.column("call_id")
+
+    def one(f: int) -> None:
+        p = f % PROCESSES
+        name = f"{prefixes[p]}-{f // PROCESSES + 1:06d}.parquet"
+        offset = pa.scalar(f * CALLS_PER_FILE, pa.int64())
+        import pyarrow.compute as pc
+
+        table = calls.set_column(0, "call_id", pc.add(ids, offset))
+        write_parquet(fs, calls_dir, name, table, schema.CALLS)
+        write_parquet(fs, stats_dir, name, stats, schema.STATS)
+        if f and f % 10_000 == 0:
+            log(f"  {f:,} files written")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(files)))
+    return time.perf_counter() - t0
+
+
+def capture_cli(store: str, *args: str, env: dict[str, str] | None = None) -> tuple[float, str]:
+    """(wall seconds, stdout) of `capture --store STORE ARGS`; raises when it fails."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli", "--store", store, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"capture {' '.join(args)} failed: {proc.stderr.strip()[-2000:]}")
+    return seconds, proc.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--s3-sizes", type=int, nargs="*", default=[1_000, 10_000])
+    parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--no-compact", action="store_true")
+    parser.add_argument("--label", default="this branch")
+    parser.add_argument(
+        "--baseline", help="a checkout of the code before (e.g. /work/main): its summary too"
+    )
+    parser.add_argument("--baseline-max", type=int, default=10_000, help="largest store for it")
+    args = parser.parse_args()
+    rows: list[list[Any]] = []
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for n in args.sizes:
+        path = f"{STORES_DIR}/local-{n}"
+        shutil.rmtree(path, ignore_errors=True)
+        log(f"generating {n:,} files at {path}")
+        gen = generate(path, n)
+        log(f"  generated in {gen:.0f} s; summary")
+        t_sum, out = capture_cli(path, "summary", env=env)
+        expect = f"{n * CALLS_PER_FILE:,}"
+        ok = expect in out or str(n * CALLS_PER_FILE) in out
+        before = ""
+        if args.baseline and n <= args.baseline_max:
+            t_before, _ = capture_cli(path, "summary", env={**env, "PYTHONPATH": args.baseline})
+            before = f"{t_before:.1f}"
+        row = [f"local, {n:,} files", before, f"{t_sum:.1f}", "yes" if ok else "NO"]
+        if not args.no_compact:
+            t_c, _ = capture_cli(path, "compact", env=env)
+            t_after, out = capture_cli(path, "summary", env=env)
+            ok2 = expect in out or str(n * CALLS_PER_FILE) in out
+            row += [f"{t_c:.1f}", f"{t_after:.1f}", "yes" if ok2 else "NO"]
+        else:
+            row += ["", "", ""]
+        rows.append(row)
+        log(f"  {row}")
+        shutil.rmtree(path, ignore_errors=True)
+    if not args.no_s3 and args.s3_sizes:
+        sys.path.insert(0, os.path.join(env["PYTHONPATH"], "tests"))
+        from s3_server import S3Server
+
+        with S3Server() as server:
+            s3env = {**env, **server.env()}
+            os.environ.update(server.env())
+            for n in args.s3_sizes:
+                bucket = server.create_bucket(f"bench-{n}")
+                uri = f"s3://{bucket}/store"
+                log(f"generating {n:,} files at {uri}")
+                gen = generate(uri, n)
+                log(f"  generated in {gen:.0f} s; summary")
+                t_sum, out = capture_cli(uri, "summary", env=s3env)
+                ok = f"{n * CALLS_PER_FILE:,}" in out or str(n * CALLS_PER_FILE) in out
+                before = ""
+                if args.baseline and n <= args.baseline_max:
+                    base_env = {**s3env, "PYTHONPATH": args.baseline}
+                    before = f"{capture_cli(uri, 'summary', env=base_env)[0]:.1f}"
+                row = [f"S3 (moto, loopback), {n:,} files", before, f"{t_sum:.1f}"]
+                row.append("yes" if ok else "NO")
+                if not args.no_compact:
+                    t_c, _ = capture_cli(uri, "compact", env=s3env)
+                    t_after, out = capture_cli(uri, "summary", env=s3env)
+                    ok2 = f"{n * CALLS_PER_FILE:,}" in out or str(n * CALLS_PER_FILE) in out
+                    row += [f"{t_c:.1f}", f"{t_after:.1f}", "yes" if ok2 else "NO"]
+                else:
+                    row += ["", "", ""]
+                rows.append(row)
+                log(f"  {row}")
+    print(f"### Fleet stores ({args.label})\n")
+    print(f"- Machine: {machine_line(('pyarrow', 'duckdb', 'moto'))}")
+    print(f"- Load: {load_line()}\n")
+    print(
+        md_table(
+            [
+                "store",
+                "`summary` before (s)",
+                "`summary` (s)",
+                "all calls counted",
+                "`compact` (s)",
+                "`summary` after (s)",
+                "counted after",
+            ],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
