@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -114,12 +115,24 @@ def _read_table(fs: pafs.FileSystem, path: str) -> pa.Table:
         return pq.read_table(f)
 
 
-def _vanished(error: Exception) -> bool:
-    """Whether `error` says that a listed file no longer exists."""
+_NO_ACCESS = re.compile(r'Cannot access file "([^"]+?)(?:/\*\*/\*\.parquet)?"')
+
+
+def _vanished(error: Exception, listed: Mapping[str, list[str]], fs: pafs.FileSystem) -> bool:
+    """Whether `error` says that a file listed when the store opened no longer exists.
+
+    Locked down (issue 11), DuckDB reports a missing file as a path it may not access (it
+    tries the name as a folder), so that message counts when it names a listed file that is gone.
+    """
     text = str(error)
-    return isinstance(error, FileNotFoundError) or any(
+    if isinstance(error, FileNotFoundError) or any(
         m in text for m in ("No files found", "No such file", "not found", "NoSuchKey")
-    )
+    ):
+        return True
+    match = _NO_ACCESS.search(text)
+    if match is None or not any(match.group(1) in files for files in listed.values()):
+        return False
+    return bool(fs.get_file_info(match.group(1)).type == pafs.FileType.NotFound)
 
 
 class Store:
@@ -279,8 +292,8 @@ class Store:
                 if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
                     return pa.table({})
                 return relation.to_arrow_table()
-            except (duckdb.IOException, OSError, FileNotFoundError) as e:
-                if attempt == 1 and _vanished(e):
+            except (duckdb.IOException, duckdb.PermissionException, OSError) as e:
+                if attempt == 1 and _vanished(e, self.files, self.fs):
                     # A compaction replaced (then deleted) files listed when the store opened:
                     # its merged file holds their rows; list again, once (issue 14).
                     self.con.close()

@@ -35,7 +35,13 @@ def test_old_store_opens(old_store: Path) -> None:
 
 def test_old_llama_store_exports_and_covers_decode(old_store: Path) -> None:
     result = replay.export(tiny_causal("llama"), old_store, model="llama")
-    decode = [r for r in result.coverage.to_pylist() if r["group"].startswith("decode")]
+    # Recorded signatures only: with two distinct decode signatures the analysis cannot tell
+    # mask = past + 1 from chance, so probes vary them apart and the program's guard refuses them.
+    decode = [
+        r
+        for r in result.coverage.to_pylist()
+        if r["group"].startswith("decode") and r["kind"] == "recorded"
+    ]
     assert decode and all(r["covered"] for r in decode)
 
 

@@ -70,9 +70,9 @@ def test_footers_read_in_parallel_keep_the_listing_order(store: Path) -> None:
     fs = pafs.LocalFileSystem()
     paths = [i.path for i in layout.list_files(fs, str(store), "calls")]
     assert len(paths) >= 8  # the thread pool is used from 8 files on
-    rows = layout.read_footers(fs, paths, lambda f, p: layout.read_footer(f, p))
-    serial = [layout.read_footer(fs, p) for p in paths]
-    assert [m.num_rows for m in rows] == [m.num_rows for m in serial]
+    rows = layout.read_footers(fs, paths, lambda f, p: layout.read_footer(f, p, "calls"))
+    serial = [layout.read_footer(fs, p, "calls") for p in paths]
+    assert [(m.path, m.rows) for m in rows] == [(m.path, m.rows) for m in serial]  # type: ignore[union-attr]
 
 
 def test_store_opened_before_a_compaction_reads_its_merged_file(store: Path) -> None:

@@ -457,7 +457,7 @@ def test_unsafe_sql_reaches_other_files(store: Path, tmp_path: Path) -> None:
 def test_unknown_uri_scheme_is_one_line(tmp_path: Path) -> None:
     code, out, err = _run("foo://x", "summary")
     assert (code, out) == (1, "")
-    assert _one_line(err).startswith("Error: cannot open the store foo://x:")  # issue 11
+    assert _one_line(err).startswith("Error: cannot open store foo://x:")  # issue 11
 
 
 def test_s3_without_network_is_one_line_in_bounded_time(tmp_path: Path) -> None:
@@ -477,7 +477,7 @@ def test_s3_without_network_is_one_line_in_bounded_time(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert result.returncode == 1  # issue 11
-    assert result.stderr.startswith("Error: cannot open the store s3://")
+    assert result.stderr.startswith("Error: cannot reach the store s3://capture-no-such-bucket/x:")
     assert result.stderr.count("\n") == 1
 
 
