@@ -24,6 +24,7 @@ import contextlib
 import importlib
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -212,6 +213,29 @@ class CaptureGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """Runs the command line; in standalone mode every error is one ``Error:`` line.
+
+        click shows a usage error as three lines (usage, a hint, the error); here it is one
+        line naming the help to read (issue 11), with click's exit status 2.
+        """
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as e:
+            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            click.echo(f"Error: {e.format_message()}{where}", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Error: aborted", err=True)
+            sys.exit(1)
+        # Outside standalone mode click returns the status of ctx.exit(N) instead of exiting.
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         with warnings.catch_warnings(), _library_logs_to_stderr():

@@ -420,8 +420,9 @@ def test_dims_python_conflicts_with_table_options(store: str, extra: list[str]) 
     code, out, err = _invoke(store, "dims", "--python", *extra)
     assert code == 2
     assert out == ""
-    assert err.endswith(
-        "Error: --python prints Python source; it takes neither -f/--format nor --no-headers\n"
+    assert err == (
+        "Error: --python prints Python source; it takes neither -f/--format nor --no-headers "
+        "(see 'capture dims --help')\n"
     )
 
 
