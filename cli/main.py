@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -214,16 +214,23 @@ class CaptureGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         """Runs the command line; in standalone mode every error is one ``Error:`` line.
 
         click shows a usage error as three lines (usage, a hint, the error); here it is one
         line naming the help to read (issue 11), with click's exit status 2.
         """
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(args, prog_name, complete_var, False, **extra)
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = super().main(args, prog_name, complete_var, False, **extra)
         except click.UsageError as e:
             where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
             click.echo(f"Error: {e.format_message()}{where}", err=True)
