@@ -283,5 +283,6 @@ def to_treespec(node: Node, source: str = "a stored treespec") -> Any:
         # context loader (ours for the caches, the user's for their own classes) gets the
         # stored JSON value; nothing named by the store is imported.
         loader = getattr(node_def, "from_dumpable_context", None)
-        ctx = context if loader is None else loader(context)
+        # torch dumps a context without a dumper as JSON text, and loads it back the same way.
+        ctx = json.loads(context) if loader is None else loader(context)
     return pytree.TreeSpec(typ, ctx, children)

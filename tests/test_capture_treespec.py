@@ -44,6 +44,19 @@ def test_registered_cache_round_trips() -> None:
         assert rebuilt == spec
 
 
+def test_class_registered_without_a_context_dumper_round_trips() -> None:
+    # transformers registers its ModelOutputs with no context dumper: torch stores the context
+    # as JSON text (a T5 encoder_outputs argument; the T5 generate() replay failed on it).
+    from transformers.modeling_outputs import BaseModelOutput
+
+    value = ((), {"encoder_outputs": BaseModelOutput(last_hidden_state=torch.zeros(1, 2))})
+    spec = pytree.tree_structure(value)
+    rebuilt = treespec.to_treespec(treespec.parse(pytree.treespec_dumps(spec)))
+    assert rebuilt == spec
+    restored = pytree.tree_unflatten([torch.ones(1, 2)], rebuilt)[1]["encoder_outputs"]
+    assert list(restored.keys()) == ["last_hidden_state"]
+
+
 def test_cache_class_not_registered_in_this_process_is_refused() -> None:
     with nodes.register_flattening_functions():
         cache = nodes.make_dynamic_cache([(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))])
