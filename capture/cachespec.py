@@ -74,7 +74,7 @@ def unsupported_reason(leaves: Sequence[dict[str, Any]]) -> str | None:
     for row in leaves:
         name = str(row.get("type") or "").rsplit(".", 1)[-1]
         if row.get("kind") == "opaque" and name in UNSUPPORTED:
-            return f"{row.get('path')}: {name} {UNSUPPORTED[name]}"
+            return f"{row.get('path')}: {name}: {UNSUPPORTED[name]}"
     treespec = leaves[0].get("treespec") if leaves else None
     if not treespec:
         return None
@@ -104,5 +104,5 @@ def unsupported_reason(leaves: Sequence[dict[str, Any]]) -> str | None:
                 )
             if isinstance(layer, list) and layer and layer[0] in UNSUPPORTED:
                 cache = kind.rsplit(".", 1)[-1]
-                return f"a {cache} layer: {layer[0]} {UNSUPPORTED[layer[0]]}"
+                return f"a {cache} layer: {layer[0]}: {UNSUPPORTED[layer[0]]}"
     return None

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from capture import schema
+from capture import nodes, schema
 from capture.errors import ReplayError
 from replay import rebuild as rb
 from replay import select, shapes
@@ -361,7 +361,18 @@ def build_group(
     spec_args, spec_kwargs = shapes.spec_tree(treespec, shapes.leaf_specs(leaves, by_leaf))
     base = group.matrix[example.row] if group.matrix is not None else None
     rep_ranges = ranges.get(tuple(int(v) for v in base)) if base is not None else None
-    args, kwargs = rb.rebuild(leaves, treespec, example.sizes, rep_ranges, seed=seed, device=device)
+    unsupported = nodes.unsupported_reason(leaves)
+    try:
+        args, kwargs = rb.rebuild(
+            leaves, treespec, example.sizes, rep_ranges, seed=seed, device=device
+        )
+    except ReplayError:
+        if unsupported is None:
+            raise
+        # Cache state we cannot rebuild (issue 9): no example, and `replay.export` reports
+        # every signature of the group not covered with the reason instead of failing.
+        args, kwargs = (), {}
+        notes.append(f"cache state not reproducible: {unsupported}; no example arguments")
     added = _missing_substitutes(group, groups, value_if_missing or {}, fill_missing, notes)
     form = shapes.call_form(len(args), [*kwargs, *added], params, keyword_only=keyword_only)
     kwargs.update(added)

@@ -134,3 +134,32 @@ def test_static_cache_layers_are_reported_unsupported(arch: str, layer: str) -> 
     reason = nodes.unsupported_reason([{**row, "treespec": spec}])
     # issue 9: a fill level we do not record must make the group "not covered", with the reason.
     assert reason is not None and layer in reason
+
+
+class MtpCache:
+    """Stands for transformers' MtpCache (declared unsupported): recorded as an opaque leaf."""
+
+
+class _TakesACache(torch.nn.Module):
+    def forward(self, x: torch.Tensor, past_key_values: Any = None) -> torch.Tensor:
+        return x * 2
+
+
+def test_a_cache_we_cannot_flatten_is_reported_not_covered(tmp_path: Any) -> None:
+    import capture
+    import replay
+
+    model = _TakesACache()
+    with capture.Recorder(model, tmp_path):
+        for batch in (2, 3, 4):
+            model(torch.ones(batch, 3), past_key_values=MtpCache())
+    result = replay.export(model, tmp_path)
+    rows = result.coverage.to_pylist()
+    # issue 9: the group is reported not covered with the reason, and export does not fail.
+    assert not result.complete and len(rows) == 3
+    assert all(
+        not r["covered"]
+        and r["error"].startswith("cache state not reproducible: ")
+        and "MtpCache: its draft-model state is not flattened" in r["error"]
+        for r in rows
+    )
