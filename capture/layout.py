@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
-from capture.errors import SchemaMismatch, StoreNotFound
+from capture.errors import StoreNotFound
 
 __all__ = [
     "FileInfo",
@@ -220,9 +220,6 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
 
     Returns:
         `FileInfo` or `Skip`.
-
-    Raises:
-        SchemaMismatch: The file was written with a newer store schema than this library's.
     """
     if table is None:
         table = next((t for t in schema.TABLES if f"/{t}/" in path), "")
@@ -245,9 +242,11 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
     except ValueError:
         return Skip(path, f"capture.schema_version {version[:20]!r} is not a number")
     if number > schema.SCHEMA_VERSION:
-        raise SchemaMismatch(
-            f"{path} was written with store schema v{number}, this library reads "
-            f"up to v{schema.SCHEMA_VERSION}; upgrade capture to read this store"
+        # Skipped, not an error: one planted file must not make the store unreadable (issue 11).
+        return Skip(
+            path,
+            f"written with store schema v{number}, this library reads up to "
+            f"v{schema.SCHEMA_VERSION}: upgrade capture to read it",
         )
     kind = kv.get(schema.METADATA_KIND, b"").decode("utf-8", "replace")
     if table not in schema.SCHEMAS or kind != table:

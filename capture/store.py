@@ -16,8 +16,8 @@ Views users can rely on (DESIGN §6):
   segments, one row per distinct (model, in_structure, out_structure, dims, out_dims).
 
 Every file is checked before it joins a view (`capture.layout.read_footer`): unreadable,
-foreign, wrong-schema and bomb-sized files and symbolic links are skipped with one warning
-naming each; a file written by a newer schema version is an error (`SchemaMismatch`). Files that
+foreign, wrong-schema and bomb-sized files, files of a newer schema version and symbolic links
+are skipped with one warning naming each (the newer ones say to upgrade capture). Files that
 a compacted file replaces (`capture.compact`, left behind when a compaction died before deleting
 them) are not read, once `capture.claims` has checked that the compacted file holds their rows.
 """
@@ -398,7 +398,6 @@ def open_store(path: str | os.PathLike[str], *, unsafe_sql: bool = False) -> Sto
     Raises:
         StoreNotFound: Nothing at `path`.
         EmptyStore: `path` exists but holds no recorded call.
-        SchemaMismatch: A file was written by a newer, incompatible version.
 
     Example:
         >>> store = open_store("capture-store")  # doctest: +SKIP

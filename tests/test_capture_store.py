@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import capture
 from capture import schema
-from capture.errors import EmptyStore, QueryError, SchemaMismatch, StoreNotFound, UnknownModel
+from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
 from capture.store import Store
 from capture.writer import _list_array, _pack, write_parquet
 
@@ -80,7 +80,7 @@ def test_truncated_file_is_skipped_with_a_warning_naming_it(tmp_path: Path) -> N
         assert store.query("SELECT sum(calls) AS n FROM signatures").to_pylist() == [{"n": 3}]
 
 
-def test_file_of_a_future_schema_version_raises_schema_mismatch(tmp_path: Path) -> None:
+def test_file_of_a_future_schema_version_is_skipped_with_an_upgrade_hint(tmp_path: Path) -> None:
     _record_toy(tmp_path)
     stats = pq.read_table(_files(tmp_path, schema.STATS)[0])
     folder = str(tmp_path / schema.STATS / "model=toy")
@@ -89,8 +89,10 @@ def test_file_of_a_future_schema_version_raises_schema_mismatch(tmp_path: Path) 
     meta = dict(table.schema.metadata)
     meta[schema.METADATA_SCHEMA_VERSION] = str(schema.SCHEMA_VERSION + 1).encode()
     pq.write_table(table.replace_schema_metadata(meta), path)
-    with pytest.raises(SchemaMismatch, match=re.escape(f"{path} was written with store schema v2")):
-        capture.open_store(tmp_path)
+    # issue 11: one planted file must not make the store unreadable; the warning says to upgrade
+    with pytest.warns(RuntimeWarning, match=re.escape(f"{path} (written with store schema v2")):
+        with capture.open_store(tmp_path) as store:
+            assert store.query("SELECT count(*) AS n FROM calls").to_pylist() == [{"n": 3}]
 
 
 # -- several processes -----------------------------------------------------------------------
