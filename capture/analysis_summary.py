@@ -40,7 +40,7 @@ The dict (every timestamp an ISO 8601 string, every count an int)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from capture.analysis import Group
     from capture.store import Store
 
-__all__ = ["build_summary"]
+__all__ = ["build_summary", "drift_rows"]
 
 _ABSENT = (schema.KIND_MISSING, schema.KIND_NONE)
 
@@ -228,3 +228,28 @@ def build_summary(store: Store, models: Sequence[str], groups: Sequence[Group]) 
         "skipped_files": [s.path for s in store.skipped],
         "models": entries,
     }
+
+
+def drift_rows(model: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per variant of every drifting input of a model's summary entry.
+
+    Args:
+        model: One entry of ``build_summary(...)["models"]``.
+
+    Returns:
+        Rows with ``path, changes, kind, dtype, rank, calls, groups`` (lists joined with
+        ``", "``), as `capture summary` and `capture report` show them.
+    """
+    return [
+        {
+            "path": d["path"],
+            "changes": ", ".join(map(str, d["changes"])),
+            "kind": v["kind"],
+            "dtype": v["dtype"],
+            "rank": v["rank"],
+            "calls": v["calls"],
+            "groups": ", ".join(map(str, v["groups"])),
+        }
+        for d in model.get("drift", ())
+        for v in d["variants"]
+    ]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from capture import __version__
+from capture.analysis_summary import drift_rows
 from capture.report_data import ServedGroup, served_calls, symbol_kind, timeline
 
 if TYPE_CHECKING:
@@ -354,19 +355,7 @@ def _model_section(
         "structure that appeared or disappeared.</p>",
         _drift_plot(tl),
     ]
-    drift = [
-        {
-            "path": d["path"],
-            "changes": _join(d["changes"]),
-            "kind": v["kind"],
-            "dtype": v["dtype"],
-            "rank": v["rank"],
-            "calls": v["calls"],
-            "groups": _join(v["groups"]),
-        }
-        for d in model["drift"]
-        for v in d["variants"]
-    ]
+    drift = drift_rows(model)
     if drift:
         parts += ["<p>Inputs seen with several kinds, dtypes or ranks:</p>", _table(drift)]
     else:

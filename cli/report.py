@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from capture.analysis_summary import drift_rows
 from cli.output import table_text
 
 __all__ = ["summary_report"]
@@ -126,19 +127,7 @@ def _optional(model: Mapping[str, Any]) -> list[str]:
 
 
 def _drift(model: Mapping[str, Any]) -> list[str]:
-    rows = [
-        {
-            "path": d["path"],
-            "changes": _join(d["changes"]),
-            "kind": v["kind"],
-            "dtype": v["dtype"],
-            "rank": v["rank"],
-            "calls": v["calls"],
-            "groups": _join(v["groups"]),
-        }
-        for d in model.get("drift", ())
-        for v in d["variants"]
-    ]
+    rows = drift_rows(model)
     if not rows:
         return []
     return _section("Drift (inputs seen with several kinds, dtypes or ranks)", rows)
