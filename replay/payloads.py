@@ -23,13 +23,11 @@ ran and agreed with eager and, where kept, with the recorded outputs, within
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from capture import nodes, schema
 from capture.errors import ReplayError
@@ -91,16 +89,8 @@ def real_call(
         elif kind == schema.KIND_OPAQUE:
             raise ReplayError(f"{row['path']} is an opaque {row.get('type')}; it cannot be rebuilt")
         else:
-            value = row.get("value")
-            values.append(None if value is None else json.loads(value))
-    with nodes.register_flattening_functions():
-        spec = pytree.treespec_loads(treespec)
-        if spec.num_leaves != len(values):
-            raise ReplayError(
-                f"the recorded treespec has {spec.num_leaves} leaves, the structure {len(values)}"
-            )
-        args, kwargs = pytree.tree_unflatten(values, spec)
-    return tuple(args), dict(kwargs)
+            values.append(rb.scalar(row))
+    return rb.unflatten(leaves, treespec, values)
 
 
 def _sizes(leaves: list[dict[str, Any]], payload: Payload) -> list[int]:

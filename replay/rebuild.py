@@ -38,7 +38,16 @@ from capture.treespec import UnsafeTreespec, to_treespec
 from capture.treespec import parse as parse_treespec
 from replay import patterns
 
-__all__ = ["DEFAULT_SEED", "dtype_of", "is_mask", "make_tensor", "rebuild", "resolve_device"]
+__all__ = [
+    "DEFAULT_SEED",
+    "dtype_of",
+    "is_mask",
+    "make_tensor",
+    "rebuild",
+    "resolve_device",
+    "scalar",
+    "unflatten",
+]
 
 DEFAULT_SEED = 0
 """Seed of the generator the example tensors are drawn from."""
@@ -121,7 +130,8 @@ def make_tensor(
     return out if device is None or device.type == "cpu" else out.to(device)
 
 
-def _scalar(row: dict[str, Any]) -> Any:
+def scalar(row: dict[str, Any]) -> Any:
+    """The recorded value of a scalar leaf (JSON in the ``value`` column), or None."""
     value = row.get("value")
     try:
         return None if value is None else json.loads(value)
@@ -204,11 +214,30 @@ def rebuild(
                 "cannot flatten; register it with torch.utils._pytree to replay it"
             )
         else:
-            values.append(_scalar(row))
+            values.append(scalar(row))
     # Masks padded, positions consistent with the mask and the cache (replay.patterns).
     patterns.apply([row for row in leaves if row["kind"] != schema.KIND_MISSING], values, lows)
+    return unflatten(leaves, treespec, values)
+
+
+def unflatten(
+    leaves: Sequence[dict[str, Any]], treespec: str, values: list[Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` from a recorded structure's stored treespec and its leaf values.
+
+    The treespec is read by our own allow-list parser, never by torch's ``treespec_loads``
+    (issue 11): a store is data.
+
+    Args:
+        leaves: The structure's rows (named in errors).
+        treespec: The structure's stored JSON treespec.
+        values: One value per leaf that is not missing, in leaf order.
+
+    Raises:
+        ReplayError: The treespec is refused, or its leaf count differs from `values`.
+    """
     with nodes.register_flattening_functions():
-        try:  # our own allow-list parser, never torch's treespec_loads (issue 11)
+        try:
             spec = to_treespec(parse_treespec(treespec, _source(leaves)), _source(leaves))
         except UnsafeTreespec as e:
             raise ReplayError(str(e)) from None

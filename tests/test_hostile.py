@@ -172,6 +172,36 @@ def test_treespec_naming_a_module_imports_nothing(
     assert _one_line(err)
 
 
+def test_payload_check_reads_treespecs_with_the_allow_list(
+    tmp_path: Path, evil_module: Path
+) -> None:
+    import pyarrow.fs as pafs
+
+    from capture.payloads import list_payloads, read_payload
+    from replay.payloads import real_call
+
+    model = torch.nn.Linear(4, 2)
+    with Recorder(model, tmp_path / "p", flush_seconds=3600, payloads=1.0):
+        model(torch.ones(2, 4))
+    (info,) = list_payloads(tmp_path / "p")
+    payload = read_payload(pafs.LocalFileSystem(), info.path)
+    leaves = pq.read_table(_files(tmp_path / "p", schema.STRUCTURES)[0]).to_pylist()
+    leaves = [r for r in leaves if r["structure_id"] == payload.in_structure]
+    protocol, root = json.loads(leaves[0]["treespec"])
+    root["children_spec"][1] = {  # torch's treespec_loads would import the planted module
+        "type": "collections.defaultdict",
+        "context": {
+            "default_factory_module": EVIL,
+            "default_factory_name": "f",
+            "dict_context": [],
+        },
+        "children_spec": [],
+    }
+    leaves[0]["treespec"] = json.dumps([protocol, root])
+    with pytest.raises(ReplayError):  # issue 11: the evil_module fixture checks nothing ran
+        real_call(leaves, payload)
+
+
 def test_treespec_class_outside_the_allow_list_is_an_error_naming_its_source(
     store: Path, evil_module: Path
 ) -> None:
