@@ -15,19 +15,20 @@ The rule, in order:
    recomputed from their relation, and their roots raised when the result is still below 2.
    Static dims (always 1, or always 224) keep their recorded size.
 
-This module reads the store (integer value ranges, per signature) but imports neither torch nor
-duckdb itself.
+The matrix-level core of this rule (`choose_row`, `synthesize`) lives in `capture.representative`,
+which `InputObserver.infer_arguments` uses too. This module reads the store (integer value ranges,
+per signature) but imports neither torch nor duckdb itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from capture.errors import ReplayError
+from capture.representative import MIN_DYNAMIC, Representative, choose_row, synthesize
 
 if TYPE_CHECKING:
     from capture.analysis import Group
@@ -44,32 +45,8 @@ __all__ = [
     "nearest_ranges",
 ]
 
-MIN_DYNAMIC = 2
-"""The smallest example size torch.export keeps dynamic."""
-
 Ranges = tuple[list[int | None], list[int | None]]
 """Per tracked integer tensor (``structures.range_index``): (minimums, maximums)."""
-
-
-@dataclass
-class Representative:
-    """The sizes a group is exported from.
-
-    Attributes:
-        sizes: The full size vector of the group's structure (every tensor leaf's shape,
-            concatenated in leaf order, as ``calls.dims``).
-        symbols: The size given to each symbol.
-        row: Index of the recorded signature used (rows of ``group.matrix``), or of the one a
-            synthesized example starts from.
-        synthesized: True when no recorded signature had every dynamic dim >= 2.
-        raised: Human-readable ``symbol: recorded -> example`` changes of a synthesized example.
-    """
-
-    sizes: list[int]
-    symbols: dict[str, int]
-    row: int
-    synthesized: bool
-    raised: list[str] = field(default_factory=list)
 
 
 def _matrix(group: Group) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -105,66 +82,15 @@ def representative(group: Group) -> Representative:
         ({'batch': 2, 'past_key_values_2': 5, 'attention_mask_1': 6}, False)
     """
     matrix, weights = _matrix(group)
-    dynamic = np.array([d.dynamic for d in group.dims], dtype=bool)
-    symbol_of = [d.symbol for d in group.dims]
     if matrix.shape[1] != len(group.dims):
         raise ReplayError(f"group {group.name}: the signature matrix does not match its dims")
-    ok = (
-        np.all(matrix[:, dynamic] >= MIN_DYNAMIC, axis=1)
-        if dynamic.any()
-        else np.ones(len(weights), dtype=bool)
-    )
-    if ok.any():
-        row = _most_called(matrix, weights, np.flatnonzero(ok))
+    symbol_of = [d.symbol for d in group.dims]
+    row, found = choose_row(matrix, weights, [d.dynamic for d in group.dims])
+    if found:
         sizes = [int(v) for v in matrix[row]]
         values = {s: sizes[j] for j, s in enumerate(symbol_of) if s is not None}
         return Representative(sizes, values, row, False)
-    row = _most_called(matrix, weights, np.arange(len(weights)))
-    return _synthesize(group, matrix, row)
-
-
-def _most_called(
-    matrix: np.ndarray[Any, Any], weights: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
-) -> int:
-    """The row with the most calls; ties go to the smallest size vector (deterministic)."""
-    return int(min(rows, key=lambda r: (-int(weights[r]), tuple(int(v) for v in matrix[r]))))
-
-
-def _synthesize(group: Group, matrix: np.ndarray[Any, Any], row: int) -> Representative:
-    base = [int(v) for v in matrix[row]]
-    columns: dict[str, list[int]] = {}
-    for j, d in enumerate(group.dims):
-        if d.symbol is not None:
-            columns.setdefault(d.symbol, []).append(j)
-    relations = {r.symbol: r for r in group.relations}
-    values = {s: base[cols[0]] for s, cols in columns.items()}
-    raised = []
-    for symbol, cols in columns.items():
-        if symbol in relations or values[symbol] >= MIN_DYNAMIC:
-            continue
-        seen = matrix[:, cols[0]]
-        bigger = seen[seen >= MIN_DYNAMIC]
-        new = int(bigger.min()) if bigger.size else MIN_DYNAMIC
-        raised.append(f"{symbol}: {values[symbol]} -> {new}")
-        values[symbol] = new
-    for _ in range(64):
-        low = None
-        for symbol, rel in relations.items():
-            values[symbol] = sum(values.get(t, MIN_DYNAMIC) for t in rel.terms) + rel.offset
-            if values[symbol] < MIN_DYNAMIC and low is None:
-                low = (symbol, rel.terms[0] if rel.terms else None)
-        if low is None:
-            break
-        symbol, term = low
-        if term is None:
-            raise ReplayError(f"group {group.name}: {symbol} is a constant below 2")
-        raised.append(f"{term}: {values[term]} -> {values[term] + 1} (for {symbol})")
-        values[term] += 1
-    sizes = list(base)
-    for symbol, cols in columns.items():
-        for j in cols:
-            sizes[j] = values[symbol]
-    return Representative(sizes, values, row, True, raised)
+    return synthesize(matrix, row, symbol_of, group.relations, group.name)
 
 
 def _merge(into: list[int | None], other: Sequence[int | None], pick: Any) -> list[int | None]:
