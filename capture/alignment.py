@@ -13,7 +13,12 @@ in as constants. Anything else raises `ObservationMismatch` naming the key path
 (``kwargs['past_key_values'].key_cache[2]``).
 
 A dim is dynamic when it takes more than one value among the calls where its tensor is present
-(`value_if_missing` values included), or when the caller asks for a dynamic batch dim. The
+(`value_if_missing` values included), or when the caller asks for a dynamic batch dim: the aligned
+calls become one size matrix (one row per observation, `ABSENT` where a call lacks a tensor) that
+`capture.analysis_symbols.find_symbols` decides, as it does for a store's call groups; the
+default call of `infer_arguments` is chosen by `capture.representative.choose_row`. What stays
+here is seed-specific: arguments by name, defaults counted as not passed, `value_if_missing`,
+aligning calls with different optional inputs, and the tuple-or-dict form of the results. The
 results mirror the arguments: a tuple when every call was positional, else a dict in signature
 order (``*args`` elements under the ``*args`` name, ``**kwargs`` extras under the ``**kwargs``
 name, as torch.export wants); a registered class becomes the list of its children, so a
@@ -22,27 +27,27 @@ name, as torch.export wants); a registered class becomes the list of its childre
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.utils._pytree as pytree
 
-from capture import nodes
-from capture.errors import CaptureError, ObservationMismatch
-from capture.flatten import Param, signature_of
-from capture.schema import (
-    KIND_BOOL,
-    KIND_FLOAT,
-    KIND_INT,
-    KIND_NONE,
-    KIND_OPAQUE,
-    KIND_STR,
-    KIND_TENSOR,
+from capture.analysis_symbols import ABSENT, Axis, Symbols, find_symbols
+from capture.call_layout import (
+    ArgInfo,
+    CallLayout,
+    LeafInfo,
+    Observation,
+    Signature,
 )
+from capture.errors import CaptureError, ObservationMismatch
+from capture.representative import choose_row
+from capture.schema import KIND_NONE, KIND_OPAQUE, KIND_TENSOR
+from capture.shape_tree import dynamic_shapes_from_spec, dynamic_shapes_like, registered
 
 __all__ = [
     "Aligner",
@@ -56,222 +61,6 @@ __all__ = [
     "dynamic_shapes_like",
     "registered",
 ]
-
-_SCALAR_KINDS = {bool: KIND_BOOL, int: KIND_INT, float: KIND_FLOAT, str: KIND_STR}
-Dims = tuple[tuple[int, ...], ...]
-
-
-@contextlib.contextmanager
-def registered() -> Iterator[None]:
-    """Registers the transformers caches with torch pytree for a block, if transformers is loaded.
-
-    Example:
-        >>> with registered():
-        ...     pass
-    """
-    if not nodes.transformers_loaded():
-        yield
-        return
-    with nodes.register_flattening_functions():
-        yield
-
-
-def dynamic_shapes_from_spec(spec: pytree.TreeSpec, leaves: Sequence[Any]) -> Any:
-    """Rebuilds `leaves` (one dynamic shape per pytree leaf) in the structure torch.export wants.
-
-    Tuples stay tuples, lists lists, dicts dicts; a registered class (a transformers cache)
-    becomes the list of its children, recursively, so a `DynamicCache` gives a flat list of
-    ``2 * layers`` per-tensor dicts.
-
-    Args:
-        spec: The treespec of the inputs (``torch.utils._pytree.tree_flatten(inputs)[1]``).
-        leaves: One entry per leaf of `spec`: a ``{dim: Dim}`` dict for a tensor, else None.
-
-    Returns:
-        The nested dynamic shapes.
-
-    Example:
-        >>> import torch.utils._pytree as pytree
-        >>> _, spec = pytree.tree_flatten(({"a": 1}, [2]))
-        >>> dynamic_shapes_from_spec(spec, [{0: "n"}, None])
-        ({'a': {0: 'n'}}, [None])
-    """
-    it = iter(leaves)
-
-    def build(node: pytree.TreeSpec) -> Any:
-        if node.is_leaf():
-            return next(it)
-        children = [build(child) for child in node.children()]
-        kind = node.type
-        if kind is type(None):
-            return None
-        if kind is list:
-            return children
-        if isinstance(kind, type) and issubclass(kind, dict):
-            return dict(zip(node.context, children, strict=True))
-        if isinstance(kind, type) and issubclass(kind, tuple):  # tuples and namedtuples
-            return tuple(children)
-        return children
-
-    return build(spec)
-
-
-def dynamic_shapes_like(obj: Any, leaf: Callable[[Any], Any]) -> Any:
-    """Maps every leaf of `obj` with `leaf` and rebuilds the result as dynamic shapes.
-
-    Args:
-        obj: Inputs (any pytree; caches must be registered, see `registered`).
-        leaf: Called on every leaf (tensor, scalar, None) in pytree order.
-
-    Returns:
-        The structure of `dynamic_shapes_from_spec`.
-
-    Example:
-        >>> import torch
-        >>> dynamic_shapes_like((torch.zeros(2, 3),), lambda t: {0: "batch"})
-        ({0: 'batch'},)
-    """
-    flat, spec = pytree.tree_flatten(obj)
-    return dynamic_shapes_from_spec(spec, [leaf(x) for x in flat])
-
-
-# -- what is kept about a call ----------------------------------------------------------------
-@dataclass(frozen=True)
-class LeafInfo:
-    """One leaf of an argument: its kind, and dtype/rank/device or value."""
-
-    kind: str
-    dtype: torch.dtype | None = None
-    rank: int = 0
-    device: torch.device | None = None
-    value: Any = None  # the scalar value; for an opaque leaf, the object itself
-
-    @classmethod
-    def of(cls, value: Any) -> LeafInfo:
-        if isinstance(value, torch.Tensor):
-            return cls(KIND_TENSOR, value.dtype, value.dim(), value.device)
-        if value is None:
-            return cls(KIND_NONE)
-        kind = _SCALAR_KINDS.get(type(value))
-        return cls(kind, value=value) if kind else cls(KIND_OPAQUE, value=value)
-
-
-@dataclass(frozen=True)
-class ArgInfo:
-    """One top-level argument of a call structure."""
-
-    spec: pytree.TreeSpec
-    paths: tuple[str, ...]  # leaf key paths relative to the argument ('.key_cache[0]')
-    leaves: tuple[LeafInfo, ...]
-    tensor_index: tuple[int, ...]  # per leaf: index in the call's tensor list, -1 otherwise
-
-    @classmethod
-    def of(cls, value: Any, offset: int = 0) -> ArgInfo:
-        flat, spec = pytree.tree_flatten_with_path(value)
-        leaves, index = [], []
-        for _, leaf in flat:
-            info = LeafInfo.of(leaf)
-            leaves.append(info)
-            index.append(offset if info.kind == KIND_TENSOR else -1)
-            offset += info.kind == KIND_TENSOR
-        paths = tuple(pytree.keystr(kp) for kp, _ in flat)
-        return cls(spec, paths, tuple(leaves), tuple(index))
-
-    @property
-    def n_tensors(self) -> int:
-        return sum(1 for i in self.tensor_index if i >= 0)
-
-    def is_empty(self) -> bool:
-        """Not passed: None or an empty container."""
-        return not self.leaves or (len(self.leaves) == 1 and self.leaves[0].kind == KIND_NONE)
-
-    def is_scalar(self) -> bool:
-        return len(self.leaves) == 1 and self.leaves[0].kind in _SCALAR_KINDS.values()
-
-
-@dataclass(frozen=True)
-class CallLayout:
-    """A call's arguments as passed: positional ones, then keywords in call order."""
-
-    positional: tuple[ArgInfo, ...]
-    keywords: tuple[tuple[str, ArgInfo], ...]
-
-    @classmethod
-    def of(cls, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> CallLayout:
-        """Describes a call; tensors are numbered in pytree order over ``(args, kwargs)``."""
-        offset, positional, keywords = 0, [], []
-        for value in args:
-            positional.append(ArgInfo.of(value, offset))
-            offset += positional[-1].n_tensors
-        for name, value in kwargs.items():
-            keywords.append((name, ArgInfo.of(value, offset)))
-            offset += keywords[-1][1].n_tensors
-        return cls(tuple(positional), tuple(keywords))
-
-
-@dataclass
-class Observation:
-    """Calls with one layout and one set of tensor sizes; `first`/`last` are call indexes."""
-
-    layout: CallLayout
-    dims: Dims
-    first: int
-    last: int
-
-
-@dataclass(frozen=True)
-class Signature:
-    """What the analysis needs from the observed method's signature."""
-
-    params: tuple[Param, ...]
-    names: tuple[str, ...]
-    positional: tuple[str, ...]
-    positional_only: frozenset[str]
-    var_positional: str | None
-    var_keyword: str | None
-    defaults: Mapping[str, Any]
-
-    @classmethod
-    def of(cls, fn: Callable[..., Any]) -> Signature:
-        params = signature_of(fn)
-        try:
-            defaults = {
-                p.name: p.default
-                for p in inspect.signature(fn).parameters.values()
-                if p.default is not inspect.Parameter.empty
-            }
-        except (TypeError, ValueError):
-            defaults = {}
-        kinds = {p.name: p.kind for p in params}
-        return cls(
-            params=params,
-            names=tuple(kinds),
-            positional=tuple(
-                n for n, k in kinds.items() if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
-            ),
-            positional_only=frozenset(n for n, k in kinds.items() if k == "POSITIONAL_ONLY"),
-            var_positional=next((n for n, k in kinds.items() if k == "VAR_POSITIONAL"), None),
-            var_keyword=next((n for n, k in kinds.items() if k == "VAR_KEYWORD"), None),
-            defaults=defaults,
-        )
-
-    def positional_name(self, i: int) -> str:
-        """The name of the i-th positional argument (``args[2]`` for a ``*args`` element)."""
-        if i < len(self.positional):
-            return self.positional[i]
-        if self.var_positional:
-            return f"{self.var_positional}[{i - len(self.positional)}]"
-        return f"args[{i}]"
-
-    def is_var_element(self, name: str) -> bool:
-        return bool(self.var_positional) and name.startswith(f"{self.var_positional}[")
-
-    def order(self, name: str) -> float:
-        if name in self.names:
-            return float(self.names.index(name))
-        if self.var_positional and self.is_var_element(name):
-            return self.names.index(self.var_positional) + int(name.rsplit("[", 1)[1][:-1]) / 1e6
-        return float("inf")
 
 
 # -- analysis -----------------------------------------------------------------------------------
@@ -316,35 +105,48 @@ class LeafAgg:
 
     info: LeafInfo
     call: int  # the call `info` comes from, for messages
-    shapes: set[tuple[int, ...]] = field(default_factory=set)
     last: tuple[int, tuple[int, ...]] | None = None  # (call, shape) of the latest call
+    column: int = -1  # a tensor's first column in `Analysis.matrix`
 
-    def dynamic(self) -> list[int]:
-        return [d for d in range(self.info.rank) if len({s[d] for s in self.shapes}) > 1]
-
-    def empty(self) -> torch.Tensor:
+    def empty(self, dynamic: Sequence[bool]) -> torch.Tensor:
         """Stands for a missing tensor: the last shape with its last dynamic dim set to 0,
-        zeros of that shape when no dim is dynamic (as the seeds do)."""
+        zeros of that shape when no dim is dynamic (as the seeds do).
+
+        Args:
+            dynamic: Per column of the analysis matrix, whether it varies.
+        """
         if self.last is None or self.info.dtype is None:
             raise CaptureError("internal: a tensor leaf without any observed tensor")
         shape = list(self.last[1])
-        dynamic = self.dynamic()
+        dims = [d for d in range(self.info.rank) if dynamic[self.column + d]]
         if 0 not in shape:
-            if not dynamic:
+            if not dims:
                 return torch.zeros(shape, dtype=self.info.dtype, device=self.info.device)
-            shape[max(dynamic)] = 0
+            shape[max(dims)] = 0
         return torch.empty(shape, dtype=self.info.dtype, device=self.info.device)
 
 
 @dataclass
 class Analysis:
-    """The aligned calls: argument order, reference call, per-leaf aggregates, result form."""
+    """The aligned calls: argument order, reference call, per-leaf aggregates, result form.
+
+    `matrix` has one row per view (in `views` order) and one column per axis of every tensor
+    leaf of the reference call (`axes`; `ABSENT` where a view lacks the tensor); `symbols` is
+    what `find_symbols` decides over it, without forced batch dims.
+    """
 
     order: list[str]
     best: View
     views: list[View]
     leaves: dict[str, list[LeafAgg]]
     tuple_form: bool
+    matrix: npt.NDArray[np.int64]
+    axes: list[Axis]
+    symbols: Symbols
+
+    def row(self, obs: Observation) -> int:
+        """The matrix row of an observation."""
+        return next(i for i, v in enumerate(self.views) if v.obs is obs)
 
 
 class Aligner:
@@ -450,7 +252,37 @@ class Aligner:
         order = list(best.slots)
         positional = all(s.passed != "keyword" for v in views for s in v.slots.values())
         contiguous = all(n == self.sig.positional_name(i) for i, n in enumerate(order))
-        return Analysis(order, best, views, leaves, positional and contiguous)
+        matrix, axes = _size_matrix(best, views, leaves)
+        return Analysis(
+            order,
+            best,
+            views,
+            leaves,
+            positional and contiguous,
+            matrix,
+            axes,
+            find_symbols(matrix, axes),
+        )
+
+    @staticmethod
+    def representative(an: Analysis, observations: Sequence[Observation]) -> int:
+        """The observation `infer_arguments` returns by default, as an index in `observations`.
+
+        The seeds' rule, as options of `capture.representative.choose_row` over the stored
+        calls' rows: the first call (one weight per call, ties to the earliest) passing the same
+        arguments as the reference call, at any size; else the first call.
+        """
+        rows = [an.row(obs) for obs in observations]
+        eligible = [set(an.views[r].slots) == set(an.best.slots) for r in rows]
+        row, _ = choose_row(
+            an.matrix[rows],
+            np.ones(len(rows), dtype=np.int64),
+            an.symbols.dynamic,
+            eligible,
+            min_dynamic=None,
+            ties="first",
+        )
+        return row
 
     def _check_absent(self, present: Slot, where: View, absent: View) -> None:
         """A scalar argument passed in one call and not in another changes a constant."""
@@ -470,6 +302,9 @@ class Aligner:
     ) -> tuple[Any, ...] | dict[str, Any]:
         """``{dim: Dim.DYNAMIC}`` per tensor, arranged like the arguments."""
         batch = self._batch_slots(set_batch_dimension_for, an)
+        forced = [ax.axis == 0 and ax.argument in batch for ax in an.axes]
+        symbols = find_symbols(an.matrix, an.axes, forced) if any(forced) else an.symbols
+        dynamic = symbols.dynamic
         per_slot = {}
         for name in an.order:
             leaf_ds: list[dict[int, Any] | None] = []
@@ -477,10 +312,8 @@ class Aligner:
                 if agg.info.kind != KIND_TENSOR:
                     leaf_ds.append(None)
                     continue
-                dyn = set(agg.dynamic())
-                if name in batch and agg.info.rank > 0:
-                    dyn.add(0)
-                leaf_ds.append(dict.fromkeys(sorted(dyn), torch.export.Dim.DYNAMIC))
+                dyn = [d for d in range(agg.info.rank) if dynamic[agg.column + d]]
+                leaf_ds.append(dict.fromkeys(dyn, torch.export.Dim.DYNAMIC))
             per_slot[name] = dynamic_shapes_from_spec(an.best.slots[name].arg.spec, leaf_ds)
         if an.tuple_form and not any(self.sig.is_var_element(n) for n in an.order):
             return tuple(per_slot[n] for n in an.order)
@@ -573,12 +406,35 @@ class Aligner:
             if slot is not None and index >= 0:
                 leaves.append((slot.tensors if slot.tensors is not None else tensors)[index])
             elif agg.info.kind == KIND_TENSOR:
-                leaves.append(agg.empty())
+                leaves.append(agg.empty(an.symbols.dynamic))
             elif info.kind == KIND_NONE:
                 leaves.append(agg.info.value)
             else:
                 leaves.append(info.value)
         return pytree.tree_unflatten(leaves, ref.arg.spec)
+
+
+def _size_matrix(
+    best: View, views: list[View], leaves: dict[str, list[LeafAgg]]
+) -> tuple[npt.NDArray[np.int64], list[Axis]]:
+    """One row per view, one column per axis of every tensor leaf (`ABSENT`: not in that view);
+    sets each tensor aggregate's first column."""
+    axes: list[Axis] = []
+    for name, aggs in leaves.items():
+        for agg, path in zip(aggs, best.slots[name].arg.paths, strict=True):
+            if agg.info.kind == KIND_TENSOR:
+                agg.column = len(axes)
+                axes.extend(Axis(name, d, f"{name}{path}") for d in range(agg.info.rank))
+    matrix = np.full((len(views), len(axes)), ABSENT, dtype=np.int64)
+    for i, view in enumerate(views):
+        for name, aggs in leaves.items():
+            slot = view.slots.get(name)
+            if slot is None:
+                continue
+            for agg, dims in zip(aggs, slot.dims, strict=True):
+                if agg.column >= 0 and dims is not None:
+                    matrix[i, agg.column : agg.column + len(dims)] = dims
+    return matrix, axes
 
 
 def _check_structure(ref: Slot, best: View, slot: Slot, view: View) -> None:
@@ -633,10 +489,8 @@ def _merge_leaf(
                 f"{where} is {info.dtype} in {view.label} but {agg.info.dtype} in call "
                 f"{agg.call}; export one program per dtype"
             )
-        if dims is not None:
-            agg.shapes.add(dims)
-            if agg.last is None or view.obs.last >= agg.last[0]:
-                agg.last = (view.obs.last, dims)
+        if dims is not None and (agg.last is None or view.obs.last >= agg.last[0]):
+            agg.last = (view.obs.last, dims)
     elif info.kind != KIND_OPAQUE and info.value != agg.info.value:
         raise ObservationMismatch(
             f"{where} is {info.value!r} in {view.label} but {agg.info.value!r} in call "

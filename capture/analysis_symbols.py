@@ -30,6 +30,12 @@ makes `torch.export` reject named dims (it finds the equality itself), while a s
 narrows the exported program to what was recorded.
 
 Only dims that vary are considered in relations (a forced but constant batch dim is not).
+
+**Absent entries.** The seed API (`capture.alignment`) aligns calls that do not all pass the same
+optional tensors into one matrix; a leaf a call did not pass is `ABSENT` (any negative entry) in
+that row. Absent entries count for no statistic (a column is dynamic when its *present* values
+differ), two columns share a symbol only when they are absent in the same rows, and a column with
+an absent entry enters no relation. Store groups have one structure each, so no absent entries.
 Relations are expressed over *free* symbols only: a derived symbol never appears in the terms of
 another relation.
 """
@@ -44,7 +50,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Axis", "Relation", "Symbols", "MIN_SUPPORT", "find_symbols", "format_expr"]
+__all__ = ["ABSENT", "Axis", "Relation", "Symbols", "MIN_SUPPORT", "find_symbols", "format_expr"]
+
+ABSENT = -1
+"""A matrix entry for a leaf a signature does not have (any negative entry reads as this)."""
 
 MIN_SUPPORT = 3
 """Default number of refuting chances a relation must survive (see the module docstring)."""
@@ -170,7 +179,8 @@ def find_symbols(
     """Dynamic dims, shared symbols and relations of one call group.
 
     Args:
-        matrix: Distinct signatures, shape ``(signatures, columns)``, integer sizes.
+        matrix: Distinct signatures, shape ``(signatures, columns)``, integer sizes (negative:
+            `ABSENT`, see the module docstring).
         axes: What each column is (argument, axis, path), used to name the symbols.
         forced: Per column, dynamic even when constant (``set_batch_dimension_for``).
         min_support: Refuting chances a relation must survive (module docstring).
@@ -196,9 +206,16 @@ def find_symbols(
     if n_rows == 0:
         raise ValueError("find_symbols needs at least one signature")
     force = np.zeros(n_cols, dtype=bool) if forced is None else np.asarray(forced, dtype=bool)
+    m = np.where(m < 0, ABSENT, m)
     ordered = np.sort(m, axis=0)
     distinct = 1 + np.count_nonzero(np.diff(ordered, axis=0), axis=0)
     minimum, maximum = ordered[0], ordered[-1]
+    n_absent = np.count_nonzero(m == ABSENT, axis=0)
+    if n_absent.any():  # absent entries sort first: skip them, and their value
+        distinct = distinct - (n_absent > 0)
+        minimum = ordered[np.minimum(n_absent, n_rows - 1), np.arange(n_cols)]
+        minimum = np.where(n_absent == n_rows, 0, minimum)
+        maximum = np.where(n_absent == n_rows, 0, maximum)
     varying = distinct > 1
     dynamic = varying | force
 
@@ -247,7 +264,7 @@ def _relations(
     `values` holds one row per class (its values over the signatures).
     """
     n_classes = values.shape[0]
-    candidates = [k for k in range(n_classes) if distinct[k] > 1]
+    candidates = [k for k in range(n_classes) if distinct[k] > 1 and values[k].min() >= 0]
     if len(candidates) < 2:
         return {}
     centered = values - values[:, :1]

@@ -382,11 +382,7 @@ class InputObserver:
                 raise CaptureError("no call was stored: observe at least one call")
             views = {id(v.obs): v for v in an.views}
             if which is None:
-                for stored in self._stored:
-                    view = views[id(stored.seen)]
-                    if set(view.slots) == set(an.best.slots):
-                        return aligner, an, view, stored.tensors
-                stored = self._stored[0]
+                stored = self._stored[aligner.representative(an, [s.seen for s in self._stored])]
             elif 0 <= which < len(self._stored):
                 stored = self._stored[which]
             else:

@@ -16,7 +16,7 @@ The rule, in order (`choose_row`, then `synthesize`):
 
 The store uses the defaults: torch.export specializes a dim whose example size is 0 or 1, so
 every dynamic dim must be >= 2 (`MIN_DYNAMIC`), and an unrecorded example is synthesized. The seed
-API (`InputObserver.infer_arguments`) keeps what the seeds printed: ``min_dynamic=0`` (any
+API (`InputObserver.infer_arguments`) keeps what the seeds printed: ``min_dynamic=None`` (any
 stored call will do), one weight per stored call, ``ties="first"``, eligible = the calls passing
 the same arguments as the reference call, and no synthesis (the first stored call otherwise).
 """
@@ -75,7 +75,7 @@ def choose_row(
     weights: npt.ArrayLike,
     dynamic: Sequence[bool],
     eligible: Sequence[bool] | None = None,
-    min_dynamic: int = MIN_DYNAMIC,
+    min_dynamic: int | None = MIN_DYNAMIC,
     ties: Literal["smallest", "first"] = "smallest",
 ) -> tuple[int, bool]:
     """The representative row of a size matrix (rule 1 of the module docstring, else rule 2's row).
@@ -85,7 +85,7 @@ def choose_row(
         weights: Calls per row.
         dynamic: Per column, whether it is dynamic (`capture.analysis_symbols.find_symbols`).
         eligible: Per row, whether it may be chosen by rule 1 (default: every row).
-        min_dynamic: The smallest size a dynamic column may have in a chosen row.
+        min_dynamic: The smallest size a dynamic column may have in a chosen row (None: any).
         ties: Among rows with the most calls, the smallest size vector or the earliest row.
 
     Returns:
@@ -96,10 +96,12 @@ def choose_row(
         >>> choose_row([[1, 3], [2, 3], [4, 3]], [5, 1, 1], [True, False])
         (1, True)
     """
+    m = np.asarray(matrix, dtype=np.int64)
     w = np.asarray(weights, dtype=np.int64)
-    m = np.asarray(matrix, dtype=np.int64).reshape(len(w), -1) if len(w) else np.zeros((0, 0))
     dyn = np.asarray(dynamic, dtype=bool)
-    ok = np.all(m[:, dyn] >= min_dynamic, axis=1) if dyn.any() else np.ones(len(w), dtype=bool)
+    ok = np.ones(len(w), dtype=bool)
+    if dyn.any() and min_dynamic is not None:
+        ok &= np.all(m[:, dyn] >= min_dynamic, axis=1)
     if eligible is not None:
         ok &= np.asarray(eligible, dtype=bool)
     if ok.any():
