@@ -170,4 +170,3 @@ class Signature:
         if self.var_positional and self.is_var_element(name):
             return self.names.index(self.var_positional) + int(name.rsplit("[", 1)[1][:-1]) / 1e6
         return float("inf")
-

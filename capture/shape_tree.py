@@ -90,4 +90,3 @@ def dynamic_shapes_like(obj: Any, leaf: Callable[[Any], Any]) -> Any:
     """
     flat, spec = pytree.tree_flatten(obj)
     return dynamic_shapes_from_spec(spec, [leaf(x) for x in flat])
-

@@ -15,14 +15,16 @@ that form for our registration.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from capture.alignment import dynamic_shapes_from_spec, dynamic_shapes_like, registered
+from capture.analysis_symbols import Axis, find_symbols
 from capture.errors import CaptureError, ObservationMismatch
+from capture.shape_tree import dynamic_shapes_from_spec, dynamic_shapes_like, registered
 
 __all__ = ["ModelInputs", "all_dynamic_shape_from_inputs"]
 
@@ -131,7 +133,9 @@ class ModelInputs:
     def guess_dynamic_shapes(self, auto: bool | str = False) -> DynamicShapes:
         """Guesses ``(args_dynamic_shapes, kwargs_dynamic_shapes)`` from the input sets.
 
-        A dim is dynamic when it differs between the input sets (or is 0 in all of them). With
+        A dim is dynamic when it differs between the input sets (or is 0 in all of them), as
+        `capture.analysis_symbols.find_symbols` decides it over the input sets' sizes (the
+        zeros as forced dims), the same engine as a store's call groups. With
         a single input set nothing can be guessed: every tensor gets ``{}`` (or every dim
         ``Dim.AUTO`` with ``auto=True``).
 
@@ -162,18 +166,40 @@ class ModelInputs:
                     f"inputs[{i}] passes the keyword arguments {sorted(kwargs)} but inputs[0] "
                     f"passes {sorted(names)}; every input set must pass the same ones"
                 )
+        roots = [(f"args[{i}]", [a[i] for a, _ in self.inputs]) for i in range(n_args.pop())]
+        roots += [(f"kwargs[{name!r}]", [kw[name] for _, kw in self.inputs]) for name in names]
         with registered():
-            args_ds = tuple(
-                self._guess([a[i] for a, _ in self.inputs], f"args[{i}]", auto)
-                for i in range(n_args.pop())
-            )
-            kwargs_ds = {
-                name: self._guess([kw[name] for _, kw in self.inputs], f"kwargs[{name!r}]", auto)
-                for name in names
-            }
-        return args_ds, kwargs_ds
+            checked = [self._check(values, root) for root, values in roots]
+        # One size matrix over every tensor axis of the input sets, decided by the same engine
+        # as a store's call groups. Seed rules kept as inputs to it: a dim 0 in every input set
+        # is forced dynamic; one input set decides nothing (see the docstring).
+        tensors = [
+            (root, path, column)
+            for (root, _), (_, leaves) in zip(roots, checked, strict=True)
+            for path, column in leaves
+            if column is not None
+        ]
+        axes = [Axis(r, d, f"{r}{p}") for r, p, col in tensors for d in range(col[0].dim())]
+        matrix = np.zeros((len(self.inputs), len(axes)), dtype=np.int64)
+        j = 0
+        for _, _, column in tensors:
+            rank = column[0].dim()
+            matrix[:, j : j + rank] = [tuple(t.shape) for t in column]
+            j += rank
+        forced = (len(self.inputs) > 1) & np.all(matrix == 0, axis=0)
+        dynamic = iter(find_symbols(matrix, axes, forced).dynamic)
+        out = []
+        for spec, leaves in checked:
+            ds = [self._leaf_shapes(column, dynamic, auto) for _, column in leaves]
+            out.append(dynamic_shapes_from_spec(spec, ds))
+        n_pos = len(roots) - len(names)
+        return tuple(out[:n_pos]), dict(zip(names, out[n_pos:], strict=True))
 
-    def _guess(self, values: list[Any], root: str, auto: bool | str) -> Any:
+    def _check(
+        self, values: list[Any], root: str
+    ) -> tuple[pytree.TreeSpec, list[tuple[str, list[torch.Tensor] | None]]]:
+        """The argument's structure, and per leaf its tensors over the input sets (None: not a
+        tensor); raises when the input sets cannot share one set of dynamic shapes."""
         flats = [pytree.tree_flatten_with_path(v) for v in values]
         spec = flats[0][1]
         paths = [pytree.keystr(kp) for kp, _ in flats[0][0]]
@@ -194,11 +220,11 @@ class ModelInputs:
         leaves = []
         for j, path in enumerate(paths):
             column = [flat[0][j][1] for flat in flats]
-            leaves.append(self._guess_leaf(column, f"{root}{path}", auto))
-        return dynamic_shapes_from_spec(spec, leaves)
+            leaves.append((path, self._check_leaf(column, f"{root}{path}")))
+        return spec, leaves
 
     @staticmethod
-    def _guess_leaf(column: list[Any], path: str, auto: bool | str) -> dict[int, Any] | None:
+    def _check_leaf(column: list[Any], path: str) -> list[torch.Tensor] | None:
         first = column[0]
         if not isinstance(first, torch.Tensor):
             for i, value in enumerate(column[1:], start=1):
@@ -216,17 +242,22 @@ class ModelInputs:
                 f"{path} has ranks {sorted(ranks, key=str)} across the input sets; dynamic "
                 "shapes cannot change a tensor's rank"
             )
+        return column
+
+    @staticmethod
+    def _leaf_shapes(
+        column: list[torch.Tensor] | None, dynamic: Iterator[bool], auto: bool | str
+    ) -> dict[int, Any] | None:
+        """The seed form of one leaf's dynamic shape, `dynamic` giving its axes' decisions."""
+        if column is None:
+            return None
+        flags = [next(dynamic) for _ in range(column[0].dim())]
         if len(column) == 1:
             if auto is True:
-                return dict.fromkeys(range(first.dim()), torch.export.Dim.AUTO)
+                return dict.fromkeys(range(len(flags)), torch.export.Dim.AUTO)
             return {}
         dim: Any = torch.export.Dim.AUTO if auto is True else torch.export.Dim.DYNAMIC
-        out: dict[int, Any] = {}
-        for d in range(first.dim()):
-            sizes = {t.shape[d] for t in column}
-            if len(sizes) > 1 or sizes == {0}:
-                out[d] = f"{auto}{d}" if isinstance(auto, str) else dim
-        return out
+        return {d: f"{auto}{d}" if isinstance(auto, str) else dim for d, f in enumerate(flags) if f}
 
     def move_to_kwargs(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: DynamicShapes
