@@ -36,6 +36,7 @@ import numpy.typing as npt
 import torch
 import torch.utils._pytree as pytree
 
+from capture.alignment_checks import check_structure, merge_leaf
 from capture.analysis_symbols import ABSENT, Axis, Symbols, find_symbols
 from capture.call_layout import (
     ArgInfo,
@@ -46,7 +47,7 @@ from capture.call_layout import (
 )
 from capture.errors import CaptureError, ObservationMismatch
 from capture.representative import choose_row
-from capture.schema import KIND_NONE, KIND_OPAQUE, KIND_TENSOR
+from capture.schema import KIND_NONE, KIND_TENSOR
 from capture.shape_tree import dynamic_shapes_from_spec, dynamic_shapes_like, registered
 
 __all__ = [
@@ -243,11 +244,11 @@ class Aligner:
                 if other is None:
                     self._check_absent(ref, best, view)
                     continue
-                _check_structure(ref, best, other, view)
+                check_structure(ref, best, other, view)
                 for agg, path, info, dims in zip(
                     aggs, ref.arg.paths, other.arg.leaves, other.dims, strict=True
                 ):
-                    _merge_leaf(agg, info, dims, other.path(path), view)
+                    merge_leaf(agg, info, dims, other.path(path), view)
             leaves[name] = aggs
         order = list(best.slots)
         positional = all(s.passed != "keyword" for v in views for s in v.slots.values())
@@ -435,65 +436,3 @@ def _size_matrix(
                 if agg.column >= 0 and dims is not None:
                     matrix[i, agg.column : agg.column + len(dims)] = dims
     return matrix, axes
-
-
-def _check_structure(ref: Slot, best: View, slot: Slot, view: View) -> None:
-    """The argument has the reference call's pytree structure, or a clear error."""
-    if slot.arg.spec == ref.arg.spec:
-        return
-    mine, theirs = set(slot.arg.paths), set(ref.arg.paths)
-    extra = next((p for p in slot.arg.paths if p not in theirs), None)
-    if extra is not None:
-        where = f"{slot.path(extra)} is in {view.label} but not in {best.label}"
-    else:
-        lacking = next((p for p in ref.arg.paths if p not in mine), None)
-        if lacking is None:
-            raise ObservationMismatch(
-                f"{slot.path()} changes container types between {best.label} and {view.label} "
-                f"({_type_name(ref.arg.spec.type)} vs {_type_name(slot.arg.spec.type)}); "
-                "torch.export needs one structure per exported program"
-            )
-        where = f"{ref.path(lacking)} is in {best.label} but not in {view.label}"
-    raise ObservationMismatch(
-        f"{where}: the structure of {ref.name!r} changed between calls (a list length, dict keys "
-        "or the number of cache layers); torch.export needs one structure per exported program, "
-        "so observe the calls of each structure with a separate observer"
-    )
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _merge_leaf(
-    agg: LeafAgg, info: LeafInfo, dims: tuple[int, ...] | None, where: str, view: View
-) -> None:
-    """Adds one call's leaf to the aggregate, or raises on a rank, dtype or value change."""
-    if info.kind == KIND_NONE:
-        return
-    if agg.info.kind == KIND_NONE:
-        agg.info, agg.call = info, view.obs.first
-    elif (agg.info.kind == KIND_TENSOR) != (info.kind == KIND_TENSOR):
-        raise ObservationMismatch(
-            f"{where} is a {info.kind} in {view.label} but a {agg.info.kind} in call {agg.call}"
-        )
-    if info.kind == KIND_TENSOR:
-        if info.rank != agg.info.rank:
-            raise ObservationMismatch(
-                f"{where} has rank {info.rank} in {view.label} but rank {agg.info.rank} in call "
-                f"{agg.call}: dynamic shapes cannot change a tensor's rank; export one program "
-                "per rank"
-            )
-        if info.dtype != agg.info.dtype:
-            raise ObservationMismatch(
-                f"{where} is {info.dtype} in {view.label} but {agg.info.dtype} in call "
-                f"{agg.call}; export one program per dtype"
-            )
-        if dims is not None and (agg.last is None or view.obs.last >= agg.last[0]):
-            agg.last = (view.obs.last, dims)
-    elif info.kind != KIND_OPAQUE and info.value != agg.info.value:
-        raise ObservationMismatch(
-            f"{where} is {info.value!r} in {view.label} but {agg.info.value!r} in call "
-            f"{agg.call}: torch.export bakes scalars into the program as constants, so one "
-            "program cannot serve both; pass a tensor, or observe each value separately"
-        )
