@@ -9,8 +9,8 @@ The reference call is the one with the most tensors (the first one on ties): it 
 argument any call passed. Every argument must keep its pytree structure across the calls that
 pass it (a leaf may be ``None`` in one call and a tensor in another: an uninitialised cache
 layer), each tensor its rank and dtype, each scalar its value, since torch.export bakes scalars
-in as constants. Anything else raises `ObservationMismatch` naming the key path
-(``kwargs['past_key_values'].key_cache[2]``).
+in as constants (`capture.alignment_checks`). Anything else raises `ObservationMismatch` naming
+the key path (``kwargs['past_key_values'].key_cache[2]``).
 
 A dim is dynamic when it takes more than one value among the calls where its tensor is present
 (`value_if_missing` values included), or when the caller asks for a dynamic batch dim: the aligned
