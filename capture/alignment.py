@@ -38,30 +38,13 @@ import torch.utils._pytree as pytree
 
 from capture.alignment_checks import check_structure, merge_leaf
 from capture.analysis_symbols import ABSENT, Axis, Symbols, find_symbols
-from capture.call_layout import (
-    ArgInfo,
-    CallLayout,
-    LeafInfo,
-    Observation,
-    Signature,
-)
+from capture.call_layout import ArgInfo, LeafInfo, Observation, Signature
 from capture.errors import CaptureError, ObservationMismatch
 from capture.representative import choose_row
 from capture.schema import KIND_NONE, KIND_TENSOR
-from capture.shape_tree import dynamic_shapes_from_spec, dynamic_shapes_like, registered
+from capture.shape_tree import dynamic_shapes_from_spec
 
-__all__ = [
-    "Aligner",
-    "Analysis",
-    "ArgInfo",
-    "CallLayout",
-    "Observation",
-    "Signature",
-    "View",
-    "dynamic_shapes_from_spec",
-    "dynamic_shapes_like",
-    "registered",
-]
+__all__ = ["Aligner", "Analysis", "View"]
 
 
 # -- analysis -----------------------------------------------------------------------------------

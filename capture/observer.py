@@ -3,7 +3,7 @@
 ``with observer(model):`` replaces ``model.forward`` (or ``method_name``) by a wrapper that
 describes every call the way the `Recorder` does: `flatten.walk` gives the tensors and a
 structure key, a new key is described once (`flatten.describe` for the store,
-`alignment.CallLayout` for the analysis), and the call itself keeps only its sizes. Calls with
+`call_layout.CallLayout` for the analysis), and the call itself keeps only its sizes. Calls with
 the same structure and sizes are counted once, so memory grows with the number of *distinct*
 calls. The tensors (cloned before the forward, which may update a cache in place) are kept
 for the first ``store_n_calls`` calls of each ``with`` block only: those are the observations
@@ -33,17 +33,11 @@ import torch
 import torch.utils._pytree as pytree
 
 from capture import nodes
-from capture.alignment import (
-    Aligner,
-    Analysis,
-    CallLayout,
-    Observation,
-    Signature,
-    View,
-    registered,
-)
+from capture.alignment import Aligner, Analysis, View
+from capture.call_layout import CallLayout, Observation, Signature
 from capture.errors import CaptureError
 from capture.flatten import Structure, describe, tensor_key, walk
+from capture.shape_tree import registered
 
 __all__ = ["InputObserver"]
 
