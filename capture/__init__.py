@@ -8,9 +8,25 @@ nothing heavy, and ``capture.open_store`` / the analysis modules load without to
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from capture.errors import (
+    CaptureError,
+    EmptyStore,
+    ObservationMismatch,
+    QueryError,
+    ReplayError,
+    SchemaMismatch,
+    StoreNotFound,
+    UnknownModel,
+)
+
+try:
+    # pyproject.toml's version is the one source; the installed metadata carries it.
+    __version__ = importlib.metadata.version("capture")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "Recorder",
@@ -21,9 +37,18 @@ __all__ = [
     "string_type",
     "register_flattening_functions",
     "make_dynamic_cache",
-    "CaptureError",
+    "register_cache",
     "Payloads",
     "__version__",
+    # capture.errors' classes, so callers can catch them without a second import.
+    "CaptureError",
+    "StoreNotFound",
+    "EmptyStore",
+    "SchemaMismatch",
+    "UnknownModel",
+    "QueryError",
+    "ObservationMismatch",
+    "ReplayError",
 ]
 
 _LAZY = {
@@ -35,13 +60,13 @@ _LAZY = {
     "string_type": "capture.strings",
     "register_flattening_functions": "capture.nodes",
     "make_dynamic_cache": "capture.nodes",
-    "CaptureError": "capture.errors",
+    "register_cache": "capture.cachespec",
     "Payloads": "capture.payload_keeper",
 }
 
 if TYPE_CHECKING:
+    from capture.cachespec import register_cache
     from capture.compaction import compact
-    from capture.errors import CaptureError
     from capture.nodes import make_dynamic_cache, register_flattening_functions
     from capture.observer import InputObserver
     from capture.payload_keeper import Payloads
