@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import (
@@ -21,6 +22,15 @@ from capture.errors import (
     StoreNotFound,
     UnknownModel,
 )
+
+# A source checkout (no install, or PYTHONPATH pointing at it): the repository's cli/ folder is
+# `capture.cli`, as the wheel installs it (pyproject's package-dir), so search the checkout's root
+# too. Installed, capture/ has no pyproject.toml beside it and nothing changes.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isfile(os.path.join(_ROOT, "pyproject.toml")) and os.path.isfile(
+    os.path.join(_ROOT, "cli", "__init__.py")
+):
+    __path__.append(_ROOT)
 
 try:
     # pyproject.toml's version is the one source; the installed metadata carries it.

@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from cli.main import store_path
-from cli.output import render, render_document, write_text
+from .main import store_path
+from .output import render, render_document, write_text
 
 __all__ = ["profiles_command", "buckets_command"]
 
@@ -101,7 +101,7 @@ def _percent(part: int, whole: int) -> str:
 
 
 def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
-    from cli.output import table_text
+    from .output import table_text
 
     calls = int(summary["calls"])
     work = int(summary["work"])

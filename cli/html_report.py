@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from cli.main import store_path
-from cli.progress import Progress
+from .main import store_path
+from .progress import Progress
 
 __all__ = ["report_command", "served_rows"]
 

@@ -21,7 +21,7 @@ import torch
 from click.testing import CliRunner
 
 import capture
-from cli.main import cli
+from capture.cli.main import cli
 from replay.artifact import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ def test_check_errors(exported: tuple[Path, Path], args: list[str], message: str
 def test_check_imports_neither_torch_nor_the_model(exported: tuple[Path, Path]) -> None:
     store, artifact = exported
     script = (
-        "import sys\nfrom cli.main import cli\n"
+        "import sys\nfrom capture.cli.main import cli\n"
         "try:\n    cli(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
         "sys.stderr.write('torch imported: %s\\n' % ('torch' in sys.modules))\n"
     )
@@ -180,7 +180,7 @@ def test_check_imports_neither_torch_nor_the_model(exported: tuple[Path, Path]) 
 
 def _cli(store: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli", "--store", str(store), *args],
+        [sys.executable, "-m", "capture.cli", "--store", str(store), *args],
         capture_output=True,
         text=True,
         check=False,
