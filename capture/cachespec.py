@@ -73,6 +73,11 @@ _DRAFT = "its draft-model state is not flattened (no pytree registration)"
 _LAYER_FIELDS = ("keys", "values")
 _ARGUMENTS = ("past_key_value", "past_key_values", "cache_params")
 
+
+def _unsupported_layers(reason: str, *names: str) -> tuple[CacheSpec, ...]:
+    return tuple(CacheSpec(name, layer=True, reason=reason) for name in names)
+
+
 _BUILTIN = (
     # Caches capture round-trips exactly (the enumeration test in tests/test_fidelity_caches.py
     # fails when transformers ships a class that is in neither this table's supported nor its
@@ -108,30 +113,23 @@ _BUILTIN = (
             "cannot be an input of an exported program"
         ),
     ),
-    *(
-        CacheSpec(n, layer=True, reason=_INDEXED)
-        for n in ("DynamicIndexedLayer", "StaticIndexedLayer")
+    *_unsupported_layers(_INDEXED, "DynamicIndexedLayer", "StaticIndexedLayer"),
+    *_unsupported_layers(
+        _QUANTIZED,
+        "BaseQuantizedLayer",
+        "QuantizedLayer",
+        "QuantoQuantizedLayer",
+        "HQQQuantizedLayer",
+        "Fp8QuantizedLayer",
     ),
-    *(
-        CacheSpec(n, layer=True, reason=_QUANTIZED)
-        for n in (
-            "BaseQuantizedLayer",
-            "QuantizedLayer",
-            "QuantoQuantizedLayer",
-            "HQQQuantizedLayer",
-            "Fp8QuantizedLayer",
-        )
-    ),
-    *(
-        CacheSpec(n, layer=True, reason=_LINEAR)
-        for n in (
-            "LinearAttentionCacheLayerMixin",
-            "LinearAttentionLayer",
-            "LinearAttentionAndFullAttentionLayer",
-            "LinearAttentionAndSlidingWindowAttentionLayer",
-            "LinearAttentionAndStaticFullAttentionLayer",
-            "LinearAttentionAndStaticSlidingWindowAttentionLayer",
-        )
+    *_unsupported_layers(
+        _LINEAR,
+        "LinearAttentionCacheLayerMixin",
+        "LinearAttentionLayer",
+        "LinearAttentionAndFullAttentionLayer",
+        "LinearAttentionAndSlidingWindowAttentionLayer",
+        "LinearAttentionAndStaticFullAttentionLayer",
+        "LinearAttentionAndStaticSlidingWindowAttentionLayer",
     ),
     CacheSpec(
         "QuantizedCache", reason="quantized layers are not flattened (no pytree registration)"
