@@ -8,7 +8,6 @@ nothing heavy, and ``capture.open_store`` / the analysis modules load without to
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -32,11 +31,6 @@ if os.path.isfile(os.path.join(_ROOT, "pyproject.toml")) and os.path.isfile(
 ):
     __path__.append(_ROOT)
 
-try:
-    # pyproject.toml's version is the one source; the installed metadata carries it.
-    __version__ = importlib.metadata.version("capture")
-except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
-    __version__ = "0+unknown"
 
 __all__ = [
     "Recorder",
@@ -75,6 +69,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    __version__: str
     from capture.cachespec import register_cache
     from capture.compaction import compact
     from capture.nodes import make_dynamic_cache, register_flattening_functions
@@ -85,7 +80,21 @@ if TYPE_CHECKING:
     from capture.strings import string_type
 
 
+def _version() -> str:
+    """pyproject.toml's version, as the installed metadata carries it (its one source)."""
+    # Imported here: importlib.metadata costs more than the rest of `import capture`.
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("capture")
+    except importlib.metadata.PackageNotFoundError:  # a source tree never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = version = _version()
+        return version
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'capture' has no attribute {name!r}")

@@ -33,7 +33,6 @@ from typing import Any, TextIO
 
 import click
 
-from capture import __version__
 from capture.errors import CaptureError
 
 __all__ = ["cli", "CaptureGroup", "Settings", "store_path", "COMMANDS", "DEFAULT_STORE"]
@@ -269,13 +268,30 @@ class CaptureGroup(click.Group):
                 raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: reads the version only when asked (package metadata is slow to load)."""
+    if not value or ctx.resilient_parsing:
+        return
+    import capture
+
+    click.echo(f"capture {capture.__version__}")
+    ctx.exit()
+
+
 @click.group(
     "capture",
     cls=CaptureGroup,
     lazy_commands=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.version_option(__version__, "--version", prog_name="capture", message="%(prog)s %(version)s")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
 @click.option(
     "--store",
     metavar="PATH",
