@@ -188,6 +188,8 @@ def _cli(store: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# Slow (issue 13): a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
+@pytest.mark.slow
 def test_export_onnx_json_is_valid_json(tmp_path: Path, factories: str) -> None:
     pytest.importorskip("onnxscript")
     store = tmp_path / "store"
@@ -206,6 +208,8 @@ def test_export_onnx_json_is_valid_json(tmp_path: Path, factories: str) -> None:
     assert "[torch.onnx]" in done.stderr
 
 
+# Slow (issue 13): a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
+@pytest.mark.slow
 def test_a_torch_export_failure_is_one_line_on_stderr(tmp_path: Path, factories: str) -> None:
     store = tmp_path / "store"
     _record(store, [(2, 6, False), (3, 7, False)])

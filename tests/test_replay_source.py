@@ -128,6 +128,8 @@ def test_hostile_names_stay_identifiers_and_comments() -> None:
     assert _comment("m\nimport os") == "# m\\nimport os"
 
 
+# Slow (issue 13): a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
+@pytest.mark.slow
 def test_printed_code_exports_the_demo_llama(tmp_path: Path) -> None:
     # issue 9: `capture dims --python`, pasted as its comments say, exports both groups.
     from click.testing import CliRunner
