@@ -176,7 +176,8 @@ def register_cache(
         The registered `CacheSpec`.
 
     Raises:
-        CaptureError: The name is already registered, or ``flatten`` is unknown.
+        CaptureError: The name is already registered, ``flatten`` is unknown, or given for
+            a layer.
 
     Example:
         >>> spec = register_cache("MyCache", module="my_models", fields=("state",))
@@ -192,6 +193,10 @@ def register_cache(
         name, owner = cls_or_name, module or "transformers.cache_utils"
     else:
         name, owner = cls_or_name.__name__, module or cls_or_name.__module__
+    if flatten is not None and layer:
+        raise CaptureError(
+            f"register_cache({name!r}): a layer is flattened by its cache; pass flatten=None"
+        )
     if flatten is not None and flatten not in _FLATTENINGS:
         raise CaptureError(
             f"register_cache({name!r}): flatten={flatten!r} is not one of {_FLATTENINGS}; "
