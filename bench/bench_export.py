@@ -3,10 +3,11 @@
     python bench/bench_export.py            # 3 repetitions per variant
     python bench/bench_export.py --quick    # 1 repetition
 
-Records the demo's workload once (`cli.demo.WORKLOAD` through `generate()` on the demo's tiny
-Llama, as `capture demo` does) into a temporary store, then times `replay.export(model, store,
-model=DEMO_MODEL, groups=[EXPORT_GROUP], ...)` (torch.export of the group plus the coverage
-check) in this process, per variant, interleaved across repetitions:
+Records the demo's workload once (`capture.cli.demo.WORKLOAD` through `generate()` on the
+demo's tiny Llama, as `capture demo` does) into a temporary store, then times
+`replay.export(model, store, model=DEMO_MODEL, groups=[EXPORT_GROUP], ...)`
+(torch.export of the group plus the coverage check) in this process, per variant,
+interleaved across repetitions:
 
 - ``probes=0``: the recorded signatures only, the check before probes existed (the baseline);
 - ``probes=4``: the default, every recorded signature plus up to 4 probes;
@@ -44,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import replay
+    from capture.cli.demo import DEMO_MODEL, EXPORT_GROUP, MAX_NEW_TOKENS, WORKLOAD
     from capture.recorder import Recorder
-    from cli.demo import DEMO_MODEL, EXPORT_GROUP, MAX_NEW_TOKENS, WORKLOAD
     from fixtures.models import run_generate, tiny_llama
 
     repeats = 1 if options.quick else 3

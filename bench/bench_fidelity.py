@@ -4,7 +4,7 @@
 
 Two workloads, each recorded once with the real Recorder under greedy generate():
 
-- ``demo``: the tiny Llama and the request mix of `capture demo` (cli.demo.WORKLOAD);
+- ``demo``: the tiny Llama and the request mix of `capture demo` (capture.cli.demo.WORKLOAD);
 - ``mistral-sw``: a tiny Mistral whose sliding window (8) is shorter than most prompts,
   left-padded batches of 1-3 and one request without an attention mask.
 
@@ -34,7 +34,7 @@ SLIDING_WORKLOAD = [(1, 7, True), (2, 9, True), (3, 10, True), (1, 12, False), (
 
 
 def _workloads(quick: bool) -> list[tuple[str, Any, list[tuple[int, int, bool]], int]]:
-    from cli.demo import MAX_NEW_TOKENS, WORKLOAD
+    from capture.cli.demo import MAX_NEW_TOKENS, WORKLOAD
     from fixtures.generate_traffic import tiny_causal
     from fixtures.models import tiny_llama
 

@@ -42,7 +42,7 @@ def log(msg: str) -> None:
 
 
 def _capture() -> list[str]:
-    return [sys.executable, "-m", "cli"]
+    return [sys.executable, "-m", "capture.cli"]
 
 
 def _time_command(args: list[str], repeat: int) -> tuple[list[float], list[float]]:
@@ -165,8 +165,8 @@ def main() -> int:
         f"{page_kib:,.0f} KiB"
     )
     print(
-        f"- Method: fresh process per run (`python -m cli ...`), {repeat} runs, wall time; CPU "
-        "time (user + system of the process) as well, which a loaded machine inflates less\n"
+        f"- Method: fresh process per run (`python -m capture.cli ...`), {repeat} runs, wall time; "
+        "CPU time (user + system of the process) as well, which a loaded machine inflates less\n"
     )
     print(md_table(list(rows[0]), [list(r.values()) for r in rows]))
     print("\nStages in one process (one run):\n")

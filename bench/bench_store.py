@@ -498,7 +498,7 @@ def imports_line() -> str:
     """Which heavy modules `capture --help` and the query path load (no torch allowed)."""
     code = (
         "import sys, json; sys.argv=['capture', '--help']\n"
-        "import cli.main\n"
+        "import capture.cli.main\n"
         "print(json.dumps({m: m in sys.modules for m in ('torch', 'duckdb', 'pyarrow', "
         "'transformers', 'numpy')}))"
     )
@@ -508,8 +508,8 @@ def imports_line() -> str:
         ).stdout
         loaded = json.loads(out.strip().splitlines()[-1])
     except Exception as e:  # the CLI is being written concurrently
-        return f"could not import cli.main: {e}"
-    return "importing `cli.main` loads: " + ", ".join(
+        return f"could not import capture.cli.main: {e}"
+    return "importing `capture.cli.main` loads: " + ", ".join(
         f"{m} {'yes' if v else 'no'}" for m, v in loaded.items()
     )
 

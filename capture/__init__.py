@@ -8,9 +8,29 @@ nothing heavy, and ``capture.open_store`` / the analysis modules load without to
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from capture.errors import (
+    CaptureError,
+    EmptyStore,
+    ObservationMismatch,
+    QueryError,
+    ReplayError,
+    SchemaMismatch,
+    StoreNotFound,
+    UnknownModel,
+)
+
+# A source checkout (no install, or PYTHONPATH pointing at it): the repository's cli/ folder is
+# `capture.cli`, as the wheel installs it (pyproject's package-dir), so search the checkout's root
+# too. Installed, capture/ has no pyproject.toml beside it and nothing changes.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isfile(os.path.join(_ROOT, "pyproject.toml")) and os.path.isfile(
+    os.path.join(_ROOT, "cli", "__init__.py")
+):
+    __path__.append(_ROOT)
+
 
 __all__ = [
     "Recorder",
@@ -21,9 +41,18 @@ __all__ = [
     "string_type",
     "register_flattening_functions",
     "make_dynamic_cache",
-    "CaptureError",
+    "register_cache",
     "Payloads",
     "__version__",
+    # capture.errors' classes, so callers can catch them without a second import.
+    "CaptureError",
+    "StoreNotFound",
+    "EmptyStore",
+    "SchemaMismatch",
+    "UnknownModel",
+    "QueryError",
+    "ObservationMismatch",
+    "ReplayError",
 ]
 
 _LAZY = {
@@ -35,13 +64,14 @@ _LAZY = {
     "string_type": "capture.strings",
     "register_flattening_functions": "capture.nodes",
     "make_dynamic_cache": "capture.nodes",
-    "CaptureError": "capture.errors",
+    "register_cache": "capture.cachespec",
     "Payloads": "capture.payload_keeper",
 }
 
 if TYPE_CHECKING:
+    __version__: str
+    from capture.cachespec import register_cache
     from capture.compaction import compact
-    from capture.errors import CaptureError
     from capture.nodes import make_dynamic_cache, register_flattening_functions
     from capture.observer import InputObserver
     from capture.payload_keeper import Payloads
@@ -50,7 +80,21 @@ if TYPE_CHECKING:
     from capture.strings import string_type
 
 
+def _version() -> str:
+    """pyproject.toml's version, as the installed metadata carries it (its one source)."""
+    # Imported here: importlib.metadata costs more than the rest of `import capture`.
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("capture")
+    except importlib.metadata.PackageNotFoundError:  # a source tree never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = version = _version()
+        return version
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'capture' has no attribute {name!r}")

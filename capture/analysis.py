@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,6 +35,7 @@ import pyarrow as pa
 
 from capture import schema
 from capture.analysis_symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
+from capture.cachespec import is_cache_argument
 
 if TYPE_CHECKING:
     from capture.store import Store
@@ -58,7 +58,6 @@ logger = logging.getLogger(__name__)
 BatchSpec = bool | Iterable[str | int] | None
 """``set_batch_dimension_for``: None, True (every input tensor), or argument names/positions."""
 
-_CACHE_ARGUMENT = re.compile(r"^(past_key_values?|.*caches?|cache_params)$", re.IGNORECASE)
 _ABSENT_KINDS = (schema.KIND_MISSING, schema.KIND_NONE)
 
 
@@ -222,9 +221,7 @@ def _name_groups(groups: list[Group]) -> None:
     statuses = [_argument_status(g.leaves) for g in groups]
     holding = [{r["argument"] for r in g.leaves if r["kind"] == schema.KIND_TENSOR} for g in groups]
     # A cache argument holds tensors in some group ('use_cache', a bool, is not one).
-    cache_args = {
-        a for tensors in holding for a in tensors if a and _CACHE_ARGUMENT.match(a) is not None
-    }
+    cache_args = {a for tensors in holding for a in tensors if a and is_cache_argument(a)}
     if not cache_args:
         for i, g in enumerate(groups):
             g.name = f"g{i}"

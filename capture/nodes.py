@@ -12,8 +12,9 @@ sees a `DynamicCache` as one opaque leaf. We register the classes the installed 
 - `StaticCache` the same way (its context keeps ``max_cache_len`` per layer);
 - `EncoderDecoderCache` to ``[self_attention_cache, cross_attention_cache]``.
 
-Classes we cannot round-trip exactly are in `capture.cachespec.UNSUPPORTED`; replay reports
-their groups not covered. A cache of plain `DynamicLayer` flattens exactly as before.
+Which classes are registered, and how, is the cache registry's (`capture.cachespec`, where
+`capture.register_cache` adds one); classes we cannot round-trip exactly have a reason there and
+replay reports their groups not covered. A cache of plain `DynamicLayer` flattens exactly as before.
 
 Contexts are tuples of plain values: they hash (the recorder's structure cache keys on them) and
 dump to JSON. Unflattening creates no tensor of its own, which `torch.onnx.export` needs.
@@ -25,6 +26,7 @@ class someone else registered first is left alone.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import sys
@@ -36,7 +38,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from capture.cachespec import SUPPORTED_CACHES, SUPPORTED_LAYERS, UNSUPPORTED, unsupported_reason
+from capture import cachespec
+from capture.cachespec import unsupported_reason
 
 __all__ = [
     "CacheKey",
@@ -50,9 +53,6 @@ __all__ = [
     "flatten_layers",
     "unsupported_reason",
     "SEEN_TOKENS",
-    "SUPPORTED_CACHES",
-    "SUPPORTED_LAYERS",
-    "UNSUPPORTED",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ logger = logging.getLogger(__name__)
 _LOCK = threading.RLock()
 _REFCOUNT = 0
 _OWNED: list[type] = []
+_SCANNED: tuple[str, ...] = ()
 LAYERED_CACHES: set[type] = set()
 """Layer-based cache classes registered by us (read by `capture.flatten.walk`'s fast path)."""
 
@@ -286,7 +287,8 @@ def _fill_layer(layer: Any, key: Any, value: Any) -> Any:
 def _make_layer(cu: Any, context: Sequence[Any]) -> Any:
     name = str(context[0])
     layer_cls = getattr(cu, name, None)
-    if layer_cls is None or name in UNSUPPORTED:
+    spec = cachespec.cache_spec(name)
+    if layer_cls is None or (spec is not None and spec.reason is not None):
         # Rebuilt as the nearest supported layer; `unsupported_reason` reports the group.
         return cu.DynamicLayer()
     if name == "DynamicSlidingWindowLayer":
@@ -351,55 +353,55 @@ def _load_context(text: str) -> Any:
     return tuple(tuple(item) for item in loaded)
 
 
+def _kwargs(cls: type, spec: cachespec.CacheSpec) -> dict[str, Any]:
+    """`register_pytree_node`'s arguments for a class the registry says to flatten."""
+    common = dict(
+        serialized_type_name=f"{cls.__module__}.{cls.__name__}",
+        to_dumpable_context=_dump_context,
+        from_dumpable_context=_load_context,
+    )
+    if spec.flatten == "layers":
+        return dict(
+            flatten_fn=_flatten_layers,
+            unflatten_fn=_unflatten_layers(cls),
+            flatten_with_keys_fn=_flatten_layers_with_keys,
+            **common,
+        )
+    return dict(
+        flatten_fn=_flatten_encoder_decoder,
+        unflatten_fn=_unflatten_encoder_decoder,
+        flatten_with_keys_fn=_flatten_encoder_decoder_with_keys,
+        **common,
+    )
+
+
+def _flattened_specs() -> tuple[cachespec.CacheSpec, ...]:
+    return tuple(s for s in cachespec.cache_specs() if s.flatten is not None and not s.layer)
+
+
 def _registrations() -> list[tuple[type, dict[str, Any]]]:
-    """What we can register for the installed transformers (empty when it is absent)."""
-    try:
-        import transformers.cache_utils as cu
-    except ImportError:
-        return []
+    """What the registry says to register, for the classes installed (none without transformers)."""
     regs: list[tuple[type, dict[str, Any]]] = []
-    for name in ("DynamicCache", "StaticCache"):
-        cls = getattr(cu, name, None)
-        if cls is None:
+    for spec in _flattened_specs():
+        try:
+            module = importlib.import_module(spec.module)
+        except ImportError:
             continue
-        regs.append(
-            (
-                cls,
-                dict(
-                    flatten_fn=_flatten_layers,
-                    unflatten_fn=_unflatten_layers(cls),
-                    flatten_with_keys_fn=_flatten_layers_with_keys,
-                    serialized_type_name=f"{cls.__module__}.{cls.__name__}",
-                    to_dumpable_context=_dump_context,
-                    from_dumpable_context=_load_context,
-                ),
-            )
-        )
-    encdec = getattr(cu, "EncoderDecoderCache", None)
-    if encdec is not None:
-        regs.append(
-            (
-                encdec,
-                dict(
-                    flatten_fn=_flatten_encoder_decoder,
-                    unflatten_fn=_unflatten_encoder_decoder,
-                    flatten_with_keys_fn=_flatten_encoder_decoder_with_keys,
-                    serialized_type_name=f"{encdec.__module__}.{encdec.__name__}",
-                    to_dumpable_context=_dump_context,
-                    from_dumpable_context=_load_context,
-                ),
-            )
-        )
+        cls = getattr(module, spec.name, None)
+        if isinstance(cls, type):
+            regs.append((cls, _kwargs(cls, spec)))
     return regs
 
 
 def acquire() -> None:
     """Registers the cache classes (first caller) or bumps the reference count."""
-    global _REFCOUNT
+    global _REFCOUNT, _SCANNED
     with _LOCK:
         _REFCOUNT += 1
-        if _REFCOUNT > 1 and _OWNED:
+        wanted = tuple(spec.name for spec in _flattened_specs())
+        if _REFCOUNT > 1 and _OWNED and wanted == _SCANNED:
             return
+        _SCANNED = wanted
         for cls, kwargs in _registrations():
             if cls in pytree.SUPPORTED_NODES or cls in _OWNED:
                 continue
@@ -474,6 +476,13 @@ def make_dynamic_cache(key_value_pairs: Sequence[tuple[torch.Tensor, torch.Tenso
     layer_cls: Any = cu.DynamicLayer
     cache.layers = [_fill_layer(layer_cls(), k, v) for k, v in key_value_pairs]
     return cache
+
+
+def __getattr__(name: str) -> Any:
+    # SUPPORTED_CACHES, SUPPORTED_LAYERS, UNSUPPORTED: the registry's live views.
+    if name in ("SUPPORTED_CACHES", "SUPPORTED_LAYERS", "UNSUPPORTED"):
+        return getattr(cachespec, name)
+    raise AttributeError(f"module 'capture.nodes' has no attribute {name!r}")
 
 
 def make_encoder_decoder_cache(self_attention: Any, cross_attention: Any) -> Any:

@@ -9,8 +9,8 @@ dicts, ``{0:DYNAMIC}`` dynamic shapes; transformers caches print their keys and 
 (``int``, ``float``, ``bool``, ``str``), or ``int=3`` with ``with_min_max=True``.
 
 The module imports neither torch nor transformers: classes are recognised by name
-(``type(obj).__name__``) and torch is imported only once an object needs it, which means
-torch is already loaded.
+(``type(obj).__name__``; caches through the registry, `capture.cachespec`) and torch is
+imported only once an object needs it, which means torch is already loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from capture.cachespec import KEY_VALUE, cache_spec
 from capture.errors import CaptureError
 
 __all__ = ["string_type", "onnx_dtype_code", "ONNX_DTYPE_CODES"]
@@ -48,8 +49,6 @@ ONNX_DTYPE_CODES: dict[str, int] = {
     "float4_e2m1fn_x2": 23,
 }
 """ONNX ``TensorProto`` element type codes, keyed by torch/numpy dtype name."""
-
-_CACHES_WITH_LAYERS = ("DynamicCache", "StaticCache", "SlidingWindowCache", "HybridCache")
 
 
 def onnx_dtype_code(dtype: Any) -> int:
@@ -271,24 +270,20 @@ class _Formatter:
             return f"{s}[{flat.min()},{flat.max()}:A{mean}N{nans}nans]"
         return f"{s}[{flat.min()},{flat.max()}:A{flat.to(torch.float64).mean()}]"
 
-    # -- classes known by name (transformers) ------------------------------------------------
+    # -- classes known by name: the cache registry's, and transformers' input containers -----
     def _named(self, obj: Any, name: str) -> str | None:
-        if name in _CACHES_WITH_LAYERS and hasattr(obj, "layers"):
-            keys = [getattr(layer, "keys", None) for layer in obj.layers]
-            values = [getattr(layer, "values", None) for layer in obj.layers]
-            return f"{name}(key_cache={self.run(keys)}, value_cache={self.run(values)})"
-        if name in _CACHES_WITH_LAYERS and hasattr(obj, "key_cache"):
-            kc, vc = self.run(list(obj.key_cache)), self.run(list(obj.value_cache))
-            return f"{name}(key_cache={kc}, value_cache={vc})"
-        if name == "EncoderDecoderCache":
-            att = self.run(obj.self_attention_cache)
-            cross = self.run(obj.cross_attention_cache)
-            return f"{name}(self_attention_cache={att}, cross_attention_cache={cross})"
-        if name == "MambaCache":
-            c, s = self.run(obj.conv_states), self.run(obj.ssm_states)
-            return f"{name}(conv_states={c}, ssm_states={s})"
-        if name in ("DynamicLayer", "StaticLayer", "DynamicSlidingWindowLayer"):
-            return f"{name}(keys={self.run(obj.keys)}, values={self.run(obj.values)})"
+        spec = cache_spec(name)
+        if spec is not None and spec.fields == KEY_VALUE:
+            if hasattr(obj, "layers"):
+                keys = [getattr(layer, "keys", None) for layer in obj.layers]
+                values = [getattr(layer, "values", None) for layer in obj.layers]
+                return f"{name}(key_cache={self.run(keys)}, value_cache={self.run(values)})"
+            if hasattr(obj, "key_cache"):
+                kc, vc = self.run(list(obj.key_cache)), self.run(list(obj.value_cache))
+                return f"{name}(key_cache={kc}, value_cache={vc})"
+        elif spec is not None and spec.fields:
+            parts = ", ".join(f"{f}={self.run(getattr(obj, f))}" for f in spec.fields)
+            return f"{name}({parts})"
         if name in ("BatchEncoding", "BatchFeature"):
             return f"{name}(data={self.run(dict(obj.data))})"
         return None

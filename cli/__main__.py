@@ -1,6 +1,6 @@
-"""``python -m cli``: the same as the ``capture`` command."""
+"""``python -m capture.cli``: the same as the ``capture`` command."""
 
-from cli.main import cli
+from .main import cli
 
 if __name__ == "__main__":
     cli(prog_name="capture")

@@ -23,8 +23,8 @@ from typing import Any
 
 import click
 
-from cli.main import store_path
-from cli.output import format_option, no_headers_option, render
+from .main import store_path
+from .output import format_option, no_headers_option, render
 
 __all__ = ["check_command", "EXIT_NOT_SERVED", "parse_since"]
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import click
 
-from cli.main import store_path
-from cli.output import write_text
-from cli.progress import Progress
+from .main import store_path
+from .output import write_text
+from .progress import Progress
 
 __all__ = ["compact_command"]
 

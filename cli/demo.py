@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from cli.main import store_path
-from cli.output import table_text, write_text
+from .main import store_path
+from .output import table_text, write_text
 
 __all__ = [
     "demo_command",
@@ -128,8 +128,8 @@ def _check_store(store: str) -> None:
 
 def _record(store: str) -> Any:
     """Builds the tiny Llama and serves WORKLOAD through generate() with the recorder on."""
+    from capture.demo_model import run_generate, tiny_llama
     from capture.recorder import Recorder
-    from fixtures.models import run_generate, tiny_llama
 
     start = _step(1, 4, "building a tiny Llama causal LM from a config (random weights)")
     model = tiny_llama(seed=0)
@@ -151,7 +151,7 @@ def _record(store: str) -> Any:
 
 def _show_analysis(store: Any) -> None:
     """Prints the `capture summary` report, then the exported group's dynamic dims per axis."""
-    from cli.report import summary_report
+    from .report import summary_report
 
     start = _step(3, 4, f"analysing the store with DuckDB ({store.path})")
     summary = store.summary(DEMO_MODEL)
@@ -218,7 +218,7 @@ def _next_steps(store: str) -> None:
                 f"  capture --store {where} summary",
                 f"  capture --store {where} dims --python",
                 f'  capture --store {where} query "{sql}"',
-                f"  capture --store {where} export fixtures.models:tiny_llama "
+                f"  capture --store {where} export capture.demo_model:tiny_llama "
                 f"--model {DEMO_MODEL} --group prefill",
             ]
         )

@@ -11,8 +11,9 @@ from typing import Any
 
 import click
 
-from cli.main import store_path
-from cli.output import render, render_document, write_text
+from .main import store_path
+from .options import choice_format_option, group_option, model_option
+from .output import render, render_document, write_text
 
 __all__ = ["profiles_command", "buckets_command"]
 
@@ -20,18 +21,10 @@ _PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt"
 
 
 @click.command("profiles")
-@click.option(
-    "--model",
-    metavar="NAME",
-    default=None,
-    help="Only this model (the Recorder's name). Default: every model in the store.",
-)
-@click.option(
-    "--group",
-    metavar="NAME",
-    default=None,
-    help="Only this call group (decode, prefill, g0, ... as `capture dims` shows them). "
-    "Default: every group.",
+@model_option()
+@group_option(
+    "Only this call group (decode, prefill, g0, ... as `capture dims` shows them). "
+    "Default: every group."
 )
 @click.option(
     "--opt",
@@ -49,13 +42,9 @@ _PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt"
     help="Most profiles per group; a group gets several only when its size distribution has "
     "several peaks. Default: 1.",
 )
-@click.option(
-    "-f",
-    "--format",
-    "fmt",
-    type=click.Choice(_PROFILE_FORMATS),
-    default="table",
-    help="table, json, jsonl, csv (one row per profile and input), or the tool's own syntax: "
+@choice_format_option(
+    _PROFILE_FORMATS,
+    "table, json, jsonl, csv (one row per profile and input), or the tool's own syntax: "
     "trtexec flags, torch_tensorrt.Input Python lines, ONNX Runtime TensorRT provider "
     "options. Default: table.",
 )
@@ -101,7 +90,7 @@ def _percent(part: int, whole: int) -> str:
 
 
 def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
-    from cli.output import table_text
+    from .output import table_text
 
     calls = int(summary["calls"])
     work = int(summary["work"])
@@ -153,25 +142,11 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
     metavar="N",
     help="How many sizes to choose. Default: none, required.",
 )
-@click.option(
-    "--model",
-    metavar="NAME",
-    default=None,
-    help="The model (the Recorder's name). Default: the store's only model.",
-)
-@click.option(
-    "--group",
-    metavar="NAME",
-    default=None,
-    help="Only this call group's calls. Default: every group that has the symbol.",
-)
-@click.option(
-    "-f",
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    help="table: the sizes, the padding next to vLLM's default sizes, and lines to paste into "
+@model_option("The model (the Recorder's name). Default: the store's only model.")
+@group_option("Only this call group's calls. Default: every group that has the symbol.")
+@choice_format_option(
+    ("table", "json"),
+    "table: the sizes, the padding next to vLLM's default sizes, and lines to paste into "
     "vLLM and SGLang; json: the same as one document. Default: table.",
 )
 @click.pass_context

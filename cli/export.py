@@ -36,9 +36,9 @@ from typing import Any
 
 import click
 
-from cli.main import store_path
-from cli.output import format_option, no_headers_option, render
-from cli.progress import Progress
+from .main import store_path
+from .output import format_option, no_headers_option, render
+from .progress import Progress
 
 __all__ = [
     "export_command",

@@ -12,8 +12,9 @@ from typing import Any
 
 import click
 
-from cli.main import store_path
-from cli.progress import Progress
+from .main import store_path
+from .options import model_option
+from .progress import Progress
 
 __all__ = ["report_command", "served_rows"]
 
@@ -41,12 +42,7 @@ def served_rows(store: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
     required=True,
     help="The HTML file to write (replaced if it exists). Default: none, required.",
 )
-@click.option(
-    "--model",
-    metavar="NAME",
-    default=None,
-    help="Only this model (the Recorder's name). Default: every model in the store.",
-)
+@model_option()
 @click.option(
     "--artifact",
     metavar="PATH",

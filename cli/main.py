@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -32,7 +33,6 @@ from typing import Any, TextIO
 
 import click
 
-from capture import __version__
 from capture.errors import CaptureError
 
 __all__ = ["cli", "CaptureGroup", "Settings", "store_path", "COMMANDS", "DEFAULT_STORE"]
@@ -46,36 +46,36 @@ EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "query": ("cli.query:query_command", "Run SQL over the recorded calls and print the result."),
-    "summary": ("cli.query:summary_command", "Summarize what the store recorded, per model."),
-    "dims": ("cli.query:dims_command", "Show which input dimensions are dynamic, per model."),
+    "query": (".query:query_command", "Run SQL over the recorded calls and print the result."),
+    "summary": (".query:summary_command", "Summarize what the store recorded, per model."),
+    "dims": (".query:dims_command", "Show which input dimensions are dynamic, per model."),
     "export": (
-        "cli.export:export_command",
+        ".export:export_command",
         "Export a model with torch.export using the recorded calls.",
     ),
     "compact": (
-        "cli.compact:compact_command",
+        ".compact:compact_command",
         "Merge the store's small Parquet files into big ones.",
     ),
     "payloads": (
-        "cli.payloads:payloads_command",
+        ".payloads:payloads_command",
         "List or delete the real calls kept with Recorder(payloads=...).",
     ),
-    "demo": ("cli.demo:demo_command", "Record a tiny model into a store to try the commands."),
+    "demo": (".demo:demo_command", "Record a tiny model into a store to try the commands."),
     "report": (
-        "cli.html_report:report_command",
+        ".html_report:report_command",
         "Write an HTML page with plots of the store's traffic.",
     ),
     "profiles": (
-        "cli.engines:profiles_command",
+        ".engines:profiles_command",
         "Print TensorRT min/opt/max shape profiles per call group.",
     ),
     "buckets": (
-        "cli.engines:buckets_command",
+        ".engines:buckets_command",
         "Choose the N batch or sequence sizes that pad recorded calls least.",
     ),
     "check": (
-        "cli.check:check_command",
+        ".check:check_command",
         "Check that a saved artifact serves the calls recorded in the store.",
     ),
 }
@@ -167,7 +167,7 @@ class CaptureGroup(click.Group):
     """A click group whose commands are imported on first use (see `COMMANDS`).
 
     Example:
-        >>> group = CaptureGroup(lazy_commands={"query": ("cli.query:query_command", "Run SQL.")})
+        >>> group = CaptureGroup(lazy_commands={"query": (".query:query_command", "Run SQL.")})
         >>> group.list_commands(click.Context(group))
         ['query']
     """
@@ -186,7 +186,9 @@ class CaptureGroup(click.Group):
         if command is not None or cmd_name not in self.lazy_commands:
             return command
         target, _ = self.lazy_commands[cmd_name]
-        module_name, _, attribute = target.partition(":")
+        relative, _, attribute = target.partition(":")
+        # ".query" is this package's module, whether it is installed as capture.cli or run as cli.
+        module_name = importlib.util.resolve_name(relative, __package__)
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:
@@ -266,13 +268,30 @@ class CaptureGroup(click.Group):
                 raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: reads the version only when asked (package metadata is slow to load)."""
+    if not value or ctx.resilient_parsing:
+        return
+    import capture
+
+    click.echo(f"capture {capture.__version__}")
+    ctx.exit()
+
+
 @click.group(
     "capture",
     cls=CaptureGroup,
     lazy_commands=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.version_option(__version__, "--version", prog_name="capture", message="%(prog)s %(version)s")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
 @click.option(
     "--store",
     metavar="PATH",

@@ -319,7 +319,7 @@ def render(data: Rows, fmt: str = "table", *, headers: bool = True) -> None:
         click.UsageError: ``headers=False`` with json or jsonl (see `check_headers`).
 
     Example:
-        >>> render([{"model": "toy", "shape": [2, 7]}], "jsonl")  # doctest: +SKIP
+        >>> render([{"model": "toy", "shape": [2, 7]}], "jsonl")
         {"model": "toy", "shape": [2, 7]}
     """
     check_headers(fmt, not headers)
@@ -349,7 +349,7 @@ def render_document(document: Any, fmt: str) -> None:
         ValueError: `fmt` is neither ``json`` nor ``jsonl``.
 
     Example:
-        >>> render_document({"models": ["toy"]}, "jsonl")  # doctest: +SKIP
+        >>> render_document({"models": ["toy"]}, "jsonl")
         {"models": ["toy"]}
     """
     value = to_json_value(document)
@@ -365,7 +365,7 @@ def write_text(text: str) -> None:
     """Writes text (a report, Python source) to stdout, ending it with one newline.
 
     Example:
-        >>> write_text("dynamic_shapes = {}")  # doctest: +SKIP
+        >>> write_text("dynamic_shapes = {}")
         dynamic_shapes = {}
     """
     click.echo(text.rstrip("\n"))

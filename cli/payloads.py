@@ -12,8 +12,8 @@ from typing import Any
 import click
 import pyarrow as pa
 
-from cli.main import store_path
-from cli.output import format_option, no_headers_option, render
+from .main import store_path
+from .output import format_option, no_headers_option, render
 
 __all__ = ["payloads_command"]
 

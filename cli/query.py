@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli.main import store_path
-from cli.output import (
+from .main import store_path
+from .output import (
     check_headers,
     format_option,
     no_headers_option,
@@ -169,7 +169,7 @@ def summary_command(ctx: click.Context, model: str | None, fmt: str) -> None:
     with _open_store(ctx) as store:
         data = store.summary(model)
     if fmt == "table":
-        from cli.report import summary_report
+        from .report import summary_report
 
         write_text(summary_report(data))
     else:

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from capture.analysis_summary import drift_rows
-from cli.output import table_text
+
+from .output import table_text
 
 __all__ = ["summary_report"]
 

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 import capture
 from capture import compaction, open_store, schema
+from capture.cli.main import cli
 from capture.errors import CaptureError
-from cli.main import cli
 from fixtures.models import run_generate, tiny_llama
 
 WORKLOAD = [(1, 5), (2, 7), (1, 9)]

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 import capture
 import replay
+from capture.cli.main import cli
 from capture.errors import CaptureError
-from cli.main import cli
 
 FACTORY = textwrap.dedent(
     """

@@ -19,10 +19,10 @@ import torch
 from click.testing import CliRunner
 
 import capture
+from capture.cli.main import cli
 from capture.errors import CaptureError
 from capture.payload_keeper import Payloads
 from capture.payloads import list_payloads, read_payload
-from cli.main import cli
 from fixtures.models import run_generate, tiny_llama
 
 

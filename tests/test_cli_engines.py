@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
+from capture.cli.main import cli
 from fixtures.traffic import record_traffic
 
 # batch: 1 x 6 calls, 2 x 3, 6 x 1; length: 4 x 6, 9 x 4.
@@ -91,7 +91,7 @@ def test_profiles_json_rows(store: str) -> None:
 
 def test_engine_commands_do_not_import_torch_or_matplotlib(store: str) -> None:
     script = (
-        "import sys\nfrom cli.main import cli\n"
+        "import sys\nfrom capture.cli.main import cli\n"
         "cli(sys.argv[1:], standalone_mode=False)\n"
         "sys.stderr.write('imported: ' + ' '.join(m for m in ('torch', 'matplotlib') "
         "if m in sys.modules) + '\\n')\n"

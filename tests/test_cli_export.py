@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
+from capture.cli.main import cli
 from fixtures.stores import record_seed_scenarios
 from replay.artifact import read_manifest
 

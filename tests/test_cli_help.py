@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from capture import __version__
-from cli.main import COMMANDS, CaptureGroup, cli
+from capture.cli.main import COMMANDS, CaptureGroup, cli
 
 
 def _command(name: str) -> click.Command:
@@ -123,7 +123,10 @@ def test_broken_command_module_leaves_other_commands_working() -> None:
 
 def test_python_dash_m_cli_runs_capture() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "cli", "--version"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "capture.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0
     assert result.stdout == f"capture {__version__}\n"

@@ -17,9 +17,10 @@ import capture
 
 SCRIPT = """
 import sys
-from cli.main import cli
+from capture.cli.main import cli
 cli(sys.argv[1:], standalone_mode=False)
-watched = ("torch", "transformers", "duckdb", "pyarrow", "cli.query", "cli.export", "cli.demo")
+watched = ("torch", "transformers", "duckdb", "pyarrow")
+watched += tuple(f"capture.cli.{m}" for m in ("query", "export", "demo"))
 sys.stderr.write("imported: " + " ".join(m for m in watched if m in sys.modules) + "\\n")
 """
 
@@ -53,7 +54,7 @@ def test_group_help_imports_no_command_and_no_heavy_module() -> None:
 
 
 def test_command_help_imports_only_its_module() -> None:
-    assert _imported("query", "--help") == ["cli.query"]
+    assert _imported("query", "--help") == ["capture.cli.query"]
 
 
 @pytest.mark.parametrize(

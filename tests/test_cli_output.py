@@ -9,7 +9,14 @@ import click
 import pyarrow as pa
 import pytest
 
-from cli.output import FORMATS, render, render_document, table_text, to_json_value, write_text
+from capture.cli.output import (
+    FORMATS,
+    render,
+    render_document,
+    table_text,
+    to_json_value,
+    write_text,
+)
 
 
 def _mixed() -> pa.Table:

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 import capture
-from cli.main import cli
+from capture.cli.main import cli
 
 INPUT_LEAVES = "SELECT path, kind, shape FROM leaves WHERE side = 'input' ORDER BY call_id, leaf"
 

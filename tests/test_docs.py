@@ -12,9 +12,9 @@ import torch
 from click.testing import CliRunner
 
 from capture import schema
+from capture.cli.main import COMMANDS, cli
 from capture.recorder import Recorder
 from capture.store import open_store
-from cli.main import COMMANDS, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_MD = ROOT / "docs" / "schema.md"

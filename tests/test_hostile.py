@@ -24,9 +24,9 @@ from click.testing import CliRunner
 
 import replay
 from capture import schema
+from capture.cli.main import cli
 from capture.errors import ReplayError
 from capture.recorder import Recorder
-from cli.main import cli
 
 CALLS = 6
 EVIL = "hostile_evil_mod"  # a module planted in the working directory by the tests
@@ -501,7 +501,14 @@ def test_s3_without_network_is_one_line_in_bounded_time(tmp_path: Path) -> None:
         "AWS_EC2_METADATA_DISABLED": "true",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "cli", "--store", "s3://capture-no-such-bucket/x", "summary"],
+        [
+            sys.executable,
+            "-m",
+            "capture.cli",
+            "--store",
+            "s3://capture-no-such-bucket/x",
+            "summary",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -552,7 +559,7 @@ def test_ctrl_c_exits_130_with_one_line(store: Path, monkeypatch: pytest.MonkeyP
 def test_interrupted_demo_is_replaced_by_the_next(tmp_path: Path) -> None:
     import click
 
-    from cli import demo
+    from capture.cli import demo
 
     root = tmp_path / "store"
     rec = Recorder(Add(), root, name=demo.DEMO_MODEL, flush_seconds=3600)
@@ -587,7 +594,7 @@ def test_summary_tells_groups_apart_by_scalar(tmp_path: Path) -> None:
 
 
 def test_summary_dims_cells_stay_short() -> None:
-    from cli.report import summary_report
+    from capture.cli.report import summary_report
 
     dims = [f"past_key_values.layers[{i}].keys[2]" for i in range(40)]
     group = {

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
+from capture.cli.main import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

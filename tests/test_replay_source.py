@@ -128,12 +128,14 @@ def test_hostile_names_stay_identifiers_and_comments() -> None:
     assert _comment("m\nimport os") == "# m\\nimport os"
 
 
+# Slow (issue 13): a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
+@pytest.mark.slow
 def test_printed_code_exports_the_demo_llama(tmp_path: Path) -> None:
     # issue 9: `capture dims --python`, pasted as its comments say, exports both groups.
     from click.testing import CliRunner
 
-    from cli.demo import DEMO_MODEL, MAX_NEW_TOKENS, WORKLOAD
-    from cli.main import cli
+    from capture.cli.demo import DEMO_MODEL, MAX_NEW_TOKENS, WORKLOAD
+    from capture.cli.main import cli
 
     model, _ = record_llama(tmp_path, WORKLOAD, max_new_tokens=MAX_NEW_TOKENS, name=DEMO_MODEL)
     printed = CliRunner().invoke(cli, ["--store", str(tmp_path), "dims", "--python"])

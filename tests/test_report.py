@@ -16,11 +16,11 @@ from click.testing import CliRunner
 
 import capture
 from capture.analysis import analyze
+from capture.cli.main import cli
+from capture.cli.progress import Progress
 from capture.report_data import served_calls, timeline
 from capture.report_html import build_report
 from capture.store import Store
-from cli.main import cli
-from cli.progress import Progress
 from fixtures.traffic import record_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ def test_progress_is_silent_when_not_a_terminal() -> None:
     "code",
     [
         "import capture, capture.store",
-        "from cli.main import cli; cli(['--store', STORE, 'query', 'SELECT 1'], "
+        "from capture.cli.main import cli; cli(['--store', STORE, 'query', 'SELECT 1'], "
         "standalone_mode=False)",
     ],
     ids=["import-capture", "capture-query"],

@@ -1,0 +1,65 @@
+"""Options several commands share: ``--model NAME``, ``--group NAME``, ``-f/--format``.
+
+One definition each, so the commands spell them (metavar, default, stored parameter) alike;
+the help text stays per command, since what "every model" means differs between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+__all__ = ["EVERY_MODEL", "model_option", "group_option", "choice_format_option"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EVERY_MODEL = "Only this model (the Recorder's name). Default: every model in the store."
+"""The help of ``--model`` for commands that otherwise cover every model."""
+
+
+def model_option(help: str = EVERY_MODEL) -> Callable[[F], F]:
+    """The ``--model NAME`` option (default None), stored in the ``model`` parameter.
+
+    Args:
+        help: The option's help text, stating its default.
+
+    Returns:
+        A click decorator.
+
+    Example:
+        >>> @click.command()
+        ... @model_option()
+        ... def cmd(model: str | None) -> None:
+        ...     click.echo(model)
+    """
+    return click.option("--model", metavar="NAME", default=None, help=help)
+
+
+def group_option(help: str) -> Callable[[F], F]:
+    """The ``--group NAME`` option (default None), stored in the ``group`` parameter.
+
+    Args:
+        help: The option's help text, stating its default.
+
+    Returns:
+        A click decorator.
+    """
+    return click.option("--group", metavar="NAME", default=None, help=help)
+
+
+def choice_format_option(formats: Sequence[str], help: str) -> Callable[[F], F]:
+    """A ``-f/--format`` option with its own help, stored in ``fmt``; the first format is the
+    default. (`capture.cli.output.format_option` writes the help of the renderer's formats.)
+
+    Args:
+        formats: The accepted formats; the first one is the default.
+        help: The option's help text, stating its default.
+
+    Returns:
+        A click decorator.
+    """
+    return click.option(
+        "-f", "--format", "fmt", type=click.Choice(list(formats)), default=formats[0], help=help
+    )
