@@ -23,10 +23,9 @@ Group names: ``decode`` / ``prefill`` when the model has a cache argument (``pas
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -34,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from capture import schema
+from capture.analysis_summary import build_summary
 from capture.analysis_symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
+from capture.structure import PRESENT, RecordedLeaf, RecordedStructure
 
 if TYPE_CHECKING:
     from capture.store import Store
@@ -59,7 +59,6 @@ BatchSpec = bool | Iterable[str | int] | None
 """``set_batch_dimension_for``: None, True (every input tensor), or argument names/positions."""
 
 _CACHE_ARGUMENT = re.compile(r"^(past_key_values?|.*caches?|cache_params)$", re.IGNORECASE)
-_ABSENT_KINDS = (schema.KIND_MISSING, schema.KIND_NONE)
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,9 @@ class Group:
         structure_id: The ``calls.in_structure`` of the group.
         calls: Recorded calls in the group.
         signatures: Distinct size vectors in the group.
-        leaves: The structure's rows (``structures`` view), ordered by leaf.
+        leaves: The structure's rows as the ``structures`` view gives them, ordered by leaf
+            (kept for callers that read rows; the library reads `structure`).
+        structure: The same structure, typed and read once (`capture.structure`).
         dims: Every tensor leaf x axis, leaf order then axis order.
         relations: Derived symbols, true in every call of the group.
         errors: Calls of the group whose forward raised.
@@ -117,6 +118,7 @@ class Group:
     calls: int
     signatures: int
     leaves: list[dict[str, Any]]
+    structure: RecordedStructure
     dims: list[DimInfo]
     relations: list[Relation]
     errors: int = 0
@@ -170,57 +172,28 @@ ORDER BY model, structure_id, leaf
 """
 
 
-def _batch_matcher(spec: BatchSpec, leaves: Sequence[dict[str, Any]]) -> set[int]:
+def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
     """Leaf indices whose axis 0 is forced dynamic."""
     if spec is None or spec is False:
         return set()
-    tensors = [r for r in leaves if r["kind"] == schema.KIND_TENSOR and (r["rank"] or 0) > 0]
+    tensors = [leaf for leaf in structure.tensors if leaf.ndim > 0]
     if spec is True:
-        return {int(r["leaf"]) for r in tensors}
+        return {leaf.leaf for leaf in tensors}
     wanted = list(spec)
     names = {w for w in wanted if isinstance(w, str)}
     positions = {w for w in wanted if isinstance(w, int) and not isinstance(w, bool)}
-    names |= {name for name, i in _signature_order(leaves).items() if i in positions}
+    names |= {name for name, i in structure.signature_order().items() if i in positions}
     return {
-        int(r["leaf"])
-        for r in tensors
-        if r["argument"] in names or (r["position"] is not None and r["position"] in positions)
+        leaf.leaf
+        for leaf in tensors
+        if leaf.argument in names or (leaf.position is not None and leaf.position in positions)
     }
-
-
-def _signature_order(leaves: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """Parameter name -> its index in the recorded method's signature."""
-    text = leaves[0].get("signature") if leaves else None
-    if not text:
-        return {}
-    try:
-        return {str(p["name"]): i for i, p in enumerate(json.loads(text))}
-    except (ValueError, TypeError, KeyError):
-        return {}
-
-
-def _argument_status(leaves: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """Per top-level argument, in signature order: 'present', 'none' or 'missing'."""
-    kinds: dict[str, set[str]] = {}
-    for r in leaves:
-        kinds.setdefault(r["argument"] or r["path"], set()).add(r["kind"])
-    order = _signature_order(leaves)
-    status = {}
-    for argument in sorted(kinds, key=lambda a: order.get(a, len(order))):
-        seen = kinds[argument]
-        if seen - set(_ABSENT_KINDS):
-            status[argument] = "present"
-        elif seen == {schema.KIND_MISSING}:
-            status[argument] = "missing"
-        else:
-            status[argument] = "none"
-    return status
 
 
 def _name_groups(groups: list[Group]) -> None:
     """Assigns `Group.name` in place (groups are already sorted, largest first)."""
-    statuses = [_argument_status(g.leaves) for g in groups]
-    holding = [{r["argument"] for r in g.leaves if r["kind"] == schema.KIND_TENSOR} for g in groups]
+    statuses = [g.structure.argument_status() for g in groups]
+    holding = [{leaf.argument for leaf in g.structure.tensors} for g in groups]
     # A cache argument holds tensors in some group ('use_cache', a bool, is not one).
     cache_args = {
         a for tensors in holding for a in tensors if a and _CACHE_ARGUMENT.match(a) is not None
@@ -237,12 +210,10 @@ def _name_groups(groups: list[Group]) -> None:
             continue
         arguments = sorted({a for i in members for a in statuses[i]} - cache_args)
         varying = [
-            a
-            for a in arguments
-            if len({statuses[i].get(a, "missing") == "present" for i in members}) > 1
+            a for a in arguments if len({statuses[i].get(a) == PRESENT for i in members}) > 1
         ]
         for i in members:
-            absent = [a for a in varying if statuses[i].get(a, "missing") != "present"]
+            absent = [a for a in varying if statuses[i].get(a) != PRESENT]
             names[i] = "_".join([base] + [f"no_{a}" for a in absent])
     used: set[str] = set()
     for g, name in zip(groups, names, strict=True):
@@ -255,35 +226,31 @@ def _name_groups(groups: list[Group]) -> None:
 
 def _group(
     model: str,
-    structure_id: str,
     leaves: list[dict[str, Any]],
+    structure: RecordedStructure,
     matrix: np.ndarray[Any, np.dtype[np.int64]],
     weights: np.ndarray[Any, np.dtype[np.int64]],
     set_batch_dimension_for: BatchSpec,
     min_support: int,
 ) -> Group:
-    tensors = [r for r in leaves if r["kind"] == schema.KIND_TENSOR]
     axes: list[Axis] = []
-    leaf_of: list[dict[str, Any]] = []
+    leaf_of: list[RecordedLeaf] = []
     columns: list[int] = []
-    for r in tensors:
-        for axis in range(int(r["rank"] or 0)):
-            axes.append(Axis(r["argument"], axis, r["path"]))
+    for r in structure.tensors:
+        for axis in range(r.ndim):
+            axes.append(Axis(r.argument, axis, r.path))
             leaf_of.append(r)
-            columns.append(int(r["dim_offset"]) + axis)
-    forced_leaves = _batch_matcher(set_batch_dimension_for, leaves)
-    forced = [
-        ax.axis == 0 and int(r["leaf"]) in forced_leaves
-        for ax, r in zip(axes, leaf_of, strict=True)
-    ]
+            columns.append(int(r.dim_offset or 0) + axis)
+    forced_leaves = _batch_matcher(set_batch_dimension_for, structure)
+    forced = [ax.axis == 0 and r.leaf in forced_leaves for ax, r in zip(axes, leaf_of, strict=True)]
     sub = matrix[:, columns] if columns else np.zeros((matrix.shape[0], 0), np.int64)
     calls = int(weights.sum())
     found = find_symbols(sub, axes, forced, min_support)
     dims = [
         DimInfo(
-            leaf=int(r["leaf"]),
-            path=r["path"],
-            argument=r["argument"],
+            leaf=r.leaf,
+            path=r.path,
+            argument=r.argument,
             axis=ax.axis,
             dynamic=found.dynamic[j],
             min=found.minimum[j],
@@ -298,10 +265,11 @@ def _group(
     return Group(
         model=model,
         name="",
-        structure_id=structure_id,
+        structure_id=structure.structure_id,
         calls=calls,
         signatures=int(matrix.shape[0]),
         leaves=leaves,
+        structure=structure,
         dims=dims,
         relations=found.relations,
         matrix=sub,
@@ -416,7 +384,9 @@ def _build(
             structure_id,
         )
         return None
-    width = sum(int(r["rank"] or 0) for r in leaves if r["kind"] == schema.KIND_TENSOR)
+    # The one reading of the structure's rows: analysis and replay use it from here on.
+    structure = RecordedStructure.from_rows(leaves)
+    width = structure.width
     lengths = np.diff(offsets[start : stop + 1])
     keep = np.flatnonzero(lengths == width)
     if keep.size < stop - start:
@@ -435,8 +405,8 @@ def _build(
     matrix = values[index] if width else np.zeros((rows.size, 0), np.int64)
     return _group(
         model,
-        structure_id,
         leaves,
+        structure,
         matrix,
         calls[rows].astype(np.int64),
         set_batch_dimension_for,
@@ -493,7 +463,5 @@ def summary(store: Store, model: str | None = None) -> dict[str, Any]:
         >>> summary(open_store("capture-store"))["calls"]  # doctest: +SKIP
         20
     """
-    from capture.analysis_summary import build_summary
-
     models = store.check_model(model)
     return build_summary(store, models, analyze(store, model))
