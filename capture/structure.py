@@ -31,6 +31,7 @@ __all__ = [
     "parse_params",
     "RecordedLeaf",
     "RecordedStructure",
+    "as_leaves",
     "PRESENT",
     "MISSING",
     "NONE",
@@ -150,6 +151,14 @@ class RecordedLeaf:
     def ndim(self) -> int:
         """The tensor's rank (0 for other leaves)."""
         return self.rank or 0
+
+
+def as_leaves(leaves: Iterable[RecordedLeaf | Mapping[str, Any]]) -> list[RecordedLeaf]:
+    """Typed leaves from typed leaves or ``structures`` rows (the functions of `replay` that
+    take a structure's leaves accept both: users hold `capture.analysis.Group.leaves` rows)."""
+    return [
+        leaf if isinstance(leaf, RecordedLeaf) else RecordedLeaf.from_row(leaf) for leaf in leaves
+    ]
 
 
 @dataclass(frozen=True)
