@@ -92,6 +92,10 @@ class DimInfo:
     expr: str | None
 
 
+_UNREAD = RecordedStructure("", "", ())
+"""`Group.structure` until it is read from the group's rows."""
+
+
 @dataclass
 class Group:
     """A call group: the calls sharing one input structure.
@@ -104,7 +108,8 @@ class Group:
         signatures: Distinct size vectors in the group.
         leaves: The structure's rows as the ``structures`` view gives them, ordered by leaf
             (kept for callers that read rows; the library reads `structure`).
-        structure: The same structure, typed and read once (`capture.structure`).
+        structure: The same structure, typed and read once (`capture.structure`); built from
+            `leaves` when not given.
         dims: Every tensor leaf x axis, leaf order then axis order.
         relations: Derived symbols, true in every call of the group.
         errors: Calls of the group whose forward raised.
@@ -118,7 +123,6 @@ class Group:
     calls: int
     signatures: int
     leaves: list[dict[str, Any]]
-    structure: RecordedStructure
     dims: list[DimInfo]
     relations: list[Relation]
     errors: int = 0
@@ -132,6 +136,11 @@ class Group:
         default=None, repr=False, compare=False
     )
     """Calls per row of `matrix`."""
+    structure: RecordedStructure = field(default=_UNREAD, kw_only=True, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.structure is _UNREAD and self.leaves:
+            self.structure = RecordedStructure.from_rows(self.leaves)
 
 
 DIMS_SCHEMA = pa.schema(
@@ -226,13 +235,16 @@ def _name_groups(groups: list[Group]) -> None:
 
 def _group(
     model: str,
+    structure_id: str,
     leaves: list[dict[str, Any]],
-    structure: RecordedStructure,
     matrix: np.ndarray[Any, np.dtype[np.int64]],
     weights: np.ndarray[Any, np.dtype[np.int64]],
     set_batch_dimension_for: BatchSpec,
     min_support: int,
+    structure: RecordedStructure | None = None,
 ) -> Group:
+    if structure is None:
+        structure = RecordedStructure.from_rows(leaves)
     axes: list[Axis] = []
     leaf_of: list[RecordedLeaf] = []
     columns: list[int] = []
@@ -265,7 +277,7 @@ def _group(
     return Group(
         model=model,
         name="",
-        structure_id=structure.structure_id,
+        structure_id=structure_id,
         calls=calls,
         signatures=int(matrix.shape[0]),
         leaves=leaves,
@@ -405,12 +417,13 @@ def _build(
     matrix = values[index] if width else np.zeros((rows.size, 0), np.int64)
     return _group(
         model,
+        structure_id,
         leaves,
-        structure,
         matrix,
         calls[rows].astype(np.int64),
         set_batch_dimension_for,
         min_support,
+        structure,
     )
 
 

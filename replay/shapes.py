@@ -200,6 +200,7 @@ def spec_tree(
             ``len(leaves)`` leaves.
 
     Example:
+        >>> import json
         >>> spec = json.dumps([1, {"type": "builtins.tuple", "context": "null", "children_spec": [
         ...     {"type": "builtins.tuple", "context": "null", "children_spec": [
         ...         {"type": None, "context": None, "children_spec": []}]},
