@@ -1,5 +1,4 @@
-"""The result types of `replay.export_inputs`: one `ExportGroup` per call group, in an
-`ExportInputs`.
+"""What `replay.export_inputs` returns: an `ExportInputs` of one `ExportGroup` per call group.
 
 An `ExportGroup` holds what torch.export needs for one call group (example ``args``/``kwargs``,
 ``dynamic_shapes``, the module to export) and what the coverage check needs to rebuild any
