@@ -23,9 +23,8 @@ Group names: ``decode`` / ``prefill`` when the model has a cache argument (``pas
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -33,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from capture import schema
+from capture.analysis_summary import build_summary
 from capture.analysis_symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
 from capture.cachespec import is_cache_argument
+from capture.structure import PRESENT, RecordedLeaf, RecordedStructure
 
 if TYPE_CHECKING:
     from capture.store import Store
@@ -57,8 +57,6 @@ logger = logging.getLogger(__name__)
 
 BatchSpec = bool | Iterable[str | int] | None
 """``set_batch_dimension_for``: None, True (every input tensor), or argument names/positions."""
-
-_ABSENT_KINDS = (schema.KIND_MISSING, schema.KIND_NONE)
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,10 @@ class DimInfo:
     expr: str | None
 
 
+_UNREAD = RecordedStructure("", "", ())
+"""`Group.structure` until it is read from the group's rows."""
+
+
 @dataclass
 class Group:
     """A call group: the calls sharing one input structure.
@@ -102,7 +104,10 @@ class Group:
         structure_id: The ``calls.in_structure`` of the group.
         calls: Recorded calls in the group.
         signatures: Distinct size vectors in the group.
-        leaves: The structure's rows (``structures`` view), ordered by leaf.
+        leaves: The structure's rows as the ``structures`` view gives them, ordered by leaf
+            (kept for callers that read rows; the library reads `structure`).
+        structure: The same structure, typed and read once (`capture.structure`); built from
+            `leaves` when not given.
         dims: Every tensor leaf x axis, leaf order then axis order.
         relations: Derived symbols, true in every call of the group.
         errors: Calls of the group whose forward raised.
@@ -129,6 +134,11 @@ class Group:
         default=None, repr=False, compare=False
     )
     """Calls per row of `matrix`."""
+    structure: RecordedStructure = field(default=_UNREAD, kw_only=True, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.structure is _UNREAD and self.leaves:
+            self.structure = RecordedStructure.from_rows(self.leaves)
 
 
 DIMS_SCHEMA = pa.schema(
@@ -169,57 +179,28 @@ ORDER BY model, structure_id, leaf
 """
 
 
-def _batch_matcher(spec: BatchSpec, leaves: Sequence[dict[str, Any]]) -> set[int]:
+def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
     """Leaf indices whose axis 0 is forced dynamic."""
     if spec is None or spec is False:
         return set()
-    tensors = [r for r in leaves if r["kind"] == schema.KIND_TENSOR and (r["rank"] or 0) > 0]
+    tensors = [leaf for leaf in structure.tensors if leaf.ndim > 0]
     if spec is True:
-        return {int(r["leaf"]) for r in tensors}
+        return {leaf.leaf for leaf in tensors}
     wanted = list(spec)
     names = {w for w in wanted if isinstance(w, str)}
     positions = {w for w in wanted if isinstance(w, int) and not isinstance(w, bool)}
-    names |= {name for name, i in _signature_order(leaves).items() if i in positions}
+    names |= {name for name, i in structure.signature_order().items() if i in positions}
     return {
-        int(r["leaf"])
-        for r in tensors
-        if r["argument"] in names or (r["position"] is not None and r["position"] in positions)
+        leaf.leaf
+        for leaf in tensors
+        if leaf.argument in names or (leaf.position is not None and leaf.position in positions)
     }
-
-
-def _signature_order(leaves: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """Parameter name -> its index in the recorded method's signature."""
-    text = leaves[0].get("signature") if leaves else None
-    if not text:
-        return {}
-    try:
-        return {str(p["name"]): i for i, p in enumerate(json.loads(text))}
-    except (ValueError, TypeError, KeyError):
-        return {}
-
-
-def _argument_status(leaves: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """Per top-level argument, in signature order: 'present', 'none' or 'missing'."""
-    kinds: dict[str, set[str]] = {}
-    for r in leaves:
-        kinds.setdefault(r["argument"] or r["path"], set()).add(r["kind"])
-    order = _signature_order(leaves)
-    status = {}
-    for argument in sorted(kinds, key=lambda a: order.get(a, len(order))):
-        seen = kinds[argument]
-        if seen - set(_ABSENT_KINDS):
-            status[argument] = "present"
-        elif seen == {schema.KIND_MISSING}:
-            status[argument] = "missing"
-        else:
-            status[argument] = "none"
-    return status
 
 
 def _name_groups(groups: list[Group]) -> None:
     """Assigns `Group.name` in place (groups are already sorted, largest first)."""
-    statuses = [_argument_status(g.leaves) for g in groups]
-    holding = [{r["argument"] for r in g.leaves if r["kind"] == schema.KIND_TENSOR} for g in groups]
+    statuses = [g.structure.argument_status() for g in groups]
+    holding = [{leaf.argument for leaf in g.structure.tensors} for g in groups]
     # A cache argument holds tensors in some group ('use_cache', a bool, is not one).
     cache_args = {a for tensors in holding for a in tensors if a and is_cache_argument(a)}
     if not cache_args:
@@ -234,12 +215,10 @@ def _name_groups(groups: list[Group]) -> None:
             continue
         arguments = sorted({a for i in members for a in statuses[i]} - cache_args)
         varying = [
-            a
-            for a in arguments
-            if len({statuses[i].get(a, "missing") == "present" for i in members}) > 1
+            a for a in arguments if len({statuses[i].get(a) == PRESENT for i in members}) > 1
         ]
         for i in members:
-            absent = [a for a in varying if statuses[i].get(a, "missing") != "present"]
+            absent = [a for a in varying if statuses[i].get(a) != PRESENT]
             names[i] = "_".join([base] + [f"no_{a}" for a in absent])
     used: set[str] = set()
     for g, name in zip(groups, names, strict=True):
@@ -258,29 +237,28 @@ def _group(
     weights: np.ndarray[Any, np.dtype[np.int64]],
     set_batch_dimension_for: BatchSpec,
     min_support: int,
+    structure: RecordedStructure | None = None,
 ) -> Group:
-    tensors = [r for r in leaves if r["kind"] == schema.KIND_TENSOR]
+    if structure is None:
+        structure = RecordedStructure.from_rows(leaves)
     axes: list[Axis] = []
-    leaf_of: list[dict[str, Any]] = []
+    leaf_of: list[RecordedLeaf] = []
     columns: list[int] = []
-    for r in tensors:
-        for axis in range(int(r["rank"] or 0)):
-            axes.append(Axis(r["argument"], axis, r["path"]))
+    for r in structure.tensors:
+        for axis in range(r.ndim):
+            axes.append(Axis(r.argument, axis, r.path))
             leaf_of.append(r)
-            columns.append(int(r["dim_offset"]) + axis)
-    forced_leaves = _batch_matcher(set_batch_dimension_for, leaves)
-    forced = [
-        ax.axis == 0 and int(r["leaf"]) in forced_leaves
-        for ax, r in zip(axes, leaf_of, strict=True)
-    ]
+            columns.append(int(r.dim_offset or 0) + axis)
+    forced_leaves = _batch_matcher(set_batch_dimension_for, structure)
+    forced = [ax.axis == 0 and r.leaf in forced_leaves for ax, r in zip(axes, leaf_of, strict=True)]
     sub = matrix[:, columns] if columns else np.zeros((matrix.shape[0], 0), np.int64)
     calls = int(weights.sum())
     found = find_symbols(sub, axes, forced, min_support)
     dims = [
         DimInfo(
-            leaf=int(r["leaf"]),
-            path=r["path"],
-            argument=r["argument"],
+            leaf=r.leaf,
+            path=r.path,
+            argument=r.argument,
             axis=ax.axis,
             dynamic=found.dynamic[j],
             min=found.minimum[j],
@@ -299,6 +277,7 @@ def _group(
         calls=calls,
         signatures=int(matrix.shape[0]),
         leaves=leaves,
+        structure=structure,
         dims=dims,
         relations=found.relations,
         matrix=sub,
@@ -413,7 +392,9 @@ def _build(
             structure_id,
         )
         return None
-    width = sum(int(r["rank"] or 0) for r in leaves if r["kind"] == schema.KIND_TENSOR)
+    # The one reading of the structure's rows: analysis and replay use it from here on.
+    structure = RecordedStructure.from_rows(leaves)
+    width = structure.width
     lengths = np.diff(offsets[start : stop + 1])
     keep = np.flatnonzero(lengths == width)
     if keep.size < stop - start:
@@ -438,6 +419,7 @@ def _build(
         calls[rows].astype(np.int64),
         set_batch_dimension_for,
         min_support,
+        structure,
     )
 
 
@@ -490,7 +472,5 @@ def summary(store: Store, model: str | None = None) -> dict[str, Any]:
         >>> summary(open_store("capture-store"))["calls"]  # doctest: +SKIP
         20
     """
-    from capture.analysis_summary import build_summary
-
     models = store.check_model(model)
     return build_summary(store, models, analyze(store, model))

@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from capture import schema
-from capture.analysis import _argument_status, _signature_order
+from capture.structure import MISSING, NONE, PRESENT
 
 if TYPE_CHECKING:
     from capture.analysis import Group
@@ -61,7 +61,7 @@ def _iso(ts: datetime | None) -> str | None:
 
 
 def _status(group: Group) -> dict[str, str]:
-    return _argument_status(group.leaves)
+    return group.structure.argument_status()
 
 
 def _symbols(group: Group) -> list[dict[str, Any]]:
@@ -95,20 +95,13 @@ def _group_entry(group: Group, model_calls: int) -> dict[str, Any]:
         "share": round(group.calls / model_calls, 6) if model_calls else 0.0,
         "first_ts": _iso(group.first_ts),
         "last_ts": _iso(group.last_ts),
-        "inputs": [a for a, s in status.items() if s == "present"],
-        "absent": [a for a, s in status.items() if s != "present"],
+        "inputs": [a for a, s in status.items() if s == PRESENT],
+        "absent": [a for a, s in status.items() if s != PRESENT],
         "symbols": _symbols(group),
         "relations": [str(r) for r in group.relations],
         # Scalars are part of the structure: groups may differ by one alone (issue 11).
-        "scalars": {
-            str(leaf["path"]): leaf.get("value")
-            for leaf in group.leaves
-            if leaf.get("kind") in _SCALAR_KINDS
-        },
+        "scalars": {leaf.path: leaf.value for leaf in group.structure.leaves if leaf.is_scalar},
     }
-
-
-_SCALAR_KINDS = ("int", "float", "bool", "str")
 
 
 def _optional_inputs(groups: Sequence[Group]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -117,21 +110,21 @@ def _optional_inputs(groups: Sequence[Group]) -> tuple[list[dict[str, Any]], lis
     arguments: list[str] = []
     for st in statuses:
         arguments.extend(a for a in st if a not in arguments)
-    order = _signature_order(groups[0].leaves) if groups else {}
+    order = groups[0].structure.signature_order() if groups else {}
     arguments.sort(key=lambda a: order.get(a, len(order)))
     total = sum(g.calls for g in groups)
     optional, always_absent = [], []
     for argument in arguments:
-        counts = {"present": 0, "missing": 0, "none": 0}
+        counts = {PRESENT: 0, MISSING: 0, NONE: 0}
         absent_in = []
         for g, st in zip(groups, statuses, strict=True):
-            state = st.get(argument, "missing")
+            state = st.get(argument, MISSING)
             counts[state] += g.calls
-            if state != "present":
+            if state != PRESENT:
                 absent_in.append(g.name)
-        if counts["present"] == 0:
+        if counts[PRESENT] == 0:
             always_absent.append(argument)
-        elif counts["present"] < total:
+        elif counts[PRESENT] < total:
             optional.append(
                 {"argument": argument, "calls": total, **counts, "absent_in": absent_in}
             )
@@ -143,17 +136,17 @@ def _drift(groups: Sequence[Group]) -> list[dict[str, Any]]:
     variants: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
     arguments: dict[str, str | None] = {}
     for g in groups:
-        for r in g.leaves:
-            if r["kind"] in _ABSENT:
+        for r in g.structure.leaves:
+            if r.kind in _ABSENT:
                 continue
-            key = (r["kind"], r["dtype"], r["rank"])
-            arguments.setdefault(r["path"], r["argument"])
-            entry = variants.setdefault(r["path"], {}).setdefault(
+            key = (r.kind, r.dtype, r.rank)
+            arguments.setdefault(r.path, r.argument)
+            entry = variants.setdefault(r.path, {}).setdefault(
                 key,
                 {
-                    "kind": r["kind"],
-                    "dtype": r["dtype"],
-                    "rank": r["rank"],
+                    "kind": r.kind,
+                    "dtype": r.dtype,
+                    "rank": r.rank,
                     "calls": 0,
                     "groups": [],
                 },

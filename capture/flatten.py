@@ -42,6 +42,7 @@ from capture.schema import (
     KIND_TENSOR,
     SCHEMA_VERSION,
 )
+from capture.structure import Param  # one definition, shared with the store side
 
 __all__ = [
     "Leaf",
@@ -93,15 +94,6 @@ class Summary:
     """Stands for an argument too large to record leaf by leaf (an opaque leaf of its type)."""
 
     type_name: str
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of the recorded method's signature."""
-
-    name: str
-    kind: str  # inspect.Parameter.kind name: POSITIONAL_OR_KEYWORD, VAR_POSITIONAL, ...
-    has_default: bool
 
 
 def signature_of(fn: Callable[..., Any]) -> tuple[Param, ...]:

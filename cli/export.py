@@ -189,16 +189,16 @@ def submodule(model: Any, name: str) -> Any:
         ) from e
 
 
-def _sub_results(module: Any, store: str, name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Exports the sub-modules recorded under ``<name>.<sub>`` (``Recorder(modules=...)``)."""
+def _sub_results(module: Any, store: str, name: str, options: Any) -> dict[str, Any]:
+    """Exports the sub-modules recorded under ``<name>.<sub>`` (``Recorder(modules=...)``)
+    with the command's options (`replay.options.ExportOptions`)."""
     import capture
-    import replay
+    from replay.exporting import export_with
 
     with capture.open_store(store) as opened:
         subs = [m.removeprefix(f"{name}.") for m in opened.models() if m.startswith(f"{name}.")]
     return {
-        sub: replay.export(submodule(module, sub), store, f"{name}.{sub}", **options)
-        for sub in subs
+        sub: export_with(submodule(module, sub), store, f"{name}.{sub}", options) for sub in subs
     }
 
 
@@ -329,9 +329,13 @@ def export_command(
         require_onnx()
     module = _build_model(target)
 
-    import replay
+    import dataclasses
 
-    options: dict[str, Any] = dict(
+    from replay.exporting import export_with
+    from replay.options import ExportOptions
+
+    # Built once here; sub-modules are exported with the same options, all groups, no ONNX.
+    options = ExportOptions.of(
         set_batch_dimension_for=_batch_option(batch),
         named_dims=named_dims,
         keyword_only=keyword_only,
@@ -339,8 +343,11 @@ def export_command(
     )
     with Progress("export") as progress, stdout_to_stderr():  # progress: only on a terminal
         progress.phase("exporting each call group and checking every recorded signature")
-        result = replay.export(
-            module, store_path(ctx), model, groups=list(groups) or None, onnx=onnx, **options
+        result = export_with(
+            module,
+            store_path(ctx),
+            model,
+            dataclasses.replace(options, groups=tuple(groups) or None, onnx=onnx),
         )
         subs: dict[str, Any] = {}
         if out is not None and onnx is None:

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from capture.structure import as_leaves
 from replay.guards import LEAF_FIELDS, ArtifactError, CallNotServed
 from replay.runner import Runner
 
@@ -100,7 +101,7 @@ def _axes(group: ExportGroup) -> list[dict[str, Any]]:
         }
         for d in group.dims
     ]
-    ranks = sum(int(r.get("rank") or 0) for r in group.leaves if r["kind"] == "tensor")
+    ranks = sum(leaf.ndim for leaf in as_leaves(group.leaves) if leaf.is_tensor)
     if ranks != len(axes):
         raise ArtifactError(
             f"group {group.name}: {len(axes)} analysed dims for {ranks} recorded tensor dims; "
@@ -150,7 +151,7 @@ def _entry(
     types: set[str] = set()
     _pytree_types(program.call_spec.in_spec, types)
     _pytree_types(program.call_spec.out_spec, types)
-    first = group.leaves[0] if group.leaves else {}
+    structure = group.analysis.structure if group.analysis is not None else None
     return {
         "module": module,
         "group": group.name,
@@ -159,9 +160,9 @@ def _entry(
         "structure_id": group.structure_id,
         "calls": group.calls,
         "signatures": group.signatures,
-        "treespec": first.get("treespec"),
-        "signature": first.get("signature"),
-        "n_args": int(first.get("n_args") or 0),
+        "treespec": structure.treespec if structure is not None else None,
+        "signature": structure.signature if structure is not None else None,
+        "n_args": structure.n_args if structure is not None else 0,
         "leaves": [
             {k: r.get(k) for k in ("argument", "position", *LEAF_FIELDS)} for r in group.leaves
         ],

@@ -27,7 +27,6 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from capture.errors import ReplayError
 from replay import shapes
 from replay.select import MIN_DYNAMIC
 
@@ -59,20 +58,13 @@ def with_hints(group: ExportGroup, hinted: Iterable[str] | None, floor: int = 0)
         ... # doctest: +SKIP
         {0: Dim('batch', min=2, max=4), 1: DYNAMIC(min=6, max=23)}
     """
-    if group.analysis is None:
-        raise ReplayError(f"group {group.name} was not built from an analysis")
-    named = hinted is not None
-    specs = shapes.axis_specs(group.analysis, named_dims=named, example=group.example.symbols)
-    by_leaf = shapes.materialize(specs, hinted or (), floor)
-    treespec = group.leaves[0].get("treespec") if group.leaves else None
-    spec_args, spec_kwargs = shapes.spec_tree(treespec, shapes.leaf_specs(group.leaves, by_leaf))
-    spec_kwargs.update(dict.fromkeys(group.added))
-    spec_args_t, spec_kwargs = shapes.arrange(group.form, spec_args, spec_kwargs)
-    return dataclasses.replace(
-        group,
-        dynamic_shapes=shapes.shapes_of(group.form, spec_args_t, spec_kwargs),
-        notes=list(group.notes),
+    options = dataclasses.replace(
+        group.options,
+        named_dims=hinted is not None,
+        hinted=tuple(hinted or ()),
+        floor=floor,
     )
+    return group.reshaped(options)
 
 
 def violated_symbols(error: BaseException, symbols: Iterable[str]) -> list[str]:

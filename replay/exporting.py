@@ -20,7 +20,7 @@ Nothing is printed: the CLI (`cli.export`) renders the result.
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -31,13 +31,15 @@ import pyarrow as pa
 import torch
 import torch.utils._pytree as pytree
 
-from capture import nodes, schema
+from capture import nodes
 from capture.errors import ReplayError
-from capture.flatten import signature_of
-from replay import select, shapes
+from replay import select
+from replay.binding import check_signature
 from replay.bounded import export_bounded, export_unbounded
+from replay.checking import coverage_rows
 from replay.coverage import KIND_PROBE, KIND_RECORDED
-from replay.inputs import ExportGroup, ExportInputs, export_inputs
+from replay.inputs import ExportGroup, ExportInputs, inputs_for
+from replay.options import ExportOptions
 from replay.payloads import DEFAULT_LIMIT, payload_rows
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ExportResult",
     "export",
+    "export_with",
     "check_signature",
     "COVERAGE_SCHEMA",
     "require_onnx",
@@ -146,70 +149,6 @@ def require_onnx() -> None:
         )
 
 
-def _recorded_keywords(group: ExportGroup) -> tuple[int, list[str], list[str]]:
-    """(positional count, keyword names, positional names) of the group's recorded calls."""
-    n_args = int(group.leaves[0].get("n_args") or 0) if group.leaves else 0
-    keywords: list[str] = []
-    positional = [""] * n_args
-    for row in group.leaves:
-        if row["kind"] == schema.KIND_MISSING:
-            continue
-        if row.get("position") is not None and int(row["position"]) < n_args:
-            positional[int(row["position"])] = str(row["argument"])
-        elif str(row["path"]).startswith("kwargs[") and row["argument"] not in keywords:
-            keywords.append(str(row["argument"]))
-    return n_args, keywords, positional
-
-
-def check_signature(model: Any, groups: Iterable[ExportGroup]) -> None:
-    """Checks that ``model.forward`` still accepts the recorded calls, the same way.
-
-    Args:
-        model: The model to export.
-        groups: The groups of its recordings.
-
-    Raises:
-        ReplayError: A recorded call no longer binds, a positional argument now lands in a
-            differently named parameter, or a recorded parameter is gone; the message names it.
-
-    Example:
-        >>> check_signature(model, export_inputs("capture-store").groups)  # doctest: +SKIP
-    """
-    forward = getattr(model, "forward", model)
-    current = signature_of(forward)
-    names = [p.name for p in current if p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
-    plain = {p.name for p in current if p.kind not in ("VAR_POSITIONAL", "VAR_KEYWORD")}
-    for group in groups:
-        recorded = shapes.parse_params(group.leaves[0].get("signature") if group.leaves else None)
-        if [(p.name, p.kind) for p in recorded] == [(p.name, p.kind) for p in current]:
-            continue
-        recorded_plain = {
-            p.name for p in recorded if p.kind not in ("VAR_POSITIONAL", "VAR_KEYWORD")
-        }
-        n_args, keywords, positional = _recorded_keywords(group)
-        where = f"group {group.name} of model {group.model}"
-        for i, name in enumerate(positional):
-            now = names[i] if i < len(names) else None
-            if name in recorded_plain and now != name:
-                raise ReplayError(
-                    f"model.forward no longer matches the recordings: args[{i}] was recorded as "
-                    f"parameter {name!r}, forward now names it {now!r} ({where})"
-                )
-        for name in keywords:
-            if name in recorded_plain and name not in plain:
-                raise ReplayError(
-                    f"model.forward no longer matches the recordings: parameter {name!r} "
-                    f"is gone ({where} passes it)"
-                )
-        try:
-            inspect.signature(forward).bind(*([None] * n_args), **dict.fromkeys(keywords))
-        except TypeError as e:
-            raise ReplayError(
-                f"model.forward no longer matches the recordings: {e} ({where} passes "
-                f"{n_args} positional argument(s) and {', '.join(keywords) or 'no keyword'})"
-            ) from e
-
-
 def _fix_guard_sources(ep: ExportedProgram) -> None:
     """Makes ``ep.module()`` runnable when an input is reached through a custom key.
 
@@ -246,86 +185,6 @@ def _fix_guard_sources(ep: ExportedProgram) -> None:
         ep._guards_code = fixed
 
 
-def _tensors(value: Any) -> list[Any]:
-    with nodes.register_flattening_functions():
-        return list(pytree.tree_leaves(value))
-
-
-def _compare(expected: Any, got: Any, atol: float, rtol: float) -> tuple[float, str | None]:
-    """(max abs diff, error or None) between eager and program outputs."""
-    left, right = _tensors(expected), _tensors(got)
-    left_t = [v for v in left if isinstance(v, torch.Tensor)]
-    right_t = [v for v in right if isinstance(v, torch.Tensor)]
-    if len(left_t) != len(right_t):
-        return float("nan"), (f"the program returns {len(right_t)} tensors, eager {len(left_t)}")
-    worst, bad = 0.0, None
-    for i, (a, b) in enumerate(zip(left_t, right_t, strict=True)):
-        if tuple(a.shape) != tuple(b.shape):
-            return float("nan"), (
-                f"output {i}: shape {tuple(b.shape)} from the program, {tuple(a.shape)} eager"
-            )
-        if a.numel() == 0:
-            continue
-        x, y = a.detach().cpu().double(), b.detach().cpu().double()
-        both_nan = torch.isnan(x) & torch.isnan(y)
-        diff = torch.where(both_nan, torch.zeros_like(x), (x - y).abs())
-        diff = torch.nan_to_num(diff, nan=float("inf"))
-        m = float(diff.max())
-        worst = max(worst, m)
-        limit = atol + rtol * float(torch.nan_to_num(x.abs(), nan=0.0).max())
-        if m > limit and bad is None:
-            bad = f"output {i} differs by {m:.3g} (tolerance {limit:.3g})"
-    return worst, bad
-
-
-def _coverage_rows(
-    model: Any,
-    group: ExportGroup,
-    program: ExportedProgram | None,
-    error: str | None,
-    atol: float,
-    rtol: float,
-    probes: int,
-) -> list[dict[str, Any]]:
-    rows = []
-    runnable = program.module() if program is not None else None
-    checks = [(sizes, calls, KIND_RECORDED) for sizes, calls in group.recorded()]
-    if group.analysis is not None:
-        checks += [(sizes, 0, KIND_PROBE) for sizes in select.probes(group.analysis, probes)]
-    for sizes, calls, kind in checks:
-        row: dict[str, Any] = {
-            "group": group.name,
-            "kind": kind,
-            "signature": shapes.describe_sizes(group.leaves, sizes),
-            "calls": calls,
-            "covered": False,
-            "max_abs_diff": None,
-            "error": error,
-        }
-        if runnable is not None:
-            row.update(_check_one(model, group, runnable, sizes, atol, rtol))
-        rows.append(row)
-    return rows
-
-
-def _check_one(
-    model: Any, group: ExportGroup, runnable: Any, sizes: tuple[int, ...], atol: float, rtol: float
-) -> dict[str, Any]:
-    with torch.no_grad():
-        try:
-            args, kwargs = group.recorded_call(sizes)
-            expected = model(*args, **kwargs)
-        except Exception as e:  # the eager model itself fails on these inputs: report it
-            return {"error": f"eager forward failed: {type(e).__name__}: {_first_line(e)}"}
-        try:
-            args, kwargs = group.program_call(sizes)
-            got = runnable(*args, **kwargs)
-        except Exception as e:  # the program rejects these sizes (a guard): not covered
-            return {"error": f"program failed: {type(e).__name__}: {_first_line(e)}"}
-    diff, bad = _compare(expected, got, atol, rtol)
-    return {"covered": bad is None, "max_abs_diff": diff, "error": bad}
-
-
 def _export_group(
     model: Any, group: ExportGroup, strict: bool
 ) -> tuple[ExportedProgram | None, BaseException | None]:
@@ -356,11 +215,6 @@ def _summary(e: BaseException) -> str:
     text = f"{type(e).__name__}: {first}".rstrip(": ")
     detail = next((line for line in lines[1:] if line.startswith("- ")), None)
     return f"{text} {detail}" if detail else text
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def output_path(path: str, group: str, several: bool) -> str:
@@ -466,15 +320,12 @@ def export(
         >>> result.complete, result.coverage.column("covered").to_pylist()  # doctest: +SKIP
         (True, [True, True, True])
     """
-    if onnx is not None:
-        require_onnx()
-    if device is None and isinstance(module, torch.nn.Module):
-        first = next(iter(module.parameters()), None)
-        device = str(first.device) if first is not None else None
-    inputs = export_inputs(
-        store,
-        model,
+    options = ExportOptions.of(
         groups=groups,
+        onnx=os.fspath(onnx) if onnx is not None else None,
+        strict=strict,
+        atol=atol,
+        rtol=rtol,
         set_batch_dimension_for=set_batch_dimension_for,
         named_dims=named_dims,
         keyword_only=keyword_only,
@@ -482,9 +333,37 @@ def export(
         fill_missing=fill_missing,
         seed=seed,
         device=device,
-        module=module,
+        probes=probes,
+        max_payloads=max_payloads,
     )
+    return export_with(module, store, model, options)
+
+
+def export_with(module: Any, store: Any, model: str | None, options: ExportOptions) -> ExportResult:
+    """`export` with its options already built (``capture export`` builds them itself).
+
+    Args:
+        module: The model whose calls were recorded.
+        store: A store path (or URI) or an open `capture.Store`.
+        model: Its name in the store; default: the only model, or the module's class name.
+        options: The replay's options.
+
+    Returns:
+        An `ExportResult`.
+
+    Raises:
+        StoreNotFound, EmptyStore, UnknownModel: The store or model cannot be found.
+        ReplayError: See `export`.
+    """
+    if options.onnx is not None:
+        require_onnx()
+    if options.device is None and isinstance(module, torch.nn.Module):
+        first = next(iter(module.parameters()), None)
+        if first is not None:
+            options = dataclasses.replace(options, device=str(first.device))
+    inputs = inputs_for(store, model, options, module=module)
     check_signature(module, inputs.groups)
+    atol, rtol = options.atol, options.rtol
     programs: dict[str, ExportedProgram] = {}
     errors: dict[str, str] = {}
     notes: list[str] = []
@@ -496,23 +375,12 @@ def export(
         if unsupported is not None:
             # Issue 9: cache state we cannot rebuild exactly is never called covered.
             errors[group.name] = f"cache state not reproducible: {unsupported}"
-            rows.extend(_coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
+            rows.extend(coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
             continue
-        program, error = _export_group(module, group, strict)
-        if named_dims and error is not None and _is_constraint(error) and group.analysis:
-            # torch.export could not prove a guard within the named ranges (e.g. the
-            # Min(...) stride guard of repeat_kv's reshape on torch 2.13): bounded hints keep
-            # the recorded ranges and let torch check the guard at run time.
-            group, program, error = export_bounded(
-                group, error, lambda g: _export_group(module, g, strict), _summary
-            )
-            inputs.groups[index] = group
-        if named_dims and error is not None and _is_constraint(error) and group.analysis:
-            # No bounded form was accepted: reported as not honoured, never silently.
-            group, program, error, not_honoured[group.name] = export_unbounded(
-                group, error, lambda g: _export_group(module, g, strict), _summary
-            )
-            inputs.groups[index] = group
+        group, program, error, why = _export_checked(module, group, options)
+        inputs.groups[index] = group
+        if why is not None:
+            not_honoured[group.name] = why
         notes.extend(f"{group.name}: {note}" for note in group.notes)
         if error is not None:
             errors[group.name] = f"torch.export failed: {_summary(error)}"
@@ -521,7 +389,9 @@ def export(
             programs[group.name] = program
         with nodes.register_flattening_functions():
             rows.extend(
-                _coverage_rows(module, group, program, errors.get(group.name), atol, rtol, probes)
+                coverage_rows(
+                    module, group, program, errors.get(group.name), atol, rtol, options.probes
+                )
             )
     found, payload_notes = payload_rows(
         module,
@@ -531,13 +401,13 @@ def export(
         errors,
         atol=atol,
         rtol=rtol,
-        limit=max_payloads,
-        device=device,
+        limit=options.max_payloads,
+        device=options.device,
     )
     rows.extend(found)
     notes.extend(payload_notes)
-    if onnx is not None:
-        onnx_files = _write_onnx(inputs, programs, os.fspath(onnx))
+    if options.onnx is not None:
+        onnx_files = _write_onnx(inputs, programs, options.onnx)
     coverage = pa.Table.from_pylist(rows, schema=COVERAGE_SCHEMA)
     complete = bool(rows) and all(r["covered"] for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
@@ -552,3 +422,27 @@ def export(
         not_honoured=not_honoured,
         source=source,
     )
+
+
+def _export_checked(
+    module: Any, group: ExportGroup, options: ExportOptions
+) -> tuple[ExportGroup, ExportedProgram | None, BaseException | None, str | None]:
+    """Exports one group; with named dims, retries through `replay.bounded` when torch.export
+    rejects them. Returns ``(group exported, program, error, why named dims are not honoured)``.
+    """
+
+    def attempt(g: ExportGroup) -> tuple[ExportedProgram | None, BaseException | None]:
+        return _export_group(module, g, options.strict)
+
+    program, error = attempt(group)
+    retry = options.named_dims and group.analysis is not None
+    if retry and error is not None and _is_constraint(error):
+        # torch.export could not prove a guard within the named ranges (e.g. the
+        # Min(...) stride guard of repeat_kv's reshape on torch 2.13): bounded hints keep
+        # the recorded ranges and let torch check the guard at run time.
+        group, program, error = export_bounded(group, error, attempt, _summary)
+    if retry and error is not None and _is_constraint(error):
+        # No bounded form was accepted: reported as not honoured, never silently.
+        group, program, error, why = export_unbounded(group, error, attempt, _summary)
+        return group, program, error, why
+    return group, program, error, None

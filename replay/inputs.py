@@ -29,10 +29,8 @@ How arguments that are not plain tensors are handled (each group's ``notes`` say
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,152 +39,23 @@ from capture import nodes, schema
 from capture.errors import ReplayError
 from replay import rebuild as rb
 from replay import select, shapes
+from replay.exportgroup import ExportGroup, ExportInputs
+from replay.groupshapes import group_shapes
+from replay.options import ExportOptions
 
 if TYPE_CHECKING:
-    from capture.analysis import DimInfo, Group, Relation
+    from capture.analysis import Group
     from capture.store import Store
+    from capture.structure import RecordedLeaf
 
-__all__ = ["ExportGroup", "ExportInputs", "export_inputs", "resolve_model", "build_group"]
-
-
-@dataclass
-class ExportGroup:
-    """Export arguments and dynamic shapes of one call group.
-
-    Attributes:
-        name: The group's name (``decode``, ``prefill``, ``g0``).
-        model: The model name in the store.
-        structure_id: The input structure shared by the group's calls.
-        calls: Recorded calls the group stands for.
-        signatures: Distinct recorded size vectors in the group.
-        args: Example positional arguments.
-        kwargs: Example keyword arguments.
-        dynamic_shapes: The matching ``dynamic_shapes`` for torch.export.
-        notes: How the example and the arguments were chosen (module docstring).
-        dims: The analysis' per-axis dims of the group.
-        relations: The analysis' relations of the group.
-        example: The sizes the example was built from.
-        form: How the program is called (positional, keywords, ``**kwargs`` entries).
-        analysis: The `capture.analysis.Group` it was built from.
-    """
-
-    name: str
-    model: str
-    structure_id: str
-    calls: int
-    signatures: int
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    dynamic_shapes: Any
-    notes: list[str]
-    dims: list[DimInfo]
-    relations: list[Relation]
-    example: select.Representative
-    form: shapes.CallForm
-    analysis: Group | None = field(repr=False, default=None)
-    leaves: list[dict[str, Any]] = field(repr=False, default_factory=list)
-    added: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
-    ranges: dict[tuple[int, ...], select.Ranges] = field(repr=False, default_factory=dict)
-    seed: int = rb.DEFAULT_SEED
-    device: str | None = None
-
-    def module(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module to export: `model`, or a wrapper naming its ``**kwargs`` entries.
-
-        Example:
-            >>> ep = torch.export.export(group.module(model), group.args, group.kwargs,
-            ...                          dynamic_shapes=group.dynamic_shapes)  # doctest: +SKIP
-        """
-        if not self.form.extra:
-            return model
-        return _named_call(model, self.form)
-
-    def recorded(self) -> list[tuple[tuple[int, ...], int]]:
-        """The distinct recorded size vectors of the group with their calls, most calls first."""
-        if self.analysis is None:
-            raise ReplayError(f"group {self.name} was not built from an analysis")
-        return select.signatures(self.analysis)
-
-    def recorded_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Fresh ``(args, kwargs)`` of one recorded signature, as the recorded calls passed them.
-
-        A size vector that was never recorded (a probe) takes the integer value ranges of the
-        closest recorded signature (`replay.select.nearest_ranges`).
-        """
-        sizes = tuple(int(s) for s in sizes)
-        return rb.rebuild(
-            self.leaves,
-            self.leaves[0].get("treespec") if self.leaves else None,
-            sizes,
-            select.nearest_ranges(self.ranges, sizes),
-            seed=self.seed,
-            device=self.device,
-        )
-
-    def program_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Fresh ``(args, kwargs)`` of one signature (recorded or probe), in the program's call
-        form."""
-        args, kwargs = self.recorded_call(sizes)
-        kwargs.update({k: v.clone() for k, v in self.added.items()})
-        return shapes.arrange(self.form, args, kwargs)
-
-
-@dataclass
-class ExportInputs:
-    """What `export_inputs` returns: one `ExportGroup` per call group, largest first.
-
-    ``args``, ``kwargs`` and ``dynamic_shapes`` are those of the largest group.
-    """
-
-    model: str
-    groups: list[ExportGroup]
-    analysed: list[Group] = field(repr=False, default_factory=list)
-    """Every analysed call group of the model (also those left out by ``groups=``)."""
-
-    @property
-    def args(self) -> tuple[Any, ...]:
-        """Example positional arguments of the largest group."""
-        return self.groups[0].args
-
-    @property
-    def kwargs(self) -> dict[str, Any]:
-        """Example keyword arguments of the largest group."""
-        return self.groups[0].kwargs
-
-    @property
-    def dynamic_shapes(self) -> Any:
-        """``dynamic_shapes`` of the largest group."""
-        return self.groups[0].dynamic_shapes
-
-    def group(self, name: str) -> ExportGroup:
-        """The group called `name`."""
-        for g in self.groups:
-            if g.name == name:
-                return g
-        known = ", ".join(g.name for g in self.groups)
-        raise ReplayError(f"no group {name!r} for model {self.model} (groups: {known})")
-
-
-def _named_call(model: torch.nn.Module, form: shapes.CallForm) -> torch.nn.Module:
-    """A module calling `model` as the group's calls did, whose forward names every entry."""
-    names = list(form.positional) + list(form.keywords)
-    bad = [n for n in names if not n.isidentifier()]
-    if bad:
-        raise ReplayError(f"cannot name the entries {', '.join(bad)} in a wrapper signature")
-    positional, keywords = list(form.positional), list(form.keywords)
-
-    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        values = dict(zip(names, args, strict=False))
-        values.update(kwargs)
-        return self.model(*(values[n] for n in positional), **{n: values[n] for n in keywords})
-
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [inspect.Parameter(n, kind) for n in ["self", *names]]
-    forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    cls = type(f"{type(model).__name__}Call", (torch.nn.Module,), {"forward": forward})
-    wrapper: torch.nn.Module = cls()
-    wrapper.model = model
-    return wrapper
+__all__ = [
+    "ExportGroup",
+    "ExportInputs",
+    "export_inputs",
+    "inputs_for",
+    "resolve_model",
+    "build_group",
+]
 
 
 def resolve_model(store: Store, name: str | None, module: Any = None) -> str:
@@ -237,7 +106,7 @@ def _missing_substitutes(
     notes: list[str],
 ) -> dict[str, torch.Tensor]:
     """Empty tensors for the missing optionals a group's program takes (``fill_missing``)."""
-    missing = [r["argument"] for r in group.leaves if r["kind"] == schema.KIND_MISSING]
+    missing = [leaf.argument for leaf in group.structure.leaves if leaf.is_missing]
     unused = sorted(set(value_if_missing) & set(missing))
     if not fill_missing:
         if unused:
@@ -249,25 +118,27 @@ def _missing_substitutes(
         return {}
     added: dict[str, torch.Tensor] = {}
     for name in missing:
+        if name is None:
+            continue
         if name in value_if_missing:
             added[name] = value_if_missing[name].detach().clone()
             continue
         seen = [
-            (r, g)
+            (leaf, g)
             for g in groups
-            for r in g.leaves
-            if r["argument"] == name and r["kind"] != schema.KIND_MISSING
+            for leaf in g.structure.leaves
+            if leaf.argument == name and not leaf.is_missing
         ]
-        tensors = [(r, g) for r, g in seen if r["kind"] == schema.KIND_TENSOR]
+        tensors = [(leaf, g) for leaf, g in seen if leaf.is_tensor]
         if not tensors:
             continue
-        row, other = tensors[0]
-        if row["path"] != f"kwargs['{name}']" or len({r["path"] for r, _ in seen}) != 1:
+        leaf, other = tensors[0]
+        if leaf.path != f"kwargs['{name}']" or len({r.path for r, _ in seen}) != 1:
             notes.append(f"{name}: a structured argument, not filled in (fill_missing)")
             continue
-        lows = {d.axis: d.min for d in other.dims if d.leaf == row["leaf"]}
-        shape = [0] + [lows[a] for a in range(1, int(row["rank"] or 0))]
-        added[name] = torch.zeros(shape, dtype=rb.dtype_of(str(row["dtype"])))
+        lows = {d.axis: d.min for d in other.dims if d.leaf == leaf.leaf}
+        shape = [0] + [lows[a] for a in range(1, leaf.ndim)]
+        added[name] = torch.zeros(shape, dtype=rb.dtype_of(str(leaf.dtype)))
     if added:
         text = ", ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in added.items())
         notes.append(f"missing optionals given as static empty tensors (fill_missing): {text}")
@@ -278,20 +149,16 @@ def _calls(n: int) -> str:
     return f" ({n} call{'' if n == 1 else 's'})"
 
 
-def _short(row: dict[str, Any]) -> str:
+def _short(leaf: RecordedLeaf) -> str:
     """'use_cache' for kwargs['use_cache'], else the path."""
-    argument = row.get("argument")
-    if argument and row["path"] in (f"kwargs['{argument}']", f"args[{row.get('position')}]"):
-        return str(argument)
-    return str(row["path"])
+    argument = leaf.argument
+    if argument and leaf.path in (f"kwargs['{argument}']", f"args[{leaf.position}]"):
+        return argument
+    return leaf.path
 
 
-def _constants_note(leaves: list[dict[str, Any]]) -> str | None:
-    scalars = [
-        f"{_short(r)}={r['value']}"
-        for r in leaves
-        if r["kind"] in (schema.KIND_INT, schema.KIND_FLOAT, schema.KIND_BOOL, schema.KIND_STR)
-    ]
+def _constants_note(group: Group) -> str | None:
+    scalars = [f"{_short(leaf)}={leaf.value}" for leaf in group.structure.leaves if leaf.is_scalar]
     if not scalars:
         return None
     return (
@@ -300,17 +167,28 @@ def _constants_note(leaves: list[dict[str, Any]]) -> str | None:
     )
 
 
+def _example_note(group: Group, example: select.Representative) -> str:
+    leaves = group.structure.leaves
+    if example.synthesized:
+        return (
+            "example synthesized (no recorded signature has every dynamic dim >= 2): "
+            + ", ".join(example.raised)
+            + "; "
+            + shapes.describe_sizes(leaves, example.sizes)
+        )
+    return (
+        "example: the recorded signature "
+        + shapes.describe_sizes(leaves, example.sizes)
+        + _calls(int(group.weights[example.row]) if group.weights is not None else 0)
+    )
+
+
 def build_group(
     group: Group,
     groups: list[Group],
     ranges: dict[tuple[int, ...], select.Ranges],
-    *,
-    named_dims: bool = False,
-    keyword_only: bool = False,
-    value_if_missing: Mapping[str, torch.Tensor] | None = None,
-    fill_missing: bool = False,
-    seed: int = rb.DEFAULT_SEED,
-    device: str | None = None,
+    options: ExportOptions | None = None,
+    **kwargs: Any,
 ) -> ExportGroup:
     """The `ExportGroup` of one analysed call group.
 
@@ -318,12 +196,9 @@ def build_group(
         group: The call group (`capture.analysis.analyze`).
         groups: Every call group of the model (``fill_missing`` looks for recorded shapes there).
         ranges: The group's integer value ranges per signature (`replay.select.value_ranges`).
-        named_dims: See `export_inputs`.
-        keyword_only: See `export_inputs`.
-        value_if_missing: See `export_inputs`.
-        fill_missing: See `export_inputs`.
-        seed: See `export_inputs`.
-        device: See `export_inputs`.
+        options: The replay's options (``named_dims``, ``keyword_only``, ``value_if_missing``,
+            ``fill_missing``, ``seed``, ``device``; see `export_inputs`).
+        **kwargs: Options given one by one instead (`ExportOptions.of`), without `options`.
 
     Returns:
         An `ExportGroup`.
@@ -337,52 +212,53 @@ def build_group(
         ... # doctest: +SKIP
         ({0: Dim.DYNAMIC, 1: Dim.DYNAMIC}, {0: Dim.DYNAMIC, 1: Dim.DYNAMIC})
     """
-    leaves = list(group.leaves)
-    treespec = leaves[0].get("treespec") if leaves else None
-    params = shapes.parse_params(leaves[0].get("signature") if leaves else None)
+    if options is None:
+        options = ExportOptions.of(**kwargs)
+    elif kwargs:
+        raise TypeError("build_group takes options or keyword options, not both")
+    structure = group.structure
+    structure.checked_params()  # a malformed stored signature fails before any work
     example = select.representative(group)
-    notes = []
-    if example.synthesized:
-        notes.append(
-            "example synthesized (no recorded signature has every dynamic dim >= 2): "
-            + ", ".join(example.raised)
-            + "; "
-            + shapes.describe_sizes(leaves, example.sizes)
-        )
-    else:
-        notes.append(
-            "example: the recorded signature "
-            + shapes.describe_sizes(leaves, example.sizes)
-            + _calls(int(group.weights[example.row]) if group.weights is not None else 0)
-        )
-    specs = shapes.axis_specs(group, named_dims=named_dims, example=example.symbols)
-    notes.extend(specs.notes)
-    by_leaf = shapes.materialize(specs)
-    spec_args, spec_kwargs = shapes.spec_tree(treespec, shapes.leaf_specs(leaves, by_leaf))
+    notes = [_example_note(group, example)]
     base = group.matrix[example.row] if group.matrix is not None else None
     rep_ranges = ranges.get(tuple(int(v) for v in base)) if base is not None else None
+    leaves = list(group.leaves)
     unsupported = nodes.unsupported_reason(leaves)
     try:
-        args, kwargs = rb.rebuild(
-            leaves, treespec, example.sizes, rep_ranges, seed=seed, device=device
+        args, kwargs_ = rb.rebuild(
+            leaves,
+            structure.treespec,
+            example.sizes,
+            rep_ranges,
+            seed=options.seed,
+            device=options.device,
         )
     except ReplayError:
         if unsupported is None:
             raise
         # Cache state we cannot rebuild (issue 9): no example, and `replay.export` reports
         # every signature of the group not covered with the reason instead of failing.
-        args, kwargs = (), {}
+        args, kwargs_ = (), {}
         notes.append(f"cache state not reproducible: {unsupported}; no example arguments")
-    added = _missing_substitutes(group, groups, value_if_missing or {}, fill_missing, notes)
-    form = shapes.call_form(len(args), [*kwargs, *added], params, keyword_only=keyword_only)
-    kwargs.update(added)
-    spec_kwargs.update(dict.fromkeys(added))
-    args, kwargs = shapes.arrange(form, args, kwargs)
-    spec_args_t, spec_kwargs = shapes.arrange(form, spec_args, spec_kwargs)
-    dynamic_shapes = shapes.shapes_of(form, spec_args_t, spec_kwargs)
-    if keyword_only and spec_args:
+    added = _missing_substitutes(
+        group, groups, options.value_if_missing, options.fill_missing, notes
+    )
+    shaped = group_shapes(
+        group,
+        options,
+        example.symbols,
+        lambda specs: shapes.materialize(specs, options.hinted, options.floor),
+        added=list(added),
+        call=(len(args), list(kwargs_)),
+    )
+    # The specs' notes come right after the example's, as they always have.
+    notes[1:1] = shaped.specs.notes
+    form = shaped.form
+    kwargs_.update(added)
+    args, kwargs_ = shapes.arrange(form, args, kwargs_)
+    if options.keyword_only and shaped.positional:
         notes.append("positional arguments moved to keyword arguments (keyword_only)")
-    constants = _constants_note(leaves)
+    constants = _constants_note(group)
     if constants:
         notes.append(constants)
     if form.extra:
@@ -390,10 +266,9 @@ def build_group(
             f"passed through **kwargs: {', '.join(form.extra)}; exported from group.module(model), "
             "a wrapper naming them (torch.export cannot match dynamic_shapes to **kwargs entries)"
         )
-    absent = [r["argument"] for r in leaves if r["kind"] == schema.KIND_MISSING]
-    absent = [a for a in absent if a not in added]
+    absent = [a for a in structure.arguments_of([schema.KIND_MISSING]) if a not in added]
     if absent:
-        notes.append(f"not passed (missing in the recorded calls): {', '.join(absent)}")
+        notes.append(f"not passed (missing in the recorded calls): {', '.join(map(str, absent))}")
     return ExportGroup(
         name=group.name,
         model=group.model,
@@ -401,8 +276,8 @@ def build_group(
         calls=group.calls,
         signatures=group.signatures,
         args=args,
-        kwargs=kwargs,
-        dynamic_shapes=dynamic_shapes,
+        kwargs=kwargs_,
+        dynamic_shapes=shaped.dynamic_shapes,
         notes=notes,
         dims=list(group.dims),
         relations=list(group.relations),
@@ -412,8 +287,9 @@ def build_group(
         leaves=leaves,
         added=added,
         ranges=ranges,
-        seed=seed,
-        device=device,
+        seed=options.seed,
+        device=options.device,
+        options=options,
     )
 
 
@@ -461,24 +337,55 @@ def export_inputs(
         >>> inputs.dynamic_shapes  # doctest: +SKIP
         ({0: Dim.DYNAMIC, 1: Dim.DYNAMIC}, {0: Dim.DYNAMIC, 1: Dim.DYNAMIC})
     """
+    options = ExportOptions.of(
+        set_batch_dimension_for=set_batch_dimension_for,
+        named_dims=named_dims,
+        keyword_only=keyword_only,
+        value_if_missing=value_if_missing,
+        fill_missing=fill_missing,
+        seed=seed,
+        device=device,
+        groups=groups,
+    )
+    return inputs_for(store, model, options, module=module)
+
+
+def inputs_for(
+    store: Any, model: str | None, options: ExportOptions, *, module: Any = None
+) -> ExportInputs:
+    """`export_inputs` with its options already built (the pipeline behind the API).
+
+    Args:
+        store: A store path (or URI) or an open `capture.Store`.
+        model: The model name in the store; optional when it holds one model.
+        options: The replay's options.
+        module: The model object, used only to pick the store model by class name.
+
+    Returns:
+        An `ExportInputs`.
+
+    Raises:
+        StoreNotFound, EmptyStore, UnknownModel: The store or the model cannot be found.
+        ReplayError: The recordings cannot be turned into arguments (the message says why).
+    """
     from capture.analysis import analyze
 
     opened, owned = _open(store)
     try:
         name = resolve_model(opened, model, module)
-        analysed = analyze(opened, name, set_batch_dimension_for=set_batch_dimension_for)
+        analysed = analyze(opened, name, set_batch_dimension_for=options.set_batch_dimension_for)
         if not analysed:
             raise ReplayError(f"model {name} has no analysable recorded call in {opened.path}")
-        arguments = {r["argument"] for g in analysed for r in g.leaves}
-        unknown_missing = sorted(set(value_if_missing or {}) - arguments)
+        arguments = {leaf.argument for g in analysed for leaf in g.structure.leaves}
+        unknown_missing = sorted(set(options.value_if_missing) - arguments)
         if unknown_missing:
             raise ReplayError(
                 f"value_if_missing names {', '.join(unknown_missing)}, which no recorded call of "
                 f"{name} has (arguments: {', '.join(sorted(a for a in arguments if a))})"
             )
         selected = analysed
-        if groups is not None:
-            wanted = list(groups)
+        if options.groups is not None:
+            wanted = list(options.groups)
             known = [g.name for g in analysed]
             unknown = [g for g in wanted if g not in known]
             if unknown:
@@ -487,21 +394,10 @@ def export_inputs(
                     f"(groups: {', '.join(known)})"
                 )
             selected = [g for g in analysed if g.name in wanted]
-        out = []
-        for group in selected:
-            out.append(
-                build_group(
-                    group,
-                    analysed,
-                    select.value_ranges(opened, group),
-                    named_dims=named_dims,
-                    keyword_only=keyword_only,
-                    value_if_missing=value_if_missing,
-                    fill_missing=fill_missing,
-                    seed=seed,
-                    device=device,
-                )
-            )
+        out = [
+            build_group(group, analysed, select.value_ranges(opened, group), options)
+            for group in selected
+        ]
         return ExportInputs(name, out, analysed)
     finally:
         if owned:

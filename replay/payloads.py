@@ -35,7 +35,9 @@ from capture.flatten import dtype_name
 from capture.payloads import Payload, iter_payloads, list_payloads
 from replay import rebuild as rb
 from replay import shapes
+from replay.checking import compare_outputs, first_line
 from replay.coverage import KIND_PAYLOAD
+from replay.options import DEFAULT_MAX_PAYLOADS
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -46,7 +48,7 @@ __all__ = ["payload_rows", "real_call", "DEFAULT_LIMIT"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LIMIT = 64
+DEFAULT_LIMIT = DEFAULT_MAX_PAYLOADS
 """Sampled calls checked by `replay.export` (the newest ones); the check stays bounded."""
 
 
@@ -125,8 +127,6 @@ def _check(
     atol: float,
     rtol: float,
 ) -> dict[str, Any]:
-    from replay.exporting import _compare, _first_line
-
     with torch.no_grad():
         try:
             args, kwargs = real_call(group.leaves, payload, device)
@@ -134,22 +134,22 @@ def _check(
         except ReplayError as e:
             return {"error": str(e)}
         except Exception as e:  # eager fails on the real call: reported
-            return {"error": f"eager forward failed: {type(e).__name__}: {_first_line(e)}"}
+            return {"error": f"eager forward failed: {type(e).__name__}: {first_line(e)}"}
         try:
             args, kwargs = real_call(group.leaves, payload, device)
             kwargs.update({k: v.clone() for k, v in group.added.items()})
             args, kwargs = shapes.arrange(group.form, args, kwargs)
             got = runnable(*args, **kwargs)
         except Exception as e:  # the program rejects the real call (a guard): not covered
-            return {"error": f"program failed: {type(e).__name__}: {_first_line(e)}"}
-    diff, bad = _compare(expected, got, atol, rtol)
+            return {"error": f"program failed: {type(e).__name__}: {first_line(e)}"}
+    diff, bad = compare_outputs(expected, got, atol, rtol)
     if bad is not None:
         return {"max_abs_diff": diff, "error": f"program vs eager on the real call: {bad}"}
     recorded = payload.outputs()
     if recorded is not None:
-        rdiff, rbad = _compare(recorded, got, atol, rtol)
+        rdiff, rbad = compare_outputs(recorded, got, atol, rtol)
         if rbad is not None:
-            ediff, _ = _compare(recorded, expected, atol, rtol)
+            ediff, _ = compare_outputs(recorded, expected, atol, rtol)
             return {
                 "max_abs_diff": max(diff, rdiff),
                 "error": f"program vs the output production returned: {rbad} (eager on the "

@@ -37,6 +37,7 @@ from capture.errors import ReplayError
 from capture.treespec import UnsafeTreespec, to_treespec
 from capture.treespec import parse as parse_treespec
 from replay import patterns
+from replay.options import DEFAULT_SEED
 
 __all__ = [
     "DEFAULT_SEED",
@@ -48,9 +49,6 @@ __all__ = [
     "scalar",
     "unflatten",
 ]
-
-DEFAULT_SEED = 0
-"""Seed of the generator the example tensors are drawn from."""
 
 _MASK = re.compile(r"mask", re.IGNORECASE)
 _INT64_MAX = 2**63 - 1

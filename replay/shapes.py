@@ -30,12 +30,12 @@ What it decides, for one call group (`capture.analysis.Group`):
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import ReplayError
+from capture.structure import Param, RecordedLeaf, as_leaves, parse_params
 from capture.treespec import Node, UnsafeTreespec
 from capture.treespec import parse as parse_treespec
 
@@ -182,12 +182,14 @@ def _build(node: Node, leaves: Iterator[Any]) -> Any:
     return children
 
 
-def spec_tree(treespec: str | None, leaves: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+def spec_tree(
+    treespec: str | Node | None, leaves: Sequence[Any]
+) -> tuple[list[Any], dict[str, Any]]:
     """Builds the ``(args, kwargs)`` structure of a recorded treespec with `leaves` at its leaves.
 
     Args:
         treespec: The stored JSON treespec (``torch.utils._pytree.treespec_dumps`` format) of
-            ``(args, kwargs)``.
+            ``(args, kwargs)``, or it already parsed (`capture.structure.RecordedStructure.tree`).
         leaves: One value per treespec leaf, in order (missing arguments have none).
 
     Returns:
@@ -198,6 +200,7 @@ def spec_tree(treespec: str | None, leaves: Sequence[Any]) -> tuple[list[Any], d
             ``len(leaves)`` leaves.
 
     Example:
+        >>> import json
         >>> spec = json.dumps([1, {"type": "builtins.tuple", "context": "null", "children_spec": [
         ...     {"type": "builtins.tuple", "context": "null", "children_spec": [
         ...         {"type": None, "context": None, "children_spec": []}]},
@@ -210,10 +213,13 @@ def spec_tree(treespec: str | None, leaves: Sequence[Any]) -> tuple[list[Any], d
             "the recorded structure has no treespec (a node type that torch's pytree cannot "
             "serialize); it cannot be rebuilt"
         )
-    try:  # our own parser: nothing a store names is imported (issue 11)
-        root = parse_treespec(treespec, "the store's structures")
-    except UnsafeTreespec as e:
-        raise ReplayError(str(e)) from None
+    if isinstance(treespec, Node):
+        root = treespec
+    else:
+        try:  # our own parser: nothing a store names is imported (issue 11)
+            root = parse_treespec(treespec, "the store's structures")
+        except UnsafeTreespec as e:
+            raise ReplayError(str(e)) from None
     top = root.children
     if root.type != "builtins.tuple" or len(top) != 2:
         raise ReplayError("the recorded treespec does not describe (args, kwargs)")
@@ -236,43 +242,23 @@ class _End:
 _END = _End()
 
 
-def leaf_specs(leaves: Sequence[dict[str, Any]], by_leaf: dict[int, dict[int, Any]]) -> list[Any]:
+def leaf_specs(
+    leaves: Sequence[RecordedLeaf | Mapping[str, Any]], by_leaf: Mapping[int, Mapping[int, Any]]
+) -> list[Any]:
     """One value per treespec leaf: the tensor's ``{axis: spec}`` (None when static), else None.
 
     Missing arguments are not treespec leaves and are skipped.
     """
     out = []
-    for row in leaves:
-        if row["kind"] == "missing":
+    for leaf in as_leaves(leaves):
+        if leaf.is_missing:
             continue
-        specs = by_leaf.get(int(row["leaf"])) if row["kind"] == "tensor" else None
+        specs = by_leaf.get(leaf.leaf) if leaf.is_tensor else None
         out.append(dict(sorted(specs.items())) if specs else None)
     return out
 
 
 # -- call form ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Param:
-    """A parameter of the recorded method (the ``signature`` column of ``structures``)."""
-
-    name: str
-    kind: str
-    has_default: bool
-
-
-def parse_params(signature: str | None) -> list[Param]:
-    """The recorded method's parameters from the stored JSON signature (empty when unknown)."""
-    if not signature:
-        return []
-    try:  # stored data: a malformed signature is one line, not a traceback (issue 11)
-        return [
-            Param(str(p["name"]), str(p["kind"]), bool(p["has_default"]))
-            for p in json.loads(signature)
-        ]
-    except (ValueError, TypeError, KeyError) as e:
-        raise ReplayError(f"the recorded method signature is malformed ({e!r:.80})") from None
-
-
 @dataclass(frozen=True)
 class CallForm:
     """How a group's program is called.
@@ -411,24 +397,24 @@ def materialize(
     return out
 
 
-def describe_sizes(leaves: Sequence[dict[str, Any]], sizes: Sequence[int]) -> str:
+def describe_sizes(leaves: Sequence[RecordedLeaf | Mapping[str, Any]], sizes: Sequence[int]) -> str:
     """A compact text of a size vector: ``input_ids=2x1 past_key_values=[2x2x8x16]*4``.
 
     Tensors of one argument are listed together; equal shapes are counted, not repeated.
 
     Example:
-        >>> rows = [{"kind": "tensor", "argument": "x", "path": "args[0]", "dim_offset": 0,
-        ...          "rank": 2}]
+        >>> rows = [{"leaf": 0, "kind": "tensor", "argument": "x", "path": "args[0]",
+        ...          "dim_offset": 0, "rank": 2}]
         >>> describe_sizes(rows, [2, 6])
         'x=2x6'
     """
     by_argument: dict[str, list[str]] = {}
-    for row in leaves:
-        if row["kind"] != "tensor":
+    for leaf in as_leaves(leaves):
+        if not leaf.is_tensor:
             continue
-        offset, rank = int(row["dim_offset"]), int(row["rank"] or 0)
+        offset, rank = int(leaf.dim_offset or 0), leaf.ndim
         shape = "x".join(str(s) for s in sizes[offset : offset + rank]) or "scalar"
-        by_argument.setdefault(str(row.get("argument") or row["path"]), []).append(shape)
+        by_argument.setdefault(str(leaf.argument or leaf.path), []).append(shape)
     parts = []
     for argument, shapes_ in by_argument.items():
         if len(shapes_) == 1:

@@ -37,6 +37,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from replay import select, shapes
+from replay.groupshapes import group_shapes
+from replay.options import ExportOptions
 
 if TYPE_CHECKING:
     from capture.analysis import Group
@@ -146,23 +148,23 @@ def _dim_lines(specs: shapes.GroupSpecs, names: dict[str, str]) -> list[str]:
     return lines
 
 
-def _group_source(
-    group: Group, variable: str, named_dims: bool, keyword_only: bool, options: str
-) -> list[str]:
-    leaves = group.leaves
-    example = select.representative(group)
-    specs = shapes.axis_specs(group, named_dims=named_dims, example=example.symbols)
+def _code(specs: shapes.GroupSpecs) -> dict[int, dict[int, _Code]]:
+    """Renders the specs as source: ``Dim.DYNAMIC`` or the variable of the axis' symbol."""
     names = _variables(specs)
-    by_leaf = {
+    return {
         leaf: {axis: _axis_code(spec, names) for axis, spec in axes.items()}
         for leaf, axes in specs.by_leaf.items()
     }
-    treespec = leaves[0].get("treespec") if leaves else None
-    args, kwargs = shapes.spec_tree(treespec, shapes.leaf_specs(leaves, by_leaf))
-    params = shapes.parse_params(leaves[0].get("signature") if leaves else None)
-    form = shapes.call_form(len(args), list(kwargs), params, keyword_only=keyword_only)
-    args_t, kwargs = shapes.arrange(form, args, kwargs)
-    structure = shapes.shapes_of(form, args_t, kwargs)
+
+
+def _group_source(
+    group: Group, variable: str, options: ExportOptions, options_text: str
+) -> list[str]:
+    example = select.representative(group)
+    shaped = group_shapes(group, options, example.symbols, _code)
+    specs, form, structure = shaped.specs, shaped.form, shaped.dynamic_shapes
+    names = _variables(specs)
+    named_dims = options.named_dims
     lines = [
         _comment(
             f"{group.model}, group {group.name}: {group.calls} calls, "
@@ -175,7 +177,7 @@ def _group_source(
         lines.append(_comment(f"passed through **kwargs: {extra}; g.module(model) names them"))
         lines.append("# (torch.export cannot match dynamic_shapes to **kwargs entries)")
     lines.append(
-        _comment(f"with g = replay.export_inputs(store, {group.model!r}{options})")
+        _comment(f"with g = replay.export_inputs(store, {group.model!r}{options_text})")
         + f".group({group.name!r}):"
     )
     lines.append(
@@ -226,7 +228,12 @@ def dynamic_shapes_source(
 
     if set_batch_dimension_for not in (None, True, False):
         set_batch_dimension_for = list(set_batch_dimension_for)  # type: ignore[arg-type]
-    groups = analyze(store, model, set_batch_dimension_for=set_batch_dimension_for)
+    options = ExportOptions.of(
+        set_batch_dimension_for=set_batch_dimension_for,
+        named_dims=named_dims,
+        keyword_only=keyword_only,
+    )
+    groups = analyze(store, model, set_batch_dimension_for=options.set_batch_dimension_for)
     if group is not None:
         known = sorted({g.name for g in groups})
         groups = [g for g in groups if g.name == group]
@@ -234,11 +241,11 @@ def dynamic_shapes_source(
             raise ReplayError(f"no group {group!r} (groups: {', '.join(known)})")
     models = list(dict.fromkeys(g.model for g in groups))
     # The options export_inputs needs to build the same example inputs.
-    options = ""
+    options_text = ""
     if set_batch_dimension_for:
-        options += f", set_batch_dimension_for={set_batch_dimension_for!r}"
+        options_text += f", set_batch_dimension_for={set_batch_dimension_for!r}"
     if keyword_only:
-        options += ", keyword_only=True"
+        options_text += ", keyword_only=True"
     sections = ["from torch.export import Dim"]
     if named_dims:
         sections[0] += "\n\n" + _HINTS
@@ -249,7 +256,7 @@ def dynamic_shapes_source(
             variable = f"dynamic_shapes_{_identifier(g.name)}"
         else:
             variable = f"dynamic_shapes_{_identifier(g.model)}_{_identifier(g.name)}"
-        lines = _group_source(g, variable, named_dims, keyword_only, options)
+        lines = _group_source(g, variable, options, options_text)
         sections.append("\n".join(lines))
     if len(groups) > 1 and len(models) == 1:
         sections.append(f"dynamic_shapes = dynamic_shapes_{_identifier(groups[0].name)}")

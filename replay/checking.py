@@ -1,0 +1,126 @@
+"""The coverage check: a group's program against the eager model, one size vector at a time.
+
+For a size vector (a recorded signature or a probe, `replay.select.probes`) fresh inputs are
+rebuilt twice (a forward may mutate its inputs: a DynamicCache grows in place), the program runs
+on one copy in its call form and the eager model on the other as the recorded calls passed
+them, and every output tensor is compared (`compare_outputs`). `replay.exporting.export` makes
+the coverage table from these rows; `replay.payloads` compares sampled real calls the same way.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from capture import nodes
+from replay import select, shapes
+from replay.coverage import KIND_PROBE, KIND_RECORDED
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from replay.exportgroup import ExportGroup
+
+__all__ = ["compare_outputs", "first_line", "coverage_rows"]
+
+
+def _tensors(value: Any) -> list[Any]:
+    with nodes.register_flattening_functions():
+        return list(pytree.tree_leaves(value))
+
+
+def compare_outputs(expected: Any, got: Any, atol: float, rtol: float) -> tuple[float, str | None]:
+    """(max abs diff, error or None) between eager and program outputs.
+
+    Every tensor of the two outputs (flattened with torch's pytree, capture's registrations
+    included) is compared; both NaN counts as equal. The outputs differ when their tensor
+    counts or shapes differ, or when a difference exceeds ``atol + rtol * max|expected|``.
+
+    Example:
+        >>> compare_outputs(torch.ones(2), torch.ones(2) + 1e-6, 1e-4, 1e-4)[1] is None
+        True
+    """
+    left, right = _tensors(expected), _tensors(got)
+    left_t = [v for v in left if isinstance(v, torch.Tensor)]
+    right_t = [v for v in right if isinstance(v, torch.Tensor)]
+    if len(left_t) != len(right_t):
+        return float("nan"), (f"the program returns {len(right_t)} tensors, eager {len(left_t)}")
+    worst, bad = 0.0, None
+    for i, (a, b) in enumerate(zip(left_t, right_t, strict=True)):
+        if tuple(a.shape) != tuple(b.shape):
+            return float("nan"), (
+                f"output {i}: shape {tuple(b.shape)} from the program, {tuple(a.shape)} eager"
+            )
+        if a.numel() == 0:
+            continue
+        x, y = a.detach().cpu().double(), b.detach().cpu().double()
+        both_nan = torch.isnan(x) & torch.isnan(y)
+        diff = torch.where(both_nan, torch.zeros_like(x), (x - y).abs())
+        diff = torch.nan_to_num(diff, nan=float("inf"))
+        m = float(diff.max())
+        worst = max(worst, m)
+        limit = atol + rtol * float(torch.nan_to_num(x.abs(), nan=0.0).max())
+        if m > limit and bad is None:
+            bad = f"output {i} differs by {m:.3g} (tolerance {limit:.3g})"
+    return worst, bad
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an error's text (its type name when it has none)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def coverage_rows(
+    model: Any,
+    group: ExportGroup,
+    program: ExportedProgram | None,
+    error: str | None,
+    atol: float,
+    rtol: float,
+    probes: int,
+) -> list[dict[str, Any]]:
+    """The coverage rows of one group: every recorded signature, then up to `probes` probes.
+
+    Each row is checked (`runnable` on the program call vs `model` on the recorded call) when
+    the group has a program; else it is uncovered with `error`.
+    """
+    rows = []
+    runnable = program.module() if program is not None else None
+    checks = [(sizes, calls, KIND_RECORDED) for sizes, calls in group.recorded()]
+    if group.analysis is not None:
+        checks += [(sizes, 0, KIND_PROBE) for sizes in select.probes(group.analysis, probes)]
+    for sizes, calls, kind in checks:
+        row: dict[str, Any] = {
+            "group": group.name,
+            "kind": kind,
+            "signature": shapes.describe_sizes(group.leaves, sizes),
+            "calls": calls,
+            "covered": False,
+            "max_abs_diff": None,
+            "error": error,
+        }
+        if runnable is not None:
+            row.update(_check_one(model, group, runnable, sizes, atol, rtol))
+        rows.append(row)
+    return rows
+
+
+def _check_one(
+    model: Any, group: ExportGroup, runnable: Any, sizes: tuple[int, ...], atol: float, rtol: float
+) -> dict[str, Any]:
+    with torch.no_grad():
+        try:
+            args, kwargs = group.recorded_call(sizes)
+            expected = model(*args, **kwargs)
+        except Exception as e:  # the eager model itself fails on these inputs: report it
+            return {"error": f"eager forward failed: {type(e).__name__}: {first_line(e)}"}
+        try:
+            args, kwargs = group.program_call(sizes)
+            got = runnable(*args, **kwargs)
+        except Exception as e:  # the program rejects these sizes (a guard): not covered
+            return {"error": f"program failed: {type(e).__name__}: {first_line(e)}"}
+    diff, bad = compare_outputs(expected, got, atol, rtol)
+    return {"covered": bad is None, "max_abs_diff": diff, "error": bad}

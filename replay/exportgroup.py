@@ -1,0 +1,201 @@
+"""What `replay.export_inputs` returns: an `ExportInputs` of one `ExportGroup` per call group.
+
+An `ExportGroup` holds what torch.export needs for one call group (example ``args``/``kwargs``,
+``dynamic_shapes``, the module to export) and what the coverage check needs to rebuild any
+recorded signature as the recorded calls passed it (`ExportGroup.recorded_call`) and in the
+program's call form (`ExportGroup.program_call`). It keeps the `ExportOptions` it was built
+with, so a retry (`replay.bounded`) reshapes it with one replaced option (`ExportGroup.reshaped`).
+`replay.inputs` builds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from capture.errors import ReplayError
+from replay import rebuild as rb
+from replay import select, shapes
+from replay.groupshapes import group_shapes
+from replay.options import ExportOptions
+
+if TYPE_CHECKING:
+    from capture.analysis import DimInfo, Group, Relation
+
+__all__ = ["ExportGroup", "ExportInputs"]
+
+
+@dataclass
+class ExportGroup:
+    """Export arguments and dynamic shapes of one call group.
+
+    Attributes:
+        name: The group's name (``decode``, ``prefill``, ``g0``).
+        model: The model name in the store.
+        structure_id: The input structure shared by the group's calls.
+        calls: Recorded calls the group stands for.
+        signatures: Distinct recorded size vectors in the group.
+        args: Example positional arguments.
+        kwargs: Example keyword arguments.
+        dynamic_shapes: The matching ``dynamic_shapes`` for torch.export.
+        notes: How the example and the arguments were chosen (module docstring).
+        dims: The analysis' per-axis dims of the group.
+        relations: The analysis' relations of the group.
+        example: The sizes the example was built from.
+        form: How the program is called (positional, keywords, ``**kwargs`` entries).
+        analysis: The `capture.analysis.Group` it was built from.
+    """
+
+    name: str
+    model: str
+    structure_id: str
+    calls: int
+    signatures: int
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    dynamic_shapes: Any
+    notes: list[str]
+    dims: list[DimInfo]
+    relations: list[Relation]
+    example: select.Representative
+    form: shapes.CallForm
+    analysis: Group | None = field(repr=False, default=None)
+    leaves: list[dict[str, Any]] = field(repr=False, default_factory=list)
+    added: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
+    ranges: dict[tuple[int, ...], select.Ranges] = field(repr=False, default_factory=dict)
+    seed: int = rb.DEFAULT_SEED
+    device: str | None = None
+    options: ExportOptions = field(repr=False, default_factory=ExportOptions)
+    """The options the group was built with (`reshaped` replaces one)."""
+
+    def module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module to export: `model`, or a wrapper naming its ``**kwargs`` entries.
+
+        Example:
+            >>> ep = torch.export.export(group.module(model), group.args, group.kwargs,
+            ...                          dynamic_shapes=group.dynamic_shapes)  # doctest: +SKIP
+        """
+        if not self.form.extra:
+            return model
+        return _named_call(model, self.form)
+
+    def recorded(self) -> list[tuple[tuple[int, ...], int]]:
+        """The distinct recorded size vectors of the group with their calls, most calls first."""
+        if self.analysis is None:
+            raise ReplayError(f"group {self.name} was not built from an analysis")
+        return select.signatures(self.analysis)
+
+    def recorded_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Fresh ``(args, kwargs)`` of one recorded signature, as the recorded calls passed them.
+
+        A size vector that was never recorded (a probe) takes the integer value ranges of the
+        closest recorded signature (`replay.select.nearest_ranges`).
+        """
+        sizes = tuple(int(s) for s in sizes)
+        treespec = self.analysis.structure.treespec if self.analysis is not None else None
+        return rb.rebuild(
+            self.leaves,
+            treespec,
+            sizes,
+            select.nearest_ranges(self.ranges, sizes),
+            seed=self.seed,
+            device=self.device,
+        )
+
+    def reshaped(self, options: ExportOptions) -> ExportGroup:
+        """A copy whose ``dynamic_shapes`` are built again with `options` (same example
+        arguments and call form, own notes list): how `replay.bounded` retries an export.
+
+        Raises:
+            ReplayError: The group was not built from an analysis.
+
+        Example:
+            >>> hinted = group.reshaped(dataclasses.replace(group.options, hinted=("seq",)))
+            ... # doctest: +SKIP
+        """
+        if self.analysis is None:
+            raise ReplayError(f"group {self.name} was not built from an analysis")
+        shaped = group_shapes(
+            self.analysis,
+            options,
+            self.example.symbols,
+            lambda specs: shapes.materialize(specs, options.hinted, options.floor),
+            added=list(self.added),
+            form=self.form,
+        )
+        return dataclasses.replace(
+            self,
+            dynamic_shapes=shaped.dynamic_shapes,
+            notes=list(self.notes),
+            options=options,
+        )
+
+    def program_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Fresh ``(args, kwargs)`` of one signature (recorded or probe), in the program's call
+        form."""
+        args, kwargs = self.recorded_call(sizes)
+        kwargs.update({k: v.clone() for k, v in self.added.items()})
+        return shapes.arrange(self.form, args, kwargs)
+
+
+@dataclass
+class ExportInputs:
+    """What `export_inputs` returns: one `ExportGroup` per call group, largest first.
+
+    ``args``, ``kwargs`` and ``dynamic_shapes`` are those of the largest group.
+    """
+
+    model: str
+    groups: list[ExportGroup]
+    analysed: list[Group] = field(repr=False, default_factory=list)
+    """Every analysed call group of the model (also those left out by ``groups=``)."""
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """Example positional arguments of the largest group."""
+        return self.groups[0].args
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """Example keyword arguments of the largest group."""
+        return self.groups[0].kwargs
+
+    @property
+    def dynamic_shapes(self) -> Any:
+        """``dynamic_shapes`` of the largest group."""
+        return self.groups[0].dynamic_shapes
+
+    def group(self, name: str) -> ExportGroup:
+        """The group called `name`."""
+        for g in self.groups:
+            if g.name == name:
+                return g
+        known = ", ".join(g.name for g in self.groups)
+        raise ReplayError(f"no group {name!r} for model {self.model} (groups: {known})")
+
+
+def _named_call(model: torch.nn.Module, form: shapes.CallForm) -> torch.nn.Module:
+    """A module calling `model` as the group's calls did, whose forward names every entry."""
+    names = list(form.positional) + list(form.keywords)
+    bad = [n for n in names if not n.isidentifier()]
+    if bad:
+        raise ReplayError(f"cannot name the entries {', '.join(bad)} in a wrapper signature")
+    positional, keywords = list(form.positional), list(form.keywords)
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        values = dict(zip(names, args, strict=False))
+        values.update(kwargs)
+        return self.model(*(values[n] for n in positional), **{n: values[n] for n in keywords})
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(n, kind) for n in ["self", *names]]
+    forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    cls = type(f"{type(model).__name__}Call", (torch.nn.Module,), {"forward": forward})
+    wrapper: torch.nn.Module = cls()
+    wrapper.model = model
+    return wrapper

@@ -1,0 +1,114 @@
+"""The options of a replay, built once at the API boundary and passed down the pipeline.
+
+`replay.export_inputs`, `replay.export`, ``capture export`` and ``capture dims --python`` each
+turn their keyword arguments (or command options) into one `ExportOptions` and hand it to the
+pipeline: analysis (``set_batch_dimension_for``) -> representative example -> per-group shapes
+(`replay.groupshapes`, ``named_dims``, ``keyword_only``, ``hinted``/``floor``) -> rebuilt
+arguments (``seed``, ``device``, ``fill_missing``) -> export and check. A retry changes one
+option with `dataclasses.replace` and runs the same step again (`replay.bounded`: named Dims
+rejected by torch.export become bounded ``Dim.DYNAMIC`` hints) instead of a parallel path.
+
+This module imports no torch (``capture dims --python`` builds options too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from replay.select import DEFAULT_PROBES
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "ExportOptions",
+    "batch_option",
+    "DEFAULT_SEED",
+    "DEFAULT_PROBES",
+    "DEFAULT_MAX_PAYLOADS",
+]
+
+DEFAULT_SEED = 0
+"""Seed of the rebuilt example tensors."""
+DEFAULT_MAX_PAYLOADS = 64
+"""Most sampled real calls checked by `replay.export` (`replay.payloads`)."""
+
+BatchOption = bool | tuple[str | int, ...] | None
+
+
+def batch_option(value: bool | Iterable[str | int] | None) -> BatchOption:
+    """``set_batch_dimension_for`` as an immutable value: None, a bool, or a tuple of names
+    and/or positions.
+
+    Example:
+        >>> batch_option(["input_ids", 0])
+        ('input_ids', 0)
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Every option of `replay.export_inputs` and `replay.export` (see their docstrings).
+
+    Attributes:
+        set_batch_dimension_for: None, True, or argument names/positions whose axis 0 is
+            dynamic even when it never varied.
+        named_dims: Named ``Dim(symbol, min=, max=)`` instead of ``Dim.DYNAMIC``.
+        keyword_only: Pass positional arguments by keyword.
+        hinted: With `named_dims`, the symbols given as bounded ``Dim.DYNAMIC(min=, max=)``
+            hints instead (set by the `replay.bounded` retry, not by users).
+        floor: Raise the min of the hinted symbols to this (the same retry).
+        value_if_missing: Name -> tensor given where that argument is missing (fill_missing).
+        fill_missing: Give every program the tensor arguments some group of the model passes.
+        seed: Seed of the example tensors.
+        device: Device of the example tensors.
+        groups: Only these call groups (None: all).
+        onnx: Also write ONNX to this path (`replay.export` only).
+        strict: Passed to ``torch.export.export``.
+        atol: Absolute tolerance of the output comparison.
+        rtol: Relative tolerance of the output comparison.
+        probes: Most probes checked per group.
+        max_payloads: Most sampled real calls checked.
+    """
+
+    set_batch_dimension_for: BatchOption = None
+    named_dims: bool = False
+    keyword_only: bool = False
+    hinted: tuple[str, ...] = ()
+    floor: int = 0
+    value_if_missing: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    fill_missing: bool = False
+    seed: int = DEFAULT_SEED
+    device: str | None = None
+    groups: tuple[str, ...] | None = None
+    onnx: str | None = None
+    strict: bool = False
+    atol: float = 1e-4
+    rtol: float = 1e-4
+    probes: int = DEFAULT_PROBES
+    max_payloads: int = DEFAULT_MAX_PAYLOADS
+
+    @classmethod
+    def of(cls, **options: Any) -> ExportOptions:
+        """Options from the keyword arguments of the public API (iterables become tuples,
+        None mappings empty).
+
+        Raises:
+            TypeError: An unknown option.
+
+        Example:
+            >>> ExportOptions.of(named_dims=True, groups=["decode"]).groups
+            ('decode',)
+        """
+        if "set_batch_dimension_for" in options:
+            options["set_batch_dimension_for"] = batch_option(options["set_batch_dimension_for"])
+        if options.get("groups") is not None:
+            options["groups"] = tuple(options["groups"])
+        if "value_if_missing" in options:
+            options["value_if_missing"] = dict(options["value_if_missing"] or {})
+        return cls(**options)
