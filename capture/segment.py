@@ -206,7 +206,7 @@ class _Segment:
         n = len(self)
         fields = dict(zip(schema.CALL_RECORD_FIELDS, zip(*self.rows, strict=True), strict=True))
         fields.update(zip(_KEY, zip(*self.keys, strict=True), strict=True))
-        constant = {"model": model, "host": host, "pid": pid}
+        constant = dict(zip(schema.WRITER_COLUMNS, (model, host, pid), strict=True))
         columns = [
             _column(f, [constant[f.name]] * n if f.name in constant else fields[f.name])
             for f in schema.CALLS_SCHEMA
@@ -223,7 +223,11 @@ class _Segment:
     def stats_table(self, model: str) -> pa.Table:
         """One row per distinct signature, its columns in `schema.STATS_SCHEMA` order."""
         entries = list(self.signatures.values())
-        fields: dict[str, Sequence[Any]] = {"model": [model] * len(entries)}
+        fields: dict[str, Sequence[Any]] = {
+            name: [model] * len(entries)  # the one writer column of a signature key
+            for name in schema.SIGNATURE_KEY
+            if name in schema.WRITER_COLUMNS
+        }
         fields.update(zip(_KEY, zip(*(k for k, _ in entries), strict=True), strict=True))
         for name in _MERGED:
             values = [getattr(s, name) for _, s in entries]
