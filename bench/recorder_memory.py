@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import tracemalloc
+from collections.abc import Iterator
 
 import pyarrow as pa
 import torch
@@ -14,22 +16,28 @@ from recorder_cases import GcWatch, Small, small_inputs
 import capture
 
 
-def memory_section(n: int, store: str) -> str:
+@contextlib.contextmanager
+def _warmed(model: Small, store: str, warmup: int) -> Iterator[capture.Recorder]:
+    """A Recorder writing 10k-row segments, after `warmup` calls, a flush and a collection."""
     args, kwargs = small_inputs()
-    model = Small()
-    warmup = 30_000  # three segments written first: the allocators reach their working set
-    step = max(1, n // 10)
-    rows = []
     with (
-        capture.Recorder(
-            model, os.path.join(store, "rss"), name="bench", flush_rows=10_000, flush_seconds=1.0
-        ) as rec,
+        capture.Recorder(model, store, name="bench", flush_rows=10_000, flush_seconds=1.0) as rec,
         torch.no_grad(),
     ):
         for _ in range(warmup):
             model(*args, **kwargs)
         rec.flush()
         gc.collect()
+        yield rec
+
+
+def memory_section(n: int, store: str) -> str:
+    args, kwargs = small_inputs()
+    model = Small()
+    warmup = 30_000  # three segments written first: the allocators reach their working set
+    step = max(1, n // 10)
+    rows = []
+    with _warmed(model, os.path.join(store, "rss"), warmup) as rec:
         rss0 = rss_bytes()
         rows.append([0, mib(rss0), "0.0"])
         peak = peak_first = rss0
@@ -51,16 +59,7 @@ def memory_section(n: int, store: str) -> str:
 
     # tracemalloc pass: Python-object growth (slower calls, same loop)
     model = Small()
-    with (
-        capture.Recorder(
-            model, os.path.join(store, "trace"), name="bench", flush_rows=10_000, flush_seconds=1.0
-        ) as rec2,
-        torch.no_grad(),
-    ):
-        for _ in range(warmup):
-            model(*args, **kwargs)
-        rec2.flush()
-        gc.collect()
+    with _warmed(model, os.path.join(store, "trace"), warmup) as rec2:
         tracemalloc.start()
         before_snap = tracemalloc.take_snapshot()
         cur0, _ = tracemalloc.get_traced_memory()
