@@ -335,28 +335,9 @@ def _verify(fs: pafs.FileSystem, path: str, table: str, expected: int) -> int:
 
 
 _MERGE_STATS_SQL = f"""
-WITH s AS (SELECT * FROM _stats),
-totals AS (SELECT {SIGNATURE_TOTALS} FROM s GROUP BY ALL),
-items AS (  -- the integer ranges, element by element (min/max skip unknown NULL items)
-    SELECT model, in_structure, out_structure, dims, out_dims, i,
-           min(int_min[i]) AS lo, max(int_max[i]) AS hi
-    FROM (SELECT *, unnest(generate_series(1, len(int_min))) AS i
-          FROM s WHERE int_min IS NOT NULL)
-    GROUP BY ALL
-),
-ranges AS (
-    SELECT model, in_structure, out_structure, dims, out_dims,
-           list(lo ORDER BY i) AS int_min, list(hi ORDER BY i) AS int_max
-    FROM items GROUP BY ALL
-)
-SELECT t.model, t.in_structure, t.out_structure, t.dims, t.out_dims, t.calls, t.errors,
-       r.int_min, r.int_max, t.first_ts, t.last_ts, t.duration_ns_sum, t.duration_ns_min,
-       t.duration_ns_max
-FROM totals t LEFT JOIN ranges r
-  ON t.model = r.model AND t.in_structure = r.in_structure
- AND t.out_structure IS NOT DISTINCT FROM r.out_structure
- AND t.dims = r.dims AND t.out_dims IS NOT DISTINCT FROM r.out_dims
-ORDER BY t.first_ts
+SELECT {", ".join(schema.STATS_SCHEMA.names)}
+FROM (SELECT {SIGNATURE_TOTALS}, {schema.SIGNATURE_RANGES} FROM _stats GROUP BY ALL)
+ORDER BY first_ts
 """
 
 

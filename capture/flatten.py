@@ -53,7 +53,6 @@ __all__ = [
     "walk",
     "tensor_key",
     "metadata_guard",
-    "tensor_leaves",
     "dtype_name",
     "Oversized",
     "Summary",
@@ -318,13 +317,6 @@ def _safe_shape(t: torch.Tensor) -> tuple[int, ...]:
 def shapes_of(tensors: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:
     """The sizes of each tensor as ints (nested tensors' ragged dimensions are -1)."""
     return [_safe_shape(t) for t in tensors]
-
-
-def tensor_leaves(obj: Any) -> list[torch.Tensor]:
-    """The tensor leaves of `obj`, in pytree order."""
-    tensors: list[torch.Tensor] = []
-    walk(obj, tensors, [])
-    return tensors
 
 
 def _root_path(kp: Sequence[Any], root: str) -> tuple[str, str | None, int | None]:

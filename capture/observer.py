@@ -429,6 +429,7 @@ class InputObserver:
             >>> observer.to_store(tempfile.mkdtemp())
             1
         """
+        from capture.segment import CallRecord, call_id_base
         from capture.writer import StoreWriter
 
         with self._lock:
@@ -450,22 +451,25 @@ class InputObserver:
                 writer.add_structure(layout.structure)
             for st in self._outputs.values():
                 writer.add_structure(st)
-            base = (int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF) << 32
+            base = call_id_base()
             n = 0
             for s in seen:
                 assert s.structure is not None  # noqa: S101 - set on every observed call
-                out_id = s.out.structure_id if s.out is not None else None
-                duration = s.duration_ns // max(s.calls, 1)
+                record = CallRecord(
+                    call_id=0,
+                    ts=s.ts,
+                    in_structure=s.structure.structure_id,
+                    out_structure=None if s.out is None else s.out.structure_id,
+                    dims=tuple(chain.from_iterable(s.dims)),
+                    out_dims=None if s.out_dims is None else tuple(chain.from_iterable(s.out_dims)),
+                    # `ranges` is [min0, max0, min1, max1, ...]
+                    int_min=s.ranges[0::2] or None,
+                    int_max=s.ranges[1::2] or None,
+                    duration_ns=s.duration_ns // max(s.calls, 1),
+                    error=None,
+                )
                 for _ in range(s.calls):
-                    sid = s.structure.structure_id
-                    ranges = s.ranges or None
-                    dims = tuple(chain.from_iterable(s.dims))
-                    out_dims = (
-                        None if s.out_dims is None else tuple(chain.from_iterable(s.out_dims))
-                    )
-                    writer.submit(
-                        (base | n, s.ts, sid, out_id, dims, out_dims, ranges, duration, None)
-                    )
+                    writer.submit(record._replace(call_id=base | n))
                     n += 1
         writer.close()
         if writer.write_errors or writer.dropped:

@@ -13,34 +13,24 @@ import atexit
 import functools
 import itertools
 import logging
-import operator
 import os
 import random
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from itertools import chain
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from capture import lifecycle, nodes
 from capture.errors import CaptureError
-from capture.flatten import (
-    Oversized,
-    Structure,
-    describe,
-    metadata_guard,
-    shapes_of,
-    signature_of,
-    tensor_key,
-    walk,
-)
+from capture.flatten import Oversized, Structure, signature_of, walk
 from capture.payload_keeper import PayloadKeeper, Payloads, payload_policy
 from capture.recorder_base import RecorderBase
+from capture.segment import CallRecord, call_id_base
+from capture.structure_cache import StructureCache
 from capture.writer import StoreWriter
 
 __all__ = ["Recorder", "DEFAULT_STORE"]
@@ -51,18 +41,10 @@ DEFAULT_STORE = "capture-store"
 _VALUE_RANGES = ("cpu", "all", "none")
 
 
-_UNSEEN: Any = object()
-_chain = chain.from_iterable
-_shape = operator.attrgetter("shape")
-# Guards kept per container key: one per dtype/device/rank/requires_grad combination seen,
-# up to this many; beyond, calls take the Python key (`tensor_key`), which is always right.
-_MAX_GUARDS = 4
-# Key tokens held by all the structures of one recorder together (about two per leaf): with
-# `flatten.MAX_KEY` per call this bounds the memory of many large distinct structures.
-_MAX_HELD_TOKENS = 2_000_000
 # Integer dtypes torch.aminmax does not implement on CPU: widened to int64 first (exact).
 _WIDEN = {getattr(torch, n) for n in ("uint16", "uint32") if hasattr(torch, n)}
 _INT64 = torch.int64
+_record = tuple.__new__
 
 
 def _submodules(model: Any, modules: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
@@ -88,10 +70,6 @@ def _submodules(model: Any, modules: Mapping[str, Any] | Iterable[str] | None) -
     return out
 
 
-def _never(t: torch.Tensor) -> bool:
-    return False
-
-
 def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
     """(min, max) of an integer tensor; (None, None) when empty."""
     n = t.numel()
@@ -112,7 +90,7 @@ def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
     return int(lo), int(hi)
 
 
-class Recorder(RecorderBase):
+class Recorder(StructureCache, RecorderBase):
     """Records how a model's method is called, into a Parquet store.
 
     Args:
@@ -212,7 +190,7 @@ class Recorder(RecorderBase):
         self._guarded = {}
         self._lock = threading.Lock()
         self._seq = itertools.count()
-        self._id_base = (int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF) << 32
+        self._id_base = call_id_base()
         self._random = random.Random()
         self._errors = 0
         self._sampled_out = 0
@@ -438,17 +416,20 @@ class Recorder(RecorderBase):
         if found is None:
             return None
         st, dims = found
-        ranges: list[int | None] | None = None
+        lows: list[int | None] | None = None
+        highs: list[int | None] | None = None
         if st.range_tensors:
-            ranges = []
+            lows, highs = [], []
             for i in st.range_tensors:
-                ranges.extend(_int_range(tensors[i]))
-        return st.structure_id, dims, ranges
+                lo, hi = _int_range(tensors[i])
+                lows.append(lo)
+                highs.append(hi)
+        return st.structure_id, dims, lows, highs
 
     def _emit(
         self, pending: Any, ts: int, duration: int, out: Any, error: str | None
     ) -> int | None:
-        sid, dims, ranges = pending
+        sid, dims, lows, highs = pending
         out_sid = out_dims = None
         if error is None and self.record_outputs:
             tensors: list[torch.Tensor] = []
@@ -466,104 +447,14 @@ class Recorder(RecorderBase):
         if writer is None:
             return None
         call_id = self._id_base | next(self._seq)
-        writer.submit((call_id, ts, sid, out_sid, dims, out_dims, ranges, duration, error))
-        return call_id
-
-    def _structure(
-        self, obj: Any, tensors: list[torch.Tensor], key: list[Any], root: str
-    ) -> tuple[Structure, tuple[int, ...]] | None:
-        """The structure of a walked `obj` and its tensors' sizes, flat (None: not recorded).
-
-        The sizes are one flat tuple of ints: the GC does not track it, so records waiting in
-        the writer's queue do not trigger full collections (torch.Size lists did; measured in
-        docs/benchmarks.md).
-
-        A container key seen before is matched by its guards (dtypes, devices and ranks checked
-        in C++); otherwise the full key is built in Python and looked up. Output keys leave
-        device indices out: outputs follow the inputs' devices, and the structure still
-        records the device seen first.
-        """
-        containers = tuple(key)
-        for guard, known in self._guarded.get(containers, ()):
-            if guard(*tensors):
-                return known, tuple(_chain(map(_shape, tensors)))
-        try:
-            k, shapes = tensor_key(containers, tensors, devices=root == "inputs")
-        except RuntimeError:  # a strided nested tensor has no sizes: ragged dimensions are -1
-            k, shapes = tensor_key(containers, tensors, root == "inputs", shapes_of(tensors))
-        found = self._structures.get(k, _UNSEEN)
-        st = (
-            self._new_structure(k, obj, tensors, root)
-            if found is _UNSEEN
-            else cast(Structure | None, found)
-        )
-        if st is None:
-            return None
-        if st.slow:  # walk() and torch's pytree disagree on this structure: trust pytree
-            tensors[:] = [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
-            shapes = shapes_of(tensors)
-        elif st.nested:  # sizes as ints (a jagged tensor's ragged size is a SymInt); no guard
-            shapes = shapes_of(tensors)
-        else:
-            self._add_guard(containers, tensors, st)
-        return st, tuple(_chain(shapes))
-
-    def _add_guard(
-        self, containers: tuple[Any, ...], tensors: list[torch.Tensor], st: Structure
-    ) -> None:
-        with self._lock:
-            guarded = self._guarded.get(containers, ())
-            if len(guarded) >= _MAX_GUARDS:
-                return
-            guard = metadata_guard(tensors)
-            if guard is not None:  # a new tuple: readers iterate the old one without the lock
-                self._guarded[containers] = (*guarded, (guard, st))
-
-    def _new_structure(
-        self, key: tuple[Any, ...], obj: Any, tensors: list[torch.Tensor], root: str
-    ) -> Structure | None:
-        with self._lock:
-            if key in self._structures:
-                return self._structures[key]
-            tokens = len(key[0])
-            if (
-                len(self._structures) >= self.max_structures
-                or self._held_tokens + tokens > _MAX_HELD_TOKENS
-            ):
-                self._overflow += 1
-                self._warn_once(
-                    "max_structures",
-                    "capture: %s has more than %d distinct call structures (a scalar argument "
-                    "that changes on every call?); calls with new structures are dropped",
-                    self.name,
-                    self.max_structures,
-                )
-                return None
-            st = describe(
-                obj,
-                tensors,
-                root=root,
-                signature=self._signature if root == "inputs" else (),
-                track_ranges=self._track_ranges if root == "inputs" else _never,
+        # tuple.__new__ builds the NamedTuple without its Python-level __new__ (half the cost)
+        writer.submit(
+            _record(
+                CallRecord,
+                (call_id, ts, sid, out_sid, dims, out_dims, lows, highs, duration, error),
             )
-            if st.opaque:
-                self._warn_once(
-                    "opaque",
-                    "capture: %s receives values the flattener does not know; they are recorded "
-                    "as opaque leaves (type names only): %s",
-                    self.name,
-                    ", ".join(st.opaque[:5]),
-                )
-            if self._writer is not None:
-                self._writer.add_structure(st)
-            self._structures[key] = st
-            self._held_tokens += tokens
-            return st
-
-    def _track_ranges(self, t: torch.Tensor) -> bool:
-        if self.value_ranges == "none":
-            return False
-        return self.value_ranges == "all" or t.device.type == "cpu"
+        )
+        return call_id
 
     def _count_error(self, what: str, e: BaseException) -> None:
         self._errors += 1

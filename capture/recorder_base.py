@@ -6,7 +6,6 @@ Split from `capture.recorder` to keep each module small; `Recorder` inherits the
 from __future__ import annotations
 
 import itertools
-import os
 import random
 import threading
 import time
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 
 from capture.flatten import MAX_ITEMS, MAX_KEY, Oversized, Summary, walk
+from capture.segment import call_id_base
 from capture.writer import StoreWriter
 
 __all__ = ["RecorderBase", "STOP_WAIT_SECONDS"]
@@ -100,7 +100,7 @@ class RecorderBase:
     def _after_fork_in_child(self) -> None:
         """A forked child's recorder: new call ids, fresh counters, its own writer (issue 12)."""
         self._lock = threading.Lock()
-        self._id_base = (int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF) << 32
+        self._id_base = call_id_base()
         self._seq = itertools.count()
         self._random = random.Random()
         self._flight[:] = [itertools.count(), itertools.count()]

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -26,27 +27,45 @@ from capture import schema
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
     from capture.flatten import Param, Structure
 
-__all__ = ["CallRecord", "structure_table"]
+__all__ = ["CallRecord", "call_id_base", "structure_table", "merge_bounds"]
 
-# (call_id, ts_ns, in_structure_id, out_structure_id, dims, out_dims, ranges, duration_ns,
-#  error); dims are every tensor size of the call, concatenated in leaf order.
-CallRecord = tuple[
-    int,
-    int,
-    str,
-    str | None,
-    tuple[int, ...],
-    tuple[int, ...] | None,
-    Sequence[int | None] | None,
-    int,
-    str | None,
-]
+
+class CallRecord(NamedTuple):
+    """One recorded call, as a producer (`Recorder`, `InputObserver.to_store`) queues it.
+
+    The fields are the ``calls`` columns a writer does not add itself, in column order
+    (`schema.CALL_RECORD_FIELDS`, checked below). A NamedTuple: as small as a tuple, not tracked
+    by the GC when its items are not, and built on the hot path with ``tuple.__new__``.
+    """
+
+    call_id: int
+    ts: int
+    """Nanoseconds since the epoch (the column keeps microseconds)."""
+    in_structure: str
+    out_structure: str | None
+    dims: tuple[int, ...]
+    """Every tensor size of the call, concatenated in leaf order."""
+    out_dims: tuple[int, ...] | None
+    int_min: Sequence[int | None] | None
+    """Per tracked integer tensor (``structures.range_index``) its minimum; None: unknown."""
+    int_max: Sequence[int | None] | None
+    duration_ns: int
+    error: str | None
+
+
+if CallRecord._fields != schema.CALL_RECORD_FIELDS:  # pragma: no cover - a developer's error
+    raise ImportError(f"CallRecord fields {CallRecord._fields} != {schema.CALL_RECORD_FIELDS}")
+
+
+def call_id_base() -> int:
+    """A random base for one producer's call ids (``base | n``): distinct across processes."""
+    return (int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF) << 32
 
 
 _PACKERS: dict[int, Callable[..., bytes]] = {}
 
 
-def _pack(values: tuple[int, ...]) -> bytes:
+def _pack(values: Sequence[int]) -> bytes:
     """Ints as little-endian int64 bytes."""
     pack = _PACKERS.get(len(values))
     if pack is None:
@@ -73,23 +92,50 @@ def _list_array(packed: Sequence[bytes | None]) -> pa.Array:
     )
 
 
+def _column(field: pa.Field, values: Sequence[Any]) -> pa.Array:
+    """One column of `field`'s type: timestamps from ns, packed sizes, or values as they are."""
+    if pa.types.is_timestamp(field.type):
+        return (
+            pa.array(values, pa.int64())
+            .cast(pa.timestamp("ns", tz="UTC"))
+            .cast(field.type, safe=False)
+        )
+    first = next((v for v in values if v is not None), None)
+    if pa.types.is_list(field.type) and isinstance(first, bytes):
+        return _list_array(values)
+    return pa.array(values, field.type)
+
+
 @dataclass
 class _Signature:
+    """One signature's merged columns: every stats column that is not its key."""
+
     calls: int = 0
     errors: int = 0
     int_min: list[int | None] = field(default_factory=list)
     int_max: list[int | None] = field(default_factory=list)
     first_ts: int = 0
     last_ts: int = 0
-    dur_sum: int = 0
-    dur_min: int = 0
-    dur_max: int = 0
+    duration_ns_sum: int = 0
+    duration_ns_min: int = 0
+    duration_ns_max: int = 0
 
 
-def _merge_elementwise(
-    acc: list[int | None], new: Sequence[int | None], pick: Any
+_MERGED = tuple(n for n in schema.STATS_SCHEMA.names if n not in schema.SIGNATURE_KEY)
+if tuple(_Signature.__dataclass_fields__) != _MERGED:  # pragma: no cover - a developer's error
+    raise ImportError(f"_Signature fields != {_MERGED}")
+# The signature key of a segment row: the key columns but the writer's own (the model).
+_KEY = tuple(n for n in schema.SIGNATURE_KEY if n not in schema.WRITER_COLUMNS)
+_Key = tuple[str, str | None, bytes, bytes | None]
+
+
+def merge_bounds(
+    acc: Sequence[int | None], new: Sequence[int | None], pick: Callable[[int, int], int]
 ) -> list[int | None]:
-    """`pick` (min or max) of two value-range lists, element by element; None is unknown."""
+    """`pick` (min or max) of two value-range lists, item by item; None is unknown.
+
+    The in-memory twin of `schema.SIGNATURE_RANGES` (same rule), for a writer's segment.
+    """
     if not acc:
         return list(new)
     return [
@@ -97,133 +143,104 @@ def _merge_elementwise(
     ]
 
 
+def _check_int64(values: Sequence[int | None]) -> None:
+    """Raises struct.error unless every known item fits int64."""
+    _pack(tuple(0 if v is None else v for v in values))
+
+
 class _Segment:
-    """Columns of the calls buffered since the last write, plus their signature summary."""
+    """The calls buffered since the last write, plus their signature summary."""
 
     def __init__(self) -> None:
-        self.call_id: list[int] = []
-        self.ts: list[int] = []
-        self.in_structure: list[str] = []
-        self.out_structure: list[str | None] = []
-        # Sizes packed as little-endian int64 bytes: 4x faster to turn into Arrow than Python
-        # ints, and a cheap, hash-cached signature key.
-        self.dims: list[bytes] = []
-        self.out_dims: list[bytes | None] = []
-        self.int_min: list[list[int | None] | None] = []
-        self.int_max: list[list[int | None] | None] = []
-        self.duration: list[int] = []
-        self.error: list[str | None] = []
-        self.signatures: dict[tuple[Any, ...], _Signature] = {}
+        self.rows: list[CallRecord] = []
+        # Per row its signature key (in_structure, out_structure, dims, out_dims), the sizes
+        # packed as little-endian int64 bytes: 4x faster to turn into Arrow than Python ints,
+        # and a cheap, hash-cached dict key. Rows of one signature share one key tuple.
+        self.keys: list[_Key] = []
+        self.signatures: dict[_Key, tuple[_Key, _Signature]] = {}
         self.started = time.monotonic()
 
     def __len__(self) -> int:
-        return len(self.call_id)
+        return len(self.rows)
+
+    def structure_ids(self) -> set[str]:
+        """The input and output structures the buffered calls refer to."""
+        out = {k[0] for k in self.signatures}
+        out.update(k[1] for k in self.signatures if k[1] is not None)
+        return out
 
     def add(self, rec: CallRecord) -> None:
         """Appends one call; raises (appending nothing) when the tables cannot hold it."""
-        call_id, ts, sin, sout, dims, out_dims, ranges, duration, error = rec
-        # Everything is checked before the first append: a failure leaves the columns aligned.
-        packed = _pack(dims)  # struct.error: a size that is not an int (a ragged SymInt)
+        # Everything is checked before the first append: a failure leaves the segment as it was.
+        packed = _pack(rec.dims)  # struct.error: a size that is not an int (a ragged SymInt)
+        out_dims = rec.out_dims
         out_packed = None if out_dims is None else _pack(out_dims)
-        mins = maxs = None
-        if ranges:
-            _pack(tuple(0 if v is None else v for v in ranges))  # every bound fits int64
-            mins, maxs = list(ranges[0::2]), list(ranges[1::2])
+        mins, maxs = rec.int_min, rec.int_max
+        if mins is not None and maxs is not None:
+            _check_int64(mins)  # every bound fits int64
+            _check_int64(maxs)
+        error = rec.error
         if error is not None:
             error.encode()  # UnicodeEncodeError: Arrow cannot hold a lone surrogate
-        self.call_id.append(call_id)
-        self.ts.append(ts)
-        self.in_structure.append(sin)
-        self.out_structure.append(sout)
-        self.dims.append(packed)
-        self.out_dims.append(out_packed)
-        self.int_min.append(mins)
-        self.int_max.append(maxs)
-        self.duration.append(duration)
-        self.error.append(error)
-        key = (sin, sout, packed, out_packed)
-        sig = self.signatures.get(key)
-        if sig is None:
-            sig = self.signatures[key] = _Signature(first_ts=ts, dur_min=duration)
+        ts, duration = rec.ts, rec.duration_ns
+        key = (rec.in_structure, rec.out_structure, packed, out_packed)
+        entry = self.signatures.get(key)
+        if entry is None:
+            entry = self.signatures[key] = (key, _Signature(first_ts=ts, duration_ns_min=duration))
+        key, sig = entry  # the signature's first key: its rows share one tuple
+        self.rows.append(rec)
+        self.keys.append(key)
         sig.calls += 1
         sig.errors += error is not None
         if mins is not None and maxs is not None:
-            sig.int_min = _merge_elementwise(sig.int_min, mins, min)
-            sig.int_max = _merge_elementwise(sig.int_max, maxs, max)
+            sig.int_min = merge_bounds(sig.int_min, mins, min)
+            sig.int_max = merge_bounds(sig.int_max, maxs, max)
         sig.first_ts = min(sig.first_ts, ts)
         sig.last_ts = max(sig.last_ts, ts)
-        sig.dur_sum += duration
-        sig.dur_min = min(sig.dur_min, duration)
-        sig.dur_max = max(sig.dur_max, duration)
+        sig.duration_ns_sum += duration
+        sig.duration_ns_min = min(sig.duration_ns_min, duration)
+        sig.duration_ns_max = max(sig.duration_ns_max, duration)
 
     def calls_tables(self, model: str, host: str, pid: int) -> dict[str, pa.Table]:
-        """One calls table per UTC date."""
-        ts = pa.array(self.ts, pa.int64())
-        full = pa.table(
-            {
-                "call_id": pa.array(self.call_id, pa.int64()),
-                "ts": ts.cast(pa.timestamp("ns", tz="UTC")).cast(
-                    pa.timestamp("us", tz="UTC"), safe=False
-                ),
-                "model": pa.array([model] * len(self), pa.string()),
-                "host": pa.array([host] * len(self), pa.string()),
-                "pid": pa.array([pid] * len(self), pa.int32()),
-                "in_structure": pa.array(self.in_structure, pa.string()),
-                "out_structure": pa.array(self.out_structure, pa.string()),
-                "dims": _list_array(self.dims),
-                "out_dims": _list_array(self.out_dims),
-                "int_min": pa.array(self.int_min, pa.list_(pa.int64())),
-                "int_max": pa.array(self.int_max, pa.list_(pa.int64())),
-                "duration_ns": pa.array(self.duration, pa.int64()),
-                "error": pa.array(self.error, pa.string()),
-            },
-            schema=schema.CALLS_SCHEMA,
-        )
-        days = [
-            dt.datetime.fromtimestamp(t / 1e9, tz=dt.timezone.utc).date().isoformat()
-            for t in (self.ts[0], self.ts[-1])
+        """One calls table per UTC date, its columns in `schema.CALLS_SCHEMA` order."""
+        n = len(self)
+        fields = dict(zip(schema.CALL_RECORD_FIELDS, zip(*self.rows, strict=True), strict=True))
+        fields.update(zip(_KEY, zip(*self.keys, strict=True), strict=True))
+        constant = dict(zip(schema.WRITER_COLUMNS, (model, host, pid), strict=True))
+        columns = [
+            _column(f, [constant[f.name]] * n if f.name in constant else fields[f.name])
+            for f in schema.CALLS_SCHEMA
         ]
+        full = pa.Table.from_arrays(columns, schema=schema.CALLS_SCHEMA)
+        first, last = self.rows[0].ts, self.rows[-1].ts
+        days = [_day(t) for t in (first, last)]
         if days[0] == days[1]:
             return {days[0]: full}
-        all_days = [
-            dt.datetime.fromtimestamp(t / 1e9, tz=dt.timezone.utc).date().isoformat()
-            for t in self.ts
-        ]
+        all_days = [_day(r.ts) for r in self.rows]
         col = pa.array(all_days)
-        out = {}
-        for day in sorted(set(all_days)):
-            out[day] = full.filter(pc.equal(col, day))
-        return out
+        return {day: full.filter(pc.equal(col, day)) for day in sorted(set(all_days))}
 
     def stats_table(self, model: str) -> pa.Table:
-        rows = list(self.signatures.items())
+        """One row per distinct signature, its columns in `schema.STATS_SCHEMA` order."""
+        entries = list(self.signatures.values())
+        fields: dict[str, Sequence[Any]] = {
+            name: [model] * len(entries)  # the one writer column of a signature key
+            for name in schema.SIGNATURE_KEY
+            if name in schema.WRITER_COLUMNS
+        }
+        fields.update(zip(_KEY, zip(*(k for k, _ in entries), strict=True), strict=True))
+        for name in _MERGED:
+            values = [getattr(s, name) for _, s in entries]
+            if pa.types.is_list(schema.STATS_SCHEMA.field(name).type):
+                values = [v or None for v in values]  # no merged item: recorded without ranges
+            fields[name] = values
+        columns = [_column(f, fields[f.name]) for f in schema.STATS_SCHEMA]
+        return pa.Table.from_arrays(columns, schema=schema.STATS_SCHEMA)
 
-        def ts_col(values: list[int]) -> pa.Array:
-            return (
-                pa.array(values, pa.int64())
-                .cast(pa.timestamp("ns", tz="UTC"))
-                .cast(pa.timestamp("us", tz="UTC"), safe=False)
-            )
 
-        return pa.table(
-            {
-                "model": pa.array([model] * len(rows), pa.string()),
-                "in_structure": pa.array([k[0] for k, _ in rows], pa.string()),
-                "out_structure": pa.array([k[1] for k, _ in rows], pa.string()),
-                "dims": _list_array([k[2] for k, _ in rows]),
-                "out_dims": _list_array([k[3] for k, _ in rows]),
-                "calls": pa.array([s.calls for _, s in rows], pa.int64()),
-                "errors": pa.array([s.errors for _, s in rows], pa.int64()),
-                "int_min": pa.array([s.int_min or None for _, s in rows], pa.list_(pa.int64())),
-                "int_max": pa.array([s.int_max or None for _, s in rows], pa.list_(pa.int64())),
-                "first_ts": ts_col([s.first_ts for _, s in rows]),
-                "last_ts": ts_col([s.last_ts for _, s in rows]),
-                "duration_ns_sum": pa.array([s.dur_sum for _, s in rows], pa.int64()),
-                "duration_ns_min": pa.array([s.dur_min for _, s in rows], pa.int64()),
-                "duration_ns_max": pa.array([s.dur_max for _, s in rows], pa.int64()),
-            },
-            schema=schema.STATS_SCHEMA,
-        )
+def _day(ts_ns: int) -> str:
+    """The UTC date of a timestamp in nanoseconds, ISO formatted."""
+    return dt.datetime.fromtimestamp(ts_ns / 1e9, tz=dt.timezone.utc).date().isoformat()
 
 
 def structure_table(

@@ -13,7 +13,8 @@ Views users can rely on (DESIGN §6):
   int_max)``: one row per call and leaf, ``side`` is 'input' or 'output';
 - ``dims(call_id, model, side, leaf, path, axis, size)``: one row per call, tensor leaf and axis;
 - ``stats``: the per-segment signature rows as written; ``signatures``: the same merged over
-  segments, one row per distinct (model, in_structure, out_structure, dims, out_dims).
+  segments, one row per distinct (model, in_structure, out_structure, dims, out_dims), integer
+  value ranges merged item by item (`schema.SIGNATURE_RANGES`, the one place they merge).
 
 Every file is checked before it joins a view (`capture.layout.read_footer`): unreadable,
 foreign, wrong-schema and bomb-sized files, files of a newer schema version and symbolic links
@@ -81,7 +82,7 @@ CREATE OR REPLACE VIEW structures AS
     ) WHERE rn = 1;
 
 CREATE OR REPLACE VIEW signatures AS
-    SELECT {SIGNATURE_TOTALS}
+    SELECT {SIGNATURE_TOTALS}, {schema.SIGNATURE_RANGES}
     FROM stats
     GROUP BY ALL;
 

@@ -1,7 +1,8 @@
 """Bounded queue + writer thread: complete zstd Parquet files, tmp name then rename.
 
-The recording thread only appends a tuple to a deque (tens of nanoseconds); when the deque holds
-`queue_size` items the call is dropped and counted, so the model never waits for the disk. A
+The recording thread only appends a `CallRecord` (a NamedTuple) to a deque (tens of
+nanoseconds); when the deque holds `queue_size` items the call is dropped and counted, so the
+model never waits for the disk. A
 daemon thread drains the deque every `poll_seconds`, accumulates columns, and writes a *segment*
 when `flush_rows` rows are buffered or `flush_seconds` have passed since the first one:
 
@@ -382,9 +383,7 @@ class StoreWriter:
         landed: list[str] = []
         try:
             self._check_store()
-            needed = set(segment.in_structure)
-            needed.update(s for s in segment.out_structure if s is not None)
-            self._write_structures(needed, seq)
+            self._write_structures(segment.structure_ids(), seq)
             stats = segment.stats_table(self.model)
             for day, table in segment.calls_tables(self.model, self.host, self.pid).items():
                 landed.append(

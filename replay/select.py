@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from capture import schema
 from capture.errors import ReplayError
 from capture.representative import MIN_DYNAMIC, Representative, choose_row, synthesize
 
@@ -93,16 +94,6 @@ def representative(group: Group) -> Representative:
     return synthesize(matrix, row, symbol_of, group.relations, group.name)
 
 
-def _merge(into: list[int | None], other: Sequence[int | None], pick: Any) -> list[int | None]:
-    out = list(into)
-    for i, v in enumerate(other):
-        if i >= len(out):
-            out.append(v)
-        elif v is not None:
-            out[i] = v if out[i] is None else pick(out[i], v)
-    return out
-
-
 def value_ranges(store: Store, group: Group) -> dict[tuple[int, ...], Ranges]:
     """Integer value ranges per recorded signature of a group, merged over store segments.
 
@@ -118,21 +109,17 @@ def value_ranges(store: Store, group: Group) -> dict[tuple[int, ...], Ranges]:
         >>> value_ranges(store, group)[(2, 1, 2, 2, 5, 16)]  # doctest: +SKIP
         ([3, 4, 0], [99, 5, 1])
     """
+    # The signatures view merged the ranges over segments; signatures that differ only in
+    # their outputs merge here, by the same rule (schema.SIGNATURE_RANGES).
     table = store.query(
-        "SELECT dims, int_min, int_max FROM stats WHERE model = $model "
-        "AND in_structure = $structure AND int_min IS NOT NULL",
+        f"SELECT dims, {schema.SIGNATURE_RANGES} FROM signatures WHERE model = $model "
+        "AND in_structure = $structure AND int_min IS NOT NULL GROUP BY dims",
         {"model": group.model, "structure": group.structure_id},
     )
-    out: dict[tuple[int, ...], Ranges] = {}
-    for row in table.to_pylist():
-        key = tuple(int(v) for v in row["dims"])
-        lows, highs = row["int_min"] or [], row["int_max"] or []
-        if key in out:
-            old_lows, old_highs = out[key]
-            out[key] = (_merge(old_lows, lows, min), _merge(old_highs, highs, max))
-        else:
-            out[key] = (list(lows), list(highs))
-    return out
+    return {
+        tuple(int(v) for v in row["dims"]): (list(row["int_min"]), list(row["int_max"]))
+        for row in table.to_pylist()
+    }
 
 
 DEFAULT_PROBES = 4

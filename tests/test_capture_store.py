@@ -228,3 +228,23 @@ def test_packed_dims_become_the_same_arrow_lists_as_python_ints(
     packed = [None if r is None else _pack(r) for r in rows]
     expected = pa.array([None if r is None else list(r) for r in rows], pa.list_(pa.int64()))
     assert _list_array(packed).equals(expected)
+
+
+class Ids(torch.nn.Module):
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return ids * 2  # pos only passes through the recorder
+
+
+def test_signatures_merge_integer_ranges_over_segments(tmp_path: Path) -> None:
+    model = Ids()
+    empty = torch.zeros(0, dtype=torch.int64)
+    with torch.no_grad(), capture.Recorder(model, tmp_path, name="ids", flush_rows=1) as rec:
+        model(torch.tensor([[3, 9]]), empty)  # pos empty: its range is unknown (NULL items)
+        model(torch.tensor([[-1, 4]]), empty)
+        rec.flush()
+    with capture.open_store(tmp_path) as store:
+        segments = store.query("SELECT count(*) AS n FROM stats").to_pylist()
+        rows = store.query("SELECT calls, int_min, int_max FROM signatures").to_pylist()
+    assert segments == [{"n": 2}]
+    # issue 13: the view merges the ranges (one rule, schema.SIGNATURE_RANGES), item by item
+    assert rows == [{"calls": 2, "int_min": [-1, None], "int_max": [9, None]}]
