@@ -27,8 +27,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from capture.representative import MIN_DYNAMIC
 from replay import shapes
-from replay.select import MIN_DYNAMIC
 
 if TYPE_CHECKING:
     from replay.inputs import ExportGroup
