@@ -37,6 +37,7 @@ from capture.alignment import Aligner, Analysis, View
 from capture.call_layout import CallLayout, Observation, Signature
 from capture.errors import CaptureError
 from capture.flatten import Structure, describe, tensor_key, walk
+from capture.segment import merge_bounds
 from capture.shape_tree import registered
 
 __all__ = ["InputObserver"]
@@ -68,7 +69,9 @@ class _Seen(Observation):
     out_dims: tuple[tuple[int, ...], ...] | None = None
     calls: int = 0
     duration_ns: int = 0
-    ranges: list[int | None] = field(default_factory=list)
+    # Integer value ranges, item by item (None: an empty tensor), as the calls columns hold them.
+    int_min: list[int | None] = field(default_factory=list)
+    int_max: list[int | None] = field(default_factory=list)
 
 
 @dataclass
@@ -201,16 +204,19 @@ class InputObserver:
         if layout.structure.slow:
             tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         dims = tuple(tuple(t.shape) for t in tensors)
-        ranges: list[int | None] = []
+        lows: list[int | None] = []
+        highs: list[int | None] = []
         for i in layout.structure.range_tensors:
             t = tensors[i]
             if t.numel():
                 lo, hi = torch.aminmax(t)
-                ranges += [int(lo), int(hi)]
+                lows.append(int(lo))
+                highs.append(int(hi))
             else:
-                ranges += [None, None]
+                lows.append(None)
+                highs.append(None)
         clones = [t.detach().clone() for t in tensors] if store else None
-        return layout, dims, ranges, clones, time.time_ns()
+        return layout, dims, (lows, highs), clones, time.time_ns()
 
     def _new_layout(
         self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Any
@@ -253,8 +259,10 @@ class InputObserver:
             seen.calls += 1
             seen.last = call
             seen.duration_ns += duration
-            if ranges:
-                seen.ranges = _merge_ranges(seen.ranges, ranges) if seen.ranges else ranges
+            lows, highs = ranges
+            if lows:
+                seen.int_min = merge_bounds(seen.int_min, lows, min)
+                seen.int_max = merge_bounds(seen.int_max, highs, max)
             if clones is not None and len(self._stored) < limit:
                 self._stored.append(_Stored(seen, clones))
 
@@ -462,9 +470,8 @@ class InputObserver:
                     out_structure=None if s.out is None else s.out.structure_id,
                     dims=tuple(chain.from_iterable(s.dims)),
                     out_dims=None if s.out_dims is None else tuple(chain.from_iterable(s.out_dims)),
-                    # `ranges` is [min0, max0, min1, max1, ...]
-                    int_min=s.ranges[0::2] or None,
-                    int_max=s.ranges[1::2] or None,
+                    int_min=s.int_min or None,
+                    int_max=s.int_max or None,
                     duration_ns=s.duration_ns // max(s.calls, 1),
                     error=None,
                 )
@@ -478,14 +485,3 @@ class InputObserver:
                 "that the path is writable (the logged warning has the cause)"
             )
         return total
-
-
-def _merge_ranges(acc: list[int | None], new: list[int | None]) -> list[int | None]:
-    """Merges ``[min0, max0, min1, max1, ...]`` lists (None: an empty tensor)."""
-    out: list[int | None] = []
-    for i, (a, b) in enumerate(zip(acc, new, strict=True)):
-        if a is None or b is None:
-            out.append(b if a is None else a)
-        else:
-            out.append(min(a, b) if i % 2 == 0 else max(a, b))
-    return out

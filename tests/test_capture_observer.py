@@ -536,6 +536,26 @@ def test_to_store_writes_every_observed_call(tmp_path: Path) -> None:
     ]
 
 
+def test_to_store_merges_integer_ranges_of_one_signature(tmp_path: Path) -> None:
+    model, observer = Toy(), InputObserver()
+    with observer(model):
+        for lo, hi in ((3, 9), (1, 4), (5, 12)):
+            model(torch.tensor([[lo, hi]]))
+        model(torch.zeros(1, 0, dtype=torch.int64))  # empty: its range is unknown
+    observer.to_store(tmp_path, name="toy")
+    rows = (
+        capture.open_store(tmp_path)
+        .query("SELECT dims, int_min, int_max, calls FROM signatures ORDER BY calls DESC")
+        .to_pylist()
+    )
+    # issue 13: the observer keeps lows and highs as the calls columns do and merges them with
+    # the writer's rule (segment.merge_bounds): the smallest low and the largest high, per tensor.
+    assert [(r["int_min"], r["int_max"], r["calls"]) for r in rows] == [
+        ([1], [12], 3),
+        ([None], [None], 1),
+    ]
+
+
 def test_to_store_records_missing_arguments_not_value_if_missing(tmp_path: Path) -> None:
     observer = _observe(_scenario("masked"))
     observer.to_store(tmp_path)
