@@ -11,7 +11,7 @@ structures are `capture.flatten.describe()` of real calls and are written with
 `capture.writer.structure_table()`; calls and stats tables follow `capture.schema`'s schemas and
 are written with `capture.writer.write_parquet()` (zstd, tmp name + rename, schema metadata),
 100k calls per file, one stats file per calls file (one row per distinct signature in it, as
-`_Segment.stats_table` computes them), the calls spread over several writer processes (file
+`Segment.stats_table` computes them), the calls spread over several writer processes (file
 prefixes, each with its own copy of the structures file) and UTC dates. The traffic is an LLM's:
 `forward(input_ids, attention_mask=None, position_ids=None, past_key_values=None)` with a 4-layer
 `DynamicCache`, i.e. 10 tensor leaves per call (36 sizes), in two structures (with
@@ -244,7 +244,7 @@ def generate(
             },
             schema=schema.CALLS_SCHEMA,
         )
-        # stats: one row per distinct signature in this file, as _Segment.stats_table does
+        # stats: one row per distinct signature in this file, as Segment.stats_table does
         order = np.argsort(idx, kind="stable")
         sorted_idx = idx[order]
         starts = np.flatnonzero(np.r_[True, sorted_idx[1:] != sorted_idx[:-1]])

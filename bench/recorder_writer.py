@@ -15,7 +15,7 @@ from recorder_cases import Decode, GcWatch, Small, log, small_inputs
 
 import capture
 from capture import nodes
-from capture.segment import CallRecord, _Segment, call_id_base
+from capture.segment import CallRecord, Segment, call_id_base
 from capture.writer import StoreWriter, write_parquet
 
 TARGET_WRITER = 50_000
@@ -72,7 +72,7 @@ def measure_writer(n: int, record: CallRecord, store: str) -> dict[str, float]:
     out["rate"] = writer.written_calls / seconds
 
     seg_rows = min(writer.flush_rows, n)
-    seg = _Segment()
+    seg = Segment()
     t = time.perf_counter()
     for rec in records[:seg_rows]:
         seg.add(rec)
@@ -162,7 +162,7 @@ def writer_section(
         for key, name in (
             (
                 "add",
-                "`_Segment.add` per record (Python: pack sizes as int64 bytes, signature dict)",
+                "`Segment.add` per record (Python: pack sizes as int64 bytes, signature dict)",
             ),
             ("tables", "`calls_tables` + `stats_table` (Python lists → Arrow)"),
             ("write", "`write_parquet` calls + stats (zstd, tmp + rename)"),

@@ -1,7 +1,7 @@
 """A writer's segment: the columns of the calls buffered since the last write, as Arrow tables.
 
 Split from `capture.writer` (the queue, the thread and the files): this module turns records into
-the `calls`, `stats` and `structures` tables. `_Segment.add` checks a record completely before
+the `calls`, `stats` and `structures` tables. `Segment.add` checks a record completely before
 appending anything, so one record the tables cannot hold (a size that is not an int, a value range
 outside int64, an error message that is not UTF-8) is refused alone and the segment stays
 consistent (issue 12).
@@ -27,7 +27,15 @@ from capture import schema
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
     from capture.flatten import Param, Structure
 
-__all__ = ["CallRecord", "call_id_base", "structure_table", "merge_bounds"]
+__all__ = [
+    "CallRecord",
+    "Segment",
+    "call_id_base",
+    "merge_bounds",
+    "pack_sizes",
+    "sizes_array",
+    "structure_table",
+]
 
 
 class CallRecord(NamedTuple):
@@ -65,7 +73,7 @@ def call_id_base() -> int:
 _PACKERS: dict[int, Callable[..., bytes]] = {}
 
 
-def _pack(values: Sequence[int]) -> bytes:
+def pack_sizes(values: Sequence[int]) -> bytes:
     """Ints as little-endian int64 bytes."""
     pack = _PACKERS.get(len(values))
     if pack is None:
@@ -73,8 +81,8 @@ def _pack(values: Sequence[int]) -> bytes:
     return pack(*values)
 
 
-def _list_array(packed: Sequence[bytes | None]) -> pa.Array:
-    """A list<int64> Arrow array from `_pack`ed rows (None: a null list)."""
+def sizes_array(packed: Sequence[bytes | None]) -> pa.Array:
+    """A list<int64> Arrow array from `pack_sizes`ed rows (None: a null list)."""
     lengths = np.fromiter(
         (0 if b is None else len(b) >> 3 for b in packed), np.int32, count=len(packed)
     )
@@ -102,7 +110,7 @@ def _column(field: pa.Field, values: Sequence[Any]) -> pa.Array:
         )
     first = next((v for v in values if v is not None), None)
     if pa.types.is_list(field.type) and isinstance(first, bytes):
-        return _list_array(values)
+        return sizes_array(values)
     return pa.array(values, field.type)
 
 
@@ -145,10 +153,10 @@ def merge_bounds(
 
 def _check_int64(values: Sequence[int | None]) -> None:
     """Raises struct.error unless every known item fits int64."""
-    _pack(tuple(0 if v is None else v for v in values))
+    pack_sizes(tuple(0 if v is None else v for v in values))
 
 
-class _Segment:
+class Segment:
     """The calls buffered since the last write, plus their signature summary."""
 
     def __init__(self) -> None:
@@ -172,9 +180,9 @@ class _Segment:
     def add(self, rec: CallRecord) -> None:
         """Appends one call; raises (appending nothing) when the tables cannot hold it."""
         # Everything is checked before the first append: a failure leaves the segment as it was.
-        packed = _pack(rec.dims)  # struct.error: a size that is not an int (a ragged SymInt)
+        packed = pack_sizes(rec.dims)  # struct.error: a size that is not an int (a ragged SymInt)
         out_dims = rec.out_dims
-        out_packed = None if out_dims is None else _pack(out_dims)
+        out_packed = None if out_dims is None else pack_sizes(out_dims)
         mins, maxs = rec.int_min, rec.int_max
         if mins is not None and maxs is not None:
             _check_int64(mins)  # every bound fits int64

@@ -38,7 +38,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
-from capture.segment import CallRecord, _list_array, _pack, _Segment, structure_table
+from capture.segment import CallRecord, Segment, structure_table
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
     from capture.flatten import Param, Structure
@@ -57,7 +57,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_ = (_list_array, _pack)  # re-exported for the tests and benchmarks that import them from here
 
 TMP_MAX_AGE = 3600.0
 """Seconds after which a ``.tmp`` file is a killed writer's leftover, removed by the next writer."""
@@ -219,7 +218,7 @@ class StoreWriter:
         self.files: collections.deque[str] = collections.deque(maxlen=1000)  # the latest ones
         self.files_written = 0
         self._warned: set[str] = set()
-        self._segment = _Segment()
+        self._segment = Segment()
 
     # -- recording side (any thread) -------------------------------------------------------
     def submit(self, rec: CallRecord) -> bool:
@@ -376,7 +375,7 @@ class StoreWriter:
             raise OSError(f"cannot write structures to {self.root}: {e}") from e
 
     def _write_segment(self) -> None:
-        segment, self._segment = self._segment, _Segment()
+        segment, self._segment = self._segment, Segment()
         model = model_folder(self.model)
         seq = next(self._seq)
         name = f"{self.prefix}-{seq:06d}.parquet"

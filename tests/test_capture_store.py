@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 import capture
 from capture import schema
 from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
+from capture.segment import pack_sizes, sizes_array
 from capture.store import Store
-from capture.writer import _list_array, _pack, write_parquet
+from capture.writer import write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,9 +226,9 @@ def test_model_name_that_is_not_a_folder_name_is_kept(tmp_path: Path) -> None:
 def test_packed_dims_become_the_same_arrow_lists_as_python_ints(
     rows: list[tuple[int, ...] | None],
 ) -> None:
-    packed = [None if r is None else _pack(r) for r in rows]
+    packed = [None if r is None else pack_sizes(r) for r in rows]
     expected = pa.array([None if r is None else list(r) for r in rows], pa.list_(pa.int64()))
-    assert _list_array(packed).equals(expected)
+    assert sizes_array(packed).equals(expected)
 
 
 class Ids(torch.nn.Module):
