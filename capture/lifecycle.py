@@ -37,7 +37,7 @@ _SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(si
 class _Tracked(Protocol):
     def flush(self, timeout: float | None = ...) -> None: ...
 
-    def _after_fork_in_child(self) -> None: ...
+    def after_fork_in_child(self) -> None: ...
 
 
 _active: list[_Tracked] = []
@@ -105,7 +105,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()  # another thread may have held it at the fork
     for recorder in list(_active):
         try:
-            recorder._after_fork_in_child()
+            recorder.after_fork_in_child()
         except Exception:  # never break the child: it records nothing then
             pass
 

@@ -178,11 +178,15 @@ class PayloadKeeper:
         self.model = model
         self.fs, self.root = resolve_store(store)
         self._model_part = safe_name(model)
-        host = os.uname().nodename if hasattr(os, "uname") else "host"
-        self._prefix = f"{safe_name(host)}-{os.getpid()}-{time.time_ns() // 1000:x}"
-        self._random = random.Random().random
-        self._queue: queue.Queue[_Kept | None] = queue.Queue(maxsize=policy.max_pending)
+        self._host_part = safe_name(os.uname().nodename if hasattr(os, "uname") else "host")
         self._thread: threading.Thread | None = None
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """A new file prefix, queue, lock and counters (at init, and in a forked child)."""
+        self._prefix = f"{self._host_part}-{os.getpid()}-{time.time_ns() // 1000:x}"
+        self._random = random.Random().random
+        self._queue: queue.Queue[_Kept | None] = queue.Queue(maxsize=self.policy.max_pending)
         self._lock = threading.Lock()
         self._used = 0
         self.kept = 0
@@ -203,6 +207,19 @@ class PayloadKeeper:
             target=self._run, name=f"capture-payloads-{self.model}", daemon=True
         )
         self._thread.start()
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: its own file prefix, an empty queue and a new writer thread.
+
+        The parent's thread does not exist in the child: without this, the child's sampled
+        calls filled a queue nobody drained and were all dropped. The payloads queued before
+        the fork are the parent's to write.
+        """
+        running = self._thread is not None
+        self._thread = None
+        self._fresh()
+        if running:
+            self.start()
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Writes what is queued and stops the thread."""

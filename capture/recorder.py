@@ -226,6 +226,12 @@ class Recorder(StructureCache, RecorderBase):
             )
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def after_fork_in_child(self) -> None:
+        """A forked child's recorder: RecorderBase's renewal, and its own payload writer."""
+        super().after_fork_in_child()
+        if self._payloads is not None:
+            self._payloads.after_fork_in_child()
+
     def start(self) -> Recorder:
         """Wraps the method and starts the writer thread (for long-lived servers)."""
         if self._active:

@@ -97,7 +97,7 @@ class RecorderBase:
         while _count_value(entered) > _count_value(left) and time.monotonic() < deadline:
             time.sleep(0.001)
 
-    def _after_fork_in_child(self) -> None:
+    def after_fork_in_child(self) -> None:
         """A forked child's recorder: new call ids, fresh counters, its own writer (issue 12)."""
         self._lock = threading.Lock()
         self._id_base = call_id_base()

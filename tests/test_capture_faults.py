@@ -192,6 +192,38 @@ print(json.dumps({{"child": pid, "status": status, "written": rec.stats()["writt
     assert _counts(store) == {"calls": 100, "ids": 100, "signatures": 100, "orphans": 0}
 
 
+def test_fork_child_keeps_its_own_payloads(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    code, out, err = _run(
+        ADD
+        + f"""
+from capture.payloads import list_payloads
+m = Add()
+rec = Recorder(m, {str(store)!r}, flush_seconds=3600, payloads=1.0).start()
+for i in range(3):
+    m(torch.ones(2, 3), torch.ones(2, 3))
+pid = os.fork()
+if pid == 0:
+    for i in range(4):
+        m(torch.ones(4, 3), torch.ones(4, 3))
+    rec.stop()
+    os._exit(0 if rec.stats()["payloads"] == 4 else 3)
+_, status = os.waitpid(pid, 0)
+rec.stop()
+names = [p.path.rsplit("/", 1)[-1] for p in list_payloads({str(store)!r})]
+print(json.dumps({{"child": pid, "status": status, "names": names}}))
+""",
+        timeout=180,
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    # issue 13: the child's sampled calls were queued for the parent's thread, which a forked
+    # child does not have, and all dropped; now the child writes them under its own pid.
+    assert result["status"] == 0
+    mine = [n for n in result["names"] if f"-{result['child']}-" in n]
+    assert len(mine) == 4 and len(result["names"]) == 7
+
+
 _COMPILED = """
 import json, sys, tempfile, torch
 from torch._dynamo.utils import counters
