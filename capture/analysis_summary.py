@@ -246,3 +246,27 @@ def drift_rows(model: Mapping[str, Any]) -> list[dict[str, Any]]:
         for d in model.get("drift", ())
         for v in d["variants"]
     ]
+
+
+def group_rows(model: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per call group of a model's summary entry, largest first.
+
+    Args:
+        model: One entry of ``build_summary(...)["models"]``.
+
+    Returns:
+
+
+    """
+    return [
+        {
+            "group": g["name"],
+            "calls": g["calls"],
+            "share": f"{100 * g['share']:.1f}%",
+            "signatures": g["signatures"],
+            "raised": g["errors"],
+            "inputs": ", ".join(map(str, g["inputs"] or ())),
+            "absent": ", ".join(map(str, g["absent"] or ())),
+        }
+        for g in model.get("groups", ())
+    ]

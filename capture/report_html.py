@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from capture import __version__
-from capture.analysis_summary import drift_rows
+from capture.analysis_summary import drift_rows, group_rows
 from capture.report_data import ServedGroup, served_calls, symbol_kind, timeline
 
 if TYPE_CHECKING:
@@ -310,22 +310,7 @@ def _model_section(
         f"{_esc(model['last_ts'])}</p>",
     ]
     entries = {e["name"]: e for e in model["groups"]}
-    parts.append(
-        _table(
-            [
-                {
-                    "group": e["name"],
-                    "calls": e["calls"],
-                    "share": f"{100 * e['share']:.1f}%",
-                    "signatures": e["signatures"],
-                    "raised": e["errors"],
-                    "inputs": _join(e["inputs"]),
-                    "absent": _join(e["absent"]),
-                }
-                for e in model["groups"]
-            ]
-        )
-    )
+    parts.append(_table(group_rows(model)))
     if not groups:
         return parts
     tl = timeline(store, name, groups)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from capture.analysis_summary import drift_rows
+from capture.analysis_summary import drift_rows, group_rows
 
 from .output import table_text
 
@@ -68,20 +68,14 @@ def _groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
     differing = _differing_scalars(groups)
     rows = [
         {
-            "group": g["name"],
-            "calls": g["calls"],
-            "share": f"{100 * g['share']:.1f}%",
-            "signatures": g["signatures"],
-            "raised": g["errors"],
-            "inputs": _join(g["inputs"]),
-            "absent": _join(g["absent"]),
+            **row,
             **(
                 {"scalars": _join(f"{p}={(g.get('scalars') or {}).get(p, '-')}" for p in differing)}
                 if differing
                 else {}
             ),
         }
-        for g in groups
+        for row, g in zip(group_rows({"groups": groups}), groups, strict=True)
     ]
     return _section("Call groups (calls sharing one input structure), largest first", rows)
 
