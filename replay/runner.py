@@ -6,7 +6,6 @@ then run on the program that accepts it (or its AOTInductor build); see `replay.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +58,8 @@ class Runner:
     def _structure(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: dict[str, Any]
     ) -> tuple[str | None, list[dict[str, Any]], list[int]]:
-        from capture.flatten import Param, describe, tensor_key, walk
+        from capture.flatten import describe, tensor_key, walk
+        from capture.structure import parse_params
 
         tensors: list[Any] = []
         key: list[Any] = [len(args)]
@@ -69,10 +69,7 @@ class Runner:
         cache_key = (full, entry.get("signature"))
         found = self._seen.get(cache_key)
         if found is None:
-            params = tuple(
-                Param(p["name"], p["kind"], bool(p["has_default"]))
-                for p in json.loads(entry.get("signature") or "[]")
-            )
+            params = tuple(parse_params(entry.get("signature")))
             st = describe((args, kwargs), list(tensors), signature=params)
             rows = [leaf.__dict__ for leaf in st.leaves]
             found = (st.treespec, rows, st.slow)
