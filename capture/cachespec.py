@@ -17,9 +17,13 @@ import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from capture import schema
 from capture.errors import CaptureError
+
+if TYPE_CHECKING:
+    from capture.structure import RecordedStructure
 
 __all__ = [
     "CacheSpec",
@@ -294,47 +298,45 @@ def _reason(name: str) -> str | None:
     return None if spec is None else spec.reason
 
 
-def unsupported_reason(leaves: Sequence[dict[str, Any]]) -> str | None:
+def unsupported_reason(structure: RecordedStructure) -> str | None:
     """Why a recorded structure holds cache state we cannot rebuild exactly, or None.
 
-    Reads the structure rows (``structures`` view): an opaque leaf of an unsupported class, or
-    a layer of one in a cache's treespec context.
+    Reads the typed structure (`capture.structure`): an opaque leaf of an unsupported class,
+    or a layer of one in a cache's treespec context (the treespec parsed with its protocol
+    checked; one that cannot be parsed names no layer).
 
     Args:
-        leaves: The structure's rows, each with ``kind``, ``type``, ``path`` and ``treespec``.
+        structure: The recorded structure (`capture.analysis.Group.structure`).
 
     Returns:
         ``"<path>: <Class> <reason>"`` for the first such class, or None.
 
     Example:
-        >>> unsupported_reason([{"kind": "tensor", "type": "Tensor", "path": "x",
-        ...                      "treespec": None}]) is None
+        >>> from capture.structure import RecordedLeaf, RecordedStructure
+        >>> unsupported_reason(RecordedStructure("s", "m", (RecordedLeaf(0, "x", None, None,
+        ...     "tensor", "Tensor"),))) is None
         True
     """
-    for row in leaves:
-        name = str(row.get("type") or "").rsplit(".", 1)[-1]
+    for leaf in structure.leaves:
+        name = str(leaf.type or "").rsplit(".", 1)[-1]
         reason = _reason(name)
-        if row.get("kind") == "opaque" and reason is not None:
-            return f"{row.get('path')}: {name}: {reason}"
-    treespec = leaves[0].get("treespec") if leaves else None
-    if not treespec:
+        if leaf.kind == schema.KIND_OPAQUE and reason is not None:
+            return f"{leaf.path}: {name}: {reason}"
+    if not structure.treespec:
         return None
     try:
-        loaded = json.loads(str(treespec))
-    except ValueError:
+        stack = [structure.tree]
+    except CaptureError:  # a treespec we cannot read names no layer; the rebuild says why
         return None
-    stack = [loaded[1] if isinstance(loaded, list) and len(loaded) == 2 else loaded]
     while stack:
         node = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        stack.extend(node.get("children_spec") or [])
-        kind = str(node.get("type") or "")
+        stack.extend(node.children)
+        kind = node.type or ""
         if not kind.startswith("transformers."):
             continue
         try:
-            context = json.loads(node.get("context") or "null")
-        except ValueError:
+            context = json.loads(node.context or "null")
+        except (TypeError, ValueError):
             continue
         for layer in context if isinstance(context, list) else []:
             if isinstance(layer, list) and layer and layer[0] in _STATEFUL and len(layer) < 3:

@@ -107,6 +107,8 @@ def signature_of(fn: Callable[..., Any]) -> tuple[Param, ...]:
     )
 
 
+# Not `capture.structure.RecordedLeaf`: that one carries its stored leaf index first, known
+# only once the structure is numbered; this one is built positionally while walking a call.
 @dataclass(frozen=True)
 class Leaf:
     """What the store keeps about one leaf of a call's (args, kwargs) or output."""

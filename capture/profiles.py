@@ -32,15 +32,15 @@ torch.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from capture import schema
 from capture.buckets import optimal_buckets
+from capture.structure import RecordedLeaf, as_leaves
 
 if TYPE_CHECKING:
     from capture.analysis import Group
@@ -118,7 +118,7 @@ def _parts(path: str) -> list[str]:
     return out
 
 
-def export_names(leaves: Sequence[dict[str, Any]]) -> dict[int, str]:
+def export_names(leaves: Iterable[RecordedLeaf | Mapping[str, Any]]) -> dict[int, str]:
     """Leaf index -> the placeholder name `torch.export` gives that tensor input.
 
     The path's top level (``args[i]`` / ``kwargs['name']``) becomes the forward parameter's
@@ -134,12 +134,12 @@ def export_names(leaves: Sequence[dict[str, Any]]) -> dict[int, str]:
     """
     names: dict[int, str] = {}
     used: set[str] = set()
-    for r in leaves:
-        if r["kind"] != schema.KIND_TENSOR:
+    for r in as_leaves(leaves):
+        if not r.is_tensor:
             continue
-        parts = _parts(str(r["path"]))
+        parts = _parts(r.path)
         if parts[:1] in (["args"], ["kwargs"]) and len(parts) >= 2:
-            top = r["argument"] or "_".join(parts[:2])
+            top = r.argument or "_".join(parts[:2])
             rest = parts[2:]
         else:  # a path without the (args, kwargs) root: keep it whole
             top, rest = (parts[0] if parts else "input"), parts[1:]
@@ -148,7 +148,7 @@ def export_names(leaves: Sequence[dict[str, Any]]) -> dict[int, str]:
         while unique in used:
             unique, n = f"{name}_{n}", n + 1
         used.add(unique)
-        names[int(r["leaf"])] = unique
+        names[r.leaf] = unique
     return names
 
 
@@ -281,16 +281,13 @@ def _profile(
     for j, d in enumerate(group.dims):
         by_leaf.setdefault(d.leaf, []).append(j)
     inputs = []
-    for r in group.leaves:
-        leaf = int(r["leaf"])
-        if r["kind"] != schema.KIND_TENSOR:
-            continue
-        cols = by_leaf.get(leaf, [])
+    for r in group.structure.tensors:
+        cols = by_leaf.get(r.leaf, [])
         inputs.append(
             InputRange(
-                name=names[leaf],
-                path=str(r["path"]),
-                dtype=r["dtype"],
+                name=names[r.leaf],
+                path=r.path,
+                dtype=r.dtype,
                 min=tuple(int(lo[c]) for c in cols),
                 opt=tuple(int(matrix[opt, c]) for c in cols),
                 max=tuple(int(hi[c]) for c in cols),
@@ -335,7 +332,7 @@ def build_profiles(
     for g in groups:
         if g.matrix is None or g.weights is None:
             continue
-        names = export_names(g.leaves)
+        names = export_names(g.structure.leaves)
         free = _free_symbols(g)
         symbol, peaks = _split_symbol(g, free)
         pieces = min(max_profiles, peaks)

@@ -96,6 +96,8 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+# The fields of the recorder's `capture.flatten.Leaf` plus the stored leaf index, read back
+# from rows (two classes: the recorder builds its leaves positionally before they are numbered).
 @dataclass(frozen=True)
 class RecordedLeaf:
     """One leaf of a recorded structure (one ``structures`` row, without the structure-wide

@@ -173,6 +173,7 @@ def _show_analysis(store: Any) -> None:
 def _export(model: Any, store: Any) -> bool:
     """Exports the decode step from the store and prints the coverage table."""
     import replay
+    from replay.coverage import KIND_PROBE, KIND_RECORDED
 
     start = _step(
         4,
@@ -185,9 +186,9 @@ def _export(model: Any, store: Any) -> bool:
     for note in result.notes:
         click.echo(f"      note: {note}", err=True)
     rows = result.coverage.to_pylist()
-    coverage = [row for row in rows if row["kind"] == "recorded"]
+    coverage = [row for row in rows if row["kind"] == KIND_RECORDED]
     covered = [row for row in coverage if row["covered"]]
-    probes = [row for row in rows if row["kind"] == "probe"]
+    probes = [row for row in rows if row["kind"] == KIND_PROBE]
     worst = max((row["max_abs_diff"] or 0.0 for row in rows if row["covered"]), default=0.0)
     _section(
         f"Export of the {EXPORT_GROUP} group: the program run on every recorded signature "

@@ -32,7 +32,6 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from capture.structure import as_leaves
 from replay.guards import LEAF_FIELDS, ArtifactError, CallNotServed
 from replay.runner import Runner
 
@@ -101,7 +100,7 @@ def _axes(group: ExportGroup) -> list[dict[str, Any]]:
         }
         for d in group.dims
     ]
-    ranks = sum(leaf.ndim for leaf in as_leaves(group.leaves) if leaf.is_tensor)
+    ranks = group.structure.width
     if ranks != len(axes):
         raise ArtifactError(
             f"group {group.name}: {len(axes)} analysed dims for {ranks} recorded tensor dims; "
@@ -151,7 +150,7 @@ def _entry(
     types: set[str] = set()
     _pytree_types(program.call_spec.in_spec, types)
     _pytree_types(program.call_spec.out_spec, types)
-    structure = group.analysis.structure if group.analysis is not None else None
+    structure = group.structure
     return {
         "module": module,
         "group": group.name,
@@ -160,11 +159,12 @@ def _entry(
         "structure_id": group.structure_id,
         "calls": group.calls,
         "signatures": group.signatures,
-        "treespec": structure.treespec if structure is not None else None,
-        "signature": structure.signature if structure is not None else None,
-        "n_args": structure.n_args if structure is not None else 0,
+        "treespec": structure.treespec,
+        "signature": structure.signature,
+        "n_args": structure.n_args,
         "leaves": [
-            {k: r.get(k) for k in ("argument", "position", *LEAF_FIELDS)} for r in group.leaves
+            {k: getattr(leaf, k) for k in ("argument", "position", *LEAF_FIELDS)}
+            for leaf in structure.leaves
         ],
         "axes": _axes(group),
         "relations": [

@@ -96,7 +96,7 @@ def coverage_rows(
         row: dict[str, Any] = {
             "group": group.name,
             "kind": kind,
-            "signature": shapes.describe_sizes(group.leaves, sizes),
+            "signature": shapes.describe_sizes(group.structure.leaves, sizes),
             "calls": calls,
             "covered": False,
             "max_abs_diff": None,

@@ -44,6 +44,7 @@ def check_rows(
         (``structure``: the recorded input structure id; ``group``: the program serving the
         signature, or null; ``reason``: why each program refused it).
     """
+    from capture.structure import RecordedStructure
     from replay.guards import ProgramGuard
     from replay.shapes import describe_sizes
 
@@ -57,17 +58,19 @@ def check_rows(
             for e in manifest["programs"]
             if e.get("module", "") == module
         ]
-        leaves: dict[str, list[dict[str, Any]]] = {}
+        by_id: dict[str, list[dict[str, Any]]] = {}
         for row in store.query(_STRUCTURES, {"model": name}).to_pylist():
-            leaves.setdefault(row["structure_id"], []).append(row)
+            by_id.setdefault(row["structure_id"], []).append(row)
+        structures = {sid: RecordedStructure.from_rows(rows) for sid, rows in by_id.items()}
         calls = store.query(_CALLS, {"model": name, "since": since}).to_pylist()
         for call in calls:
-            structure = leaves.get(call["in_structure"], [])
-            treespec = structure[0]["treespec"] if structure else None
+            structure = structures.get(call["in_structure"])
+            treespec = structure.treespec if structure is not None else None
+            leaves = structure.leaves if structure is not None else ()
             dims = [int(v) for v in call["dims"]]
             served, reasons = None, []
             for guard in guards:
-                if not guard.matches(treespec, structure, call["in_structure"]):
+                if not guard.matches(treespec, leaves, call["in_structure"]):
                     reasons.append(f"{guard.label}: different call structure")
                     continue
                 failed = guard.check(dims)
@@ -80,7 +83,7 @@ def check_rows(
                     "model": name,
                     "structure": call["in_structure"],
                     "group": served,
-                    "signature": describe_sizes(structure, dims) if structure else "?",
+                    "signature": describe_sizes(leaves, dims) if leaves else "?",
                     "calls": int(call["calls"]),
                     "served": served is not None,
                     "reason": None if served else ("; ".join(reasons) or "no program"),

@@ -26,6 +26,7 @@ from replay.options import ExportOptions
 
 if TYPE_CHECKING:
     from capture.analysis import DimInfo, Group, Relation
+    from capture.structure import RecordedStructure
 
 __all__ = ["ExportGroup", "ExportInputs"]
 
@@ -84,6 +85,17 @@ class ExportGroup:
             return model
         return _named_call(model, self.form)
 
+    @property
+    def structure(self) -> RecordedStructure:
+        """The group's typed recorded structure (`capture.analysis.Group.structure`).
+
+        Raises:
+            ReplayError: The group was not built from an analysis.
+        """
+        if self.analysis is None:
+            raise ReplayError(f"group {self.name} was not built from an analysis")
+        return self.analysis.structure
+
     def recorded(self) -> list[tuple[tuple[int, ...], int]]:
         """The distinct recorded size vectors of the group with their calls, most calls first."""
         if self.analysis is None:
@@ -97,10 +109,8 @@ class ExportGroup:
         closest recorded signature (`replay.select.nearest_ranges`).
         """
         sizes = tuple(int(s) for s in sizes)
-        treespec = self.analysis.structure.treespec if self.analysis is not None else None
         return rb.rebuild(
-            self.leaves,
-            treespec,
+            self.structure,
             sizes,
             select.nearest_ranges(self.ranges, sizes),
             seed=self.seed,

@@ -371,7 +371,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     onnx_files: dict[str, str] = {}
     not_honoured: dict[str, str] = {}
     for index, group in enumerate(inputs.groups):
-        unsupported = nodes.unsupported_reason(group.leaves)
+        unsupported = nodes.unsupported_reason(group.structure)
         if unsupported is not None:
             # Issue 9: cache state we cannot rebuild exactly is never called covered.
             errors[group.name] = f"cache state not reproducible: {unsupported}"

@@ -20,11 +20,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from capture.errors import ReplayError
+from capture.structure import RecordedLeaf
 
-__all__ = ["ProgramGuard", "ArtifactError", "CallNotServed", "leaf_key", "LEAF_FIELDS"]
+__all__ = [
+    "ProgramGuard",
+    "ArtifactError",
+    "CallNotServed",
+    "LeafFacts",
+    "leaf_key",
+    "LEAF_FIELDS",
+]
 
 
 class ArtifactError(ReplayError):
@@ -47,26 +55,31 @@ LEAF_FIELDS = ("path", "kind", "dtype", "rank", "value")
 """The leaf columns that make a structure, for matching (device and bookkeeping left out)."""
 
 
-def leaf_key(rows: Iterable[Mapping[str, Any]]) -> tuple[tuple[Any, ...], ...]:
-    """The comparable form of a structure's leaves (structures-view rows or manifest rows).
+class LeafFacts(Protocol):
+    """The facts of a leaf that matching compares (`LEAF_FIELDS`): a recorded leaf
+    (`capture.structure.RecordedLeaf`) or a live call's (`capture.flatten.Leaf`)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def dtype(self) -> str | None: ...
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def value(self) -> str | None: ...
+
+
+def leaf_key(leaves: Iterable[LeafFacts]) -> tuple[tuple[Any, ...], ...]:
+    """The comparable form of a structure's leaves.
 
     Example:
-        >>> leaf_key([{"path": "args[0]", "kind": "tensor", "dtype": "float32", "rank": 2}])
+        >>> from capture.structure import RecordedLeaf
+        >>> leaf_key([RecordedLeaf(0, "args[0]", None, 0, "tensor", dtype="float32", rank=2)])
         (('args[0]', 'tensor', 'float32', 2, None),)
     """
-    out = []
-    for row in rows:
-        rank = row.get("rank")
-        out.append(
-            (
-                row.get("path"),
-                row.get("kind"),
-                row.get("dtype"),
-                int(rank) if rank is not None else None,
-                row.get("value"),
-            )
-        )
-    return tuple(out)
+    return tuple((leaf.path, leaf.kind, leaf.dtype, leaf.rank, leaf.value) for leaf in leaves)
 
 
 @dataclass
@@ -79,7 +92,8 @@ class ProgramGuard:
         program: The program's name inside the archive.
         structure_id: The recorded input structure of the group.
         treespec: The recorded treespec of ``(args, kwargs)`` (torch's JSON).
-        leaves: The recorded leaves (`LEAF_FIELDS` of each).
+        leaves: The recorded leaves (the manifest keeps `LEAF_FIELDS`, argument and position
+            of each).
         axes: One entry per tensor axis, in the order of a call's ``dims``: ``path``,
             ``axis``, ``min``, ``max``, ``dynamic``, ``symbol``.
         relations: ``{"symbol", "terms", "offset"}``: ``symbol == sum(terms) + offset``.
@@ -92,7 +106,7 @@ class ProgramGuard:
     program: str
     structure_id: str
     treespec: str | None
-    leaves: list[dict[str, Any]]
+    leaves: tuple[RecordedLeaf, ...]
     axes: list[dict[str, Any]]
     relations: list[dict[str, Any]] = field(default_factory=list)
     rejected: dict[tuple[int, ...], str] = field(default_factory=dict)
@@ -106,7 +120,9 @@ class ProgramGuard:
             program=str(entry["program"]),
             structure_id=str(entry["structure_id"]),
             treespec=entry.get("treespec"),
-            leaves=list(entry["leaves"]),
+            leaves=tuple(
+                RecordedLeaf.from_row({**row, "leaf": i}) for i, row in enumerate(entry["leaves"])
+            ),
             axes=list(entry["axes"]),
             relations=list(entry.get("relations", [])),
             rejected={
@@ -120,7 +136,7 @@ class ProgramGuard:
         return f"{self.module}.{self.group}" if self.module else self.group
 
     def matches(
-        self, treespec: str | None, leaves: Iterable[Mapping[str, Any]], structure_id: str = ""
+        self, treespec: str | None, leaves: Iterable[LeafFacts], structure_id: str = ""
     ) -> bool:
         """Tells whether a call structure is the program's recorded structure."""
         if structure_id and structure_id == self.structure_id:

@@ -222,12 +222,10 @@ def build_group(
     notes = [_example_note(group, example)]
     base = group.matrix[example.row] if group.matrix is not None else None
     rep_ranges = ranges.get(tuple(int(v) for v in base)) if base is not None else None
-    leaves = list(group.leaves)
-    unsupported = nodes.unsupported_reason(leaves)
+    unsupported = nodes.unsupported_reason(structure)
     try:
         args, kwargs_ = rb.rebuild(
-            leaves,
-            structure.treespec,
+            structure,
             example.sizes,
             rep_ranges,
             seed=options.seed,
@@ -284,7 +282,7 @@ def build_group(
         example=example,
         form=form,
         analysis=group,
-        leaves=leaves,
+        leaves=list(group.leaves),
         added=added,
         ranges=ranges,
         seed=options.seed,

@@ -21,11 +21,14 @@ paths production never took (no padding) or impossible ones (positions unrelated
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from capture import nodes
+
+if TYPE_CHECKING:
+    from capture.structure import RecordedLeaf
 
 __all__ = ["apply", "past_length"]
 
@@ -44,13 +47,13 @@ def _pad_rows(mask: torch.Tensor, right: bool) -> None:
         mask[1, n - pad :] = 0
 
 
-def past_length(rows: Sequence[dict[str, Any]], values: Sequence[Any]) -> int | None:
+def past_length(rows: Sequence[RecordedLeaf], values: Sequence[Any]) -> int | None:
     """Tokens the rebuilt cache has seen, or None when the call carries no cache tensor."""
     keys = None
     for row, value in zip(rows, values, strict=True):
         if not isinstance(value, torch.Tensor):
             continue
-        path = str(row["path"])
+        path = row.path
         if path.endswith(_SEEN):
             return int(value.shape[0])
         if keys is None and _KEY_CACHE in path and value.dim() == 4:
@@ -58,19 +61,19 @@ def past_length(rows: Sequence[dict[str, Any]], values: Sequence[Any]) -> int | 
     return keys
 
 
-def _argument(row: dict[str, Any]) -> str:
-    return str(row.get("argument") or "")
+def _argument(row: RecordedLeaf) -> str:
+    return row.argument or ""
 
 
 def apply(
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[RecordedLeaf],
     values: list[Any],
     lows: Sequence[int | None],
 ) -> None:
     """Rewrites masks, positions and cache positions of one rebuilt call in place.
 
     Args:
-        rows: The structure rows of the call's present leaves, in leaf order.
+        rows: The structure's leaves present in the call, in leaf order.
         values: The rebuilt leaf values, aligned with `rows` (tensors are modified in place).
         lows: The recorded minimum of each integer leaf, by ``range_index``.
     """
@@ -79,7 +82,7 @@ def apply(
     for row, value in zip(rows, values, strict=True):
         if not _is_int_matrix(value) or "mask" not in _argument(row).lower():
             continue
-        index = row.get("range_index")
+        index = row.range_index
         low = lows[index] if index is not None and index < len(lows) else None
         if low == 0:
             _pad_rows(value, right=past is None)

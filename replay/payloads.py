@@ -42,6 +42,7 @@ from replay.options import DEFAULT_MAX_PAYLOADS
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
+    from capture.structure import RecordedStructure
     from replay.inputs import ExportGroup, ExportInputs
 
 __all__ = ["payload_rows", "real_call", "DEFAULT_LIMIT"]
@@ -53,12 +54,12 @@ DEFAULT_LIMIT = DEFAULT_MAX_PAYLOADS
 
 
 def real_call(
-    leaves: list[dict[str, Any]], payload: Payload, device: str | torch.device | None = None
+    structure: RecordedStructure, payload: Payload, device: str | torch.device | None = None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The ``(args, kwargs)`` of a sampled call: its tensors in the recorded structure.
 
     Args:
-        leaves: The input structure's rows (``structures`` view), ordered by leaf.
+        structure: The call's recorded input structure (`replay.inputs.ExportGroup.structure`).
         payload: The call's payload file.
         device: Where to put the tensors (default: the recorded device when available, else CPU).
 
@@ -69,38 +70,36 @@ def real_call(
         ReplayError: The file lacks a tensor of the structure, or holds one of another dtype or
             rank, or the structure cannot be rebuilt (opaque leaf, no treespec).
     """
-    treespec = leaves[0].get("treespec") if leaves else None
-    if not treespec:
+    if not structure.treespec:
         raise ReplayError("the recorded structure has no treespec; the call cannot be rebuilt")
     tensors = payload.inputs()
     values: list[Any] = []
-    for row in leaves:
-        kind = row["kind"]
-        if kind == schema.KIND_MISSING:
+    for leaf in structure.leaves:
+        if leaf.kind == schema.KIND_MISSING:
             continue
-        if kind == schema.KIND_TENSOR:
-            t = tensors.get(int(row["leaf"]))
+        if leaf.kind == schema.KIND_TENSOR:
+            t = tensors.get(leaf.leaf)
             if t is None:
-                raise ReplayError(f"{row['path']}: the payload {payload.path} has no tensor for it")
-            if dtype_name(t.dtype) != row["dtype"] or t.dim() != int(row["rank"] or 0):
+                raise ReplayError(f"{leaf.path}: the payload {payload.path} has no tensor for it")
+            if dtype_name(t.dtype) != leaf.dtype or t.dim() != leaf.ndim:
                 raise ReplayError(
-                    f"{row['path']}: the payload holds a {dtype_name(t.dtype)} tensor of rank "
-                    f"{t.dim()}, the structure a {row['dtype']} of rank {row['rank']}"
+                    f"{leaf.path}: the payload holds a {dtype_name(t.dtype)} tensor of rank "
+                    f"{t.dim()}, the structure a {leaf.dtype} of rank {leaf.rank}"
                 )
-            values.append(t.clone().to(rb.resolve_device(row.get("device"), device)))
-        elif kind == schema.KIND_OPAQUE:
-            raise ReplayError(f"{row['path']} is an opaque {row.get('type')}; it cannot be rebuilt")
+            values.append(t.clone().to(rb.resolve_device(leaf.device, device)))
+        elif leaf.kind == schema.KIND_OPAQUE:
+            raise ReplayError(f"{leaf.path} is an opaque {leaf.type}; it cannot be rebuilt")
         else:
-            values.append(rb.scalar(row))
-    return rb.unflatten(leaves, treespec, values)
+            values.append(rb.scalar(leaf))
+    return rb.unflatten(structure, values)
 
 
-def _sizes(leaves: list[dict[str, Any]], payload: Payload) -> list[int]:
+def _sizes(structure: RecordedStructure, payload: Payload) -> list[int]:
     tensors = payload.inputs()
     out: list[int] = []
-    for row in leaves:
-        if row["kind"] == schema.KIND_TENSOR and int(row["leaf"]) in tensors:
-            out.extend(int(s) for s in tensors[int(row["leaf"])].shape)
+    for leaf in structure.tensors:
+        if leaf.leaf in tensors:
+            out.extend(int(s) for s in tensors[leaf.leaf].shape)
     return out
 
 
@@ -129,14 +128,14 @@ def _check(
 ) -> dict[str, Any]:
     with torch.no_grad():
         try:
-            args, kwargs = real_call(group.leaves, payload, device)
+            args, kwargs = real_call(group.structure, payload, device)
             expected = module(*args, **kwargs)
         except ReplayError as e:
             return {"error": str(e)}
         except Exception as e:  # eager fails on the real call: reported
             return {"error": f"eager forward failed: {type(e).__name__}: {first_line(e)}"}
         try:
-            args, kwargs = real_call(group.leaves, payload, device)
+            args, kwargs = real_call(group.structure, payload, device)
             kwargs.update({k: v.clone() for k, v in group.added.items()})
             args, kwargs = shapes.arrange(group.form, args, kwargs)
             got = runnable(*args, **kwargs)
@@ -222,9 +221,8 @@ def payload_rows(
                     )
                 )
                 continue
-            signature = (
-                f"{shapes.describe_sizes(group.leaves, _sizes(group.leaves, item))} [{label}]"
-            )
+            leaves = group.structure.leaves
+            signature = f"{shapes.describe_sizes(leaves, _sizes(group.structure, item))} [{label}]"
             program = programs.get(group.name)
             if program is None:
                 why = errors.get(group.name) or f"group {group.name} has no program"

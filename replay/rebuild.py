@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -38,6 +38,9 @@ from capture.treespec import UnsafeTreespec, to_treespec
 from capture.treespec import parse as parse_treespec
 from replay import patterns
 from replay.options import DEFAULT_SEED
+
+if TYPE_CHECKING:
+    from capture.structure import RecordedLeaf, RecordedStructure
 
 __all__ = [
     "DEFAULT_SEED",
@@ -62,9 +65,9 @@ def dtype_of(name: str) -> torch.dtype:
     return dtype
 
 
-def is_mask(row: dict[str, Any]) -> bool:
+def is_mask(leaf: RecordedLeaf) -> bool:
     """True for a mask-like leaf: its argument or path names a mask."""
-    return bool(_MASK.search(str(row.get("argument") or "")) or _MASK.search(str(row["path"])))
+    return bool(_MASK.search(leaf.argument or "") or _MASK.search(leaf.path))
 
 
 def resolve_device(recorded: str | None, device: str | torch.device | None) -> torch.device:
@@ -128,23 +131,16 @@ def make_tensor(
     return out if device is None or device.type == "cpu" else out.to(device)
 
 
-def scalar(row: dict[str, Any]) -> Any:
+def scalar(leaf: RecordedLeaf) -> Any:
     """The recorded value of a scalar leaf (JSON in the ``value`` column), or None."""
-    value = row.get("value")
     try:
-        return None if value is None else json.loads(value)
+        return None if leaf.value is None else json.loads(leaf.value)
     except ValueError:  # stored data: one line, not a traceback (issue 11)
-        raise ReplayError(f"{row.get('path')}: the recorded value is not JSON") from None
-
-
-def _source(leaves: Sequence[dict[str, Any]]) -> str:
-    row = leaves[0] if leaves else {}
-    return f"the structure {row.get('structure_id')!r} of model {row.get('model')!r}"
+        raise ReplayError(f"{leaf.path}: the recorded value is not JSON") from None
 
 
 def rebuild(
-    leaves: Sequence[dict[str, Any]],
-    treespec: str | None,
+    structure: RecordedStructure,
     sizes: Sequence[int],
     ranges: tuple[Sequence[int | None], Sequence[int | None]] | None = None,
     *,
@@ -154,8 +150,8 @@ def rebuild(
     """Rebuilds the ``(args, kwargs)`` of one recorded signature.
 
     Args:
-        leaves: The structure's rows (``structures`` view), ordered by leaf.
-        treespec: The structure's JSON treespec.
+        structure: The recorded structure (`capture.analysis.Group.structure`): its leaves,
+            in leaf order, and its JSON treespec.
         sizes: The size vector (``calls.dims``): every tensor's shape, in leaf order.
         ranges: (int_min, int_max) of the signature, indexed by ``range_index``; None when
             value ranges were not recorded.
@@ -170,10 +166,9 @@ def rebuild(
             treespec is missing, or `sizes` does not fit it.
 
     Example:
-        >>> args, kwargs = rebuild(group.leaves, group.leaves[0]["treespec"], [2, 6, 2, 6])
-        ... # doctest: +SKIP
+        >>> args, kwargs = rebuild(group.structure, [2, 6, 2, 6])  # doctest: +SKIP
     """
-    if not treespec:
+    if not structure.treespec:
         raise ReplayError(
             "the recorded structure has no treespec (a node type torch's pytree cannot "
             "serialize); its calls cannot be rebuilt"
@@ -181,45 +176,43 @@ def rebuild(
     generator = torch.Generator().manual_seed(seed)
     lows, highs = ranges if ranges is not None else ([], [])
     values: list[Any] = []
-    for row in leaves:
-        kind = row["kind"]
-        if kind == schema.KIND_MISSING:
-            continue
-        if kind == schema.KIND_TENSOR:
-            offset, rank = int(row["dim_offset"]), int(row["rank"] or 0)
+    present = [leaf for leaf in structure.leaves if leaf.kind != schema.KIND_MISSING]
+    for leaf in present:
+        if leaf.kind == schema.KIND_TENSOR:
+            offset, rank = int(leaf.dim_offset or 0), leaf.ndim
             if offset + rank > len(sizes):
                 raise ReplayError(
-                    f"{row['path']}: the size vector has {len(sizes)} sizes, the structure "
+                    f"{leaf.path}: the size vector has {len(sizes)} sizes, the structure "
                     f"needs {offset + rank}"
                 )
-            index = row.get("range_index")
+            index = leaf.range_index
             low = lows[index] if index is not None and index < len(lows) else None
             high = highs[index] if index is not None and index < len(highs) else None
             values.append(
                 make_tensor(
-                    dtype_of(str(row["dtype"])),
+                    dtype_of(str(leaf.dtype)),
                     sizes[offset : offset + rank],
                     low=low,
                     high=high,
-                    mask=is_mask(row),
+                    mask=is_mask(leaf),
                     generator=generator,
-                    device=resolve_device(row.get("device"), device),
+                    device=resolve_device(leaf.device, device),
                 )
             )
-        elif kind == schema.KIND_OPAQUE:
+        elif leaf.kind == schema.KIND_OPAQUE:
             raise ReplayError(
-                f"{row['path']} is an object of type {row.get('type')} that torch's pytree "
+                f"{leaf.path} is an object of type {leaf.type} that torch's pytree "
                 "cannot flatten; register it with torch.utils._pytree to replay it"
             )
         else:
-            values.append(scalar(row))
+            values.append(scalar(leaf))
     # Masks padded, positions consistent with the mask and the cache (replay.patterns).
-    patterns.apply([row for row in leaves if row["kind"] != schema.KIND_MISSING], values, lows)
-    return unflatten(leaves, treespec, values)
+    patterns.apply(present, values, lows)
+    return unflatten(structure, values)
 
 
 def unflatten(
-    leaves: Sequence[dict[str, Any]], treespec: str, values: list[Any]
+    structure: RecordedStructure, values: list[Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(args, kwargs)`` from a recorded structure's stored treespec and its leaf values.
 
@@ -227,16 +220,19 @@ def unflatten(
     (issue 11): a store is data.
 
     Args:
-        leaves: The structure's rows (named in errors).
-        treespec: The structure's stored JSON treespec.
+        structure: The recorded structure (its treespec; named in errors).
         values: One value per leaf that is not missing, in leaf order.
 
     Raises:
-        ReplayError: The treespec is refused, or its leaf count differs from `values`.
+        ReplayError: The treespec is missing or refused, or its leaf count differs from
+            `values`.
     """
+    treespec, source = structure.treespec, structure.source
+    if not treespec:
+        raise ReplayError("the recorded structure has no treespec; the call cannot be rebuilt")
     with nodes.register_flattening_functions():
         try:
-            spec = to_treespec(parse_treespec(treespec, _source(leaves)), _source(leaves))
+            spec = to_treespec(parse_treespec(treespec, source), source)
         except UnsafeTreespec as e:
             raise ReplayError(str(e)) from None
         if spec.num_leaves != len(values):

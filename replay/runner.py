@@ -6,11 +6,10 @@ then run on the program that accepts it (or its AOTInductor build); see `replay.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from replay.guards import CallNotServed, ProgramGuard
+from replay.guards import CallNotServed, LeafFacts, ProgramGuard
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -44,7 +43,7 @@ class Runner:
         self._entries = [e for e in manifest["programs"] if e.get("module", "") == module]
         self._guards = [ProgramGuard.from_manifest(e) for e in self._entries]
         self._callables: dict[str, Any] = {}
-        self._seen: dict[Any, tuple[str | None, list[dict[str, Any]], bool]] = {}
+        self._seen: dict[Any, tuple[str | None, Sequence[LeafFacts], bool]] = {}
         self.modules: dict[str, Runner] = {}
         if not module:
             for name in manifest["modules"]:
@@ -58,8 +57,9 @@ class Runner:
 
     def _structure(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: dict[str, Any]
-    ) -> tuple[str | None, list[dict[str, Any]], list[int]]:
-        from capture.flatten import Param, describe, tensor_key, walk
+    ) -> tuple[str | None, Sequence[LeafFacts], list[int]]:
+        from capture.flatten import describe, tensor_key, walk
+        from capture.structure import parse_params
 
         tensors: list[Any] = []
         key: list[Any] = [len(args)]
@@ -69,21 +69,17 @@ class Runner:
         cache_key = (full, entry.get("signature"))
         found = self._seen.get(cache_key)
         if found is None:
-            params = tuple(
-                Param(p["name"], p["kind"], bool(p["has_default"]))
-                for p in json.loads(entry.get("signature") or "[]")
-            )
+            params = tuple(parse_params(entry.get("signature")))
             st = describe((args, kwargs), list(tensors), signature=params)
-            rows = [leaf.__dict__ for leaf in st.leaves]
-            found = (st.treespec, rows, st.slow)
+            found = (st.treespec, st.leaves, st.slow)
             self._seen[cache_key] = found
-        treespec, rows, slow = found
+        treespec, leaves, slow = found
         if slow:
             import torch.utils._pytree as pytree
 
             tensors = [t for t in pytree.tree_leaves((args, kwargs)) if hasattr(t, "shape")]
         dims = [int(s) for t in tensors for s in t.shape]
-        return treespec, rows, dims
+        return treespec, leaves, dims
 
     def select(self, *args: Any, **kwargs: Any) -> str:
         """The group that would serve this call (no program runs).
@@ -98,8 +94,8 @@ class Runner:
     ) -> tuple[ProgramGuard, dict[str, Any]]:
         reasons: dict[str, str] = {}
         for guard, entry in zip(self._guards, self._entries, strict=True):
-            treespec, rows, dims = self._structure(args, kwargs, entry)
-            if not guard.matches(treespec, rows):
+            treespec, leaves, dims = self._structure(args, kwargs, entry)
+            if not guard.matches(treespec, leaves):
                 reasons[guard.label] = (
                     "different call structure (arguments, dtypes, ranks or constants)"
                 )

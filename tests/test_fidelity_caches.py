@@ -15,6 +15,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from capture import nodes
+from capture.structure import RecordedLeaf, RecordedStructure
 from fixtures.generate_traffic import tiny_causal
 from fixtures.models import prompts
 
@@ -120,18 +121,13 @@ def test_seen_tokens_leaf_carries_cumulative_length() -> None:
     [("llama", "StaticLayer"), ("mistral", "StaticSlidingWindowLayer")],
 )
 def test_static_cache_layers_are_reported_unsupported(arch: str, layer: str) -> None:
-    row = {
-        "kind": "tensor",
-        "type": "Tensor",
-        "path": "kwargs['past_key_values'].key_cache[0]",
-        "treespec": None,
-    }
+    leaf = RecordedLeaf(0, "kwargs['past_key_values'].key_cache[0]", None, None, "tensor", "Tensor")
     model = tiny_causal(arch, sliding_window=6) if arch == "mistral" else tiny_causal(arch)
     cache = cache_utils.StaticCache(config=model.config, max_cache_len=16)
     call = _decode_state(model, 1, cache=cache, length=4)
     with nodes.register_flattening_functions():
         spec = pytree.treespec_dumps(pytree.tree_flatten(((), call))[1])
-    reason = nodes.unsupported_reason([{**row, "treespec": spec}])
+    reason = nodes.unsupported_reason(RecordedStructure("s", "m", (leaf,), treespec=spec))
     # issue 9: a fill level we do not record must make the group "not covered", with the reason.
     assert reason is not None and layer in reason
 

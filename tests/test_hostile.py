@@ -27,6 +27,7 @@ from capture import schema
 from capture.cli.main import cli
 from capture.errors import ReplayError
 from capture.recorder import Recorder
+from capture.structure import RecordedStructure
 
 CALLS = 6
 EVIL = "hostile_evil_mod"  # a module planted in the working directory by the tests
@@ -199,7 +200,7 @@ def test_payload_check_reads_treespecs_with_the_allow_list(
     }
     leaves[0]["treespec"] = json.dumps([protocol, root])
     with pytest.raises(ReplayError):  # issue 11: the evil_module fixture checks nothing ran
-        real_call(leaves, payload)
+        real_call(RecordedStructure.from_rows(leaves), payload)
 
 
 def test_treespec_class_outside_the_allow_list_is_an_error_naming_its_source(

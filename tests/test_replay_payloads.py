@@ -183,7 +183,7 @@ def test_real_call_rebuilds_the_dynamic_cache(tmp_path: Path) -> None:
     decode = next(g for g in inputs.groups if g.name.startswith("decode"))
     files = [read_payload(pafs.LocalFileSystem(), p.path) for p in list_payloads(tmp_path)]
     payload = next(p for p in files if p.in_structure == decode.structure_id)
-    _, kwargs = real_call(decode.leaves, payload)
+    _, kwargs = real_call(decode.structure, payload)
     cache = kwargs["past_key_values"]
     kept = [t for _, t in sorted(payload.inputs().items())]
     assert isinstance(cache, DynamicCache)

@@ -24,7 +24,7 @@ def _rebuild(
     store: Store, group: Group, sizes: list[int]
 ) -> tuple[tuple[object, ...], dict[str, object]]:
     ranges = value_ranges(store, group).get(tuple(sizes))
-    return rebuild(group.leaves, group.leaves[0]["treespec"], sizes, ranges)
+    return rebuild(group.structure, sizes, ranges)
 
 
 def test_integers_stay_within_the_recorded_range() -> None:
@@ -115,10 +115,10 @@ def test_an_opaque_leaf_cannot_be_rebuilt(tmp_path: Path) -> None:
     with capture.open_store(tmp_path) as store:
         group = analyze(store, "opaque")[0]
     with pytest.raises(ReplayError, match=r"args\[1\] is an object of type .*Thing"):
-        rebuild(group.leaves, group.leaves[0]["treespec"], [2])
+        rebuild(group.structure, [2])
 
 
 def test_sizes_must_fit_the_structure(seeds: Store) -> None:
     group = _group(seeds, "add", "g0")
     with pytest.raises(ReplayError, match="the size vector has 2 sizes, the structure needs 4"):
-        rebuild(group.leaves, group.leaves[0]["treespec"], [2, 6])
+        rebuild(group.structure, [2, 6])
