@@ -88,8 +88,8 @@ def test_store_opened_before_a_compaction_reads_its_merged_file(store: Path) -> 
 _HOLDER = r"""
 import sys, time
 import pyarrow.fs as pafs
-from capture.compaction_lock import _Lock
-lock = _Lock(pafs.LocalFileSystem(), sys.argv[1], dry_run=False)
+from capture.compaction_lock import CompactionLock
+lock = CompactionLock(pafs.LocalFileSystem(), sys.argv[1], dry_run=False)
 lock.__enter__()
 print("locked", flush=True)
 time.sleep(600)
