@@ -36,7 +36,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from capture import schema
+from capture import footer_cache, schema
 from capture.claims import verified_replaced
 from capture.errors import EmptyStore, QueryError, UnknownModel
 from capture.layout import (
@@ -47,6 +47,7 @@ from capture.layout import (
     open_root,
     read_footer,
     read_footers,
+    read_with_rows,
 )
 
 __all__ = ["Store", "open_store", "SkippedFile"]
@@ -85,6 +86,9 @@ CREATE OR REPLACE VIEW signatures AS
     FROM stats
     GROUP BY ALL;
 
+"""
+
+_CALLS_VIEWS = """
 CREATE OR REPLACE VIEW leaves AS
     SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
            s.dtype, s.device,
@@ -108,14 +112,18 @@ CREATE OR REPLACE VIEW dims AS
 """
 
 
-def _read_table(fs: pafs.FileSystem, path: str) -> pa.Table:
-    import pyarrow.parquet as pq
-
-    with fs.open_input_file(path) as f:
-        return pq.read_table(f)
+_NEEDS_CALLS = re.compile(r"\b(calls|leaves|dims)\b", re.IGNORECASE)
+"""SQL naming a view over the calls files (the others read only stats and structures)."""
 
 
 _NO_ACCESS = re.compile(r'Cannot access file "([^"]+?)(?:/\*\*/\*\.parquet)?"')
+
+
+def _concat(parts: list[pa.Table]) -> pa.Table | None:
+    """One table of `parts` (columns of other versions kept), in few chunks."""
+    if not parts:
+        return None
+    return pa.concat_tables(parts, promote_options="permissive").combine_chunks()
 
 
 def _vanished(error: Exception, listed: Mapping[str, list[str]], fs: pafs.FileSystem) -> bool:
@@ -149,6 +157,7 @@ class Store:
             path,
             "record into it first (capture.Recorder) or pass --store / set CAPTURE_STORE",
         )
+        self._cache = footer_cache.FooterCache(self.fs, self.root)
         self._list_files()
         for skipped in self.skipped:
             warnings.warn(
@@ -161,10 +170,18 @@ class Store:
                 f"the store at {self.path} holds no recorded call yet; record into it first "
                 "(capture.Recorder) or pass another --store"
             )
-        self._connect()
+        self._connect(with_calls=False)
 
-    def _connect(self) -> None:
-        """A DuckDB connection with the store's views (locked down unless ``unsafe_sql``)."""
+    def _connect(self, with_calls: bool) -> None:
+        """A DuckDB connection with the store's views (locked down unless ``unsafe_sql``).
+
+        The stats and structures views read rows held in memory (read with the files' checks);
+        the views over the calls files (`calls`, `leaves`, `dims`) are made only for a query
+        that names one (`_NEEDS_CALLS`): binding a view over 100,000 files costs seconds, and
+        `summary` never reads a call (issue 14). Adding them later reconnects (temporary
+        tables a user made in the store's session before are gone then).
+        """
+        self._with_calls = with_calls
         if self.unsafe_sql:
             self.con = duckdb.connect()
         else:
@@ -173,7 +190,7 @@ class Store:
         # change once written, so DuckDB may keep them (issue 14: summary of 1,000 small
         # files 4.8-6.8 s -> 3.0-3.6 s).
         self.con.execute("SET parquet_metadata_cache = true")
-        self._create_views()
+        self._create_views(with_calls)
         if not self.unsafe_sql:
             self._lock_down()
 
@@ -181,20 +198,44 @@ class Store:
         """Lists the store's files into `files` (those a reader sees) and `skipped`."""
         self.skipped: list[SkippedFile] = []
         self.files: dict[str, list[str]] = {}
+        self._rows: dict[str, pa.Table | None] = {}
         for table in schema.TABLES:
             self.files[table] = self._checked_files(table)
 
     def _checked_files(self, table: str) -> list[str]:
-        """The files of `table` that join its view: checked, not provably replaced."""
+        """The files of `table` that join its view: checked, not provably replaced.
+
+        Stats and structures files are read whole with their check (`read_with_rows`): their
+        rows go to `_rows`. Verdicts and rows of files already checked come from the reader's
+        cache (`capture.footer_cache`) when the file's stamp is unchanged.
+        """
         skips: list[Skip] = []
-        good: list[FileInfo] = []
-        infos = list_files(self.fs, self.root, table, skips)
-        # Many footers at once (a thread pool): one after the other, 100,000 files took
+        stamps: dict[str, str] = {}
+        infos = list_files(self.fs, self.root, table, skips, stamps)
+        small = table != schema.CALLS
+        cache = self._cache if len(infos) >= footer_cache.MIN_FILES else None
+        cached, cached_rows = cache.load(table) if cache else ({}, None)
+        if small and cached_rows is None:
+            cached = {}
+        verdicts = {p: v for p, (stamp, v) in cached.items() if stamps.get(p) == stamp}
+        todo = [i.path for i in infos if i.path not in verdicts]
+        # Many files at once (a thread pool): one after the other, 100,000 files took
         # minutes to open (issue 14). Each is checked against the schema (issue 11).
-        footers = read_footers(
-            self.fs, [i.path for i in infos], lambda fs, p: read_footer(fs, p, table)
-        )
-        for checked in footers:
+        fresh_rows: dict[str, pa.Table] = {}
+
+        def check(fs: pafs.FileSystem, path: str) -> tuple[FileInfo | Skip, pa.Table | None]:
+            if small:
+                return read_with_rows(fs, path, table)
+            return read_footer(fs, path, table), None
+
+        read = read_footers(self.fs, todo, check)
+        for path, (verdict, rows) in zip(todo, read, strict=True):
+            verdicts[path] = verdict
+            if rows is not None:
+                fresh_rows[path] = rows
+        good: list[FileInfo] = []
+        for info in infos:
+            checked = verdicts[info.path]
             if isinstance(checked, Skip):
                 skips.append(checked)
             else:
@@ -205,7 +246,29 @@ class Store:
         self.skipped.extend(SkippedFile(s.path, s.reason) for s in skips)
         for claim in refused:
             warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
-        return sorted(f.path for f in good if f.path not in replaced)
+        kept = sorted(f.path for f in good if f.path not in replaced)
+        if small:
+            self._rows[table] = self._kept_rows(kept, fresh_rows, cached_rows)
+        if cache is not None and (todo or len(cached) != len(infos)):
+            rows = None
+            if small:
+                parts = [footer_cache.with_file(t, p) for p, t in fresh_rows.items()]
+                again = [f.path for f in good if f.path not in fresh_rows]
+                if again and cached_rows is not None:
+                    parts.insert(0, cached_rows.filter(footer_cache.file_mask(cached_rows, again)))
+                rows = _concat(parts)
+            cache.save(table, {i.path: (stamps[i.path], verdicts[i.path]) for i in infos}, rows)
+        return kept
+
+    @staticmethod
+    def _kept_rows(
+        kept: list[str], fresh: dict[str, pa.Table], cached: pa.Table | None
+    ) -> pa.Table | None:
+        """The rows of the kept files: freshly read, else from the cache."""
+        again = [p for p in kept if p not in fresh]
+        parts = [footer_cache.rows_of(cached, again)] if again and cached is not None else []
+        parts += [fresh[p] for p in kept if p in fresh]
+        return _concat(parts)
 
     def _lock_down(self) -> None:
         """From here on SQL reads the store's files and nothing else (issue 11).
@@ -213,13 +276,14 @@ class Store:
         No other file, directory or URL is read or written (``read_csv``, ``COPY ... TO``,
         ``ATTACH``, ``glob``), no extension is installed or loaded, and no setting changes.
         """
-        files = [p for table in schema.TABLES for p in self.files[table]]
+        # Only the calls files are read by DuckDB (stats and structures rows are in memory).
+        files = self.files[schema.CALLS] if self._with_calls else []
         if isinstance(self.fs, pafs.LocalFileSystem) and files:
             self.con.execute(f"SET allowed_paths = {_sql_list(files)}")
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
 
-    def _create_views(self) -> None:
+    def _create_views(self, with_calls: bool) -> None:
         local = isinstance(self.fs, pafs.LocalFileSystem)
         partitions = {
             schema.STRUCTURES: [("model", pa.string())],
@@ -227,6 +291,8 @@ class Store:
             schema.STATS: [("model", pa.string())],
         }
         for table in schema.TABLES:
+            if table == schema.CALLS and not with_calls:
+                continue
             name = "_structures_raw" if table == schema.STRUCTURES else table
             files = self.files[table]
             base = schema.SCHEMAS[table]
@@ -235,6 +301,11 @@ class Store:
                 empty = pa.schema(list(base) + extra).empty_table()
                 self.con.register(f"_{table}_empty", empty)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_empty")
+            elif table != schema.CALLS:
+                # Read with their checks (`_checked_files`): every query would fetch each
+                # small file again (on an object store a round trip each), issue 14.
+                self.con.register(f"_{table}_rows", self._rows[table])
+                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
             elif local:
                 # The `model` column of a file is the recorded name; its `model=` folder is a
                 # sanitized copy ('org/name' -> 'org_name'), so only `date` comes from the path.
@@ -245,15 +316,6 @@ class Store:
                     + f"FROM read_parquet({_sql_list(files)}, hive_partitioning = false, "
                     f"union_by_name = true{', filename = true' if dated else ''})"
                 )
-            elif table != schema.CALLS:
-                # Object store: every query would fetch every file again (a round trip each);
-                # the stats and structures files are small (a row per signature or leaf per
-                # segment), so they are fetched once, many at a time, and kept (issue 14).
-                rows = pa.concat_tables(
-                    read_footers(self.fs, files, _read_table), promote_options="permissive"
-                )
-                self.con.register(f"_{table}_rows", rows)
-                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
             else:
                 import pyarrow.dataset as ds
 
@@ -267,6 +329,8 @@ class Store:
                 self.con.register(f"_{table}_dataset", dataset)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset")
         self.con.execute(_DERIVED_VIEWS)
+        if with_calls:
+            self.con.execute(_CALLS_VIEWS)
 
     # -- queries -----------------------------------------------------------------------------
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
@@ -286,24 +350,36 @@ class Store:
             >>> store.query("SELECT count(*) AS n FROM calls").to_pylist()  # doctest: +SKIP
             [{'n': 8}]
         """
-        for attempt in (1, 2):
+        if not self._with_calls and _NEEDS_CALLS.search(sql):
+            self._reconnect(with_calls=True)
+        relisted = False
+        while True:
             try:
                 relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
                 if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
                     return pa.table({})
                 return relation.to_arrow_table()
             except (duckdb.IOException, duckdb.PermissionException, OSError) as e:
-                if attempt == 1 and _vanished(e, self.files, self.fs):
+                if not relisted and _vanished(e, self.files, self.fs):
                     # A compaction replaced (then deleted) files listed when the store opened:
                     # its merged file holds their rows; list again, once (issue 14).
+                    relisted = True
                     self.con.close()
                     self._list_files()
-                    self._connect()
+                    self._connect(self._with_calls)
+                    continue
+                raise QueryError(f"query failed: {str(e).strip()}") from e
+            except duckdb.CatalogException as e:
+                if not self._with_calls:  # a view over the calls named in a way not spotted
+                    self._reconnect(with_calls=True)
                     continue
                 raise QueryError(f"query failed: {str(e).strip()}") from e
             except duckdb.Error as e:
                 raise QueryError(f"query failed: {str(e).strip()}") from e
-        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _reconnect(self, with_calls: bool) -> None:
+        self.con.close()
+        self._connect(with_calls)
 
     def models(self) -> list[str]:
         """The model names recorded in the store, sorted."""
