@@ -113,6 +113,8 @@ class FileInfo:
     recorded, files compacted by an older version)."""
     call_ids: tuple[int, int] | None = None
     """Smallest and largest call_id (calls files, from the footer's statistics)."""
+    exact: bool = False
+    """The file has exactly the table's columns, in order (no column of another version)."""
 
     @property
     def folder(self) -> str:
@@ -319,7 +321,8 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
     if table not in schema.SCHEMAS or kind != table:
         return Skip(path, f"a {kind[:20]!r} file in the {table!r} folder")
     try:
-        problem = _schema_problem(meta.schema.to_arrow_schema(), table)
+        found = meta.schema.to_arrow_schema()
+        problem = _schema_problem(found, table)
     except Exception as e:  # a schema arrow cannot map
         problem = f"its schema cannot be read ({type(e).__name__})"
     if problem:
@@ -334,7 +337,9 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
     replaces = _claims(kv, path)
     if isinstance(replaces, Skip):
         return replaces
-    return FileInfo(path, table, int(meta.num_rows), size, replaces, _call_ids(meta, table))
+    exact = found.names == schema.SCHEMAS[table].names
+    rows, ids = int(meta.num_rows), _call_ids(meta, table)
+    return FileInfo(path, table, rows, size, replaces, ids, exact)
 
 
 T = TypeVar("T")

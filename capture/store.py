@@ -249,6 +249,8 @@ class Store:
         kept = sorted(f.path for f in good if f.path not in replaced)
         if small:
             self._rows[table] = self._kept_rows(kept, fresh_rows, cached_rows)
+        else:
+            self._exact_calls = all(f.exact for f in good if f.path not in replaced)
         if cache is not None and (todo or len(cached) != len(infos)):
             rows = None
             if small:
@@ -309,12 +311,13 @@ class Store:
             elif local:
                 # The `model` column of a file is the recorded name; its `model=` folder is a
                 # sanitized copy ('org/name' -> 'org_name'), so only `date` comes from the path.
-                dated = table == schema.CALLS
+                # Merging the columns by name reads every file's schema when the view is made
+                # (about 1 ms a file): only when a file has columns of another version.
+                mixed = "false" if self._exact_calls else "true"
                 self.con.execute(
-                    f"CREATE OR REPLACE VIEW {name} AS SELECT * "
-                    + (f"EXCLUDE (filename), {_DATE_FROM_PATH} AS date " if dated else "")
-                    + f"FROM read_parquet({_sql_list(files)}, hive_partitioning = false, "
-                    f"union_by_name = true{', filename = true' if dated else ''})"
+                    f"CREATE OR REPLACE VIEW {name} AS SELECT * EXCLUDE (filename), "
+                    f"{_DATE_FROM_PATH} AS date FROM read_parquet({_sql_list(files)}, "
+                    f"hive_partitioning = false, union_by_name = {mixed}, filename = true)"
                 )
             else:
                 import pyarrow.dataset as ds

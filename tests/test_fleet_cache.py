@@ -123,3 +123,15 @@ def test_summary_does_not_bind_the_calls_files(store: Path) -> None:
             # issue 14: summary reads stats and structures only; no view over 100,000 calls
             # files is bound for it, so the calls files are not touched
             assert opened.summary()["models"]
+
+
+def test_a_calls_file_with_a_column_of_a_later_version_is_read(store: Path) -> None:
+    count = "SELECT count(*) AS n FROM calls"
+    with capture.open_store(store) as opened:
+        before = opened.query(count).to_pylist()
+    path = sorted((store / schema.CALLS).rglob("*.parquet"))[-1]
+    _rewrite(path, lambda t: t.append_column("later", pa.array([7] * t.num_rows)))
+    with capture.open_store(store) as opened:
+        # issue 14: columns merged by name only when a file needs it, and then they are
+        assert opened.query(count).to_pylist() == before
+        assert opened.query("SELECT count(later) AS n FROM calls").to_pylist()[0]["n"] > 0
