@@ -33,7 +33,7 @@ import uuid
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
+import pyarrow.ipc
 
 from capture.layout import FileInfo, Skip
 
@@ -71,14 +71,14 @@ class FooterCache:
 
         Returns empty results when nothing is cached or the cache cannot be read.
         """
-        if self.base is None or not os.path.exists(f"{self.base}-{table}.parquet"):
+        if self.base is None or not os.path.exists(f"{self.base}-{table}.arrow"):
             return {}, None
         try:
-            index = pq.read_table(f"{self.base}-{table}.parquet")
+            index = _read(f"{self.base}-{table}.arrow")
             token = (index.schema.metadata or {}).get(_TOKEN)
             rows = None
-            if os.path.exists(f"{self.base}-{table}-rows.parquet"):
-                rows = pq.read_table(f"{self.base}-{table}-rows.parquet")
+            if os.path.exists(f"{self.base}-{table}-rows.arrow"):
+                rows = _read(f"{self.base}-{table}-rows.arrow")
                 if (rows.schema.metadata or {}).get(_TOKEN) != token:
                     return {}, None  # written by two readers at once: use neither
             return _entries(index, table), rows
@@ -101,22 +101,34 @@ class FooterCache:
             pass
 
 
-def rows_of(rows: pa.Table, paths: list[str]) -> pa.Table:
-    """The cached rows of `paths`, without the file column."""
-    keep = rows.filter(pc.is_in(rows.column(_FILE), pa.array(paths, pa.string())))
+def rows_of(rows: pa.Table, paths: list[str], every: bool = False) -> pa.Table:
+    """The rows of `paths`, without the file column (`every`: `rows` are those of `paths`)."""
+    keep = rows if every else rows.filter(file_mask(rows, paths))
     return keep.drop_columns([_FILE])
 
 
-def with_file(rows: pa.Table, path: str) -> pa.Table:
-    """`rows` with the file column (to be cached)."""
-    return rows.append_column(_FILE, pa.array([path] * rows.num_rows, pa.string()))
+def with_files(tables: list[pa.Table], paths: list[str]) -> pa.Table:
+    """The rows of `tables` (one per file of `paths`) in one table with the file column."""
+    rows = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+    index = [i for i, t in enumerate(tables) for _ in range(t.num_rows)]
+    files = pc.take(pa.array(paths, pa.string()), pa.array(index, pa.int32()))
+    return rows.append_column(_FILE, files)
+
+
+def _read(path: str) -> pa.Table:
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 def _write(table: pa.Table, stem: str) -> None:
+    """Arrow IPC (lz4): read back in a fraction of Parquet's time, with no decoding."""
     tmp = f"{stem}.{uuid.uuid4().hex}.tmp"
     try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, f"{stem}.parquet")
+        options = pa.ipc.IpcWriteOptions(compression="lz4")
+        with pa.OSFile(tmp, "wb") as sink:
+            with pa.ipc.new_file(sink, table.schema, options=options) as out:
+                out.write_table(table)
+        os.replace(tmp, f"{stem}.arrow")
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -282,7 +282,8 @@ def read_with_rows(
     try:
         with fs.open_input_file(path) as f:
             size = int(f.size())
-            source = pa.BufferReader(f.read_buffer()) if size <= _ONE_READ else f
+            # Python bytes, not an Arrow buffer: freed at once (the pool kept them, issue 14)
+            source = pa.BufferReader(f.read()) if size <= _ONE_READ else f
             parquet = pq.ParquetFile(source)
             verdict = _verdict(parquet.metadata, path, table, size)
             if isinstance(verdict, Skip):

@@ -112,8 +112,27 @@ CREATE OR REPLACE VIEW dims AS
 """
 
 
-_NEEDS_CALLS = re.compile(r"\b(calls|leaves|dims)\b", re.IGNORECASE)
-"""SQL naming a view over the calls files (the others read only stats and structures)."""
+_SLICE = 4096
+"""Files read (by the thread pool) before their rows are merged into one table."""
+
+_CALLS_NAMES = re.compile(r"\b(calls|leaves|dims)\b", re.IGNORECASE)
+"""Names of the views over the calls files (the others read only stats and structures)."""
+
+_PARAMETER = re.compile(r"\$\w+|\?")
+
+
+def _needs_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether `sql` may read a view over the calls files.
+
+    DuckDB names the tables a statement reads (a column named ``calls`` does not count);
+    when it cannot tell (several statements, DDL, a parse error), any of the names in the
+    text counts.
+    """
+    try:
+        names = con.get_table_names(_PARAMETER.sub("NULL", sql))
+    except duckdb.Error:
+        return bool(_CALLS_NAMES.search(sql))
+    return any(_CALLS_NAMES.fullmatch(name) for name in names)
 
 
 _NO_ACCESS = re.compile(r'Cannot access file "([^"]+?)(?:/\*\*/\*\.parquet)?"')
@@ -177,7 +196,7 @@ class Store:
 
         The stats and structures views read rows held in memory (read with the files' checks);
         the views over the calls files (`calls`, `leaves`, `dims`) are made only for a query
-        that names one (`_NEEDS_CALLS`): binding a view over 100,000 files costs seconds, and
+        that names one (`_needs_calls`): binding a view over 100,000 files costs seconds, and
         `summary` never reads a call (issue 14). Adding them later reconnects (temporary
         tables a user made in the store's session before are gone then).
         """
@@ -219,20 +238,26 @@ class Store:
             cached = {}
         verdicts = {p: v for p, (stamp, v) in cached.items() if stamps.get(p) == stamp}
         todo = [i.path for i in infos if i.path not in verdicts]
+        todo_set = set(todo)
+
         # Many files at once (a thread pool): one after the other, 100,000 files took
         # minutes to open (issue 14). Each is checked against the schema (issue 11).
-        fresh_rows: dict[str, pa.Table] = {}
-
         def check(fs: pafs.FileSystem, path: str) -> tuple[FileInfo | Skip, pa.Table | None]:
             if small:
                 return read_with_rows(fs, path, table)
             return read_footer(fs, path, table), None
 
-        read = read_footers(self.fs, todo, check)
-        for path, (verdict, rows) in zip(todo, read, strict=True):
-            verdicts[path] = verdict
-            if rows is not None:
-                fresh_rows[path] = rows
+        fresh: list[pa.Table] = []  # rows read now, with the file column
+        for start in range(0, len(todo), _SLICE):
+            part = todo[start : start + _SLICE]
+            tables, names = [], []
+            for path, (verdict, rows) in zip(part, read_footers(self.fs, part, check), strict=True):
+                verdicts[path] = verdict
+                if rows is not None:
+                    tables.append(rows)
+                    names.append(path)
+            if tables:  # one table per slice: 100,000 small tables cost GBs of memory
+                fresh.append(footer_cache.with_files(tables, names))
         good: list[FileInfo] = []
         for info in infos:
             checked = verdicts[info.path]
@@ -247,30 +272,23 @@ class Store:
         for claim in refused:
             warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
         kept = sorted(f.path for f in good if f.path not in replaced)
+        rows = None
         if small:
-            self._rows[table] = self._kept_rows(kept, fresh_rows, cached_rows)
+            again = [f.path for f in good if f.path not in todo_set]
+            if again and cached_rows is not None:
+                cached_good = sum(isinstance(v, FileInfo) for _, v in cached.values())
+                every = len(again) == cached_good  # all cached files still there: no filter
+                mask = None if every else footer_cache.file_mask(cached_rows, again)
+                fresh.insert(0, cached_rows if mask is None else cached_rows.filter(mask))
+            rows = _concat(fresh)
+            self._rows[table] = None
+            if rows is not None:
+                self._rows[table] = footer_cache.rows_of(rows, kept, len(kept) == len(good))
         else:
             self._exact_calls = all(f.exact for f in good if f.path not in replaced)
         if cache is not None and (todo or len(cached) != len(infos)):
-            rows = None
-            if small:
-                parts = [footer_cache.with_file(t, p) for p, t in fresh_rows.items()]
-                again = [f.path for f in good if f.path not in fresh_rows]
-                if again and cached_rows is not None:
-                    parts.insert(0, cached_rows.filter(footer_cache.file_mask(cached_rows, again)))
-                rows = _concat(parts)
             cache.save(table, {i.path: (stamps[i.path], verdicts[i.path]) for i in infos}, rows)
         return kept
-
-    @staticmethod
-    def _kept_rows(
-        kept: list[str], fresh: dict[str, pa.Table], cached: pa.Table | None
-    ) -> pa.Table | None:
-        """The rows of the kept files: freshly read, else from the cache."""
-        again = [p for p in kept if p not in fresh]
-        parts = [footer_cache.rows_of(cached, again)] if again and cached is not None else []
-        parts += [fresh[p] for p in kept if p in fresh]
-        return _concat(parts)
 
     def _lock_down(self) -> None:
         """From here on SQL reads the store's files and nothing else (issue 11).
@@ -353,7 +371,7 @@ class Store:
             >>> store.query("SELECT count(*) AS n FROM calls").to_pylist()  # doctest: +SKIP
             [{'n': 8}]
         """
-        if not self._with_calls and _NEEDS_CALLS.search(sql):
+        if not self._with_calls and _needs_calls(self.con, sql):
             self._reconnect(with_calls=True)
         relisted = False
         while True:
