@@ -11,7 +11,8 @@ Prints one Markdown section on stdout (progress goes to stderr).
 **The stores.** A fleet that flushes every 10 s leaves, per flush of each process, one calls file
 and one stats file (and one structures file per process). The synthetic store reproduces that:
 `N` flushes, each writing a calls file of 10 calls and its stats file (`capture.schema` tables
-written with `capture.writer.write_parquet`, zstd + schema metadata, as the recorder writes them),
+written with `capture.store_files.write_parquet`, zstd + schema metadata, as the recorder
+writes them),
 spread over 8 writer processes. The tables are built once per process from
 `bench_store.generate`'s LLM traffic (10 tensor leaves per call) and written again under each
 file name (contents are the same, names and call ids differ), so 100,000 files take minutes, not
@@ -81,7 +82,7 @@ def generate(uri: str, files: int) -> float:
     import pyarrow as pa
 
     from capture import schema
-    from capture.writer import resolve_store, write_parquet
+    from capture.store_files import resolve_store, write_parquet
 
     t0 = time.perf_counter()
     calls, stats, structures = _tables()
