@@ -37,17 +37,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from capture import footer_cache, schema
-from capture.claims import verified_replaced
+from capture.checked import check_table
 from capture.errors import EmptyStore, QueryError, UnknownModel
 from capture.layout import (
     SIGNATURE_TOTALS,
-    FileInfo,
-    Skip,
-    list_files,
     open_root,
-    read_footer,
-    read_footers,
-    read_with_rows,
 )
 
 __all__ = ["Store", "open_store", "SkippedFile"]
@@ -112,9 +106,6 @@ CREATE OR REPLACE VIEW dims AS
 """
 
 
-_SLICE = 4096
-"""Files read (by the thread pool) before their rows are merged into one table."""
-
 _CALLS_NAMES = re.compile(r"\b(calls|leaves|dims)\b", re.IGNORECASE)
 """Names of the views over the calls files (the others read only stats and structures)."""
 
@@ -136,13 +127,6 @@ def _needs_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
 
 
 _NO_ACCESS = re.compile(r'Cannot access file "([^"]+?)(?:/\*\*/\*\.parquet)?"')
-
-
-def _concat(parts: list[pa.Table]) -> pa.Table | None:
-    """One table of `parts` (columns of other versions kept), in few chunks."""
-    if not parts:
-        return None
-    return pa.concat_tables(parts, promote_options="permissive").combine_chunks()
 
 
 def _vanished(error: Exception, listed: Mapping[str, list[str]], fs: pafs.FileSystem) -> bool:
@@ -222,73 +206,16 @@ class Store:
             self.files[table] = self._checked_files(table)
 
     def _checked_files(self, table: str) -> list[str]:
-        """The files of `table` that join its view: checked, not provably replaced.
-
-        Stats and structures files are read whole with their check (`read_with_rows`): their
-        rows go to `_rows`. Verdicts and rows of files already checked come from the reader's
-        cache (`capture.footer_cache`) when the file's stamp is unchanged.
-        """
-        skips: list[Skip] = []
-        stamps: dict[str, str] = {}
-        infos = list_files(self.fs, self.root, table, skips, stamps)
-        small = table != schema.CALLS
-        cache = self._cache if len(infos) >= footer_cache.MIN_FILES else None
-        cached, cached_rows = cache.load(table) if cache else ({}, None)
-        if small and cached_rows is None:
-            cached = {}
-        verdicts = {p: v for p, (stamp, v) in cached.items() if stamps.get(p) == stamp}
-        todo = [i.path for i in infos if i.path not in verdicts]
-        todo_set = set(todo)
-
-        # Many files at once (a thread pool): one after the other, 100,000 files took
-        # minutes to open (issue 14). Each is checked against the schema (issue 11).
-        def check(fs: pafs.FileSystem, path: str) -> tuple[FileInfo | Skip, pa.Table | None]:
-            if small:
-                return read_with_rows(fs, path, table)
-            return read_footer(fs, path, table), None
-
-        fresh: list[pa.Table] = []  # rows read now, with the file column
-        for start in range(0, len(todo), _SLICE):
-            part = todo[start : start + _SLICE]
-            tables, names = [], []
-            for path, (verdict, rows) in zip(part, read_footers(self.fs, part, check), strict=True):
-                verdicts[path] = verdict
-                if rows is not None:
-                    tables.append(rows)
-                    names.append(path)
-            if tables:  # one table per slice: 100,000 small tables cost GBs of memory
-                fresh.append(footer_cache.with_files(tables, names))
-        good: list[FileInfo] = []
-        for info in infos:
-            checked = verdicts[info.path]
-            if isinstance(checked, Skip):
-                skips.append(checked)
-            else:
-                good.append(checked)
-        # by a compacted file (capture.compact) that provably holds their rows: read it instead
-        refused: list[Skip] = []
-        replaced = verified_replaced(self.fs, good, refused)
-        self.skipped.extend(SkippedFile(s.path, s.reason) for s in skips)
-        for claim in refused:
+        """The files of `table` that join its view (`capture.checked.check_table`)."""
+        found = check_table(self.fs, self.root, table, self._cache)
+        self.skipped.extend(SkippedFile(s.path, s.reason) for s in found.skipped)
+        for claim in found.refused:
             warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
-        kept = sorted(f.path for f in good if f.path not in replaced)
-        rows = None
-        if small:
-            again = [f.path for f in good if f.path not in todo_set]
-            if again and cached_rows is not None:
-                cached_good = sum(isinstance(v, FileInfo) for _, v in cached.values())
-                every = len(again) == cached_good  # all cached files still there: no filter
-                mask = None if every else footer_cache.file_mask(cached_rows, again)
-                fresh.insert(0, cached_rows if mask is None else cached_rows.filter(mask))
-            rows = _concat(fresh)
-            self._rows[table] = None
-            if rows is not None:
-                self._rows[table] = footer_cache.rows_of(rows, kept, len(kept) == len(good))
+        if table == schema.CALLS:
+            self._exact_calls = found.exact
         else:
-            self._exact_calls = all(f.exact for f in good if f.path not in replaced)
-        if cache is not None and (todo or len(cached) != len(infos)):
-            cache.save(table, {i.path: (stamps[i.path], verdicts[i.path]) for i in infos}, rows)
-        return kept
+            self._rows[table] = found.rows
+        return found.kept
 
     def _lock_down(self) -> None:
         """From here on SQL reads the store's files and nothing else (issue 11).
