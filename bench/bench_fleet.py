@@ -157,14 +157,19 @@ def _counted(out: str, n: int) -> bool:
 
 
 def _summaries(
-    args: argparse.Namespace, store: str, n: int, env: dict[str, str], key: str
+    args: argparse.Namespace,
+    store: str,
+    n: int,
+    env: dict[str, str],
+    key: str,
+    baseline_max: int | None = None,
 ) -> list[str]:
     """[before, first open, cached, all counted] of `capture summary` on `store`."""
     cache = f"{STORES_DIR}/cache/{key or os.path.basename(store)}"
     shutil.rmtree(cache, ignore_errors=True)
     env = {**env, "CAPTURE_CACHE_DIR": cache}
     before = ""
-    if args.baseline and n <= args.baseline_max:
+    if args.baseline and n <= (baseline_max or args.baseline_max):
         before = f"{capture_cli(store, 'summary', env={**env, 'PYTHONPATH': args.baseline})[0]:.1f}"
     t_first, out = capture_cli(store, "summary", env=env)
     t_cached, out2 = capture_cli(store, "summary", env=env)
@@ -192,6 +197,7 @@ def main() -> None:
     )
     parser.add_argument("--baseline-max", type=int, default=10_000, help="largest store for it")
     parser.add_argument("--reuse", action="store_true", help="reuse and keep generated stores")
+    parser.add_argument("--s3-baseline-max", type=int, default=1_000, help="largest S3 store")
     args = parser.parse_args()
     rows: list[list[Any]] = []
     env = dict(os.environ)
@@ -228,7 +234,7 @@ def main() -> None:
                 gen = generate(uri, n)
                 log(f"  generated in {gen:.0f} s; summary")
                 row = [f"S3 (moto, loopback), {n:,} files"]
-                row += _summaries(args, uri, n, s3env, f"s3-{n}")
+                row += _summaries(args, uri, n, s3env, f"s3-{n}", args.s3_baseline_max)
                 row += _compacted(uri, n, s3env) if not args.no_compact else ["", "", "", ""]
                 rows.append(row)
                 log(f"  {row}")
