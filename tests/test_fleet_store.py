@@ -254,3 +254,17 @@ def test_a_calls_file_with_a_column_of_a_later_version_is_read(cached: Path) -> 
         # issue 14: columns merged by name only when a file needs it, and then they are
         assert opened.query(count).to_pylist() == before
         assert opened.query("SELECT count(later) AS n FROM calls").to_pylist()[0]["n"] > 0
+
+
+def test_resolve_store_takes_a_configured_filesystem_and_a_path(tmp_path: Path) -> None:
+    import pyarrow.fs as pafs
+
+    from capture.store_files import resolve_store, write_parquet
+
+    sub = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    fs, root = resolve_store("stores/one/", filesystem=sub)
+    # issue 13: a caller's filesystem (endpoint, credentials) is used as given, path on it
+    assert (fs, root) == (sub, "stores/one")
+    table = pa.table({"x": [1]})
+    write_parquet(fs, f"{root}/calls", "a.parquet", table, "calls")
+    assert (tmp_path / "stores" / "one" / "calls" / "a.parquet").exists()
