@@ -3,13 +3,16 @@
     python bench/bench_fleet.py                      # 1k/10k/100k local, 1k/10k S3
     python bench/bench_fleet.py --sizes 1000 10000   # fewer
     python bench/bench_fleet.py --no-s3              # local only
+    python bench/bench_fleet.py --baseline /tmp/base # also the summary of a checkout before
+    python bench/bench_fleet.py --reuse              # keep and reuse stores already generated
 
 Prints one Markdown section on stdout (progress goes to stderr).
 
 **The stores.** A fleet that flushes every 10 s leaves, per flush of each process, one calls file
 and one stats file (and one structures file per process). The synthetic store reproduces that:
 `N` flushes, each writing a calls file of 10 calls and its stats file (`capture.schema` tables
-written with `capture.writer.write_parquet`, zstd + schema metadata, as the recorder writes them),
+written with `capture.store_files.write_parquet`, zstd + schema metadata, as the recorder
+writes them),
 spread over 8 writer processes. The tables are built once per process from
 `bench_store.generate`'s LLM traffic (10 tensor leaves per call) and written again under each
 file name (contents are the same, names and call ids differ), so 100,000 files take minutes, not
@@ -19,8 +22,12 @@ S3: moto's standalone server (`tests/s3_server.py`) on 127.0.0.1, a real HTTP S3
 is written through pyarrow's S3FileSystem.
 
 **What is timed.** `capture --store PATH summary` as a subprocess (imports, listing, footers,
-views and the summary queries, as a user sees it), wall time of one run (a second run for the
-small stores), and `capture compact` on the local stores, then `summary` again.
+views and the summary queries, as a user sees it), wall time of one run: with `--baseline`
+first by the code before, then twice by this code: the first open of the store (the reader's
+cache of checked files, `capture.footer_cache`, is empty: every file is read) and a second one
+(the cache holds the files' verdicts and stats rows). Then `capture compact` (wall time and
+peak memory of the process), then `summary` again. The cache lives in a fresh folder per store
+(``CAPTURE_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -75,7 +82,7 @@ def generate(uri: str, files: int) -> float:
     import pyarrow as pa
 
     from capture import schema
-    from capture.writer import resolve_store, write_parquet
+    from capture.store_files import resolve_store, write_parquet
 
     t0 = time.perf_counter()
     calls, stats, structures = _tables()
@@ -116,19 +123,66 @@ def generate(uri: str, files: int) -> float:
     return time.perf_counter() - t0
 
 
+PEAK_MB: list[float] = []
+"""Peak resident memory (MiB) of each `capture_cli` process, in order."""
+
+
 def capture_cli(store: str, *args: str, env: dict[str, str] | None = None) -> tuple[float, str]:
     """(wall seconds, stdout) of `capture --store STORE ARGS`; raises when it fails."""
+    import tempfile
+
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "cli", "--store", store, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    seconds = time.perf_counter() - t0
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", "--store", store, *args],
+            stdout=out,
+            stderr=err,
+            text=True,
+            env=env,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.perf_counter() - t0
+        PEAK_MB.append(usage.ru_maxrss / 1024)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     if proc.returncode != 0:
-        raise RuntimeError(f"capture {' '.join(args)} failed: {proc.stderr.strip()[-2000:]}")
-    return seconds, proc.stdout
+        raise RuntimeError(f"capture {' '.join(args)} failed: {stderr.strip()[-2000:]}")
+    return seconds, stdout
+
+
+def _counted(out: str, n: int) -> bool:
+    return f"{n * CALLS_PER_FILE:,}" in out or str(n * CALLS_PER_FILE) in out
+
+
+def _summaries(
+    args: argparse.Namespace,
+    store: str,
+    n: int,
+    env: dict[str, str],
+    key: str,
+    baseline_max: int | None = None,
+) -> list[str]:
+    """[before, first open, cached, all counted] of `capture summary` on `store`."""
+    cache = f"{STORES_DIR}/cache/{key or os.path.basename(store)}"
+    shutil.rmtree(cache, ignore_errors=True)
+    env = {**env, "CAPTURE_CACHE_DIR": cache}
+    before = ""
+    if args.baseline and n <= (baseline_max or args.baseline_max):
+        before = f"{capture_cli(store, 'summary', env={**env, 'PYTHONPATH': args.baseline})[0]:.1f}"
+    t_first, out = capture_cli(store, "summary", env=env)
+    t_cached, out2 = capture_cli(store, "summary", env=env)
+    ok = _counted(out, n) and out2 == out
+    return [before, f"{t_first:.1f}", f"{t_cached:.1f}", "yes" if ok else "NO"]
+
+
+def _compacted(store: str, n: int, env: dict[str, str]) -> list[str]:
+    """[compact seconds, its peak MiB, summary after, counted after]."""
+    t_c, _ = capture_cli(store, "compact", env=env)
+    peak = PEAK_MB[-1]
+    t_after, out = capture_cli(store, "summary", env={**env, "CAPTURE_CACHE_DIR": "off"})
+    return [f"{t_c:.1f}", f"{peak:.0f}", f"{t_after:.1f}", "yes" if _counted(out, n) else "NO"]
 
 
 def main() -> None:
@@ -142,34 +196,30 @@ def main() -> None:
         "--baseline", help="a checkout of the code before (e.g. /work/main): its summary too"
     )
     parser.add_argument("--baseline-max", type=int, default=10_000, help="largest store for it")
+    parser.add_argument("--reuse", action="store_true", help="reuse and keep generated stores")
+    parser.add_argument("--s3-baseline-max", type=int, default=1_000, help="largest S3 store")
     args = parser.parse_args()
     rows: list[list[Any]] = []
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for n in args.sizes:
         path = f"{STORES_DIR}/local-{n}"
-        shutil.rmtree(path, ignore_errors=True)
-        log(f"generating {n:,} files at {path}")
-        gen = generate(path, n)
-        log(f"  generated in {gen:.0f} s; summary")
-        t_sum, out = capture_cli(path, "summary", env=env)
-        expect = f"{n * CALLS_PER_FILE:,}"
-        ok = expect in out or str(n * CALLS_PER_FILE) in out
-        before = ""
-        if args.baseline and n <= args.baseline_max:
-            t_before, _ = capture_cli(path, "summary", env={**env, "PYTHONPATH": args.baseline})
-            before = f"{t_before:.1f}"
-        row = [f"local, {n:,} files", before, f"{t_sum:.1f}", "yes" if ok else "NO"]
+        if not (args.reuse and os.path.exists(f"{path}/.generated")):
+            shutil.rmtree(path, ignore_errors=True)
+            log(f"generating {n:,} files at {path}")
+            gen = generate(path, n)
+            open(f"{path}/.generated", "w").close()
+            log(f"  generated in {gen:.0f} s; summary")
+        row = [f"local, {n:,} files", *_summaries(args, path, n, env, "")]
         if not args.no_compact:
-            t_c, _ = capture_cli(path, "compact", env=env)
-            t_after, out = capture_cli(path, "summary", env=env)
-            ok2 = expect in out or str(n * CALLS_PER_FILE) in out
-            row += [f"{t_c:.1f}", f"{t_after:.1f}", "yes" if ok2 else "NO"]
+            row += _compacted(path, n, env)
+            shutil.rmtree(path, ignore_errors=True)  # compacted: no longer the store to reuse
         else:
-            row += ["", "", ""]
+            row += ["", "", "", ""]
         rows.append(row)
         log(f"  {row}")
-        shutil.rmtree(path, ignore_errors=True)
+        if not args.reuse:
+            shutil.rmtree(path, ignore_errors=True)
     if not args.no_s3 and args.s3_sizes:
         sys.path.insert(0, os.path.join(env["PYTHONPATH"], "tests"))
         from s3_server import S3Server
@@ -183,23 +233,12 @@ def main() -> None:
                 log(f"generating {n:,} files at {uri}")
                 gen = generate(uri, n)
                 log(f"  generated in {gen:.0f} s; summary")
-                t_sum, out = capture_cli(uri, "summary", env=s3env)
-                ok = f"{n * CALLS_PER_FILE:,}" in out or str(n * CALLS_PER_FILE) in out
-                before = ""
-                if args.baseline and n <= args.baseline_max:
-                    base_env = {**s3env, "PYTHONPATH": args.baseline}
-                    before = f"{capture_cli(uri, 'summary', env=base_env)[0]:.1f}"
-                row = [f"S3 (moto, loopback), {n:,} files", before, f"{t_sum:.1f}"]
-                row.append("yes" if ok else "NO")
-                if not args.no_compact:
-                    t_c, _ = capture_cli(uri, "compact", env=s3env)
-                    t_after, out = capture_cli(uri, "summary", env=s3env)
-                    ok2 = f"{n * CALLS_PER_FILE:,}" in out or str(n * CALLS_PER_FILE) in out
-                    row += [f"{t_c:.1f}", f"{t_after:.1f}", "yes" if ok2 else "NO"]
-                else:
-                    row += ["", "", ""]
+                row = [f"S3 (moto, loopback), {n:,} files"]
+                row += _summaries(args, uri, n, s3env, f"s3-{n}", args.s3_baseline_max)
+                row += _compacted(uri, n, s3env) if not args.no_compact else ["", "", "", ""]
                 rows.append(row)
                 log(f"  {row}")
+    shutil.rmtree(f"{STORES_DIR}/cache", ignore_errors=True)
     print(f"### Fleet stores ({args.label})\n")
     print(f"- Machine: {machine_line(('pyarrow', 'duckdb', 'moto'))}")
     print(f"- Load: {load_line()}\n")
@@ -208,10 +247,12 @@ def main() -> None:
             [
                 "store",
                 "`summary` before (s)",
-                "`summary` (s)",
+                "`summary`, first open (s)",
+                "`summary`, cached (s)",
                 "all calls counted",
                 "`compact` (s)",
-                "`summary` after (s)",
+                "`compact` peak RSS (MiB)",
+                "`summary` after compact (s)",
                 "counted after",
             ],
             rows,

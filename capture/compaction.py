@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 
 from capture import schema
 from capture.claims import verified_replaced
-from capture.compaction_lock import LOCK_NAME, _Lock
+from capture.compaction_lock import LOCK_NAME, CompactionLock
 from capture.errors import CaptureError, EmptyStore
 from capture.layout import (
     METADATA_REPLACES,
@@ -62,7 +62,7 @@ from capture.layout import (
     read_footer,
     read_footers,
 )
-from capture.writer import safe_name, write_parquet
+from capture.store_files import safe_name, write_parquet
 
 __all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
 
@@ -126,7 +126,7 @@ def compact(
         raise CaptureError(f"target_rows={target_rows} must be at least 1")
     fs, root = open_root(store, "nothing to compact")
     result = CompactResult(dry_run=dry_run)
-    with _Lock(fs, root, dry_run):
+    with CompactionLock(fs, root, dry_run):
         for table in schema.TABLES:
             result.tables[table] = TableResult()
             for folder, files in _folders(fs, root, table, result):

@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 
 from capture.errors import CaptureError
 
-__all__ = ["LOCK_NAME", "STALE_LOCK_S"]
+__all__ = ["CompactionLock", "LOCK_NAME", "STALE_LOCK_S"]
 
 LOCK_NAME = ".compact.lock"
 _UNREADABLE = "its note is unreadable"
@@ -52,7 +52,7 @@ def _stale(note: bytes) -> str | None:
     return None
 
 
-class _Lock:
+class CompactionLock:
     """``<store>/.compact.lock``, created exclusively (local disks) or checked then created.
 
     The lock file notes host, pid and time. A stale lock (`_stale`) is taken over: on a local

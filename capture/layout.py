@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from capture import schema
 from capture.errors import StoreNotFound
+from capture.store_files import resolve_store
 
 __all__ = [
     "FileInfo",
@@ -38,6 +39,7 @@ __all__ = [
     "open_root",
     "read_footer",
     "read_footers",
+    "read_with_rows",
     "footer_threads",
 ]
 
@@ -80,8 +82,6 @@ def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSys
         StoreNotFound: The URI cannot be opened (unknown scheme, no network, no credentials)
             or nothing is at `store`; one line.
     """
-    from capture.writer import resolve_store  # the writer owns how a URI becomes a filesystem
-
     text = os.fspath(store)
     try:
         fs, root = resolve_store(text)
@@ -113,6 +113,8 @@ class FileInfo:
     recorded, files compacted by an older version)."""
     call_ids: tuple[int, int] | None = None
     """Smallest and largest call_id (calls files, from the footer's statistics)."""
+    exact: bool = False
+    """The file has exactly the table's columns, in order (no column of another version)."""
 
     @property
     def folder(self) -> str:
@@ -134,7 +136,11 @@ class Skip:
 
 
 def list_files(
-    fs: pafs.FileSystem, root: str, table: str, skipped: list[Skip] | None = None
+    fs: pafs.FileSystem,
+    root: str,
+    table: str,
+    skipped: list[Skip] | None = None,
+    stamps: dict[str, str] | None = None,
 ) -> list[pafs.FileInfo]:
     """The Parquet files of one table, temporary dot-files left out; links never followed.
 
@@ -143,20 +149,29 @@ def list_files(
         root: The store's root path on `fs`.
         table: ``structures``, ``calls`` or ``stats``.
         skipped: Receives a `Skip` for each symbolic link met (local filesystems only).
+        stamps: Receives, per file, what changes when the file is written again (size and
+            modification time; on a local disk also inode and change time, which no one can
+            set back): the key of `capture.footer_cache`.
     """
     if isinstance(fs, pafs.LocalFileSystem):
-        return _list_local(root, table, skipped if skipped is not None else [])
+        return _list_local(root, table, skipped if skipped is not None else [], stamps)
     selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
-    return [
+    out = [
         info
         for info in fs.get_file_info(selector)
         if info.type == pafs.FileType.File
         and info.base_name.endswith(".parquet")
         and not info.base_name.startswith(".")
     ]
+    if stamps is not None:
+        for info in out:
+            stamps[info.path] = f"{info.size}:{info.mtime_ns}"
+    return out
 
 
-def _list_local(root: str, table: str, skipped: list[Skip]) -> list[pafs.FileInfo]:
+def _list_local(
+    root: str, table: str, skipped: list[Skip], stamps: dict[str, str] | None
+) -> list[pafs.FileInfo]:
     """Walks ``root/table`` with ``os.scandir`` without following any link."""
     out: list[pafs.FileInfo] = []
     top = f"{root}/{table}"
@@ -186,8 +201,12 @@ def _list_local(root: str, table: str, skipped: list[Skip]) -> list[pafs.FileInf
                 and entry.name.endswith(".parquet")
                 and not entry.name.startswith(".")
             ):
-                size = entry.stat(follow_symlinks=False).st_size
-                out.append(pafs.FileInfo(path, pafs.FileType.File, size=size))
+                st = entry.stat(follow_symlinks=False)
+                out.append(pafs.FileInfo(path, pafs.FileType.File, size=st.st_size))
+                if stamps is not None:
+                    stamps[path] = (
+                        f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:{st.st_dev}"
+                    )
     return sorted(out, key=lambda info: info.path)
 
 
@@ -223,16 +242,67 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
     """
     if table is None:
         table = next((t for t in schema.TABLES if f"/{t}/" in path), "")
-    inside = path.rsplit(f"/{table}/", 1)[-1]
-    if any(c in inside for c in _GLOB) or not inside.isprintable():
-        # DuckDB's read_parquet expands such names as patterns: they could pull in other files
-        return Skip(path, "its name holds glob or control characters")
+    named = _name_problem(path, table)
+    if named is not None:
+        return named
     try:
         with fs.open_input_file(path) as f:
             size = int(f.size())
             meta = pq.read_metadata(f)
     except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
         return Skip(path, _one_line(f"{type(e).__name__}: {e}"))
+    return _verdict(meta, path, table, size)
+
+
+_ONE_READ = 4 << 20
+"""Files up to this size are read in one request: footer and rows from the same bytes."""
+
+
+def read_with_rows(
+    fs: pafs.FileSystem, path: str, table: str
+) -> tuple[FileInfo | Skip, pa.Table | None]:
+    """`read_footer`'s verdict on one file and, when it passes, the file's rows.
+
+    A small file (stats, structures: a few rows per segment) is fetched once, its footer
+    checked and its rows decoded from the same bytes, instead of a footer read now and a
+    second read of the whole file by DuckDB later (issue 14). Rows are decoded only after
+    the footer passed (bombs, foreign and wrong-schema files are never decoded).
+
+    Args:
+        fs: The store's filesystem.
+        path: The file.
+        table: The table the file's folder belongs to.
+
+    Returns:
+        ``(FileInfo, rows)``, or ``(Skip, None)``.
+    """
+    named = _name_problem(path, table)
+    if named is not None:
+        return named, None
+    try:
+        with fs.open_input_file(path) as f:
+            size = int(f.size())
+            # Python bytes, not an Arrow buffer: freed at once (the pool kept them, issue 14)
+            source = pa.BufferReader(f.read()) if size <= _ONE_READ else f
+            parquet = pq.ParquetFile(source)
+            verdict = _verdict(parquet.metadata, path, table, size)
+            if isinstance(verdict, Skip):
+                return verdict, None
+            return verdict, parquet.read()
+    except Exception as e:  # truncated, empty, not Parquet, corrupt pages: skipped, said why
+        return Skip(path, _one_line(f"{type(e).__name__}: {e}")), None
+
+
+def _name_problem(path: str, table: str) -> Skip | None:
+    inside = path.rsplit(f"/{table}/", 1)[-1]
+    if any(c in inside for c in _GLOB) or not inside.isprintable():
+        # DuckDB's read_parquet expands such names as patterns: they could pull in other files
+        return Skip(path, "its name holds glob or control characters")
+    return None
+
+
+def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInfo | Skip:
+    """The checks of `read_footer` on a footer already read."""
     kv = meta.metadata or {}
     version = kv.get(schema.METADATA_SCHEMA_VERSION)
     if version is None:
@@ -252,7 +322,8 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
     if table not in schema.SCHEMAS or kind != table:
         return Skip(path, f"a {kind[:20]!r} file in the {table!r} folder")
     try:
-        problem = _schema_problem(meta.schema.to_arrow_schema(), table)
+        found = meta.schema.to_arrow_schema()
+        problem = _schema_problem(found, table)
     except Exception as e:  # a schema arrow cannot map
         problem = f"its schema cannot be read ({type(e).__name__})"
     if problem:
@@ -267,7 +338,9 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
     replaces = _claims(kv, path)
     if isinstance(replaces, Skip):
         return replaces
-    return FileInfo(path, table, int(meta.num_rows), size, replaces, _call_ids(meta, table))
+    exact = found.names == schema.SCHEMAS[table].names
+    rows, ids = int(meta.num_rows), _call_ids(meta, table)
+    return FileInfo(path, table, rows, size, replaces, ids, exact)
 
 
 T = TypeVar("T")

@@ -172,7 +172,7 @@ class PayloadKeeper:
     """Samples calls, copies their tensors and writes them on its own thread."""
 
     def __init__(self, policy: Payloads, store: str | os.PathLike[str], model: str) -> None:
-        from capture.writer import resolve_store, safe_name
+        from capture.store_files import resolve_store, safe_name
 
         self.policy = policy
         self.model = model
@@ -306,7 +306,7 @@ class PayloadKeeper:
                 self._warn(f"writing a payload to {self.root} ({type(e).__name__}: {e})")
 
     def _write(self, kept: _Kept) -> None:
-        from capture.writer import library_version
+        from capture.store_files import library_version
 
         metadata = {
             "capture.kind": "payload",

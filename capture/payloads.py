@@ -137,7 +137,7 @@ def list_payloads(
         >>> [p.date for p in list_payloads("capture-store")]  # doctest: +SKIP
         ['2026-11-23']
     """
-    from capture.writer import resolve_store, safe_name
+    from capture.store_files import resolve_store, safe_name
 
     if isinstance(store, tuple):
         fs, root = store
@@ -188,7 +188,7 @@ def delete_payloads(
         >>> delete_payloads("capture-store", before=dt.date(2026, 11, 1))  # doctest: +SKIP
         []
     """
-    from capture.writer import resolve_store
+    from capture.store_files import resolve_store
 
     fs, root = resolve_store(store)
     chosen = [

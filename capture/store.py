@@ -37,17 +37,12 @@ import duckdb
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from capture import schema
-from capture.claims import verified_replaced
+from capture import footer_cache, schema
+from capture.checked import check_table
 from capture.errors import EmptyStore, QueryError, UnknownModel
 from capture.layout import (
     SIGNATURE_TOTALS,
-    FileInfo,
-    Skip,
-    list_files,
     open_root,
-    read_footer,
-    read_footers,
 )
 
 __all__ = ["Store", "open_store", "SkippedFile"]
@@ -86,6 +81,9 @@ CREATE OR REPLACE VIEW signatures AS
     FROM stats
     GROUP BY ALL;
 
+"""
+
+_CALLS_VIEWS = """
 CREATE OR REPLACE VIEW leaves AS
     SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
            s.dtype, s.device,
@@ -109,11 +107,24 @@ CREATE OR REPLACE VIEW dims AS
 """
 
 
-def _read_table(fs: pafs.FileSystem, path: str) -> pa.Table:
-    import pyarrow.parquet as pq
+_CALLS_NAMES = re.compile(r"\b(calls|leaves|dims)\b", re.IGNORECASE)
+"""Names of the views over the calls files (the others read only stats and structures)."""
 
-    with fs.open_input_file(path) as f:
-        return pq.read_table(f)
+_PARAMETER = re.compile(r"\$\w+|\?")
+
+
+def _needs_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether `sql` may read a view over the calls files.
+
+    DuckDB names the tables a statement reads (a column named ``calls`` does not count);
+    when it cannot tell (several statements, DDL, a parse error), any of the names in the
+    text counts.
+    """
+    try:
+        names = con.get_table_names(_PARAMETER.sub("NULL", sql))
+    except duckdb.Error:
+        return bool(_CALLS_NAMES.search(sql))
+    return any(_CALLS_NAMES.fullmatch(name) for name in names)
 
 
 _NO_ACCESS = re.compile(r'Cannot access file "([^"]+?)(?:/\*\*/\*\.parquet)?"')
@@ -150,6 +161,7 @@ class Store:
             path,
             "record into it first (capture.Recorder) or pass --store / set CAPTURE_STORE",
         )
+        self._cache = footer_cache.FooterCache(self.fs, self.root)
         self._list_files()
         for skipped in self.skipped:
             warnings.warn(
@@ -162,10 +174,18 @@ class Store:
                 f"the store at {self.path} holds no recorded call yet; record into it first "
                 "(capture.Recorder) or pass another --store"
             )
-        self._connect()
+        self._connect(with_calls=False)
 
-    def _connect(self) -> None:
-        """A DuckDB connection with the store's views (locked down unless ``unsafe_sql``)."""
+    def _connect(self, with_calls: bool) -> None:
+        """A DuckDB connection with the store's views (locked down unless ``unsafe_sql``).
+
+        The stats and structures views read rows held in memory (read with the files' checks);
+        the views over the calls files (`calls`, `leaves`, `dims`) are made only for a query
+        that names one (`_needs_calls`): binding a view over 100,000 files costs seconds, and
+        `summary` never reads a call (issue 14). Adding them later reconnects (temporary
+        tables a user made in the store's session before are gone then).
+        """
+        self._with_calls = with_calls
         if self.unsafe_sql:
             self.con = duckdb.connect()
         else:
@@ -174,7 +194,7 @@ class Store:
         # change once written, so DuckDB may keep them (issue 14: summary of 1,000 small
         # files 4.8-6.8 s -> 3.0-3.6 s).
         self.con.execute("SET parquet_metadata_cache = true")
-        self._create_views()
+        self._create_views(with_calls)
         if not self.unsafe_sql:
             self._lock_down()
 
@@ -182,31 +202,21 @@ class Store:
         """Lists the store's files into `files` (those a reader sees) and `skipped`."""
         self.skipped: list[SkippedFile] = []
         self.files: dict[str, list[str]] = {}
+        self._rows: dict[str, pa.Table | None] = {}
         for table in schema.TABLES:
             self.files[table] = self._checked_files(table)
 
     def _checked_files(self, table: str) -> list[str]:
-        """The files of `table` that join its view: checked, not provably replaced."""
-        skips: list[Skip] = []
-        good: list[FileInfo] = []
-        infos = list_files(self.fs, self.root, table, skips)
-        # Many footers at once (a thread pool): one after the other, 100,000 files took
-        # minutes to open (issue 14). Each is checked against the schema (issue 11).
-        footers = read_footers(
-            self.fs, [i.path for i in infos], lambda fs, p: read_footer(fs, p, table)
-        )
-        for checked in footers:
-            if isinstance(checked, Skip):
-                skips.append(checked)
-            else:
-                good.append(checked)
-        # by a compacted file (capture.compact) that provably holds their rows: read it instead
-        refused: list[Skip] = []
-        replaced = verified_replaced(self.fs, good, refused)
-        self.skipped.extend(SkippedFile(s.path, s.reason) for s in skips)
-        for claim in refused:
+        """The files of `table` that join its view (`capture.checked.check_table`)."""
+        found = check_table(self.fs, self.root, table, self._cache)
+        self.skipped.extend(SkippedFile(s.path, s.reason) for s in found.skipped)
+        for claim in found.refused:
             warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
-        return sorted(f.path for f in good if f.path not in replaced)
+        if table == schema.CALLS:
+            self._exact_calls = found.exact
+        else:
+            self._rows[table] = found.rows
+        return found.kept
 
     def _lock_down(self) -> None:
         """From here on SQL reads the store's files and nothing else (issue 11).
@@ -214,13 +224,14 @@ class Store:
         No other file, directory or URL is read or written (``read_csv``, ``COPY ... TO``,
         ``ATTACH``, ``glob``), no extension is installed or loaded, and no setting changes.
         """
-        files = [p for table in schema.TABLES for p in self.files[table]]
+        # Only the calls files are read by DuckDB (stats and structures rows are in memory).
+        files = self.files[schema.CALLS] if self._with_calls else []
         if isinstance(self.fs, pafs.LocalFileSystem) and files:
             self.con.execute(f"SET allowed_paths = {_sql_list(files)}")
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
 
-    def _create_views(self) -> None:
+    def _create_views(self, with_calls: bool) -> None:
         local = isinstance(self.fs, pafs.LocalFileSystem)
         partitions = {
             schema.STRUCTURES: [("model", pa.string())],
@@ -228,6 +239,8 @@ class Store:
             schema.STATS: [("model", pa.string())],
         }
         for table in schema.TABLES:
+            if table == schema.CALLS and not with_calls:
+                continue
             name = "_structures_raw" if table == schema.STRUCTURES else table
             files = self.files[table]
             base = schema.SCHEMAS[table]
@@ -236,25 +249,22 @@ class Store:
                 empty = pa.schema(list(base) + extra).empty_table()
                 self.con.register(f"_{table}_empty", empty)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_empty")
+            elif table != schema.CALLS:
+                # Read with their checks (`_checked_files`): every query would fetch each
+                # small file again (on an object store a round trip each), issue 14.
+                self.con.register(f"_{table}_rows", self._rows[table])
+                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
             elif local:
                 # The `model` column of a file is the recorded name; its `model=` folder is a
                 # sanitized copy ('org/name' -> 'org_name'), so only `date` comes from the path.
-                dated = table == schema.CALLS
+                # Merging the columns by name reads every file's schema when the view is made
+                # (about 1 ms a file): only when a file has columns of another version.
+                mixed = "false" if self._exact_calls else "true"
                 self.con.execute(
-                    f"CREATE OR REPLACE VIEW {name} AS SELECT * "
-                    + (f"EXCLUDE (filename), {_DATE_FROM_PATH} AS date " if dated else "")
-                    + f"FROM read_parquet({_sql_list(files)}, hive_partitioning = false, "
-                    f"union_by_name = true{', filename = true' if dated else ''})"
+                    f"CREATE OR REPLACE VIEW {name} AS SELECT * EXCLUDE (filename), "
+                    f"{_DATE_FROM_PATH} AS date FROM read_parquet({_sql_list(files)}, "
+                    f"hive_partitioning = false, union_by_name = {mixed}, filename = true)"
                 )
-            elif table != schema.CALLS:
-                # Object store: every query would fetch every file again (a round trip each);
-                # the stats and structures files are small (a row per signature or leaf per
-                # segment), so they are fetched once, many at a time, and kept (issue 14).
-                rows = pa.concat_tables(
-                    read_footers(self.fs, files, _read_table), promote_options="permissive"
-                )
-                self.con.register(f"_{table}_rows", rows)
-                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
             else:
                 import pyarrow.dataset as ds
 
@@ -268,6 +278,8 @@ class Store:
                 self.con.register(f"_{table}_dataset", dataset)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset")
         self.con.execute(_DERIVED_VIEWS)
+        if with_calls:
+            self.con.execute(_CALLS_VIEWS)
 
     # -- queries -----------------------------------------------------------------------------
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
@@ -287,24 +299,36 @@ class Store:
             >>> store.query("SELECT count(*) AS n FROM calls").to_pylist()  # doctest: +SKIP
             [{'n': 8}]
         """
-        for attempt in (1, 2):
+        if not self._with_calls and _needs_calls(self.con, sql):
+            self._reconnect(with_calls=True)
+        relisted = False
+        while True:
             try:
                 relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
                 if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
                     return pa.table({})
                 return relation.to_arrow_table()
             except (duckdb.IOException, duckdb.PermissionException, OSError) as e:
-                if attempt == 1 and _vanished(e, self.files, self.fs):
+                if not relisted and _vanished(e, self.files, self.fs):
                     # A compaction replaced (then deleted) files listed when the store opened:
                     # its merged file holds their rows; list again, once (issue 14).
+                    relisted = True
                     self.con.close()
                     self._list_files()
-                    self._connect()
+                    self._connect(self._with_calls)
+                    continue
+                raise QueryError(f"query failed: {str(e).strip()}") from e
+            except duckdb.CatalogException as e:
+                if not self._with_calls:  # a view over the calls named in a way not spotted
+                    self._reconnect(with_calls=True)
                     continue
                 raise QueryError(f"query failed: {str(e).strip()}") from e
             except duckdb.Error as e:
                 raise QueryError(f"query failed: {str(e).strip()}") from e
-        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _reconnect(self, with_calls: bool) -> None:
+        self.con.close()
+        self._connect(with_calls)
 
     def models(self) -> list[str]:
         """The model names recorded in the store, sorted."""

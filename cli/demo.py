@@ -78,7 +78,7 @@ def _remove_interrupted(store: str) -> None:
     import pyarrow.fs as pafs
 
     from capture import schema
-    from capture.writer import resolve_store
+    from capture.store_files import resolve_store
 
     try:
         fs, root = resolve_store(store)
@@ -97,7 +97,7 @@ def _remove_interrupted(store: str) -> None:
 
 def _mark(store: str, incomplete: bool) -> None:
     """Creates (before recording) or removes (once recorded) the `INCOMPLETE` marker."""
-    from capture.writer import resolve_store
+    from capture.store_files import resolve_store
 
     fs, root = resolve_store(store)
     if incomplete:

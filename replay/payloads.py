@@ -188,7 +188,7 @@ def payload_rows(
         (rows, notes); no rows when the store holds no payloads of the model.
     """
     from capture.store import Store
-    from capture.writer import resolve_store
+    from capture.store_files import resolve_store
 
     fs, root = (store.fs, store.root) if isinstance(store, Store) else resolve_store(store)
     files = list_payloads((fs, root), inputs.model)

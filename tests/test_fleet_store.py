@@ -10,13 +10,18 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc
+import pyarrow.parquet as pq
 import pytest
 
 import capture
-from capture import compaction, compaction_lock, layout
+from capture import compaction, compaction_lock, footer_cache, layout, schema
 from capture.errors import CaptureError
 from fixtures.models import run_generate, tiny_llama
 
@@ -88,8 +93,8 @@ def test_store_opened_before_a_compaction_reads_its_merged_file(store: Path) -> 
 _HOLDER = r"""
 import sys, time
 import pyarrow.fs as pafs
-from capture.compaction_lock import _Lock
-lock = _Lock(pafs.LocalFileSystem(), sys.argv[1], dry_run=False)
+from capture.compaction_lock import CompactionLock
+lock = CompactionLock(pafs.LocalFileSystem(), sys.argv[1], dry_run=False)
 lock.__enter__()
 print("locked", flush=True)
 time.sleep(600)
@@ -144,3 +149,122 @@ def test_recent_lock_of_another_host_is_respected(store: Path) -> None:
     (store / compaction_lock.LOCK_NAME).write_text(json.dumps(note))
     with pytest.raises(CaptureError, match="another compaction holds"):
         capture.compact(store)
+
+
+# -- the reader's cache of checked files ------------------------------------------------------
+@pytest.fixture
+def cached(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the store, read with a cache of its own (small stores are cached too)."""
+    monkeypatch.setenv("CAPTURE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(footer_cache, "MIN_FILES", 1)
+    return store
+
+
+def _answer(root: Path) -> dict[str, Any]:
+    with capture.open_store(root) as opened:
+        out = {k: opened.query(sql).to_pylist() for k, sql in SNAPSHOT_SQL.items()}
+        out["summary"] = opened.summary()
+    return out
+
+
+def _uncached(root: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    with monkeypatch.context() as m:
+        m.setenv("CAPTURE_CACHE_DIR", "off")
+        return _answer(root)
+
+
+def _rewrite(path: Path, change: Any) -> None:
+    """Writes `path` again, changed, keeping its footer metadata (a store file's)."""
+    table = pq.read_table(path)
+    time.sleep(0.01)  # another modification time even on coarse clocks
+    pq.write_table(change(table).replace_schema_metadata(table.schema.metadata), path)
+
+
+def test_cached_opens_give_the_uncached_answer(
+    cached: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = _uncached(cached, monkeypatch)
+    first = _answer(cached)  # fills the cache
+    assert list((tmp_path / "cache").glob("*-stats-rows.arrow"))
+    assert _answer(cached) == first == expected  # issue 14: the cache never changes an answer
+
+
+def test_a_stats_file_written_again_after_caching_is_read_again(
+    cached: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _answer(cached)
+    path = sorted((cached / schema.STATS).rglob("*.parquet"))[0]
+    _rewrite(path, lambda t: t.set_column(5, "calls", pc.multiply(t.column("calls"), 10)))
+    # issue 14: a stale cache entry (another stamp) is ignored, the file's new rows count
+    assert _answer(cached) == _uncached(cached, monkeypatch)
+
+
+def test_a_calls_file_replaced_by_a_foreign_one_after_caching_is_skipped(cached: Path) -> None:
+    _answer(cached)
+    path = sorted((cached / schema.CALLS).rglob("*.parquet"))[0]
+    time.sleep(0.01)
+    pq.write_table(pa.table({"call_id": [1, 2]}), path)
+    with pytest.warns(RuntimeWarning, match="not a capture file"):  # issue 14: checked again
+        with capture.open_store(cached) as opened:
+            assert str(path) in [s.path for s in opened.skipped]
+
+
+def test_a_damaged_cache_is_ignored(
+    cached: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = _answer(cached)
+    for path in (tmp_path / "cache").iterdir():
+        path.write_bytes(b"not parquet")
+    assert _answer(cached) == expected  # issue 14
+
+
+def test_a_cache_of_rows_without_its_index_pair_is_ignored(
+    cached: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = _answer(cached)
+    rows = next((tmp_path / "cache").glob("*-stats-rows.arrow"))
+    with pa.memory_map(str(rows)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    # rows written by another reader (another token) beside this index: neither is used
+    other = table.slice(0, 1).replace_schema_metadata({b"capture.cache_token": b"x"})
+    with pa.OSFile(str(rows), "wb") as sink, pa.ipc.new_file(sink, other.schema) as out:
+        out.write_table(other)
+    assert _answer(cached) == expected  # issue 14
+
+
+def test_summary_does_not_bind_the_calls_files(cached: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with capture.open_store(cached) as opened:
+            opened.summary()
+            for path in (cached / schema.CALLS).rglob("*.parquet"):
+                os.remove(path)
+            # issue 14: summary reads stats and structures only; no view over 100,000 calls
+            # files is bound for it, so the calls files are not touched
+            assert opened.summary()["models"]
+
+
+def test_a_calls_file_with_a_column_of_a_later_version_is_read(cached: Path) -> None:
+    count = "SELECT count(*) AS n FROM calls"
+    with capture.open_store(cached) as opened:
+        before = opened.query(count).to_pylist()
+    path = sorted((cached / schema.CALLS).rglob("*.parquet"))[-1]
+    _rewrite(path, lambda t: t.append_column("later", pa.array([7] * t.num_rows)))
+    with capture.open_store(cached) as opened:
+        # issue 14: columns merged by name only when a file needs it, and then they are
+        assert opened.query(count).to_pylist() == before
+        assert opened.query("SELECT count(later) AS n FROM calls").to_pylist()[0]["n"] > 0
+
+
+def test_resolve_store_takes_a_configured_filesystem_and_a_path(tmp_path: Path) -> None:
+    import pyarrow.fs as pafs
+
+    from capture.store_files import resolve_store, write_parquet
+
+    sub = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    fs, root = resolve_store("stores/one/", filesystem=sub)
+    # issue 13: a caller's filesystem (endpoint, credentials) is used as given, path on it
+    assert (fs, root) == (sub, "stores/one")
+    table = pa.table({"x": [1]})
+    write_parquet(fs, f"{root}/calls", "a.parquet", table, "calls")
+    assert (tmp_path / "stores" / "one" / "calls" / "a.parquet").exists()
