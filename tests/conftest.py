@@ -6,6 +6,7 @@ in `tmp_path`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,18 @@ from s3_server import S3Server
 import capture
 from capture.store import Store
 from fixtures.stores import record_llama, record_seed_scenarios
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _reader_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The store readers' cache (capture.footer_cache) goes to a temporary folder, not ~/.cache."""
+    before = os.environ.get("CAPTURE_CACHE_DIR")
+    os.environ["CAPTURE_CACHE_DIR"] = str(tmp_path_factory.mktemp("reader-cache"))
+    yield
+    if before is None:
+        os.environ.pop("CAPTURE_CACHE_DIR", None)
+    else:
+        os.environ["CAPTURE_CACHE_DIR"] = before
 
 
 @pytest.fixture(scope="session")
