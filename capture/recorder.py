@@ -29,7 +29,7 @@ from capture.errors import CaptureError
 from capture.flatten import Oversized, Structure, signature_of, walk
 from capture.payload_keeper import PayloadKeeper, Payloads, payload_policy
 from capture.recorder_base import RecorderBase
-from capture.segment import CallRecord, call_id_base
+from capture.segment import call_id_base
 from capture.structure_cache import StructureCache
 from capture.writer import StoreWriter
 
@@ -44,7 +44,6 @@ _VALUE_RANGES = ("cpu", "all", "none")
 # Integer dtypes torch.aminmax does not implement on CPU: widened to int64 first (exact).
 _WIDEN = {getattr(torch, n) for n in ("uint16", "uint32") if hasattr(torch, n)}
 _INT64 = torch.int64
-_record = tuple.__new__
 
 
 def _submodules(model: Any, modules: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
@@ -453,13 +452,10 @@ class Recorder(StructureCache, RecorderBase):
         if writer is None:
             return None
         call_id = self._id_base | next(self._seq)
-        # tuple.__new__ builds the NamedTuple without its Python-level __new__ (half the cost)
-        writer.submit(
-            _record(
-                CallRecord,
-                (call_id, ts, sid, out_sid, dims, out_dims, lows, highs, duration, error),
-            )
-        )
+        # A plain tuple in CallRecord's field order: building the NamedTuple costs 0.16 µs more
+        # per call, and the writer reads records by position (Segment.add).
+        record = (call_id, ts, sid, out_sid, dims, out_dims, lows, highs, duration, error)
+        writer.submit(record)  # type: ignore[arg-type]
         return call_id
 
     def _count_error(self, what: str, e: BaseException) -> None:
