@@ -53,7 +53,6 @@ from common import code_line, load_line, machine_line  # noqa: E402
 from recorder_cases import LAYERS, Decode, Small, decode_inputs, log, small_inputs  # noqa: E402
 from recorder_latency import latency_section, wrapper_section  # noqa: E402
 from recorder_memory import memory_section  # noqa: E402
-from recorder_writer import writer_section  # noqa: E402
 
 TARGET_A_US = 10.0
 TARGET_B_US = 40.0
@@ -191,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             out.append(result.stdout)
         if "d" in only:
+            # imported here: it reads the writer's internals, so sections (a)-(c) also time an
+            # older checkout of capture (PYTHONPATH=<checkout>) for before/after comparisons
+            from recorder_writer import writer_section
+
             log("(d) writer")
             out.append(
                 writer_section(
