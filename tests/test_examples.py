@@ -42,7 +42,7 @@ _DIMHINT = re.compile(
     r"_DimHint\(type=<_DimHintType\.DYNAMIC: 3>,\s*min=None,\s*max=None,\s*_factory=True\)"
 )
 _NESTED_CACHE = re.compile(r"\[\[(\{[^\[\]]*\})\], \[(\{[^\[\]]*\})\]\]")
-_NUMBER = re.compile(r"\s*-?\d+\.\d+")
+_NUMBER = re.compile(r"\s*-?\d+\.\d*(?:e[+-]\d+)?")  # torch switches to e-notation for wide ranges
 _SYMBOL = re.compile(r"\bs\d+\b")
 _TRACE_COMMENT = re.compile(r"^\s*# (File: |No stacktrace found)")
 
