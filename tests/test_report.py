@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -244,3 +245,16 @@ def test_page_renders_its_plots_in_headless_chromium(llama_page: str, tmp_path: 
     # The distribution bars are drawn in #0969da: the images were decoded and painted.
     bars = np.all(np.abs(pixels - np.array([9, 105, 218])) <= 6, axis=-1)
     assert bars.sum() > 5_000
+
+
+def test_progress_off_a_terminal_logs_a_plain_line_now_and_then() -> None:
+    stream = io.StringIO()
+    # issue 14: a long compaction in a nightly job (stderr a log file) says where it is; a
+    # short run writes nothing (the test above), so captured output stays clean.
+    with Progress("compact", stream=stream, log_every=0.05) as progress:
+        progress.phase("merging calls files", 3, 10)
+        time.sleep(0.6)
+    lines = stream.getvalue().splitlines()
+    assert lines and all(
+        re.fullmatch(r"compact: merging calls files 3/10 \(\d+ s\)", line) for line in lines
+    )
