@@ -32,11 +32,23 @@ class Add(torch.nn.Module):
 """
 
 
+def _default_signals() -> None:
+    """The child starts with SIGHUP and SIGTERM at their defaults, as a server does.
+
+    A test run launched under ``nohup`` (or any launcher that ignores SIGHUP) passes SIG_IGN on
+    to its children, and a recorder rightly chains to it: the process would live on and the
+    signal tests would time out for a reason that is not the recorder's.
+    """
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _run(code: str, timeout: float = 120) -> tuple[int, str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
+        preexec_fn=_default_signals,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -49,6 +61,7 @@ def _start(code: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
+        preexec_fn=_default_signals,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
