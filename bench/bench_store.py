@@ -9,7 +9,7 @@ Prints one Markdown section on stdout (progress goes to stderr).
 **The stores.** Synthetic, deterministic (seeded), built with the writer's own code: the
 structures are `capture.flatten.describe()` of real calls and are written with
 `capture.writer.structure_table()`; calls and stats tables follow `capture.schema`'s schemas and
-are written with `capture.writer.write_parquet()` (zstd, tmp name + rename, schema metadata),
+are written with `capture.store_files.write_parquet()` (zstd, tmp name + rename, schema metadata),
 100k calls per file, one stats file per calls file (one row per distinct signature in it, as
 `Segment.stats_table` computes them), the calls spread over several writer processes (file
 prefixes, each with its own copy of the structures file) and UTC dates. The traffic is an LLM's:
@@ -178,7 +178,8 @@ def generate(
     import pyarrow.fs as pafs
 
     from capture import schema
-    from capture.writer import structure_table, write_parquet
+    from capture.segment import structure_table
+    from capture.store_files import write_parquet
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)

@@ -1,10 +1,11 @@
 """Bounded queue + writer thread: complete zstd Parquet files, tmp name then rename.
 
-The recording thread only appends a `CallRecord` (a NamedTuple) to a deque (tens of
+The recording thread only appends a call record (a plain tuple in `CallRecord`'s field
+order; `InputObserver.to_store` queues the NamedTuple itself) to a deque (tens of
 nanoseconds); when the deque holds `queue_size` items the call is dropped and counted, so the
-model never waits for the disk. A
-daemon thread drains the deque every `poll_seconds`, accumulates columns, and writes a *segment*
-when `flush_rows` rows are buffered or `flush_seconds` have passed since the first one:
+model never waits for the disk. A daemon thread drains the deque every `poll_seconds`,
+accumulates columns, and writes a *segment* when `flush_rows` rows are buffered or
+`flush_seconds` have passed since the first one:
 
 1. ``structures/model=<m>/<prefix>-<seq>.parquet``: the structures its calls refer to that this
    writer has not written yet (all of them again after the store folder was removed);
@@ -36,28 +37,12 @@ import pyarrow.fs as pafs
 
 from capture import schema
 from capture.segment import CallRecord, Segment, structure_table
-from capture.store_files import (  # re-exported: the path helpers used to live here
-    library_version,
-    model_folder,
-    resolve_store,
-    safe_name,
-    write_parquet,
-)
+from capture.store_files import model_folder, resolve_store, safe_name, write_parquet
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
     from capture.flatten import Param, Structure
 
-__all__ = [
-    "CallRecord",
-    "StoreWriter",
-    "resolve_store",
-    "write_parquet",
-    "library_version",
-    "safe_name",
-    "model_folder",
-    "structure_table",
-    "TMP_MAX_AGE",
-]
+__all__ = ["StoreWriter", "TMP_MAX_AGE"]
 
 logger = logging.getLogger(__name__)
 

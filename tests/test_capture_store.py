@@ -24,7 +24,7 @@ from capture import schema
 from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
 from capture.segment import pack_sizes, sizes_array
 from capture.store import Store
-from capture.writer import write_parquet
+from capture.store_files import write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 
