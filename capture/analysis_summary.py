@@ -40,7 +40,7 @@ The dict (every timestamp an ISO 8601 string, every count an int)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -248,11 +248,11 @@ def drift_rows(model: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def group_rows(model: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One flat row per call group of a model's summary entry, largest first.
+def group_rows(groups: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One flat row per call group of a model's summary entry, in the order given.
 
     Args:
-        model: One entry of ``build_summary(...)["models"]``.
+        groups: The ``groups`` of one entry of ``build_summary(...)["models"]``.
 
     Returns:
 
@@ -268,5 +268,5 @@ def group_rows(model: Mapping[str, Any]) -> list[dict[str, Any]]:
             "inputs": ", ".join(map(str, g["inputs"] or ())),
             "absent": ", ".join(map(str, g["absent"] or ())),
         }
-        for g in model.get("groups", ())
+        for g in groups
     ]

@@ -310,7 +310,7 @@ def _model_section(
         f"{_esc(model['last_ts'])}</p>",
     ]
     entries = {e["name"]: e for e in model["groups"]}
-    parts.append(_table(group_rows(model)))
+    parts.append(_table(group_rows(model["groups"])))
     if not groups:
         return parts
     tl = timeline(store, name, groups)

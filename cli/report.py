@@ -75,7 +75,7 @@ def _groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
                 else {}
             ),
         }
-        for row, g in zip(group_rows({"groups": groups}), groups, strict=True)
+        for row, g in zip(group_rows(groups), groups, strict=True)
     ]
     return _section("Call groups (calls sharing one input structure), largest first", rows)
 
