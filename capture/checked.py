@@ -15,11 +15,21 @@ import pyarrow.fs as pafs
 
 from capture import footer_cache, schema
 from capture.claims import verified_replaced
-from capture.layout import FileInfo, Skip, list_files, read_footer, read_footers, read_with_rows
+from capture.layout import (
+    VANISHED,
+    FileInfo,
+    Skip,
+    list_files,
+    read_footer,
+    read_footers,
+    read_with_rows,
+)
 
 __all__ = ["CheckedTable", "check_table"]
 
 _SLICE = 4096
+_LISTINGS = 3
+"""Times a table is listed again when files vanish between listing and reading."""
 """Files read (by the thread pool) before their rows are merged into one table."""
 
 
@@ -44,6 +54,10 @@ def check_table(
 ) -> CheckedTable:
     """The files of `table` that join its view: checked, not provably replaced.
 
+    A file deleted between the listing and its read (a writer replacing its stats rollup, a
+    compaction) means a file that holds its rows appeared meanwhile: the table is listed
+    again (at most `_LISTINGS` times; then the vanished files are left out, unreported).
+
     Stats and structures files are read whole with their check (`read_with_rows`), their rows
     returned. Verdicts and rows of files already checked come from `cache` when the file's
     stamp is unchanged (`capture.footer_cache`); the claims are verified again every time.
@@ -54,6 +68,22 @@ def check_table(
         table: ``calls``, ``stats`` or ``structures``.
         cache: The reader's cache (used for tables of `footer_cache.MIN_FILES` files or more).
     """
+    for _ in range(_LISTINGS - 1):
+        found = _check_once(fs, root, table, cache)
+        if not found.vanished:
+            return found.checked
+    return _check_once(fs, root, table, cache).checked
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    checked: CheckedTable
+    vanished: bool
+
+
+def _check_once(
+    fs: pafs.FileSystem, root: str, table: str, cache: footer_cache.FooterCache | None
+) -> _Attempt:
     skips: list[Skip] = []
     stamps: dict[str, str] = {}
     infos = list_files(fs, root, table, skips, stamps)
@@ -86,12 +116,17 @@ def check_table(
         if tables:  # one table per slice: 100,000 small tables cost GBs of memory
             fresh.append(footer_cache.with_files(tables, names))
     good: list[FileInfo] = []
+    vanished = set()
     for info in infos:
         checked = verdicts[info.path]
-        if isinstance(checked, Skip):
+        if isinstance(checked, Skip) and checked.reason == VANISHED:
+            vanished.add(info.path)
+        elif isinstance(checked, Skip):
             skips.append(checked)
         else:
             good.append(checked)
+    if vanished:  # never cached: the path is gone
+        infos = [i for i in infos if i.path not in vanished]
     # by a compacted file (capture.compact) that provably holds their rows: read it instead
     refused: list[Skip] = []
     replaced = verified_replaced(fs, good, refused)
@@ -110,7 +145,7 @@ def check_table(
     if cache is not None and (todo or len(cached) != len(infos)):
         cache.save(table, {i.path: (stamps[i.path], verdicts[i.path]) for i in infos}, rows)
     exact = all(f.exact for f in good if f.path not in replaced)
-    return CheckedTable(kept, skips, refused, kept_rows, exact)
+    return _Attempt(CheckedTable(kept, skips, refused, kept_rows, exact), bool(vanished))
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table | None:

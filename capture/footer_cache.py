@@ -44,7 +44,7 @@ MIN_FILES = 256
 
 _FILE = "_capture_file"
 _TOKEN = b"capture.cache_token"
-_VERSION = "2"
+_VERSION = "3"
 
 Verdict = FileInfo | Skip
 
@@ -136,14 +136,26 @@ def _write(table: pa.Table, stem: str) -> None:
 
 def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
     cols: dict[str, list[object]] = {
-        k: [] for k in ("path", "stamp", "reason", "rows", "size", "replaces", "lo", "hi", "exact")
+        k: []
+        for k in (
+            "path",
+            "stamp",
+            "reason",
+            "rows",
+            "size",
+            "replaces",
+            "lo",
+            "hi",
+            "exact",
+            "rollup",
+        )
     }
     for path, (stamp, verdict) in entries.items():
         cols["path"].append(path)
         cols["stamp"].append(stamp)
         if isinstance(verdict, Skip):
             cols["reason"].append(verdict.reason)
-            for k in ("rows", "size", "replaces", "lo", "hi", "exact"):
+            for k in ("rows", "size", "replaces", "lo", "hi", "exact", "rollup"):
                 cols[k].append(None)
             continue
         cols["reason"].append(None)
@@ -154,6 +166,7 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
         cols["lo"].append(lo)
         cols["hi"].append(hi)
         cols["exact"].append(verdict.exact)
+        cols["rollup"].append(verdict.rollup)
     types = {"rows": pa.int64(), "size": pa.int64(), "lo": pa.int64(), "hi": pa.int64()}
     types["exact"] = pa.bool_()
     return pa.table({k: pa.array(v, types.get(k, pa.string())) for k, v in cols.items()})
@@ -162,14 +175,14 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
 def _entries(index: pa.Table, table: str) -> dict[str, tuple[str, Verdict]]:
     cols = [index.column(k).to_pylist() for k in index.column_names]
     out: dict[str, tuple[str, Verdict]] = {}
-    for path, stamp, reason, rows, size, replaces, lo, hi, exact in zip(*cols, strict=True):
+    for path, stamp, reason, rows, size, replaces, lo, hi, exact, rollup in zip(*cols, strict=True):
         verdict: Verdict
         if reason is not None:
             verdict = Skip(path, reason)
         else:
             claims = json.loads(replaces) if replaces else {}
             ids = (lo, hi) if lo is not None and hi is not None else None
-            verdict = FileInfo(path, table, rows, size, claims, ids, bool(exact))
+            verdict = FileInfo(path, table, rows, size, claims, ids, bool(exact), rollup)
         out[path] = (stamp, verdict)
     return out
 

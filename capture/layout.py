@@ -34,6 +34,7 @@ __all__ = [
     "METADATA_REPLACES_ROWS",
     "MAX_INFLATION",
     "MAX_UNCOMPRESSED",
+    "VANISHED",
     "SIGNATURE_TOTALS",
     "list_files",
     "open_root",
@@ -59,6 +60,10 @@ MAX_INFLATION = 2_000
 """Largest ratio of declared uncompressed size to file size beyond 64 MiB (a zip bomb)."""
 
 _SMALL = 64 << 20
+
+VANISHED = "deleted after it was listed"
+"""The reason of a `Skip` for a file gone between listing and reading (a writer's replaced
+rollup, a compacted file's source): not a problem to report, a reason to list again."""
 
 SIGNATURE_TOTALS = """
     model, in_structure, out_structure, dims, out_dims,
@@ -115,6 +120,8 @@ class FileInfo:
     """Smallest and largest call_id (calls files, from the footer's statistics)."""
     exact: bool = False
     """The file has exactly the table's columns, in order (no column of another version)."""
+    rollup: str | None = None
+    """Stats files: ``open`` or ``closed`` for a writer's rollup (`schema.METADATA_ROLLUP`)."""
 
     @property
     def folder(self) -> str:
@@ -249,6 +256,8 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
         with fs.open_input_file(path) as f:
             size = int(f.size())
             meta = pq.read_metadata(f)
+    except FileNotFoundError:
+        return Skip(path, VANISHED)
     except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
         return Skip(path, _one_line(f"{type(e).__name__}: {e}"))
     return _verdict(meta, path, table, size)
@@ -289,6 +298,8 @@ def read_with_rows(
             if isinstance(verdict, Skip):
                 return verdict, None
             return verdict, parquet.read()
+    except FileNotFoundError:
+        return Skip(path, VANISHED), None
     except Exception as e:  # truncated, empty, not Parquet, corrupt pages: skipped, said why
         return Skip(path, _one_line(f"{type(e).__name__}: {e}")), None
 
@@ -340,7 +351,9 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
         return replaces
     exact = found.names == schema.SCHEMAS[table].names
     rows, ids = int(meta.num_rows), _call_ids(meta, table)
-    return FileInfo(path, table, rows, size, replaces, ids, exact)
+    rollup = kv.get(schema.METADATA_ROLLUP)
+    mark = rollup.decode("ascii", "replace")[:10] if rollup is not None else None
+    return FileInfo(path, table, rows, size, replaces, ids, exact, mark)
 
 
 T = TypeVar("T")

@@ -20,6 +20,23 @@ METADATA_SCHEMA_VERSION = b"capture.schema_version"
 METADATA_LIBRARY_VERSION = b"capture.library_version"
 METADATA_KIND = b"capture.kind"
 
+METADATA_ROLLUP = b"capture.rollup"
+"""Stats files only: the file is a writer's rollup, ``open`` while that writer may still replace
+it by a successor holding its rows and more, ``closed`` once the writer stopped (`capture.writer`).
+"""
+
+ROLLUP_CONTINUE_S = 300.0
+"""A writer replaces its open rollup only when it wrote it less than this many seconds ago (by
+its own clock); after a longer pause it starts a new one and leaves the old one as it is."""
+
+ROLLUP_GRACE_S = 2 * ROLLUP_CONTINUE_S
+"""`capture compact` leaves an open rollup younger than this alone (its writer may replace it);
+twice `ROLLUP_CONTINUE_S`, a margin for the writer's upload time and clock differences."""
+
+ROLLUP_ROWS = 4_096
+"""A writer's rollup grows to at most this many signature rows, then a new one starts (each
+flush writes the whole rollup again)."""
+
 STRUCTURES = "structures"
 CALLS = "calls"
 STATS = "stats"

@@ -15,7 +15,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
@@ -32,8 +32,11 @@ __all__ = [
     "Segment",
     "call_id_base",
     "merge_bounds",
+    "merge_signature",
+    "StatsRollup",
     "pack_sizes",
     "sizes_array",
+    "stats_table",
     "structure_table",
 ]
 
@@ -235,20 +238,72 @@ class Segment:
 
     def stats_table(self, model: str) -> pa.Table:
         """One row per distinct signature, its columns in `schema.STATS_SCHEMA` order."""
-        entries = list(self.signatures.values())
-        fields: dict[str, Sequence[Any]] = {
-            name: [model] * len(entries)  # the one writer column of a signature key
-            for name in schema.SIGNATURE_KEY
-            if name in schema.WRITER_COLUMNS
-        }
+        return stats_table(model, [(k, s) for k, s in self.signatures.values()])
+
+
+class StatsRollup:
+    """A writer's cumulative signature rows for one model: what its rolled-up stats file holds.
+
+    `merged` gives the rows with a segment's added without changing the rollup, so a segment
+    whose files fail to land leaves it as it was (all or nothing, issue 12); `commit` keeps them.
+    """
+
+    def __init__(self) -> None:
+        self.signatures: dict[_Key, _Signature] = {}
+
+    def __len__(self) -> int:
+        return len(self.signatures)
+
+    def merged(self, segment: Segment | None) -> dict[_Key, _Signature]:
+        """The rollup's rows with `segment`'s added (a new dict; None: a copy)."""
+        out = dict(self.signatures)
+        for key, sig in segment.signatures.values() if segment is not None else ():
+            out[key] = merge_signature(out.get(key), sig)
+        return out
+
+    def commit(self, signatures: dict[_Key, _Signature]) -> None:
+        """Keeps `signatures` (from `merged`) as the rollup's rows."""
+        self.signatures = signatures
+
+
+def merge_signature(acc: _Signature | None, new: _Signature) -> _Signature:
+    """`acc` and `new` merged into a new `_Signature` (neither is changed); `acc` None: a copy.
+
+    The in-memory twin of `capture.layout.SIGNATURE_TOTALS` and `schema.SIGNATURE_RANGES`.
+    """
+    if acc is None:
+        return replace(new, int_min=list(new.int_min), int_max=list(new.int_max))
+    return _Signature(
+        calls=acc.calls + new.calls,
+        errors=acc.errors + new.errors,
+        int_min=merge_bounds(acc.int_min, new.int_min, min) if new.int_min else list(acc.int_min),
+        int_max=merge_bounds(acc.int_max, new.int_max, max) if new.int_max else list(acc.int_max),
+        first_ts=min(acc.first_ts, new.first_ts),
+        last_ts=max(acc.last_ts, new.last_ts),
+        duration_ns_sum=acc.duration_ns_sum + new.duration_ns_sum,
+        duration_ns_min=min(acc.duration_ns_min, new.duration_ns_min),
+        duration_ns_max=max(acc.duration_ns_max, new.duration_ns_max),
+    )
+
+
+def stats_table(model: str, entries: Sequence[tuple[_Key, _Signature]]) -> pa.Table:
+    """The stats rows of `entries` (signature key, merged columns) for `model`."""
+    fields: dict[str, Sequence[Any]] = {
+        name: [model] * len(entries)  # the one writer column of a signature key
+        for name in schema.SIGNATURE_KEY
+        if name in schema.WRITER_COLUMNS
+    }
+    if entries:
         fields.update(zip(_KEY, zip(*(k for k, _ in entries), strict=True), strict=True))
-        for name in _MERGED:
-            values = [getattr(s, name) for _, s in entries]
-            if pa.types.is_list(schema.STATS_SCHEMA.field(name).type):
-                values = [v or None for v in values]  # no merged item: recorded without ranges
-            fields[name] = values
-        columns = [_column(f, fields[f.name]) for f in schema.STATS_SCHEMA]
-        return pa.Table.from_arrays(columns, schema=schema.STATS_SCHEMA)
+    else:
+        fields.update((name, []) for name in _KEY)
+    for name in _MERGED:
+        values = [getattr(s, name) for _, s in entries]
+        if pa.types.is_list(schema.STATS_SCHEMA.field(name).type):
+            values = [v or None for v in values]  # no merged item: recorded without ranges
+        fields[name] = values
+    columns = [_column(f, fields[f.name]) for f in schema.STATS_SCHEMA]
+    return pa.Table.from_arrays(columns, schema=schema.STATS_SCHEMA)
 
 
 def _day(ts_ns: int) -> str:

@@ -163,13 +163,9 @@ class Store:
         )
         self._cache = footer_cache.FooterCache(self.fs, self.root)
         self._list_files()
-        for skipped in self.skipped:
-            warnings.warn(
-                f"capture: skipping unreadable store file {skipped.path} ({skipped.reason})",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        if not any(self.files.values()):
+        if not self._files[schema.STATS] and not self._files[schema.STRUCTURES]:
+            self._check_calls()  # a store of calls files alone (their stats skipped) still opens
+        if not any(self._files.values()):
             raise EmptyStore(
                 f"the store at {self.path} holds no recorded call yet; record into it first "
                 "(capture.Recorder) or pass another --store"
@@ -198,18 +194,44 @@ class Store:
         if not self.unsafe_sql:
             self._lock_down()
 
-    def _list_files(self) -> None:
-        """Lists the store's files into `files` (those a reader sees) and `skipped`."""
+    @property
+    def files(self) -> dict[str, list[str]]:
+        """The files a reader sees, per table (``calls``, ``stats``, ``structures``), sorted.
+
+        Hand them to an engine that does not know ``capture.replaces`` (Spark, Trino). The
+        calls files are checked the first time they are needed (this, or SQL over ``calls``,
+        ``leaves`` or ``dims``): `summary` and `dims` read stats only, and at 100,000 calls
+        files the check costs a minute (issue 14).
+        """
+        self._check_calls()
+        return self._files
+
+    def _list_files(self, with_calls: bool = False) -> None:
+        """Lists the store's stats and structures (and calls) files into `_files`, `skipped`."""
         self.skipped: list[SkippedFile] = []
-        self.files: dict[str, list[str]] = {}
+        self._files: dict[str, list[str]] = {}
         self._rows: dict[str, pa.Table | None] = {}
-        for table in schema.TABLES:
-            self.files[table] = self._checked_files(table)
+        for table in (schema.STRUCTURES, schema.STATS):
+            self._files[table] = self._checked_files(table)
+        if with_calls:
+            self._check_calls()
+
+    def _check_calls(self) -> None:
+        """Checks the calls files, once (each skipped one is warned about then)."""
+        if schema.CALLS not in self._files:
+            self._files[schema.CALLS] = self._checked_files(schema.CALLS)
 
     def _checked_files(self, table: str) -> list[str]:
         """The files of `table` that join its view (`capture.checked.check_table`)."""
         found = check_table(self.fs, self.root, table, self._cache)
-        self.skipped.extend(SkippedFile(s.path, s.reason) for s in found.skipped)
+        skipped = [SkippedFile(s.path, s.reason) for s in found.skipped]
+        self.skipped.extend(skipped)
+        for one in skipped:
+            warnings.warn(
+                f"capture: skipping unreadable store file {one.path} ({one.reason})",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         for claim in found.refused:
             warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
         if table == schema.CALLS:
@@ -309,12 +331,12 @@ class Store:
                     return pa.table({})
                 return relation.to_arrow_table()
             except (duckdb.IOException, duckdb.PermissionException, OSError) as e:
-                if not relisted and _vanished(e, self.files, self.fs):
+                if not relisted and _vanished(e, self._files, self.fs):
                     # A compaction replaced (then deleted) files listed when the store opened:
                     # its merged file holds their rows; list again, once (issue 14).
                     relisted = True
                     self.con.close()
-                    self._list_files()
+                    self._list_files(with_calls=self._with_calls)
                     self._connect(self._with_calls)
                     continue
                 raise QueryError(f"query failed: {str(e).strip()}") from e

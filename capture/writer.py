@@ -10,7 +10,15 @@ accumulates columns, and writes a *segment* when `flush_rows` rows are buffered 
 1. ``structures/model=<m>/<prefix>-<seq>.parquet``: the structures its calls refer to that this
    writer has not written yet (all of them again after the store folder was removed);
 2. ``calls/model=<m>/date=<d>/<prefix>-<seq>.parquet``: one row per call;
-3. ``stats/model=<m>/<prefix>-<seq>.parquet``: one row per distinct signature in the segment.
+3. ``stats/model=<m>/<prefix>-<seq>.parquet``: the writer's *rollup*, one row per distinct
+   signature of every segment it wrote so far (up to `schema.ROLLUP_ROWS` rows). It replaces the
+   previous rollup, which its footer claims (``capture.replaces``, verified by readers, as for a
+   compacted file) and which is deleted right after: a store holds one stats file per writer
+   process, not one per flush, and opening it does not cost a read per flush (issue 14). The
+   file is marked ``open`` (``capture.rollup``) while the writer may still replace it, and
+   ``closed`` by `close`; a writer idle for `schema.ROLLUP_CONTINUE_S` starts a new rollup, and
+   `capture compact` merges an open one only once it is `schema.ROLLUP_GRACE_S` old, so the two
+   never both take over the same rows.
 
 Each file is written as ``.<name>.tmp`` in its final folder and renamed, so readers never see a
 partial file (on object stores, S3 and GCS, in one upload under its final name: an object is
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import logging
 import os
 import threading
@@ -36,7 +45,8 @@ from typing import TYPE_CHECKING
 import pyarrow.fs as pafs
 
 from capture import schema
-from capture.segment import CallRecord, Segment, structure_table
+from capture.layout import METADATA_REPLACES, METADATA_REPLACES_ROWS
+from capture.segment import CallRecord, Segment, StatsRollup, stats_table, structure_table
 from capture.store_files import model_folder, resolve_store, safe_name, write_parquet
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
@@ -107,6 +117,14 @@ class StoreWriter:
         self.files_written = 0
         self._warned: set[str] = set()
         self._segment = Segment()
+        # The stats rollup (module docstring): its rows, the files of its chain still in the
+        # store (the latest first; older ones whose delete failed are claimed again), and the
+        # monotonic time of its latest write.
+        self._rollup = StatsRollup()
+        self._rollup_files: list[tuple[str, int]] = []
+        self._rollup_at = 0.0
+        self._rollup_closed = False
+        self._closing = False
 
     # -- recording side (any thread) -------------------------------------------------------
     def submit(self, rec: CallRecord) -> bool:
@@ -156,10 +174,20 @@ class StoreWriter:
         self.queue_size = 0  # submit() refuses from now on (and counts)
         self._stop.set()
         self._wake.set()
+        stopped = True
         if self._thread is not None:
             self._thread.join(timeout=timeout)
+            stopped = not self._thread.is_alive()
             self._thread = None
+        # The last rollup is marked closed (compaction may take it at once) only when no writer
+        # thread can replace it any more.
+        self._closing = stopped
         self._drain_and_write(force=True)
+        if stopped and self._rollup_files and not self._rollup_closed:
+            try:
+                self._write_stats(None)
+            except Exception as e:  # stays open: compaction takes it after its grace period
+                self._fail("write", f"closing the stats rollup in {self.root} ({e})")
         late = len(self._queue)  # appended by a submit() that raced with the line above
         if late:
             self._queue.clear()
@@ -232,6 +260,7 @@ class StoreWriter:
         folder = f"{self.root}/{schema.STRUCTURES}/{model_folder(self.model)}"
         if self.fs.get_file_info(folder).type == pafs.FileType.NotFound:
             self._written_ids.clear()
+            self._rollup, self._rollup_files = StatsRollup(), []  # its rows went with the store
             self.store_resets += 1
             self._fail("reset", f"finding the store's structures under {folder} (removed?)")
 
@@ -271,7 +300,6 @@ class StoreWriter:
         try:
             self._check_store()
             self._write_structures(segment.structure_ids(), seq)
-            stats = segment.stats_table(self.model)
             for day, table in segment.calls_tables(self.model, self.host, self.pid).items():
                 landed.append(
                     write_parquet(
@@ -283,10 +311,8 @@ class StoreWriter:
                     )
                 )
             # Stats last: a reader that trusts stats never counts calls whose file is missing.
-            path = write_parquet(
-                self.fs, f"{self.root}/{schema.STATS}/{model}", name, stats, schema.STATS
-            )
-            for done in (*landed, path):
+            self._write_stats(segment, name)
+            for done in landed:
                 self._written(done)
             self.written_calls += len(segment)
         except Exception as e:
@@ -301,6 +327,39 @@ class StoreWriter:
                 self.dropped += len(segment)
             self.write_errors += 1
             self._fail("write", f"writing {len(segment)} calls to {self.root} ({e})")
+
+    def _write_stats(self, segment: Segment | None, name: str | None = None) -> None:
+        """Writes the rollup with `segment`'s signatures added, then deletes the one it replaces.
+
+        `segment` None rewrites the rollup as it is (to mark it closed). Raises when the file
+        cannot be written; the rollup is then unchanged.
+        """
+        folder = f"{self.root}/{schema.STATS}/{model_folder(self.model)}"
+        fresh = time.monotonic() - self._rollup_at < schema.ROLLUP_CONTINUE_S
+        chain = self._rollup_files if fresh else []
+        if chain and self.fs.get_file_info(f"{folder}/{chain[0][0]}").type != pafs.FileType.File:
+            chain = []  # removed by someone else: its rows are not ours to carry on
+        rows = self._rollup.merged(segment) if chain else StatsRollup().merged(segment)
+        if chain and len(rows) > schema.ROLLUP_ROWS:  # full: a new rollup for this segment
+            chain, rows = [], StatsRollup().merged(segment)
+        meta = {schema.METADATA_ROLLUP: b"closed" if self._closing else b"open"}
+        if chain:
+            meta[METADATA_REPLACES] = json.dumps([n for n, _ in chain]).encode()
+            meta[METADATA_REPLACES_ROWS] = json.dumps(dict(chain)).encode()
+        name = name or f"{self.prefix}-{next(self._seq):06d}.parquet"
+        table = stats_table(self.model, list(rows.items()))
+        self._written(write_parquet(self.fs, folder, name, table, schema.STATS, meta))
+        self._rollup.commit(rows)
+        self._rollup_at = time.monotonic()
+        self._rollup_closed = self._closing
+        self._rollup_files = [(name, len(rows))]
+        for old, count in chain:  # held by the new file (its claim); a failed delete: claimed again
+            try:
+                self.fs.delete_file(f"{folder}/{old}")
+            except FileNotFoundError:
+                pass
+            except Exception:
+                self._rollup_files.append((old, count))
 
     def _clean_tmp(self) -> None:
         """Removes ``.tmp`` files older than `TMP_MAX_AGE` (left by killed writers)."""

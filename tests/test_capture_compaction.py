@@ -22,6 +22,7 @@ from fixtures.models import run_generate, tiny_llama
 
 WORKLOAD = [(1, 5), (2, 7), (1, 9)]
 CALLS, FILES = 30, 10  # the workload twice, 3 calls per file
+WRITERS = 2  # one recorder per run of the workload: one stats file (its rollup) each
 CALLS_SQL = "SELECT * EXCLUDE (date) FROM calls ORDER BY call_id"
 # What the analysis reads from stats: merged signatures, with their integer ranges.
 SIGNATURES_SQL = """
@@ -56,14 +57,17 @@ def _snapshot(root: Path) -> dict[str, Any]:
 def small_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny-Llama generate() traffic written 3 calls per file (a server flushing often).
 
-    The workload runs twice, so every signature is seen in two stats files.
+    The workload runs twice, each time under its own recorder (two processes of a fleet), so
+    every signature is seen in two stats files.
     """
     root = tmp_path_factory.mktemp("small-files") / "store"
     model = tiny_llama(0)
-    with capture.Recorder(model, root, flush_rows=3, flush_seconds=3600) as rec:
-        for _ in range(2):
+    written = 0
+    for _ in range(WRITERS):
+        with capture.Recorder(model, root, flush_rows=3, flush_seconds=3600) as rec:
             run_generate(model, WORKLOAD, max_new_tokens=5, seed=0)
-    assert rec.stats()["written"] == CALLS
+        written += rec.stats()["written"]
+    assert written == CALLS
     return root
 
 
@@ -76,7 +80,7 @@ def store(small_files: Path, tmp_path: Path) -> Path:
 
 def test_compaction_keeps_every_call_signature_range_and_analysis(store: Path) -> None:
     before = _snapshot(store)
-    assert len(_files(store, "calls")) == FILES and len(_files(store, "stats")) == FILES
+    assert len(_files(store, "calls")) == FILES and len(_files(store, "stats")) == WRITERS
     result = capture.compact(store)
     assert len(_files(store, "calls")) == 1
     assert len(_files(store, "stats")) == 1
@@ -206,7 +210,7 @@ def test_cli_compact_prints_what_it_did(store: Path) -> None:
         f"  structures  {files['structures']} files -> 1, {rows['structures']} rows -> "
         f"{_rows(store, 'structures')}",
         f"  calls       {FILES} files -> 1, {CALLS} rows -> {CALLS}",
-        f"  stats       {FILES} files -> 1, {rows['stats']} rows -> {_rows(store, 'stats')}",
+        f"  stats       {WRITERS} files -> 1, {rows['stats']} rows -> {_rows(store, 'stats')}",
     ]
 
 

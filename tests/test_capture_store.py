@@ -239,13 +239,30 @@ class Ids(torch.nn.Module):
 def test_signatures_merge_integer_ranges_over_segments(tmp_path: Path) -> None:
     model = Ids()
     empty = torch.zeros(0, dtype=torch.int64)
-    with torch.no_grad(), capture.Recorder(model, tmp_path, name="ids", flush_rows=1) as rec:
-        model(torch.tensor([[3, 9]]), empty)  # pos empty: its range is unknown (NULL items)
-        model(torch.tensor([[-1, 4]]), empty)
-        rec.flush()
+    for ids in ([[3, 9]], [[-1, 4]]):  # two recorders: two writers, two stats files
+        with torch.no_grad(), capture.Recorder(model, tmp_path, name="ids", flush_rows=1):
+            model(torch.tensor(ids), empty)  # pos empty: its range is unknown (NULL items)
     with capture.open_store(tmp_path) as store:
         segments = store.query("SELECT count(*) AS n FROM stats").to_pylist()
         rows = store.query("SELECT calls, int_min, int_max FROM signatures").to_pylist()
     assert segments == [{"n": 2}]
     # issue 13: the view merges the ranges (one rule, schema.SIGNATURE_RANGES), item by item
     assert rows == [{"calls": 2, "int_min": [-1, None], "int_max": [9, None]}]
+
+
+def test_a_writer_rolls_its_segments_up_into_one_stats_file(tmp_path: Path) -> None:
+    model = Ids()
+    empty = torch.zeros(0, dtype=torch.int64)
+    with torch.no_grad(), capture.Recorder(model, tmp_path, name="ids", flush_rows=1) as rec:
+        for ids in ([[3, 9]], [[-1, 4]], [[5, 5]]):
+            model(torch.tensor(ids), empty)
+            rec.flush()
+    calls = sorted((tmp_path / schema.CALLS).rglob("*.parquet"))
+    stats = sorted((tmp_path / schema.STATS).rglob("*.parquet"))
+    # issue 14: one stats file per writer, not one per flush (three segments, three calls files)
+    assert len(calls) == 3 and len(stats) == 1
+    meta = pq.read_metadata(stats[0]).metadata
+    assert meta[schema.METADATA_ROLLUP] == b"closed"  # the recorder stopped: compaction may take it
+    rows = pq.read_table(stats[0]).to_pylist()
+    # the writer's in-memory merge follows the SQL rule (segment.merge_bounds)
+    assert [(r["calls"], r["int_min"], r["int_max"]) for r in rows] == [(3, [-1, None], [9, None])]

@@ -35,12 +35,13 @@ SNAPSHOT_SQL = {
 
 @pytest.fixture(scope="module")
 def many_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny-Llama traffic written 2 calls per file: 12 calls, stats and structures files."""
+    """tiny-Llama traffic written 2 calls per file by 6 recorders (a fleet's processes): 6
+    stats files (one rollup per writer), more calls and structures files."""
     root = tmp_path_factory.mktemp("many-files") / "store"
     model = tiny_llama(0)
-    with capture.Recorder(model, root, flush_rows=2, flush_seconds=3600):
-        for _ in range(2):
-            run_generate(model, [(1, 5), (2, 7)], max_new_tokens=5, seed=0)
+    for batch in (1, 2, 1, 2, 1, 2):
+        with capture.Recorder(model, root, flush_rows=2, flush_seconds=3600):
+            run_generate(model, [(batch, 5 + batch)], max_new_tokens=5, seed=0)
     return root
 
 
