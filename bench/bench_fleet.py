@@ -16,7 +16,9 @@ writes them),
 spread over 8 writer processes. The tables are built once per process from
 `bench_store.generate`'s LLM traffic (10 tensor leaves per call) and written again under each
 file name (contents are the same, names and call ids differ), so 100,000 files take minutes, not
-hours. So "N files" means N calls files + N stats files + 8 structures files.
+hours. So "N files" means N calls files + 8 structures files + the stats: 8 rollups (one per
+writer process, what this version's writers leave), or, with the layout "per flush" (what
+writers before the rollups left, still read by this version), N stats files.
 
 S3: moto's standalone server (`tests/s3_server.py`) on 127.0.0.1, a real HTTP S3 API; the store
 is written through pyarrow's S3FileSystem.
@@ -25,8 +27,9 @@ is written through pyarrow's S3FileSystem.
 views and the summary queries, as a user sees it), wall time of one run: with `--baseline`
 first by the code before, then twice by this code: the first open of the store (the reader's
 cache of checked files, `capture.footer_cache`, is empty: every file is read) and a second one
-(the cache holds the files' verdicts and stats rows). Then `capture compact` (wall time and
-peak memory of the process), then `summary` again. The cache lives in a fresh folder per store
+(the cache holds the files' verdicts and stats rows). Then `capture query "SELECT count(*) FROM
+calls"` (the first SQL over the calls: their footers are checked now), then `capture compact`
+(wall time and peak memory of the process), then `summary` again. The cache lives in a fresh folder per store
 (``CAPTURE_CACHE_DIR``).
 """
 
@@ -75,8 +78,13 @@ def _tables() -> tuple[Any, Any, Any]:
         return first("calls"), first("stats"), first("structures")
 
 
-def generate(uri: str, files: int) -> float:
-    """Writes a store of `files` calls files (+ as many stats files) at `uri`; seconds taken."""
+def generate(uri: str, files: int, per_flush_stats: bool = False) -> float:
+    """Writes a store of `files` calls files at `uri`; seconds taken.
+
+    The stats are what this version's writers leave: per process one rollup (its flushes'
+    signature rows merged, `capture.writer`); with `per_flush_stats`, what writers before
+    rollups left: one stats file per calls file.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     import pyarrow as pa
@@ -114,12 +122,24 @@ def generate(uri: str, files: int) -> float:
 
         table = calls.set_column(0, "call_id", pc.add(ids, offset))
         write_parquet(fs, calls_dir, name, table, schema.CALLS)
-        write_parquet(fs, stats_dir, name, stats, schema.STATS)
+        if per_flush_stats:
+            write_parquet(fs, stats_dir, name, stats, schema.STATS)
         if f and f % 10_000 == 0:
             log(f"  {f:,} files written")
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(files)))
+    if not per_flush_stats:
+        from capture.compaction import merge_stats
+
+        for p in range(PROCESSES):
+            flushes = len(range(p, files, PROCESSES))
+            last = f"{prefixes[p]}-{flushes:06d}.parquet"
+            # the rollup of `flushes` identical segments, merged by the store's SQL rule
+            rollup = merge_stats(pa.concat_tables([stats] * flushes)) if flushes else None
+            if rollup is not None:
+                meta = {schema.METADATA_ROLLUP: b"closed"}
+                write_parquet(fs, stats_dir, last, rollup, schema.STATS, meta)
     return time.perf_counter() - t0
 
 
@@ -177,6 +197,14 @@ def _summaries(
     return [before, f"{t_first:.1f}", f"{t_cached:.1f}", "yes" if ok else "NO"]
 
 
+def _count_query(store: str, n: int, env: dict[str, str], key: str) -> str:
+    """Seconds of the first SQL over the calls (their footers are checked then)."""
+    cache = f"{STORES_DIR}/cache/{os.path.basename(key)}"
+    sql = "SELECT count(*) AS n FROM calls"
+    seconds, out = capture_cli(store, "query", sql, env={**env, "CAPTURE_CACHE_DIR": cache})
+    return f"{seconds:.1f}" if str(n * CALLS_PER_FILE) in out else f"{seconds:.1f} (WRONG)"
+
+
 def _compacted(store: str, n: int, env: dict[str, str]) -> list[str]:
     """[compact seconds, its peak MiB, summary after, counted after]."""
     t_c, _ = capture_cli(store, "compact", env=env)
@@ -190,6 +218,13 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[1_000, 10_000, 100_000])
     parser.add_argument("--s3-sizes", type=int, nargs="*", default=[1_000, 10_000])
     parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument(
+        "--layouts",
+        nargs="*",
+        default=["rollups", "per flush"],
+        choices=["rollups", "per flush"],
+        help="stats layouts: this version's writers, writers before stats rollups",
+    )
     parser.add_argument("--no-compact", action="store_true")
     parser.add_argument("--label", default="this branch")
     parser.add_argument(
@@ -202,24 +237,27 @@ def main() -> None:
     rows: list[list[Any]] = []
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for n in args.sizes:
-        path = f"{STORES_DIR}/local-{n}"
-        if not (args.reuse and os.path.exists(f"{path}/.generated")):
-            shutil.rmtree(path, ignore_errors=True)
-            log(f"generating {n:,} files at {path}")
-            gen = generate(path, n)
-            open(f"{path}/.generated", "w").close()
-            log(f"  generated in {gen:.0f} s; summary")
-        row = [f"local, {n:,} files", *_summaries(args, path, n, env, "")]
-        if not args.no_compact:
-            row += _compacted(path, n, env)
-            shutil.rmtree(path, ignore_errors=True)  # compacted: no longer the store to reuse
-        else:
-            row += ["", "", "", ""]
-        rows.append(row)
-        log(f"  {row}")
-        if not args.reuse:
-            shutil.rmtree(path, ignore_errors=True)
+    for layout in args.layouts:
+        old = layout == "per flush"
+        for n in args.sizes:
+            path = f"{STORES_DIR}/local-{n}{'-old' if old else ''}"
+            if not (args.reuse and os.path.exists(f"{path}/.generated")):
+                shutil.rmtree(path, ignore_errors=True)
+                log(f"generating {n:,} files at {path} (stats: {layout})")
+                gen = generate(path, n, per_flush_stats=old)
+                open(f"{path}/.generated", "w").close()
+                log(f"  generated in {gen:.0f} s; summary")
+            row = [f"local, {n:,} files", layout, *_summaries(args, path, n, env, "")]
+            row.append(_count_query(path, n, env, path))
+            if not args.no_compact:
+                row += _compacted(path, n, env)
+                shutil.rmtree(path, ignore_errors=True)  # compacted: no longer the store to reuse
+            else:
+                row += ["", "", "", ""]
+            rows.append(row)
+            log(f"  {row}")
+            if not args.reuse:
+                shutil.rmtree(path, ignore_errors=True)
     if not args.no_s3 and args.s3_sizes:
         sys.path.insert(0, os.path.join(env["PYTHONPATH"], "tests"))
         from s3_server import S3Server
@@ -227,17 +265,21 @@ def main() -> None:
         with S3Server() as server:
             s3env = {**env, **server.env()}
             os.environ.update(server.env())
-            for n in args.s3_sizes:
-                bucket = server.create_bucket(f"bench-{n}")
-                uri = f"s3://{bucket}/store"
-                log(f"generating {n:,} files at {uri}")
-                gen = generate(uri, n)
-                log(f"  generated in {gen:.0f} s; summary")
-                row = [f"S3 (moto, loopback), {n:,} files"]
-                row += _summaries(args, uri, n, s3env, f"s3-{n}", args.s3_baseline_max)
-                row += _compacted(uri, n, s3env) if not args.no_compact else ["", "", "", ""]
-                rows.append(row)
-                log(f"  {row}")
+            for layout in args.layouts:
+                old = layout == "per flush"
+                for n in args.s3_sizes:
+                    bucket = server.create_bucket(f"bench-{n}{'-old' if old else ''}")
+                    uri = f"s3://{bucket}/store"
+                    log(f"generating {n:,} files at {uri} (stats: {layout})")
+                    gen = generate(uri, n, per_flush_stats=old)
+                    log(f"  generated in {gen:.0f} s; summary")
+                    key = f"s3-{n}-{layout.replace(' ', '-')}"
+                    row = [f"S3 (moto, loopback), {n:,} files", layout]
+                    row += _summaries(args, uri, n, s3env, key, args.s3_baseline_max)
+                    row.append(_count_query(uri, n, s3env, key))
+                    row += _compacted(uri, n, s3env) if not args.no_compact else [""] * 4
+                    rows.append(row)
+                    log(f"  {row}")
     shutil.rmtree(f"{STORES_DIR}/cache", ignore_errors=True)
     print(f"### Fleet stores ({args.label})\n")
     print(f"- Machine: {machine_line(('pyarrow', 'duckdb', 'moto'))}")
@@ -246,10 +288,12 @@ def main() -> None:
         md_table(
             [
                 "store",
+                "stats files",
                 "`summary` before (s)",
                 "`summary`, first open (s)",
                 "`summary`, cached (s)",
                 "all calls counted",
+                "`query` over calls (s)",
                 "`compact` (s)",
                 "`compact` peak RSS (MiB)",
                 "`summary` after compact (s)",

@@ -28,7 +28,7 @@ from capture.layout import (
 __all__ = ["CheckedTable", "check_table"]
 
 _SLICE = 4096
-_LISTINGS = 3
+_LISTINGS = 10
 """Times a table is listed again when files vanish between listing and reading."""
 """Files read (by the thread pool) before their rows are merged into one table."""
 
@@ -69,10 +69,10 @@ def check_table(
         cache: The reader's cache (used for tables of `footer_cache.MIN_FILES` files or more).
     """
     for _ in range(_LISTINGS - 1):
-        found = _check_once(fs, root, table, cache)
+        found = _check_once(fs, root, table, cache, last=False)
         if not found.vanished:
             return found.checked
-    return _check_once(fs, root, table, cache).checked
+    return _check_once(fs, root, table, cache, last=True).checked
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class _Attempt:
 
 
 def _check_once(
-    fs: pafs.FileSystem, root: str, table: str, cache: footer_cache.FooterCache | None
+    fs: pafs.FileSystem, root: str, table: str, cache: footer_cache.FooterCache | None, last: bool
 ) -> _Attempt:
     skips: list[Skip] = []
     stamps: dict[str, str] = {}
@@ -116,7 +116,7 @@ def _check_once(
         if tables:  # one table per slice: 100,000 small tables cost GBs of memory
             fresh.append(footer_cache.with_files(tables, names))
     good: list[FileInfo] = []
-    vanished = set()
+    vanished: set[str] = set()
     for info in infos:
         checked = verdicts[info.path]
         if isinstance(checked, Skip) and checked.reason == VANISHED:
@@ -129,7 +129,8 @@ def _check_once(
         infos = [i for i in infos if i.path not in vanished]
     # by a compacted file (capture.compact) that provably holds their rows: read it instead
     refused: list[Skip] = []
-    replaced = verified_replaced(fs, good, refused)
+    # the last time, a claim that cannot be checked is refused (reported; both files read)
+    replaced = verified_replaced(fs, good, refused, None if last else vanished)
     kept = sorted(f.path for f in good if f.path not in replaced)
     rows = kept_rows = None
     if small:

@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
-from capture.layout import FileInfo, Skip
+from capture.layout import VANISHED, FileInfo, Skip
 
 __all__ = ["verified_replaced", "holds_rows"]
 
@@ -91,12 +91,17 @@ def holds_rows(fs: pafs.FileSystem, claimant: FileInfo, target: FileInfo) -> str
             if held < mine:
                 return f"it counts {held} calls, the file {mine}"
         return None
+    except FileNotFoundError:  # deleted since the listing: the caller lists again
+        return VANISHED
     except Exception as e:  # unreadable rows: the claim is not proven
         return f"its rows cannot be compared ({type(e).__name__})"
 
 
 def verified_replaced(
-    fs: pafs.FileSystem, files: Sequence[FileInfo], refused: list[Skip] | None = None
+    fs: pafs.FileSystem,
+    files: Sequence[FileInfo],
+    refused: list[Skip] | None = None,
+    vanished: set[str] | None = None,
 ) -> set[str]:
     """Paths of the files in `files` that another file of `files` provably replaces.
 
@@ -104,6 +109,9 @@ def verified_replaced(
         fs: The store's filesystem.
         files: The checked files of one table (from `capture.layout.read_footer`).
         refused: Receives one `Skip` per refused claim (path = the claiming file).
+        vanished: Receives the claiming file of each claim that could not be checked because
+            a file was deleted meanwhile (a writer replacing its rollup): list again. Without
+            it, such a claim is refused.
 
     Returns:
         The paths to hide (readers) or delete as leftovers (compaction).
@@ -120,6 +128,8 @@ def verified_replaced(
             why = holds_rows(fs, claimant, target)
             if why is None:
                 hidden.add(target.path)
+            elif why == VANISHED and vanished is not None:
+                vanished.add(claimant.path)
             elif refused is not None:
                 refused.append(
                     Skip(

@@ -208,7 +208,10 @@ def _list_local(
                 and entry.name.endswith(".parquet")
                 and not entry.name.startswith(".")
             ):
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # deleted since the folder was read
+                    continue
                 out.append(pafs.FileInfo(path, pafs.FileType.File, size=st.st_size))
                 if stamps is not None:
                     stamps[path] = (

@@ -337,6 +337,8 @@ class StoreWriter:
         folder = f"{self.root}/{schema.STATS}/{model_folder(self.model)}"
         fresh = time.monotonic() - self._rollup_at < schema.ROLLUP_CONTINUE_S
         chain = self._rollup_files if fresh else []
+        if segment is None and not chain:  # nothing to close: the old one stays open
+            return
         if chain and self.fs.get_file_info(f"{folder}/{chain[0][0]}").type != pafs.FileType.File:
             chain = []  # removed by someone else: its rows are not ours to carry on
         rows = self._rollup.merged(segment) if chain else StatsRollup().merged(segment)
