@@ -23,13 +23,13 @@ writers before the rollups left, still read by this version), N stats files.
 S3: moto's standalone server (`tests/s3_server.py`) on 127.0.0.1, a real HTTP S3 API; the store
 is written through pyarrow's S3FileSystem.
 
-**What is timed.** `capture --store PATH summary` as a subprocess (imports, listing, footers,
-views and the summary queries, as a user sees it), wall time of one run: with `--baseline`
-first by the code before, then twice by this code: the first open of the store (the reader's
-cache of checked files, `capture.footer_cache`, is empty: every file is read) and a second one
-(the cache holds the files' verdicts and stats rows). Then `capture query "SELECT count(*) FROM
-calls"` (the first SQL over the calls: their footers are checked now), then `capture compact`
-(wall time and peak memory of the process), then `summary` again. The cache lives in a fresh folder per store
+**What is timed.** `capture --store PATH summary` as a subprocess (imports, listing, footers, views
+and the summary queries, as a user sees it), wall time of one run: with `--baseline` first by the
+code before, then twice by this code: the first open of the store (the reader's cache of checked
+files, `capture.footer_cache`, is empty: every file is read) and a second one (the cache holds the
+files' verdicts and stats rows). Then `capture query "SELECT count(*) FROM calls"` (the first SQL
+over the calls: their footers are checked now), then `capture compact` (wall time and peak memory
+of the process), then `summary` again. The cache lives in a fresh folder per store
 (``CAPTURE_CACHE_DIR``).
 """
 

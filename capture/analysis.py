@@ -10,7 +10,7 @@ This is the analysis layer behind `Store.dims()`, `Store.summary()` and `replay`
   the group lists them as `Relation` objects. `capture.analysis_symbols` documents how relations
   are found and the rule that keeps spurious ones out (``min_support``).
 
-It reads the ``signatures`` view (the per-segment stats merged: one row per distinct signature,
+It reads the ``signatures`` view (the stats rows merged: one row per distinct signature,
 with its call count) and the ``structures`` view, never the raw calls, so the cost depends on the
 number of distinct signatures (thousands), not on the number of calls (millions). It imports
 duckdb through `capture.store`, numpy and pyarrow, never torch.

@@ -16,7 +16,7 @@ size ``j``. Each layer is a lower envelope of lines queried at increasing sizes 
 hull trick), so the cost is ``O(budget x distinct sizes)`` with exact integer arithmetic.
 
 The distribution comes from the call groups of `capture.analysis` (distinct signatures and their
-call counts, read from the per-segment ``stats``), never from the raw calls. A symbol belongs to
+call counts, read from the ``stats`` rows), never from the raw calls. A symbol belongs to
 the groups where its dims vary: a group whose batch was always 1 has no ``batch`` symbol and its
 calls are not counted (the result names the groups it counted). Imports pyarrow
 only (numpy through the analysis), never torch or duckdb.

@@ -25,7 +25,7 @@ names): the flattened leaf path after binding to the forward signature, parts jo
 (dynamo) keeps them as the ONNX graph's input names, which is what trtexec and ONNX Runtime
 take. Only tensor inputs appear (scalars become constants, missing inputs are not inputs).
 
-Reads the call groups of `capture.analysis` (per-segment ``stats``), never the raw calls; no
+Reads the call groups of `capture.analysis` (the ``stats`` rows), never the raw calls; no
 torch.
 """
 

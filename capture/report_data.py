@@ -1,13 +1,15 @@
 """What `capture report` shows, computed from the store: timelines, distributions, coverage.
 
-Everything here reads the per-segment ``stats`` rows (one per distinct signature per written
-segment, with a call count and the segment's first and last call time) and the call groups of
+Everything here reads the ``stats`` rows (in a writer's rollup one per distinct signature and
+minute, with a call count and the first and last call time) and the call groups of
 `capture.analysis`, never the raw ``calls``, so a store of millions of calls costs the same as
 its thousands of stats rows. No plotting and no torch here (`capture.report_html` draws).
 
 **Calls over time.** A stats row says that `calls` calls of one signature happened between
-`first_ts` and `last_ts`; they are spread evenly over that span (a segment lasts at most the
-recorder's ``flush_seconds``, 10 s by default), so the time resolution is the segment's length.
+`first_ts` and `last_ts`; they are spread evenly over that span, so the time resolution is a
+minute (a rollup's row, `capture.schema.ROLLUP_BUCKET_S`; a segment of up to ``flush_seconds``
+in stores written before rollups). `capture compact` merges the rows of one signature into one,
+spanning all of them: the calls over time of a compacted store are coarser.
 
 **Served by an artifact.** `served_calls` aggregates, per recorded call group, the rows of
 `replay.drift.check_rows` (one per distinct recorded signature: its input structure, calls, and

@@ -8,7 +8,7 @@ and, given an artifact's manifest, which recorded calls the artifact serves.
 
 matplotlib (the ``report`` extra) is imported here, inside the functions that draw, and nowhere
 else: ``import capture`` and ``capture query`` never load it. Data comes from
-`capture.report_data` (per-segment ``stats``, not the raw calls).
+`capture.report_data` (the ``stats`` rows, not the raw calls).
 """
 
 from __future__ import annotations

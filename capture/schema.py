@@ -34,8 +34,11 @@ ROLLUP_GRACE_S = 2 * ROLLUP_CONTINUE_S
 twice `ROLLUP_CONTINUE_S`, a margin for the writer's upload time and clock differences."""
 
 ROLLUP_ROWS = 4_096
-"""A writer's rollup grows to at most this many signature rows, then a new one starts (each
-flush writes the whole rollup again)."""
+"""A writer's rollup grows to at most this many rows, then a new one starts (each flush writes
+the whole rollup again)."""
+
+ROLLUP_BUCKET_S = 60.0
+"""A rollup keeps one row per signature and minute: the time resolution of calls over time."""
 
 STRUCTURES = "structures"
 CALLS = "calls"

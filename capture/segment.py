@@ -244,26 +244,37 @@ class Segment:
 class StatsRollup:
     """A writer's cumulative signature rows for one model: what its rolled-up stats file holds.
 
-    `merged` gives the rows with a segment's added without changing the rollup, so a segment
-    whose files fail to land leaves it as it was (all or nothing, issue 12); `commit` keeps them.
+    One row per signature and minute (`schema.ROLLUP_BUCKET_S`, by the segment's first call of
+    that signature): the rows keep when the calls happened, which `capture report`'s calls over
+    time reads. `merged` gives the rows with a segment's added without changing the rollup, so
+    a segment whose files fail to land leaves it as it was (all or nothing, issue 12); `commit`
+    keeps them.
     """
 
     def __init__(self) -> None:
-        self.signatures: dict[_Key, _Signature] = {}
+        self.rows: dict[tuple[_Key, int], _Signature] = {}
 
     def __len__(self) -> int:
-        return len(self.signatures)
+        return len(self.rows)
 
-    def merged(self, segment: Segment | None) -> dict[_Key, _Signature]:
+    def merged(self, segment: Segment | None) -> dict[tuple[_Key, int], _Signature]:
         """The rollup's rows with `segment`'s added (a new dict; None: a copy)."""
-        out = dict(self.signatures)
+        out = dict(self.rows)
+        bucket_ns = int(schema.ROLLUP_BUCKET_S * 1e9)
         for key, sig in segment.signatures.values() if segment is not None else ():
-            out[key] = merge_signature(out.get(key), sig)
+            at = (key, sig.first_ts // bucket_ns)
+            out[at] = merge_signature(out.get(at), sig)
         return out
 
-    def commit(self, signatures: dict[_Key, _Signature]) -> None:
-        """Keeps `signatures` (from `merged`) as the rollup's rows."""
-        self.signatures = signatures
+    def commit(self, rows: dict[tuple[_Key, int], _Signature]) -> None:
+        """Keeps `rows` (from `merged`) as the rollup's rows."""
+        self.rows = rows
+
+    @staticmethod
+    def table(model: str, rows: dict[tuple[_Key, int], _Signature]) -> pa.Table:
+        """The stats table of `rows` (from `merged`), in time order."""
+        ordered = sorted(rows.items(), key=lambda item: (item[0][1], item[1].first_ts))
+        return stats_table(model, [(key, sig) for (key, _), sig in ordered])
 
 
 def merge_signature(acc: _Signature | None, new: _Signature) -> _Signature:

@@ -12,9 +12,10 @@ Views users can rely on (DESIGN §6):
 - ``leaves(call_id, model, side, leaf, path, argument, kind, type, dtype, device, shape, int_min,
   int_max)``: one row per call and leaf, ``side`` is 'input' or 'output';
 - ``dims(call_id, model, side, leaf, path, axis, size)``: one row per call, tensor leaf and axis;
-- ``stats``: the per-segment signature rows as written; ``signatures``: the same merged over
-  segments, one row per distinct (model, in_structure, out_structure, dims, out_dims), integer
-  value ranges merged item by item (`schema.SIGNATURE_RANGES`, the one place they merge).
+- ``stats``: the signature rows as written (one per signature per file: a writer's rollup, a
+  compacted file); ``signatures``: the same merged over files, one row per distinct (model,
+  in_structure, out_structure, dims, out_dims), integer value ranges merged item by item
+  (`schema.SIGNATURE_RANGES`, the one place they merge).
 
 Every file is checked before it joins a view (`capture.layout.read_footer`): unreadable,
 foreign, wrong-schema and bomb-sized files, files of a newer schema version and symbolic links

@@ -11,11 +11,11 @@ accumulates columns, and writes a *segment* when `flush_rows` rows are buffered 
    writer has not written yet (all of them again after the store folder was removed);
 2. ``calls/model=<m>/date=<d>/<prefix>-<seq>.parquet``: one row per call;
 3. ``stats/model=<m>/<prefix>-<seq>.parquet``: the writer's *rollup*, one row per distinct
-   signature of every segment it wrote so far (up to `schema.ROLLUP_ROWS` rows). It replaces the
-   previous rollup, which its footer claims (``capture.replaces``, verified by readers, as for a
-   compacted file) and which is deleted right after: a store holds one stats file per writer
-   process, not one per flush, and opening it does not cost a read per flush (issue 14). The
-   file is marked ``open`` (``capture.rollup``) while the writer may still replace it, and
+   signature and minute of every segment it wrote so far (up to `schema.ROLLUP_ROWS` rows). It
+   replaces the previous rollup, which its footer claims (``capture.replaces``, verified by
+   readers, as for a compacted file) and which is deleted right after: a store holds one stats file
+   per writer process, not one per flush, and opening it does not cost a read per flush (issue 14).
+   The file is marked ``open`` (``capture.rollup``) while the writer may still replace it, and
    ``closed`` by `close`; a writer idle for `schema.ROLLUP_CONTINUE_S` starts a new rollup, and
    `capture compact` merges an open one only once it is `schema.ROLLUP_GRACE_S` old, so the two
    never both take over the same rows.
@@ -46,7 +46,7 @@ import pyarrow.fs as pafs
 
 from capture import schema
 from capture.layout import METADATA_REPLACES, METADATA_REPLACES_ROWS
-from capture.segment import CallRecord, Segment, StatsRollup, stats_table, structure_table
+from capture.segment import CallRecord, Segment, StatsRollup, structure_table
 from capture.store_files import model_folder, resolve_store, safe_name, write_parquet
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
@@ -349,7 +349,7 @@ class StoreWriter:
             meta[METADATA_REPLACES] = json.dumps([n for n, _ in chain]).encode()
             meta[METADATA_REPLACES_ROWS] = json.dumps(dict(chain)).encode()
         name = name or f"{self.prefix}-{next(self._seq):06d}.parquet"
-        table = stats_table(self.model, list(rows.items()))
+        table = StatsRollup.table(self.model, rows)
         self._written(write_parquet(self.fs, folder, name, table, schema.STATS, meta))
         self._rollup.commit(rows)
         self._rollup_at = time.monotonic()

@@ -173,3 +173,22 @@ def test_readers_beside_a_rolling_writer_never_lose_or_double_count(tmp_path: Pa
     assert counted == sorted(counted)  # never fewer calls than an earlier open saw
     rows, total = _counts(tmp_path)
     assert rows == total == rec.stats()["written"]
+
+
+def test_a_rollup_keeps_one_row_per_signature_and_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the report's calls over time read these rows: a rollup spanning hours in one row per
+    # signature would smear them (issue 14); a "minute" of 50 ms here
+    monkeypatch.setattr(schema, "ROLLUP_BUCKET_S", 0.05)
+    model = Add()
+    with capture.Recorder(model, tmp_path, name="add", flush_seconds=3600) as rec:
+        for _ in range(3):
+            model(torch.ones(1, 2))
+            rec.flush()
+            time.sleep(0.06)
+    (stats,) = _stats_files(tmp_path)
+    rows = pq.read_table(stats).to_pylist()
+    assert [r["calls"] for r in rows] == [1, 1, 1]  # one signature, three minutes
+    assert [r["first_ts"] for r in rows] == sorted(r["first_ts"] for r in rows)
+    assert _counts(tmp_path) == (3, 3)
