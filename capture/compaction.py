@@ -8,7 +8,8 @@ file (listing, footers) and per stats row (docs/benchmarks.md: 1M calls in 1,000
   of up to `target_rows` rows;
 - ``stats/model=M/``: every file, merged into one whose signature rows are merged (one row per
   signature: call, error and duration counts summed, timestamps and integer ranges widened),
-  as the ``signatures`` view would merge them;
+  as the ``signatures`` view would merge them; but a writer's open rollup younger than
+  `schema.ROLLUP_GRACE_S` (10 minutes) is left for a later run: its writer may still replace it;
 - ``structures/model=M/``: every file, merged into one without repeated (structure_id, leaf).
 
 **Nothing recorded is lost, and readers never count a call twice.** Each new file is written
@@ -174,6 +175,8 @@ def _compact_folder(
     result.refused_claims.extend(f"{s.path} {s.reason}" for s in refused)
     leftovers = [f for f in files if f.path in replaced]
     live = [f for f in files if f.path not in replaced]
+    if table == schema.STATS:  # a writer may still replace these: left for a later run
+        live = [f for f in live if f.path not in _young_rollups(fs, live)]
     if leftovers:  # an earlier compaction died between its rename and its deletes
         result.deleted_leftovers += len(leftovers)
         if not result.dry_run:
@@ -195,6 +198,25 @@ def _compact_folder(
             counts.rows_after += sum(f.rows for f in group) if table == schema.CALLS else 0
             continue
         counts.rows_after += _merge(fs, table, folder, group)
+
+
+def _young_rollups(fs: pafs.FileSystem, files: list[_File]) -> set[str]:
+    """The open stats rollups (`capture.writer`) younger than `schema.ROLLUP_GRACE_S`.
+
+    Their writer may still replace one with a successor holding its rows: merged now, those
+    rows would be counted twice. A writer never replaces a rollup older than
+    `schema.ROLLUP_CONTINUE_S` (half the grace), so an older one is safe to merge.
+    """
+    open_ones = [f.path for f in files if f.rollup == "open"]
+    if not open_ones:
+        return set()
+    now = time.time()
+    young = set()
+    for info in fs.get_file_info(open_ones):
+        mtime = info.mtime.timestamp() if info.mtime is not None else now
+        if info.type == pafs.FileType.File and now - mtime < schema.ROLLUP_GRACE_S:
+            young.add(info.path)
+    return young
 
 
 def _calls_groups(files: list[_File], target_rows: int) -> list[list[_File]]:

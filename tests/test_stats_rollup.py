@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -191,4 +192,32 @@ def test_a_rollup_keeps_one_row_per_signature_and_minute(
     rows = pq.read_table(stats).to_pylist()
     assert [r["calls"] for r in rows] == [1, 1, 1]  # one signature, three minutes
     assert [r["first_ts"] for r in rows] == sorted(r["first_ts"] for r in rows)
+    assert _counts(tmp_path) == (3, 3)
+
+
+def test_compaction_leaves_a_live_writers_rollup_until_it_is_old(tmp_path: Path) -> None:
+    model = Add()
+    rec = capture.Recorder(model, tmp_path, name="add", flush_seconds=3600)
+    rec.start()
+    try:
+        for b in (1, 2):
+            model(torch.ones(b, 2))
+            rec.flush()
+        _record(tmp_path, [3])  # a writer that stopped: its rollup is closed
+        assert len(_stats_files(tmp_path)) == 2
+        result = capture.compact(tmp_path)
+        # issue 14: the live writer may replace its open rollup (claiming it) at its next flush;
+        # merged now, its rows would be counted twice
+        assert result.tables["stats"].files_before == 1
+        (live,) = [
+            p
+            for p in _stats_files(tmp_path)
+            if pq.read_metadata(p).metadata[schema.METADATA_ROLLUP] == b"open"
+        ]
+        old = live.stat().st_mtime - schema.ROLLUP_GRACE_S - 1
+        os.utime(live, (old, old))  # as if its writer had been idle for ten minutes
+        assert capture.compact(tmp_path).tables["stats"].files_before == 2
+        assert len(_stats_files(tmp_path)) == 1
+    finally:
+        rec.stop()
     assert _counts(tmp_path) == (3, 3)
