@@ -265,7 +265,7 @@ class Store:
             if table == schema.CALLS and not with_calls:
                 continue
             name = "_structures_raw" if table == schema.STRUCTURES else table
-            files = self.files[table]
+            files = self.files[table] if table == schema.CALLS else self._files[table]
             base = schema.SCHEMAS[table]
             extra = [pa.field(n, t) for n, t in partitions[table] if n not in base.names]
             if not files:

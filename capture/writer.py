@@ -120,7 +120,7 @@ class StoreWriter:
         # The stats rollup (module docstring): its rows, the files of its chain still in the
         # store (the latest first; older ones whose delete failed are claimed again), and the
         # monotonic time of its latest write.
-        self._rollup = StatsRollup()
+        self._rollup = StatsRollup(self.model)
         self._rollup_files: list[tuple[str, int]] = []
         self._rollup_at = 0.0
         self._rollup_closed = False
@@ -260,7 +260,8 @@ class StoreWriter:
         folder = f"{self.root}/{schema.STRUCTURES}/{model_folder(self.model)}"
         if self.fs.get_file_info(folder).type == pafs.FileType.NotFound:
             self._written_ids.clear()
-            self._rollup, self._rollup_files = StatsRollup(), []  # its rows went with the store
+            # the rollup's rows went with the store
+            self._rollup, self._rollup_files = StatsRollup(self.model), []
             self.store_resets += 1
             self._fail("reset", f"finding the store's structures under {folder} (removed?)")
 
@@ -341,20 +342,19 @@ class StoreWriter:
             return
         if chain and self.fs.get_file_info(f"{folder}/{chain[0][0]}").type != pafs.FileType.File:
             chain = []  # removed by someone else: its rows are not ours to carry on
-        rows = self._rollup.merged(segment) if chain else StatsRollup().merged(segment)
-        if chain and len(rows) > schema.ROLLUP_ROWS:  # full: a new rollup for this segment
-            chain, rows = [], StatsRollup().merged(segment)
+        rollup = (self._rollup if chain else StatsRollup(self.model)).merged(segment)
+        if chain and len(rollup) > schema.ROLLUP_ROWS:  # full: a new rollup for this segment
+            chain, rollup = [], StatsRollup(self.model).merged(segment)
         meta = {schema.METADATA_ROLLUP: b"closed" if self._closing else b"open"}
         if chain:
             meta[METADATA_REPLACES] = json.dumps([n for n, _ in chain]).encode()
             meta[METADATA_REPLACES_ROWS] = json.dumps(dict(chain)).encode()
         name = name or f"{self.prefix}-{next(self._seq):06d}.parquet"
-        table = StatsRollup.table(self.model, rows)
-        self._written(write_parquet(self.fs, folder, name, table, schema.STATS, meta))
-        self._rollup.commit(rows)
+        self._written(write_parquet(self.fs, folder, name, rollup.table, schema.STATS, meta))
+        self._rollup = rollup
         self._rollup_at = time.monotonic()
         self._rollup_closed = self._closing
-        self._rollup_files = [(name, len(rows))]
+        self._rollup_files = [(name, len(rollup))]
         for old, count in chain:  # held by the new file (its claim); a failed delete: claimed again
             try:
                 self.fs.delete_file(f"{folder}/{old}")

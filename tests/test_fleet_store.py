@@ -269,3 +269,15 @@ def test_resolve_store_takes_a_configured_filesystem_and_a_path(tmp_path: Path) 
     table = pa.table({"x": [1]})
     write_parquet(fs, f"{root}/calls", "a.parquet", table, "calls")
     assert (tmp_path / "stores" / "one" / "calls" / "a.parquet").exists()
+
+
+def test_summary_never_reads_the_calls_files(store: Path) -> None:
+    # issue 14: at 100,000 calls files their check costs minutes; summary reads stats only
+    folder = next((store / schema.CALLS).rglob("date=*"))
+    (folder / "broken.parquet").write_bytes(b"PAR1 not a parquet file")
+    with capture.open_store(store) as opened:
+        opened.summary()  # filterwarnings=error: a check of the broken file would warn
+        assert schema.CALLS not in opened._files
+        with pytest.warns(RuntimeWarning, match="broken.parquet"):
+            opened.query("SELECT count(*) FROM calls")
+        assert str(folder / "broken.parquet") in [s.path for s in opened.skipped]
