@@ -8,6 +8,7 @@ standing in for files already checked. Imports pyarrow only.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -115,6 +116,8 @@ def _check_once(
                 names.append(path)
         if tables:  # one table per slice: 100,000 small tables cost GBs of memory
             fresh.append(footer_cache.with_files(tables, names))
+        if len(todo) > _SLICE:  # pyarrow footers are freed by the cycle collector only
+            gc.collect()
     good: list[FileInfo] = []
     vanished: set[str] = set()
     for info in infos:

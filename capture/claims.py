@@ -19,7 +19,8 @@ Imports pyarrow only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,7 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
-from capture.layout import VANISHED, FileInfo, Skip
+from capture.layout import VANISHED, FileInfo, Skip, read_footers
 
 __all__ = ["verified_replaced", "holds_rows"]
 
@@ -59,6 +60,11 @@ def holds_rows(fs: pafs.FileSystem, claimant: FileInfo, target: FileInfo) -> str
         claimant: The file whose footer lists `target`.
         target: The listed file (same folder, same table).
     """
+    return _held(fs, claimant, [target])[target.path]
+
+
+def _cheap_reason(claimant: FileInfo, target: FileInfo) -> str | None:
+    """Why `claimant` cannot hold `target`, from their footers alone (None: read the rows)."""
     if claimant.table != target.table or claimant.folder != target.folder:
         return "it is in another folder or table"
     claimed = claimant.replaces.get(target.name)
@@ -66,35 +72,120 @@ def holds_rows(fs: pafs.FileSystem, claimant: FileInfo, target: FileInfo) -> str
         return f"it records {claimed} rows for it, the file holds {target.rows}"
     if target.rows > claimant.rows and target.table == schema.CALLS:
         return f"it holds {claimant.rows} rows, fewer than the file's {target.rows}"
-    if target.rows == 0:
-        return None
-    names = _KEYS[target.table]
+    return None
+
+
+_CHUNK = 1_000
+"""Listed files whose rows are compared at once with their claimant's."""
+
+
+def _held(
+    fs: pafs.FileSystem, claimant: FileInfo, targets: Sequence[FileInfo]
+) -> dict[str, str | None]:
+    """`holds_rows` for every file of `targets` (listed by `claimant`), by path.
+
+    The claimant's rows are read once for all of them: a compaction of 100,000 files that
+    died before its deletes listed 100,000 files, each compared with a 1,000,000-row file
+    (issue 14: hours, where one read of it and its files' keys takes a minute).
+    """
+    out: dict[str, str | None] = {}
+    todo: list[FileInfo] = []
+    for target in targets:
+        why = _cheap_reason(claimant, target)
+        if why is None and target.rows:
+            todo.append(target)
+        else:
+            out[target.path] = why
+    if not todo:
+        return out
+    names = _KEYS[todo[0].table]
+    columns = names + (["calls"] if todo[0].table == schema.STATS else [])
     try:
-        if target.table == schema.CALLS:
-            ours = _read(fs, target.path, names).cast(
-                pa.schema([schema.CALLS_SCHEMA.field(n) for n in names])
-            )
-            theirs = _read(fs, claimant.path, names).cast(ours.schema)
-            missing = ours.join(
-                theirs.group_by(names).aggregate([]), keys=names, join_type="left anti"
-            )
-            if missing.num_rows:
-                return f"{missing.num_rows} of the file's calls are not in it"
-            return None
-        columns = names + (["calls"] if target.table == schema.STATS else [])
-        ours, theirs = _read(fs, target.path, columns), _read(fs, claimant.path, columns)
-        if not _key_set(ours, names) <= _key_set(theirs, names):
-            return "some of the file's rows are not in it"
-        if target.table == schema.STATS:
-            mine = int(pc.sum(ours.column("calls")).as_py() or 0)
-            held = int(pc.sum(theirs.column("calls")).as_py() or 0)
-            if held < mine:
-                return f"it counts {held} calls, the file {mine}"
-        return None
-    except FileNotFoundError:  # deleted since the listing: the caller lists again
+        check = _checker(todo[0].table, _read(fs, claimant.path, columns))
+    except Exception as e:  # unreadable rows: no claim of this file is proven
+        return out | {t.path: _uncompared(e) for t in todo}
+    for start in range(0, len(todo), _CHUNK):
+        chunk = todo[start : start + _CHUNK]
+        good: list[tuple[FileInfo, pa.Table]] = []
+        reader = functools.partial(_try_read, columns=columns)
+        for target, rows in zip(
+            chunk, read_footers(fs, [t.path for t in chunk], reader), strict=True
+        ):
+            if isinstance(rows, Exception):
+                out[target.path] = _uncompared(rows)
+            else:
+                good.append((target, rows))
+        try:
+            out.update(check(good))
+        except Exception as e:  # uncomparable rows: none of these claims is proven
+            out.update({t.path: _uncompared(e) for t, _ in good})
+    return out
+
+
+_Check = Callable[[list[tuple[FileInfo, pa.Table]]], dict[str, "str | None"]]
+
+
+def _checker(table: str, theirs: pa.Table) -> _Check:
+    """What says, for listed files and their key rows, whether `theirs` holds them."""
+    names = _KEYS[table]
+    if table == schema.CALLS:
+        key_schema = pa.schema([schema.CALLS_SCHEMA.field(n) for n in names])
+        held = theirs.cast(key_schema).group_by(names).aggregate([])
+        return functools.partial(_missing_calls, names=names, held=held)
+    keys = _key_set(theirs, names)
+    counted = int(pc.sum(theirs.column("calls")).as_py() or 0) if table == schema.STATS else 0
+
+    def check(files: list[tuple[FileInfo, pa.Table]]) -> dict[str, str | None]:
+        return {t.path: _set_reason(rows, names, keys, counted) for t, rows in files}
+
+    return check
+
+
+def _uncompared(e: Exception) -> str:
+    if isinstance(e, FileNotFoundError):  # deleted since the listing: the caller lists again
         return VANISHED
-    except Exception as e:  # unreadable rows: the claim is not proven
-        return f"its rows cannot be compared ({type(e).__name__})"
+    return f"its rows cannot be compared ({type(e).__name__})"
+
+
+def _try_read(fs: pafs.FileSystem, path: str, columns: list[str]) -> pa.Table | Exception:
+    try:
+        return _read(fs, path, columns)
+    except Exception as e:  # said per file by the caller
+        return e
+
+
+def _set_reason(
+    ours: pa.Table, names: list[str], held: set[tuple[object, ...]], counted: int
+) -> str | None:
+    """Stats and structures: every key of `ours` held, and (stats) as many calls counted."""
+    if not _key_set(ours, names) <= held:
+        return "some of the file's rows are not in it"
+    if "calls" in ours.column_names:
+        mine = int(pc.sum(ours.column("calls")).as_py() or 0)
+        if counted < mine:
+            return f"it counts {counted} calls, the file {mine}"
+    return None
+
+
+def _missing_calls(
+    files: list[tuple[FileInfo, pa.Table]], names: list[str], held: pa.Table
+) -> dict[str, str | None]:
+    """Calls files: how many of each file's calls `held` (the claimant's distinct keys) lacks."""
+    if not files:
+        return {}
+    ours = pa.concat_tables(
+        [
+            rows.cast(held.schema).append_column("_file", pa.array([i] * rows.num_rows, pa.int32()))
+            for i, (_, rows) in enumerate(files)
+        ]
+    )
+    missing = ours.join(held, keys=names, join_type="left anti")
+    lost = pc.value_counts(missing.column("_file")).to_pylist() if missing.num_rows else []
+    counts = {int(v["values"]): int(v["counts"]) for v in lost}
+    return {
+        t.path: f"{counts[i]} of the file's calls are not in it" if i in counts else None
+        for i, (t, _) in enumerate(files)
+    }
 
 
 def verified_replaced(
@@ -121,11 +212,15 @@ def verified_replaced(
     for claimant in sorted(files, key=lambda f: f.path):
         if claimant.path in hidden or not claimant.replaces:
             continue
+        targets: dict[str, FileInfo] = {}
         for name in sorted(claimant.replaces):
             target = by_path.get(f"{claimant.folder}/{name}")
             if target is None or target.path in hidden or target.path == claimant.path:
                 continue
-            why = holds_rows(fs, claimant, target)
+            targets[name] = target
+        verdicts = _held(fs, claimant, list(targets.values()))
+        for name, target in targets.items():
+            why = verdicts[target.path]
             if why is None:
                 hidden.add(target.path)
             elif why == VANISHED and vanished is not None:

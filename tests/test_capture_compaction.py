@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import torch
 from click.testing import CliRunner
 
 import capture
-from capture import compaction, open_store, schema
+from capture import claims, compaction, layout, open_store, schema
 from capture.cli.main import cli
 from capture.errors import CaptureError
 from fixtures.models import run_generate, tiny_llama
@@ -120,6 +121,50 @@ def test_died_before_deleting_readers_count_once_and_next_run_cleans_up(
         schema.TABLES, 1
     )
     assert _snapshot(store) == before
+
+
+def test_calls_merged_batch_by_batch_into_row_groups_across_batches(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = _snapshot(store)
+    monkeypatch.setattr(compaction, "_BATCH_FILES", 2)  # 3 calls per file: 6 calls a batch
+    monkeypatch.setattr(compaction, "_ROW_GROUP", 4)  # row groups cut across batches
+    capture.compact(store)
+    (merged,) = _files(store, "calls")
+    meta = pq.read_metadata(merged)
+    groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert groups == [4] * 7 + [2]  # streamed in bounded memory, in order (issue 14)
+    assert _snapshot(store) == before
+
+
+def test_leftovers_are_compared_in_chunks_and_each_file_judged_alone(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as m:  # "dies" before deleting: 10 files listed by the merged one
+        m.setattr(compaction, "_delete", lambda fs, paths: None)
+        capture.compact(store)
+    (merged,) = [p for p in _files(store, "calls") if p.name.startswith("compact-")]
+    sources = [p for p in _files(store, "calls") if p != merged]
+    forged = sources[4]  # same row count, one call the merged file does not hold
+    rows = pq.read_table(forged)
+    ids = rows.column("call_id").to_pylist()
+    rows = rows.set_column(
+        rows.schema.get_field_index("call_id"), "call_id", pa.array([ids[0] + 10**9, *ids[1:]])
+    )
+    pq.write_table(rows, forged)
+    fs = pafs.LocalFileSystem()
+    infos = [layout.read_footer(fs, str(p), "calls") for p in _files(store, "calls")]
+    refused: list[layout.Skip] = []
+    monkeypatch.setattr(claims, "_CHUNK", 3)  # the merged file's rows read once, 4 chunks
+    hidden = claims.verified_replaced(fs, infos, refused)  # type: ignore[arg-type]
+    assert hidden == {str(p) for p in sources if p != forged}  # issue 14: bulk check
+    assert [(s.path, s.reason) for s in refused] == [
+        (
+            str(merged),
+            f"claims to replace {forged.name} but does not hold its rows "
+            "(1 of the file's calls are not in it); both files are read",
+        )
+    ]
 
 
 def test_target_rows_bounds_merged_files_and_leaves_big_ones(store: Path) -> None:
@@ -228,7 +273,9 @@ def test_cli_missing_store_and_bad_target(tmp_path: Path) -> None:
 
 
 def test_merge_stats_widens_ranges_item_by_item_and_keeps_nulls() -> None:
-    def row(calls: int, lo: list[int | None] | None, hi: list[int | None] | None, t: int) -> dict:
+    def row(
+        calls: int, lo: list[int | None] | None, hi: list[int | None] | None, t: int
+    ) -> dict[str, Any]:
         ts = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=t)
         return {
             "model": "m", "in_structure": "s", "out_structure": None, "dims": [2, 3],

@@ -207,6 +207,7 @@ def test_a_calls_file_replaced_by_a_foreign_one_after_caching_is_skipped(cached:
     pq.write_table(pa.table({"call_id": [1, 2]}), path)
     with pytest.warns(RuntimeWarning, match="not a capture file"):  # issue 14: checked again
         with capture.open_store(cached) as opened:
+            assert str(path) not in opened.files["calls"]  # calls are checked when first needed
             assert str(path) in [s.path for s in opened.skipped]
 
 
