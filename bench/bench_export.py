@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import replay
     from capture.cli.demo import DEMO_MODEL, EXPORT_GROUP, MAX_NEW_TOKENS, WORKLOAD
-    from capture.recorder import Recorder
+    from capture.record.recorder import Recorder
     from fixtures.models import run_generate, tiny_llama
 
     repeats = 1 if options.quick else 3

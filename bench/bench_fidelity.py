@@ -80,13 +80,14 @@ def _run(
 
 
 def _walk_rows(layers: int = 32, cache_len: int = 128) -> list[list[Any]]:
-    """Median µs of the recorder's cache walk (`capture.flatten.walk`) on one decode-step cache."""
+    """Median µs of the recorder's cache walk (`capture.record.flatten.walk`) on one decode step."""
     import timeit
 
     import torch
     import transformers.cache_utils as cu
 
-    from capture import flatten, nodes
+    from capture.pytree import nodes
+    from capture.record import flatten
 
     def cache(layer: Any) -> Any:
         out = cu.DynamicCache()

@@ -11,7 +11,7 @@ Prints one Markdown section on stdout (progress goes to stderr).
 **The stores.** A fleet that flushes every 10 s leaves, per flush of each process, one calls file
 and one stats file (and one structures file per process). The synthetic store reproduces that:
 `N` flushes, each writing a calls file of 10 calls and its stats file (`capture.schema` tables
-written with `capture.store_files.write_parquet`, zstd + schema metadata, as the recorder
+written with `capture.store.files.write_parquet`, zstd + schema metadata, as the recorder
 writes them),
 spread over 8 writer processes. The tables are built once per process from
 `bench_store.generate`'s LLM traffic (10 tensor leaves per call) and written again under each
@@ -26,10 +26,10 @@ is written through pyarrow's S3FileSystem.
 **What is timed.** `capture --store PATH summary` as a subprocess (imports, listing, footers, views
 and the summary queries, as a user sees it), wall time of one run: with `--baseline` first by the
 code before, then twice by this code: the first open of the store (the reader's cache of checked
-files, `capture.footer_cache`, is empty: every file is read) and a second one (the cache holds the
-files' verdicts and stats rows). Then `capture query "SELECT count(*) FROM calls"` (the first SQL
-over the calls: their footers are checked now), then `capture compact` (wall time and peak memory
-of the process), then `summary` again. The cache lives in a fresh folder per store
+files, `capture.store.footer_cache`, is empty: every file is read) and a second one (the cache holds
+the files' verdicts and stats rows). Then `capture query "SELECT count(*) FROM calls"` (the first
+SQL over the calls: their footers are checked now), then `capture compact` (wall time and peak
+memory of the process), then `summary` again. The cache lives in a fresh folder per store
 (``CAPTURE_CACHE_DIR``).
 """
 
@@ -82,7 +82,7 @@ def generate(uri: str, files: int, per_flush_stats: bool = False) -> float:
     """Writes a store of `files` calls files at `uri`; seconds taken.
 
     The stats are what this version's writers leave: per process one rollup (its flushes'
-    signature rows merged, `capture.writer`); with `per_flush_stats`, what writers before
+    signature rows merged, `capture.record.writer`); with `per_flush_stats`, what writers before
     rollups left: one stats file per calls file.
     """
     from concurrent.futures import ThreadPoolExecutor
@@ -90,7 +90,7 @@ def generate(uri: str, files: int, per_flush_stats: bool = False) -> float:
     import pyarrow as pa
 
     from capture import schema
-    from capture.store_files import resolve_store, write_parquet
+    from capture.store.files import resolve_store, write_parquet
 
     t0 = time.perf_counter()
     calls, stats, structures = _tables()
@@ -130,7 +130,7 @@ def generate(uri: str, files: int, per_flush_stats: bool = False) -> float:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(files)))
     if not per_flush_stats:
-        from capture.compaction import merge_stats
+        from capture.store.compaction import merge_stats
 
         for p in range(PROCESSES):
             flushes = len(range(p, files, PROCESSES))

@@ -63,8 +63,8 @@ _STAGES = """
 import sys, time
 t0 = time.perf_counter()
 import capture
-from capture.analysis import analyze
-from capture.report_html import build_report
+from capture.analysis.groups import analyze
+from capture.engines.report_html import build_report
 t1 = time.perf_counter()
 store = capture.open_store(sys.argv[1])
 t2 = time.perf_counter()

@@ -6,19 +6,19 @@
 
 Prints one Markdown section on stdout (progress goes to stderr).
 
-**The stores.** Synthetic, deterministic (seeded), built with the writer's own code: the
-structures are `capture.flatten.describe()` of real calls and are written with
-`capture.writer.structure_table()`; calls and stats tables follow `capture.schema`'s schemas and
-are written with `capture.store_files.write_parquet()` (zstd, tmp name + rename, schema metadata),
-100k calls per file, one stats file per calls file (one row per distinct signature in it, as
-`Segment.stats_table` computes them), the calls spread over several writer processes (file
+**The stores.** Synthetic, deterministic (seeded), built with the writer's own code: the structures
+are `capture.record.flatten.describe()` of real calls and are written with
+`capture.record.writer.structure_table()`; calls and stats tables follow `capture.schema`'s schemas
+and are written with `capture.store.files.write_parquet()` (zstd, tmp name + rename, schema
+metadata), 100k calls per file, one stats file per calls file (one row per distinct signature in it,
+as `Segment.stats_table` computes them), the calls spread over several writer processes (file
 prefixes, each with its own copy of the structures file) and UTC dates. The traffic is an LLM's:
 `forward(input_ids, attention_mask=None, position_ids=None, past_key_values=None)` with a 4-layer
-`DynamicCache`, i.e. 10 tensor leaves per call (36 sizes), in two structures (with
-`attention_mask`, with `position_ids` instead), and the logits as output. Sizes are drawn from
-a fixed set of distinct signatures (batch, new tokens, cached tokens) with Zipf-like weights:
-prefill (new tokens > 1, empty cache) and decode (1 new token, cache 1..2047). The stores are
-kept under /tmp/capture-bench-stores/ between runs (never in the repository).
+`DynamicCache`, i.e. 10 tensor leaves per call (36 sizes), in two structures (with `attention_mask`,
+with `position_ids` instead), and the logits as output. Sizes are drawn from a fixed set of distinct
+signatures (batch, new tokens, cached tokens) with Zipf-like weights: prefill (new tokens > 1, empty
+cache) and decode (1 new token, cache 1..2047). The stores are kept under /tmp/capture-bench-stores/
+between runs (never in the repository).
 
 **What is timed.** Each measurement runs in a fresh Python process (so imports and DuckDB's
 first query are included, as for a user), repeated; median and max reported. In the child:
@@ -69,7 +69,8 @@ def _structures() -> tuple[list[Any], Any, tuple[Any, ...]]:
     """Two input structures (10 tensor leaves each) and one output structure, via describe()."""
     import torch
 
-    from capture import flatten, nodes
+    from capture.pytree import nodes
+    from capture.record import flatten
 
     def forward(
         input_ids: Any,
@@ -178,8 +179,8 @@ def generate(
     import pyarrow.fs as pafs
 
     from capture import schema
-    from capture.segment import structure_table
-    from capture.store_files import write_parquet
+    from capture.record.segment import structure_table
+    from capture.store.files import write_parquet
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -334,7 +335,7 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 import capture
-import capture.store
+import capture.store.reader
 ti = time.perf_counter()
 store = capture.open_store(sys.argv[1])
 t1 = time.perf_counter()
@@ -417,7 +418,7 @@ def store_rows(
         total.append(sum(parts))
     for key, label in (
         ("open_store", "`import capture` + `open_store()`"),
-        ("imports", "… of which `import capture.store` (duckdb, pyarrow)"),
+        ("imports", "… of which `import capture.store.reader` (duckdb, pyarrow)"),
         ("open_only", "… of which `open_store()` itself (list, check, create views)"),
         ("count_query", '`query("SELECT count(*) FROM calls")`'),
         ("dims", "`Store.dims()`"),

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from common import median
 
-from capture import nodes
+from capture.pytree import nodes
 
 LAYERS = 32
 

@@ -17,8 +17,8 @@ from common import Timer, md_table, median, p90, quantile, us
 from recorder_cases import GcWatch, Variant, observer_reset, per_call_ns, run_interleaved
 
 import capture
-from capture import nodes
-from capture.flatten import metadata_guard, tensor_key, walk
+from capture.pytree import nodes
+from capture.record.flatten import metadata_guard, tensor_key, walk
 
 
 def latency_section(

@@ -14,9 +14,9 @@ from common import md_table
 from recorder_cases import Decode, GcWatch, Small, log, small_inputs
 
 import capture
-from capture import nodes
-from capture.segment import CallRecord, Segment, call_id_base
-from capture.writer import StoreWriter, write_parquet
+from capture.pytree import nodes
+from capture.record.segment import CallRecord, Segment, call_id_base
+from capture.record.writer import StoreWriter, write_parquet
 
 TARGET_WRITER = 50_000
 

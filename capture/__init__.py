@@ -56,28 +56,28 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Recorder": "capture.recorder",
-    "open_store": "capture.store",
-    "Store": "capture.store",
-    "compact": "capture.compaction",
-    "InputObserver": "capture.observer",
-    "string_type": "capture.strings",
-    "register_flattening_functions": "capture.nodes",
-    "make_dynamic_cache": "capture.nodes",
-    "register_cache": "capture.cachespec",
-    "Payloads": "capture.payload_keeper",
+    "Recorder": "capture.record.recorder",
+    "open_store": "capture.store.reader",
+    "Store": "capture.store.reader",
+    "compact": "capture.store.compaction",
+    "InputObserver": "capture.seeds.observer",
+    "string_type": "capture.seeds.strings",
+    "register_flattening_functions": "capture.pytree.nodes",
+    "make_dynamic_cache": "capture.pytree.nodes",
+    "register_cache": "capture.pytree.cachespec",
+    "Payloads": "capture.record.payload_keeper",
 }
 
 if TYPE_CHECKING:
     __version__: str
-    from capture.cachespec import register_cache
-    from capture.compaction import compact
-    from capture.nodes import make_dynamic_cache, register_flattening_functions
-    from capture.observer import InputObserver
-    from capture.payload_keeper import Payloads
-    from capture.recorder import Recorder
-    from capture.store import Store, open_store
-    from capture.strings import string_type
+    from capture.pytree.cachespec import register_cache
+    from capture.pytree.nodes import make_dynamic_cache, register_flattening_functions
+    from capture.record.payload_keeper import Payloads
+    from capture.record.recorder import Recorder
+    from capture.seeds.observer import InputObserver
+    from capture.seeds.strings import string_type
+    from capture.store.compaction import compact
+    from capture.store.reader import Store, open_store
 
 
 def _version() -> str:

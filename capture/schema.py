@@ -22,7 +22,8 @@ METADATA_KIND = b"capture.kind"
 
 METADATA_ROLLUP = b"capture.rollup"
 """Stats files only: the file is a writer's rollup, ``open`` while that writer may still replace
-it by a successor holding its rows and more, ``closed`` once the writer stopped (`capture.writer`).
+it by a successor holding its rows and more, ``closed`` once the writer stopped
+(`capture.record.writer`).
 """
 
 ROLLUP_CONTINUE_S = 300.0
@@ -131,8 +132,8 @@ WRITER_COLUMNS = ("model", "host", "pid")
 """Calls columns that one writer writes the same on every row (not part of a call record)."""
 
 CALL_RECORD_FIELDS = tuple(n for n in CALLS_SCHEMA.names if n not in WRITER_COLUMNS)
-"""The fields of one call record, in column order: `capture.segment.CallRecord` checks its own
-fields against them at import, so a calls column is named here and nowhere else."""
+"""The fields of one call record, in column order: `capture.record.segment.CallRecord` checks its
+own fields against them at import, so a calls column is named here and nowhere else."""
 
 SIGNATURE_KEY = ("model", "in_structure", "out_structure", "dims", "out_dims")
 """The stats columns that identify a signature; the other stats columns merge over segments."""

@@ -1,8 +1,8 @@
 """`capture check ARTIFACT`: does a saved artifact serve the traffic recorded in the store?
 
-The nightly drift check of the export job. The artifact's manifest (`replay.artifact`) says,
+The nightly drift check of the export job. The artifact's manifest (`replay.ship.artifact`) says,
 per program, the recorded call structure it takes and the recorded ranges of its dims
-(`replay.guards`); the store says what the model received in the window. Every distinct
+(`replay.ship.guards`); the store says what the model received in the window. Every distinct
 recorded signature (input structure + sizes) of the window is checked against the programs in
 order, with the same guards as the runner `replay.load` returns, so a signature reported served
 is one the runner serves.
@@ -111,11 +111,11 @@ def check_command(
       capture --store s3://bucket/prod check model.pt2 --since 2026-11-20 -f json
     """
     import capture
-    from replay.artifact import read_manifest
+    from replay.ship.artifact import read_manifest
 
     manifest = read_manifest(artifact)
     moment = parse_since(since)
-    from replay.drift import check_rows
+    from replay.ship.drift import check_rows
 
     with capture.open_store(store_path(ctx)) as store:
         rows = check_rows(store, manifest, moment, model)

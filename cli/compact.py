@@ -47,7 +47,7 @@ def compact_command(ctx: click.Context, target_rows: int, dry_run: bool) -> None
       capture compact
       capture --store s3://bucket/capture compact --dry-run
     """
-    from capture.compaction import compact
+    from capture.store.compaction import compact
 
     with Progress("compact") as progress:  # on stderr, only when it is a terminal
         progress.phase("merging small files" if not dry_run else "listing files")

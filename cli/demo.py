@@ -78,7 +78,7 @@ def _remove_interrupted(store: str) -> None:
     import pyarrow.fs as pafs
 
     from capture import schema
-    from capture.store_files import resolve_store
+    from capture.store.files import resolve_store
 
     try:
         fs, root = resolve_store(store)
@@ -97,7 +97,7 @@ def _remove_interrupted(store: str) -> None:
 
 def _mark(store: str, incomplete: bool) -> None:
     """Creates (before recording) or removes (once recorded) the `INCOMPLETE` marker."""
-    from capture.store_files import resolve_store
+    from capture.store.files import resolve_store
 
     fs, root = resolve_store(store)
     if incomplete:
@@ -111,7 +111,7 @@ def _mark(store: str, incomplete: bool) -> None:
 def _check_store(store: str) -> None:
     """Refuses a store that already holds a demo recording (the demo would double it)."""
     from capture.errors import EmptyStore, StoreNotFound
-    from capture.store import open_store
+    from capture.store.reader import open_store
 
     _remove_interrupted(store)
     try:
@@ -129,7 +129,7 @@ def _check_store(store: str) -> None:
 def _record(store: str) -> Any:
     """Builds the tiny Llama and serves WORKLOAD through generate() with the recorder on."""
     from capture.demo_model import run_generate, tiny_llama
-    from capture.recorder import Recorder
+    from capture.record.recorder import Recorder
 
     start = _step(1, 4, "building a tiny Llama causal LM from a config (random weights)")
     model = tiny_llama(seed=0)
@@ -151,7 +151,7 @@ def _record(store: str) -> Any:
 
 def _show_analysis(store: Any) -> None:
     """Prints the `capture summary` report, then the exported group's dynamic dims per axis."""
-    from .report import summary_report
+    from .summary_table import summary_report
 
     start = _step(3, 4, f"analysing the store with DuckDB ({store.path})")
     summary = store.summary(DEMO_MODEL)
@@ -261,7 +261,7 @@ def demo_command(ctx: click.Context, store_option: str | None) -> None:
     model = _record(store)
     _mark(store, incomplete=False)
 
-    from capture.store import open_store
+    from capture.store.reader import open_store
 
     with open_store(store) as opened:
         _show_analysis(opened)

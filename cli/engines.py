@@ -1,7 +1,7 @@
 """`capture profiles` and `capture buckets`: engine settings sized from the recorded traffic.
 
-Thin commands over `capture.profiles`, `capture.profile_formats` and `capture.buckets`; they
-read the store through DuckDB and pyarrow and never import torch.
+Thin commands over `capture.engines.profiles`, `capture.engines.profile_formats` and
+`capture.engines.buckets`; they read the store through DuckDB and pyarrow and never import torch.
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def profiles_command(
       capture profiles --model LlamaForCausalLM -f onnxruntime --max-profiles 3
       capture profiles -f torch-tensorrt --opt p90
     """
-    from capture.profile_formats import TEXT_FORMATS, format_profiles
-    from capture.profiles import profiles_to_table, store_profiles
-    from capture.store import open_store
+    from capture.engines.profile_formats import TEXT_FORMATS, format_profiles
+    from capture.engines.profiles import profiles_to_table, store_profiles
+    from capture.store.reader import open_store
 
     with open_store(store_path(ctx)) as store:
         profiles = store_profiles(store, model, group=group, opt=opt, max_profiles=max_profiles)
@@ -175,8 +175,8 @@ def buckets_command(
       capture buckets --symbol input_ids_1 --budget 4 --group prefill
       capture buckets --symbol batch --budget 4 -f json
     """
-    from capture.buckets import METADATA_BUCKETS, buckets_table
-    from capture.store import open_store
+    from capture.engines.buckets import METADATA_BUCKETS, buckets_table
+    from capture.store.reader import open_store
 
     with open_store(store_path(ctx)) as store:
         table = buckets_table(store, symbol, budget, model=model, group=group)

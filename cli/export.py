@@ -12,7 +12,7 @@ anything was exported (no store, unknown model, a factory that cannot be importe
 forward signature that no longer matches the recordings). Files are written (``--out``) only when
 the export ran, and never on exit 1.
 
-``--out MODEL.pt2`` writes one artifact (`replay.artifact`): every group's program and a JSON
+``--out MODEL.pt2`` writes one artifact (`replay.ship.artifact`): every group's program and a JSON
 manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)`` (store
 partitions ``<model>.<name>``; the sub-module is ``model.get_<name>()`` or
 ``model.get_submodule(name)``). ``replay.load`` serves it; ``capture check`` measures new

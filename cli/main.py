@@ -63,7 +63,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo": (".demo:demo_command", "Record a tiny model into a store to try the commands."),
     "report": (
-        ".html_report:report_command",
+        ".report:report_command",
         "Write an HTML page with plots of the store's traffic.",
     ),
     "profiles": (

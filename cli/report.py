@@ -1,164 +1,86 @@
-"""The table format of `capture summary`: `Store.summary()`'s dict as a report for people.
+"""`capture report --out report.html`: the store's traffic as one self-contained HTML page.
 
-Only text is built here; `cli.output` writes it. The json/jsonl formats print the dict itself,
-so anything the report leaves out (structure ids, per-group timestamps) is still there.
+Draws with matplotlib (the ``report`` extra), imported when the command runs; never torch.
+``--artifact`` adds which recorded calls a saved artifact serves, with the same guards as
+`capture check` (`replay.ship.drift`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import os
 from typing import Any
 
-from capture.analysis_summary import drift_rows, group_rows
+import click
 
-from .output import table_text
+from .main import store_path
+from .options import model_option
+from .progress import Progress
 
-__all__ = ["summary_report"]
-
-_INDENT = "  "
-
-
-def _join(values: Iterable[Any] | None) -> str:
-    return ", ".join(str(v) for v in values or ())
+__all__ = ["report_command", "served_rows"]
 
 
-_CELL = 80
-"""Widest list cell of the report; longer lists are cut (``capture dims`` lists every dim)."""
+def served_rows(store: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
+    """Which recorded calls the artifact at `path` serves (`replay.ship.drift.check_rows`).
 
-
-def _brief(values: Sequence[Any] | None) -> str:
-    """The values joined, cut to about `_CELL` characters with a count of the rest."""
-    items = [str(v) for v in values or ()]
-    shown: list[str] = []
-    for i, item in enumerate(items):
-        rest = len(items) - i
-        if shown and len(", ".join([*shown, item])) > _CELL - 12:
-            return f"{', '.join(shown)}, +{rest} more"
-        shown.append(item if len(item) <= _CELL else item[: _CELL - 3] + "...")
-    return ", ".join(shown)
-
-
-def _span(entry: Mapping[str, Any]) -> str:
-    first, last = entry.get("first_ts"), entry.get("last_ts")
-    if first is None:
-        return "no call recorded"
-    return f"from {first} to {last}"
-
-
-def _counts(entry: Mapping[str, Any]) -> str:
-    return (
-        f"{entry['calls']} calls ({entry['errors']} raised), "
-        f"{entry['signatures']} distinct signatures, {_span(entry)}"
-    )
-
-
-def _section(title: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    return ["", title, table_text(rows, indent=_INDENT)]
-
-
-def _differing_scalars(groups: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Scalar paths whose recorded value is not the same in every group."""
-    paths: list[str] = []
-    for g in groups:
-        paths.extend(p for p in g.get("scalars") or {} if p not in paths)
-    return [p for p in paths if len({(g.get("scalars") or {}).get(p) for g in groups}) > 1]
-
-
-def _groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
-    differing = _differing_scalars(groups)
-    rows = [
-        {
-            **row,
-            **(
-                {"scalars": _join(f"{p}={(g.get('scalars') or {}).get(p, '-')}" for p in differing)}
-                if differing
-                else {}
-            ),
-        }
-        for row, g in zip(group_rows(groups), groups, strict=True)
-    ]
-    return _section("Call groups (calls sharing one input structure), largest first", rows)
-
-
-def _symbols(groups: Sequence[Mapping[str, Any]]) -> list[str]:
-    rows = [
-        {
-            "group": g["name"],
-            "symbol": s["symbol"],
-            "min": s["min"],
-            "max": s["max"],
-            "distinct": s["distinct"],
-            **({"expr": s["expr"]} if any(x["expr"] for h in groups for x in h["symbols"]) else {}),
-            "dims": _brief(s["dims"]),
-        }
-        for g in groups
-        for s in g["symbols"]
-    ]
-    if not rows:
-        return ["", "Dynamic dims: none, every recorded size is the same in all calls of a group"]
-    return _section("Dynamic dims (dims sharing a symbol are equal in every call)", rows)
-
-
-def _optional(model: Mapping[str, Any]) -> list[str]:
-    lines: list[str] = []
-    rows = [
-        {
-            "argument": o["argument"],
-            "present": o["present"],
-            "missing": o["missing"],
-            "none": o["none"],
-            "absent in": _join(o["absent_in"]),
-        }
-        for o in model.get("optional_inputs", ())
-    ]
-    if rows:
-        lines += _section("Optional inputs (passed in some calls only; counts are calls)", rows)
-    if model.get("always_absent"):
-        lines += [
-            "",
-            f"Never passed (missing or None in every call): {_join(model['always_absent'])}",
-        ]
-    return lines
-
-
-def _drift(model: Mapping[str, Any]) -> list[str]:
-    rows = drift_rows(model)
-    if not rows:
-        return []
-    return _section("Drift (inputs seen with several kinds, dtypes or ranks)", rows)
-
-
-def _relations(model: Mapping[str, Any]) -> list[str]:
-    rows = [{"group": r["group"], "relation": r["relation"]} for r in model.get("relations", ())]
-    if not rows:
-        return []
-    return _section("Relations between dims (true in every recorded call)", rows)
-
-
-def summary_report(summary: Mapping[str, Any]) -> str:
-    """Formats `Store.summary()` as sections of aligned tables.
-
-    Args:
-        summary: The dict `capture.analysis_summary.build_summary` documents.
-
-    Returns:
-        The report, without a trailing newline.
-
-    Example:
-        >>> print(summary_report({"store": "s", "calls": 0, "errors": 0, "signatures": 0,
-        ...                       "models": [], "skipped_files": []}))
-        Store s: 0 calls (0 raised), 0 distinct signatures, no call recorded
+    Raises:
+        click.ClickException: The file is missing.
     """
-    lines = [f"Store {summary['store']}: {_counts(summary)}"]
-    for path in summary.get("skipped_files", ()):
-        lines.append(f"Skipped unreadable file: {path}")
-    for model in summary["models"]:
-        lines += ["", f"== Model {model['model']} ==", _counts(model)]
-        groups = model.get("groups", ())
-        if groups:
-            lines += _groups(groups)
-            lines += _symbols(groups)
-        lines += _optional(model)
-        lines += _drift(model)
-        lines += _relations(model)
-    return "\n".join(lines)
+    if not os.path.exists(path):
+        raise click.ClickException(
+            f"no artifact at {path}; pass the .pt2 that capture export wrote"
+        )
+    from replay.ship.artifact import read_manifest
+    from replay.ship.drift import check_rows
+
+    return path, check_rows(store, read_manifest(path), None, None)
+
+
+@click.command("report")
+@click.option(
+    "--out",
+    metavar="PATH",
+    required=True,
+    help="The HTML file to write (replaced if it exists). Default: none, required.",
+)
+@model_option()
+@click.option(
+    "--artifact",
+    metavar="PATH",
+    default=None,
+    help="An artifact written by capture export --out (.pt2): add which recorded calls its "
+    "programs serve. Default: no artifact section.",
+)
+@click.pass_context
+def report_command(ctx: click.Context, out: str, model: str | None, artifact: str | None) -> None:
+    """Write an HTML page with plots of the store's traffic.
+
+    One self-contained file (plots inlined, no network needed to view it):
+    per model, the call groups, calls over time per group, the
+    distribution of every dynamic size per group (batch, sequence, cache
+    and image sizes), which optional inputs were passed, the input
+    structures over time (drift) and, with --artifact, which recorded
+    calls the artifact serves. Needs matplotlib (pip install
+    'capture[report]'). Progress goes to stderr when it is a terminal.
+
+    \b
+    Example:
+      capture report --out report.html
+      capture --store runs/prod report --model LlamaForCausalLM --out llama.html
+      capture report --artifact model.pt2 --out report.html
+    """
+    from capture.engines.report_html import build_report, require_matplotlib
+    from capture.store.reader import open_store
+
+    require_matplotlib()
+    with Progress("report") as progress, open_store(store_path(ctx)) as store:
+        served = None
+        if artifact is not None:
+            progress.phase(f"checking which recorded calls {artifact} serves")
+            served = served_rows(store, artifact)
+        page = build_report(store, model, served=served, progress=progress.phase)
+        progress.phase(f"writing {out}")
+        tmp = f"{out}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(page)
+        os.replace(tmp, out)
+    click.echo(f"wrote {out} ({len(page) / 1024:,.0f} KiB)", err=True)

@@ -1,12 +1,12 @@
 """Builds dynamic shapes from any input (seed 004).
 
 `replay.all_dynamic_shape_from_inputs` marks every dim of every tensor dynamic, with a name
-``d_<tensor>_<dim>``, including the tensors inside a transformers cache. torch.export does not
-take a cache object in ``dynamic_shapes`` but the list of its flattened tensors: with this
-project's registration (`capture.nodes`) a `DynamicCache` or `StaticCache` of L layers flattens
-to ``[key_0, ..., key_{L-1}, value_0, ..., value_{L-1}]``, so its dynamic shapes are a *flat*
-list of 2L dicts. The seed, printed with an older transformers and another registration, shows
-the nested ``[[keys...], [values...]]`` form instead; torch.export rejects that form for ours.
+``d_<tensor>_<dim>``, including the tensors inside a transformers cache. torch.export does not take
+a cache object in ``dynamic_shapes`` but the list of its flattened tensors: with this project's
+registration (`capture.pytree.nodes`) a `DynamicCache` or `StaticCache` of L layers flattens to
+``[key_0, ..., key_{L-1}, value_0, ..., value_{L-1}]``, so its dynamic shapes are a *flat* list of
+2L dicts. The seed, printed with an older transformers and another registration, shows the nested
+``[[keys...], [values...]]`` form instead; torch.export rejects that form for ours.
 
 The seed downloads a tiny model configuration from the Hugging Face hub to get StaticCache
 inputs; this script builds them from a small config in code (nothing is downloaded). The seed's
@@ -67,8 +67,8 @@ inputs = dict(
 )
 print(string_type(inputs, with_shape=True))
 
-# The seed's message: here the serialization functions are this project's (capture.nodes), which
-# all_dynamic_shape_from_inputs registers for itself.
+# The seed's message: here the serialization functions are this project's (capture.pytree.nodes),
+# which all_dynamic_shape_from_inputs registers for itself.
 ds = all_dynamic_shape_from_inputs(inputs)
 if ds["past_key_values"]:
     print("transformers implemented serialization function for StaticCache.")

@@ -1,10 +1,10 @@
 """Does ``model.forward`` still accept the recorded calls, the same way? (`check_signature`)
 
-A recorded structure keeps the recorded method's parameters and how many arguments its calls
-passed positionally (`capture.structure.RecordedStructure`). Before exporting, `replay.export`
-binds every group's recorded call form to the current ``forward``: a renamed positional
-parameter, a removed one or a call that no longer binds stops the export with a message naming
-it, instead of exporting a program that silently takes its inputs in the wrong places.
+A recorded structure keeps the recorded method's parameters and how many arguments its calls passed
+positionally (`capture.pytree.structure.RecordedStructure`). Before exporting, `replay.export` binds
+every group's recorded call form to the current ``forward``: a renamed positional parameter, a
+removed one or a call that no longer binds stops the export with a message naming it, instead of
+exporting a program that silently takes its inputs in the wrong places.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import ReplayError
-from capture.flatten import signature_of
+from capture.record.flatten import signature_of
 
 if TYPE_CHECKING:
-    from capture.structure import RecordedStructure
+    from capture.pytree.structure import RecordedStructure
     from replay.exportgroup import ExportGroup
 
 __all__ = ["check_signature"]

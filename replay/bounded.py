@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from capture.representative import MIN_DYNAMIC
+from capture.analysis.representative import MIN_DYNAMIC
 from replay import shapes
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ For a size vector (a recorded signature or a probe, `replay.select.probes`) fres
 rebuilt twice (a forward may mutate its inputs: a DynamicCache grows in place), the program runs
 on one copy in its call form and the eager model on the other as the recorded calls passed
 them, and every output tensor is compared (`compare_outputs`). `replay.exporting.export` makes
-the coverage table from these rows; `replay.payloads` compares sampled real calls the same way.
+the coverage table from these rows; `replay.payload_rows` compares sampled real calls the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
-from capture import nodes
+from capture.pytree import nodes
 from replay import select, shapes
 from replay.coverage import KIND_PROBE, KIND_RECORDED
 

@@ -25,8 +25,8 @@ from replay.groupshapes import group_shapes
 from replay.options import ExportOptions
 
 if TYPE_CHECKING:
-    from capture.analysis import DimInfo, Group, Relation
-    from capture.structure import RecordedStructure
+    from capture.analysis.groups import DimInfo, Group, Relation
+    from capture.pytree.structure import RecordedStructure
 
 __all__ = ["ExportGroup", "ExportInputs"]
 
@@ -49,7 +49,7 @@ class ExportGroup:
         relations: The analysis' relations of the group.
         example: The sizes the example was built from.
         form: How the program is called (positional, keywords, ``**kwargs`` entries).
-        analysis: The `capture.analysis.Group` it was built from.
+        analysis: The `capture.analysis.groups.Group` it was built from.
     """
 
     name: str
@@ -87,7 +87,7 @@ class ExportGroup:
 
     @property
     def structure(self) -> RecordedStructure:
-        """The group's typed recorded structure (`capture.analysis.Group.structure`).
+        """The group's typed recorded structure (`capture.analysis.groups.Group.structure`).
 
         Raises:
             ReplayError: The group was not built from an analysis.

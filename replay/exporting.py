@@ -31,8 +31,8 @@ import pyarrow as pa
 import torch
 import torch.utils._pytree as pytree
 
-from capture import nodes
 from capture.errors import ReplayError
+from capture.pytree import nodes
 from replay import select
 from replay.binding import check_signature
 from replay.bounded import export_bounded, export_unbounded
@@ -40,7 +40,7 @@ from replay.checking import coverage_rows
 from replay.coverage import KIND_PROBE, KIND_RECORDED
 from replay.inputs import ExportGroup, ExportInputs, inputs_for
 from replay.options import ExportOptions
-from replay.payloads import DEFAULT_LIMIT, payload_rows
+from replay.payload_rows import DEFAULT_LIMIT, payload_rows
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -72,7 +72,7 @@ COVERAGE_SCHEMA = pa.schema(
 )
 """Columns of `ExportResult.coverage`: one row per distinct recorded signature (``kind``
 ``recorded``, ``calls`` the calls it stands for), then the group's probes (``kind`` ``probe``,
-``calls`` 0), then one row per sampled real call (``kind`` ``payload``, `replay.payloads`)."""
+``calls`` 0), then one row per sampled real call (``kind`` ``payload``, `replay.payload_rows`)."""
 
 ONNX_HINT = "pip install capture[onnx]"
 _TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
@@ -114,7 +114,7 @@ class ExportResult:
         *,
         aoti: bool = False,
     ) -> str:
-        """Writes every program and a JSON manifest into one PT2 archive (`replay.artifact`).
+        """Writes every program and a JSON manifest into one PT2 archive (`replay.ship.artifact`).
 
         Args:
             path: The ``.pt2`` to write.
@@ -129,7 +129,7 @@ class ExportResult:
         Raises:
             ArtifactError: No program to save, or a group the manifest cannot describe.
         """
-        from replay.artifact import save
+        from replay.ship.artifact import save
 
         return save(path, {"": self, **(modules or {})}, aoti=aoti)
 
@@ -304,7 +304,7 @@ def export(
         seed: Seed of the rebuilt tensors.
         device: Device of the rebuilt tensors (default: the model's).
         probes: Most probes checked per group (default 4; 0: recorded signatures only).
-        max_payloads: Check at most this many sampled real calls (`replay.payloads`; stores
+        max_payloads: Check at most this many sampled real calls (`replay.payload_rows`; stores
             recorded with ``payloads=``), the newest ones; 0 skips them.
 
     Returns:

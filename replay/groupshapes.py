@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import ReplayError
-from capture.treespec import UnsafeTreespec
+from capture.pytree.treespec import UnsafeTreespec
 from replay import shapes
 
 if TYPE_CHECKING:
-    from capture.analysis import Group
+    from capture.analysis.groups import Group
     from replay.options import ExportOptions
 
 __all__ = ["GroupShapes", "Render", "group_shapes"]
@@ -62,7 +62,7 @@ def group_shapes(
     """The dynamic shapes of one analysed call group.
 
     Args:
-        group: The call group (`capture.analysis.analyze`).
+        group: The call group (`capture.analysis.groups.analyze`).
         options: ``named_dims`` and ``keyword_only`` are read here.
         example: Symbol -> size of the representative example (ranges are widened to hold it).
         render: Turns the specs into the values placed at the tensor leaves.

@@ -1,9 +1,10 @@
 """export_inputs(): from a store to torch.export arguments and dynamic_shapes, per call group.
 
-One `ExportGroup` per call group (`capture.analysis.analyze`: calls sharing one input structure,
-such as prefill and decode), largest first. Each holds example ``args``/``kwargs`` rebuilt from
-the recorded metadata (`replay.select` picks sizes with every dynamic dim >= 2, `replay.rebuild`
-makes the tensors) and the matching ``dynamic_shapes`` (`replay.shapes`), ready for::
+One `ExportGroup` per call group (`capture.analysis.groups.analyze`: calls sharing one input
+structure, such as prefill and decode), largest first. Each holds example ``args``/``kwargs``
+rebuilt from the recorded metadata (`replay.select` picks sizes with every dynamic dim >= 2,
+`replay.rebuild` makes the tensors) and the matching ``dynamic_shapes`` (`replay.shapes`), ready
+for::
 
     group = inputs.groups[0]
     torch.export.export(group.module(model), group.args, group.kwargs,
@@ -35,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from capture import nodes, schema
+from capture import schema
 from capture.errors import ReplayError
+from capture.pytree import nodes
 from replay import rebuild as rb
 from replay import select, shapes
 from replay.exportgroup import ExportGroup, ExportInputs
@@ -44,9 +46,9 @@ from replay.groupshapes import group_shapes
 from replay.options import ExportOptions
 
 if TYPE_CHECKING:
-    from capture.analysis import Group
-    from capture.store import Store
-    from capture.structure import RecordedLeaf
+    from capture.analysis.groups import Group
+    from capture.pytree.structure import RecordedLeaf
+    from capture.store.reader import Store
 
 __all__ = [
     "ExportGroup",
@@ -89,7 +91,7 @@ def resolve_model(store: Store, name: str | None, module: Any = None) -> str:
 
 
 def _open(store: Any) -> tuple[Store, bool]:
-    from capture.store import Store, open_store
+    from capture.store.reader import Store, open_store
 
     if isinstance(store, Store):
         return store, False
@@ -193,7 +195,7 @@ def build_group(
     """The `ExportGroup` of one analysed call group.
 
     Args:
-        group: The call group (`capture.analysis.analyze`).
+        group: The call group (`capture.analysis.groups.analyze`).
         groups: Every call group of the model (``fill_missing`` looks for recorded shapes there).
         ranges: The group's integer value ranges per signature (`replay.select.value_ranges`).
         options: The replay's options (``named_dims``, ``keyword_only``, ``value_if_missing``,
@@ -366,7 +368,7 @@ def inputs_for(
         StoreNotFound, EmptyStore, UnknownModel: The store or the model cannot be found.
         ReplayError: The recordings cannot be turned into arguments (the message says why).
     """
-    from capture.analysis import analyze
+    from capture.analysis.groups import analyze
 
     opened, owned = _open(store)
     try:

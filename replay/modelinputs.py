@@ -5,7 +5,7 @@ The seeds' offline helpers: given a few sets of valid inputs (no recording, no s
 `all_dynamic_shape_from_inputs` marks every dim of one set of inputs as dynamic with a name.
 
 Both build dynamic shapes the way torch.export accepts them with this project's pytree
-registrations (`capture.nodes`): tuples, lists and dicts mirror the inputs, and a registered
+registrations (`capture.pytree.nodes`): tuples, lists and dicts mirror the inputs, and a registered
 class becomes the list of its children, so a transformers `DynamicCache` or `StaticCache` with
 L layers gives a *flat* list of ``2 * L`` per-tensor dicts (keys first, then values). Older
 libraries printed the nested ``[[keys...], [values...]]`` form (seed 004); torch.export rejects
@@ -22,9 +22,9 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from capture.analysis_symbols import Axis, find_symbols
+from capture.analysis.symbols import Axis, find_symbols
 from capture.errors import CaptureError, ObservationMismatch
-from capture.shape_tree import dynamic_shapes_from_spec, dynamic_shapes_like, registered
+from capture.pytree.shape_tree import dynamic_shapes_from_spec, dynamic_shapes_like, registered
 
 __all__ = ["ModelInputs", "all_dynamic_shape_from_inputs"]
 
@@ -134,7 +134,7 @@ class ModelInputs:
         """Guesses ``(args_dynamic_shapes, kwargs_dynamic_shapes)`` from the input sets.
 
         A dim is dynamic when it differs between the input sets (or is 0 in all of them), as
-        `capture.analysis_symbols.find_symbols` decides it over the input sets' sizes (the
+        `capture.analysis.symbols.find_symbols` decides it over the input sets' sizes (the
         zeros as forced dims), the same engine as a store's call groups. With
         a single input set nothing can be guessed: every tensor gets ``{}`` (or every dim
         ``Dim.AUTO`` with ``auto=True``).

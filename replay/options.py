@@ -33,7 +33,7 @@ __all__ = [
 DEFAULT_SEED = 0
 """Seed of the rebuilt example tensors."""
 DEFAULT_MAX_PAYLOADS = 64
-"""Most sampled real calls checked by `replay.export` (`replay.payloads`)."""
+"""Most sampled real calls checked by `replay.export` (`replay.payload_rows`)."""
 
 BatchOption = bool | tuple[str | int, ...] | None
 

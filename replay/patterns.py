@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from capture import nodes
+from capture.pytree import nodes
 
 if TYPE_CHECKING:
-    from capture.structure import RecordedLeaf
+    from capture.pytree.structure import RecordedLeaf
 
 __all__ = ["apply", "past_length"]
 

@@ -16,10 +16,10 @@ Everything is drawn from one generator seeded by `seed`, in leaf order, so rebui
 signature twice gives identical tensors: the coverage check builds fresh inputs for eager and for
 the exported program, because a forward may mutate its inputs (a DynamicCache grows in place).
 
-``(args, kwargs)`` is restored with `capture.treespec` (an allow-list parser) + ``tree_unflatten``
-inside `capture.nodes.register_flattening_functions()`. Missing arguments are not treespec leaves
-(they are left out of the call); None leaves are (an explicit None, the empty layers of a prefill
-DynamicCache).
+``(args, kwargs)`` is restored with `capture.pytree.treespec` (an allow-list parser) +
+``tree_unflatten`` inside `capture.pytree.nodes.register_flattening_functions()`. Missing arguments
+are not treespec leaves (they are left out of the call); None leaves are (an explicit None, the
+empty layers of a prefill DynamicCache).
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
-from capture import nodes, schema
+from capture import schema
 from capture.errors import ReplayError
-from capture.treespec import UnsafeTreespec, to_treespec
-from capture.treespec import parse as parse_treespec
+from capture.pytree import nodes
+from capture.pytree.treespec import UnsafeTreespec, to_treespec
+from capture.pytree.treespec import parse as parse_treespec
 from replay import patterns
 from replay.options import DEFAULT_SEED
 
 if TYPE_CHECKING:
-    from capture.structure import RecordedLeaf, RecordedStructure
+    from capture.pytree.structure import RecordedLeaf, RecordedStructure
 
 __all__ = [
     "DEFAULT_SEED",
@@ -150,7 +151,7 @@ def rebuild(
     """Rebuilds the ``(args, kwargs)`` of one recorded signature.
 
     Args:
-        structure: The recorded structure (`capture.analysis.Group.structure`): its leaves,
+        structure: The recorded structure (`capture.analysis.groups.Group.structure`): its leaves,
             in leaf order, and its JSON treespec.
         sizes: The size vector (``calls.dims``): every tensor's shape, in leaf order.
         ranges: (int_min, int_max) of the signature, indexed by ``range_index``; None when

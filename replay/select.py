@@ -15,9 +15,9 @@ The rule, in order:
    recomputed from their relation, and their roots raised when the result is still below 2.
    Static dims (always 1, or always 224) keep their recorded size.
 
-The matrix-level core of this rule (`choose_row`, `synthesize`) lives in `capture.representative`,
-which `InputObserver.infer_arguments` uses too. This module reads the store (integer value ranges,
-per signature) but imports neither torch nor duckdb itself.
+The matrix-level core of this rule (`choose_row`, `synthesize`) lives in
+`capture.analysis.representative`, which `InputObserver.infer_arguments` uses too. This module reads
+the store (integer value ranges, per signature) but imports neither torch nor duckdb itself.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from capture import schema
+from capture.analysis.representative import MIN_DYNAMIC, Representative, choose_row, synthesize
 from capture.errors import ReplayError
-from capture.representative import MIN_DYNAMIC, Representative, choose_row, synthesize
 
 if TYPE_CHECKING:
-    from capture.analysis import Group
-    from capture.store import Store
+    from capture.analysis.groups import Group
+    from capture.store.reader import Store
 
 __all__ = [
     "Representative",
@@ -53,7 +53,7 @@ Ranges = tuple[list[int | None], list[int | None]]
 def _matrix(group: Group) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     if group.matrix is None or group.weights is None:
         raise ReplayError(
-            f"group {group.name} carries no signature matrix; build it with capture.analysis"
+            f"group {group.name} carries no signature matrix; build it with capture.analysis.groups"
         )
     return np.asarray(group.matrix, dtype=np.int64), np.asarray(group.weights, dtype=np.int64)
 
@@ -69,7 +69,7 @@ def representative(group: Group) -> Representative:
     """The example sizes of a group: a recorded signature, or one synthesized (module docstring).
 
     Args:
-        group: A call group from `capture.analysis.analyze`.
+        group: A call group from `capture.analysis.groups.analyze`.
 
     Returns:
         A `Representative`.
@@ -141,7 +141,7 @@ def probes(group: Group, limit: int = DEFAULT_PROBES) -> list[tuple[int, ...]]:
     its two ends. Recorded signatures and duplicates are skipped.
 
     Args:
-        group: A call group from `capture.analysis.analyze`.
+        group: A call group from `capture.analysis.groups.analyze`.
         limit: The most probes returned (0: none).
 
     Returns:

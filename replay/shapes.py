@@ -4,7 +4,7 @@ This module does not import torch (``capture dims --python`` goes through it via
 `replay.source`): it describes dynamic shapes with `AxisSpec` values, and `materialize` (the
 only function that imports torch) turns them into `torch.export.Dim` objects.
 
-What it decides, for one call group (`capture.analysis.Group`):
+What it decides, for one call group (`capture.analysis.groups.Group`):
 
 - **Axis specs** (`axis_specs`): a dynamic axis is ``Dim.DYNAMIC`` by default. With
   ``named_dims=True`` it is a named ``Dim(symbol, min=..., max=...)``, one object per symbol so that
@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import ReplayError
-from capture.structure import Param, RecordedLeaf, as_leaves, parse_params
-from capture.treespec import Node, UnsafeTreespec
-from capture.treespec import parse as parse_treespec
+from capture.pytree.structure import Param, RecordedLeaf, as_leaves, parse_params
+from capture.pytree.treespec import Node, UnsafeTreespec
+from capture.pytree.treespec import parse as parse_treespec
 
 if TYPE_CHECKING:
-    from capture.analysis import Group
+    from capture.analysis.groups import Group
 
 __all__ = [
     "AxisSpec",
@@ -109,7 +109,7 @@ def axis_specs(
     """The per-axis dynamic specs of a group's tensor leaves.
 
     Args:
-        group: A call group from `capture.analysis.analyze`.
+        group: A call group from `capture.analysis.groups.analyze`.
         named_dims: Named ``Dim`` objects with observed ranges, shared per symbol and derived
             for relations; False: ``Dim.DYNAMIC`` on every dynamic axis.
         example: Symbol -> size of the representative example; ranges are widened to hold it.
@@ -189,7 +189,8 @@ def spec_tree(
 
     Args:
         treespec: The stored JSON treespec (``torch.utils._pytree.treespec_dumps`` format) of
-            ``(args, kwargs)``, or it already parsed (`capture.structure.RecordedStructure.tree`).
+            ``(args, kwargs)``, or it already parsed
+            (`capture.pytree.structure.RecordedStructure.tree`).
         leaves: One value per treespec leaf, in order (missing arguments have none).
 
     Returns:

@@ -1,8 +1,8 @@
 """dynamic_shapes_source(): the dynamic_shapes of a recorded model as Python source to paste.
 
 Used by ``capture dims --python``, so this module must not import torch: it reads the call groups
-from `capture.analysis` and the argument structure from the stored treespec (`replay.shapes`),
-and writes text. The text itself imports torch when it runs::
+from `capture.analysis.groups` and the argument structure from the stored treespec
+(`replay.shapes`), and writes text. The text itself imports torch when it runs::
 
     from torch.export import Dim
 
@@ -41,8 +41,8 @@ from replay.groupshapes import group_shapes
 from replay.options import ExportOptions
 
 if TYPE_CHECKING:
-    from capture.analysis import Group
-    from capture.store import Store
+    from capture.analysis.groups import Group
+    from capture.store.reader import Store
 
 __all__ = ["dynamic_shapes_source"]
 
@@ -223,7 +223,7 @@ def dynamic_shapes_source(
         x_0 = Dim('x_0', min=2, max=4)
         ...
     """
-    from capture.analysis import analyze
+    from capture.analysis.groups import analyze
     from capture.errors import ReplayError
 
     if set_batch_dimension_for not in (None, True, False):

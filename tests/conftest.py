@@ -14,13 +14,13 @@ import pytest
 from s3_server import S3Server
 
 import capture
-from capture.store import Store
+from capture.store.reader import Store
 from fixtures.stores import record_llama, record_seed_scenarios
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _reader_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The store readers' cache (capture.footer_cache) goes to a temporary folder, not ~/.cache."""
+    """The readers' cache (capture.store.footer_cache) goes to a temporary folder, not ~/.cache."""
     before = os.environ.get("CAPTURE_CACHE_DIR")
     os.environ["CAPTURE_CACHE_DIR"] = str(tmp_path_factory.mktemp("reader-cache"))
     yield

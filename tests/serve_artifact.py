@@ -118,7 +118,9 @@ def main(spec_path: str) -> int:
         "max_abs_diff": worst,
         "types_equal": types_equal,
         "unpickled": UNPICKLED,
-        "capture_modules": sorted(m for m in sys.modules if m.startswith("capture.recorder")),
+        "capture_modules": sorted(
+            m for m in sys.modules if m.startswith("capture.record.recorder")
+        ),
     }
     sys.stdout.write(json.dumps(report) + "\n")
     return 0

@@ -1,4 +1,4 @@
-"""`capture.buckets` (issue 15): the sizes that minimise padding, exactly.
+"""`capture.engines.buckets` (issue 15): the sizes that minimise padding, exactly.
 
 Expected answers come from brute force over every bucket set, computed here from the traffic
 the test recorded.
@@ -14,14 +14,14 @@ from collections.abc import Iterator
 import pytest
 
 import capture
-from capture.buckets import (
+from capture.engines.buckets import (
     METADATA_BUCKETS,
     NoSuchSymbol,
     optimal_buckets,
     padding_waste,
     vllm_default_sizes,
 )
-from capture.store import Store
+from capture.store.reader import Store
 from fixtures.traffic import record_traffic
 
 TRAFFIC = [((1, 7), 9), ((2, 7), 4), ((3, 12), 2), ((5, 12), 3), ((8, 40), 5), ((13, 40), 1)]

@@ -10,9 +10,9 @@ import torch
 import torch.utils._pytree as pytree
 
 import capture
-from capture import cachespec, nodes
-from capture.analysis import analyze
-from capture.store import open_store
+from capture.analysis.groups import analyze
+from capture.pytree import cachespec, nodes
+from capture.store.reader import open_store
 
 cache_utils = pytest.importorskip("transformers.cache_utils")
 

@@ -1,4 +1,4 @@
-"""capture.analysis on real stores: call groups, dynamic dims, shared symbols, relations, summary.
+"""capture.analysis.groups on real stores: call groups, dynamic dims, symbols, relations, summary.
 
 The stores are recorded once per module with the real Recorder (fixtures/stores.py): the seed
 scenarios (add, add_broadcast, linear, masked, llm, multimodal) and tiny-Llama generate() traffic
@@ -22,10 +22,18 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import capture
-from capture.analysis import DIMS_SCHEMA, DimInfo, Group, Relation, analyze, dims_table, summary
-from capture.analysis_symbols import Axis, Symbols, find_symbols
+from capture.analysis.groups import (
+    DIMS_SCHEMA,
+    DimInfo,
+    Group,
+    Relation,
+    analyze,
+    dims_table,
+    summary,
+)
+from capture.analysis.symbols import Axis, Symbols, find_symbols
 from capture.errors import UnknownModel
-from capture.store import Store
+from capture.store.reader import Store
 
 T = TypeVar("T")
 

@@ -16,9 +16,10 @@ import torch
 from click.testing import CliRunner
 
 import capture
-from capture import claims, compaction, layout, open_store, schema
+from capture import open_store, schema
 from capture.cli.main import cli
 from capture.errors import CaptureError
+from capture.store import claims, compaction, layout
 from fixtures.models import run_generate, tiny_llama
 
 WORKLOAD = [(1, 5), (2, 7), (1, 9)]

@@ -10,9 +10,9 @@ import torch
 
 import capture
 from capture import InputObserver
-from capture.analysis import analyze
-from capture.analysis_symbols import ABSENT, Axis, find_symbols
-from capture.representative import choose_row
+from capture.analysis.groups import analyze
+from capture.analysis.representative import choose_row
+from capture.analysis.symbols import ABSENT, Axis, find_symbols
 
 
 class Pair(torch.nn.Module):

@@ -210,7 +210,7 @@ def test_fork_child_keeps_its_own_payloads(tmp_path: Path) -> None:
     code, out, err = _run(
         ADD
         + f"""
-from capture.payloads import list_payloads
+from capture.store.payload_files import list_payloads
 m = Add()
 rec = Recorder(m, {str(store)!r}, flush_seconds=3600, payloads=1.0).start()
 for i in range(3):

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capture import schema
-from capture.flatten import describe, signature_of, tensor_key, walk
-from capture.nodes import (
+from capture.pytree.nodes import (
     make_dynamic_cache,
     make_encoder_decoder_cache,
     register_flattening_functions,
     registered_classes,
 )
+from capture.record.flatten import describe, signature_of, tensor_key, walk
 
 
 def _cache(layers: int, seq: int) -> Any:

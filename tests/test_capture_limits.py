@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from capture import Recorder, open_store
-from capture.writer import TMP_MAX_AGE
+from capture.record.writer import TMP_MAX_AGE
 
 ROOT = Path(__file__).resolve().parents[1]
 

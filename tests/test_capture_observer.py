@@ -217,12 +217,12 @@ def test_a_call_that_raises_is_not_observed_and_the_error_propagates() -> None:
 def test_an_observation_failure_does_not_break_the_call_but_is_reported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import capture.observer
+    import capture.seeds.observer
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("cannot describe")
 
-    monkeypatch.setattr(capture.observer, "describe", broken)
+    monkeypatch.setattr(capture.seeds.observer, "describe", broken)
     model, observer = Toy(), InputObserver()
     with observer(model):
         assert model(torch.ones(2)).sum().item() == 2.0
@@ -407,8 +407,8 @@ def test_tensor_then_scalar_names_the_path() -> None:
 
 
 def test_positional_then_keyword_becomes_keyword_only() -> None:
-    # Documented result (capture.alignment): the same argument passed by position in one call and
-    # by name in another is one argument; the results are keyword-only and export.
+    # Documented result (capture.seeds.alignment): the same argument passed by position in one call
+    # and by name in another is one argument; the results are keyword-only and export.
     model, observer = Toy(), InputObserver()
     with observer(model):
         model(torch.zeros(2, 3), [torch.zeros(2)])

@@ -21,8 +21,8 @@ from click.testing import CliRunner
 import capture
 from capture.cli.main import cli
 from capture.errors import CaptureError
-from capture.payload_keeper import Payloads
-from capture.payloads import list_payloads, read_payload
+from capture.record.payload_keeper import Payloads
+from capture.store.payload_files import list_payloads, read_payload
 from fixtures.models import run_generate, tiny_llama
 
 

@@ -15,7 +15,7 @@ import torch
 
 from capture import Recorder, open_store
 from capture.errors import CaptureError
-from capture.writer import StoreWriter
+from capture.record.writer import StoreWriter
 from fixtures.models import run_generate, tiny_llama
 
 WORKLOAD = [(1, 5), (2, 7), (1, 9), (3, 4)]

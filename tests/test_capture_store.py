@@ -1,4 +1,4 @@
-"""capture.store: the DuckDB views over real Parquet trees written by the real Recorder."""
+"""capture.store.reader: the DuckDB views over real Parquet trees written by the real Recorder."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 import capture
 from capture import schema
 from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
-from capture.segment import pack_sizes, sizes_array
-from capture.store import Store
-from capture.store_files import write_parquet
+from capture.record.segment import pack_sizes, sizes_array
+from capture.store.files import write_parquet
+from capture.store.reader import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 

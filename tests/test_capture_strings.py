@@ -11,8 +11,8 @@ import torch
 
 from capture import make_dynamic_cache, string_type
 from capture.errors import CaptureError
-from capture.nodes import make_encoder_decoder_cache
-from capture.strings import onnx_dtype_code
+from capture.pytree.nodes import make_encoder_decoder_cache
+from capture.seeds.strings import onnx_dtype_code
 
 
 @pytest.mark.parametrize(
@@ -193,7 +193,7 @@ def test_onnx_dtype_code_of_unknown_dtype_raises() -> None:
 
 def test_module_does_not_import_torch_or_transformers() -> None:
     code = (
-        "import sys, capture.strings as s; "
+        "import sys, capture.seeds.strings as s; "
         "print(s.string_type((1, [None, 'a'], {'k': 2.0})), "
         "'torch' in sys.modules, 'transformers' in sys.modules)"
     )

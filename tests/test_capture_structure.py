@@ -1,4 +1,4 @@
-"""capture.structure: a recorded structure read once into typed leaves (issue 13 item 2)."""
+"""capture.pytree.structure: a recorded structure read once into typed leaves (issue 13 item 2)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from capture.analysis import analyze
+from capture.analysis.groups import analyze
 from capture.errors import ReplayError
-from capture.store import Store
-from capture.structure import MISSING, PRESENT, RecordedLeaf, RecordedStructure
-from capture.treespec import UnsafeTreespec
+from capture.pytree.structure import MISSING, PRESENT, RecordedLeaf, RecordedStructure
+from capture.pytree.treespec import UnsafeTreespec
+from capture.store.reader import Store
 
 _SIGNATURE = json.dumps(
     [

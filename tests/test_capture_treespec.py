@@ -1,4 +1,4 @@
-"""capture.treespec: stored treespecs parsed against an allow-list (issue 11)."""
+"""capture.pytree.treespec: stored treespecs parsed against an allow-list (issue 11)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from capture import nodes, treespec
-from capture.treespec import UnsafeTreespec
+from capture.pytree import nodes, treespec
+from capture.pytree.treespec import UnsafeTreespec
 
 _LEAF: dict[str, Any] = {"type": None, "context": None, "children_spec": []}
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from capture import nodes
-from capture.structure import RecordedLeaf, RecordedStructure
+from capture.pytree import nodes
+from capture.pytree.structure import RecordedLeaf, RecordedStructure
 from fixtures.generate_traffic import tiny_causal
 from fixtures.models import prompts
 

@@ -21,8 +21,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import capture
-from capture import compaction, compaction_lock, footer_cache, layout, schema
+from capture import schema
 from capture.errors import CaptureError
+from capture.store import compaction, compaction_lock, footer_cache, layout
 from fixtures.models import run_generate, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +95,7 @@ def test_store_opened_before_a_compaction_reads_its_merged_file(store: Path) -> 
 _HOLDER = r"""
 import sys, time
 import pyarrow.fs as pafs
-from capture.compaction_lock import CompactionLock
+from capture.store.compaction_lock import CompactionLock
 lock = CompactionLock(pafs.LocalFileSystem(), sys.argv[1], dry_run=False)
 lock.__enter__()
 print("locked", flush=True)
@@ -261,7 +262,7 @@ def test_a_calls_file_with_a_column_of_a_later_version_is_read(cached: Path) -> 
 def test_resolve_store_takes_a_configured_filesystem_and_a_path(tmp_path: Path) -> None:
     import pyarrow.fs as pafs
 
-    from capture.store_files import resolve_store, write_parquet
+    from capture.store.files import resolve_store, write_parquet
 
     sub = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     fs, root = resolve_store("stores/one/", filesystem=sub)

@@ -26,8 +26,8 @@ import replay
 from capture import schema
 from capture.cli.main import cli
 from capture.errors import ReplayError
-from capture.recorder import Recorder
-from capture.structure import RecordedStructure
+from capture.pytree.structure import RecordedStructure
+from capture.record.recorder import Recorder
 
 CALLS = 6
 EVIL = "hostile_evil_mod"  # a module planted in the working directory by the tests
@@ -178,8 +178,8 @@ def test_payload_check_reads_treespecs_with_the_allow_list(
 ) -> None:
     import pyarrow.fs as pafs
 
-    from capture.payloads import list_payloads, read_payload
-    from replay.payloads import real_call
+    from capture.store.payload_files import list_payloads, read_payload
+    from replay.payload_rows import real_call
 
     model = torch.nn.Linear(4, 2)
     with Recorder(model, tmp_path / "p", flush_seconds=3600, payloads=1.0):
@@ -222,7 +222,7 @@ def test_treespec_of_another_protocol_is_refused(store: Path) -> None:
 
 
 def test_allowed_namedtuple_is_rebuilt_without_importing(store: Path, evil_module: Path) -> None:
-    from capture import treespec
+    from capture.pytree import treespec
 
     node = treespec.parse(
         json.dumps(
@@ -547,12 +547,12 @@ def test_no_headers_with_json_is_a_usage_error(store: Path) -> None:
 
 
 def test_ctrl_c_exits_130_with_one_line(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import capture.store
+    import capture.store.reader
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(capture.store, "open_store", interrupted)
+    monkeypatch.setattr(capture.store.reader, "open_store", interrupted)
     code, out, err = _run(store, "summary")
     assert (code, out, err) == (130, "", "Error: interrupted (Ctrl-C)\n")  # issue 11
 
@@ -595,7 +595,7 @@ def test_summary_tells_groups_apart_by_scalar(tmp_path: Path) -> None:
 
 
 def test_summary_dims_cells_stay_short() -> None:
-    from capture.cli.report import summary_report
+    from capture.cli.summary_table import summary_report
 
     dims = [f"past_key_values.layers[{i}].keys[2]" for i in range(40)]
     group = {

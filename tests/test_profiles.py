@@ -1,4 +1,4 @@
-"""`capture.profiles` (issue 15): min / opt / max per input from recorded traffic.
+"""`capture.engines.profiles` (issue 15): min / opt / max per input from recorded traffic.
 
 The expected answers are computed here from the traffic the test recorded, by the rule the
 module documents, never from the store.
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import capture
-from capture.profile_formats import format_profiles
-from capture.profiles import build_profiles, count_peaks, export_names, target_size
-from capture.store import Store
+from capture.engines.profile_formats import format_profiles
+from capture.engines.profiles import build_profiles, count_peaks, export_names, target_size
+from capture.store.reader import Store
 from fixtures.traffic import record_traffic
 
 # Marginal modes are batch 1 and length 30, but (1, 30) was never sent.
@@ -164,7 +164,7 @@ def test_export_names_suffix_duplicates() -> None:
 
 
 def test_trtexec_flags(pair: Store) -> None:
-    from capture.analysis import analyze
+    from capture.analysis.groups import analyze
 
     text = format_profiles(build_profiles(analyze(pair)), "trtexec")
     assert text.splitlines()[1] == (
@@ -174,7 +174,7 @@ def test_trtexec_flags(pair: Store) -> None:
 
 
 def test_onnxruntime_options_repeat_names_per_profile(bimodal: Store) -> None:
-    from capture.analysis import analyze
+    from capture.analysis.groups import analyze
 
     text = format_profiles(build_profiles(analyze(bimodal), max_profiles=2), "onnxruntime")
     options = json.loads(text.splitlines()[1])
@@ -183,7 +183,7 @@ def test_onnxruntime_options_repeat_names_per_profile(bimodal: Store) -> None:
 
 
 def test_torch_tensorrt_lines_are_python(pair: Store) -> None:
-    from capture.analysis import analyze
+    from capture.analysis.groups import analyze
 
     text = format_profiles(build_profiles(analyze(pair)), "torch-tensorrt")
     ast.parse(text)

@@ -25,8 +25,8 @@ import replay
 from capture.errors import ReplayError
 from fixtures.models import prompts, run_generate, tiny_gpt2, tiny_llama, tiny_t5
 from fixtures.stores import LLAMA_WORKLOAD
-from replay.artifact import ArtifactError, CallNotServed, archive_types, read_manifest
-from replay.guards import ProgramGuard
+from replay.ship.artifact import ArtifactError, CallNotServed, archive_types, read_manifest
+from replay.ship.guards import ProgramGuard
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = Path(__file__).with_name("serve_artifact.py")

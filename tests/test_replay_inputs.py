@@ -15,8 +15,8 @@ from torch.export import Dim
 
 import replay
 from capture.errors import ReplayError, UnknownModel
-from capture.store import Store
-from capture.strings import string_type
+from capture.seeds.strings import string_type
+from capture.store.reader import Store
 from fixtures.stores import record_seed_scenarios
 
 D = Dim.DYNAMIC

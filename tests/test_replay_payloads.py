@@ -18,9 +18,9 @@ import torch.utils._pytree as pytree
 
 import capture
 import replay
-from capture.payloads import list_payloads
+from capture.store.payload_files import list_payloads
 from fixtures.models import run_generate, tiny_llama
-from replay.payloads import payload_rows
+from replay.payload_rows import payload_rows
 
 
 class Scaled:
@@ -173,8 +173,8 @@ def test_payload_check_is_bounded(tmp_path: Path) -> None:
 def test_real_call_rebuilds_the_dynamic_cache(tmp_path: Path) -> None:
     from transformers import DynamicCache
 
-    from capture.payloads import read_payload
-    from replay.payloads import real_call
+    from capture.store.payload_files import read_payload
+    from replay.payload_rows import real_call
 
     model = tiny_llama()
     with capture.Recorder(model, tmp_path, flush_seconds=3600, payloads=1.0):

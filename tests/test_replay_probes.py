@@ -17,7 +17,7 @@ import torch
 
 import capture
 import replay
-from capture.store import Store
+from capture.store.reader import Store
 from replay import select
 from replay.inputs import ExportGroup
 

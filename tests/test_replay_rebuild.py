@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import capture
-from capture.analysis import Group, analyze
+from capture.analysis.groups import Group, analyze
 from capture.errors import ReplayError
-from capture.store import Store
-from capture.strings import string_type
+from capture.seeds.strings import string_type
+from capture.store.reader import Store
 from replay.rebuild import make_tensor, rebuild
 from replay.select import value_ranges
 

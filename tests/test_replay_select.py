@@ -1,7 +1,7 @@
 """replay.select: representative sizes (every dynamic dim >= 2, relations kept) and value ranges.
 
-Groups come from the real analysis (capture.analysis.analyze) of stores recorded with the real
-Recorder: the seed scenarios, tiny-Llama generate() traffic, and small purpose-built models.
+Groups come from the real analysis (capture.analysis.groups.analyze) of stores recorded with the
+real Recorder: the seed scenarios, tiny-Llama generate() traffic, and small purpose-built models.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 import capture
-from capture.analysis import Group, analyze
-from capture.store import Store
+from capture.analysis.groups import Group, analyze
+from capture.store.reader import Store
 from replay.select import representative, signatures, value_ranges
 
 

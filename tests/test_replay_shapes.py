@@ -1,7 +1,7 @@
 """replay.shapes: per-axis specs, the dynamic_shapes structure, call forms.
 
 Structures and dims come from real recordings (the seed scenarios and a tiny Llama's generate()
-traffic) analysed by capture.analysis.
+traffic) analysed by capture.analysis.groups.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from torch.export import Dim
 
-from capture.analysis import Group, analyze
+from capture.analysis.groups import Group, analyze
 from capture.errors import ReplayError
-from capture.store import Store
+from capture.store.reader import Store
 from replay import shapes
 from replay.shapes import AxisSpec, CallForm, Param, SymbolRange
 

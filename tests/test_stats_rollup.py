@@ -16,7 +16,7 @@ import torch
 
 import capture
 from capture import schema
-from capture.writer import StoreWriter
+from capture.record.writer import StoreWriter
 
 
 class Add(torch.nn.Module):

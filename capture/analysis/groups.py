@@ -1,0 +1,476 @@
+"""Call groups, dynamic dims, shared symbols and relations, read from a store's signatures.
+
+This is the analysis layer behind `Store.dims()`, `Store.summary()` and `replay`:
+
+- a **call group** is the set of calls sharing one input structure (prefill vs decode, with or
+  without an optional input); `analyze()` returns one `Group` per structure, largest first;
+- for every tensor leaf and axis of a group, a `DimInfo`: dynamic or static, observed min, max,
+  number of distinct values, and the **symbol** shared by the dynamic dims that are equal in
+  every call; derived dims carry an **expr** over other symbols (``past_key_values_2 + 1``) and
+  the group lists them as `Relation` objects. `capture.analysis.symbols` documents how relations
+  are found and the rule that keeps spurious ones out (``min_support``).
+
+It reads the ``signatures`` view (the stats rows merged: one row per distinct signature,
+with its call count) and the ``structures`` view, never the raw calls, so the cost depends on the
+number of distinct signatures (thousands), not on the number of calls (millions). It imports
+duckdb through `capture.store.reader`, numpy and pyarrow, never torch.
+
+Group names: ``decode`` / ``prefill`` when the model has a cache argument (``past_key_values``,
+``*_cache``) holding tensors in some groups (``decode``) and missing or None in others
+(``prefill``); groups that would share a name are told apart by the optional inputs they lack
+(``decode_no_attention_mask``). Other models get ``g0``, ``g1``, ... by calls, largest first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from capture.analysis.summary import build_summary
+from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
+from capture.pytree.cachespec import is_cache_argument
+from capture.pytree.structure import PRESENT, RecordedLeaf, RecordedStructure
+
+if TYPE_CHECKING:
+    from capture.store.reader import Store
+
+__all__ = [
+    "DimInfo",
+    "Relation",
+    "Group",
+    "BatchSpec",
+    "MIN_SUPPORT",
+    "DIMS_SCHEMA",
+    "analyze",
+    "dims_table",
+    "summary",
+    "format_expr",
+]
+
+logger = logging.getLogger(__name__)
+
+BatchSpec = bool | Iterable[str | int] | None
+"""``set_batch_dimension_for``: None, True (every input tensor), or argument names/positions."""
+
+
+@dataclass(frozen=True)
+class DimInfo:
+    """One axis of one tensor leaf, within one call group.
+
+    Attributes:
+        leaf: Leaf index in the group's structure (``structures.leaf``).
+        path: Pytree key path of the leaf, e.g. ``kwargs['past_key_values'].key_cache[0]``.
+        argument: Top-level parameter name (``past_key_values``, ``x``).
+        axis: The axis.
+        dynamic: Takes more than one value among the group's calls, or is a forced batch dim.
+        min: Smallest observed size.
+        max: Largest observed size.
+        distinct: Number of distinct observed sizes.
+        calls: Calls of the group where this leaf is a tensor.
+        symbol: Shared by the dynamic dims equal in every call; None when static.
+        expr: For a derived dim, its expression over other symbols (``past + 1``); else None.
+    """
+
+    leaf: int
+    path: str
+    argument: str | None
+    axis: int
+    dynamic: bool
+    min: int
+    max: int
+    distinct: int
+    calls: int
+    symbol: str | None
+    expr: str | None
+
+
+_UNREAD = RecordedStructure("", "", ())
+"""`Group.structure` until it is read from the group's rows."""
+
+
+@dataclass
+class Group:
+    """A call group: the calls sharing one input structure.
+
+    Attributes:
+        model: The model name.
+        name: Stable, readable name (``decode``, ``prefill``, ``g0``), unique within the model.
+        structure_id: The ``calls.in_structure`` of the group.
+        calls: Recorded calls in the group.
+        signatures: Distinct size vectors in the group.
+        leaves: The structure's rows as the ``structures`` view gives them, ordered by leaf
+            (kept for callers that read rows; the library reads `structure`).
+        structure: The same structure, typed and read once (`capture.pytree.structure`); built from
+            `leaves` when not given.
+        dims: Every tensor leaf x axis, leaf order then axis order.
+        relations: Derived symbols, true in every call of the group.
+        errors: Calls of the group whose forward raised.
+        first_ts: First recorded call of the group.
+        last_ts: Last recorded call of the group.
+    """
+
+    model: str
+    name: str
+    structure_id: str
+    calls: int
+    signatures: int
+    leaves: list[dict[str, Any]]
+    dims: list[DimInfo]
+    relations: list[Relation]
+    errors: int = 0
+    first_ts: datetime | None = None
+    last_ts: datetime | None = None
+    matrix: np.ndarray[Any, np.dtype[np.int64]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """Distinct signatures of the group (rows) x dims (columns, the order of `dims`)."""
+    weights: np.ndarray[Any, np.dtype[np.int64]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """Calls per row of `matrix`."""
+    structure: RecordedStructure = field(default=_UNREAD, kw_only=True, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.structure is _UNREAD and self.leaves:
+            self.structure = RecordedStructure.from_rows(self.leaves)
+
+
+DIMS_SCHEMA = pa.schema(
+    [
+        pa.field("model", pa.string()),
+        pa.field("group", pa.string()),
+        pa.field("structure_id", pa.string()),
+        pa.field("leaf", pa.int32()),
+        pa.field("path", pa.string()),
+        pa.field("argument", pa.string()),
+        pa.field("axis", pa.int32()),
+        pa.field("dynamic", pa.bool_()),
+        pa.field("min", pa.int64()),
+        pa.field("max", pa.int64()),
+        pa.field("distinct", pa.int64()),
+        pa.field("calls", pa.int64()),
+        pa.field("symbol", pa.string()),
+        pa.field("expr", pa.string()),
+    ]
+)
+"""Columns of `dims_table()` / `Store.dims()`."""
+
+_SIGNATURES_SQL = """
+SELECT model, in_structure, dims,
+       sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
+       min(first_ts) AS first_ts, max(last_ts) AS last_ts
+FROM signatures
+WHERE model IN (SELECT unnest($models))
+GROUP BY model, in_structure, dims
+ORDER BY model, in_structure
+"""
+
+_STRUCTURES_SQL = """
+SELECT * FROM structures
+WHERE model IN (SELECT unnest($models))
+  AND structure_id IN (SELECT in_structure FROM stats WHERE model IN (SELECT unnest($models)))
+ORDER BY model, structure_id, leaf
+"""
+
+
+def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
+    """Leaf indices whose axis 0 is forced dynamic."""
+    if spec is None or spec is False:
+        return set()
+    tensors = [leaf for leaf in structure.tensors if leaf.ndim > 0]
+    if spec is True:
+        return {leaf.leaf for leaf in tensors}
+    wanted = list(spec)
+    names = {w for w in wanted if isinstance(w, str)}
+    positions = {w for w in wanted if isinstance(w, int) and not isinstance(w, bool)}
+    names |= {name for name, i in structure.signature_order().items() if i in positions}
+    return {
+        leaf.leaf
+        for leaf in tensors
+        if leaf.argument in names or (leaf.position is not None and leaf.position in positions)
+    }
+
+
+def _name_groups(groups: list[Group]) -> None:
+    """Assigns `Group.name` in place (groups are already sorted, largest first)."""
+    statuses = [g.structure.argument_status() for g in groups]
+    holding = [{leaf.argument for leaf in g.structure.tensors} for g in groups]
+    # A cache argument holds tensors in some group ('use_cache', a bool, is not one).
+    cache_args = {a for tensors in holding for a in tensors if a and is_cache_argument(a)}
+    if not cache_args:
+        for i, g in enumerate(groups):
+            g.name = f"g{i}"
+        return
+    bases = ["decode" if tensors & cache_args else "prefill" for tensors in holding]
+    names = list(bases)
+    for base in set(bases):
+        members = [i for i, b in enumerate(bases) if b == base]
+        if len(members) < 2:
+            continue
+        arguments = sorted({a for i in members for a in statuses[i]} - cache_args)
+        varying = [
+            a for a in arguments if len({statuses[i].get(a) == PRESENT for i in members}) > 1
+        ]
+        for i in members:
+            absent = [a for a in varying if statuses[i].get(a) != PRESENT]
+            names[i] = "_".join([base] + [f"no_{a}" for a in absent])
+    used: set[str] = set()
+    for g, name in zip(groups, names, strict=True):
+        unique, n = name, 2
+        while unique in used:
+            unique, n = f"{name}_{n}", n + 1
+        used.add(unique)
+        g.name = unique
+
+
+def _group(
+    model: str,
+    structure_id: str,
+    leaves: list[dict[str, Any]],
+    matrix: np.ndarray[Any, np.dtype[np.int64]],
+    weights: np.ndarray[Any, np.dtype[np.int64]],
+    set_batch_dimension_for: BatchSpec,
+    min_support: int,
+    structure: RecordedStructure | None = None,
+) -> Group:
+    if structure is None:
+        structure = RecordedStructure.from_rows(leaves)
+    axes: list[Axis] = []
+    leaf_of: list[RecordedLeaf] = []
+    columns: list[int] = []
+    for r in structure.tensors:
+        for axis in range(r.ndim):
+            axes.append(Axis(r.argument, axis, r.path))
+            leaf_of.append(r)
+            columns.append(int(r.dim_offset or 0) + axis)
+    forced_leaves = _batch_matcher(set_batch_dimension_for, structure)
+    forced = [ax.axis == 0 and r.leaf in forced_leaves for ax, r in zip(axes, leaf_of, strict=True)]
+    sub = matrix[:, columns] if columns else np.zeros((matrix.shape[0], 0), np.int64)
+    calls = int(weights.sum())
+    found = find_symbols(sub, axes, forced, min_support)
+    dims = [
+        DimInfo(
+            leaf=r.leaf,
+            path=r.path,
+            argument=r.argument,
+            axis=ax.axis,
+            dynamic=found.dynamic[j],
+            min=found.minimum[j],
+            max=found.maximum[j],
+            distinct=found.distinct[j],
+            calls=calls,
+            symbol=found.symbol[j],
+            expr=found.expr[j],
+        )
+        for j, (ax, r) in enumerate(zip(axes, leaf_of, strict=True))
+    ]
+    return Group(
+        model=model,
+        name="",
+        structure_id=structure_id,
+        calls=calls,
+        signatures=int(matrix.shape[0]),
+        leaves=leaves,
+        structure=structure,
+        dims=dims,
+        relations=found.relations,
+        matrix=sub,
+        weights=weights,
+    )
+
+
+def analyze(
+    store: Store,
+    model: str | None = None,
+    *,
+    set_batch_dimension_for: BatchSpec = None,
+    min_support: int = MIN_SUPPORT,
+) -> list[Group]:
+    """The call groups of one model (or of every model), with their dims and relations.
+
+    Args:
+        store: An open store (`capture.open_store`).
+        model: A model name, or None for every model.
+        set_batch_dimension_for: None, True (axis 0 of every input tensor), or argument names
+            and/or positions: axis 0 of those leaves is dynamic even when it never varied.
+        min_support: Refuting chances a relation must survive to be reported; see
+            `capture.analysis.symbols` (default 3).
+
+    Returns:
+        Groups sorted by model, then by calls (largest first), first call, structure id.
+
+    Raises:
+        UnknownModel: `model` is not in the store.
+
+    Example:
+        >>> groups = analyze(open_store("capture-store"), "LlamaForCausalLM")  # doctest: +SKIP
+        >>> [(g.name, g.calls) for g in groups]  # doctest: +SKIP
+        [('decode', 9), ('decode_no_attention_mask', 6), ('prefill', 3), ...]
+    """
+    models = store.check_model(model)
+    params = {"models": models}
+    sigs = store.query(_SIGNATURES_SQL, params)
+    structures = store.query(_STRUCTURES_SQL, params).to_pylist()
+    leaves_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in structures:
+        leaves_of.setdefault((row["model"], row["structure_id"]), []).append(row)
+
+    groups: list[Group] = []
+    if sigs.num_rows:
+        sig_models = sigs.column("model").to_pylist()
+        sig_structures = sigs.column("in_structure").to_pylist()
+        dims_col = sigs.column("dims").combine_chunks()
+        offsets = dims_col.offsets.to_numpy()
+        values = dims_col.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        calls = sigs.column("calls").to_numpy()
+        errors = sigs.column("errors").to_numpy()
+        first_ts = sigs.column("first_ts").to_pylist()
+        last_ts = sigs.column("last_ts").to_pylist()
+        start = 0
+        n = sigs.num_rows
+        while start < n:
+            key = (sig_models[start], sig_structures[start])
+            stop = start + 1
+            while stop < n and (sig_models[stop], sig_structures[stop]) == key:
+                stop += 1
+            group = _build(
+                key,
+                leaves_of.get(key),
+                offsets,
+                values,
+                calls,
+                start,
+                stop,
+                set_batch_dimension_for,
+                min_support,
+            )
+            if group is not None:
+                group.errors = int(errors[start:stop].sum())
+                group.first_ts = min((t for t in first_ts[start:stop] if t), default=None)
+                group.last_ts = max((t for t in last_ts[start:stop] if t), default=None)
+                groups.append(group)
+            start = stop
+
+    out: list[Group] = []
+    for m in models:
+        mine = [g for g in groups if g.model == m]
+        mine.sort(key=lambda g: (-g.calls, _timestamp(g.first_ts), g.structure_id))
+        _name_groups(mine)
+        out.extend(mine)
+    return out
+
+
+def _timestamp(ts: datetime | None) -> float:
+    return ts.timestamp() if ts is not None else float("inf")
+
+
+def _build(
+    key: tuple[str, str],
+    leaves: list[dict[str, Any]] | None,
+    offsets: np.ndarray[Any, Any],
+    values: np.ndarray[Any, Any],
+    calls: np.ndarray[Any, Any],
+    start: int,
+    stop: int,
+    set_batch_dimension_for: BatchSpec,
+    min_support: int,
+) -> Group | None:
+    """One group from rows ``start:stop`` of the merged signatures (all of one structure)."""
+    model, structure_id = key
+    if leaves is None:
+        logger.warning(
+            "capture: %d calls of model %s use structure %s, which no readable structures file "
+            "describes; they are left out of the analysis",
+            int(calls[start:stop].sum()),
+            model,
+            structure_id,
+        )
+        return None
+    # The one reading of the structure's rows: analysis and replay use it from here on.
+    structure = RecordedStructure.from_rows(leaves)
+    width = structure.width
+    lengths = np.diff(offsets[start : stop + 1])
+    keep = np.flatnonzero(lengths == width)
+    if keep.size < stop - start:
+        logger.warning(
+            "capture: %d signatures of model %s, structure %s do not have the %d sizes their "
+            "structure describes; they are left out of the analysis",
+            stop - start - keep.size,
+            model,
+            structure_id,
+            width,
+        )
+    if keep.size == 0:
+        return None
+    rows = start + keep
+    index = offsets[rows][:, None] + np.arange(width)[None, :]
+    matrix = values[index] if width else np.zeros((rows.size, 0), np.int64)
+    return _group(
+        model,
+        structure_id,
+        leaves,
+        matrix,
+        calls[rows].astype(np.int64),
+        set_batch_dimension_for,
+        min_support,
+        structure,
+    )
+
+
+def dims_table(store: Store, model: str | None = None, **options: Any) -> pa.Table:
+    """One row per model, call group, tensor leaf and axis (`Store.dims()`).
+
+    Args:
+        store: An open store.
+        model: A model name, or None for every model.
+        **options: Passed to `analyze` (``set_batch_dimension_for``, ``min_support``).
+
+    Returns:
+        A `pyarrow.Table` with the columns of `DIMS_SCHEMA`: model, group, structure_id, leaf,
+        path, argument, axis, dynamic, min, max, distinct, calls, symbol, expr.
+
+    Raises:
+        UnknownModel: `model` is not in the store.
+
+    Example:
+        >>> dims_table(open_store("capture-store"), "add").column("symbol")  # doctest: +SKIP
+    """
+    rows: dict[str, list[Any]] = {f.name: [] for f in DIMS_SCHEMA}
+    for g in analyze(store, model, **options):
+        for d in g.dims:
+            rows["model"].append(g.model)
+            rows["group"].append(g.name)
+            rows["structure_id"].append(g.structure_id)
+            for name in ("leaf", "path", "argument", "axis", "dynamic", "min", "max"):
+                rows[name].append(getattr(d, name))
+            for name in ("distinct", "calls", "symbol", "expr"):
+                rows[name].append(getattr(d, name))
+    return pa.table(rows, schema=DIMS_SCHEMA)
+
+
+def summary(store: Store, model: str | None = None) -> dict[str, Any]:
+    """What the store recorded, per model (`Store.summary()`); see `capture.analysis.summary`.
+
+    Args:
+        store: An open store.
+        model: A model name, or None for every model.
+
+    Returns:
+        A JSON-serializable dict: totals, date range, and per model its call groups,
+        inputs sometimes missing or None, dtype/rank drift and relations.
+
+    Raises:
+        UnknownModel: `model` is not in the store.
+
+    Example:
+        >>> summary(open_store("capture-store"))["calls"]  # doctest: +SKIP
+        20
+    """
+    models = store.check_model(model)
+    return build_summary(store, models, analyze(store, model))

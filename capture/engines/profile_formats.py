@@ -1,0 +1,111 @@
+"""Optimization profiles in the engines' own syntax: trtexec, torch_tensorrt, ONNX Runtime.
+
+trtexec flags, ``torch_tensorrt.Input`` lines, ONNX Runtime TensorRT provider options
+(`capture profiles -f ...`).
+
+Every format names inputs as `capture.engines.profiles.export_names` does (torch.export placeholder
+names, kept by ``torch.onnx.export`` as the ONNX input names) and writes a shape as its sizes
+joined with ``x`` (``1x16``) where the tool wants a string. Comment lines (``#``) say which
+model, group and profile follow. Only text is built here; the CLI writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from capture.engines.profiles import Profile
+
+__all__ = ["TEXT_FORMATS", "format_profiles"]
+
+TEXT_FORMATS = ("trtexec", "torch-tensorrt", "onnxruntime")
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join(str(s) for s in shape)
+
+
+def _header(p: Profile) -> str:
+    return (
+        f"# {p.model}, group {p.group}, profile {p.index}: {p.calls} calls, "
+        f"opt = a signature sent by {p.opt_calls} of them"
+    )
+
+
+def _trtexec(profiles: Sequence[Profile]) -> list[str]:
+    lines = []
+    for p in profiles:
+        flags = []
+        for flag, attr in (("minShapes", "min"), ("optShapes", "opt"), ("maxShapes", "max")):
+            spec = ",".join(f"{i.name}:{_dims(getattr(i, attr))}" for i in p.inputs)
+            flags.append(f"--{flag}={spec}")
+        lines += [_header(p), " ".join(flags)]
+    return lines
+
+
+_TORCH_DTYPES = re.compile(r"^[a-z0-9_]+$")
+
+
+def _torch_tensorrt(profiles: Sequence[Profile]) -> list[str]:
+    lines = ["import torch", "import torch_tensorrt", ""]
+    for p in profiles:
+        variable = re.sub(r"\W", "_", f"inputs_{p.group}_{p.index}")
+        lines += [_header(p), f"{variable} = ["]
+        for i in p.inputs:
+            dtype = f", dtype=torch.{i.dtype}" if i.dtype and _TORCH_DTYPES.match(i.dtype) else ""
+            lines.append(
+                f"    torch_tensorrt.Input(min_shape={tuple(i.min)!r}, opt_shape="
+                f"{tuple(i.opt)!r}, max_shape={tuple(i.max)!r}{dtype}, name={i.name!r}),"
+            )
+        lines += ["]", ""]
+    return lines[:-1]
+
+
+def _onnxruntime(profiles: Sequence[Profile]) -> list[str]:
+    lines: list[str] = []
+    by_group: dict[tuple[str, str], list[Profile]] = {}
+    for p in profiles:
+        by_group.setdefault((p.model, p.group), []).append(p)
+    for (model, group), members in by_group.items():
+        # Several profiles: the same input name repeated, one shape per profile (the
+        # TensorRT provider's syntax for multiple optimization profiles).
+        options = {
+            f"trt_profile_{attr}_shapes": ",".join(
+                f"{i.name}:{_dims(getattr(i, attr))}" for p in members for i in p.inputs
+            )
+            for attr in ("min", "opt", "max")
+        }
+        lines += [
+            f"# {model}, group {group}: {len(members)} profile(s), "
+            f"{sum(p.calls for p in members)} calls",
+            json.dumps(options),
+        ]
+    return lines
+
+
+def format_profiles(profiles: Sequence[Profile], fmt: str) -> str:
+    """The profiles as one of `TEXT_FORMATS`, without a trailing newline.
+
+    Args:
+        profiles: From `capture.engines.profiles.build_profiles`.
+        fmt: ``trtexec`` (one ``--minShapes=... --optShapes=... --maxShapes=...`` line per
+            profile), ``torch-tensorrt`` (Python: a list of ``torch_tensorrt.Input`` per
+            profile) or ``onnxruntime`` (per group, a JSON object of the TensorRT provider's
+            ``trt_profile_min_shapes`` / ``_opt_`` / ``_max_`` options).
+
+    Raises:
+        ValueError: Unknown format.
+
+    Example:
+        >>> print(format_profiles(build_profiles(groups), "trtexec"))  # doctest: +SKIP
+        # M, group g0, profile 0: 3 calls, opt = a signature sent by 1 of them
+        --minShapes=x:1x4 --optShapes=x:1x4 --maxShapes=x:8x4
+    """
+    if fmt == "trtexec":
+        return "\n".join(_trtexec(profiles))
+    if fmt == "torch-tensorrt":
+        return "\n".join(_torch_tensorrt(profiles))
+    if fmt == "onnxruntime":
+        return "\n".join(_onnxruntime(profiles))
+    raise ValueError(f"unknown profile format {fmt!r}; use one of {', '.join(TEXT_FORMATS)}")

@@ -1,0 +1,300 @@
+"""A recorded input structure, typed: what the store's ``structures`` rows say, read once.
+
+The recorder writes one ``structures`` row per leaf of every distinct call structure, with the
+structure-wide columns (``treespec``, ``signature``, ``n_args``) repeated on each row. The
+analysis (`capture.analysis.groups.analyze`) reads those rows once per structure into a
+`RecordedStructure` (its `RecordedLeaf` rows, the treespec, the method's parameters, the
+positional count) and every reader after it (the analysis itself, ``capture summary``, the
+`replay` package) asks that object instead of reading dict rows again.
+
+This module is the store-side, torch-free twin of the recorder's `capture.record.flatten.Structure`
+(which holds live tensors' metadata while a call is being recorded): ``Recorded*`` names say
+that these objects come back from a store. `Param`, the parameter of a recorded method, is
+defined here once and used by both sides.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from capture import schema
+from capture.errors import ReplayError
+from capture.pytree.treespec import Node
+from capture.pytree.treespec import parse as parse_treespec
+
+__all__ = [
+    "Param",
+    "parse_params",
+    "RecordedLeaf",
+    "RecordedStructure",
+    "as_leaves",
+    "PRESENT",
+    "MISSING",
+    "NONE",
+]
+
+PRESENT, MISSING, NONE = "present", "missing", "none"
+"""What a call group did with a top-level argument (`RecordedStructure.argument_status`)."""
+
+_ABSENT_KINDS = frozenset({schema.KIND_MISSING, schema.KIND_NONE})
+_SCALAR_KINDS = frozenset({schema.KIND_INT, schema.KIND_FLOAT, schema.KIND_BOOL, schema.KIND_STR})
+_VARIADIC = ("VAR_POSITIONAL", "VAR_KEYWORD")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the recorded method's signature (the ``signature`` column).
+
+    Attributes:
+        name: The parameter name.
+        kind: Its ``inspect.Parameter.kind`` name (``POSITIONAL_OR_KEYWORD``, ``VAR_KEYWORD``, ...).
+        has_default: Whether it has a default value.
+    """
+
+    name: str
+    kind: str
+    has_default: bool
+
+    @property
+    def is_variadic(self) -> bool:
+        """True for ``*args`` and ``**kwargs``."""
+        return self.kind in _VARIADIC
+
+
+def parse_params(signature: str | None) -> list[Param]:
+    """The recorded method's parameters from the stored JSON signature (empty when unknown).
+
+    Args:
+        signature: The ``signature`` column: ``[{"name", "kind", "has_default"}, ...]``.
+
+    Returns:
+        The parameters, in signature order.
+
+    Raises:
+        ReplayError: The stored signature is malformed (one line, not a traceback: issue 11).
+
+    Example:
+        >>> parse_params('[{"name": "x", "kind": "POSITIONAL_OR_KEYWORD", "has_default": false}]')
+        [Param(name='x', kind='POSITIONAL_OR_KEYWORD', has_default=False)]
+    """
+    if not signature:
+        return []
+    try:
+        return [
+            Param(str(p["name"]), str(p["kind"]), bool(p["has_default"]))
+            for p in json.loads(signature)
+        ]
+    except (ValueError, TypeError, KeyError) as e:
+        raise ReplayError(f"the recorded method signature is malformed ({e!r:.80})") from None
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+# The fields of the recorder's `capture.record.flatten.Leaf` plus the stored leaf index, read back
+# from rows (two classes: the recorder builds its leaves positionally before they are numbered).
+@dataclass(frozen=True)
+class RecordedLeaf:
+    """One leaf of a recorded structure (one ``structures`` row, without the structure-wide
+    columns). The attributes are the columns of `capture.schema.STRUCTURES_SCHEMA`."""
+
+    leaf: int
+    path: str
+    argument: str | None
+    position: int | None
+    kind: str
+    type: str | None = None
+    dtype: str | None = None
+    rank: int | None = None
+    device: str | None = None
+    value: str | None = None
+    dim_offset: int | None = None
+    range_index: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RecordedLeaf:
+        """The leaf of one ``structures`` row (extra columns are ignored)."""
+        return cls(
+            leaf=int(row["leaf"]),
+            path=str(row["path"]),
+            argument=row.get("argument"),
+            position=_int(row.get("position")),
+            kind=str(row["kind"]),
+            type=row.get("type"),
+            dtype=row.get("dtype"),
+            rank=_int(row.get("rank")),
+            device=row.get("device"),
+            value=row.get("value"),
+            dim_offset=_int(row.get("dim_offset")),
+            range_index=_int(row.get("range_index")),
+        )
+
+    @property
+    def is_tensor(self) -> bool:
+        """True for a tensor leaf."""
+        return self.kind == schema.KIND_TENSOR
+
+    @property
+    def is_missing(self) -> bool:
+        """True for an optional argument the call did not pass."""
+        return self.kind == schema.KIND_MISSING
+
+    @property
+    def is_scalar(self) -> bool:
+        """True for an int, float, bool or str leaf (recorded with its value)."""
+        return self.kind in _SCALAR_KINDS
+
+    @property
+    def ndim(self) -> int:
+        """The tensor's rank (0 for other leaves)."""
+        return self.rank or 0
+
+
+def as_leaves(leaves: Iterable[RecordedLeaf | Mapping[str, Any]]) -> list[RecordedLeaf]:
+    """Typed leaves from typed leaves or ``structures`` rows (the functions of `replay` that
+    take a structure's leaves accept both: users hold `capture.analysis.groups.Group.leaves`
+    rows)."""
+    return [
+        leaf if isinstance(leaf, RecordedLeaf) else RecordedLeaf.from_row(leaf) for leaf in leaves
+    ]
+
+
+@dataclass(frozen=True)
+class RecordedStructure:
+    """A recorded input structure: its leaves, treespec, method parameters, positional count.
+
+    Attributes:
+        structure_id: The ``calls.in_structure`` it describes.
+        model: The model name.
+        leaves: Its leaves, in leaf order.
+        treespec: The stored JSON treespec of ``(args, kwargs)`` (None when unserializable).
+        signature: The stored JSON signature of the recorded method (None when unknown).
+        n_args: How many arguments its calls passed positionally.
+        params: The method's parameters (empty when unknown or malformed).
+        signature_error: Why `signature` could not be read, else None.
+    """
+
+    structure_id: str
+    model: str
+    leaves: tuple[RecordedLeaf, ...]
+    treespec: str | None = None
+    signature: str | None = None
+    n_args: int = 0
+    params: tuple[Param, ...] = ()
+    signature_error: str | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Mapping[str, Any]]) -> RecordedStructure:
+        """The structure of its ``structures`` rows (one per leaf, ordered by leaf).
+
+        A malformed stored signature does not fail here (the analysis of `capture dims` does
+        not need it): `signature_error` keeps why, and `checked_params` raises it.
+
+        Raises:
+            ValueError: `rows` is empty.
+
+        Example:
+            >>> st = RecordedStructure.from_rows([{"structure_id": "s", "model": "m", "leaf": 0,
+            ...     "path": "args[0]", "argument": "x", "position": 0, "kind": "tensor",
+            ...     "rank": 2, "dim_offset": 0, "n_args": 1}])
+            >>> st.width, st.n_args, st.leaves[0].is_tensor
+            (2, 1, True)
+        """
+        if not rows:
+            raise ValueError("a recorded structure has at least one row")
+        first = rows[0]
+        signature = first.get("signature")
+        params: tuple[Param, ...] = ()
+        error = None
+        try:
+            params = tuple(parse_params(signature))
+        except ReplayError as e:
+            error = str(e)
+        return cls(
+            structure_id=str(first.get("structure_id")),
+            model=str(first.get("model")),
+            leaves=tuple(RecordedLeaf.from_row(r) for r in rows),
+            treespec=first.get("treespec"),
+            signature=signature,
+            n_args=int(first.get("n_args") or 0),
+            params=params,
+            signature_error=error,
+        )
+
+    @property
+    def source(self) -> str:
+        """How errors name this structure."""
+        return f"the structure {self.structure_id!r} of model {self.model!r}"
+
+    @cached_property
+    def tree(self) -> Node:
+        """The treespec parsed against the allow-list, protocol checked (`capture.pytree.treespec`).
+
+        Raises:
+            ReplayError: No treespec was recorded (a node type torch's pytree cannot serialize).
+            UnsafeTreespec: The treespec is malformed, of another protocol, or names a node
+                type outside the allow-list.
+        """
+        if not self.treespec:
+            raise ReplayError(
+                "the recorded structure has no treespec (a node type that torch's pytree cannot "
+                "serialize); it cannot be rebuilt"
+            )
+        return parse_treespec(self.treespec, "the store's structures")
+
+    def checked_params(self) -> tuple[Param, ...]:
+        """The method's parameters.
+
+        Raises:
+            ReplayError: The stored signature is malformed.
+        """
+        if self.signature_error is not None:
+            raise ReplayError(self.signature_error)
+        return self.params
+
+    @property
+    def tensors(self) -> list[RecordedLeaf]:
+        """The tensor leaves, in leaf order."""
+        return [leaf for leaf in self.leaves if leaf.is_tensor]
+
+    @property
+    def width(self) -> int:
+        """How many sizes a call of this structure records (the sum of tensor ranks)."""
+        return sum(leaf.ndim for leaf in self.tensors)
+
+    def arguments_of(self, kinds: Iterable[str]) -> list[str | None]:
+        """The ``argument`` of every leaf of one of `kinds`, in leaf order."""
+        wanted = set(kinds)
+        return [leaf.argument for leaf in self.leaves if leaf.kind in wanted]
+
+    def signature_order(self) -> dict[str, int]:
+        """Parameter name -> its index in the recorded method's signature (empty if unknown)."""
+        return {p.name: i for i, p in enumerate(self.params)}
+
+    def argument_status(self) -> dict[str, str]:
+        """Per top-level argument, in signature order: `PRESENT`, `NONE` or `MISSING`.
+
+        Example:
+            >>> RecordedStructure("s", "m", (RecordedLeaf(0, "kwargs['x']", "x", None, "missing"),
+            ...     RecordedLeaf(1, "kwargs['y']", "y", None, "tensor"))).argument_status()
+            {'x': 'missing', 'y': 'present'}
+        """
+        kinds: dict[str, set[str]] = {}
+        for leaf in self.leaves:
+            kinds.setdefault(leaf.argument or leaf.path, set()).add(leaf.kind)
+        order = self.signature_order()
+        status = {}
+        for argument in sorted(kinds, key=lambda a: order.get(a, len(order))):
+            seen = kinds[argument]
+            if seen - _ABSENT_KINDS:
+                status[argument] = PRESENT
+            elif seen == {schema.KIND_MISSING}:
+                status[argument] = MISSING
+            else:
+                status[argument] = NONE
+        return status

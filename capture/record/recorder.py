@@ -1,0 +1,477 @@
+"""Recorder: wraps a model's forward, records every call's metadata, never raises into the model.
+
+The wrapper does, per call: a sampling check, `flatten.walk` over (args, kwargs) (tensor leaves
+and a structure key), a dict lookup of the key, the sizes of the tensors, optional integer value
+ranges, the forward itself (timed), the same for the output, and one deque append. Everything
+that can fail in there is inside one `try`: a failure is counted in `stats()["errors"]`, logged
+once, and the model's call goes on untouched. A model's exception is recorded and re-raised.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import itertools
+import logging
+import os
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from capture.errors import CaptureError
+from capture.pytree import nodes
+from capture.record import lifecycle
+from capture.record.flatten import Oversized, Structure, signature_of, walk
+from capture.record.payload_keeper import PayloadKeeper, Payloads, payload_policy
+from capture.record.recorder_base import RecorderBase
+from capture.record.segment import call_id_base
+from capture.record.structure_cache import StructureCache
+from capture.record.writer import StoreWriter
+
+__all__ = ["Recorder", "DEFAULT_STORE"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STORE = "capture-store"
+_VALUE_RANGES = ("cpu", "all", "none")
+
+
+# Integer dtypes torch.aminmax does not implement on CPU: widened to int64 first (exact).
+_WIDEN = {getattr(torch, n) for n in ("uint16", "uint32") if hasattr(torch, n)}
+_INT64 = torch.int64
+
+
+def _submodules(model: Any, modules: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
+    """The ``modules=`` option as name -> object (paths resolved with ``get_submodule``)."""
+    if modules is None:
+        return {}
+    items = modules.items() if isinstance(modules, Mapping) else ((p, p) for p in modules)
+    out: dict[str, Any] = {}
+    for name, sub in items:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise CaptureError(f"modules: {name!r} is not a usable sub-module name")
+        if isinstance(sub, str):
+            try:
+                sub = model.get_submodule(sub)
+            except (AttributeError, TypeError) as e:
+                raise CaptureError(
+                    f"modules: {type(model).__name__} has no sub-module {sub!r} ({e}); pass "
+                    "{name: module} for a module reached otherwise (model.get_encoder())"
+                ) from e
+        if sub is model:
+            raise CaptureError(f"modules: {name!r} is the model itself, already recorded")
+        out[name] = sub
+    return out
+
+
+def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
+    """(min, max) of an integer tensor; (None, None) when empty."""
+    n = t.numel()
+    if n == 0:
+        return None, None
+    if n <= 16 and t.device.type == "cpu":
+        # One aminmax is a few microseconds of dispatch; for a decode step's (1, 1) input_ids
+        # reading the few values back is cheaper.
+        values: Any = t.tolist()
+        if t.dim() == 0:
+            return int(values), int(values)
+        for _ in range(t.dim() - 1):
+            values = [v for row in values for v in row]
+        return int(min(values)), int(max(values))
+    if t.dtype in _WIDEN:
+        t = t.to(_INT64)
+    lo, hi = torch.aminmax(t)
+    return int(lo), int(hi)
+
+
+class Recorder(StructureCache, RecorderBase):
+    """Records how a model's method is called, into a Parquet store.
+
+    Args:
+        model: The module (or any object) whose method is recorded.
+        store: A directory or a pyarrow filesystem URI (``s3://bucket/prefix``).
+        name: The `model` partition in the store; defaults to the model's class name.
+        method: The method to wrap ('forward').
+        sample: Fraction of calls recorded (1.0 records all of them).
+        max_calls: Stop recording after this many recorded calls (None: no limit).
+        record_outputs: Also record the structure and sizes of what the method returns.
+        value_ranges: Min/max of integer tensors: 'cpu' (CPU tensors only: on CUDA it forces a
+            sync), 'all', or 'none'.
+        queue_size: Calls buffered between the model and the writer thread; beyond, dropped.
+        flush_rows: Rows per written segment.
+        flush_seconds: Longest time a recorded call waits before being written.
+        max_structures: Distinct structures kept; calls with a new structure beyond this are
+            dropped and counted (a scalar argument that changes every call would otherwise
+            grow the cache without bound).
+        payloads: Keep the real tensors (inputs, and outputs when they fit) of this fraction
+            of the recorded calls, as safetensors files in the store's ``payloads/`` folder,
+            or a `capture.Payloads` with its caps (per call, default 16 MiB;
+            per store, default 1 GiB). **These are user data**: off (0) by default; see the
+            README's "Payloads" section for what is kept and how to delete it. Needs the
+            ``safetensors`` package (``capture[payloads]``).
+        compiled: Record the calls of a `torch.compile`d model: the compiled caller breaks its
+            graph at the recorder, which runs eagerly around the compiled method. False: a
+            compile traces through the recorder and its calls are not recorded (what
+            ``fullgraph=True`` needs: there a graph break is an error).
+        modules: Sub-modules to record too, for those that callers such as ``generate()``
+            call directly (an encoder through ``get_encoder()``, a vision tower): a mapping
+            ``{name: module or module path}`` or a list of module paths
+            (``model.get_submodule(path)``). Each is recorded by a child `Recorder` (same
+            options) under the model partition ``<name>.<sub-module name>``
+            (``T5ForConditionalGeneration.encoder``); they start and stop with this one and
+            are in ``recorder.modules``.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 2)
+        >>> with Recorder(model, "/tmp/capture-doctest") as rec:  # doctest: +SKIP
+        ...     _ = model(torch.randn(3, 4))
+        >>> rec.stats()["recorded"]  # doctest: +SKIP
+        1
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        store: str | os.PathLike[str] = DEFAULT_STORE,
+        *,
+        name: str | None = None,
+        method: str = "forward",
+        sample: float = 1.0,
+        max_calls: int | None = None,
+        record_outputs: bool = True,
+        value_ranges: str = "cpu",
+        queue_size: int = 100_000,
+        flush_rows: int = 100_000,
+        flush_seconds: float = 10.0,
+        max_structures: int = 10_000,
+        payloads: float | Payloads = 0.0,
+        compiled: bool = True,
+        modules: Mapping[str, Any] | Iterable[str] | None = None,
+    ) -> None:
+        if not hasattr(model, method) or not callable(getattr(model, method)):
+            raise CaptureError(
+                f"{type(model).__name__} has no method {method!r} to record; "
+                "pass method='<name of the method>'"
+            )
+        if not 0.0 <= sample <= 1.0:
+            raise CaptureError(f"sample={sample!r} must be within [0, 1]")
+        if value_ranges not in _VALUE_RANGES:
+            raise CaptureError(f"value_ranges={value_ranges!r} must be one of {_VALUE_RANGES}")
+        self.model = model
+        self.store = store
+        self.name = name or type(model).__name__
+        self.method = method
+        self.sample = sample
+        self.max_calls = max_calls
+        self.record_outputs = record_outputs
+        self.value_ranges = value_ranges
+        self.max_structures = max_structures
+        policy = payload_policy(payloads)  # raises now, not at start(), on a bad option
+        self._payloads = PayloadKeeper(policy, store, self.name) if policy else None
+        self.compiled = compiled
+        self._writer_options: dict[str, Any] = dict(
+            queue_size=queue_size, flush_rows=flush_rows, flush_seconds=flush_seconds
+        )
+        self._writer: StoreWriter | None = None
+        self._original: Callable[..., Any] | None = None
+        self._had_instance_attr = False
+        self._active = False
+        # key -> Structure, or None for a key refused (max_structures reached).
+        self._structures: dict[tuple[Any, ...], Structure | None] = {}
+        # Fast path: container key -> ((guard, Structure), ...), see `flatten.metadata_guard`.
+        self._guarded: dict[tuple[Any, ...], tuple[tuple[Callable[..., bool], Structure], ...]]
+        self._guarded = {}
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._id_base = call_id_base()
+        self._random = random.Random()
+        self._errors = 0
+        self._sampled_out = 0
+        self._overflow = 0
+        self._warned: set[str] = set()
+        self._registered = False
+        self._oversized = 0
+        self._held_tokens = 0
+        self._wrapper: Callable[..., Any] | None = None
+        # Calls that entered / left the recording part of the wrapper: stop() waits until they
+        # are equal (bounded), so a call still inside the model at stop() is written too.
+        self._flight = [itertools.count(), itertools.count()]
+        # Counters of the writers of previous start()/stop() rounds: stats() keeps counting.
+        self._past: dict[str, int] = {}
+        self.modules: dict[str, Recorder] = {}
+        """Sub-module name -> the child `Recorder` recording it (the ``modules=`` option)."""
+        for sub_name, sub in _submodules(model, modules).items():
+            self.modules[sub_name] = Recorder(
+                sub,
+                store,
+                name=f"{self.name}.{sub_name}",
+                method=method,
+                sample=sample,
+                max_calls=max_calls,
+                record_outputs=record_outputs,
+                value_ranges=value_ranges,
+                queue_size=queue_size,
+                flush_rows=flush_rows,
+                flush_seconds=flush_seconds,
+                max_structures=max_structures,
+                payloads=payloads,
+                compiled=compiled,
+            )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def after_fork_in_child(self) -> None:
+        """A forked child's recorder: RecorderBase's renewal, and its own payload writer."""
+        super().after_fork_in_child()
+        if self._payloads is not None:
+            self._payloads.after_fork_in_child()
+
+    def start(self) -> Recorder:
+        """Wraps the method and starts the writer thread (for long-lived servers)."""
+        if self._active:
+            return self
+        original = getattr(self.model, self.method)
+        signature = signature_of(original)
+        previous = self._writer
+        if previous is not None:
+            self._add_past(previous)
+        try:
+            self._writer = StoreWriter(self.store, self.name, signature, **self._writer_options)
+            if previous is not None:
+                self._writer.adopt(previous)
+            self._writer.start()
+        except Exception as e:  # an unusable store must not stop the model from serving
+            self._count_error("opening the store", e)
+            self._writer = None
+        if nodes.transformers_loaded():
+            nodes.acquire()
+            self._registered = True
+        self._signature = signature
+        self._original = original
+        self._had_instance_attr = self.method in getattr(self.model, "__dict__", {})
+        if self._payloads is not None:
+            self._payloads.start()
+        wrapper = self._make_wrapper(original)
+        self._wrapper = wrapper
+        setattr(self.model, self.method, wrapper)
+        self._active = True
+        atexit.register(self.stop)
+        lifecycle.track(self)
+        for child in self.modules.values():
+            child.start()
+        return self
+
+    def stop(self) -> None:
+        """Restores the method, writes what is buffered and stops the writer thread.
+
+        Calls still inside the model are waited for (at most `STOP_WAIT_SECONDS`) and written.
+        """
+        if not self._active:
+            return
+        self._active = False
+        for child in self.modules.values():
+            child.stop()
+        try:
+            self._unwrap()
+        finally:
+            atexit.unregister(self.stop)
+            lifecycle.untrack(self)
+            self._wait_in_flight()
+            if self._writer is not None:
+                try:
+                    self._writer.close()
+                except Exception as e:
+                    self._count_error("closing the store", e)
+            if self._payloads is not None:
+                self._payloads.close()
+            if self._registered:
+                nodes.release()
+                self._registered = False
+
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """Writes every call recorded so far to the store (the recorder keeps running).
+
+        A server with its own SIGTERM handler calls this (or `stop()`) in it: see
+        `capture.record.lifecycle`.
+
+        Args:
+            timeout: Longest wait for the writer thread, in seconds (None: no limit).
+        """
+        if self._writer is not None:
+            self._writer.flush(timeout=timeout)
+        for child in self.modules.values():
+            child.flush(timeout=timeout)
+
+    def __enter__(self) -> Recorder:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stats(self) -> dict[str, int]:
+        """Counters since the recorder was created (they add up over stop() and start()).
+
+        Returns:
+            recorded, dropped, errors, written, sampled_out, structures, files; and what
+            explains a loss: bad_records (calls the writer could not convert, also in
+            dropped), oversized (calls with an argument summarised past `flatten.MAX_ITEMS`
+            or `MAX_KEY`), store_resets (the store's folder was found removed: structures
+            written again), tmp_removed (old `.tmp` files of killed writers removed).
+        """
+        out = self._totals()
+        return {
+            "recorded": out["recorded"],
+            "dropped": out["dropped"] + self._overflow,
+            "errors": self._errors + out["write_errors"],
+            "written": out["written"],
+            "sampled_out": self._sampled_out,
+            "structures": sum(1 for s in self._structures.values() if s is not None),
+            "files": out["files"],
+            "bad_records": out["bad_records"],
+            "oversized": self._oversized,
+            "store_resets": out["store_resets"],
+            "tmp_removed": out["tmp_removed"],
+            **(self._payloads.stats() if self._payloads is not None else {}),
+        }
+
+    # -- hot path ----------------------------------------------------------------------------
+    def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        perf_ns = time.perf_counter_ns
+        time_ns = time.time_ns
+        payloads = self._payloads
+        flight = self._flight
+        outside: Callable[..., Any] = original  # set below
+
+        @functools.wraps(original)
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if not self._active:
+                return original(*args, **kwargs)
+            if torch.compiler.is_compiling():  # Dynamo traces this: call the eager part instead
+                if not self.compiled or torch.compiler.is_exporting():
+                    return original(*args, **kwargs)
+                return outside(*args, **kwargs)
+            pending = None
+            try:
+                pending = self._inputs(args, kwargs)
+            except Exception as e:
+                self._count_error("recording inputs", e)
+            if pending is None:
+                return original(*args, **kwargs)
+            kept = None
+            if payloads is not None:
+                try:
+                    kept = payloads.take(args, kwargs, pending[0])
+                except Exception as e:
+                    self._count_error("keeping a payload", e)
+            next(flight[0])
+            ts = time_ns()
+            t0 = perf_ns()
+            try:
+                out = original(*args, **kwargs)
+            except BaseException as e:
+                duration = perf_ns() - t0
+                try:
+                    self._emit(pending, ts, duration, None, f"{type(e).__name__}: {e}")
+                except Exception as e2:
+                    self._count_error("recording an exception", e2)
+                next(flight[1])
+                raise
+            duration = perf_ns() - t0
+            try:
+                call_id = self._emit(pending, ts, duration, out, None)
+                if kept is not None:
+                    payloads.finish(kept, call_id, out)  # type: ignore[union-attr]
+            except Exception as e:
+                self._count_error("recording outputs", e)
+            next(flight[1])
+            return out
+
+        recorded._capture_recorder = weakref.ref(self)  # type: ignore[attr-defined]
+        # Compiled callers (torch.compile of the model, before or after wrapping) graph-break
+        # to `outside`, which records eagerly and calls the compiled method (issue 12).
+        outside = lifecycle.outside_compiled_region(
+            recorded, Recorder._inputs, Recorder._emit, Recorder._count_error
+        )
+        return recorded
+
+    def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.sample < 1.0 and self._random.random() >= self.sample:
+            self._sampled_out += 1
+            return None
+        if self.max_calls is not None and self._writer and self._writer.recorded >= self.max_calls:
+            return None
+        tensors: list[torch.Tensor] = []
+        key: list[Any] = [len(args)]
+        try:
+            walk(args, tensors, key)
+            walk(kwargs, tensors, key)
+        except Oversized:
+            args, kwargs, tensors, key = self._summarised(args, kwargs)
+        found = self._structure((args, kwargs), tensors, key, "inputs")
+        if found is None:
+            return None
+        st, dims = found
+        lows: list[int | None] | None = None
+        highs: list[int | None] | None = None
+        if st.range_tensors:
+            lows, highs = [], []
+            for i in st.range_tensors:
+                lo, hi = _int_range(tensors[i])
+                lows.append(lo)
+                highs.append(hi)
+        return st.structure_id, dims, lows, highs
+
+    def _emit(
+        self, pending: Any, ts: int, duration: int, out: Any, error: str | None
+    ) -> int | None:
+        sid, dims, lows, highs = pending
+        out_sid = out_dims = None
+        if error is None and self.record_outputs:
+            tensors: list[torch.Tensor] = []
+            key: list[Any] = ["out"]
+            try:
+                walk(out, tensors, key)
+            except Oversized:
+                self._oversized += 1
+                out = self._summary(out)
+                tensors, key = [], ["out", out.type_name]
+            found = self._structure(out, tensors, key, "output")
+            if found is not None:
+                out_sid, out_dims = found[0].structure_id, found[1]
+        writer = self._writer
+        if writer is None:
+            return None
+        call_id = self._id_base | next(self._seq)
+        # A plain tuple in CallRecord's field order: building the NamedTuple costs 0.16 µs more
+        # per call, and the writer reads records by position (Segment.add).
+        record = (call_id, ts, sid, out_sid, dims, out_dims, lows, highs, duration, error)
+        writer.submit(record)  # type: ignore[arg-type]
+        return call_id
+
+    def _count_error(self, what: str, e: BaseException) -> None:
+        self._errors += 1
+        self._warn_once(
+            what,
+            "capture: %s failed for %s (%s: %s); the model's call is not affected, further "
+            "failures are counted in stats()['errors']",
+            what,
+            self.name,
+            type(e).__name__,
+            e,
+        )
+
+    def _warn_once(self, topic: str, msg: str, *args: Any) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            logger.warning(msg, *args)

@@ -1,0 +1,160 @@
+"""The checked files of one store table: each file's verdict (cached or read), rows, claims.
+
+What `capture.store.reader` shows of a table: every listed file checked (`capture.store.layout`),
+the rows of the small stats and structures files read in the same read, the files that a compacted
+file provably replaces left out (`capture.store.claims`), with the reader's cache
+(`capture.store.footer_cache`) standing in for files already checked. Imports pyarrow only.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from capture import schema
+from capture.store import footer_cache
+from capture.store.claims import verified_replaced
+from capture.store.layout import (
+    VANISHED,
+    FileInfo,
+    Skip,
+    list_files,
+    read_footer,
+    read_footers,
+    read_with_rows,
+)
+
+__all__ = ["CheckedTable", "check_table"]
+
+_SLICE = 4096
+_LISTINGS = 10
+"""Times a table is listed again when files vanish between listing and reading."""
+"""Files read (by the thread pool) before their rows are merged into one table."""
+
+
+@dataclass(frozen=True)
+class CheckedTable:
+    """What a reader sees of one table."""
+
+    kept: list[str]
+    """The files that join the table's view, sorted."""
+    skipped: list[Skip]
+    """Files left out, and why (foreign, wrong schema, truncated, bomb, newer version, link)."""
+    refused: list[Skip]
+    """Claims of ``capture.replaces`` not proven (both files are read)."""
+    rows: pa.Table | None
+    """The rows of the kept files (stats and structures; None for calls or no file)."""
+    exact: bool
+    """Every kept file has exactly the table's columns (no merging by name needed)."""
+
+
+def check_table(
+    fs: pafs.FileSystem, root: str, table: str, cache: footer_cache.FooterCache | None
+) -> CheckedTable:
+    """The files of `table` that join its view: checked, not provably replaced.
+
+    A file deleted between the listing and its read (a writer replacing its stats rollup, a
+    compaction) means a file that holds its rows appeared meanwhile: the table is listed
+    again (at most `_LISTINGS` times; then the vanished files are left out, unreported).
+
+    Stats and structures files are read whole with their check (`read_with_rows`), their rows
+    returned. Verdicts and rows of files already checked come from `cache` when the file's
+    stamp is unchanged (`capture.store.footer_cache`); the claims are verified again every time.
+
+    Args:
+        fs: The store's filesystem.
+        root: The store's root on `fs`.
+        table: ``calls``, ``stats`` or ``structures``.
+        cache: The reader's cache (used for tables of `footer_cache.MIN_FILES` files or more).
+    """
+    for _ in range(_LISTINGS - 1):
+        found = _check_once(fs, root, table, cache, last=False)
+        if not found.vanished:
+            return found.checked
+    return _check_once(fs, root, table, cache, last=True).checked
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    checked: CheckedTable
+    vanished: bool
+
+
+def _check_once(
+    fs: pafs.FileSystem, root: str, table: str, cache: footer_cache.FooterCache | None, last: bool
+) -> _Attempt:
+    skips: list[Skip] = []
+    stamps: dict[str, str] = {}
+    infos = list_files(fs, root, table, skips, stamps)
+    small = table != schema.CALLS
+    if len(infos) < footer_cache.MIN_FILES:
+        cache = None
+    cached, cached_rows = cache.load(table) if cache else ({}, None)
+    if small and cached_rows is None:
+        cached = {}
+    verdicts = {p: v for p, (stamp, v) in cached.items() if stamps.get(p) == stamp}
+    todo = [i.path for i in infos if i.path not in verdicts]
+    todo_set = set(todo)
+
+    # Many files at once (a thread pool): one after the other, 100,000 files took
+    # minutes to open (issue 14). Each is checked against the schema (issue 11).
+    def check(fs: pafs.FileSystem, path: str) -> tuple[FileInfo | Skip, pa.Table | None]:
+        if small:
+            return read_with_rows(fs, path, table)
+        return read_footer(fs, path, table), None
+
+    fresh: list[pa.Table] = []  # rows read now, with the file column
+    for start in range(0, len(todo), _SLICE):
+        part = todo[start : start + _SLICE]
+        tables, names = [], []
+        for path, (verdict, rows) in zip(part, read_footers(fs, part, check), strict=True):
+            verdicts[path] = verdict
+            if rows is not None:
+                tables.append(rows)
+                names.append(path)
+        if tables:  # one table per slice: 100,000 small tables cost GBs of memory
+            fresh.append(footer_cache.with_files(tables, names))
+        if len(todo) > _SLICE:  # pyarrow footers are freed by the cycle collector only
+            gc.collect()
+    good: list[FileInfo] = []
+    vanished: set[str] = set()
+    for info in infos:
+        checked = verdicts[info.path]
+        if isinstance(checked, Skip) and checked.reason == VANISHED:
+            vanished.add(info.path)
+        elif isinstance(checked, Skip):
+            skips.append(checked)
+        else:
+            good.append(checked)
+    if vanished:  # never cached: the path is gone
+        infos = [i for i in infos if i.path not in vanished]
+    # by a compacted file (capture.compact) that provably holds their rows: read it instead
+    refused: list[Skip] = []
+    # the last time, a claim that cannot be checked is refused (reported; both files read)
+    replaced = verified_replaced(fs, good, refused, None if last else vanished)
+    kept = sorted(f.path for f in good if f.path not in replaced)
+    rows = kept_rows = None
+    if small:
+        again = [f.path for f in good if f.path not in todo_set]
+        if again and cached_rows is not None:
+            cached_good = sum(isinstance(v, FileInfo) for _, v in cached.values())
+            every = len(again) == cached_good  # all cached files still there: no filter
+            mask = None if every else footer_cache.file_mask(cached_rows, again)
+            fresh.insert(0, cached_rows if mask is None else cached_rows.filter(mask))
+        rows = _concat(fresh)
+        if rows is not None:
+            kept_rows = footer_cache.rows_of(rows, kept, len(kept) == len(good))
+    if cache is not None and (todo or len(cached) != len(infos)):
+        cache.save(table, {i.path: (stamps[i.path], verdicts[i.path]) for i in infos}, rows)
+    exact = all(f.exact for f in good if f.path not in replaced)
+    return _Attempt(CheckedTable(kept, skips, refused, kept_rows, exact), bool(vanished))
+
+
+def _concat(parts: list[pa.Table]) -> pa.Table | None:
+    """One table of `parts` (columns of other versions kept), in few chunks."""
+    if not parts:
+        return None
+    return pa.concat_tables(parts, promote_options="permissive").combine_chunks()

@@ -1,0 +1,452 @@
+"""Store files: which ones a reader sees, and what their Parquet footers say.
+
+Shared by the reader (`capture.store.reader`) and `capture.store.compaction`; imports pyarrow only.
+
+A store is data written by others (DESIGN §5, README "Trust boundary"), so every file is checked
+before it joins a view: `read_footer` returns a `FileInfo` only for a capture file of the
+table's schema whose sizes are plausible, else a `Skip` saying why (foreign, wrong schema,
+truncated, a decompression bomb). It reads one footer and touches nothing else, so callers may
+map it over a thread pool. `list_files` never follows a symbolic link (no reading out of the
+store, no loops): each link it meets is reported as a `Skip`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from capture import schema
+from capture.errors import StoreNotFound
+from capture.store.files import resolve_store
+
+__all__ = [
+    "FileInfo",
+    "Skip",
+    "METADATA_REPLACES",
+    "METADATA_REPLACES_ROWS",
+    "MAX_INFLATION",
+    "MAX_UNCOMPRESSED",
+    "VANISHED",
+    "SIGNATURE_TOTALS",
+    "list_files",
+    "open_root",
+    "read_footer",
+    "read_footers",
+    "read_with_rows",
+    "footer_threads",
+]
+
+METADATA_REPLACES = b"capture.replaces"
+"""Parquet metadata key: JSON list of the base names (same folder) a compacted file replaces.
+
+A claim, not a fact: `capture.store.claims` hides a listed file only after checking that the
+claiming file holds its rows."""
+
+METADATA_REPLACES_ROWS = b"capture.replaces_rows"
+"""Parquet metadata key: JSON ``{name: row count}`` of the files a compacted file replaces."""
+
+MAX_UNCOMPRESSED = 8 << 30
+"""Largest uncompressed size (bytes) a store file may declare; bigger ones are skipped."""
+
+MAX_INFLATION = 2_000
+"""Largest ratio of declared uncompressed size to file size beyond 64 MiB (a zip bomb)."""
+
+_SMALL = 64 << 20
+
+VANISHED = "deleted after it was listed"
+"""The reason of a `Skip` for a file gone between listing and reading (a writer's replaced
+rollup, a compacted file's source): not a problem to report, a reason to list again."""
+
+SIGNATURE_TOTALS = """
+    model, in_structure, out_structure, dims, out_dims,
+    sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
+    min(first_ts) AS first_ts, max(last_ts) AS last_ts,
+    sum(duration_ns_sum)::BIGINT AS duration_ns_sum,
+    min(duration_ns_min) AS duration_ns_min, max(duration_ns_max) AS duration_ns_max
+"""
+"""How stats rows of one signature merge (SQL select list, to `GROUP BY ALL`): the store's
+``signatures`` view and `capture compact` both use it. Integer ranges merge item by item."""
+
+
+def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSystem, str]:
+    """The store's filesystem and root, checked to be a directory.
+
+    Args:
+        store: A directory or a pyarrow filesystem URI.
+        missing: The end of the message when nothing is there (what to do next).
+
+    Raises:
+        StoreNotFound: The URI cannot be opened (unknown scheme, no network, no credentials)
+            or nothing is at `store`; one line.
+    """
+    text = os.fspath(store)
+    try:
+        fs, root = resolve_store(text)
+        kind = fs.get_file_info(root).type
+    except OSError as e:  # unreachable endpoint, access denied, missing bucket (issue 14)
+        from capture.store.remote import store_error
+
+        raise store_error(text, e) from None
+    except (ValueError, pa.ArrowException) as e:
+        raise StoreNotFound(
+            f"cannot open the store {text}: {_one_line(str(e))}; check the path or URI, the "
+            "network and credentials, or pass another --store"
+        ) from None
+    if kind != pafs.FileType.Directory:
+        raise StoreNotFound(f"no store at {text}; {missing}")
+    return fs, root
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A store file that passed `read_footer`'s checks."""
+
+    path: str
+    table: str
+    rows: int
+    size: int
+    replaces: dict[str, int | None]
+    """Base names (same folder) this file claims to replace -> claimed row count (None: not
+    recorded, files compacted by an older version)."""
+    call_ids: tuple[int, int] | None = None
+    """Smallest and largest call_id (calls files, from the footer's statistics)."""
+    exact: bool = False
+    """The file has exactly the table's columns, in order (no column of another version)."""
+    rollup: str | None = None
+    """Stats files: ``open`` or ``closed`` for a writer's rollup (`schema.METADATA_ROLLUP`)."""
+
+    @property
+    def folder(self) -> str:
+        """The partition folder holding the file."""
+        return self.path.rsplit("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        """The file's base name."""
+        return self.path.rsplit("/", 1)[1]
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A store file left out of every view, and why (one line)."""
+
+    path: str
+    reason: str
+
+
+def list_files(
+    fs: pafs.FileSystem,
+    root: str,
+    table: str,
+    skipped: list[Skip] | None = None,
+    stamps: dict[str, str] | None = None,
+) -> list[pafs.FileInfo]:
+    """The Parquet files of one table, temporary dot-files left out; links never followed.
+
+    Args:
+        fs: The store's filesystem.
+        root: The store's root path on `fs`.
+        table: ``structures``, ``calls`` or ``stats``.
+        skipped: Receives a `Skip` for each symbolic link met (local filesystems only).
+        stamps: Receives, per file, what changes when the file is written again (size and
+            modification time; on a local disk also inode and change time, which no one can
+            set back): the key of `capture.store.footer_cache`.
+    """
+    if isinstance(fs, pafs.LocalFileSystem):
+        return _list_local(root, table, skipped if skipped is not None else [], stamps)
+    selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
+    out = [
+        info
+        for info in fs.get_file_info(selector)
+        if info.type == pafs.FileType.File
+        and info.base_name.endswith(".parquet")
+        and not info.base_name.startswith(".")
+    ]
+    if stamps is not None:
+        for info in out:
+            stamps[info.path] = f"{info.size}:{info.mtime_ns}"
+    return out
+
+
+def _list_local(
+    root: str, table: str, skipped: list[Skip], stamps: dict[str, str] | None
+) -> list[pafs.FileInfo]:
+    """Walks ``root/table`` with ``os.scandir`` without following any link."""
+    out: list[pafs.FileInfo] = []
+    top = f"{root}/{table}"
+    if os.path.islink(top):
+        skipped.append(Skip(top, "a symbolic link; a store is read without following links"))
+        return out
+    pending = [top]
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            skipped.append(Skip(folder, f"cannot be listed ({type(e).__name__})"))
+            continue
+        for entry in entries:
+            path = f"{folder}/{entry.name}"
+            if entry.is_symlink():
+                skipped.append(
+                    Skip(path, "a symbolic link; a store is read without following links")
+                )
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append(path)
+            elif (
+                entry.is_file(follow_symlinks=False)
+                and entry.name.endswith(".parquet")
+                and not entry.name.startswith(".")
+            ):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # deleted since the folder was read
+                    continue
+                out.append(pafs.FileInfo(path, pafs.FileType.File, size=st.st_size))
+                if stamps is not None:
+                    stamps[path] = (
+                        f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:{st.st_dev}"
+                    )
+    return sorted(out, key=lambda info: info.path)
+
+
+def _schema_problem(found: pa.Schema, table: str) -> str | None:
+    """Why `found` is not the schema of `table` (None when it is, extra columns allowed)."""
+    expected = schema.SCHEMAS[table]
+    for field in expected:
+        index = found.get_field_index(field.name)
+        if index < 0:
+            return f"not a {table} file of this store: it has no column {field.name!r}"
+        if not found.field(index).type.equals(field.type):
+            return (
+                f"not a {table} file of this store: column {field.name!r} is "
+                f"{found.field(index).type}, expected {field.type}"
+            )
+    return None
+
+
+def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> FileInfo | Skip:
+    """Reads and checks one file's footer: a `FileInfo`, or a `Skip` saying why not.
+
+    Skipped: unreadable (truncated, empty, not Parquet), without capture's metadata (a foreign
+    file), of another kind or schema than `table`, or declaring an implausible uncompressed
+    size (`MAX_UNCOMPRESSED`, `MAX_INFLATION`). Safe to call from many threads at once.
+
+    Args:
+        fs: The store's filesystem.
+        path: The file.
+        table: The table the file's folder belongs to; None takes it from the path.
+
+    Returns:
+        `FileInfo` or `Skip`.
+    """
+    if table is None:
+        table = next((t for t in schema.TABLES if f"/{t}/" in path), "")
+    named = _name_problem(path, table)
+    if named is not None:
+        return named
+    try:
+        with fs.open_input_file(path) as f:
+            size = int(f.size())
+            meta = pq.read_metadata(f)
+    except FileNotFoundError:
+        return Skip(path, VANISHED)
+    except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
+        return Skip(path, _one_line(f"{type(e).__name__}: {e}"))
+    return _verdict(meta, path, table, size)
+
+
+_ONE_READ = 4 << 20
+"""Files up to this size are read in one request: footer and rows from the same bytes."""
+
+
+def read_with_rows(
+    fs: pafs.FileSystem, path: str, table: str
+) -> tuple[FileInfo | Skip, pa.Table | None]:
+    """`read_footer`'s verdict on one file and, when it passes, the file's rows.
+
+    A small file (stats, structures: a few rows per segment) is fetched once, its footer
+    checked and its rows decoded from the same bytes, instead of a footer read now and a
+    second read of the whole file by DuckDB later (issue 14). Rows are decoded only after
+    the footer passed (bombs, foreign and wrong-schema files are never decoded).
+
+    Args:
+        fs: The store's filesystem.
+        path: The file.
+        table: The table the file's folder belongs to.
+
+    Returns:
+        ``(FileInfo, rows)``, or ``(Skip, None)``.
+    """
+    named = _name_problem(path, table)
+    if named is not None:
+        return named, None
+    try:
+        with fs.open_input_file(path) as f:
+            size = int(f.size())
+            # Python bytes, not an Arrow buffer: freed at once (the pool kept them, issue 14)
+            source = pa.BufferReader(f.read()) if size <= _ONE_READ else f
+            parquet = pq.ParquetFile(source)
+            verdict = _verdict(parquet.metadata, path, table, size)
+            if isinstance(verdict, Skip):
+                return verdict, None
+            return verdict, parquet.read()
+    except FileNotFoundError:
+        return Skip(path, VANISHED), None
+    except Exception as e:  # truncated, empty, not Parquet, corrupt pages: skipped, said why
+        return Skip(path, _one_line(f"{type(e).__name__}: {e}")), None
+
+
+def _name_problem(path: str, table: str) -> Skip | None:
+    inside = path.rsplit(f"/{table}/", 1)[-1]
+    if any(c in inside for c in _GLOB) or not inside.isprintable():
+        # DuckDB's read_parquet expands such names as patterns: they could pull in other files
+        return Skip(path, "its name holds glob or control characters")
+    return None
+
+
+def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInfo | Skip:
+    """The checks of `read_footer` on a footer already read."""
+    kv = meta.metadata or {}
+    version = kv.get(schema.METADATA_SCHEMA_VERSION)
+    if version is None:
+        return Skip(path, "not a capture file (no capture.schema_version in its footer)")
+    try:
+        number = int(version)
+    except ValueError:
+        return Skip(path, f"capture.schema_version {version[:20]!r} is not a number")
+    if number > schema.SCHEMA_VERSION:
+        # Skipped, not an error: one planted file must not make the store unreadable (issue 11).
+        return Skip(
+            path,
+            f"written with store schema v{number}, this library reads up to "
+            f"v{schema.SCHEMA_VERSION}: upgrade capture to read it",
+        )
+    kind = kv.get(schema.METADATA_KIND, b"").decode("utf-8", "replace")
+    if table not in schema.SCHEMAS or kind != table:
+        return Skip(path, f"a {kind[:20]!r} file in the {table!r} folder")
+    try:
+        found = meta.schema.to_arrow_schema()
+        problem = _schema_problem(found, table)
+    except Exception as e:  # a schema arrow cannot map
+        problem = f"its schema cannot be read ({type(e).__name__})"
+    if problem:
+        return Skip(path, problem)
+    declared = _decoded_bytes(meta)
+    if declared > MAX_UNCOMPRESSED or (
+        declared > _SMALL and declared > MAX_INFLATION * max(size, 1)
+    ):
+        return Skip(
+            path, f"declares {declared:,} uncompressed bytes in a {size:,}-byte file (a bomb?)"
+        )
+    replaces = _claims(kv, path)
+    if isinstance(replaces, Skip):
+        return replaces
+    exact = found.names == schema.SCHEMAS[table].names
+    rows, ids = int(meta.num_rows), _call_ids(meta, table)
+    rollup = kv.get(schema.METADATA_ROLLUP)
+    mark = rollup.decode("ascii", "replace")[:10] if rollup is not None else None
+    return FileInfo(path, table, rows, size, replaces, ids, exact, mark)
+
+
+T = TypeVar("T")
+
+
+def footer_threads(fs: pafs.FileSystem) -> int:
+    """How many footers to read at once: many on object stores (each read is a round trip)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return min(16, 4 * (os.cpu_count() or 1))
+    return 64
+
+
+def read_footers(
+    fs: pafs.FileSystem,
+    paths: Sequence[str],
+    read: Callable[[pafs.FileSystem, str], T],
+) -> list[T]:
+    """`read(fs, path)` (e.g. `read_footer`) for every path, in order, many at a time.
+
+    A store of 100,000 files read one footer after the other took minutes (issue 14); pyarrow
+    releases the GIL while it reads, so a thread pool overlaps the reads (and the round trips
+    of an object store). An exception raised by `read` is raised here.
+    """
+    if len(paths) < 8:
+        return [read(fs, p) for p in paths]
+    with ThreadPoolExecutor(footer_threads(fs), thread_name_prefix="capture-footer") as pool:
+        return list(pool.map(lambda p: read(fs, p), paths))
+
+
+_GLOB = "*?[]{}"
+
+_WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+
+
+def _decoded_bytes(meta: pq.FileMetaData) -> int:
+    """About how many bytes the file's values take once decoded (dictionary and run-length
+    encodings expand: a few KB of repeated values can stand for GBs)."""
+    total = 0
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        for j in range(group.num_columns):
+            chunk = group.column(j)
+            width = _WIDTH.get(chunk.physical_type)
+            if width is None:  # byte arrays: the longest value the statistics know of
+                stats = chunk.statistics
+                width = 1
+                if stats is not None and stats.has_min_max:
+                    width = max(len(str(stats.min)), len(str(stats.max)), 1)
+            total += max(chunk.num_values * width, chunk.total_uncompressed_size)
+    return total
+
+
+def _claims(kv: dict[bytes, bytes], path: str) -> dict[str, int | None] | Skip:
+    raw = kv.get(METADATA_REPLACES)
+    if not raw:
+        return {}
+    try:
+        names = json.loads(raw)
+        rows = json.loads(kv.get(METADATA_REPLACES_ROWS) or b"{}")
+        if not isinstance(names, list) or not isinstance(rows, dict):
+            raise ValueError("not a list")
+    except ValueError:
+        return Skip(path, "its capture.replaces is not a JSON list")
+    own = path.rsplit("/", 1)[1]
+    return {
+        name: rows.get(name) if isinstance(rows.get(name), int) else None
+        for name in names
+        # only plain names of the same folder, never the file itself
+        if isinstance(name, str)
+        and name
+        and "/" not in name
+        and "\\" not in name
+        and name not in (".", "..", own)
+    }
+
+
+def _call_ids(meta: pq.FileMetaData, table: str) -> tuple[int, int] | None:
+    if table != schema.CALLS or meta.num_rows == 0:
+        return None
+    column = meta.schema.to_arrow_schema().get_field_index("call_id")
+    lows, highs = [], []
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        lows.append(int(stats.min))
+        highs.append(int(stats.max))
+    return (min(lows), max(highs)) if lows else None
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= 200 else line[:197] + "..."

@@ -1,0 +1,456 @@
+"""open_store(): an in-process DuckDB connection with views over the Parquet tree.
+
+This module imports duckdb and pyarrow but never torch: ``capture query`` goes through it.
+
+Views users can rely on (DESIGN §6):
+
+- ``calls(call_id, ts, model, host, pid, in_structure, out_structure, dims, out_dims, int_min,
+  int_max, duration_ns, error, date)``: one row per recorded call;
+- ``structures(model, structure_id, leaf, path, argument, position, kind, type, dtype, rank,
+  device, value, dim_offset, range_index, treespec, signature, n_args)``: one row per leaf of
+  each distinct structure (deduplicated across the files of many processes);
+- ``leaves(call_id, model, side, leaf, path, argument, kind, type, dtype, device, shape, int_min,
+  int_max)``: one row per call and leaf, ``side`` is 'input' or 'output';
+- ``dims(call_id, model, side, leaf, path, axis, size)``: one row per call, tensor leaf and axis;
+- ``stats``: the signature rows as written (one per signature per file: a writer's rollup, a
+  compacted file); ``signatures``: the same merged over files, one row per distinct (model,
+  in_structure, out_structure, dims, out_dims), integer value ranges merged item by item
+  (`schema.SIGNATURE_RANGES`, the one place they merge).
+
+Every file is checked before it joins a view (`capture.store.layout.read_footer`): unreadable,
+foreign, wrong-schema and bomb-sized files, files of a newer schema version and symbolic links are
+skipped with one warning naming each (the newer ones say to upgrade capture). Files that a compacted
+file replaces (`capture.compact`, left behind when a compaction died before deleting them) are not
+read, once `capture.store.claims` has checked that the compacted file holds their rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from capture import schema
+from capture.errors import EmptyStore, QueryError, UnknownModel
+from capture.store import footer_cache
+from capture.store.checked import check_table
+from capture.store.layout import (
+    SIGNATURE_TOTALS,
+    open_root,
+)
+
+__all__ = ["Store", "open_store", "SkippedFile"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A store file that could not be read, and why."""
+
+    path: str
+    reason: str
+
+
+def _sql_list(paths: Sequence[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+_NO_EXTENSION_LOADING: dict[str, str | bool | int | float | list[str]] = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+}
+
+_DATE_FROM_PATH = "TRY_CAST(regexp_extract(filename, '/date=([0-9-]+)/', 1) AS DATE)"
+
+_DERIVED_VIEWS = f"""
+CREATE OR REPLACE VIEW structures AS
+    SELECT * EXCLUDE (rn) FROM (
+        SELECT *, row_number() OVER (PARTITION BY model, structure_id, leaf) AS rn
+        FROM _structures_raw
+    ) WHERE rn = 1;
+
+CREATE OR REPLACE VIEW signatures AS
+    SELECT {SIGNATURE_TOTALS}, {schema.SIGNATURE_RANGES}
+    FROM stats
+    GROUP BY ALL;
+
+"""
+
+_CALLS_VIEWS = """
+CREATE OR REPLACE VIEW leaves AS
+    SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
+           s.dtype, s.device,
+           CASE WHEN s.kind = 'tensor'
+                THEN c.dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
+           CASE WHEN s.range_index IS NOT NULL THEN c.int_min[s.range_index + 1] END AS int_min,
+           CASE WHEN s.range_index IS NOT NULL THEN c.int_max[s.range_index + 1] END AS int_max
+    FROM calls c JOIN structures s ON s.structure_id = c.in_structure AND s.model = c.model
+    UNION ALL
+    SELECT c.call_id, c.model, 'output' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
+           s.dtype, s.device,
+           CASE WHEN s.kind = 'tensor'
+                THEN c.out_dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
+           NULL::BIGINT AS int_min, NULL::BIGINT AS int_max
+    FROM calls c JOIN structures s ON s.structure_id = c.out_structure AND s.model = c.model;
+
+CREATE OR REPLACE VIEW dims AS
+    SELECT call_id, model, side, leaf, path,
+           unnest(generate_series(0, len(shape) - 1)) AS axis, unnest(shape) AS size
+    FROM leaves WHERE kind = 'tensor';
+"""
+
+
+_CALLS_NAMES = re.compile(r"\b(calls|leaves|dims)\b", re.IGNORECASE)
+"""Names of the views over the calls files (the others read only stats and structures)."""
+
+_PARAMETER = re.compile(r"\$\w+|\?")
+
+
+def _needs_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether `sql` may read a view over the calls files.
+
+    DuckDB names the tables a statement reads (a column named ``calls`` does not count);
+    when it cannot tell (several statements, DDL, a parse error), any of the names in the
+    text counts.
+    """
+    try:
+        names = con.get_table_names(_PARAMETER.sub("NULL", sql))
+    except duckdb.Error:
+        return bool(_CALLS_NAMES.search(sql))
+    return any(_CALLS_NAMES.fullmatch(name) for name in names)
+
+
+_NO_ACCESS = re.compile(r'Cannot access file "([^"]+?)(?:/\*\*/\*\.parquet)?"')
+
+
+def _vanished(error: Exception, listed: Mapping[str, list[str]], fs: pafs.FileSystem) -> bool:
+    """Whether `error` says that a file listed when the store opened no longer exists.
+
+    Locked down (issue 11), DuckDB reports a missing file as a path it may not access (it
+    tries the name as a folder), so that message counts when it names a listed file that is gone.
+    """
+    text = str(error)
+    if isinstance(error, FileNotFoundError) or any(
+        m in text for m in ("No files found", "No such file", "not found", "NoSuchKey")
+    ):
+        return True
+    match = _NO_ACCESS.search(text)
+    if match is None or not any(match.group(1) in files for files in listed.values()):
+        return False
+    return bool(fs.get_file_info(match.group(1)).type == pafs.FileType.NotFound)
+
+
+class Store:
+    """A read-only view of a capture store through an in-process DuckDB connection.
+
+    Use `open_store()` to get one. `query()` runs any SQL over the views listed in this
+    module's docstring and returns a `pyarrow.Table`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, unsafe_sql: bool = False) -> None:
+        self.path = os.fspath(path)
+        self.unsafe_sql = unsafe_sql
+        self.fs, self.root = open_root(
+            path,
+            "record into it first (capture.Recorder) or pass --store / set CAPTURE_STORE",
+        )
+        self._cache = footer_cache.FooterCache(self.fs, self.root)
+        self._list_files()
+        if not self._files[schema.STATS] and not self._files[schema.STRUCTURES]:
+            self._check_calls()  # a store of calls files alone (their stats skipped) still opens
+        if not any(self._files.values()):
+            raise EmptyStore(
+                f"the store at {self.path} holds no recorded call yet; record into it first "
+                "(capture.Recorder) or pass another --store"
+            )
+        self._connect(with_calls=False)
+
+    def _connect(self, with_calls: bool) -> None:
+        """A DuckDB connection with the store's views (locked down unless ``unsafe_sql``).
+
+        The stats and structures views read rows held in memory (read with the files' checks);
+        the views over the calls files (`calls`, `leaves`, `dims`) are made only for a query
+        that names one (`_needs_calls`): binding a view over 100,000 files costs seconds, and
+        `summary` never reads a call (issue 14). Adding them later reconnects (temporary
+        tables a user made in the store's session before are gone then).
+        """
+        self._with_calls = with_calls
+        if self.unsafe_sql:
+            self.con = duckdb.connect()
+        else:
+            self.con = duckdb.connect(config=_NO_EXTENSION_LOADING)
+        # Every query over the views reads the footer of each file again; store files never
+        # change once written, so DuckDB may keep them (issue 14: summary of 1,000 small
+        # files 4.8-6.8 s -> 3.0-3.6 s).
+        self.con.execute("SET parquet_metadata_cache = true")
+        self._create_views(with_calls)
+        if not self.unsafe_sql:
+            self._lock_down()
+
+    @property
+    def files(self) -> dict[str, list[str]]:
+        """The files a reader sees, per table (``calls``, ``stats``, ``structures``), sorted.
+
+        Hand them to an engine that does not know ``capture.replaces`` (Spark, Trino). The
+        calls files are checked the first time they are needed (this, or SQL over ``calls``,
+        ``leaves`` or ``dims``): `summary` and `dims` read stats only, and at 100,000 calls
+        files the check costs a minute (issue 14).
+        """
+        self._check_calls()
+        return self._files
+
+    def _list_files(self, with_calls: bool = False) -> None:
+        """Lists the store's stats and structures (and calls) files into `_files`, `skipped`."""
+        self.skipped: list[SkippedFile] = []
+        self._files: dict[str, list[str]] = {}
+        self._rows: dict[str, pa.Table | None] = {}
+        for table in (schema.STRUCTURES, schema.STATS):
+            self._files[table] = self._checked_files(table)
+        if with_calls:
+            self._check_calls()
+
+    def _check_calls(self) -> None:
+        """Checks the calls files, once (each skipped one is warned about then)."""
+        if schema.CALLS not in self._files:
+            self._files[schema.CALLS] = self._checked_files(schema.CALLS)
+
+    def _checked_files(self, table: str) -> list[str]:
+        """The files of `table` that join its view (`capture.store.checked.check_table`)."""
+        found = check_table(self.fs, self.root, table, self._cache)
+        skipped = [SkippedFile(s.path, s.reason) for s in found.skipped]
+        self.skipped.extend(skipped)
+        for one in skipped:
+            warnings.warn(
+                f"capture: skipping unreadable store file {one.path} ({one.reason})",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        for claim in found.refused:
+            warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
+        if table == schema.CALLS:
+            self._exact_calls = found.exact
+        else:
+            self._rows[table] = found.rows
+        return found.kept
+
+    def _lock_down(self) -> None:
+        """From here on SQL reads the store's files and nothing else (issue 11).
+
+        No other file, directory or URL is read or written (``read_csv``, ``COPY ... TO``,
+        ``ATTACH``, ``glob``), no extension is installed or loaded, and no setting changes.
+        """
+        # Only the calls files are read by DuckDB (stats and structures rows are in memory).
+        files = self.files[schema.CALLS] if self._with_calls else []
+        if isinstance(self.fs, pafs.LocalFileSystem) and files:
+            self.con.execute(f"SET allowed_paths = {_sql_list(files)}")
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
+
+    def _create_views(self, with_calls: bool) -> None:
+        local = isinstance(self.fs, pafs.LocalFileSystem)
+        partitions = {
+            schema.STRUCTURES: [("model", pa.string())],
+            schema.CALLS: [("model", pa.string()), ("date", pa.date32())],
+            schema.STATS: [("model", pa.string())],
+        }
+        for table in schema.TABLES:
+            if table == schema.CALLS and not with_calls:
+                continue
+            name = "_structures_raw" if table == schema.STRUCTURES else table
+            files = self.files[table] if table == schema.CALLS else self._files[table]
+            base = schema.SCHEMAS[table]
+            extra = [pa.field(n, t) for n, t in partitions[table] if n not in base.names]
+            if not files:
+                empty = pa.schema(list(base) + extra).empty_table()
+                self.con.register(f"_{table}_empty", empty)
+                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_empty")
+            elif table != schema.CALLS:
+                # Read with their checks (`_checked_files`): every query would fetch each
+                # small file again (on an object store a round trip each), issue 14.
+                self.con.register(f"_{table}_rows", self._rows[table])
+                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
+            elif local:
+                # The `model` column of a file is the recorded name; its `model=` folder is a
+                # sanitized copy ('org/name' -> 'org_name'), so only `date` comes from the path.
+                # Merging the columns by name reads every file's schema when the view is made
+                # (about 1 ms a file): only when a file has columns of another version.
+                mixed = "false" if self._exact_calls else "true"
+                self.con.execute(
+                    f"CREATE OR REPLACE VIEW {name} AS SELECT * EXCLUDE (filename), "
+                    f"{_DATE_FROM_PATH} AS date FROM read_parquet({_sql_list(files)}, "
+                    f"hive_partitioning = false, union_by_name = {mixed}, filename = true)"
+                )
+            else:
+                import pyarrow.dataset as ds
+
+                dates = ds.partitioning(pa.schema([("date", pa.date32())]), flavor="hive")
+                dataset = ds.dataset(
+                    files,
+                    filesystem=self.fs,
+                    format="parquet",
+                    partitioning=dates if table == schema.CALLS else None,
+                )
+                self.con.register(f"_{table}_dataset", dataset)
+                self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset")
+        self.con.execute(_DERIVED_VIEWS)
+        if with_calls:
+            self.con.execute(_CALLS_VIEWS)
+
+    # -- queries -----------------------------------------------------------------------------
+    def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
+        """Runs SQL over the store's views and returns the result as a `pyarrow.Table`.
+
+        Args:
+            sql: DuckDB SQL over `calls`, `structures`, `leaves`, `dims`, `signatures`; it
+                cannot reach other files, URLs or settings unless the store was opened with
+                ``unsafe_sql=True``.
+            params: Positional (``?``/``$1``) or named (``$name``) parameters, bound by DuckDB
+                (never formatted into the SQL text).
+
+        Raises:
+            QueryError: The SQL is invalid or fails; the message is DuckDB's.
+
+        Example:
+            >>> store.query("SELECT count(*) AS n FROM calls").to_pylist()  # doctest: +SKIP
+            [{'n': 8}]
+        """
+        if not self._with_calls and _needs_calls(self.con, sql):
+            self._reconnect(with_calls=True)
+        relisted = False
+        while True:
+            try:
+                relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
+                if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
+                    return pa.table({})
+                return relation.to_arrow_table()
+            except (duckdb.IOException, duckdb.PermissionException, OSError) as e:
+                if not relisted and _vanished(e, self._files, self.fs):
+                    # A compaction replaced (then deleted) files listed when the store opened:
+                    # its merged file holds their rows; list again, once (issue 14).
+                    relisted = True
+                    self.con.close()
+                    self._list_files(with_calls=self._with_calls)
+                    self._connect(self._with_calls)
+                    continue
+                raise QueryError(f"query failed: {str(e).strip()}") from e
+            except duckdb.CatalogException as e:
+                if not self._with_calls:  # a view over the calls named in a way not spotted
+                    self._reconnect(with_calls=True)
+                    continue
+                raise QueryError(f"query failed: {str(e).strip()}") from e
+            except duckdb.Error as e:
+                raise QueryError(f"query failed: {str(e).strip()}") from e
+
+    def _reconnect(self, with_calls: bool) -> None:
+        self.con.close()
+        self._connect(with_calls)
+
+    def models(self) -> list[str]:
+        """The model names recorded in the store, sorted."""
+        rows = self.query(
+            "SELECT DISTINCT model FROM stats UNION SELECT DISTINCT model FROM structures "
+            "ORDER BY 1"
+        )
+        return [str(m) for m in rows.column("model").to_pylist()]
+
+    def check_model(self, model: str | None) -> list[str]:
+        """The models to analyse: all of them, or `model` after checking that it exists."""
+        models = self.models()
+        if model is None:
+            return models
+        if model not in models:
+            known = ", ".join(models) or "none"
+            raise UnknownModel(
+                f"no model {model!r} in the store at {self.path} (models: {known}); "
+                "pass --model with one of them"
+            )
+        return [model]
+
+    def signatures(self, model: str | None = None) -> pa.Table:
+        """Distinct call signatures (structure + every size) with their call counts."""
+        models = self.check_model(model)
+        return self.query(
+            "SELECT * FROM signatures WHERE model IN (SELECT unnest($models)) "
+            "ORDER BY model, in_structure, calls DESC",
+            {"models": models},
+        )
+
+    def dims(self, model: str | None = None, **options: Any) -> pa.Table:
+        """Per model, call group, tensor leaf and axis: dynamic or not, range, shared symbol.
+
+        See `capture.analysis.groups.dims_table` for the columns and options.
+        """
+        from capture.analysis.groups import dims_table
+
+        return dims_table(self, model, **options)
+
+    def summary(self, model: str | None = None) -> dict[str, Any]:
+        """Models, call counts, call groups, optional inputs, drift (`capture.analysis.groups`)."""
+        from capture.analysis.groups import summary
+
+        result: dict[str, Any] = summary(self, model)
+        return result
+
+    def profiles(self, model: str | None = None, **options: Any) -> pa.Table:
+        """TensorRT optimization profiles (min/opt/max per input) per call group.
+
+        See `capture.engines.profiles.profiles_table` for the columns and options (``group``,
+        ``opt``, ``max_profiles``).
+        """
+        from capture.engines.profiles import profiles_table
+
+        return profiles_table(self, model, **options)
+
+    def buckets(self, symbol: str, budget: int, **options: Any) -> pa.Table:
+        """The `budget` sizes of a shared symbol that minimise padding over the recorded calls.
+
+        See `capture.engines.buckets.buckets_table` for the columns and options (``model``,
+        ``group``).
+        """
+        from capture.engines.buckets import buckets_table
+
+        return buckets_table(self, symbol, budget, **options)
+
+    def close(self) -> None:
+        """Closes the DuckDB connection."""
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_store(path: str | os.PathLike[str], *, unsafe_sql: bool = False) -> Store:
+    """Opens a capture store (a directory or a pyarrow filesystem URI) for analysis.
+
+    By default the store's SQL reads its views and nothing else: no other file or URL is read
+    or written, no DuckDB extension is installed or loaded, settings are locked.
+
+    Args:
+        path: The directory the recorder wrote to, or a URI such as ``s3://bucket/prefix``.
+        unsafe_sql: Give `Store.query` DuckDB's full reach (other files, ``COPY``,
+            ``ATTACH``, ``INSTALL``, ``SET``): only for SQL you trust.
+
+    Returns:
+        A `Store`; `Store.query()` runs SQL over its views.
+
+    Raises:
+        StoreNotFound: Nothing at `path`.
+        EmptyStore: `path` exists but holds no recorded call.
+
+    Example:
+        >>> store = open_store("capture-store")  # doctest: +SKIP
+        >>> store.query("SELECT model, count(*) FROM calls GROUP BY 1")  # doctest: +SKIP
+    """
+    return Store(path, unsafe_sql=unsafe_sql)

@@ -1,0 +1,164 @@
+"""The table format of `capture summary`: `Store.summary()`'s dict as a report for people.
+
+Only text is built here; `cli.output` writes it. The json/jsonl formats print the dict itself,
+so anything the report leaves out (structure ids, per-group timestamps) is still there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from capture.analysis.summary import drift_rows, group_rows
+
+from .output import table_text
+
+__all__ = ["summary_report"]
+
+_INDENT = "  "
+
+
+def _join(values: Iterable[Any] | None) -> str:
+    return ", ".join(str(v) for v in values or ())
+
+
+_CELL = 80
+"""Widest list cell of the report; longer lists are cut (``capture dims`` lists every dim)."""
+
+
+def _brief(values: Sequence[Any] | None) -> str:
+    """The values joined, cut to about `_CELL` characters with a count of the rest."""
+    items = [str(v) for v in values or ()]
+    shown: list[str] = []
+    for i, item in enumerate(items):
+        rest = len(items) - i
+        if shown and len(", ".join([*shown, item])) > _CELL - 12:
+            return f"{', '.join(shown)}, +{rest} more"
+        shown.append(item if len(item) <= _CELL else item[: _CELL - 3] + "...")
+    return ", ".join(shown)
+
+
+def _span(entry: Mapping[str, Any]) -> str:
+    first, last = entry.get("first_ts"), entry.get("last_ts")
+    if first is None:
+        return "no call recorded"
+    return f"from {first} to {last}"
+
+
+def _counts(entry: Mapping[str, Any]) -> str:
+    return (
+        f"{entry['calls']} calls ({entry['errors']} raised), "
+        f"{entry['signatures']} distinct signatures, {_span(entry)}"
+    )
+
+
+def _section(title: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    return ["", title, table_text(rows, indent=_INDENT)]
+
+
+def _differing_scalars(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Scalar paths whose recorded value is not the same in every group."""
+    paths: list[str] = []
+    for g in groups:
+        paths.extend(p for p in g.get("scalars") or {} if p not in paths)
+    return [p for p in paths if len({(g.get("scalars") or {}).get(p) for g in groups}) > 1]
+
+
+def _groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    differing = _differing_scalars(groups)
+    rows = [
+        {
+            **row,
+            **(
+                {"scalars": _join(f"{p}={(g.get('scalars') or {}).get(p, '-')}" for p in differing)}
+                if differing
+                else {}
+            ),
+        }
+        for row, g in zip(group_rows(groups), groups, strict=True)
+    ]
+    return _section("Call groups (calls sharing one input structure), largest first", rows)
+
+
+def _symbols(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = [
+        {
+            "group": g["name"],
+            "symbol": s["symbol"],
+            "min": s["min"],
+            "max": s["max"],
+            "distinct": s["distinct"],
+            **({"expr": s["expr"]} if any(x["expr"] for h in groups for x in h["symbols"]) else {}),
+            "dims": _brief(s["dims"]),
+        }
+        for g in groups
+        for s in g["symbols"]
+    ]
+    if not rows:
+        return ["", "Dynamic dims: none, every recorded size is the same in all calls of a group"]
+    return _section("Dynamic dims (dims sharing a symbol are equal in every call)", rows)
+
+
+def _optional(model: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
+    rows = [
+        {
+            "argument": o["argument"],
+            "present": o["present"],
+            "missing": o["missing"],
+            "none": o["none"],
+            "absent in": _join(o["absent_in"]),
+        }
+        for o in model.get("optional_inputs", ())
+    ]
+    if rows:
+        lines += _section("Optional inputs (passed in some calls only; counts are calls)", rows)
+    if model.get("always_absent"):
+        lines += [
+            "",
+            f"Never passed (missing or None in every call): {_join(model['always_absent'])}",
+        ]
+    return lines
+
+
+def _drift(model: Mapping[str, Any]) -> list[str]:
+    rows = drift_rows(model)
+    if not rows:
+        return []
+    return _section("Drift (inputs seen with several kinds, dtypes or ranks)", rows)
+
+
+def _relations(model: Mapping[str, Any]) -> list[str]:
+    rows = [{"group": r["group"], "relation": r["relation"]} for r in model.get("relations", ())]
+    if not rows:
+        return []
+    return _section("Relations between dims (true in every recorded call)", rows)
+
+
+def summary_report(summary: Mapping[str, Any]) -> str:
+    """Formats `Store.summary()` as sections of aligned tables.
+
+    Args:
+        summary: The dict `capture.analysis.summary.build_summary` documents.
+
+    Returns:
+        The report, without a trailing newline.
+
+    Example:
+        >>> print(summary_report({"store": "s", "calls": 0, "errors": 0, "signatures": 0,
+        ...                       "models": [], "skipped_files": []}))
+        Store s: 0 calls (0 raised), 0 distinct signatures, no call recorded
+    """
+    lines = [f"Store {summary['store']}: {_counts(summary)}"]
+    for path in summary.get("skipped_files", ()):
+        lines.append(f"Skipped unreadable file: {path}")
+    for model in summary["models"]:
+        lines += ["", f"== Model {model['model']} ==", _counts(model)]
+        groups = model.get("groups", ())
+        if groups:
+            lines += _groups(groups)
+            lines += _symbols(groups)
+        lines += _optional(model)
+        lines += _drift(model)
+        lines += _relations(model)
+    return "\n".join(lines)

@@ -1,0 +1,241 @@
+"""Coverage rows of kind ``payload``: the exported programs run on sampled *real* calls.
+
+A store recorded with ``Recorder(..., payloads=RATE)`` holds the real tensors of a sampled few calls
+(`capture.store.payload_files`). For each such call (the newest `limit` files), `payload_rows`:
+
+1. finds the exported group whose input structure is the call's (``in_structure``); a call whose
+   structure matches no exported group is a not-covered row saying so (a call of a group left out
+   with ``groups=`` is skipped);
+2. rebuilds the call's ``(args, kwargs)`` from the group's structure rows: tensors from the file
+   (``in/<leaf>``), scalars and Nones from the structure, the treespec (transformers caches
+   included, through `capture.pytree.nodes`) around them; no pickle, nothing evaluated;
+3. runs it through eager (``module``) and through the group's program (fresh copies each: a
+   forward may change its inputs), and compares every output tensor;
+4. when the file also holds the outputs the model returned in production, compares the
+   program's outputs with *those* too: a program (and an eager replay) that both lose something
+   the real call carried, such as cache state our flattening drops, agree with each other but
+   not with production.
+
+One row per sampled call (``calls`` = 1, ``kind`` = ``payload``); it is covered when the program
+ran and agreed with eager and, where kept, with the recorded outputs, within
+``atol + rtol * max|expected|``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from capture import schema
+from capture.errors import ReplayError
+from capture.pytree import nodes
+from capture.record.flatten import dtype_name
+from capture.store.payload_files import Payload, iter_payloads, list_payloads
+from replay import rebuild as rb
+from replay import shapes
+from replay.checking import compare_outputs, first_line
+from replay.coverage import KIND_PAYLOAD
+from replay.options import DEFAULT_MAX_PAYLOADS
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from capture.pytree.structure import RecordedStructure
+    from replay.inputs import ExportGroup, ExportInputs
+
+__all__ = ["payload_rows", "real_call", "DEFAULT_LIMIT"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LIMIT = DEFAULT_MAX_PAYLOADS
+"""Sampled calls checked by `replay.export` (the newest ones); the check stays bounded."""
+
+
+def real_call(
+    structure: RecordedStructure, payload: Payload, device: str | torch.device | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The ``(args, kwargs)`` of a sampled call: its tensors in the recorded structure.
+
+    Args:
+        structure: The call's recorded input structure (`replay.inputs.ExportGroup.structure`).
+        payload: The call's payload file.
+        device: Where to put the tensors (default: the recorded device when available, else CPU).
+
+    Returns:
+        ``(args, kwargs)`` as the model received them (fresh tensors on every call).
+
+    Raises:
+        ReplayError: The file lacks a tensor of the structure, or holds one of another dtype or
+            rank, or the structure cannot be rebuilt (opaque leaf, no treespec).
+    """
+    if not structure.treespec:
+        raise ReplayError("the recorded structure has no treespec; the call cannot be rebuilt")
+    tensors = payload.inputs()
+    values: list[Any] = []
+    for leaf in structure.leaves:
+        if leaf.kind == schema.KIND_MISSING:
+            continue
+        if leaf.kind == schema.KIND_TENSOR:
+            t = tensors.get(leaf.leaf)
+            if t is None:
+                raise ReplayError(f"{leaf.path}: the payload {payload.path} has no tensor for it")
+            if dtype_name(t.dtype) != leaf.dtype or t.dim() != leaf.ndim:
+                raise ReplayError(
+                    f"{leaf.path}: the payload holds a {dtype_name(t.dtype)} tensor of rank "
+                    f"{t.dim()}, the structure a {leaf.dtype} of rank {leaf.rank}"
+                )
+            values.append(t.clone().to(rb.resolve_device(leaf.device, device)))
+        elif leaf.kind == schema.KIND_OPAQUE:
+            raise ReplayError(f"{leaf.path} is an opaque {leaf.type}; it cannot be rebuilt")
+        else:
+            values.append(rb.scalar(leaf))
+    return rb.unflatten(structure, values)
+
+
+def _sizes(structure: RecordedStructure, payload: Payload) -> list[int]:
+    tensors = payload.inputs()
+    out: list[int] = []
+    for leaf in structure.tensors:
+        if leaf.leaf in tensors:
+            out.extend(int(s) for s in tensors[leaf.leaf].shape)
+    return out
+
+
+def _row(group: str | None, signature: str, **values: Any) -> dict[str, Any]:
+    row = {
+        "group": group,
+        "signature": signature,
+        "calls": 1,
+        "covered": False,
+        "max_abs_diff": None,
+        "error": None,
+        "kind": KIND_PAYLOAD,
+    }
+    row.update(values)
+    return row
+
+
+def _check(
+    module: Any,
+    group: ExportGroup,
+    runnable: Any,
+    payload: Payload,
+    device: str | None,
+    atol: float,
+    rtol: float,
+) -> dict[str, Any]:
+    with torch.no_grad():
+        try:
+            args, kwargs = real_call(group.structure, payload, device)
+            expected = module(*args, **kwargs)
+        except ReplayError as e:
+            return {"error": str(e)}
+        except Exception as e:  # eager fails on the real call: reported
+            return {"error": f"eager forward failed: {type(e).__name__}: {first_line(e)}"}
+        try:
+            args, kwargs = real_call(group.structure, payload, device)
+            kwargs.update({k: v.clone() for k, v in group.added.items()})
+            args, kwargs = shapes.arrange(group.form, args, kwargs)
+            got = runnable(*args, **kwargs)
+        except Exception as e:  # the program rejects the real call (a guard): not covered
+            return {"error": f"program failed: {type(e).__name__}: {first_line(e)}"}
+    diff, bad = compare_outputs(expected, got, atol, rtol)
+    if bad is not None:
+        return {"max_abs_diff": diff, "error": f"program vs eager on the real call: {bad}"}
+    recorded = payload.outputs()
+    if recorded is not None:
+        rdiff, rbad = compare_outputs(recorded, got, atol, rtol)
+        if rbad is not None:
+            ediff, _ = compare_outputs(recorded, expected, atol, rtol)
+            return {
+                "max_abs_diff": max(diff, rdiff),
+                "error": f"program vs the output production returned: {rbad} (eager on the "
+                f"rebuilt call differs from it by {ediff:.3g}: the call carried something "
+                "the recording does not keep, or the model is not the recorded one)",
+            }
+        diff = max(diff, rdiff)
+    return {"covered": True, "max_abs_diff": diff}
+
+
+def payload_rows(
+    module: Any,
+    store: Any,
+    inputs: ExportInputs,
+    programs: Mapping[str, ExportedProgram],
+    errors: Mapping[str, str],
+    *,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    limit: int = DEFAULT_LIMIT,
+    device: str | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Coverage rows of kind ``payload`` (module docstring) and notes about them.
+
+    Args:
+        module: The model.
+        store: The store path (or URI) or an open `capture.Store`.
+        inputs: What the programs were exported from.
+        programs: Group name -> exported program.
+        errors: Group name -> why it has no program.
+        atol: Absolute tolerance.
+        rtol: Relative tolerance (times the largest expected magnitude).
+        limit: Check at most this many sampled calls, the newest ones.
+        device: Device of the rebuilt tensors.
+
+    Returns:
+        (rows, notes); no rows when the store holds no payloads of the model.
+    """
+    from capture.store.files import resolve_store
+    from capture.store.reader import Store
+
+    fs, root = (store.fs, store.root) if isinstance(store, Store) else resolve_store(store)
+    files = list_payloads((fs, root), inputs.model)
+    if not files or limit <= 0:
+        return [], []
+    notes = []
+    if len(files) > limit:
+        notes.append(f"payloads: checked the newest {limit} of {len(files)} sampled calls")
+        files = files[-limit:]
+    by_structure = {g.structure_id: g for g in inputs.groups}
+    analysed = {g.structure_id for g in inputs.analysed}
+    rows: list[dict[str, Any]] = []
+    runnables: dict[str, Any] = {}
+    with nodes.register_flattening_functions():
+        for item in iter_payloads(files, fs):
+            if isinstance(item, str):
+                rows.append(_row(None, "unreadable payload", error=item))
+                continue
+            group = by_structure.get(item.in_structure)
+            label = f"call {item.call_id}"
+            if group is None:
+                if item.in_structure in analysed:
+                    continue  # its group was left out with groups=
+                rows.append(
+                    _row(
+                        None,
+                        label,
+                        error=f"its input structure {item.in_structure} matches no exported "
+                        "group (its calls are not in the store's calls, or were analysed away)",
+                    )
+                )
+                continue
+            leaves = group.structure.leaves
+            signature = f"{shapes.describe_sizes(leaves, _sizes(group.structure, item))} [{label}]"
+            program = programs.get(group.name)
+            if program is None:
+                why = errors.get(group.name) or f"group {group.name} has no program"
+                rows.append(_row(group.name, signature, error=why))
+                continue
+            if group.name not in runnables:
+                runnables[group.name] = program.module()
+            rows.append(
+                _row(
+                    group.name,
+                    signature,
+                    **_check(module, group, runnables[group.name], item, device, atol, rtol),
+                )
+            )
+    return rows, notes
