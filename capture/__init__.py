@@ -8,7 +8,6 @@ nothing heavy, and ``capture.open_store`` / the analysis modules load without to
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import (
@@ -21,16 +20,6 @@ from capture.errors import (
     StoreNotFound,
     UnknownModel,
 )
-
-# A source checkout (no install, or PYTHONPATH pointing at it): the repository's cli/ folder is
-# `capture.cli`, as the wheel installs it (pyproject's package-dir), so search the checkout's root
-# too. Installed, capture/ has no pyproject.toml beside it and nothing changes.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.isfile(os.path.join(_ROOT, "pyproject.toml")) and os.path.isfile(
-    os.path.join(_ROOT, "cli", "__init__.py")
-):
-    __path__.append(_ROOT)
-
 
 __all__ = [
     "Recorder",
