@@ -10,5 +10,30 @@ than somewhere deep in a recording or an export.
 
 from __future__ import annotations
 
+from typing import Any
+
 CHECKED_ON = ("2.13.0",)
 """torch versions every entry of this module was checked on."""
+
+
+def guards_code(program: Any) -> list[str] | None:
+    """The input guards of an exported program, as the Python lines ``ep.module()`` checks.
+
+    Private API: ``ExportedProgram._guards_code`` (torch 2.13.0). Without it an ONNX file
+    converted from the program cannot carry the program's own guards (`replay.ship.conditions`):
+    it is guarded by the recorded ranges and the program's range constraints only.
+
+    Args:
+        program: A ``torch.export.ExportedProgram``.
+
+    Returns:
+        The guard lines (empty: none), or None when torch keeps none under that name.
+
+    Example:
+        >>> guards_code(ep)  # doctest: +SKIP
+        ["L['input_ids'].size()[1] <= 4"]
+    """
+    if not hasattr(program, "_guards_code"):
+        return None
+    code = program._guards_code
+    return [str(line) for line in code] if code else []

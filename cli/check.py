@@ -111,9 +111,9 @@ def check_command(
       capture --store s3://bucket/prod check model.pt2 --since 2026-11-20 -f json
     """
     import capture
-    from replay.ship.artifact import read_manifest
+    from replay.ship.loader import read_any_manifest
 
-    manifest = read_manifest(artifact)
+    manifest = read_any_manifest(artifact)
     moment = parse_since(since)
     from replay.ship.drift import check_rows
 

@@ -25,14 +25,14 @@ def served_rows(store: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
     Raises:
         click.ClickException: The file is missing.
     """
-    if not os.path.exists(path):
+    if not os.path.exists(path) and not os.path.exists(f"{path}.json"):
         raise click.ClickException(
-            f"no artifact at {path}; pass the .pt2 that capture export wrote"
+            f"no artifact at {path}; pass the .pt2 (or .onnx) that capture export wrote"
         )
-    from replay.ship.artifact import read_manifest
     from replay.ship.drift import check_rows
+    from replay.ship.loader import read_any_manifest
 
-    return path, check_rows(store, read_manifest(path), None, None)
+    return path, check_rows(store, read_any_manifest(path), None, None)
 
 
 @click.command("report")

@@ -25,14 +25,14 @@ _LAZY = {
     "ExportResult": "replay.exporting",
     "ModelInputs": "replay.modelinputs",
     "all_dynamic_shape_from_inputs": "replay.modelinputs",
-    "load": "replay.ship.artifact",
+    "load": "replay.ship.loader",
 }
 
 if TYPE_CHECKING:
     from replay.exporting import ExportResult, export
     from replay.inputs import ExportInputs, export_inputs
     from replay.modelinputs import ModelInputs, all_dynamic_shape_from_inputs
-    from replay.ship.artifact import load
+    from replay.ship.loader import load
 
 
 def __getattr__(name: str) -> Any:

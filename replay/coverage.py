@@ -8,7 +8,9 @@ vector comes from, so a user knows what a covered row promises:
   program generalizes between and at the ends of the recorded points;
 - ``payload``: a sampled real call, run as it was (opt-in payloads).
 
-Its ``target`` says what was checked (``torch``: the exported program). `CoverageRow` is the one
+Its ``target`` says what was checked: ``torch`` (the exported program) or ``onnx`` (the ONNX
+file converted from it, run with onnxruntime by the runner ``replay.load`` returns for it,
+`replay.onnx`); with ``onnx=`` every row is checked for both. `CoverageRow` is the one
 definition of a row: `replay.checking` and `replay.payload_rows` make them, `COVERAGE_SCHEMA` is
 built from its fields, and readers (the artifact's refusal list, the CLI) read rows back with
 `CoverageRow.from_table` rather than by position or by dict keys.
@@ -30,6 +32,7 @@ __all__ = [
     "KIND_PROBE",
     "KIND_PAYLOAD",
     "TARGET_TORCH",
+    "TARGET_ONNX",
     "coverage_table",
     "coverage_counts",
 ]
@@ -42,6 +45,8 @@ KIND_PAYLOAD = "payload"
 """Coverage row kind: a sampled real call (payloads)."""
 TARGET_TORCH = "torch"
 """Coverage row target: the exported ``torch.export`` program."""
+TARGET_ONNX = "onnx"
+"""Coverage row target: the group's ONNX file, run with onnxruntime (`replay.onnx`)."""
 
 _LABELS = {KIND_RECORDED: "recorded signatures", KIND_PROBE: "probes", KIND_PAYLOAD: "payloads"}
 
@@ -58,7 +63,7 @@ class CoverageRow:
         covered: The target ran and agreed with eager within the tolerance.
         max_abs_diff: The largest difference seen (None when nothing ran).
         error: Why the row is not covered (None when covered).
-        target: What was checked (`TARGET_TORCH`).
+        target: What was checked (`TARGET_TORCH`, `TARGET_ONNX`).
         sizes: The size vector checked, every input tensor size in leaf order (None for a
             payload that could not be read): what the refusal list matches on.
     """
@@ -124,18 +129,24 @@ def coverage_table(rows: Iterable[CoverageRow]) -> pa.Table:
 
 
 def coverage_counts(coverage: pa.Table) -> str:
-    """Covered rows per kind, as text.
+    """Covered rows per kind (and per target, when ONNX rows are there too), as text.
 
     Args:
         coverage: A coverage table (`COVERAGE_SCHEMA`).
 
     Returns:
-        E.g. ``'9 of 9 recorded signatures, 3 of 4 probes covered'``.
+        E.g. ``'9 of 9 recorded signatures, 3 of 4 probes covered'``; with ONNX rows,
+        ``'...; onnx: 8 of 9 recorded signatures, 4 of 4 probes covered'``.
     """
-    counts: dict[str, list[int]] = {}
-    kinds = coverage.column("kind").to_pylist()
-    for kind, covered in zip(kinds, coverage.column("covered").to_pylist(), strict=True):
-        counts.setdefault(kind, [0, 0])[0] += bool(covered)
-        counts[kind][1] += 1
-    parts = [f"{c} of {n} {_LABELS.get(k, f'{k} rows')}" for k, (c, n) in counts.items()]
-    return ", ".join(parts) + " covered" if parts else "nothing checked"
+    counts: dict[str, dict[str, list[int]]] = {}
+    columns = [coverage.column(c).to_pylist() for c in ("target", "kind", "covered")]
+    for target, kind, covered in zip(*columns, strict=True):
+        per_kind = counts.setdefault(target or TARGET_TORCH, {})
+        per_kind.setdefault(kind, [0, 0])[0] += bool(covered)
+        per_kind[kind][1] += 1
+    texts = []
+    for target, per_kind in counts.items():
+        parts = [f"{c} of {n} {_LABELS.get(k, f'{k} rows')}" for k, (c, n) in per_kind.items()]
+        prefix = "" if target == TARGET_TORCH else f"{target}: "
+        texts.append(prefix + ", ".join(parts) + " covered")
+    return "; ".join(texts) if texts else "nothing checked"

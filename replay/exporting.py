@@ -12,8 +12,10 @@ same way: a few size vectors never recorded, inside each dynamic dim's recorded 
 its ends (`replay.select.probes`, at most ``probes`` per group), as rows of kind ``probe``.
 
 A group torch.export rejects has no program; its signatures are in the coverage table,
-uncovered, with the error. `ExportResult.complete` is true when every row (every kind) is
-covered and every option asked for was honoured.
+uncovered, with the error. With ``onnx=PATH`` every program is also converted to ONNX and every
+row is checked again on its ONNX file with onnxruntime (rows of target ``onnx``,
+`replay.onnx.target`). `ExportResult.complete` is true when every row (every kind, every
+target) is covered and every option asked for was honoured.
 
 Nothing is printed: the CLI (`cli.export`) renders the result.
 """
@@ -39,6 +41,7 @@ from replay.bounded import export_bounded, export_unbounded
 from replay.checking import coverage_rows
 from replay.coverage import COVERAGE_SCHEMA, KIND_PROBE, KIND_RECORDED, CoverageRow, coverage_table
 from replay.inputs import ExportGroup, ExportInputs, inputs_for
+from replay.onnx.target import output_path, write_onnx
 from replay.options import ExportOptions
 from replay.payload_rows import DEFAULT_LIMIT, payload_rows
 
@@ -72,7 +75,8 @@ class ExportResult:
         coverage: One row per distinct recorded signature and per probe (`COVERAGE_SCHEMA`).
         notes: What was done and why, per group (``"<group>: <note>"``).
         complete: Every row of `coverage` is covered (every kind: recorded signatures,
-            probes) and every option asked for was honoured (`not_honoured` is empty).
+            probes, payloads; every target: torch and, with ``onnx=``, ONNX) and every option
+            asked for was honoured (`not_honoured` is empty).
         inputs: The export inputs the programs were exported from.
         errors: Group name -> why torch.export rejected it.
         onnx: Group name -> path of the ONNX file written.
@@ -123,11 +127,14 @@ def require_onnx() -> None:
     """Checks that the optional ONNX dependencies are installed.
 
     Raises:
-        ReplayError: onnx or onnxscript is missing; the message names the extra to install.
+        ReplayError: onnx, onnxscript or onnxruntime is missing; the message names the extra
+            to install.
     """
     import importlib.util
 
-    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+    missing = [
+        m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None
+    ]
     if missing:
         raise ReplayError(
             f"ONNX export needs {' and '.join(missing)}, which are not installed; run `{ONNX_HINT}`"
@@ -202,45 +209,6 @@ def _summary(e: BaseException) -> str:
     return f"{text} {detail}" if detail else text
 
 
-def output_path(path: str, group: str, several: bool) -> str:
-    """`path` for a single program, else ``<stem>.<group><suffix>`` (one file per group).
-
-    Example:
-        >>> output_path("model.onnx", "decode", True)
-        'model.decode.onnx'
-    """
-    if not several:
-        return path
-    root, ext = os.path.splitext(path)
-    return f"{root}.{group}{ext}"
-
-
-def _write_onnx(
-    inputs: ExportInputs, programs: Mapping[str, ExportedProgram], path: str
-) -> dict[str, str]:
-    """Converts every program with ``torch.onnx.export(..., dynamo=True)``, then saves them all
-    (nothing is written when a conversion fails)."""
-    converted = []
-    for group in inputs.groups:
-        program = programs.get(group.name)
-        if program is None:
-            continue
-        try:
-            with nodes.register_flattening_functions():
-                onnx_program = torch.onnx.export(
-                    program, group.args, kwargs=group.kwargs, dynamo=True
-                )
-        except Exception as e:
-            raise ReplayError(f"ONNX conversion of group {group.name} failed: {_summary(e)}") from e
-        converted.append((group.name, onnx_program))
-    written = {}
-    for name, onnx_program in converted:
-        target = output_path(path, name, len(converted) > 1)
-        onnx_program.save(target)  # type: ignore[union-attr]
-        written[name] = target
-    return written
-
-
 def export(
     module: Any,
     store: Any,
@@ -274,7 +242,10 @@ def export(
         model: Its name in the store; default: the only model, or the module's class name.
         groups: Export only these call groups (default: all of them).
         onnx: Also write ONNX (``torch.onnx.export(..., dynamo=True)``): this path for one
-            group, ``<stem>.<group>.onnx`` for several. Needs ``capture[onnx]``.
+            group, ``<stem>.<group>.onnx`` for several, their shared weights ``PATH.data`` and
+            a manifest ``PATH.json``; every file is checked with onnxruntime on the same rows
+            (coverage rows of target ``onnx``) and ``replay.load(PATH)`` serves the set
+            (`replay.onnx`). Needs ``capture[onnx]``.
         strict: Passed to ``torch.export.export``.
         atol: Absolute tolerance of the output comparison.
         rtol: Relative tolerance (times the largest eager magnitude of the output).
@@ -391,11 +362,26 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     )
     rows.extend(found)
     notes.extend(payload_notes)
-    if options.onnx is not None:
-        onnx_files = _write_onnx(inputs, programs, options.onnx)
-    coverage = coverage_table(rows)
     complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
+    if options.onnx is not None:
+        # Issue 21: every ONNX file is checked on the same rows; its rows count in `complete`.
+        outcome = write_onnx(
+            module,
+            store,
+            inputs,
+            programs,
+            errors,
+            rows,
+            options,
+            complete_torch=complete,
+            source=source,
+        )
+        onnx_files = outcome.files
+        rows.extend(outcome.rows)
+        notes.extend(outcome.notes)
+        complete = complete and all(r.covered for r in outcome.rows)
+    coverage = coverage_table(rows)
     return ExportResult(
         programs,
         coverage,

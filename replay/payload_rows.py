@@ -24,7 +24,7 @@ ran and agreed with eager and, where kept, with the recorded outputs, within
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,7 +37,7 @@ from capture.store.payload_files import Payload, iter_payloads, list_payloads
 from replay import rebuild as rb
 from replay import shapes
 from replay.checking import compare_outputs, failed, first_line
-from replay.coverage import KIND_PAYLOAD, CoverageRow
+from replay.coverage import KIND_PAYLOAD, TARGET_TORCH, CoverageRow
 from replay.options import DEFAULT_MAX_PAYLOADS
 
 if TYPE_CHECKING:
@@ -46,9 +46,12 @@ if TYPE_CHECKING:
     from capture.pytree.structure import RecordedStructure
     from replay.inputs import ExportGroup, ExportInputs
 
-__all__ = ["payload_rows", "real_call", "DEFAULT_LIMIT"]
+__all__ = ["payload_rows", "real_call", "DEFAULT_LIMIT", "Serve"]
 
 logger = logging.getLogger(__name__)
+
+Serve = Callable[[tuple[Any, ...], dict[str, Any]], Any]
+"""How a target runs one call, given ``(args, kwargs)`` as the recorded call passed them."""
 
 DEFAULT_LIMIT = DEFAULT_MAX_PAYLOADS
 """Sampled calls checked by `replay.export` (the newest ones); the check stays bounded."""
@@ -110,6 +113,7 @@ def _row(
     sizes: list[int] | None = None,
     *,
     error: str | None = None,
+    target: str = TARGET_TORCH,
 ) -> CoverageRow:
     return CoverageRow(
         group=group,
@@ -117,14 +121,26 @@ def _row(
         signature=signature,
         calls=1,
         error=error,
+        target=target,
         sizes=tuple(sizes) if sizes is not None else None,
     )
+
+
+def _program_call(group: ExportGroup, program: ExportedProgram) -> Serve:
+    """A torch program called as the recorded calls pass their arguments."""
+    runnable = program.module()
+
+    def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        kwargs.update({k: v.clone() for k, v in group.added.items()})
+        return runnable(*shapes.arrange(group.form, args, kwargs))
+
+    return call
 
 
 def _check(
     module: Any,
     group: ExportGroup,
-    runnable: Any,
+    serve: Serve,
     payload: Payload,
     device: str | None,
     atol: float,
@@ -140,9 +156,7 @@ def _check(
             return failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
         try:
             args, kwargs = real_call(group.structure, payload, device)
-            kwargs.update({k: v.clone() for k, v in group.added.items()})
-            args, kwargs = shapes.arrange(group.form, args, kwargs)
-            got = runnable(*args, **kwargs)
+            got = serve(args, kwargs)
         except Exception as e:  # the program rejects the real call (a guard): not covered
             return failed(f"program failed: {type(e).__name__}: {first_line(e)}")
     diff, bad = compare_outputs(expected, got, atol, rtol)
@@ -174,6 +188,8 @@ def payload_rows(
     rtol: float = 1e-4,
     limit: int = DEFAULT_LIMIT,
     device: str | None = None,
+    target: str = TARGET_TORCH,
+    serve: Mapping[str, Serve] | None = None,
 ) -> tuple[list[CoverageRow], list[str]]:
     """Coverage rows of kind ``payload`` (module docstring) and notes about them.
 
@@ -187,6 +203,10 @@ def payload_rows(
         rtol: Relative tolerance (times the largest expected magnitude).
         limit: Check at most this many sampled calls, the newest ones.
         device: Device of the rebuilt tensors.
+        target: The rows' target (`replay.coverage.TARGET_TORCH`, ``onnx``).
+        serve: Group name -> how that target runs a call given as recorded (default: the
+            group's torch program, in its call form). A group with a program but no entry
+            here is not covered (its target was not produced).
 
     Returns:
         (rows, notes); no rows when the store holds no payloads of the model.
@@ -205,11 +225,11 @@ def payload_rows(
     by_structure = {g.structure_id: g for g in inputs.groups}
     analysed = {g.structure_id for g in inputs.analysed}
     rows: list[CoverageRow] = []
-    runnables: dict[str, Any] = {}
+    runnables: dict[str, Serve] = dict(serve or {})
     with nodes.register_flattening_functions():
         for item in iter_payloads(files, fs):
             if isinstance(item, str):
-                rows.append(_row(None, "unreadable payload", error=item))
+                rows.append(_row(None, "unreadable payload", error=item, target=target))
                 continue
             group = by_structure.get(item.in_structure)
             label = f"call {item.call_id}"
@@ -222,6 +242,7 @@ def payload_rows(
                         label,
                         error=f"its input structure {item.in_structure} matches no exported "
                         "group (its calls are not in the store's calls, or were analysed away)",
+                        target=target,
                     )
                 )
                 continue
@@ -229,12 +250,12 @@ def payload_rows(
             sizes = _sizes(group.structure, item)
             signature = f"{shapes.describe_sizes(leaves, sizes)} [{label}]"
             program = programs.get(group.name)
-            if program is None:
+            if program is None or (serve is not None and group.name not in runnables):
                 why = errors.get(group.name) or f"group {group.name} has no program"
-                rows.append(_row(group.name, signature, sizes, error=why))
+                rows.append(_row(group.name, signature, sizes, error=why, target=target))
                 continue
             if group.name not in runnables:
-                runnables[group.name] = program.module()
+                runnables[group.name] = _program_call(group, program)
             outcome = _check(module, group, runnables[group.name], item, device, atol, rtol)
-            rows.append(_row(group.name, signature, sizes).checked(**outcome))
+            rows.append(_row(group.name, signature, sizes, target=target).checked(**outcome))
     return rows, notes

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from capture.errors import ReplayError
 from capture.pytree.structure import RecordedLeaf
+from replay.ship import conditions as cond
 
 __all__ = [
     "ProgramGuard",
@@ -95,10 +96,14 @@ class ProgramGuard:
         leaves: The recorded leaves (the manifest keeps `LEAF_FIELDS`, argument and position
             of each).
         axes: One entry per tensor axis, in the order of a call's ``dims``: ``path``,
-            ``axis``, ``min``, ``max``, ``dynamic``, ``symbol``.
+            ``axis``, ``min``, ``max``, ``dynamic``, ``symbol`` (and ``narrowed`` where an ONNX
+            file's axis carries its program's tighter range, `replay.onnx.manifest`).
         relations: ``{"symbol", "terms", "offset"}``: ``symbol == sum(terms) + offset``.
         rejected: Recorded signatures (``{"dims", "error"}``) the program failed in the
             export's check: within the ranges, yet not served.
+        conditions: The program's own size guards over the call's dims, for a file that does
+            not check them itself (an ONNX file: `replay.ship.conditions`), each with its
+            parsed tree.
     """
 
     module: str
@@ -110,6 +115,7 @@ class ProgramGuard:
     axes: list[dict[str, Any]]
     relations: list[dict[str, Any]] = field(default_factory=list)
     rejected: dict[tuple[int, ...], str] = field(default_factory=dict)
+    conditions: list[tuple[cond.Condition, Any]] = field(default_factory=list)
 
     @classmethod
     def from_manifest(cls, entry: Mapping[str, Any]) -> ProgramGuard:
@@ -128,6 +134,10 @@ class ProgramGuard:
             rejected={
                 tuple(int(v) for v in r["dims"]): str(r["error"]) for r in entry.get("rejected", [])
             },
+            conditions=[
+                (cond.Condition(str(c["expr"]), str(c["text"])), cond.parse(str(c["expr"])))
+                for c in entry.get("conditions", [])
+            ],
         )
 
     @property
@@ -171,7 +181,9 @@ class ProgramGuard:
             if not ax.get("dynamic") and size != low:
                 return f"{where} = {size}, the program takes {low} only (static)"
             if not low <= size <= high:
-                return f"{where} = {size} is outside the recorded range [{low}, {high}]"
+                # An ONNX file's axis may be cut to its program's bounds (replay.onnx.manifest)
+                what = "its program's range" if ax.get("narrowed") else "the recorded range"
+                return f"{where} = {size} is outside {what} [{low}, {high}]"
             symbol = ax.get("symbol")
             if symbol:
                 seen = symbols.setdefault(symbol, (int(size), where))
@@ -192,4 +204,7 @@ class ProgramGuard:
                     f"{where} = {left}, but {names[0]} = {expr} held in every recorded call "
                     f"(= {right} here)"
                 )
+        for condition, tree in self.conditions:
+            if not cond.holds(tree, dims):
+                return f"its program's guard {condition.text} does not hold"
         return None

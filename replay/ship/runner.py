@@ -1,7 +1,8 @@
 """The runner `replay.load` returns: calls an artifact's programs like the original model.
 
-Each call is matched against the programs' recorded structures and guards (`replay.ship.guards`),
-then run on the program that accepts it (or its AOTInductor build); see `replay.ship.artifact`.
+Each call is matched against the programs' recorded structures and guards (`replay.ship.guards`)
+by the `Router` (shared with the ONNX runner, `replay.onnx.runner`), then run on the program that
+accepts it (or its AOTInductor build); see `replay.ship.artifact`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,79 @@ from replay.ship.guards import CallNotServed, LeafFacts, ProgramGuard
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-__all__ = ["Runner"]
+__all__ = ["Runner", "Router"]
+
+
+class Router:
+    """Which program of a set serves a call: its recorded structure, then its guards.
+
+    One answer for every runner (the ``.pt2`` `Runner`, the ONNX runner of `replay.onnx.runner`):
+    the programs are tried in order; the first whose `ProgramGuard` matches the call's
+    structure and accepts its sizes serves it.
+
+    Attributes:
+        model: The model's name (for messages).
+        module: The sub-module served (``""``: the model itself).
+        entries: The manifest's program entries of that module, in order.
+        guards: Their guards.
+    """
+
+    def __init__(self, model: str, module: str, entries: Sequence[dict[str, Any]]) -> None:
+        self.model = model
+        self.module = module
+        self.entries = list(entries)
+        self.guards = [ProgramGuard.from_manifest(e) for e in self.entries]
+        self._seen: dict[Any, tuple[str | None, Sequence[LeafFacts], bool]] = {}
+
+    def facts(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: dict[str, Any]
+    ) -> tuple[str | None, Sequence[LeafFacts], list[Any]]:
+        """The call's treespec, leaves and tensors (in leaf order: the order of ``dims``)."""
+        from capture.pytree.structure import parse_params
+        from capture.record.flatten import describe, tensor_key, walk
+
+        tensors: list[Any] = []
+        key: list[Any] = [len(args)]
+        walk(args, tensors, key)
+        walk(kwargs, tensors, key)
+        full, _ = tensor_key(key, tensors, devices=False)
+        cache_key = (full, entry.get("signature"))
+        found = self._seen.get(cache_key)
+        if found is None:
+            params = tuple(parse_params(entry.get("signature")))
+            st = describe((args, kwargs), list(tensors), signature=params)
+            found = (st.treespec, st.leaves, st.slow)
+            self._seen[cache_key] = found
+        treespec, leaves, slow = found
+        if slow:
+            import torch.utils._pytree as pytree
+
+            tensors = [t for t in pytree.tree_leaves((args, kwargs)) if hasattr(t, "shape")]
+        return treespec, leaves, tensors
+
+    def route(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[ProgramGuard, dict[str, Any], list[Any]]:
+        """The guard and entry of the program serving the call, and the call's tensors.
+
+        Raises:
+            CallNotServed: No program accepts the call; the message names each group and why.
+        """
+        reasons: dict[str, str] = {}
+        for guard, entry in zip(self.guards, self.entries, strict=True):
+            treespec, leaves, tensors = self.facts(args, kwargs, entry)
+            if not guard.matches(treespec, leaves):
+                reasons[guard.label] = (
+                    "different call structure (arguments, dtypes, ranks or constants)"
+                )
+                continue
+            failed = guard.check([int(s) for t in tensors for s in t.shape])
+            if failed is None:
+                return guard, entry, tensors
+            reasons[guard.label] = failed
+        who = f"{self.model}.{self.module}" if self.module else self.model
+        tried = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
+        raise CallNotServed(f"no program of {who} accepts this call ({tried})", reasons)
 
 
 class Runner:
@@ -40,10 +113,9 @@ class Runner:
         self.programs = dict(programs)
         self.compiled = dict(compiled or {})
         self.module = module
-        self._entries = [e for e in manifest["programs"] if e.get("module", "") == module]
-        self._guards = [ProgramGuard.from_manifest(e) for e in self._entries]
+        entries = [e for e in manifest["programs"] if e.get("module", "") == module]
+        self._router = Router(str(manifest["model"]), module, entries)
         self._callables: dict[str, Any] = {}
-        self._seen: dict[Any, tuple[str | None, Sequence[LeafFacts], bool]] = {}
         self.modules: dict[str, Runner] = {}
         if not module:
             for name in manifest["modules"]:
@@ -53,33 +125,7 @@ class Runner:
     @property
     def groups(self) -> list[str]:
         """The groups this runner serves, in the order they are tried."""
-        return [g.group for g in self._guards]
-
-    def _structure(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: dict[str, Any]
-    ) -> tuple[str | None, Sequence[LeafFacts], list[int]]:
-        from capture.pytree.structure import parse_params
-        from capture.record.flatten import describe, tensor_key, walk
-
-        tensors: list[Any] = []
-        key: list[Any] = [len(args)]
-        walk(args, tensors, key)
-        walk(kwargs, tensors, key)
-        full, _ = tensor_key(key, tensors, devices=False)
-        cache_key = (full, entry.get("signature"))
-        found = self._seen.get(cache_key)
-        if found is None:
-            params = tuple(parse_params(entry.get("signature")))
-            st = describe((args, kwargs), list(tensors), signature=params)
-            found = (st.treespec, st.leaves, st.slow)
-            self._seen[cache_key] = found
-        treespec, leaves, slow = found
-        if slow:
-            import torch.utils._pytree as pytree
-
-            tensors = [t for t in pytree.tree_leaves((args, kwargs)) if hasattr(t, "shape")]
-        dims = [int(s) for t in tensors for s in t.shape]
-        return treespec, leaves, dims
+        return [g.group for g in self._router.guards]
 
     def select(self, *args: Any, **kwargs: Any) -> str:
         """The group that would serve this call (no program runs).
@@ -87,26 +133,7 @@ class Runner:
         Raises:
             CallNotServed: No group accepts the call; the message names each group and why.
         """
-        return self._route(args, kwargs)[0].group
-
-    def _route(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[ProgramGuard, dict[str, Any]]:
-        reasons: dict[str, str] = {}
-        for guard, entry in zip(self._guards, self._entries, strict=True):
-            treespec, leaves, dims = self._structure(args, kwargs, entry)
-            if not guard.matches(treespec, leaves):
-                reasons[guard.label] = (
-                    "different call structure (arguments, dtypes, ranks or constants)"
-                )
-                continue
-            failed = guard.check(dims)
-            if failed is None:
-                return guard, entry
-            reasons[guard.label] = failed
-        who = f"{self.manifest['model']}.{self.module}" if self.module else self.manifest["model"]
-        tried = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
-        raise CallNotServed(f"no program of {who} accepts this call ({tried})", reasons)
+        return self._router.route(args, kwargs)[0].group
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the program that accepts it.
@@ -119,7 +146,7 @@ class Runner:
         """
         from replay.shapes import CallForm, arrange
 
-        guard, entry = self._route(args, kwargs)
+        guard, entry, _ = self._router.route(args, kwargs)
         runnable = self._callables.get(guard.program)
         if runnable is None:
             runnable = self.compiled.get(guard.program) or self.programs[guard.program].module()

@@ -1,0 +1,295 @@
+"""The manifest beside an export's ONNX files: what each file serves, and how to call it.
+
+``onnx=model.onnx`` writes ``model.onnx`` (one group) or ``model.<group>.onnx`` (several), their
+shared weights ``model.onnx.data`` (`replay.onnx.weights`) and this manifest,
+``model.onnx.json``, last: its presence says the set is complete. Its shape is the ``.pt2``
+artifact's (`replay.ship.artifact`), so ``capture check`` and `replay.ship.guards` read both:
+
+- ``format`` (`FORMAT`), ``model``, ``created``, ``versions`` (torch, transformers, capture,
+  onnx, onnxscript, onnxruntime) and ``weights`` (the shared file's name and size);
+- ``modules[""]``: the store, the export's ``complete``, its coverage rows (torch and ONNX);
+- ``programs``: one entry per file, the artifact's guard entry (group, recorded structure,
+  ``axes`` with each dim's range, relations, ``rejected``: recorded signatures the ONNX check
+  failed) plus ``file``, ``opset``, ``inputs`` (ONNX name, the recorded tensor leaf it takes,
+  dtype, per axis its size or dim name, and ``min`` / ``max``: what an onnxruntime or TensorRT
+  deployment builds its profiles from), ``dims`` (dim name -> recorded ``min`` / ``max``) and
+  ``outputs`` (the output treespec, the ONNX name of each output leaf).
+
+An axis whose range torch.export bounded more tightly than the recordings (`Converted.bounds`)
+carries the program's range and ``"narrowed": true``, and the program's own size guards travel
+as ``conditions`` (`replay.ship.conditions`; a guard line that could not be translated is listed
+in ``unchecked_guards``): the ONNX graph checks none of them, the runner's guard does.
+
+`read_manifest` parses one with json only (no torch, no onnx), refusing anything capture did
+not write: a file name with a directory in it, a missing field, another format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from replay.onnx.weights import OnnxFileError
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from replay.coverage import CoverageRow
+    from replay.exportgroup import ExportGroup
+    from replay.onnx.convert import Converted
+
+__all__ = [
+    "FORMAT",
+    "manifest_path",
+    "weights_path",
+    "is_onnx_path",
+    "program_entry",
+    "read_manifest",
+    "write_manifest",
+    "onnx_versions",
+]
+
+FORMAT = "capture-onnx/1"
+"""The manifest's ``format``: bumped when a reader could misread a newer manifest."""
+
+_PROGRAM_KEYS = ("group", "program", "file", "structure_id", "leaves", "axes", "inputs", "outputs")
+
+
+def manifest_path(path: str | os.PathLike[str]) -> str:
+    """The manifest of the ONNX set written for ``onnx=path``.
+
+    Example:
+        >>> manifest_path("out/model.onnx")
+        'out/model.onnx.json'
+    """
+    text = os.fspath(path)
+    return text if text.endswith(".onnx.json") else f"{text}.json"
+
+
+def weights_path(path: str | os.PathLike[str]) -> str:
+    """The shared weights file of the ONNX set written for ``onnx=path``.
+
+    Example:
+        >>> weights_path("out/model.onnx")
+        'out/model.onnx.data'
+    """
+    text = os.fspath(path)
+    return f"{text.removesuffix('.json')}.data"
+
+
+def is_onnx_path(path: str | os.PathLike[str]) -> bool:
+    """Tells whether `path` names an ONNX set (``model.onnx`` or its ``model.onnx.json``).
+
+    Example:
+        >>> is_onnx_path("model.onnx"), is_onnx_path("model.pt2")
+        (True, False)
+    """
+    return os.fspath(path).endswith((".onnx", ".onnx.json"))
+
+
+def onnx_versions() -> dict[str, str | None]:
+    """The versions of the ONNX packages an export used (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _axes(entry_axes: Sequence[dict[str, Any]], converted: Converted) -> list[dict[str, Any]]:
+    """The recorded axes, cut to the program's bounds where the program is narrower."""
+    out = []
+    for axis, bound in zip(entry_axes, converted.bounds, strict=True):
+        axis = dict(axis)
+        if bound is not None:
+            low, high = bound
+            if low == high and axis["dynamic"]:
+                axis.update(min=low, max=low, dynamic=False, narrowed=True)
+            elif low > int(axis["min"]) or (high is not None and high < int(axis["max"])):
+                axis.update(min=max(low, int(axis["min"])), narrowed=True)
+                axis["max"] = min(high, int(axis["max"])) if high is not None else axis["max"]
+        out.append(axis)
+    return out
+
+
+def program_entry(
+    group: ExportGroup,
+    program: ExportedProgram,
+    converted: Converted,
+    file: str,
+    rows: Sequence[CoverageRow],
+) -> dict[str, Any]:
+    """The manifest entry of one ONNX file (module docstring).
+
+    Args:
+        group: The call group.
+        program: Its torch program (the file was converted from it).
+        converted: The conversion (`replay.onnx.convert.convert`).
+        file: The ONNX file's name (no directory).
+        rows: The ONNX coverage rows of the export: the group's failed recorded signatures
+            become ``rejected``.
+
+    Returns:
+        A JSON-serializable dict.
+    """
+    # The .pt2 artifact's entry: one description of a group's guard for both targets.
+    from replay.ship.artifact import _entry
+
+    entry = _entry("", group, program, list(rows))
+    entry["axes"] = _axes(entry["axes"], converted)
+    dims: dict[str, dict[str, int]] = {}
+    inputs = []
+    widths = [int(leaf.ndim) for leaf in group.structure.tensors]
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    for binding in converted.inputs:
+        axes = entry["axes"][starts[binding.leaf] : starts[binding.leaf] + widths[binding.leaf]]
+        for name, axis in zip(binding.shape, axes, strict=True):
+            if isinstance(name, str):
+                low, high = dims.get(name, {}).get("min"), dims.get(name, {}).get("max")
+                dims[name] = {
+                    "min": int(axis["min"]) if low is None else min(low, int(axis["min"])),
+                    "max": int(axis["max"]) if high is None else max(high, int(axis["max"])),
+                }
+        inputs.append(
+            {
+                "name": binding.name,
+                "leaf": binding.leaf,
+                "path": binding.path,
+                "dtype": binding.dtype,
+                "shape": list(binding.shape),
+                "min": [int(a["min"]) for a in axes],
+                "max": [int(a["max"]) for a in axes],
+            }
+        )
+    entry.update(
+        file=file,
+        opset=_opset(converted),
+        conditions=[{"expr": c.expr, "text": c.text} for c in converted.conditions],
+        unchecked_guards=list(converted.unchecked),
+        inputs=inputs,
+        dims=dims,
+        outputs={
+            "spec": converted.outputs.spec,
+            "names": list(converted.outputs.names),
+            "constants": list(converted.outputs.constants),
+        },
+    )
+    return entry
+
+
+def _opset(converted: Converted) -> int | None:
+    version = converted.model.opset_imports.get("")
+    return int(version) if version is not None else None
+
+
+def write_manifest(
+    path: str | os.PathLike[str],
+    model: str,
+    programs: Sequence[dict[str, Any]],
+    module: Mapping[str, Any],
+    weights: Mapping[str, Any],
+) -> str:
+    """Writes the manifest of an ONNX set (temporary name, then renamed).
+
+    Args:
+        path: The ``onnx=`` path.
+        model: The model's name in the store.
+        programs: One `program_entry` per file.
+        module: The export's ``modules[""]`` entry (store, complete, coverage, errors, notes).
+        weights: ``{"file": name, "bytes": size}``.
+
+    Returns:
+        The manifest's path.
+    """
+    from datetime import datetime
+
+    from replay.ship.artifact import _versions
+
+    data = {
+        "format": FORMAT,
+        "model": model,
+        "created": datetime.now().astimezone().isoformat(),
+        "versions": {**_versions(), **onnx_versions()},
+        "weights": dict(weights),
+        "modules": {"": dict(module)},
+        "programs": list(programs),
+    }
+    target = manifest_path(path)
+    folder, name = os.path.split(target)
+    tmp = os.path.join(folder, f".{name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(data, out, indent=1, default=str)
+    os.replace(tmp, target)
+    return target
+
+
+def _plain_file(folder: str, name: Any, what: str, source: str) -> str:
+    """`name` as a file in `folder`: a bare name, a regular file, not a link."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or os.path.basename(name) != name
+        or name in (".", "..")
+    ):
+        raise OnnxFileError(f"{source}: {what} {name!r} is not a file name beside the manifest")
+    full = os.path.join(folder, name)
+    if os.path.islink(full) or not os.path.isfile(full):
+        raise OnnxFileError(f"{source}: {what} {name} is missing or not a regular file")
+    return full
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of the ONNX set written for ``onnx=path`` (json only: no torch, no onnx).
+
+    Args:
+        path: The ``onnx=`` path (``model.onnx``) or the manifest itself.
+
+    Returns:
+        The manifest, checked: its format, its fields, and every file it names (a bare name
+        beside it, a regular file).
+
+    Raises:
+        OnnxFileError: No manifest, not JSON, another format, a missing field, or a file
+            name that leaves the directory.
+
+    Example:
+        >>> read_manifest("model.onnx")["programs"][0]["file"]  # doctest: +SKIP
+        'model.decode.onnx'
+    """
+    source = manifest_path(path)
+    if not os.path.isfile(source):
+        raise OnnxFileError(
+            f"no ONNX manifest at {source}: replay.load takes the path given to onnx= "
+            "(capture export --out MODEL.onnx writes one)"
+        )
+    try:
+        with open(source, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        raise OnnxFileError(f"{source} is not a readable JSON manifest: {e}") from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else None
+        raise OnnxFileError(f"{source}: manifest format {found!r}, this capture reads {FORMAT!r}")
+    folder = os.path.dirname(os.path.abspath(source))
+    weights = data.get("weights")
+    if not isinstance(weights, dict):
+        raise OnnxFileError(f"{source}: the manifest names no weights file")
+    _plain_file(folder, weights.get("file"), "weights file", source)
+    programs = data.get("programs")
+    modules = data.get("modules")
+    if not isinstance(programs, list) or not isinstance(modules, dict) or "" not in modules:
+        raise OnnxFileError(f"{source}: the manifest lists no programs or modules")
+    if not isinstance(data.get("model"), str):
+        raise OnnxFileError(f"{source}: the manifest names no model")
+    for entry in programs:
+        missing = [k for k in _PROGRAM_KEYS if not isinstance(entry, dict) or k not in entry]
+        if missing:
+            raise OnnxFileError(f"{source}: a program entry lacks {', '.join(missing)}")
+        _plain_file(folder, entry["file"], "ONNX file", source)
+    return data

@@ -1,0 +1,318 @@
+"""The runner ``replay.load`` returns for an ONNX set: onnxruntime sessions behind the guards.
+
+Same contract as the ``.pt2`` runner (`replay.ship.runner.Runner`): called like the model, it
+picks the file whose recorded structure matches the call and whose guards accept its sizes (the
+same `replay.ship.runner.Router`, over the manifest's `replay.ship.guards.ProgramGuard` entries:
+recorded ranges, cut to the program's bounds where torch.export bounded a dim, equal dims,
+relations, and the signatures the ONNX check failed), builds the feeds and returns eager's types:
+
+- **feeds**: the call's tensors in recorded leaf order (the order of ``dims``: a
+  ``DynamicCache`` flattened by capture's registrations, a sliding window's shape-only
+  ``seen_tokens`` leaf included) give each ONNX input the leaf the manifest binds it to; an
+  optional argument the call omits is simply not an input of its group's file;
+- **outputs**: the ONNX outputs (and the program's constant outputs) are put back into the
+  program's output treespec, parsed by `capture.pytree.treespec` (a ``CausalLMOutputWithPast``
+  holding a ``DynamicCache``).
+
+As with the ``.pt2`` runner, an input cache is not grown in place: the new cache is in the
+output. Sessions use onnxruntime's CPU execution provider unless `load_onnx` is given others.
+
+**Weights shared across sessions**: the weights file is memory-mapped once and every external
+initializer of every file is handed to its session as an ``OrtValue`` over that map
+(``SessionOptions.add_initializer``): the sessions of a 4-group model hold one copy of the
+weights, paged in from the file, instead of four (docs/benchmarks.md measures it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from replay.onnx.manifest import read_manifest
+from replay.onnx.weights import OnnxFileError, external_initializers
+from replay.ship.guards import CallNotServed
+from replay.ship.runner import Router
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["OnnxRunner", "OnnxProgram", "load_onnx", "open_set", "CPU"]
+
+CPU = ("CPUExecutionProvider",)
+"""The execution providers a runner uses by default."""
+
+_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
+"""ONNX element type -> bytes per element (float, uint8, int8, uint16, int16, int32, int64,
+bool, float16, double, uint32, uint64, bfloat16)."""
+
+
+class OnnxProgram:
+    """One ONNX file of a set: its session and how a call's tensors feed it.
+
+    Attributes:
+        entry: The file's manifest entry.
+        session: Its ``onnxruntime.InferenceSession``.
+    """
+
+    def __init__(self, entry: dict[str, Any], session: Any) -> None:
+        self.entry = entry
+        self.session = session
+        self._inputs = [(str(i["name"]), int(i["leaf"])) for i in entry["inputs"]]
+        outputs = entry["outputs"]
+        self._names: list[str | None] = list(outputs["names"])
+        self._constants: list[Any] = list(outputs["constants"])
+        self._fetch = [n for n in self._names if n is not None]
+        self._spec: Any = None
+
+    def _treespec(self) -> Any:
+        if self._spec is None:
+            from capture.pytree.treespec import parse, to_treespec
+
+            source = f"the outputs of {self.entry['file']}"
+            self._spec = to_treespec(parse(self.entry["outputs"]["spec"], source), source)
+        return self._spec
+
+    def run(self, tensors: Sequence[Any]) -> Any:
+        """Runs the file on a call's tensors (in recorded leaf order).
+
+        Returns:
+            The output, in the program's output structure (eager's types).
+
+        Raises:
+            CallNotServed: onnxruntime refused the call (a shape the file does not take).
+        """
+        import onnxruntime as ort
+        import torch.utils._pytree as pytree
+        from torch.utils.dlpack import from_dlpack
+
+        feeds = {}
+        for name, leaf in self._inputs:
+            t = tensors[leaf].detach()
+            feeds[name] = ort.OrtValue.from_dlpack(t.cpu().contiguous())
+        try:
+            got = self.session.run_with_ort_values(self._fetch, feeds)
+        except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
+            text = str(e).strip().splitlines()
+            reason = f"onnxruntime refused the call: {type(e).__name__}: {text[0] if text else ''}"
+            label = str(self.entry["group"])
+            raise CallNotServed(f"group {label} matched, but {reason}", {label: reason}) from e
+        values = iter(got)
+        leaves = [
+            from_dlpack(next(values)) if name is not None else constant
+            for name, constant in zip(self._names, self._constants, strict=True)
+        ]
+        return pytree.tree_unflatten(leaves, self._treespec())
+
+
+class OnnxRunner:
+    """Calls an ONNX set like the original model (what ``replay.load("model.onnx")`` returns).
+
+    Attributes:
+        manifest: The set's manifest (`replay.onnx.manifest`).
+        programs: Group name -> its `OnnxProgram`.
+        modules: Always empty (sub-modules are exported to ``.pt2`` artifacts only).
+        module: Always ``""``.
+    """
+
+    def __init__(
+        self,
+        manifest: dict[str, Any],
+        programs: dict[str, OnnxProgram],
+        keep: Sequence[Any] = (),
+    ) -> None:
+        self.manifest = manifest
+        self.programs = programs
+        self.module = ""
+        self.modules: dict[str, OnnxRunner] = {}
+        self._router = Router(str(manifest["model"]), "", manifest["programs"])
+        self._keep = list(keep)  # the weights map and OrtValues the sessions read
+
+    @property
+    def groups(self) -> list[str]:
+        """The groups this runner serves, in the order they are tried."""
+        return [g.group for g in self._router.guards]
+
+    def select(self, *args: Any, **kwargs: Any) -> str:
+        """The group that would serve this call (nothing runs).
+
+        Raises:
+            CallNotServed: No group accepts the call; the message names each group and why.
+        """
+        return self._router.route(args, kwargs)[0].group
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the call on the ONNX file that accepts it.
+
+        Returns:
+            The output, shaped as eager returns it (output dataclasses, caches).
+
+        Raises:
+            CallNotServed: No file accepts the call (structure, ranges, relations, a signature
+                the ONNX check failed), or onnxruntime refused it.
+        """
+        guard, _, tensors = self._router.route(args, kwargs)
+        return self.programs[guard.group].run(tensors)
+
+    def run_group(self, group: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Runs the call on one group's file, behind that file's guard only (the ONNX check
+        runs each coverage row on its own group's file this way).
+
+        Raises:
+            CallNotServed: The group's guard refuses the call, or onnxruntime does.
+        """
+        for guard, entry in zip(self._router.guards, self._router.entries, strict=True):
+            if guard.group != group:
+                continue
+            treespec, leaves, tensors = self._router.facts(args, kwargs, entry)
+            reason = None
+            if not guard.matches(treespec, leaves):
+                reason = "different call structure (arguments, dtypes, ranks or constants)"
+            else:
+                reason = guard.check([int(s) for t in tensors for s in t.shape])
+            if reason is not None:
+                raise CallNotServed(f"group {group} refuses this call ({reason})", {group: reason})
+            return self.programs[group].run(tensors)
+        raise CallNotServed(f"no ONNX file of group {group}", {group: "no ONNX file"})
+
+    def __repr__(self) -> str:
+        return f"OnnxRunner({self.manifest['model']}, groups={self.groups})"
+
+
+def _shared_initializers(
+    folder: str, weights: str, files: Sequence[str]
+) -> tuple[dict[str, list[tuple[str, Any]]], list[Any]]:
+    """File -> its ``(initializer name, OrtValue)`` over one read-only map of the weights file.
+
+    Returns also what must outlive the sessions (the map, the OrtValues).
+    """
+    import numpy as np
+    import onnxruntime as ort
+
+    location = os.path.join(folder, weights)
+    if os.path.getsize(location) == 0:  # no tensor above INLINE_BYTES: nothing to share
+        for file in files:
+            external_initializers(os.path.join(folder, file), weights)
+        return {}, []
+    mapped = np.memmap(location, dtype=np.uint8, mode="r")
+    values: dict[tuple[int, int, int, tuple[int, ...]], Any] = {}
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for file in files:
+        pairs = []
+        for init in external_initializers(os.path.join(folder, file), weights):
+            key = (init.offset, init.length, init.data_type, init.dims)
+            value = values.get(key)
+            if value is None:
+                value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    _view(mapped, init.offset, init.length, init.data_type, init.dims, file),
+                    init.data_type,
+                )
+                values[key] = value
+            pairs.append((init.name, value))
+        out[file] = pairs
+    return out, [mapped, *values.values()]
+
+
+def _view(
+    mapped: np.ndarray, offset: int, length: int, data_type: int, dims: tuple[int, ...], file: str
+) -> np.ndarray:
+    """Bytes of the weights file as an array of the element size (onnxruntime reinterprets)."""
+    import numpy as np
+
+    size = _ITEMSIZE.get(data_type)
+    count = 1
+    for d in dims:
+        count *= d
+    if size is None or count * size != length:
+        raise OnnxFileError(
+            f"{file}: an initializer of type {data_type} and shape {list(dims)} does not fit "
+            f"its {length} bytes"
+        )
+    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[size]
+    return mapped[offset : offset + length].view(kind).reshape(dims)
+
+
+def load_onnx(
+    path: str | os.PathLike[str],
+    *,
+    share_weights: bool = True,
+    providers: Sequence[str] = CPU,
+) -> OnnxRunner:
+    """Loads the ONNX set written by ``replay.export(..., onnx=path)`` as a runner.
+
+    Args:
+        path: The path given to ``onnx=`` (``model.onnx``) or its manifest ``model.onnx.json``.
+        share_weights: Give every session the same memory-mapped weights (module docstring);
+            False lets each session read its own copy (for comparison).
+        providers: onnxruntime execution providers (default: CPU).
+
+    Returns:
+        An `OnnxRunner`.
+
+    Raises:
+        OnnxFileError: No manifest, a malformed one, a file it names that is missing, a link
+            or not ONNX, or weights referenced outside the set's weights file.
+        ReplayError: onnxruntime is not installed.
+
+    Example:
+        >>> runner = replay.load("model.onnx")  # doctest: +SKIP
+        >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
+    """
+    manifest = read_manifest(path)
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    return open_set(manifest, folder, share_weights=share_weights, providers=providers)
+
+
+def open_set(
+    manifest: dict[str, Any],
+    folder: str,
+    *,
+    share_weights: bool = True,
+    providers: Sequence[str] = CPU,
+) -> OnnxRunner:
+    """A runner over the ONNX files of `manifest` in `folder` (`load_onnx` without reading the
+    manifest: the export's check opens the files it just wrote this way, before its manifest).
+
+    Raises:
+        OnnxFileError: See `load_onnx`.
+        ReplayError: onnxruntime is not installed.
+    """
+    from capture.errors import ReplayError
+
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise ReplayError(
+            "running ONNX files needs onnxruntime; run `pip install capture[onnx]`"
+        ) from e
+    from replay.ship.artifact import _register
+
+    weights = str(manifest["weights"]["file"])
+    files = [str(e["file"]) for e in manifest["programs"]]
+    types: set[str] = set()
+    for entry in manifest["programs"]:
+        types.update(str(t) for t in entry.get("pytree_types", []))
+    _register(types)
+    shared: dict[str, list[tuple[str, Any]]] = {}
+    keep: list[Any] = []
+    if share_weights:
+        shared, keep = _shared_initializers(folder, weights, files)
+    else:
+        for file in files:  # the same checks, without sharing
+            external_initializers(os.path.join(folder, file), weights)
+    programs: dict[str, OnnxProgram] = {}
+    for entry in manifest["programs"]:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # onnxruntime's warnings are not the caller's output
+        for name, value in shared.get(str(entry["file"]), []):
+            options.add_initializer(name, value)
+        try:
+            session = ort.InferenceSession(
+                os.path.join(folder, str(entry["file"])), options, providers=list(providers)
+            )
+        except Exception as e:  # onnxruntime's own load errors: one clear line
+            raise OnnxFileError(
+                f"onnxruntime cannot load {entry['file']}: {type(e).__name__}: {e}"
+            ) from e
+        programs[str(entry["group"])] = OnnxProgram(entry, session)
+    return OnnxRunner(manifest, programs, keep)

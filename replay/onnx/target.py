@@ -1,0 +1,217 @@
+"""``export(..., onnx=PATH)``: convert every checked program, write the set, check it, describe it.
+
+`write_onnx` is what `replay.exporting.export_with` calls after the torch check:
+
+1. every group with a torch program is converted (`replay.onnx.convert`); a group whose
+   conversion fails keeps its torch program, and its ONNX rows say why;
+2. the files are written with one shared weights file (`replay.onnx.weights`):
+   ``PATH`` for one group, ``<stem>.<group>.onnx`` for several, and ``PATH.data``;
+3. the written files are opened as the runner ``replay.load`` gives (`replay.onnx.runner`) and
+   checked on every row of the torch check, then on the sampled real calls
+   (`replay.onnx.check`, `replay.payload_rows`): rows of target ``onnx``;
+4. the manifest ``PATH.json`` is written last (`replay.onnx.manifest`), with the signatures
+   the ONNX check failed in each file's guard.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from capture.pytree import nodes
+from replay.coverage import TARGET_ONNX, CoverageRow
+from replay.onnx.check import onnx_rows
+from replay.onnx.convert import Converted, convert
+from replay.onnx.manifest import program_entry, weights_path, write_manifest
+from replay.onnx.runner import open_set
+from replay.onnx.weights import OnnxFileError, write_models
+from replay.payload_rows import payload_rows
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from replay.inputs import ExportInputs
+    from replay.options import ExportOptions
+
+__all__ = ["OnnxOutcome", "write_onnx", "output_path"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OnnxOutcome:
+    """What `write_onnx` did.
+
+    Attributes:
+        files: Group name -> the ONNX file written.
+        rows: The coverage rows of target ``onnx``.
+        notes: What was done and why (``"<group>: <note>"``).
+        manifest: The manifest written (None when no file was).
+        errors: Group name -> why it has no ONNX file.
+    """
+
+    files: dict[str, str] = field(default_factory=dict)
+    rows: list[CoverageRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    manifest: str | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def output_path(path: str, group: str, several: bool) -> str:
+    """`path` for a single file, else ``<stem>.<group><suffix>`` (one file per group).
+
+    Example:
+        >>> output_path("model.onnx", "decode", True)
+        'model.decode.onnx'
+    """
+    if not several:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}.{group}{ext}"
+
+
+def _summary(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def write_onnx(
+    module: Any,
+    store: Any,
+    inputs: ExportInputs,
+    programs: Mapping[str, ExportedProgram],
+    errors: Mapping[str, str],
+    torch_rows: Sequence[CoverageRow],
+    options: ExportOptions,
+    *,
+    complete_torch: bool,
+    source: str | None = None,
+) -> OnnxOutcome:
+    """Converts, writes, checks and describes the ONNX set of an export (module docstring).
+
+    Args:
+        module: The eager model.
+        store: The store (path, URI or open `capture.Store`), for the payload rows.
+        inputs: The export inputs.
+        programs: Group name -> checked torch program.
+        errors: Group name -> why torch.export gave it no program.
+        torch_rows: The torch check's rows.
+        options: The export's options (``onnx`` is the path).
+        complete_torch: The torch side is complete (every torch row covered, every option
+            honoured): the manifest's ``complete`` also needs every ONNX row covered.
+        source: The store's path or URI, for the manifest.
+
+    Returns:
+        An `OnnxOutcome`.
+
+    Raises:
+        ReplayError: ``options.onnx`` is not set.
+    """
+    from capture.errors import ReplayError
+
+    if options.onnx is None:
+        raise ReplayError("write_onnx needs options.onnx")
+    path = os.path.abspath(options.onnx)
+    outcome = OnnxOutcome()
+    converted: dict[str, Converted] = {}
+    for group in inputs.groups:
+        program = programs.get(group.name)
+        if program is None:
+            outcome.errors[group.name] = errors.get(group.name) or "no torch program"
+            continue
+        try:
+            converted[group.name] = convert(group, program)
+        except Exception as e:  # the conversion failed: this group's ONNX rows say why
+            outcome.errors[group.name] = f"ONNX conversion failed: {_summary(e)}"
+            logger.warning("ONNX conversion of group %s failed: %s", group.name, _summary(e))
+    several = len(converted) > 1
+    files = {name: output_path(path, name, several) for name in converted}
+    runner = None
+    weights = weights_path(path)
+    size = 0
+    if converted:
+        size = write_models([(files[n], c.model) for n, c in converted.items()], weights)
+        outcome.files = files
+        draft = _manifest(inputs, programs, converted, files, weights, size, [])
+        try:
+            runner = open_set(draft, os.path.dirname(path))
+        except OnnxFileError as e:
+            for name in converted:
+                outcome.errors[name] = str(e)
+    with nodes.register_flattening_functions():
+        for group in inputs.groups:
+            error = outcome.errors.get(group.name)
+            outcome.rows.extend(
+                onnx_rows(module, group, torch_rows, runner, error, options.atol, options.rtol)
+            )
+        serve = {}
+        if runner is not None:
+            serve = {name: functools.partial(runner.run_group, name) for name in runner.programs}
+        found, notes = payload_rows(
+            module,
+            store,
+            inputs,
+            programs,
+            {**errors, **outcome.errors},
+            atol=options.atol,
+            rtol=options.rtol,
+            limit=options.max_payloads,
+            device=options.device,
+            target=TARGET_ONNX,
+            serve=serve,
+        )
+    outcome.rows.extend(found)
+    outcome.notes.extend(f"onnx {note}" for note in notes)
+    if not converted:
+        outcome.notes.append("onnx: no group could be converted; nothing written")
+        return outcome
+    data = _manifest(inputs, programs, converted, files, weights, size, outcome.rows)
+    rows = [*torch_rows, *outcome.rows]
+    data["modules"][""] = {
+        "model": inputs.model,
+        "store": source,
+        "complete": complete_torch and all(r.covered for r in outcome.rows),
+        "coverage": [r.as_dict() for r in rows],
+        "errors": {**errors, **{f"onnx {k}": v for k, v in outcome.errors.items()}},
+        "notes": list(outcome.notes),
+    }
+    outcome.manifest = write_manifest(
+        path, inputs.model, data["programs"], data["modules"][""], data["weights"]
+    )
+    return outcome
+
+
+def _manifest(
+    inputs: ExportInputs,
+    programs: Mapping[str, ExportedProgram],
+    converted: Mapping[str, Converted],
+    files: Mapping[str, str],
+    weights: str,
+    size: int,
+    rows: Sequence[CoverageRow],
+) -> dict[str, Any]:
+    """The manifest as a dict (the draft the check opens has no ``rejected`` yet)."""
+    from replay.onnx.manifest import FORMAT
+
+    entries = [
+        program_entry(
+            group,
+            programs[group.name],
+            converted[group.name],
+            os.path.basename(files[group.name]),
+            rows,
+        )
+        for group in inputs.groups
+        if group.name in converted
+    ]
+    return {
+        "format": FORMAT,
+        "model": inputs.model,
+        "weights": {"file": os.path.basename(weights), "bytes": size},
+        "modules": {"": {}},
+        "programs": entries,
+    }
