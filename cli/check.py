@@ -1,14 +1,15 @@
 """`capture check ARTIFACT`: does a saved artifact serve the traffic recorded in the store?
 
-The nightly drift check of the export job. The artifact's manifest (`replay.ship.artifact`) says,
+The nightly drift check of the export job. The artifact's manifest (`replay.ship.artifact`, or
+an ONNX set's, `replay.onnx.manifest`: the same guard entries, `replay.ship.loader`) says,
 per program, the recorded call structure it takes and the recorded ranges of its dims
 (`replay.ship.guards`); the store says what the model received in the window. Every distinct
 recorded signature (input structure + sizes) of the window is checked against the programs in
 order, with the same guards as the runner `replay.load` returns, so a signature reported served
 is one the runner serves.
 
-Neither torch nor the model's code is needed: the manifest is JSON read from the zip archive,
-the store is read through DuckDB.
+Neither torch nor the model's code is needed: the manifest is JSON read from the zip archive
+(or from beside the ONNX files), the store is read through DuckDB.
 
 Exit status: 0 every call of the window is served (or the window is empty, said on stderr);
 3 some calls are not served (the table says which and why); 1 an error (no artifact, not an
@@ -64,7 +65,7 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
 
 
 @click.command("check")
-@click.argument("artifact", metavar="ARTIFACT.pt2")
+@click.argument("artifact", metavar="ARTIFACT")
 @click.option(
     "--since",
     metavar="DATE",
@@ -92,7 +93,9 @@ def check_command(
 ) -> None:
     """Check that a saved artifact serves the calls recorded in the store.
 
-    ARTIFACT.pt2 is what `capture export --out` (or ExportResult.save) wrote.
+    ARTIFACT is what `capture export --out` wrote: a .pt2 artifact (or
+    ExportResult.save's), or the PATH.onnx of an ONNX set (its PATH.onnx.json
+    manifest is read).
     Every distinct recorded signature (call structure and sizes) of the window
     is checked against the artifact's programs with the runner's own guards:
     the recorded structure, and every dim within the range the export was
@@ -108,6 +111,7 @@ def check_command(
     \b
     Example:
       capture check model.pt2
+      capture check model.onnx
       capture --store s3://bucket/prod check model.pt2 --since 2026-11-20 -f json
     """
     import capture

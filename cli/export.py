@@ -237,7 +237,9 @@ def _coverage(result: Any, subs: dict[str, Any]) -> Any:
     default=None,
     help="Write the programs: PATH.pt2, one artifact holding every group's (and recorded "
     "sub-module's) program and a manifest, served by replay.load; or PATH.onnx (needs "
-    "capture[onnx]), one file per group named PATH-stem.GROUP.onnx when there are several. "
+    "capture[onnx]): one ONNX file per group (PATH-stem.GROUP.onnx when there are several), "
+    "their shared weights PATH.data and a manifest PATH.json, every file checked with "
+    "onnxruntime (coverage rows of target onnx) and served by replay.load(PATH). "
     "Default: nothing written.",
 )
 @click.option(
@@ -361,6 +363,10 @@ def export_command(
         for group, error in errors.items():
             click.echo(f"error: group {prefix}{group}: {error}", err=True)
     written = list(result.onnx.values())
+    if onnx is not None and written:
+        from replay.onnx.manifest import manifest_path, weights_path
+
+        written += [weights_path(onnx), manifest_path(onnx)]
     if out is not None and onnx is None and result.programs:
         with stdout_to_stderr():
             written = [result.save(out, modules=subs, aoti=aoti)]

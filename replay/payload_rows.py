@@ -132,7 +132,8 @@ def _program_call(group: ExportGroup, program: ExportedProgram) -> Serve:
 
     def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         kwargs.update({k: v.clone() for k, v in group.added.items()})
-        return runnable(*shapes.arrange(group.form, args, kwargs))
+        call_args, call_kwargs = shapes.arrange(group.form, args, kwargs)
+        return runnable(*call_args, **call_kwargs)
 
     return call
 

@@ -14,6 +14,8 @@
   types (`OutputBinding`);
 - **dynamic dims** are renamed from torch's ``s13`` to the recorded symbols (``batch``,
   ``past_key_values_2``; expressions follow: ``past_key_values_2 + 1``);
+- **what it serves**: ``metadata_props`` name the group and its recorded structure (and, once
+  written, the manifest that says the rest: `replay.onnx.target`);
 - **no debugging metadata**: the exporter's per-node stack traces and FX text are dropped
   (`_strip_metadata`): they would outweigh a small model's weights in every file;
 - **program bounds**: torch.export may bound a dim more tightly than the recorded range (a
@@ -25,6 +27,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -116,14 +119,16 @@ def output_name(path: Sequence[Any]) -> str:
     conventionally name it; the input keeps ``past_key_values_...``).
 
     Example:
-        >>> output_name([pytree.GetAttrKey("logits")])
-        'logits'
+        >>> output_name([pytree.GetAttrKey("logits")]), output_name([pytree.SequenceKey(1)])
+        ('logits', 'output_1')
     """
     parts = [_key_text(k) for k in path]
     if parts and cachespec.is_cache_argument(parts[0]):
         parts[0] = "present"
+    elif not parts or parts[0].isdigit():
+        parts.insert(0, "output")  # a plain tensor or a tuple: output, output_0, output_1
     name = "_".join(p for p in parts if p)
-    return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_").lower() or "output"
+    return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_").lower()
 
 
 def _key_text(key: Any) -> str:
@@ -158,7 +163,9 @@ def convert(group: ExportGroup, program: ExportedProgram) -> Converted:
             "fill_missing"
         )
     args, kwargs = program.example_inputs or ((), {})
-    with nodes.register_flattening_functions():
+    with nodes.register_flattening_functions(), warnings.catch_warnings():
+        # torch 2.13's own deprecation warning while torch.onnx deep-copies the program
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         onnx_program = torch.onnx.export(
             program,
             tuple(args),
@@ -176,6 +183,9 @@ def convert(group: ExportGroup, program: ExportedProgram) -> Converted:
     conditions, unchecked = _conditions(group, program, sources)
     _rename_dims(model, renames)
     _strip_metadata(model)
+    model.metadata_props.update(
+        {"capture.group": group.name, "capture.structure_id": group.structure_id}
+    )
     inputs = _bind_inputs(group, program, model, leaves)
     return Converted(group.name, model, inputs, outputs, bounds, conditions, unchecked)
 

@@ -26,7 +26,7 @@ from capture.pytree import nodes
 from replay.coverage import TARGET_ONNX, CoverageRow
 from replay.onnx.check import onnx_rows
 from replay.onnx.convert import Converted, convert
-from replay.onnx.manifest import program_entry, weights_path, write_manifest
+from replay.onnx.manifest import manifest_path, program_entry, weights_path, write_manifest
 from replay.onnx.runner import open_set
 from replay.onnx.weights import OnnxFileError, write_models
 from replay.payload_rows import payload_rows
@@ -134,6 +134,8 @@ def write_onnx(
     weights = weights_path(path)
     size = 0
     if converted:
+        for c in converted.values():
+            c.model.metadata_props["capture.manifest"] = os.path.basename(manifest_path(path))
         size = write_models([(files[n], c.model) for n, c in converted.items()], weights)
         outcome.files = files
         draft = _manifest(inputs, programs, converted, files, weights, size, [])

@@ -1,0 +1,93 @@
+"""A program's own size guards as data (replay/ship/conditions.py, issue 21): translated over a
+call's dims, parsed against a small grammar, evaluated without eval."""
+
+from __future__ import annotations
+
+import pytest
+
+from replay.ship.conditions import ConditionError, holds, parse, translate
+from replay.ship.guards import ProgramGuard
+
+SOURCES = {"L['input_ids']": (0, 2), "L['past_key_values'].key_cache[0]": (2, 4)}
+
+
+@pytest.mark.parametrize(
+    ("line", "expr"),
+    [
+        ("L['input_ids'].size()[1] <= 4", "d1 <= 4"),
+        ("(16*L['input_ids'].size()[1]) != 80", "(16*d1) != 80"),
+        (
+            "L['input_ids'].size()[0] == L['past_key_values'].key_cache[0].size()[0]",
+            "d0 == d2",
+        ),
+        (
+            "max(0, (-5) + L['past_key_values'].key_cache[0].size()[2]) <= 3",
+            "max(0, (-5) + d4) <= 3",
+        ),
+    ],
+)
+def test_guard_lines_become_conditions_over_dims(line: str, expr: str) -> None:
+    done, skipped = translate([line], SOURCES)
+    assert [(c.expr, c.text) for c in done] == [(expr, line)] and skipped == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "L['attention_mask'].size()[1] <= 4",  # an input the call does not have
+        "L['input_ids'].size()[2] <= 4",  # past the input's rank
+        "L['input_ids'].stride()[0] == 1",  # not a size
+    ],
+)
+def test_lines_naming_anything_else_are_reported_not_translated(line: str) -> None:
+    assert translate([line], SOURCES) == ([], [line])
+
+
+@pytest.mark.parametrize(
+    ("expr", "dims", "expected"),
+    [
+        ("16*d1 != 80", [2, 5], False),
+        ("16*d1 != 80", [2, 6], True),
+        ("d0 + 1 == d1 and not d0 > 3", [2, 3], True),
+        ("max(1024, 2*d0) >= d1 or d1 % 2 == 0", [1, 4000], True),
+        ("-d0 <= -5", [4], False),
+    ],
+)
+def test_conditions_evaluate_on_dims(expr: str, dims: list[int], expected: bool) -> None:
+    assert holds(parse(expr), dims) is expected
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "__import__('os').system('true')",
+        "d0.__class__",
+        "open('x')",
+        "d0 ** 99999999",
+        "[d0][0] == 1",
+        "'a' == 'a'",
+        "max",
+        "d0 if d1 else d2",
+    ],
+)
+def test_anything_outside_the_grammar_is_refused(expr: str) -> None:
+    # issue 21: a manifest is data; a planted condition is refused, never evaluated
+    with pytest.raises(ConditionError):
+        parse(expr)
+
+
+def test_a_guard_refuses_sizes_its_program_guard_excludes() -> None:
+    entry = {
+        "group": "prefill",
+        "program": "prefill",
+        "structure_id": "s",
+        "leaves": [{"path": "kwargs['x']", "kind": "tensor", "dtype": "int64", "rank": 2}],
+        "axes": [
+            {"path": "kwargs['x']", "axis": 0, "min": 1, "max": 4, "dynamic": True},
+            {"path": "kwargs['x']", "axis": 1, "min": 2, "max": 9, "dynamic": True},
+        ],
+        "conditions": [{"expr": "(16*d1) != 80", "text": "(16*L['x'].size()[1]) != 80"}],
+    }
+    guard = ProgramGuard.from_manifest(entry)
+    assert guard.check([2, 6]) is None
+    assert guard.check([2, 5]) == "its program's guard (16*L['x'].size()[1]) != 80 does not hold"

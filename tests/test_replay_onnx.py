@@ -1,0 +1,311 @@
+"""The ONNX target (issue 21): every file checked with onnxruntime, guarded, routed, weights shared.
+
+The fixtures' linear model with an optional input (``labels``) is recorded with and without it
+(two call groups whose ONNX files both take an input named ``x``), with payloads, while a
+forward pre-hook keeps the ORIGINAL calls; ``replay.export(..., onnx=PATH)`` writes the set once
+per module and the tests read it back through ``replay.load(PATH)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+
+import capture
+import replay
+from capture.analysis.groups import analyze
+from capture.cli.main import cli
+from capture.engines.profiles import build_profiles
+from fixtures.seeds import LinearModel
+from replay.onnx.manifest import read_manifest
+from replay.onnx.runner import OnnxRunner, load_onnx
+from replay.onnx.weights import OnnxFileError, external_initializers
+from replay.ship.guards import CallNotServed
+
+pytest.importorskip("onnxruntime")
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+FEATURES = 256  # a 64 KiB weight: above INLINE_BYTES, so it lives in the shared weights file
+CALLS: list[dict[str, Any]] = [
+    {"x": (2, FEATURES)},
+    {"x": (3, FEATURES)},
+    {"x": (5, FEATURES)},
+    {"x": (2, FEATURES), "labels": (2,)},
+    {"x": (4, FEATURES), "labels": (4,)},
+    {"x": (7, FEATURES), "labels": (7,)},
+]
+
+
+def _record(model: torch.nn.Module, root: Path, calls: list[dict[str, Any]]) -> list[Call]:
+    """Records `calls` (name -> shape) with payloads; returns the calls forward received."""
+    originals: list[Call] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, a, k: originals.append(copy.deepcopy((tuple(a), dict(k)))), with_kwargs=True
+    )
+    torch.manual_seed(1)
+    try:
+        with capture.Recorder(model, root, flush_seconds=3600, payloads=1.0), torch.no_grad():
+            for call in calls:
+                kwargs = {"x": torch.randn(*call["x"])}
+                if "labels" in call:
+                    kwargs["labels"] = torch.randint(0, 64, call["labels"])
+                model(**kwargs)
+    finally:
+        hook.remove()
+    return originals
+
+
+@pytest.fixture(scope="module")
+def linear(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, list[Call], Path, Path]:
+    """(model, result, original calls, store, onnx path)."""
+    root = tmp_path_factory.mktemp("linear")
+    torch.manual_seed(0)
+    model = LinearModel(FEATURES, 64).eval()
+    originals = _record(model, root / "store", CALLS)
+    target = root / "out" / "linear.onnx"
+    target.parent.mkdir()
+    result = replay.export(model, root / "store", onnx=target)
+    return model, result, originals, root / "store", target
+
+
+def _rows(result: Any, target: str) -> list[dict[str, Any]]:
+    return [r for r in result.coverage.to_pylist() if r["target"] == target]
+
+
+def test_every_onnx_file_is_checked_on_the_rows_of_its_program(linear: Any) -> None:
+    _, result, _, _, _ = linear
+    torch_rows = {(r["group"], r["kind"], tuple(r["sizes"])) for r in _rows(result, "torch")}
+    onnx_rows = {(r["group"], r["kind"], tuple(r["sizes"])) for r in _rows(result, "onnx")}
+    # issue 21: the same recorded signatures, probes and payloads, once per target
+    assert onnx_rows == torch_rows
+    assert {r["kind"] for r in _rows(result, "onnx")} == {"recorded", "probe", "payload"}
+
+
+def test_every_onnx_row_is_covered_and_counts_in_complete(linear: Any) -> None:
+    _, result, _, _, _ = linear
+    assert all(r["covered"] for r in _rows(result, "onnx"))
+    assert result.complete
+
+
+def test_every_original_call_is_served_right_by_the_onnx_runner(linear: Any) -> None:
+    model, _, originals, _, target = linear
+    runner = replay.load(target)
+    assert isinstance(runner, OnnxRunner)
+    for args, kwargs in originals:
+        with torch.no_grad():
+            expected = model(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        got = runner(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        assert type(got) is type(expected)
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_the_runner_picks_the_file_by_structure_not_input_names(linear: Any) -> None:
+    _, _, originals, _, target = linear
+    manifest = read_manifest(target)
+    first_inputs = {e["group"]: e["inputs"][0]["name"] for e in manifest["programs"]}
+    assert set(first_inputs.values()) == {"x"}  # a name-based router could not tell them apart
+    runner = load_onnx(target)
+    groups = {runner.select(*args, **kwargs) for args, kwargs in originals}
+    assert groups == set(first_inputs)
+
+
+def test_a_call_outside_the_recorded_range_is_refused_and_never_run(linear: Any) -> None:
+    _, _, _, _, target = linear
+    runner = load_onnx(target)
+    ran: list[str] = []
+    for name, program in runner.programs.items():
+        session = program.session
+
+        class Spy:
+            def run_with_ort_values(
+                self, *a: Any, _n: str = name, _s: Any = session, **k: Any
+            ) -> Any:
+                ran.append(_n)
+                return _s.run_with_ort_values(*a, **k)
+
+        program.session = Spy()
+    with pytest.raises(CallNotServed, match=r"axis 0 = 50 is outside the recorded range \[2, 5\]"):
+        runner(x=torch.randn(50, FEATURES))
+    assert ran == []
+
+
+def test_refusal_names_every_group_tried(linear: Any) -> None:
+    _, _, _, _, target = linear
+    with pytest.raises(CallNotServed) as info:
+        load_onnx(target)(x=torch.randn(3, FEATURES, 2))
+    assert set(info.value.reasons) == {"g0", "g1"}
+
+
+def test_outputs_keep_eager_types_and_readable_names(linear: Any) -> None:
+    _, result, _, _, _ = linear
+    names = {g: [o.name for o in onnx.load(p).graph.output] for g, p in result.onnx.items()}
+    groups = {len(n): g for g, n in names.items()}
+    assert names[groups[1]] == ["output"]
+    assert names[groups[2]] == ["output_0", "output_1"]
+
+
+def test_manifest_says_what_each_file_serves(linear: Any) -> None:
+    _, result, _, _, target = linear
+    manifest = read_manifest(target)
+    assert manifest["versions"]["onnxruntime"] is not None
+    assert {e["file"] for e in manifest["programs"]} == {
+        os.path.basename(p) for p in result.onnx.values()
+    }
+    for entry in manifest["programs"]:
+        meta = {p.key: p.value for p in onnx.load(target.parent / entry["file"]).metadata_props}
+        assert meta["capture.group"] == entry["group"]
+        assert meta["capture.structure_id"] == entry["structure_id"]
+        assert meta["capture.manifest"] == "linear.onnx.json"
+        x = entry["inputs"][0]
+        largest = 5 if len(entry["inputs"]) == 1 else 7  # without labels: 2, 3, 5; with: 2, 4, 7
+        assert (x["name"], x["min"][0], x["max"][0]) == ("x", 2, largest)
+
+
+def test_profiles_and_manifest_agree_on_input_names_and_ranges(linear: Any) -> None:
+    _, result, _, store, target = linear
+    manifest = read_manifest(target)
+    with capture.open_store(store) as opened:
+        profiles = build_profiles(analyze(opened))
+    for entry in manifest["programs"]:
+        (profile,) = [p for p in profiles if p.group == entry["group"]]
+        assert [(i.name, list(i.min), list(i.max)) for i in profile.inputs] == [
+            (i["name"], i["min"], i["max"]) for i in entry["inputs"]
+        ]
+        for name, dim in entry["dims"].items():
+            assert (dim["min"], dim["max"]) == (2, 5 if len(entry["inputs"]) == 1 else 7), name
+
+
+def test_payload_rows_are_checked_against_production_outputs(linear: Any) -> None:
+    _, result, _, _, _ = linear
+    payloads = [r for r in _rows(result, "onnx") if r["kind"] == "payload"]
+    assert len(payloads) == len(CALLS)
+    assert all(r["covered"] for r in payloads)
+
+
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(
+    linear: Any, tmp_path: Path
+) -> None:
+    _, _, _, _, target = linear
+    shutil.copytree(target.parent, tmp_path / "set")
+    manifest = tmp_path / "set" / "linear.onnx.json"
+    data = json.loads(manifest.read_text())
+    data["programs"][0]["file"] = "../elsewhere.onnx"
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(OnnxFileError, match="'../elsewhere.onnx' is not a file name beside"):
+        replay.load(tmp_path / "set" / "linear.onnx")
+
+
+def test_a_manifest_of_another_format_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx.json").write_text('{"format": "capture-onnx/99"}')
+    with pytest.raises(OnnxFileError, match="manifest format 'capture-onnx/99'"):
+        replay.load(tmp_path / "m.onnx")
+
+
+def test_a_linked_onnx_file_is_refused(linear: Any, tmp_path: Path) -> None:
+    _, _, _, _, target = linear
+    for name in os.listdir(target.parent):
+        os.symlink(target.parent / name, tmp_path / name)
+    with pytest.raises(OnnxFileError, match="missing or not a regular file"):
+        replay.load(tmp_path / "linear.onnx")
+
+
+def test_all_files_share_one_weights_file_holding_each_weight_once(linear: Any) -> None:
+    model, result, _, _, target = linear
+    # The exporter folds `weight.T` into the constant the graph reads: that is the weight stored.
+    weight = model.weight.detach().T.contiguous().numpy().tobytes()
+    data = Path(f"{target}.data").read_bytes()
+    assert data == weight  # two files, one copy
+    for path in result.onnx.values():
+        (init,) = external_initializers(path, "linear.onnx.data")
+        assert (init.offset, init.length) == (0, len(weight))
+
+
+def test_sessions_share_one_copy_of_the_weights(linear: Any) -> None:
+    _, _, _, _, target = linear
+    runner = load_onnx(target)
+    values = [v for v in runner._keep if hasattr(v, "data_ptr")]
+    assert len(values) == 1  # one OrtValue over the mapped file, given to both sessions
+    assert len(runner.programs) == 2
+
+
+def test_capture_check_reads_an_onnx_set(linear: Any) -> None:
+    _, _, _, store, target = linear
+    done = CliRunner().invoke(cli, ["--store", str(store), "check", str(target), "-f", "json"])
+    assert done.exit_code == 0, done.output
+    rows = json.loads(done.stdout)
+    assert [(r["group"], r["served"]) for r in rows] == [("g0", True)] * 3 + [("g1", True)] * 3
+    assert done.stderr == "served: 6 of 6 recorded signatures, 6 of 6 calls\n"
+
+
+class Mul(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * y
+
+
+def _wrong_mul(self: Any, other: Any) -> Any:
+    from onnxscript import opset18
+
+    return opset18.Add(self, other)  # a translation that does not mean what torch means
+
+
+def test_an_onnx_file_that_disagrees_is_not_covered_and_not_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnxscript.function_libs.torch_lib.tensor_typing import TReal
+
+    _wrong_mul.__annotations__ = {"self": TReal, "other": TReal, "return": TReal}
+    monkeypatch.setattr(
+        "replay.onnx.convert.translation_table",
+        lambda: {torch.ops.aten.mul.Tensor: _wrong_mul},
+    )
+    model = Mul()
+    with capture.Recorder(model, tmp_path / "store", flush_seconds=3600):
+        for batch in (2, 3, 4):
+            model(torch.randn(batch, 3), torch.randn(batch, 3))
+    result = replay.export(model, tmp_path / "store", onnx=tmp_path / "mul.onnx")
+    onnx_rows = _rows(result, "onnx")
+    assert all(r["covered"] for r in _rows(result, "torch"))
+    assert not any(r["covered"] for r in onnx_rows) and not result.complete
+    assert all("differs by" in r["error"] for r in onnx_rows)
+    with pytest.raises(CallNotServed, match="failed the export's check"):
+        replay.load(tmp_path / "mul.onnx")(torch.randn(3, 3), torch.randn(3, 3))
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")  # torch.onnx's own deepcopy
+def test_sdpa_is_translated_as_torch_computes_fully_masked_rows(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    from replay.onnx.translation import translation_table
+
+    class Attention(torch.nn.Module):
+        def forward(self, q: Any, k: Any, v: Any, mask: Any) -> Any:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(2, 4, 3, 8) for _ in range(3))
+    mask = torch.ones(2, 1, 3, 3, dtype=torch.bool)
+    mask[0, 0, 0, :] = False  # a left-padded position: it attends to nothing
+    mask[1, 0, 1, 0] = False
+    program = torch.onnx.export(
+        Attention().eval(),
+        (q, k, v, mask),
+        dynamo=True,
+        custom_translation_table=translation_table(),
+    )
+    assert program is not None
+    program.save(str(tmp_path / "sdpa.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "sdpa.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), (q, k, v, mask), strict=True)}
+    got = torch.from_numpy(session.run(None, feeds)[0])
+    expected = Attention()(q, k, v, mask)
+    # issue 21: onnxscript's translation returned the mean of the values on the masked row
+    assert float(expected[0, :, 0].abs().max()) == 0.0
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
