@@ -9,6 +9,7 @@ the coverage table from these rows; `replay.payload_rows` compares sampled real 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
     from replay.exportgroup import ExportGroup
 
-__all__ = ["compare_outputs", "first_line", "coverage_rows", "failed"]
+__all__ = ["compare_outputs", "first_line", "coverage_rows", "check_call", "failed"]
 
 
 def _tensors(value: Any) -> list[Any]:
@@ -111,17 +112,45 @@ def _check_one(
     model: Any, group: ExportGroup, runnable: Any, sizes: tuple[int, ...], atol: float, rtol: float
 ) -> dict[str, Any]:
     """``covered``, ``max_abs_diff`` and ``error`` of one check (`CoverageRow.checked`)."""
+
+    def run() -> Any:
+        args, kwargs = group.program_call(sizes)
+        return runnable(*args, **kwargs)
+
+    return check_call(model, lambda: group.recorded_call(sizes), run, atol, rtol)
+
+
+def check_call(
+    model: Any,
+    recorded: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
+    run: Callable[[], Any],
+    atol: float,
+    rtol: float,
+    target: str = "program",
+) -> dict[str, Any]:
+    """One check of a target against eager (`CoverageRow.checked`'s keywords).
+
+    Args:
+        model: The eager model, called on ``recorded()``.
+        recorded: Fresh ``(args, kwargs)`` as the recorded calls passed them.
+        run: Runs the target on fresh inputs of the same call and returns its output.
+        atol: Absolute tolerance.
+        rtol: Relative tolerance (times the largest eager magnitude).
+        target: How errors name the target (``program``, ``ONNX runner``).
+
+    Returns:
+        ``covered``, ``max_abs_diff`` and ``error``.
+    """
     with torch.no_grad():
         try:
-            args, kwargs = group.recorded_call(sizes)
+            args, kwargs = recorded()
             expected = model(*args, **kwargs)
         except Exception as e:  # the eager model itself fails on these inputs: report it
             return failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
         try:
-            args, kwargs = group.program_call(sizes)
-            got = runnable(*args, **kwargs)
-        except Exception as e:  # the program rejects these sizes (a guard): not covered
-            return failed(f"program failed: {type(e).__name__}: {first_line(e)}")
+            got = run()
+        except Exception as e:  # the target rejects these sizes (a guard): not covered
+            return failed(f"{target} failed: {type(e).__name__}: {first_line(e)}")
     diff, bad = compare_outputs(expected, got, atol, rtol)
     return {"covered": bad is None, "max_abs_diff": diff, "error": bad}
 

@@ -23,9 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from replay.checking import compare_outputs, failed, first_line
+from replay.checking import check_call
 from replay.coverage import KIND_PAYLOAD, TARGET_ONNX, TARGET_TORCH, CoverageRow
 
 if TYPE_CHECKING:
@@ -86,16 +84,9 @@ def _check_one(
     rtol: float,
 ) -> dict[str, Any]:
     """``covered``, ``max_abs_diff`` and ``error`` of one check (`CoverageRow.checked`)."""
-    with torch.no_grad():
-        try:
-            args, kwargs = group.recorded_call(sizes)
-            expected = model(*args, **kwargs)
-        except Exception as e:  # the eager model itself fails on these inputs: report it
-            return failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
-        try:
-            args, kwargs = group.recorded_call(sizes)
-            got = runner.run_group(group.name, args, kwargs)
-        except Exception as e:  # the guard or onnxruntime refuses these sizes: not covered
-            return failed(f"ONNX runner failed: {type(e).__name__}: {first_line(e)}")
-    diff, bad = compare_outputs(expected, got, atol, rtol)
-    return {"covered": bad is None, "max_abs_diff": diff, "error": bad}
+
+    def run() -> Any:
+        args, kwargs = group.recorded_call(sizes)
+        return runner.run_group(group.name, args, kwargs)
+
+    return check_call(model, lambda: group.recorded_call(sizes), run, atol, rtol, "ONNX runner")

@@ -19,8 +19,10 @@ output. Sessions use onnxruntime's CPU execution provider unless `load_onnx` is 
 
 **Weights shared across sessions**: the weights file is memory-mapped once and every external
 initializer of every file is handed to its session as an ``OrtValue`` over that map
-(``SessionOptions.add_initializer``): the sessions of a 4-group model hold one copy of the
-weights, paged in from the file, instead of four (docs/benchmarks.md measures it).
+(``SessionOptions.add_initializer``), with onnxruntime's weight prepacking off (it would give
+each session a packed copy again: onnxruntime's shared prepacked-weights container is not in
+its Python API): the sessions of a 4-group model hold one copy of the weights, paged in from
+the file, instead of four (docs/benchmarks.md measures memory and latency both ways).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from replay.onnx.manifest import read_manifest
 from replay.onnx.weights import OnnxFileError, external_initializers
 from replay.ship.guards import CallNotServed
-from replay.ship.runner import Router
+from replay.ship.runner import Routed, Router
 
 if TYPE_CHECKING:
     import numpy as np
@@ -105,7 +107,7 @@ class OnnxProgram:
         return pytree.tree_unflatten(leaves, self._treespec())
 
 
-class OnnxRunner:
+class OnnxRunner(Routed):
     """Calls an ONNX set like the original model (what ``replay.load("model.onnx")`` returns).
 
     Attributes:
@@ -127,19 +129,6 @@ class OnnxRunner:
         self.modules: dict[str, OnnxRunner] = {}
         self._router = Router(str(manifest["model"]), "", manifest["programs"])
         self._keep = list(keep)  # the weights map and OrtValues the sessions read
-
-    @property
-    def groups(self) -> list[str]:
-        """The groups this runner serves, in the order they are tried."""
-        return [g.group for g in self._router.guards]
-
-    def select(self, *args: Any, **kwargs: Any) -> str:
-        """The group that would serve this call (nothing runs).
-
-        Raises:
-            CallNotServed: No group accepts the call; the message names each group and why.
-        """
-        return self._router.route(args, kwargs)[0].group
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the ONNX file that accepts it.
@@ -237,14 +226,16 @@ def load_onnx(
     *,
     share_weights: bool = True,
     providers: Sequence[str] = CPU,
+    threads: int | None = None,
 ) -> OnnxRunner:
     """Loads the ONNX set written by ``replay.export(..., onnx=path)`` as a runner.
 
     Args:
         path: The path given to ``onnx=`` (``model.onnx``) or its manifest ``model.onnx.json``.
-        share_weights: Give every session the same memory-mapped weights (module docstring);
-            False lets each session read its own copy (for comparison).
+        share_weights: Give every session the same memory-mapped weights, unpacked (module
+            docstring); False lets each session load (and prepack) its own copy.
         providers: onnxruntime execution providers (default: CPU).
+        threads: onnxruntime's intra-op threads per session (default: its own, one per core).
 
     Returns:
         An `OnnxRunner`.
@@ -260,7 +251,9 @@ def load_onnx(
     """
     manifest = read_manifest(path)
     folder = os.path.dirname(os.path.abspath(os.fspath(path)))
-    return open_set(manifest, folder, share_weights=share_weights, providers=providers)
+    return open_set(
+        manifest, folder, share_weights=share_weights, providers=providers, threads=threads
+    )
 
 
 def open_set(
@@ -269,6 +262,7 @@ def open_set(
     *,
     share_weights: bool = True,
     providers: Sequence[str] = CPU,
+    threads: int | None = None,
 ) -> OnnxRunner:
     """A runner over the ONNX files of `manifest` in `folder` (`load_onnx` without reading the
     manifest: the export's check opens the files it just wrote this way, before its manifest).
@@ -304,6 +298,13 @@ def open_set(
     for entry in manifest["programs"]:
         options = ort.SessionOptions()
         options.log_severity_level = 3  # onnxruntime's warnings are not the caller's output
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        if share_weights:
+            # Prepacking copies a weight into a per-session layout: with shared initializers
+            # every session would hold its own packed copy (measured: more memory than no
+            # sharing at all), and the Python API has no shared prepacked-weights container.
+            options.add_session_config_entry("session.disable_prepacking", "1")
         for name, value in shared.get(str(entry["file"]), []):
             options.add_initializer(name, value)
         try:

@@ -15,7 +15,7 @@ from replay.ship.guards import CallNotServed, LeafFacts, ProgramGuard
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-__all__ = ["Runner", "Router"]
+__all__ = ["Runner", "Router", "Routed"]
 
 
 class Router:
@@ -90,7 +90,29 @@ class Router:
         raise CallNotServed(f"no program of {who} accepts this call ({tried})", reasons)
 
 
-class Runner:
+class Routed:
+    """What every runner answers through its `Router`: its groups, and which one serves a call.
+
+    Subclasses set ``self._router``.
+    """
+
+    _router: Router
+
+    @property
+    def groups(self) -> list[str]:
+        """The groups this runner serves, in the order they are tried."""
+        return [g.group for g in self._router.guards]
+
+    def select(self, *args: Any, **kwargs: Any) -> str:
+        """The group that would serve this call (nothing runs).
+
+        Raises:
+            CallNotServed: No group accepts the call; the message names each group and why.
+        """
+        return self._router.route(args, kwargs)[0].group
+
+
+class Runner(Routed):
     """Calls an artifact's programs like the original model (what `load` returns).
 
     Attributes:
@@ -121,19 +143,6 @@ class Runner:
             for name in manifest["modules"]:
                 if name:
                     self.modules[name] = Runner(manifest, programs, name, compiled)
-
-    @property
-    def groups(self) -> list[str]:
-        """The groups this runner serves, in the order they are tried."""
-        return [g.group for g in self._router.guards]
-
-    def select(self, *args: Any, **kwargs: Any) -> str:
-        """The group that would serve this call (no program runs).
-
-        Raises:
-            CallNotServed: No group accepts the call; the message names each group and why.
-        """
-        return self._router.route(args, kwargs)[0].group
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the program that accepts it.

@@ -1,0 +1,165 @@
+"""Benchmark of the ONNX target (issue 21): export cost, size on disk, session creation, memory,
+and latency per call of the ONNX runner against the ``.pt2`` runner and eager.
+
+    python bench/bench_onnx.py [--hidden 256] [--repeat 20]
+
+Records a 2-layer LlamaForCausalLM (``--hidden`` wide) under greedy generate() with left-padded
+batches (4 prompts, 6 new tokens: 24 forward calls, 4 call groups) while a forward pre-hook
+keeps the original calls; exports it with and without ``onnx=`` (the difference is the ONNX
+cost: conversion, writing, the onnxruntime check of every row); then, in fresh processes, times
+``replay.load`` of the ONNX set (weights shared across sessions, and not) and of the ``.pt2``
+artifact and reads the resident memory it added; finally the median latency of every original
+call through eager, the ``.pt2`` runner and the ONNX runner, per group. Prints Markdown on
+stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHILD = """
+import json, os, sys, time
+import torch, onnxruntime, replay
+from replay.onnx.runner import load_onnx
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
+before = rss()
+t = time.perf_counter()
+if sys.argv[2] == "onnx-copies":
+    runner = load_onnx(sys.argv[1], share_weights=False)
+else:
+    runner = replay.load(sys.argv[1])
+seconds = time.perf_counter() - t
+print(json.dumps({"load_s": seconds, "rss": rss() - before}))
+"""
+
+WORKLOAD = [(1, 4, True), (2, 6, True), (3, 5, True), (1, 11, True)]
+
+
+def _child(root: Path, path: Path, kind: str) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), kind],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    result: dict[str, float] = json.loads(done.stdout)
+    return result
+
+
+def main() -> int:
+    """Runs the benchmark and prints the Markdown section."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch and onnxruntime threads (timings)"
+    )
+    parser.add_argument("--no-latency", action="store_true", help="sizes, load and memory only")
+    parser.add_argument("--workdir", default=None, help="keep (and reuse) the export here")
+    options = parser.parse_args()
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    import torch
+
+    import replay
+    from bench.common import machine_line, md_table
+    from fixtures.generate_traffic import record_traffic, tiny_causal
+    from replay.onnx.runner import load_onnx
+
+    hidden = options.hidden
+    torch.set_num_threads(options.threads)
+    model = tiny_causal("llama", hidden_size=hidden, intermediate_size=2 * hidden)
+    weights = sum(p.nbytes for p in model.state_dict().values())
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(options.workdir or tmp)
+        onnx_path, pt2 = work / "out" / "model.onnx", work / "model.pt2"
+        sys.stderr.write("recording generate() traffic...\n")
+        store = work / f"store-{time.time_ns()}"
+        originals = record_traffic(model, store, WORKLOAD, max_new_tokens=6)
+        torch_s = onnx_s = float("nan")
+        if not Path(f"{onnx_path}.json").exists() or not pt2.exists():
+            sys.stderr.write("exporting without ONNX...\n")
+            t = time.perf_counter()
+            plain = replay.export(model, store)
+            torch_s = time.perf_counter() - t
+            plain.save(pt2)
+            sys.stderr.write("exporting with ONNX...\n")
+            onnx_path.parent.mkdir(exist_ok=True)
+            t = time.perf_counter()
+            replay.export(model, store, onnx=onnx_path)
+            onnx_s = time.perf_counter() - t
+        on_disk = sum(f.stat().st_size for f in onnx_path.parent.iterdir() if f.suffix != ".json")
+        loads = {
+            kind: _child(root, p, kind)
+            for kind, p in [("onnx", onnx_path), ("onnx-copies", onnx_path), ("pt2", pt2)]
+        }
+        router = replay.load(pt2)
+        targets = {
+            "eager": model,
+            "pt2 runner": router,
+            "ONNX runner (shared weights)": load_onnx(onnx_path, threads=options.threads),
+            "ONNX runner (copies, prepacked)": load_onnx(
+                onnx_path, threads=options.threads, share_weights=False
+            ),
+        }
+        sys.stderr.write("timing every original call...\n")
+        times: dict[tuple[str, str], list[float]] = {}
+        with torch.no_grad():
+            for args, kwargs in [] if options.no_latency else originals:
+                group = router.select(*args, **kwargs)
+                kind = "prefill" if group.startswith("prefill") else "decode"
+                for name, fn in targets.items():
+                    for _ in range(options.repeat):
+                        a, k = copy.deepcopy((args, kwargs))
+                        t = time.perf_counter_ns()
+                        fn(*a, **k)
+                        times.setdefault((kind, name), []).append(time.perf_counter_ns() - t)
+    print(f"### ONNX target (issue 21): 2-layer Llama, hidden {hidden}, 4 groups\n")
+    print(f"Machine: {machine_line(('torch', 'onnxruntime', 'onnxscript'))}; timings with ")
+    print(f"{options.threads} thread(s) for torch and onnxruntime\n")
+    print(
+        md_table(
+            ["what", "value"],
+            [
+                ["export, torch only (4 groups, checks)", f"{torch_s:.1f} s"],
+                ["export with onnx= (+ conversion, write, onnxruntime check)", f"{onnx_s:.1f} s"],
+                ["weights (parameters + buffers)", f"{weights / 2**20:.2f} MiB"],
+                [
+                    "ONNX set on disk (4 files + shared weights)",
+                    f"{on_disk / 2**20:.2f} MiB ({on_disk / weights:.3f}x)",
+                ],
+                *[
+                    [
+                        f"load {kind} (fresh process)",
+                        f"{v['load_s'] * 1e3:.0f} ms, +{v['rss'] / 2**20:.1f} MiB RSS",
+                    ]
+                    for kind, v in loads.items()
+                ],
+            ],
+        )
+    )
+    print()
+    rows = []
+    for kind in ("prefill", "decode"):
+        for name in targets:
+            values = times.get((kind, name), [])
+            if values:
+                rows.append([kind, name, len(values), f"{statistics.median(values) / 1e3:.0f}"])
+    print(md_table(["calls", "target", "n", "median µs"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
