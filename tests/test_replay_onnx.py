@@ -12,6 +12,8 @@ import copy
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +246,35 @@ def test_capture_check_reads_an_onnx_set(linear: Any) -> None:
     rows = json.loads(done.stdout)
     assert [(r["group"], r["served"]) for r in rows] == [("g0", True)] * 3 + [("g1", True)] * 3
     assert done.stderr == "served: 6 of 6 recorded signatures, 6 of 6 calls\n"
+
+
+def test_capture_check_of_an_onnx_set_imports_no_torch(linear: Any) -> None:
+    _, _, _, store, target = linear
+    script = (
+        "import sys\nfrom capture.cli.main import cli\n"
+        "try:\n    cli(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "sys.stderr.write('torch imported: %s\\n' % ('torch' in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "--store", str(store), "check", str(target)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert done.stderr.splitlines()[-1] == "torch imported: False"
+
+
+def test_capture_check_says_when_there_is_no_onnx_set(linear: Any, tmp_path: Path) -> None:
+    _, _, _, store, _ = linear
+    missing = tmp_path / "none.onnx"
+    done = CliRunner().invoke(cli, ["--store", str(store), "check", str(missing)])
+    assert done.exit_code == 1
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"Error: no ONNX manifest at {missing}.json: replay.load takes the path given to onnx= "
+        "(capture export --out MODEL.onnx writes one)\n"
+    )
 
 
 class Mul(torch.nn.Module):

@@ -322,7 +322,11 @@ def _bounds(
             text = str(size)
             vr = ranges.get(text)
             if vr is not None:
-                bounds[at] = (_finite(vr.lower) or 0, _finite(vr.upper))
+                # A lower bound of 2 is torch.export's 0/1 specialization floor, which
+                # ep.module() does not check at run time (a recorded batch of 1 is served):
+                # only a higher one is a guard of the program's own.
+                low = _finite(vr.lower) or 0
+                bounds[at] = (low if low > 2 else 0, _finite(vr.upper))
                 symbol = group.dims[at].symbol if at < len(group.dims) else None
                 if symbol and group.dims[at].dynamic:
                     seen.setdefault(text, set()).add(str(symbol))
