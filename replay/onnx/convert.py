@@ -26,9 +26,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -163,7 +165,7 @@ def convert(group: ExportGroup, program: ExportedProgram) -> Converted:
             "fill_missing"
         )
     args, kwargs = program.example_inputs or ((), {})
-    with nodes.register_flattening_functions(), warnings.catch_warnings():
+    with nodes.register_flattening_functions(), warnings.catch_warnings(), _quiet_registry():
         # torch 2.13's own deprecation warning while torch.onnx deep-copies the program
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         onnx_program = torch.onnx.export(
@@ -223,6 +225,19 @@ def _bind_inputs(
             InputBinding(str(value.name), leaf, recorded.path, str(recorded.dtype), _shape(value))
         )
     return inputs
+
+
+@contextlib.contextmanager
+def _quiet_registry() -> Iterator[None]:
+    """Keeps torch.onnx's registry chatter ("torchvision is not installed. Skipping
+    torchvision::nms", logged as warnings on every conversion) off the caller's stderr."""
+    chatter = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = chatter.level
+    chatter.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        chatter.setLevel(level)
 
 
 def _shape(value: ir.Value) -> tuple[int | str, ...]:
