@@ -8,12 +8,13 @@ artifact's (`replay.ship.artifact`), so ``capture check`` and `replay.ship.guard
 - ``format`` (`FORMAT`), ``model``, ``created``, ``versions`` (torch, transformers, capture,
   onnx, onnxscript, onnxruntime) and ``weights`` (the shared file's name and size);
 - ``modules[""]``: the store, the export's ``complete``, its coverage rows (torch and ONNX);
-- ``programs``: one entry per file, the artifact's guard entry (group, recorded structure,
-  ``axes`` with each dim's range, relations, ``rejected``: recorded signatures the ONNX check
-  failed) plus ``file``, ``opset``, ``inputs`` (ONNX name, the recorded tensor leaf it takes,
-  dtype, per axis its size or dim name, and ``min`` / ``max``: what an onnxruntime or TensorRT
-  deployment builds its profiles from), ``dims`` (dim name -> recorded ``min`` / ``max``) and
-  ``outputs`` (the output treespec, the ONNX name of each output leaf).
+- ``programs``: one entry per file, with the fields of the artifact's guard entries (group,
+  recorded structure, ``axes`` with each dim's range, relations, ``rejected``: recorded
+  signatures the ONNX check failed) plus ``file``, ``opset``, ``inputs`` (ONNX name, the
+  recorded tensor leaf it takes, dtype, per axis its size or dim name, and ``min`` / ``max``:
+  what an onnxruntime or TensorRT deployment builds its profiles from), ``dims`` (dim name ->
+  recorded ``min`` / ``max``) and ``outputs`` (the output treespec, the ONNX name of each
+  output leaf).
 
 An axis whose range torch.export bounded more tightly than the recordings (`Converted.bounds`)
 carries the program's range and ``"narrowed": true``, and the program's own size guards travel
@@ -32,10 +33,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay.onnx.weights import OnnxFileError
+from replay.ship.guards import LEAF_FIELDS
 
 if TYPE_CHECKING:
-    from torch.export import ExportedProgram
-
     from replay.coverage import CoverageRow
     from replay.exportgroup import ExportGroup
     from replay.onnx.convert import Converted
@@ -90,16 +90,107 @@ def is_onnx_path(path: str | os.PathLike[str]) -> bool:
 
 
 def onnx_versions() -> dict[str, str | None]:
-    """The versions of the ONNX packages an export used (None: not installed)."""
+    """The versions of what made and runs the files (None: not installed).
+
+    Example:
+        >>> sorted(onnx_versions())
+        ['capture', 'onnx', 'onnxruntime', 'onnxscript', 'torch', 'transformers']
+    """
     from importlib.metadata import PackageNotFoundError, version
 
-    out: dict[str, str | None] = {}
-    for name in ("onnx", "onnxscript", "onnxruntime"):
+    from capture import __version__
+
+    out: dict[str, str | None] = {"capture": __version__}
+    for name in ("torch", "transformers", "onnx", "onnxscript", "onnxruntime"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
             out[name] = None
     return out
+
+
+def _iso(ts: Any) -> str | None:
+    from datetime import datetime
+
+    return ts.isoformat() if isinstance(ts, datetime) else None
+
+
+def spec_types(spec: str) -> set[str]:
+    """The node types a dumped treespec names, builtins and collections left out (what a
+    loader must have registered to rebuild it).
+
+    Example:
+        >>> spec_types('[1, {"type": "builtins.tuple", "context": "null", "children_spec": []}]')
+        set()
+    """
+    out: set[str] = set()
+    stack = [json.loads(spec)[1]]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("type"), str):
+                out.add(node["type"])
+            stack.extend(node.get("children_spec") or ())
+    return {t for t in out if not t.startswith(("builtins.", "collections."))}
+
+
+def _guard_entry(
+    group: ExportGroup, converted: Converted, rows: Sequence[CoverageRow]
+) -> dict[str, Any]:
+    """The guard fields of a file's entry, as `replay.ship.guards.ProgramGuard.from_manifest`
+    reads them (the fields the ``.pt2`` artifact writes for a program; `rejected` from the ONNX
+    rows of the group's recorded signatures that are not covered, matched by their sizes)."""
+    from replay.coverage import KIND_RECORDED
+
+    structure = group.structure
+    axes = [
+        {
+            "path": d.path,
+            "axis": d.axis,
+            "min": d.min,
+            "max": d.max,
+            "dynamic": d.dynamic,
+            "symbol": d.symbol,
+        }
+        for d in group.dims
+    ]
+    if len(axes) != structure.width:
+        raise OnnxFileError(
+            f"group {group.name}: {len(axes)} analysed dims for {structure.width} recorded "
+            "tensor dims; the guards cannot be written"
+        )
+    return {
+        "module": "",
+        "group": group.name,
+        "program": group.name,
+        "model": group.model,
+        "structure_id": group.structure_id,
+        "calls": group.calls,
+        "signatures": group.signatures,
+        "treespec": structure.treespec,
+        "signature": structure.signature,
+        "n_args": structure.n_args,
+        "leaves": [
+            {k: getattr(leaf, k) for k in ("argument", "position", *LEAF_FIELDS)}
+            for leaf in structure.leaves
+        ],
+        "axes": axes,
+        "relations": [
+            {"symbol": r.symbol, "terms": list(r.terms), "offset": r.offset}
+            for r in group.relations
+        ],
+        "pytree_types": sorted(spec_types(converted.outputs.spec)),
+        "rejected": [
+            {"dims": list(row.sizes), "error": row.error or "not reproduced"}
+            for row in rows
+            if row.group == group.name
+            and row.kind == KIND_RECORDED
+            and not row.covered
+            and row.sizes is not None
+        ],
+        "first_ts": _iso(group.analysis.first_ts) if group.analysis else None,
+        "last_ts": _iso(group.analysis.last_ts) if group.analysis else None,
+    }
 
 
 def _axes(entry_axes: Sequence[dict[str, Any]], converted: Converted) -> list[dict[str, Any]]:
@@ -120,7 +211,6 @@ def _axes(entry_axes: Sequence[dict[str, Any]], converted: Converted) -> list[di
 
 def program_entry(
     group: ExportGroup,
-    program: ExportedProgram,
     converted: Converted,
     file: str,
     rows: Sequence[CoverageRow],
@@ -129,7 +219,6 @@ def program_entry(
 
     Args:
         group: The call group.
-        program: Its torch program (the file was converted from it).
         converted: The conversion (`replay.onnx.convert.convert`).
         file: The ONNX file's name (no directory).
         rows: The ONNX coverage rows of the export: the group's failed recorded signatures
@@ -138,10 +227,7 @@ def program_entry(
     Returns:
         A JSON-serializable dict.
     """
-    # The .pt2 artifact's entry: one description of a group's guard for both targets.
-    from replay.ship.artifact import _entry
-
-    entry = _entry("", group, program, list(rows))
+    entry = _guard_entry(group, converted, rows)
     entry["axes"] = _axes(entry["axes"], converted)
     dims: dict[str, dict[str, int]] = {}
     inputs = []
@@ -209,13 +295,11 @@ def write_manifest(
     """
     from datetime import datetime
 
-    from replay.ship.artifact import _versions
-
     data = {
         "format": FORMAT,
         "model": model,
         "created": datetime.now().astimezone().isoformat(),
-        "versions": {**_versions(), **onnx_versions()},
+        "versions": onnx_versions(),
         "weights": dict(weights),
         "modules": {"": dict(module)},
         "programs": list(programs),

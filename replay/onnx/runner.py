@@ -168,6 +168,31 @@ class OnnxRunner(Routed):
         return f"OnnxRunner({self.manifest['model']}, groups={self.groups})"
 
 
+_ALLOWED_MODULES = ("transformers.",)
+"""Modules a manifest may ask the loader to import (for the output classes they register)."""
+
+
+def _register_types(types: set[str]) -> None:
+    """Makes the types the output treespecs name known to torch's pytree: capture's cache
+    registrations (held for the life of the process: every call unflattens with them) and
+    transformers' output classes (registered when their module is imported: allow-listed
+    modules only). Anything else must be registered by the caller; parsing the treespec then
+    says which (`capture.pytree.treespec`)."""
+    import importlib
+
+    from capture.pytree import nodes
+
+    wanted = sorted(t for t in types if t.startswith(_ALLOWED_MODULES))
+    if wanted:
+        nodes.acquire()
+    for name in wanted:
+        module = name.rpartition(".")[0]
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise OnnxFileError(f"the ONNX set's outputs need {module}: {e}") from e
+
+
 def _shared_initializers(
     folder: str, weights: str, files: Sequence[str]
 ) -> tuple[dict[str, list[tuple[str, Any]]], list[Any]]:
@@ -279,14 +304,12 @@ def open_set(
         raise ReplayError(
             "running ONNX files needs onnxruntime; run `pip install capture[onnx]`"
         ) from e
-    from replay.ship.artifact import _register
-
     weights = str(manifest["weights"]["file"])
     files = [str(e["file"]) for e in manifest["programs"]]
     types: set[str] = set()
     for entry in manifest["programs"]:
         types.update(str(t) for t in entry.get("pytree_types", []))
-    _register(types)
+    _register_types(types)
     shared: dict[str, list[tuple[str, Any]]] = {}
     keep: list[Any] = []
     if share_weights:

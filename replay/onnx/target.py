@@ -202,7 +202,6 @@ def _manifest(
     entries = [
         program_entry(
             group,
-            programs[group.name],
             converted[group.name],
             os.path.basename(files[group.name]),
             rows,
