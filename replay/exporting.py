@@ -395,7 +395,6 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             notes.extend(f"{group.name}: {note}" for note in group.notes)
             rows.extend(proof)
             continue
-        group.notes.extend(merged)
         made[index] = []
         for done in export_regimes(
             group,
@@ -405,6 +404,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             lambda g, e: _retry(module, g, e, options),
         ):
             group = done.group
+            group.notes.extend(merged)  # why no other group's program serves it
             made[index].append(group)
             if done.not_honoured is not None:
                 not_honoured[group.name] = done.not_honoured
