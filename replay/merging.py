@@ -267,7 +267,9 @@ def merge(
         ``(B served, its coverage rows)``; else the reasons each candidate was refused
         (empty when no group differs from B only by inputs B leaves out).
     """
-    reasons = []
+    reasons: list[str] = []
+    if lacking.added:
+        return reasons  # fill_missing: every program already takes every input, as asked
     for full, program in exported:
         arguments = missing_inputs(lacking, full)
         if not arguments or full.added or full.served_by is not None:

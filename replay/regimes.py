@@ -174,6 +174,13 @@ def _export_one(
     cut = find_cut(outcome.group, found) if found is not None else None
     if cut is not None and _fits(outcome.group, cut, room):
         return outcome, cut
+    refused = [v for v in found or () if not v.accepted]
+    if cut is None and refused and len(refused) < len(signatures):
+        outcome.group.notes.append(
+            f"the program's guards refuse {len(refused)} of {len(signatures)} recorded "
+            f"signatures ({refused[0].refused}); no one dim separates them from the others "
+            "into ranges, so the group is not split"
+        )
     return outcome, None
 
 
