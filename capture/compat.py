@@ -135,6 +135,12 @@ def shape_facts(program: Any) -> ShapeFacts | None:
 
     Returns:
         A `ShapeFacts`, or None when the program carries no symbolic shapes (nothing dynamic).
+
+    Example:
+        >>> ep = torch.export.export(model, (x,), dynamic_shapes=({0: Dim.DYNAMIC},))
+        ... # doctest: +SKIP
+        >>> shape_facts(ep).ranges  # doctest: +SKIP
+        {s0: (2, 3)}
     """
     import torch
     from torch.export.exported_program import _get_shape_env

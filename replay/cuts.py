@@ -106,6 +106,16 @@ def program_columns(group: ExportGroup) -> list[tuple[int, ...] | None]:
 
     The call is laid out as `replay.exportgroup.ExportGroup.program_call` lays it out (the
     recorded tree, added inputs, the call form), with markers instead of tensors.
+
+    Args:
+        group: The group (its recorded structure, added inputs and call form).
+
+    Returns:
+        Per tensor input, the columns of its sizes (None for an added input).
+
+    Example:
+        >>> program_columns(group)  # doctest: +SKIP
+        [(0, 1), (2, 3)]
     """
     import torch.utils._pytree as pytree
 
@@ -139,6 +149,10 @@ def verdicts(
     Returns:
         One `Verdict` per signature, or None when the program's inputs cannot be matched with
         the group's (then nothing is decided from them).
+
+    Example:
+        >>> [v.refused for v in verdicts(program, group, [(3, 3), (5, 3)])]  # doctest: +SKIP
+        [None, "x_0 = 5 is outside the program's range [2, 3]"]
     """
     facts = shape_facts(program)
     if facts is None:
@@ -291,6 +305,10 @@ def find_cut(group: ExportGroup, found: Sequence[Verdict]) -> Cut | None:
 
     Returns:
         A `Cut`, or None when every signature is accepted, none is, or no symbol separates them.
+
+    Example:
+        >>> find_cut(group, verdicts(program, group, signatures)).runs  # doctest: +SKIP
+        ((2, 3, True), (5, 6, False))
     """
     if not found or all(v.accepted for v in found) or not any(v.accepted for v in found):
         return None

@@ -175,6 +175,9 @@ class ExportGroup:
 
         Returns:
             ``(args, kwargs)`` for the serving program.
+
+        Example:
+            >>> args, kwargs = group.to_program(*real_call, sizes)  # doctest: +SKIP
         """
         kwargs = {**kwargs, **{k: v.clone() for k, v in self.added.items()}}
         args, kwargs = fill_call(self.fills, tuple(args), kwargs, list(sizes))

@@ -11,7 +11,12 @@ covered when both ran and agree within ``atol + rtol * max|eager|``. **Probes** 
 same way: a few size vectors never recorded, inside each dynamic dim's recorded range and at
 its ends (`replay.select.probes`, at most ``probes`` per group), as rows of kind ``probe``.
 
-A group torch.export rejects has no program; its signatures are in the coverage table,
+A group whose recorded range torch.export cuts (a sliding window, a branch on a size) is split
+at the cut and each side, a **regime**, exported on its own (`replay.regimes`); a group lacking
+an optional input another group passes is served by that group's program with the input
+filled, where the check proves it on its own signatures, probes and payloads
+(`replay.merging`); groups that pass more inputs are exported first for that reason. A group
+(or regime) torch.export rejects has no program; its signatures are in the coverage table,
 uncovered, with the error. `ExportResult.complete` is true when every row (every kind) is
 covered and every option asked for was honoured.
 

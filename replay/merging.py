@@ -61,6 +61,11 @@ def missing_inputs(lacking: ExportGroup, full: ExportGroup) -> list[str]:
     Returns:
         The argument names, each a plain keyword tensor in `full` and missing in `lacking`;
         empty when the structures differ otherwise (or do not differ).
+
+    Example:
+        >>> missing_inputs(inputs.group("decode_no_attention_mask"), inputs.group("decode"))
+        ... # doctest: +SKIP
+        ['attention_mask']
     """
     if lacking.analysis is None or full.analysis is None:
         return []
@@ -153,6 +158,11 @@ def derive_fills(
 
     Returns:
         ``(candidates, None)``: fill sets to try, in order; or ``([], why none can be derived)``.
+
+    Example:
+        >>> candidates, _ = derive_fills(lacking, full, ["attention_mask"])  # doctest: +SKIP
+        >>> [fill.text for (fill,) in candidates]  # doctest: +SKIP
+        ['attention_mask = ones of shape (batch, past_key_values_2 + 1)', ...]
     """
     per_argument: list[list[Fill]] = []
     for argument in arguments:
@@ -207,6 +217,12 @@ def prove(
     Returns:
         ``(B served by A, its coverage rows, None)`` when every row agrees with eager, else
         ``(B served by A, the rows, why not)``.
+
+    Example:
+        >>> served, rows, why = prove(model, lacking, full, program, fills, options, store,
+        ...                           inputs)  # doctest: +SKIP
+        >>> served.program_name, why  # doctest: +SKIP
+        ('decode', None)
     """
     from replay.exportgroup import ExportInputs
     from replay.payload_rows import payload_rows
@@ -266,6 +282,12 @@ def merge(
     Returns:
         ``(B served, its coverage rows)``; else the reasons each candidate was refused
         (empty when no group differs from B only by inputs B leaves out).
+
+    Example:
+        >>> merged = merge(model, lacking, [(full, program)], options, store, inputs)
+        ... # doctest: +SKIP
+        >>> merged[0].served_by  # doctest: +SKIP
+        'decode'
     """
     reasons: list[str] = []
     if lacking.added:

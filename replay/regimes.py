@@ -134,6 +134,12 @@ def export_regimes(
     Returns:
         The group, or its regimes in increasing order of the cut symbol, each exported or
         with its error.
+
+    Example:
+        >>> done = export_regimes(group, options, inputs.analysed, export, retry)
+        ... # doctest: +SKIP
+        >>> [d.group.name for d in done]  # doctest: +SKIP
+        ['prefill[input_ids_1<=4]', 'prefill[input_ids_1=5]', 'prefill[input_ids_1>=6]']
     """
     budget = max(1, options.max_regimes)
     count = 1

@@ -103,8 +103,16 @@ class Fill:
             width: How many sizes a call of the program's group has (term indices must be
                 below it).
 
+        Returns:
+            The `Fill`.
+
         Raises:
             ArtifactError: The entry is not a fill `as_dict` writes (the message says what).
+
+        Example:
+            >>> Fill.from_dict({"argument": "mask", "dtype": "int64", "value": 1,
+            ...                 "shape": [{"terms": [0], "offset": 0}]}, width=2).shape
+            (FillAxis(terms=(0,), offset=0),)
         """
         if not isinstance(data, Mapping) or not isinstance(data.get("shape"), list):
             raise ArtifactError(f"a manifest fill must be an object with a shape list: {data!r}")
@@ -141,8 +149,19 @@ def _is_int(value: Any) -> TypeGuard[int]:
 def fills_of(entry: Mapping[str, Any], width: int) -> tuple[Fill, ...]:
     """The fills of a manifest's program entry (none when it has no ``fills``).
 
+    Args:
+        entry: The manifest's ``programs`` entry.
+        width: How many sizes a call of its group has.
+
+    Returns:
+        The entry's fills, in order.
+
     Raises:
         ArtifactError: ``fills`` is not a list of fills (`Fill.from_dict`).
+
+    Example:
+        >>> fills_of({"group": "g0"}, width=2)
+        ()
     """
     data = entry.get("fills") or []
     if not isinstance(data, list):
@@ -163,6 +182,13 @@ def fill_call(
 
     Returns:
         ``(args, kwargs)`` with the filled inputs.
+
+    Example:
+        >>> import torch
+        >>> fill = Fill("mask", "int64", 1, (FillAxis((0,)), FillAxis((1,))))
+        >>> _, kwargs = fill_call([fill], (), {"x": torch.zeros(2, 3)}, [2, 3])
+        >>> tuple(kwargs["mask"].shape)
+        (2, 3)
     """
     if not fills:
         return args, kwargs
