@@ -50,8 +50,9 @@ __all__ = ["payload_rows", "real_call", "DEFAULT_LIMIT", "Serve"]
 
 logger = logging.getLogger(__name__)
 
-Serve = Callable[[tuple[Any, ...], dict[str, Any]], Any]
-"""How a target runs one call, given ``(args, kwargs)`` as the recorded call passed them."""
+Serve = Callable[[tuple[Any, ...], dict[str, Any], list[int]], Any]
+"""How a target runs one call, given ``(args, kwargs)`` as the recorded call passed them and
+its sizes (every input tensor size, in leaf order)."""
 
 DEFAULT_LIMIT = DEFAULT_MAX_PAYLOADS
 """Sampled calls checked by `replay.export` (the newest ones); the check stays bounded."""
@@ -126,13 +127,12 @@ def _row(
     )
 
 
-def _program_call(group: ExportGroup, program: ExportedProgram) -> Serve:
-    """A torch program called as the recorded calls pass their arguments."""
-    runnable = program.module()
+def _program_call(group: ExportGroup, runnable: Any) -> Serve:
+    """A torch program (``program.module()``) called as the recorded calls pass their
+    arguments: the group's substitutes and fills added, in the program's call form."""
 
-    def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        kwargs.update({k: v.clone() for k, v in group.added.items()})
-        call_args, call_kwargs = shapes.arrange(group.form, args, kwargs)
+    def call(args: tuple[Any, ...], kwargs: dict[str, Any], sizes: list[int]) -> Any:
+        call_args, call_kwargs = group.to_program(args, kwargs, sizes)
         return runnable(*call_args, **call_kwargs)
 
     return call
@@ -157,7 +157,7 @@ def _check(
             return failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
         try:
             args, kwargs = real_call(group.structure, payload, device)
-            got = serve(args, kwargs)
+            got = serve(args, kwargs, _sizes(group.structure, payload))
         except Exception as e:  # the program rejects the real call (a guard): not covered
             return failed(f"program failed: {type(e).__name__}: {first_line(e)}")
     diff, bad = compare_outputs(expected, got, atol, rtol)
@@ -206,8 +206,8 @@ def payload_rows(
         device: Device of the rebuilt tensors.
         target: The rows' target (`replay.coverage.TARGET_TORCH`, ``onnx``).
         serve: Group name -> how that target runs a call given as recorded (default: the
-            group's torch program, in its call form). A group with a program but no entry
-            here is not covered (its target was not produced).
+            torch program serving the group, in its call form, fills added). A group with a
+            program but no entry here is not covered (its target was not produced).
 
     Returns:
         (rows, notes); no rows when the store holds no payloads of the model.
@@ -223,18 +223,18 @@ def payload_rows(
     if len(files) > limit:
         notes.append(f"payloads: checked the newest {limit} of {len(files)} sampled calls")
         files = files[-limit:]
-    by_structure = {g.structure_id: g for g in inputs.groups}
+    exported = {g.structure_id for g in inputs.groups}
     analysed = {g.structure_id for g in inputs.analysed}
     rows: list[CoverageRow] = []
-    runnables: dict[str, Serve] = dict(serve or {})
+    runnables: dict[str, Serve] = dict(serve or {})  # group name -> how its calls run
+    modules: dict[str, Any] = {}  # program name -> program.module(), shared by merged groups
     with nodes.register_flattening_functions():
         for item in iter_payloads(files, fs):
             if isinstance(item, str):
                 rows.append(_row(None, "unreadable payload", error=item, target=target))
                 continue
-            group = by_structure.get(item.in_structure)
             label = f"call {item.call_id}"
-            if group is None:
+            if item.in_structure not in exported:
                 if item.in_structure in analysed:
                     continue  # its group was left out with groups=
                 rows.append(
@@ -247,16 +247,27 @@ def payload_rows(
                     )
                 )
                 continue
+            first = next(g for g in inputs.groups if g.structure_id == item.in_structure)
+            sizes = _sizes(first.structure, item)
+            # A group split into regimes: the regime whose range holds the call.
+            group = inputs.group_for(item.in_structure, sizes)
+            if group is None:
+                signature = f"{shapes.describe_sizes(first.structure.leaves, sizes)} [{label}]"
+                why = "outside the recorded range of every regime of its group"
+                rows.append(_row(first.name, signature, sizes, error=why, target=target))
+                continue
             leaves = group.structure.leaves
-            sizes = _sizes(group.structure, item)
             signature = f"{shapes.describe_sizes(leaves, sizes)} [{label}]"
-            program = programs.get(group.name)
+            name = group.program_name  # a merged group runs the program serving it
+            program = programs.get(name)
             if program is None or (serve is not None and group.name not in runnables):
                 why = errors.get(group.name) or f"group {group.name} has no program"
                 rows.append(_row(group.name, signature, sizes, error=why, target=target))
                 continue
             if group.name not in runnables:
-                runnables[group.name] = _program_call(group, program)
+                if name not in modules:
+                    modules[name] = program.module()
+                runnables[group.name] = _program_call(group, modules[name])
             outcome = _check(module, group, runnables[group.name], item, device, atol, rtol)
             rows.append(_row(group.name, signature, sizes, target=target).checked(**outcome))
     return rows, notes

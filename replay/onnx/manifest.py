@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -193,20 +194,81 @@ def _guard_entry(
     }
 
 
-def _axes(entry_axes: Sequence[dict[str, Any]], converted: Converted) -> list[dict[str, Any]]:
-    """The recorded axes, cut to the program's bounds where the program is narrower."""
-    out = []
-    for axis, bound in zip(entry_axes, converted.bounds, strict=True):
-        axis = dict(axis)
-        if bound is not None:
-            low, high = bound
-            if low == high and axis["dynamic"]:
-                axis.update(min=low, max=low, dynamic=False, narrowed=True)
-            elif low > int(axis["min"]) or (high is not None and high < int(axis["max"])):
-                axis.update(min=max(low, int(axis["min"])), narrowed=True)
-                axis["max"] = min(high, int(axis["max"])) if high is not None else axis["max"]
-        out.append(axis)
+DimMap = list[tuple[tuple[int, ...], int]]
+"""Per size of the file's call (the owning group's dims): ``(terms, offset)`` over the entry's
+group's dims, the size being ``sum(dims[t] for t in terms) + offset``."""
+
+
+def _dim_map(group: ExportGroup, owner: ExportGroup) -> DimMap:
+    """How each size of the file's call follows from a call of `group`: the same size for the
+    group owning the program; for a group served by it (`replay.merging`), its own sizes, or a
+    filled input's axis (`replay.ship.fills`)."""
+    if group is owner:
+        return [((i,), 0) for i in range(owner.structure.width)]
+    mine: dict[str, int] = {}
+    width = 0
+    for leaf in group.structure.tensors:
+        mine[leaf.path] = width
+        width += int(leaf.ndim)
+    fills = {f"kwargs[{fill.argument!r}]": fill for fill in group.fills}
+    out: DimMap = []
+    for leaf in owner.structure.tensors:
+        if leaf.path in mine:
+            out.extend(((mine[leaf.path] + k,), 0) for k in range(int(leaf.ndim)))
+        elif leaf.path in fills:
+            out.extend((tuple(a.terms), a.offset) for a in fills[leaf.path].shape)
+        else:
+            raise OnnxFileError(
+                f"group {group.name}: {leaf.path} of program {owner.name} is neither passed "
+                "nor filled"
+            )
     return out
+
+
+def _expr(terms: tuple[int, ...], offset: int) -> str:
+    parts = [f"d{t}" for t in terms] + ([str(offset)] if offset or not terms else [])
+    return "(" + " + ".join(parts) + ")"
+
+
+def _program_guard(
+    entry_axes: Sequence[dict[str, Any]], converted: Converted, mapping: DimMap
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The entry's axes cut to the program's bounds, and the program's conditions, over the
+    entry's group's dims (through `mapping`); a bound on a filled size becomes a condition."""
+    from replay.ship.conditions import parse
+
+    axes = [dict(a) for a in entry_axes]
+    conditions: list[dict[str, str]] = []
+    for (terms, offset), bound in zip(mapping, converted.bounds, strict=True):
+        if bound is None:
+            continue
+        low, high = bound
+        if len(terms) != 1 or offset:
+            expr = _expr(terms, offset)
+            if low > 0:
+                conditions.append({"expr": f"{expr} >= {low}", "text": f"{expr} >= {low}"})
+            if high is not None:
+                conditions.append({"expr": f"{expr} <= {high}", "text": f"{expr} <= {high}"})
+            continue
+        axis = axes[terms[0]]
+        if low == high and axis["dynamic"]:
+            axis.update(min=low, max=low, dynamic=False, narrowed=True)
+        elif low > int(axis["min"]) or (high is not None and high < int(axis["max"])):
+            axis.update(min=max(low, int(axis["min"])), narrowed=True)
+            axis["max"] = min(high, int(axis["max"])) if high is not None else axis["max"]
+    for condition in converted.conditions:
+        expr = re.sub(r"\bd(\d+)\b", lambda m: _expr(*mapping[int(m.group(1))]), condition.expr)
+        parse(expr)  # a rewritten condition is still one of the grammar
+        conditions.append({"expr": expr, "text": condition.text})
+    return axes, conditions
+
+
+def _size_range(
+    axes: Sequence[dict[str, Any]], terms: tuple[int, ...], offset: int
+) -> tuple[int, int]:
+    low = sum(int(axes[t]["min"]) for t in terms) + offset
+    high = sum(int(axes[t]["max"]) for t in terms) + offset
+    return low, high
 
 
 def program_entry(
@@ -214,34 +276,42 @@ def program_entry(
     converted: Converted,
     file: str,
     rows: Sequence[CoverageRow],
+    owner: ExportGroup | None = None,
 ) -> dict[str, Any]:
-    """The manifest entry of one ONNX file (module docstring).
+    """The manifest entry of one group served by one ONNX file (module docstring).
 
     Args:
         group: The call group.
-        converted: The conversion (`replay.onnx.convert.convert`).
+        converted: The conversion of the program serving it (`replay.onnx.convert.convert`).
         file: The ONNX file's name (no directory).
         rows: The ONNX coverage rows of the export: the group's failed recorded signatures
             become ``rejected``.
+        owner: The group the program was exported from (default: `group` itself); another
+            group's when `group` is served by its program with inputs filled.
 
     Returns:
         A JSON-serializable dict.
+
+    Raises:
+        OnnxFileError: An input of the program that the group neither passes nor fills.
     """
+    owner = owner or group
+    mapping = _dim_map(group, owner)
     entry = _guard_entry(group, converted, rows)
-    entry["axes"] = _axes(entry["axes"], converted)
+    entry["axes"], conditions = _program_guard(entry["axes"], converted, mapping)
+    entry["program"] = owner.name
+    entry["fills"] = [fill.as_dict() for fill in group.fills]
     dims: dict[str, dict[str, int]] = {}
     inputs = []
-    widths = [int(leaf.ndim) for leaf in group.structure.tensors]
+    widths = [int(leaf.ndim) for leaf in owner.structure.tensors]
     starts = [sum(widths[:i]) for i in range(len(widths))]
     for binding in converted.inputs:
-        axes = entry["axes"][starts[binding.leaf] : starts[binding.leaf] + widths[binding.leaf]]
-        for name, axis in zip(binding.shape, axes, strict=True):
+        at = starts[binding.leaf]
+        ranges = [_size_range(entry["axes"], *mapping[at + k]) for k in range(widths[binding.leaf])]
+        for name, (low, high) in zip(binding.shape, ranges, strict=True):
             if isinstance(name, str):
-                low, high = dims.get(name, {}).get("min"), dims.get(name, {}).get("max")
-                dims[name] = {
-                    "min": int(axis["min"]) if low is None else min(low, int(axis["min"])),
-                    "max": int(axis["max"]) if high is None else max(high, int(axis["max"])),
-                }
+                seen = dims.setdefault(name, {"min": low, "max": high})
+                seen.update(min=min(seen["min"], low), max=max(seen["max"], high))
         inputs.append(
             {
                 "name": binding.name,
@@ -249,14 +319,14 @@ def program_entry(
                 "path": binding.path,
                 "dtype": binding.dtype,
                 "shape": list(binding.shape),
-                "min": [int(a["min"]) for a in axes],
-                "max": [int(a["max"]) for a in axes],
+                "min": [low for low, _ in ranges],
+                "max": [high for _, high in ranges],
             }
         )
     entry.update(
         file=file,
         opset=_opset(converted),
-        conditions=[{"expr": c.expr, "text": c.text} for c in converted.conditions],
+        conditions=conditions,
         unchecked_guards=list(converted.unchecked),
         inputs=inputs,
         dims=dims,

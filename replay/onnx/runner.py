@@ -28,12 +28,13 @@ the file, instead of four (docs/benchmarks.md measures memory and latency both w
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay.onnx.manifest import read_manifest
 from replay.onnx.weights import OnnxFileError, external_initializers
-from replay.ship.guards import CallNotServed
+from replay.ship.fills import Fill, fill_call
+from replay.ship.guards import CallNotServed, ProgramGuard
 from replay.ship.runner import Routed, Router
 
 if TYPE_CHECKING:
@@ -53,14 +54,15 @@ class OnnxProgram:
     """One ONNX file of a set: its session and how a call's tensors feed it.
 
     Attributes:
-        entry: The file's manifest entry.
+        entry: The manifest entry of the group that owns the file (its inputs and outputs are
+            every entry's that the file serves).
         session: Its ``onnxruntime.InferenceSession``.
     """
 
     def __init__(self, entry: dict[str, Any], session: Any) -> None:
         self.entry = entry
         self.session = session
-        self._inputs = [(str(i["name"]), int(i["leaf"])) for i in entry["inputs"]]
+        self._inputs = [(str(i["name"]), str(i["path"])) for i in entry["inputs"]]
         outputs = entry["outputs"]
         self._names: list[str | None] = list(outputs["names"])
         self._constants: list[Any] = list(outputs["constants"])
@@ -75,29 +77,32 @@ class OnnxProgram:
             self._spec = to_treespec(parse(self.entry["outputs"]["spec"], source), source)
         return self._spec
 
-    def run(self, tensors: Sequence[Any]) -> Any:
-        """Runs the file on a call's tensors (in recorded leaf order).
+    def run(self, tensors: Mapping[str, Any]) -> Any:
+        """Runs the file on a call's tensors, by their recorded leaf path.
 
         Returns:
             The output, in the program's output structure (eager's types).
 
         Raises:
-            CallNotServed: onnxruntime refused the call (a shape the file does not take).
+            CallNotServed: The call lacks an input of the file, or onnxruntime refused it.
         """
         import onnxruntime as ort
         import torch.utils._pytree as pytree
         from torch.utils.dlpack import from_dlpack
 
         feeds = {}
-        for name, leaf in self._inputs:
-            t = tensors[leaf].detach()
-            feeds[name] = ort.OrtValue.from_dlpack(t.cpu().contiguous())
+        label = str(self.entry["program"])
+        for name, path in self._inputs:
+            t = tensors.get(path)
+            if t is None:
+                reason = f"the call has no {path} for the file's input {name}"
+                raise CallNotServed(f"program {label}: {reason}", {label: reason})
+            feeds[name] = ort.OrtValue.from_dlpack(t.detach().cpu().contiguous())
         try:
             got = self.session.run_with_ort_values(self._fetch, feeds)
         except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
             text = str(e).strip().splitlines()
             reason = f"onnxruntime refused the call: {type(e).__name__}: {text[0] if text else ''}"
-            label = str(self.entry["group"])
             raise CallNotServed(f"group {label} matched, but {reason}", {label: reason}) from e
         values = iter(got)
         leaves = [
@@ -112,7 +117,7 @@ class OnnxRunner(Routed):
 
     Attributes:
         manifest: The set's manifest (`replay.onnx.manifest`).
-        programs: Group name -> its `OnnxProgram`.
+        programs: Program name (the group that owns the file) -> its `OnnxProgram`.
         modules: Always empty (sub-modules are exported to ``.pt2`` artifacts only).
         module: Always ``""``.
     """
@@ -140,20 +145,42 @@ class OnnxRunner(Routed):
             CallNotServed: No file accepts the call (structure, ranges, relations, a signature
                 the ONNX check failed), or onnxruntime refused it.
         """
-        guard, _, tensors = self._router.route(args, kwargs)
-        return self.programs[guard.group].run(tensors)
+        guard, entry, fills, tensors = self._router.route(args, kwargs)
+        return self._run(guard, entry, fills, args, kwargs, tensors)
+
+    def _run(
+        self,
+        guard: ProgramGuard,
+        entry: dict[str, Any],
+        fills: Sequence[Fill],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        tensors: Sequence[Any],
+    ) -> Any:
+        """Runs a call the entry's guard accepted on the entry's file."""
+        if fills:
+            # A group served by another group's program: the inputs it lacks, filled as the
+            # .pt2 runner fills them; the filled call is the owner's, read again by path.
+            dims = [int(s) for t in tensors for s in t.shape]
+            args, kwargs = fill_call(fills, args, kwargs, dims)
+            _, leaves, tensors = self._router.facts(args, kwargs, entry)
+        else:
+            leaves = guard.leaves  # the call matched them: same paths, kinds, ranks
+        paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
+        return self.programs[str(entry["program"])].run(dict(zip(paths, tensors, strict=True)))
 
     def run_group(self, group: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Runs the call on one group's file, behind that file's guard only (the ONNX check
-        runs each coverage row on its own group's file this way).
+        """Runs the call on one group's entry, behind that entry's guard only (the ONNX check
+        runs each coverage row on its own group this way).
 
         Raises:
             CallNotServed: The group's guard refuses the call, or onnxruntime does.
         """
-        for guard, entry in zip(self._router.guards, self._router.entries, strict=True):
+        router = self._router
+        for guard, entry, fills in zip(router.guards, router.entries, router.fills, strict=True):
             if guard.group != group:
                 continue
-            treespec, leaves, tensors = self._router.facts(args, kwargs, entry)
+            treespec, leaves, tensors = router.facts(args, kwargs, entry)
             reason = None
             if not guard.matches(treespec, leaves):
                 reason = "different call structure (arguments, dtypes, ranks or constants)"
@@ -161,8 +188,8 @@ class OnnxRunner(Routed):
                 reason = guard.check([int(s) for t in tensors for s in t.shape])
             if reason is not None:
                 raise CallNotServed(f"group {group} refuses this call ({reason})", {group: reason})
-            return self.programs[group].run(tensors)
-        raise CallNotServed(f"no ONNX file of group {group}", {group: "no ONNX file"})
+            return self._run(guard, entry, fills, args, kwargs, tensors)
+        raise CallNotServed(f"no ONNX file serves group {group}", {group: "no ONNX file"})
 
     def __repr__(self) -> str:
         return f"OnnxRunner({self.manifest['model']}, groups={self.groups})"
@@ -305,7 +332,13 @@ def open_set(
             "running ONNX files needs onnxruntime; run `pip install capture[onnx]`"
         ) from e
     weights = str(manifest["weights"]["file"])
-    files = [str(e["file"]) for e in manifest["programs"]]
+    owners = {str(e["program"]): e for e in manifest["programs"] if e["program"] == e["group"]}
+    missing = {str(e["program"]) for e in manifest["programs"]} - set(owners)
+    if missing:
+        raise OnnxFileError(
+            f"the manifest serves groups with programs it has no file of: {missing}"
+        )
+    files = [str(e["file"]) for e in owners.values()]
     types: set[str] = set()
     for entry in manifest["programs"]:
         types.update(str(t) for t in entry.get("pytree_types", []))
@@ -318,7 +351,7 @@ def open_set(
         for file in files:  # the same checks, without sharing
             external_initializers(os.path.join(folder, file), weights)
     programs: dict[str, OnnxProgram] = {}
-    for entry in manifest["programs"]:
+    for entry in owners.values():
         options = ort.SessionOptions()
         options.log_severity_level = 3  # onnxruntime's warnings are not the caller's output
         if threads is not None:
@@ -338,5 +371,5 @@ def open_set(
             raise OnnxFileError(
                 f"onnxruntime cannot load {entry['file']}: {type(e).__name__}: {e}"
             ) from e
-        programs[str(entry["group"])] = OnnxProgram(entry, session)
+        programs[str(entry["program"])] = OnnxProgram(entry, session)
     return OnnxRunner(manifest, programs, keep)

@@ -2,8 +2,10 @@
 
 `write_onnx` is what `replay.exporting.export_with` calls after the torch check:
 
-1. every group with a torch program is converted (`replay.onnx.convert`); a group whose
-   conversion fails keeps its torch program, and its ONNX rows say why;
+1. every torch program is converted (`replay.onnx.convert`), from the group (or regime) that
+   owns it; a group served by another's program (`replay.merging`) is served by that file, its
+   missing inputs filled as the ``.pt2`` runner fills them; a program whose conversion fails
+   keeps its torch program, and the ONNX rows of the groups it serves say why;
 2. the files are written with one shared weights file (`replay.onnx.weights`):
    ``PATH`` for one group, ``<stem>.<group>.onnx`` for several, and ``PATH.data``;
 3. the written files are opened as the runner ``replay.load`` gives (`replay.onnx.runner`) and
@@ -27,9 +29,9 @@ from replay.coverage import TARGET_ONNX, CoverageRow
 from replay.onnx.check import onnx_rows
 from replay.onnx.convert import Converted, convert
 from replay.onnx.manifest import manifest_path, program_entry, weights_path, write_manifest
-from replay.onnx.runner import open_set
+from replay.onnx.runner import OnnxRunner, open_set
 from replay.onnx.weights import OnnxFileError, write_models
-from replay.payload_rows import payload_rows
+from replay.payload_rows import Serve, payload_rows
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -72,6 +74,12 @@ def output_path(path: str, group: str, several: bool) -> str:
         return path
     root, ext = os.path.splitext(path)
     return f"{root}.{group}{ext}"
+
+
+def _serve(runner: OnnxRunner, group: str, args: Any, kwargs: Any, sizes: Any) -> Any:
+    """A payload call run through the runner on its group's entry (`payload_rows.Serve`)."""
+    del sizes  # the runner takes the sizes from the call itself
+    return runner.run_group(group, args, kwargs)
 
 
 def _summary(e: BaseException) -> str:
@@ -117,17 +125,21 @@ def write_onnx(
         raise ReplayError("write_onnx needs options.onnx")
     path = os.path.abspath(options.onnx)
     outcome = OnnxOutcome()
-    converted: dict[str, Converted] = {}
-    for group in inputs.groups:
-        program = programs.get(group.name)
+    converted: dict[str, Converted] = {}  # program name -> its ONNX model
+    for group in inputs.groups:  # a program is converted from the group that owns it
+        program = programs.get(group.name) if group.served_by is None else None
         if program is None:
-            outcome.errors[group.name] = errors.get(group.name) or "no torch program"
             continue
         try:
             converted[group.name] = convert(group, program)
-        except Exception as e:  # the conversion failed: this group's ONNX rows say why
+        except Exception as e:  # the conversion failed: this program's ONNX rows say why
             outcome.errors[group.name] = f"ONNX conversion failed: {_summary(e)}"
             logger.warning("ONNX conversion of group %s failed: %s", group.name, _summary(e))
+    for group in inputs.groups:
+        name = group.program_name
+        if name not in converted:
+            why = outcome.errors.get(name) or errors.get(name) or errors.get(group.name)
+            outcome.errors.setdefault(group.name, why or f"group {group.name} has no program")
     several = len(converted) > 1
     files = {name: output_path(path, name, several) for name in converted}
     runner = None
@@ -150,9 +162,9 @@ def write_onnx(
             outcome.rows.extend(
                 onnx_rows(module, group, torch_rows, runner, error, options.atol, options.rtol)
             )
-        serve = {}
+        serve: dict[str, Serve] = {}
         if runner is not None:
-            serve = {name: functools.partial(runner.run_group, name) for name in runner.programs}
+            serve = {g: functools.partial(_serve, runner, g) for g in runner.groups}
         found, notes = payload_rows(
             module,
             store,
@@ -199,15 +211,17 @@ def _manifest(
     """The manifest as a dict (the draft the check opens has no ``rejected`` yet)."""
     from replay.onnx.manifest import FORMAT
 
+    owners = {g.name: g for g in inputs.groups if g.name in converted}
     entries = [
         program_entry(
             group,
-            converted[group.name],
-            os.path.basename(files[group.name]),
+            converted[group.program_name],
+            os.path.basename(files[group.program_name]),
             rows,
+            owners[group.program_name],
         )
         for group in inputs.groups
-        if group.name in converted
+        if group.program_name in converted
     ]
     return {
         "format": FORMAT,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from replay.ship.fills import Fill, fill_call, fills_of
 from replay.ship.guards import CallNotServed, LeafFacts, ProgramGuard
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ class Router:
         module: The sub-module served (``""``: the model itself).
         entries: The manifest's program entries of that module, in order.
         guards: Their guards.
+        fills: Per entry, the inputs its program takes and its group's calls lack
+            (`replay.ship.fills`: a group served by another group's program).
     """
 
     def __init__(self, model: str, module: str, entries: Sequence[dict[str, Any]]) -> None:
@@ -37,6 +40,9 @@ class Router:
         self.module = module
         self.entries = list(entries)
         self.guards = [ProgramGuard.from_manifest(e) for e in self.entries]
+        self.fills: list[tuple[Fill, ...]] = [
+            fills_of(e, len(g.axes)) for e, g in zip(self.entries, self.guards, strict=True)
+        ]
         self._seen: dict[Any, tuple[str | None, Sequence[LeafFacts], bool]] = {}
 
     def facts(
@@ -67,14 +73,14 @@ class Router:
 
     def route(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[ProgramGuard, dict[str, Any], list[Any]]:
-        """The guard and entry of the program serving the call, and the call's tensors.
+    ) -> tuple[ProgramGuard, dict[str, Any], tuple[Fill, ...], list[Any]]:
+        """The guard, entry and fills of the program serving the call, and the call's tensors.
 
         Raises:
             CallNotServed: No program accepts the call; the message names each group and why.
         """
         reasons: dict[str, str] = {}
-        for guard, entry in zip(self.guards, self.entries, strict=True):
+        for guard, entry, fills in zip(self.guards, self.entries, self.fills, strict=True):
             treespec, leaves, tensors = self.facts(args, kwargs, entry)
             if not guard.matches(treespec, leaves):
                 reasons[guard.label] = (
@@ -83,7 +89,7 @@ class Router:
                 continue
             failed = guard.check([int(s) for t in tensors for s in t.shape])
             if failed is None:
-                return guard, entry, tensors
+                return guard, entry, fills, tensors
             reasons[guard.label] = failed
         who = f"{self.model}.{self.module}" if self.module else self.model
         tried = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
@@ -155,7 +161,9 @@ class Runner(Routed):
         """
         from replay.shapes import CallForm, arrange
 
-        guard, entry, _ = self._router.route(args, kwargs)
+        guard, entry, fills, tensors = self._router.route(args, kwargs)
+        # A group served by another group's program: the inputs it lacks, filled (fills.py).
+        args, kwargs = fill_call(fills, args, kwargs, [int(s) for t in tensors for s in t.shape])
         runnable = self._callables.get(guard.program)
         if runnable is None:
             runnable = self.compiled.get(guard.program) or self.programs[guard.program].module()
