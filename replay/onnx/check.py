@@ -57,6 +57,9 @@ def onnx_rows(
         Rows of target ``onnx``, in the order of `torch_rows`.
     """
     rows = []
+    served = runner is not None and group.name in runner.groups
+    if not served and error is None:  # never a row without a verdict or a reason
+        error = f"no ONNX file serves group {group.name}"
     for row in torch_rows:
         if row.group != group.name or row.kind == KIND_PAYLOAD or row.target != TARGET_TORCH:
             continue
@@ -69,7 +72,7 @@ def onnx_rows(
             target=TARGET_ONNX,
             sizes=row.sizes,
         )
-        if runner is not None and group.name in runner.programs and row.sizes is not None:
+        if served and runner is not None and row.sizes is not None:
             onnx_row = onnx_row.checked(**_check_one(model, group, runner, row.sizes, atol, rtol))
         rows.append(onnx_row)
     return rows

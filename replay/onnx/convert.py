@@ -227,17 +227,27 @@ def _bind_inputs(
     return inputs
 
 
+_CHATTER = (
+    "torch.onnx._internal.exporter._registration",
+    "onnx_ir.passes.common.initializer_deduplication",
+)
+"""Loggers whose warnings on every conversion are noise to the caller: "torchvision is not
+installed. Skipping torchvision::nms", "Skipped deduplication of initializer 'slice_14' as it
+is a graph input or output" (the converted file is checked either way)."""
+
+
 @contextlib.contextmanager
 def _quiet_registry() -> Iterator[None]:
-    """Keeps torch.onnx's registry chatter ("torchvision is not installed. Skipping
-    torchvision::nms", logged as warnings on every conversion) off the caller's stderr."""
-    chatter = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = chatter.level
-    chatter.setLevel(logging.ERROR)
+    """Keeps the exporter's chatter (`_CHATTER`) off the caller's stderr while converting."""
+    loggers = [logging.getLogger(name) for name in _CHATTER]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        chatter.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _shape(value: ir.Value) -> tuple[int | str, ...]:

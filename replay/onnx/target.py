@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -63,17 +64,29 @@ class OnnxOutcome:
     errors: dict[str, str] = field(default_factory=dict)
 
 
+_SPELLED = (("<=", "_le_"), (">=", "_ge_"), ("<", "_lt_"), (">", "_gt_"), ("==", "_eq_"))
+"""How a regime's bounds are spelled in a file name (``prefill[input_ids_1<=4]``)."""
+
+
 def output_path(path: str, group: str, several: bool) -> str:
-    """`path` for a single file, else ``<stem>.<group><suffix>`` (one file per group).
+    """`path` for a single file, else ``<stem>.<group><suffix>`` (one file per group), the
+    group's name spelled with letters, digits, ``_``, ``-`` and ``.`` only (a regime's
+    ``[input_ids_1<=4]`` becomes ``.input_ids_1_le_4``): a name any shell and file system take.
 
     Example:
         >>> output_path("model.onnx", "decode", True)
         'model.decode.onnx'
+        >>> output_path("model.onnx", "prefill[input_ids_1<=4]", True)
+        'model.prefill.input_ids_1_le_4.onnx'
     """
     if not several:
         return path
+    name = group.replace("[", ".").replace("]", "")
+    for text, spelled in _SPELLED:
+        name = name.replace(text, spelled)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "group"
     root, ext = os.path.splitext(path)
-    return f"{root}.{group}{ext}"
+    return f"{root}.{name}{ext}"
 
 
 def _serve(runner: OnnxRunner, group: str, args: Any, kwargs: Any, sizes: Any) -> Any:
@@ -142,6 +155,9 @@ def write_onnx(
             outcome.errors.setdefault(group.name, why or f"group {group.name} has no program")
     several = len(converted) > 1
     files = {name: output_path(path, name, several) for name in converted}
+    if len(set(files.values())) != len(files):
+        # Two group names spelled alike: number the files rather than overwrite one.
+        files = {n: output_path(path, f"{n}.{i}", several) for i, n in enumerate(converted)}
     runner = None
     weights = weights_path(path)
     size = 0
