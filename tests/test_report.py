@@ -154,7 +154,8 @@ def test_missing_artifact_file_is_one_error_line(pair_root: Path, tmp_path: Path
     )
     assert result.exit_code == 1
     assert (
-        result.stderr == "Error: no artifact at nope.pt2; pass the .pt2 that capture export wrote\n"
+        result.stderr
+        == "Error: no artifact at nope.pt2; pass the .pt2 (or .onnx) that capture export wrote\n"
     )
 
 
