@@ -335,7 +335,7 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 import capture
-import capture.store.reader
+import capture.store_api
 ti = time.perf_counter()
 store = capture.open_store(sys.argv[1])
 t1 = time.perf_counter()
@@ -418,7 +418,7 @@ def store_rows(
         total.append(sum(parts))
     for key, label in (
         ("open_store", "`import capture` + `open_store()`"),
-        ("imports", "… of which `import capture.store.reader` (duckdb, pyarrow)"),
+        ("imports", "… of which `import capture.store_api` (duckdb, pyarrow)"),
         ("open_only", "… of which `open_store()` itself (list, check, create views)"),
         ("count_query", '`query("SELECT count(*) FROM calls")`'),
         ("dims", "`Store.dims()`"),

@@ -48,7 +48,7 @@ from replay.options import ExportOptions
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
     from capture.pytree.structure import RecordedLeaf
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
 __all__ = [
     "ExportGroup",
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 
-def resolve_model(store: Store, name: str | None, module: Any = None) -> str:
+def resolve_model(store: StoreReader, name: str | None, module: Any = None) -> str:
     """The store model to use: `name`, the only one, or the one named like `module`'s class.
 
     Args:
@@ -90,13 +90,13 @@ def resolve_model(store: Store, name: str | None, module: Any = None) -> str:
     )
 
 
-def _open(store: Any) -> tuple[Store, bool]:
-    from capture.store.reader import Store, open_store
+def _open(store: Any) -> tuple[StoreReader, bool]:
+    from capture.store.reader import StoreReader
 
-    if isinstance(store, Store):
+    if isinstance(store, StoreReader):
         return store, False
     if isinstance(store, str | os.PathLike):
-        return open_store(store), True
+        return StoreReader(store), True
     raise TypeError(f"store must be a path or a capture Store, not {type(store).__name__}")
 
 

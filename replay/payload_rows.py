@@ -189,9 +189,9 @@ def payload_rows(
         (rows, notes); no rows when the store holds no payloads of the model.
     """
     from capture.store.files import resolve_store
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
-    fs, root = (store.fs, store.root) if isinstance(store, Store) else resolve_store(store)
+    fs, root = (store.fs, store.root) if isinstance(store, StoreReader) else resolve_store(store)
     files = list_payloads((fs, root), inputs.model)
     if not files or limit <= 0:
         return [], []

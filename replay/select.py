@@ -33,7 +33,7 @@ from capture.errors import ReplayError
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
 __all__ = [
     "Representative",
@@ -94,7 +94,7 @@ def representative(group: Group) -> Representative:
     return synthesize(matrix, row, symbol_of, group.relations, group.name)
 
 
-def value_ranges(store: Store, group: Group) -> dict[tuple[int, ...], Ranges]:
+def value_ranges(store: StoreReader, group: Group) -> dict[tuple[int, ...], Ranges]:
     """Integer value ranges per recorded signature of a group, merged over store segments.
 
     Args:

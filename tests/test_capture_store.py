@@ -24,7 +24,7 @@ from capture import schema
 from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
 from capture.record.segment import pack_sizes, sizes_array
 from capture.store.files import write_parquet
-from capture.store.reader import Store
+from capture.store_api import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from capture.analysis.groups import analyze
 from capture.errors import ReplayError
 from capture.pytree.structure import MISSING, PRESENT, RecordedLeaf, RecordedStructure
 from capture.pytree.treespec import UnsafeTreespec
-from capture.store.reader import Store
+from capture.store_api import Store
 
 _SIGNATURE = json.dumps(
     [

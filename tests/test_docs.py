@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from capture import schema
 from capture.cli.main import COMMANDS, cli
 from capture.record.recorder import Recorder
-from capture.store.reader import open_store
+from capture.store_api import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_MD = ROOT / "docs" / "schema.md"

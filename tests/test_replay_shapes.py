@@ -11,7 +11,7 @@ from torch.export import Dim
 
 from capture.analysis.groups import Group, analyze
 from capture.errors import ReplayError
-from capture.store.reader import Store
+from capture.store_api import Store
 from replay import shapes
 from replay.shapes import AxisSpec, CallForm, Param, SymbolRange
 

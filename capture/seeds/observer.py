@@ -37,7 +37,8 @@ from capture.pytree import nodes
 from capture.pytree.shape_tree import registered
 from capture.record.flatten import Structure, describe, tensor_key, walk
 from capture.record.segment import merge_bounds
-from capture.seeds.alignment import Aligner, Analysis, View
+from capture.seeds.aligned import View
+from capture.seeds.alignment import Aligner, Analysis
 from capture.seeds.call_layout import CallLayout, Observation, Signature
 
 __all__ = ["InputObserver"]

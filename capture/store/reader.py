@@ -1,6 +1,9 @@
-"""open_store(): an in-process DuckDB connection with views over the Parquet tree.
+"""The store's data-access object: an in-process DuckDB connection with views over the Parquet tree.
 
-This module imports duckdb and pyarrow but never torch: ``capture query`` goes through it.
+This module imports duckdb and pyarrow but never torch: ``capture query`` goes through it. It
+answers "which files, which rows, this SQL" and nothing more: the analyses of a store
+(`capture.analysis`, `capture.engines`) import it, never the reverse, and the public
+`capture.Store` (`capture.store_api`) puts the two together.
 
 Views users can rely on (DESIGN §6):
 
@@ -32,7 +35,7 @@ import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -47,9 +50,11 @@ from capture.store.layout import (
     open_root,
 )
 
-__all__ = ["Store", "open_store", "SkippedFile"]
+__all__ = ["StoreReader", "SkippedFile"]
 
 logger = logging.getLogger(__name__)
+
+_Self = TypeVar("_Self", bound="StoreReader")
 
 
 @dataclass(frozen=True)
@@ -149,11 +154,12 @@ def _vanished(error: Exception, listed: Mapping[str, list[str]], fs: pafs.FileSy
     return bool(fs.get_file_info(match.group(1)).type == pafs.FileType.NotFound)
 
 
-class Store:
+class StoreReader:
     """A read-only view of a capture store through an in-process DuckDB connection.
 
-    Use `open_store()` to get one. `query()` runs any SQL over the views listed in this
-    module's docstring and returns a `pyarrow.Table`.
+    Users get one as a `capture.Store` (`capture.open_store()`, which adds the analyses).
+    `query()` runs any SQL over the views listed in this module's docstring and returns a
+    `pyarrow.Table`.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, unsafe_sql: bool = False) -> None:
@@ -384,73 +390,12 @@ class Store:
             {"models": models},
         )
 
-    def dims(self, model: str | None = None, **options: Any) -> pa.Table:
-        """Per model, call group, tensor leaf and axis: dynamic or not, range, shared symbol.
-
-        See `capture.analysis.groups.dims_table` for the columns and options.
-        """
-        from capture.analysis.groups import dims_table
-
-        return dims_table(self, model, **options)
-
-    def summary(self, model: str | None = None) -> dict[str, Any]:
-        """Models, call counts, call groups, optional inputs, drift (`capture.analysis.groups`)."""
-        from capture.analysis.groups import summary
-
-        result: dict[str, Any] = summary(self, model)
-        return result
-
-    def profiles(self, model: str | None = None, **options: Any) -> pa.Table:
-        """TensorRT optimization profiles (min/opt/max per input) per call group.
-
-        See `capture.engines.profiles.profiles_table` for the columns and options (``group``,
-        ``opt``, ``max_profiles``).
-        """
-        from capture.engines.profiles import profiles_table
-
-        return profiles_table(self, model, **options)
-
-    def buckets(self, symbol: str, budget: int, **options: Any) -> pa.Table:
-        """The `budget` sizes of a shared symbol that minimise padding over the recorded calls.
-
-        See `capture.engines.buckets.buckets_table` for the columns and options (``model``,
-        ``group``).
-        """
-        from capture.engines.buckets import buckets_table
-
-        return buckets_table(self, symbol, budget, **options)
-
     def close(self) -> None:
         """Closes the DuckDB connection."""
         self.con.close()
 
-    def __enter__(self) -> Store:
+    def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def open_store(path: str | os.PathLike[str], *, unsafe_sql: bool = False) -> Store:
-    """Opens a capture store (a directory or a pyarrow filesystem URI) for analysis.
-
-    By default the store's SQL reads its views and nothing else: no other file or URL is read
-    or written, no DuckDB extension is installed or loaded, settings are locked.
-
-    Args:
-        path: The directory the recorder wrote to, or a URI such as ``s3://bucket/prefix``.
-        unsafe_sql: Give `Store.query` DuckDB's full reach (other files, ``COPY``,
-            ``ATTACH``, ``INSTALL``, ``SET``): only for SQL you trust.
-
-    Returns:
-        A `Store`; `Store.query()` runs SQL over its views.
-
-    Raises:
-        StoreNotFound: Nothing at `path`.
-        EmptyStore: `path` exists but holds no recorded call.
-
-    Example:
-        >>> store = open_store("capture-store")  # doctest: +SKIP
-        >>> store.query("SELECT model, count(*) FROM calls GROUP BY 1")  # doctest: +SKIP
-    """
-    return Store(path, unsafe_sql=unsafe_sql)
