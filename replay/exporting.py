@@ -31,6 +31,7 @@ import pyarrow as pa
 import torch
 import torch.utils._pytree as pytree
 
+from capture import compat
 from capture.errors import ReplayError
 from capture.pytree import nodes
 from replay import select
@@ -158,7 +159,7 @@ def _fix_guard_sources(ep: ExportedProgram) -> None:
     differ the guard function refers to an undefined ``L`` and every call fails with NameError.
     Rewriting the guards with ``keystr`` spellings is what torch does for the standard keys.
     """
-    code = getattr(ep, "_guards_code", None)
+    code = compat.guards_code(ep)
     if not code or not ep.example_inputs:
         return
     with nodes.register_flattening_functions():
@@ -182,7 +183,7 @@ def _fix_guard_sources(ep: ExportedProgram) -> None:
             for old in sorted(replace, key=len, reverse=True):
                 guard = guard.replace(old, replace[old])
             fixed.append(guard)
-        ep._guards_code = fixed
+        compat.set_guards_code(ep, fixed)
 
 
 def _export_group(

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from capture import compat
 from capture.pytree import nodes
 from capture.pytree.structure import Param  # one definition, shared with the store side
 from capture.schema import (
@@ -72,6 +73,7 @@ _INTEGER_DTYPES = frozenset(
     | {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
 )
 _OPAQUE = "<opaque>"
+_NODES = compat.pytree_nodes()  # torch's pytree registry, live: class -> node definition
 # Integer dtypes whose value range is not recorded: uint64 values may not fit the int64 columns.
 _NO_RANGE_DTYPES = frozenset({getattr(torch, "uint64", torch.int64)} - {torch.int64})
 # A NaN argument: every float('nan') is a different object and NaN != NaN, so without one shared
@@ -222,7 +224,7 @@ def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any])
         tensors.append(obj)
         key.append(_T)
         return
-    node = pytree.SUPPORTED_NODES.get(tp)
+    node = _NODES.get(tp)
     if node is None and tp.__module__.startswith("transformers") and nodes.transformers_loaded():
         # A cache type seen for the first time: register lazily (never released: the types
         # stay registered for the life of the process once a recorder has seen them).
@@ -230,7 +232,7 @@ def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any])
         if tp in nodes.LAYERED_CACHES:
             _walk_layers(obj, tp, tensors, key)
             return
-        node = pytree.SUPPORTED_NODES.get(tp)
+        node = _NODES.get(tp)
     if node is None:
         key.append(_OPAQUE)
         key.append(tp)
@@ -275,14 +277,6 @@ def tensor_key(
     ), shapes
 
 
-try:  # torch's C++ tensor checks (what torch.compile's guards use); absent: no fast path
-    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
-
-    _HAVE_GUARDS = True
-except ImportError:  # pragma: no cover - every torch we support has it
-    _HAVE_GUARDS = False
-
-
 def metadata_guard(tensors: Sequence[torch.Tensor]) -> Callable[..., bool] | None:
     """A C++ check that tensors have the dtypes, devices and ranks of `tensors`, or None.
 
@@ -290,16 +284,10 @@ def metadata_guard(tensors: Sequence[torch.Tensor]) -> Callable[..., bool] | Non
     type, requires_grad and dispatch keys as its counterpart here, whatever its sizes and
     strides. It is stricter than `tensor_key()`'s dtype/device/rank tuples, so a passing check
     means an equal key; it reads that metadata in one C++ loop, about 3x faster than
-    `tensor_key()` in Python. It keeps no reference to `tensors`.
+    `tensor_key()` in Python. It keeps no reference to `tensors`. torch's C++ tensor checks
+    (what torch.compile's guards use) are private: `capture.compat.tensor_metadata_check`.
     """
-    if not _HAVE_GUARDS:
-        return None
-    free: Any = [[None] * t.dim() for t in tensors]  # None: any size, any stride
-    try:
-        guards = _TensorGuards(*tensors, dynamic_dims_sizes=free, dynamic_dims_strides=free)
-    except (TypeError, RuntimeError):  # an older signature, or a tensor it cannot check
-        return None
-    return guards.check
+    return compat.tensor_metadata_check(tensors)
 
 
 def _safe_shape(t: torch.Tensor) -> tuple[int, ...]:

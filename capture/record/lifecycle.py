@@ -26,6 +26,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
+from capture import compat
+
 __all__ = ["SIGNAL_FLUSH_SECONDS", "track", "untrack", "outside_compiled_region"]
 
 SIGNAL_FLUSH_SECONDS = 10.0
@@ -130,23 +132,8 @@ def outside_compiled_region(
     def outside(*args: Any, **kwargs: Any) -> Any:
         return wrapper(*args, **kwargs)
 
-    outside._torchdynamo_disable = True  # type: ignore[attr-defined]
-    outside._torchdynamo_disable_msg = "capture.Recorder records outside the compiled region"  # type: ignore[attr-defined]
-    try:
-        from torch._C._dynamo.eval_frame import (
-            _FrameAction,
-            _FrameExecStrategy,
-            set_code_exec_strategy,
-        )
-
-        for fn in (outside, wrapper):
-            set_code_exec_strategy(
-                fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
-            )
-        for helper in helpers:
-            set_code_exec_strategy(
-                helper.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
-            )
-    except (ImportError, AttributeError, TypeError):  # another torch: the attribute alone
-        pass
+    # Dynamo's marks and frame strategies are private torch APIs: the one seam for them.
+    compat.run_outside_dynamo(
+        outside, (wrapper,), helpers, "capture.Recorder records outside the compiled region"
+    )
     return outside

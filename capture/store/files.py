@@ -63,11 +63,13 @@ def resolve_store(
             return filesystem, os.path.abspath(text)
         return filesystem, text.rstrip("/")
     if "://" in text:
-        from capture.store.remote import bounded, store_error
+        from capture.store.remote import bounded, invalid_uri, store_error
 
         try:
             fs, root = pafs.FileSystem.from_uri(text)
-        except (pa.ArrowInvalid, OSError) as e:  # unknown scheme, bad option: one line (#14)
+        except pa.ArrowInvalid as e:  # pyarrow's type for a URI it cannot parse (#14)
+            raise invalid_uri(text, e) from None
+        except OSError as e:  # the filesystem behind the URI cannot be set up
             raise store_error(text, e) from None
         return bounded(fs), root.rstrip("/")
     return pafs.LocalFileSystem(), os.path.abspath(text)
