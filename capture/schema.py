@@ -136,18 +136,5 @@ CALL_RECORD_FIELDS = tuple(n for n in CALLS_SCHEMA.names if n not in WRITER_COLU
 own fields against them at import, so a calls column is named here and nowhere else."""
 
 SIGNATURE_KEY = ("model", "in_structure", "out_structure", "dims", "out_dims")
-"""The stats columns that identify a signature; the other stats columns merge over segments."""
-
-SIGNATURE_RANGES = """
-    CASE WHEN count(int_min) > 0 THEN list_reduce(
-        list(int_min) FILTER (WHERE int_min IS NOT NULL),
-        lambda a, b: list_transform(list_zip(a, b), lambda p: least(p[1], p[2]))) END AS int_min,
-    CASE WHEN count(int_max) > 0 THEN list_reduce(
-        list(int_max) FILTER (WHERE int_max IS NOT NULL),
-        lambda a, b: list_transform(list_zip(a, b), lambda p: greatest(p[1], p[2]))) END AS int_max
-"""
-"""How the integer value ranges of one signature's stats rows merge (SQL select items, to
-`GROUP BY` the signature key): item by item, the smallest minimum and the largest maximum; an
-unknown item (NULL, an empty tensor) gives way to a known one, and a shorter list is padded
-with unknown items. The one place ranges merge: the store's ``signatures`` view and
-`capture compact` use it, and readers of merged ranges read that view."""
+"""The stats columns that identify a signature; the other stats columns merge over segments
+(`capture.store.stats_merge`: the rule, in SQL and in Python)."""

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from capture import schema
 from capture.analysis.representative import MIN_DYNAMIC, Representative, choose_row, synthesize
 from capture.errors import ReplayError
+from capture.store import stats_merge
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
@@ -110,9 +110,10 @@ def value_ranges(store: StoreReader, group: Group) -> dict[tuple[int, ...], Rang
         ([3, 4, 0], [99, 5, 1])
     """
     # The signatures view merged the ranges over segments; signatures that differ only in
-    # their outputs merge here, by the same rule (schema.SIGNATURE_RANGES).
+    # their outputs merge here, by the same rule (`capture.store.stats_merge`).
+    ranges = stats_merge.select(("dims",), ("int_min", "int_max"))
     table = store.query(
-        f"SELECT dims, {schema.SIGNATURE_RANGES} FROM signatures WHERE model = $model "
+        f"SELECT {ranges} FROM signatures WHERE model = $model "
         "AND in_structure = $structure AND int_min IS NOT NULL GROUP BY dims",
         {"model": group.model, "structure": group.structure_id},
     )

@@ -36,6 +36,7 @@ import pyarrow as pa
 from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
 from capture.pytree.cachespec import is_cache_argument
 from capture.pytree.structure import PRESENT, RecordedLeaf, RecordedStructure
+from capture.store import stats_merge
 
 if TYPE_CHECKING:
     from capture.store.reader import StoreReader
@@ -160,10 +161,12 @@ DIMS_SCHEMA = pa.schema(
 )
 """Columns of `dims_table()` / `Store.dims()`."""
 
-_SIGNATURES_SQL = """
-SELECT model, in_structure, dims,
-       sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
-       min(first_ts) AS first_ts, max(last_ts) AS last_ts
+# Signatures that differ only in their outputs merge here, by the stats rule.
+_GROUP_MERGE = stats_merge.select(
+    ("model", "in_structure", "dims"), ("calls", "errors", "first_ts", "last_ts")
+)
+_SIGNATURES_SQL = f"""
+SELECT {_GROUP_MERGE}
 FROM signatures
 WHERE model IN (SELECT unnest($models))
 GROUP BY model, in_structure, dims

@@ -36,10 +36,10 @@ from capture.errors import CaptureError
 from capture.pytree import nodes
 from capture.pytree.shape_tree import registered
 from capture.record.flatten import Structure, describe, tensor_key, walk
-from capture.record.segment import merge_bounds
 from capture.seeds.aligned import View
 from capture.seeds.alignment import Aligner, Analysis
 from capture.seeds.call_layout import CallLayout, Observation, Signature
+from capture.store.stats_merge import merge_items
 
 __all__ = ["InputObserver"]
 
@@ -262,8 +262,8 @@ class InputObserver:
             seen.duration_ns += duration
             lows, highs = ranges
             if lows:
-                seen.int_min = merge_bounds(seen.int_min, lows, min)
-                seen.int_max = merge_bounds(seen.int_max, highs, max)
+                seen.int_min = merge_items(seen.int_min, lows, min)
+                seen.int_max = merge_items(seen.int_max, highs, max)
             if clones is not None and len(self._stored) < limit:
                 self._stored.append(_Stored(seen, clones))
 

@@ -56,7 +56,6 @@ from capture.store.files import safe_name, write_parquet
 from capture.store.layout import (
     METADATA_REPLACES,
     METADATA_REPLACES_ROWS,
-    SIGNATURE_TOTALS,
     FileInfo,
     Skip,
     list_files,
@@ -64,6 +63,7 @@ from capture.store.layout import (
     read_footer,
     read_footers,
 )
+from capture.store.stats_merge import SIGNATURE_MERGE
 
 __all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
 
@@ -387,7 +387,7 @@ def _verify(fs: pafs.FileSystem, path: str, table: str, expected: int) -> int:
 
 _MERGE_STATS_SQL = f"""
 SELECT {", ".join(schema.STATS_SCHEMA.names)}
-FROM (SELECT {SIGNATURE_TOTALS}, {schema.SIGNATURE_RANGES} FROM _stats GROUP BY ALL)
+FROM (SELECT {SIGNATURE_MERGE} FROM _stats GROUP BY ALL)
 ORDER BY first_ts
 """
 

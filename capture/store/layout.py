@@ -35,7 +35,6 @@ __all__ = [
     "MAX_INFLATION",
     "MAX_UNCOMPRESSED",
     "VANISHED",
-    "SIGNATURE_TOTALS",
     "list_files",
     "open_root",
     "read_footer",
@@ -64,16 +63,6 @@ _SMALL = 64 << 20
 VANISHED = "deleted after it was listed"
 """The reason of a `Skip` for a file gone between listing and reading (a writer's replaced
 rollup, a compacted file's source): not a problem to report, a reason to list again."""
-
-SIGNATURE_TOTALS = """
-    model, in_structure, out_structure, dims, out_dims,
-    sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
-    min(first_ts) AS first_ts, max(last_ts) AS last_ts,
-    sum(duration_ns_sum)::BIGINT AS duration_ns_sum,
-    min(duration_ns_min) AS duration_ns_min, max(duration_ns_max) AS duration_ns_max
-"""
-"""How stats rows of one signature merge (SQL select list, to `GROUP BY ALL`): the store's
-``signatures`` view and `capture compact` both use it. Integer ranges merge item by item."""
 
 
 def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSystem, str]:

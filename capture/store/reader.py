@@ -18,7 +18,7 @@ Views users can rely on (DESIGN §6):
 - ``stats``: the signature rows as written (one per signature per file: a writer's rollup, a
   compacted file); ``signatures``: the same merged over files, one row per distinct (model,
   in_structure, out_structure, dims, out_dims), integer value ranges merged item by item
-  (`schema.SIGNATURE_RANGES`, the one place they merge).
+  (`capture.store.stats_merge`, the one place stats rows merge).
 
 Every file is checked before it joins a view (`capture.store.layout.read_footer`): unreadable,
 foreign, wrong-schema and bomb-sized files, files of a newer schema version and symbolic links are
@@ -45,10 +45,8 @@ from capture import schema
 from capture.errors import EmptyStore, QueryError, UnknownModel
 from capture.store import footer_cache
 from capture.store.checked import check_table
-from capture.store.layout import (
-    SIGNATURE_TOTALS,
-    open_root,
-)
+from capture.store.layout import open_root
+from capture.store.stats_merge import SIGNATURE_MERGE
 
 __all__ = ["StoreReader", "SkippedFile"]
 
@@ -84,7 +82,7 @@ CREATE OR REPLACE VIEW structures AS
     ) WHERE rn = 1;
 
 CREATE OR REPLACE VIEW signatures AS
-    SELECT {SIGNATURE_TOTALS}, {schema.SIGNATURE_RANGES}
+    SELECT {SIGNATURE_MERGE}
     FROM stats
     GROUP BY ALL;
 
