@@ -71,6 +71,7 @@ def _structures() -> tuple[list[Any], Any, tuple[Any, ...]]:
 
     from capture.pytree import nodes
     from capture.record import flatten
+    from capture.signature import Signature
 
     def forward(
         input_ids: Any,
@@ -80,7 +81,7 @@ def _structures() -> tuple[list[Any], Any, tuple[Any, ...]]:
     ) -> Any:
         return None
 
-    sig = flatten.signature_of(forward)
+    sig = Signature.of(forward)
     with nodes.register_flattening_functions():
         cache = nodes.make_dynamic_cache(
             [(torch.zeros(1, 8, 3, 64), torch.zeros(1, 8, 3, 64)) for _ in range(LAYERS)]

@@ -191,7 +191,7 @@ def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
     wanted = list(spec)
     names = {w for w in wanted if isinstance(w, str)}
     positions = {w for w in wanted if isinstance(w, int) and not isinstance(w, bool)}
-    names |= {name for name, i in structure.signature_order().items() if i in positions}
+    names |= {name for name, i in structure.params.index.items() if i in positions}
     return {
         leaf.leaf
         for leaf in tensors

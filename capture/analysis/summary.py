@@ -110,7 +110,7 @@ def _optional_inputs(groups: Sequence[Group]) -> tuple[list[dict[str, Any]], lis
     arguments: list[str] = []
     for st in statuses:
         arguments.extend(a for a in st if a not in arguments)
-    order = groups[0].structure.signature_order() if groups else {}
+    order = groups[0].structure.params.index if groups else {}
     arguments.sort(key=lambda a: order.get(a, len(order)))
     total = sum(g.calls for g in groups)
     optional, always_absent = [], []

@@ -19,7 +19,6 @@ order, dict in insertion order, registered nodes through their flatten function)
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import operator
@@ -32,7 +31,6 @@ import torch.utils._pytree as pytree
 
 from capture import compat
 from capture.pytree import nodes
-from capture.pytree.structure import Param  # one definition, shared with the store side
 from capture.schema import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -44,13 +42,12 @@ from capture.schema import (
     KIND_TENSOR,
     SCHEMA_VERSION,
 )
+from capture.signature import Signature
 
 __all__ = [
     "Leaf",
-    "Param",
     "Structure",
     "describe",
-    "signature_of",
     "walk",
     "tensor_key",
     "metadata_guard",
@@ -95,18 +92,6 @@ class Summary:
     """Stands for an argument too large to record leaf by leaf (an opaque leaf of its type)."""
 
     type_name: str
-
-
-def signature_of(fn: Callable[..., Any]) -> tuple[Param, ...]:
-    """The parameters of a (bound) method, as recorded in the store."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return ()
-    return tuple(
-        Param(p.name, p.kind.name, p.default is not inspect.Parameter.empty)
-        for p in sig.parameters.values()
-    )
 
 
 # Not `capture.pytree.structure.RecordedLeaf`: that one carries its stored leaf index first, known
@@ -163,6 +148,8 @@ def _freeze(context: Any) -> Any:
         return repr(context)
     return context
 
+
+_UNKNOWN = Signature()  # a method Python cannot tell the signature of: nothing is named
 
 _T = "<tensor>"  # the token a tensor leaves in the key; its dtype/device/rank come after
 
@@ -355,32 +342,23 @@ def _leaf_of(
     return Leaf(path, argument, position, KIND_OPAQUE, f"{tp.__module__}.{tp.__qualname__}"), False
 
 
-def _argument_names(leaves: list[Leaf], signature: tuple[Param, ...]) -> list[Leaf]:
+def _argument_names(leaves: list[Leaf], signature: Signature) -> list[Leaf]:
     """Fills `argument` for positional leaves from the signature ('x' for args[0])."""
-    positional = [
-        p.name for p in signature if p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
-    ]
     out = []
     for leaf in leaves:
         if leaf.position is not None and leaf.argument is None:
-            name = positional[leaf.position] if leaf.position < len(positional) else None
+            name = signature.name_at(leaf.position)
             leaf = Leaf(**{**leaf.__dict__, "argument": name or f"args[{leaf.position}]"})
         out.append(leaf)
     return out
 
 
-def _missing(signature: tuple[Param, ...], n_args: int, kwargs: dict[str, Any]) -> list[Leaf]:
+def _missing(signature: Signature, n_args: int, kwargs: dict[str, Any]) -> list[Leaf]:
     """Optional parameters the caller did not pass (distinct from an explicit None)."""
-    out = []
-    for index, p in enumerate(signature):
-        if p.kind in ("VAR_POSITIONAL", "VAR_KEYWORD") or not p.has_default:
-            continue
-        if p.kind != "KEYWORD_ONLY" and index < n_args:
-            continue
-        if p.name in kwargs:
-            continue
-        out.append(Leaf(f"kwargs['{p.name}']", p.name, None, KIND_MISSING, "missing"))
-    return out
+    return [
+        Leaf(f"kwargs['{p.name}']", p.name, None, KIND_MISSING, "missing")
+        for p in signature.missing(n_args, kwargs)
+    ]
 
 
 def _structure_id(leaves: list[Leaf], treespec: str | None) -> str:
@@ -396,7 +374,7 @@ def describe(
     tensors: list[torch.Tensor],
     *,
     root: str = "inputs",
-    signature: tuple[Param, ...] = (),
+    signature: Signature = _UNKNOWN,
     track_ranges: Callable[[torch.Tensor], bool] = lambda t: False,
 ) -> Structure:
     """Builds the `Structure` of `obj` ((args, kwargs) when root='inputs', else an output).

@@ -27,12 +27,13 @@ import torch
 from capture.errors import CaptureError
 from capture.pytree import nodes
 from capture.record import lifecycle
-from capture.record.flatten import Oversized, Structure, signature_of, walk
+from capture.record.flatten import Oversized, Structure, walk
 from capture.record.payload_keeper import PayloadKeeper, Payloads, payload_policy
 from capture.record.recorder_base import RecorderBase
 from capture.record.segment import call_id_base
 from capture.record.structure_cache import StructureCache
 from capture.record.writer import StoreWriter
+from capture.signature import Signature
 
 __all__ = ["Recorder", "DEFAULT_STORE"]
 
@@ -237,7 +238,7 @@ class Recorder(StructureCache, RecorderBase):
         if self._active:
             return self
         original = getattr(self.model, self.method)
-        signature = signature_of(original)
+        signature = Signature.of(original)
         previous = self._writer
         if previous is not None:
             self._add_past(previous)

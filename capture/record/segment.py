@@ -10,7 +10,6 @@ outside int64, an error message that is not UTF-8) is refused alone and the segm
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import struct
 import time
@@ -26,7 +25,8 @@ from capture import schema
 from capture.store.stats_merge import merge, merge_items
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
-    from capture.record.flatten import Param, Structure
+    from capture.record.flatten import Structure
+    from capture.signature import Signature
 
 __all__ = [
     "CallRecord",
@@ -300,15 +300,13 @@ def _day(ts_ns: int) -> str:
     return dt.datetime.fromtimestamp(ts_ns / 1e9, tz=dt.timezone.utc).date().isoformat()
 
 
-def structure_table(
-    model: str, structures: Sequence[Structure], signature: Sequence[Param]
-) -> pa.Table:
+def structure_table(model: str, structures: Sequence[Structure], signature: Signature) -> pa.Table:
     """One row per leaf of each structure (the `structures` table).
 
     The treespec is on the structure's first row (leaf 0) only, null on the others: repeating it
     on every row made the table quadratic in the number of leaves (issue 12).
     """
-    sig_json = json.dumps([p.__dict__ for p in signature])
+    sig_json = signature.dumps()
     cols: dict[str, list[Any]] = {f.name: [] for f in schema.STRUCTURES_SCHEMA}
     for st in structures:
         for index, leaf in enumerate(st.leaves):

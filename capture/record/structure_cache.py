@@ -18,8 +18,9 @@ from typing import Any, cast
 import torch
 import torch.utils._pytree as pytree
 
-from capture.record.flatten import Param, Structure, describe, metadata_guard, shapes_of, tensor_key
+from capture.record.flatten import Structure, describe, metadata_guard, shapes_of, tensor_key
 from capture.record.writer import StoreWriter
+from capture.signature import Signature
 
 __all__ = ["StructureCache"]
 
@@ -46,7 +47,7 @@ class StructureCache:
     value_ranges: str
     _lock: threading.Lock
     _writer: StoreWriter | None
-    _signature: tuple[Param, ...]
+    _signature: Signature
     _overflow: int
     _held_tokens: int
     # key -> Structure, or None for a key refused (max_structures reached).
@@ -131,7 +132,7 @@ class StructureCache:
                 obj,
                 tensors,
                 root=root,
-                signature=self._signature if root == "inputs" else (),
+                signature=self._signature if root == "inputs" else Signature(),
                 track_ranges=self._track_ranges if root == "inputs" else _never,
             )
             if st.opaque:

@@ -39,7 +39,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
@@ -50,7 +49,8 @@ from capture.store.files import model_folder, resolve_store, safe_name, write_pa
 from capture.store.layout import METADATA_REPLACES, METADATA_REPLACES_ROWS
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
-    from capture.record.flatten import Param, Structure
+    from capture.record.flatten import Structure
+    from capture.signature import Signature
 
 __all__ = ["StoreWriter", "TMP_MAX_AGE"]
 
@@ -68,7 +68,7 @@ class StoreWriter:
         self,
         store: str | os.PathLike[str],
         model: str,
-        signature: Sequence[Param],
+        signature: Signature,
         *,
         queue_size: int = 100_000,
         flush_rows: int = 100_000,
@@ -77,7 +77,7 @@ class StoreWriter:
     ) -> None:
         self.fs, self.root = resolve_store(store)
         self.model = model
-        self.signature = tuple(signature)
+        self.signature = signature
         self.queue_size = queue_size
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds

@@ -43,7 +43,8 @@ from capture.pytree.shape_tree import dynamic_shapes_from_spec
 from capture.schema import KIND_NONE, KIND_TENSOR
 from capture.seeds.aligned import LeafAgg, Slot, View
 from capture.seeds.alignment_checks import check_structure, merge_leaf
-from capture.seeds.call_layout import ArgInfo, Observation, Signature
+from capture.seeds.call_layout import ArgInfo, Observation
+from capture.signature import Signature
 
 __all__ = ["Aligner", "Analysis"]
 

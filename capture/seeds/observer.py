@@ -38,7 +38,8 @@ from capture.pytree.shape_tree import registered
 from capture.record.flatten import Structure, describe, tensor_key, walk
 from capture.seeds.aligned import View
 from capture.seeds.alignment import Aligner, Analysis
-from capture.seeds.call_layout import CallLayout, Observation, Signature
+from capture.seeds.call_layout import CallLayout, Observation
+from capture.signature import Signature
 from capture.store.stats_merge import merge_items
 
 __all__ = ["InputObserver"]
@@ -229,7 +230,7 @@ class InputObserver:
                 structure = describe(
                     (args, kwargs),
                     tensors,
-                    signature=self._aligner.sig.params,
+                    signature=self._aligner.sig,
                     track_ranges=_track_range,
                 )
                 call = CallLayout.of(args, kwargs)
@@ -451,7 +452,7 @@ class InputObserver:
             writer = StoreWriter(
                 path,
                 name or self._model_name,
-                self._aligner.sig.params,
+                self._aligner.sig,
                 queue_size=total + 1,
                 flush_rows=total + 1,
                 flush_seconds=float("inf"),
