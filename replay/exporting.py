@@ -34,14 +34,14 @@ import torch.utils._pytree as pytree
 from capture import compat
 from capture.errors import ReplayError
 from capture.pytree import nodes
-from replay import select
 from replay.binding import check_signature
 from replay.bounded import export_bounded, export_unbounded
 from replay.checking import coverage_rows
 from replay.coverage import KIND_PROBE, KIND_RECORDED
 from replay.inputs import ExportGroup, ExportInputs, inputs_for
 from replay.options import ExportOptions
-from replay.payload_rows import DEFAULT_LIMIT, payload_rows
+from replay.payload_rows import payload_rows
+from replay.submodules import recorded_submodules, submodule
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -88,7 +88,8 @@ class ExportResult:
         coverage: One row per distinct recorded signature and per probe (`COVERAGE_SCHEMA`).
         notes: What was done and why, per group (``"<group>: <note>"``).
         complete: Every row of `coverage` is covered (every kind: recorded signatures,
-            probes) and every option asked for was honoured (`not_honoured` is empty).
+            probes) and every option asked for was honoured (`not_honoured` is empty); with
+            ``modules=True``, every sub-module's export is complete too.
         inputs: The export inputs the programs were exported from.
         errors: Group name -> why torch.export rejected it.
         onnx: Group name -> path of the ONNX file written.
@@ -107,6 +108,8 @@ class ExportResult:
     not_honoured: dict[str, str] = field(default_factory=dict)
     source: str | None = None
     """The store the programs were exported from (its path or URI), for the artifact."""
+    modules: dict[str, ExportResult] = field(default_factory=dict)
+    """Sub-module name -> its export (``export(..., modules=True)``; empty otherwise)."""
 
     def save(
         self,
@@ -120,7 +123,8 @@ class ExportResult:
         Args:
             path: The ``.pt2`` to write.
             modules: Sub-module name -> its `ExportResult` (``{"encoder": ...}``), stored in
-                the same archive and served by ``replay.load(path).modules[name]``.
+                the same archive and served by ``replay.load(path).modules[name]``; default:
+                `modules` (those ``export(..., modules=True)`` exported).
             aoti: Also compile every program with AOTInductor into the archive
                 (``replay.load`` then runs the compiled form).
 
@@ -132,7 +136,19 @@ class ExportResult:
         """
         from replay.ship.artifact import save
 
-        return save(path, {"": self, **(modules or {})}, aoti=aoti)
+        return save(path, {"": self, **(self.modules if modules is None else modules)}, aoti=aoti)
+
+    def all_coverage(self) -> pa.Table:
+        """`coverage`, then each sub-module's, its groups named ``<module>.<group>``.
+
+        Example:
+            >>> export(model, "store", modules=True).all_coverage()  # doctest: +SKIP
+        """
+        tables = [self.coverage]
+        for name, sub in self.modules.items():
+            groups = [f"{name}.{g}" for g in sub.coverage.column("group").to_pylist()]
+            tables.append(sub.coverage.set_column(0, "group", pa.array(groups, pa.string())))
+        return pa.concat_tables(tables)
 
 
 def require_onnx() -> None:
@@ -257,25 +273,30 @@ def _write_onnx(
     return written
 
 
+# The keyword defaults are `ExportOptions`' (the one place an option and its default are
+# defined); tests/test_replay_options.py checks that the two stay the same.
 def export(
     module: Any,
     store: Any,
     model: str | None = None,
     *,
-    groups: Iterable[str] | None = None,
-    onnx: str | os.PathLike[str] | None = None,
-    strict: bool = False,
-    atol: float = 1e-4,
-    rtol: float = 1e-4,
-    set_batch_dimension_for: bool | Iterable[str | int] | None = None,
-    named_dims: bool = False,
-    keyword_only: bool = False,
+    groups: Iterable[str] | None = ExportOptions.groups,
+    onnx: str | os.PathLike[str] | None = ExportOptions.onnx,
+    modules: bool = ExportOptions.modules,
+    strict: bool = ExportOptions.strict,
+    atol: float = ExportOptions.atol,
+    rtol: float = ExportOptions.rtol,
+    set_batch_dimension_for: bool | Iterable[str | int] | None = (
+        ExportOptions.set_batch_dimension_for
+    ),
+    named_dims: bool = ExportOptions.named_dims,
+    keyword_only: bool = ExportOptions.keyword_only,
     value_if_missing: Mapping[str, torch.Tensor] | None = None,
-    fill_missing: bool = False,
-    seed: int = 0,
-    device: str | None = None,
-    probes: int = select.DEFAULT_PROBES,
-    max_payloads: int = DEFAULT_LIMIT,
+    fill_missing: bool = ExportOptions.fill_missing,
+    seed: int = ExportOptions.seed,
+    device: str | None = ExportOptions.device,
+    probes: int = ExportOptions.probes,
+    max_payloads: int = ExportOptions.max_payloads,
 ) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
@@ -291,6 +312,11 @@ def export(
         groups: Export only these call groups (default: all of them).
         onnx: Also write ONNX (``torch.onnx.export(..., dynamo=True)``): this path for one
             group, ``<stem>.<group>.onnx`` for several. Needs ``capture[onnx]``.
+        modules: Also export every sub-module recorded with ``Recorder(modules=...)`` (store
+            models ``<model>.<name>``; the sub-module is ``module.get_<name>()`` or
+            ``module.get_submodule(name)``), with the same options for all its groups and no
+            ONNX, into ``ExportResult.modules``; ``complete`` then covers them too, and
+            ``save`` stores them in the same artifact.
         strict: Passed to ``torch.export.export``.
         atol: Absolute tolerance of the output comparison.
         rtol: Relative tolerance (times the largest eager magnitude of the output).
@@ -323,7 +349,8 @@ def export(
     """
     options = ExportOptions.of(
         groups=groups,
-        onnx=os.fspath(onnx) if onnx is not None else None,
+        onnx=onnx,
+        modules=modules,
         strict=strict,
         atol=atol,
         rtol=rtol,
@@ -412,7 +439,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     coverage = pa.Table.from_pylist(rows, schema=COVERAGE_SCHEMA)
     complete = bool(rows) and all(r["covered"] for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
-    return ExportResult(
+    result = ExportResult(
         programs,
         coverage,
         notes,
@@ -423,6 +450,15 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         not_honoured=not_honoured,
         source=source,
     )
+    if options.modules:
+        # Every group of each recorded sub-module, with the model's options; no ONNX.
+        sub_options = dataclasses.replace(options, groups=None, onnx=None, modules=False)
+        for name in recorded_submodules(store, inputs.model):
+            result.modules[name] = export_with(
+                submodule(module, name), store, f"{inputs.model}.{name}", sub_options
+            )
+        result.complete = complete and all(m.complete for m in result.modules.values())
+    return result
 
 
 def _export_checked(

@@ -1,23 +1,28 @@
 """The options of a replay, built once at the API boundary and passed down the pipeline.
 
-`replay.export_inputs`, `replay.export`, ``capture export`` and ``capture dims --python`` each
-turn their keyword arguments (or command options) into one `ExportOptions` and hand it to the
-pipeline: analysis (``set_batch_dimension_for``) -> representative example -> per-group shapes
-(`replay.groupshapes`, ``named_dims``, ``keyword_only``, ``hinted``/``floor``) -> rebuilt
-arguments (``seed``, ``device``, ``fill_missing``) -> export and check. A retry changes one
-option with `dataclasses.replace` and runs the same step again (`replay.bounded`: named Dims
-rejected by torch.export become bounded ``Dim.DYNAMIC`` hints) instead of a parallel path.
+`ExportOptions` is the one place an option is defined, with its default: `replay.export` and
+`replay.export_inputs` keep their documented keyword arguments, whose defaults are read from it
+(`tests/test_replay_options.py` checks that they stay the same set with the same defaults), and
+turn them into one `ExportOptions` with `ExportOptions.of` (the one conversion and check);
+``capture export`` builds the same object from its command options (whose defaults it reads
+here too), and ``capture dims --python`` builds one for its three options. A new option goes
+into `ExportOptions` first. The pipeline: analysis (``set_batch_dimension_for``) ->
+representative example -> per-group shapes (`replay.groupshapes`, ``named_dims``,
+``keyword_only``, ``hinted``/``floor``) -> rebuilt arguments (``seed``, ``device``,
+``fill_missing``) -> export and check (``modules``: the recorded sub-modules too). A retry
+changes one option with `dataclasses.replace` and runs the same step again (`replay.bounded`:
+named Dims rejected by torch.export become bounded ``Dim.DYNAMIC`` hints) instead of a parallel
+path.
 
 This module imports no torch (``capture dims --python`` builds options too).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-from replay.select import DEFAULT_PROBES
 
 if TYPE_CHECKING:
     import torch
@@ -26,14 +31,11 @@ __all__ = [
     "ExportOptions",
     "batch_option",
     "DEFAULT_SEED",
-    "DEFAULT_PROBES",
-    "DEFAULT_MAX_PAYLOADS",
+    "INTERNAL",
 ]
 
 DEFAULT_SEED = 0
-"""Seed of the rebuilt example tensors."""
-DEFAULT_MAX_PAYLOADS = 64
-"""Most sampled real calls checked by `replay.export` (`replay.payload_rows`)."""
+"""Seed of the rebuilt example tensors (also the default of `replay.rebuild.rebuild`)."""
 
 BatchOption = bool | tuple[str | int, ...] | None
 
@@ -69,6 +71,8 @@ class ExportOptions:
         device: Device of the example tensors.
         groups: Only these call groups (None: all).
         onnx: Also write ONNX to this path (`replay.export` only).
+        modules: Also export the sub-modules recorded with ``Recorder(modules=...)`` into
+            `replay.exporting.ExportResult.modules` (`replay.export` only).
         strict: Passed to ``torch.export.export``.
         atol: Absolute tolerance of the output comparison.
         rtol: Relative tolerance of the output comparison.
@@ -87,11 +91,12 @@ class ExportOptions:
     device: str | None = None
     groups: tuple[str, ...] | None = None
     onnx: str | None = None
+    modules: bool = False
     strict: bool = False
     atol: float = 1e-4
     rtol: float = 1e-4
-    probes: int = DEFAULT_PROBES
-    max_payloads: int = DEFAULT_MAX_PAYLOADS
+    probes: int = 4
+    max_payloads: int = 64
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:
@@ -99,12 +104,17 @@ class ExportOptions:
         None mappings empty).
 
         Raises:
-            TypeError: An unknown option.
+            TypeError: An unknown option, or one set by the pipeline only (`INTERNAL`).
 
         Example:
             >>> ExportOptions.of(named_dims=True, groups=["decode"]).groups
             ('decode',)
         """
+        internal = sorted(set(options) & set(INTERNAL))
+        if internal:
+            raise TypeError(f"{', '.join(internal)}: set by the replay itself, not an option")
+        if options.get("onnx") is not None:
+            options["onnx"] = os.fspath(options["onnx"])
         if "set_batch_dimension_for" in options:
             options["set_batch_dimension_for"] = batch_option(options["set_batch_dimension_for"])
         if options.get("groups") is not None:
@@ -112,3 +122,7 @@ class ExportOptions:
         if "value_if_missing" in options:
             options["value_if_missing"] = dict(options["value_if_missing"] or {})
         return cls(**options)
+
+
+INTERNAL = ("hinted", "floor")
+"""Fields of `ExportOptions` the pipeline sets (the `replay.bounded` retry), never a caller."""

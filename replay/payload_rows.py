@@ -38,7 +38,7 @@ from replay import rebuild as rb
 from replay import shapes
 from replay.checking import compare_outputs, first_line
 from replay.coverage import KIND_PAYLOAD
-from replay.options import DEFAULT_MAX_PAYLOADS
+from replay.options import ExportOptions
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -46,12 +46,9 @@ if TYPE_CHECKING:
     from capture.pytree.structure import RecordedStructure
     from replay.inputs import ExportGroup, ExportInputs
 
-__all__ = ["payload_rows", "real_call", "DEFAULT_LIMIT"]
+__all__ = ["payload_rows", "real_call"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_LIMIT = DEFAULT_MAX_PAYLOADS
-"""Sampled calls checked by `replay.export` (the newest ones); the check stays bounded."""
 
 
 def real_call(
@@ -167,9 +164,9 @@ def payload_rows(
     programs: Mapping[str, ExportedProgram],
     errors: Mapping[str, str],
     *,
-    atol: float = 1e-4,
-    rtol: float = 1e-4,
-    limit: int = DEFAULT_LIMIT,
+    atol: float = ExportOptions.atol,
+    rtol: float = ExportOptions.rtol,
+    limit: int = ExportOptions.max_payloads,
     device: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Coverage rows of kind ``payload`` (module docstring) and notes about them.

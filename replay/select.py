@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Representative",
     "Ranges",
-    "DEFAULT_PROBES",
     "representative",
     "signatures",
     "value_ranges",
@@ -123,11 +122,7 @@ def value_ranges(store: StoreReader, group: Group) -> dict[tuple[int, ...], Rang
     }
 
 
-DEFAULT_PROBES = 4
-"""Probes per call group `replay.export` checks by default (`probes`)."""
-
-
-def probes(group: Group, limit: int = DEFAULT_PROBES) -> list[tuple[int, ...]]:
+def probes(group: Group, limit: int) -> list[tuple[int, ...]]:
     """Unseen size vectors inside the recorded ranges of a group, to check a program between
     the recorded points.
 
