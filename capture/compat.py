@@ -50,6 +50,7 @@ __all__ = [
     "leaf_treespec",
     "tensor_metadata_check",
     "run_outside_dynamo",
+    "dim_kind",
 ]
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ PRIVATE_APIS = {
     ),
     "leaf_treespec": "torch.utils._pytree.treespec_leaf",
     "tensor_metadata_check": "torch._C._dynamo.guards.TensorGuards",
+    "dim_kind": "torch.export.dynamic_shapes._DerivedDim, _Dim, _DimHint",
     "run_outside_dynamo": (
         "torch._C._dynamo.eval_frame.set_code_exec_strategy, _FrameExecStrategy, _FrameAction; "
         "the _torchdynamo_disable function attribute"
@@ -298,3 +300,28 @@ def run_outside_dynamo(
             "torch.compile may trace into the recorder's helpers (slower compiles)",
             e,
         )
+
+
+# -- torch.export.dynamic_shapes ----------------------------------------------------------------
+def dim_kind(obj: Any) -> str | None:
+    """What kind of torch.export ``Dim`` object `obj` is: 'derived', 'dim', 'hint', or None.
+
+    Private API: the classes ``torch.export.dynamic_shapes._DerivedDim`` (``Dim`` arithmetic),
+    ``_Dim`` (``Dim(name)``) and ``_DimHint`` (``Dim.DYNAMIC``, ``Dim.AUTO``), torch 2.13.0:
+    ``Dim`` objects have no public type to test against. Without them `capture.string_type`
+    prints such objects as their repr instead of the seeds' ``Dim(name)`` / ``DYNAMIC``.
+
+    Example:
+        >>> import torch
+        >>> dim_kind(torch.export.Dim("batch")), dim_kind(torch.export.Dim.DYNAMIC), dim_kind(3)
+        ('dim', 'hint', None)
+    """
+    import torch.export.dynamic_shapes as dyn
+
+    try:
+        classes = (("derived", dyn._DerivedDim), ("dim", dyn._Dim), ("hint", dyn._DimHint))
+    except AttributeError as e:
+        _lost("dim_kind", "string_type prints Dim objects as their repr", e)
+        return None
+    # A derived Dim is also a Dim: the first class that matches, in this order.
+    return next((kind for kind, cls in classes if isinstance(obj, cls)), None)

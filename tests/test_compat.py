@@ -137,3 +137,12 @@ def test_a_missing_private_api_is_warned_once_with_what_is_lost(
     assert "torch.utils._pytree._deregister_pytree_node" in lost[0]
     assert "registered cache classes stay registered" in lost[0]
     caplog.clear()  # seen: the fixture checks that no other test meets a missing API
+
+
+def test_dim_kind_tells_torch_exports_dim_objects_apart() -> None:
+    batch = torch.export.Dim("batch", min=2)
+    assert compat.dim_kind(batch) == "dim"
+    assert compat.dim_kind(batch + 1) == "derived"
+    assert compat.dim_kind(torch.export.Dim.DYNAMIC) == "hint"
+    assert compat.dim_kind(torch.export.Dim.AUTO) == "hint"
+    assert compat.dim_kind(2) is None
