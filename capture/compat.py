@@ -1,27 +1,23 @@
 """The one seam for private torch APIs: each use, the torch versions it was checked on.
 
-capture relies on a few torch internals that have no public equivalent (guards of an exported
-program, pytree deregistration and registry, the recorder's tensor guards, Dynamo's frame
-skipping). Every such use goes through a function of this module, which names the private API,
-the versions it was checked on (`CHECKED_ON`), and what breaks without it; `tests/test_compat.py`
-calls each one against the installed torch, so a torch release that moves one fails there,
-loudly, rather than somewhere deep in a recording or an export. At run time a missing private
-API is never passed over in silence: the function logs one warning saying what is lost.
+capture relies on a few torch internals with no public equivalent. Each use goes through a function
+here, which names the private API (`PRIVATE_APIS`), the versions it was checked on (`CHECKED_ON`)
+and what breaks without it; `tests/test_compat.py` calls each against the installed torch, so a
+torch release that moves one fails there, loudly, not deep in a recording or an export. At run
+time a missing private API is never passed over in silence: one warning says what is lost, or an
+error where nothing works without it. Where torch gives only text (the names a constraint
+violation lists, a violation raised without its type), the text is read here and nowhere else.
 
-What counts as private: a name starting with ``_`` anywhere in torch, and the names of
-``torch.utils._pytree`` outside its ``__all__`` (its registries ``SUPPORTED_NODES``,
-``SERIALIZED_TYPE_TO_PYTHON_TYPE``, ``SUPPORTED_SERIALIZED_TYPES``, ``treespec_leaf``).
-``torch.utils._pytree``'s ``__all__`` (``register_pytree_node``, ``tree_flatten_with_path``,
-``treespec_dumps``, ``keystr``, ...) and the key classes its path functions return
-(``SequenceKey``, ``MappingKey``, ``GetAttrKey``) are **not** routed through here: torch has no
-other pytree module (2.13 ships no ``torch.utils.pytree``), torch.export's documentation sends
-users to ``torch.utils._pytree.register_pytree_node`` for their own classes, and
-``torch.export``'s ``dynamic_shapes`` and treespec serialization are defined over that module;
-it is torch's pytree API in all but name, and wrapping every call of it (the recorder's hot
-path walks with it) would add a layer without adding a check.
+Private means: a name starting with ``_`` anywhere in torch, and the names of
+``torch.utils._pytree`` outside its ``__all__`` (``SUPPORTED_NODES``, the serialized-type tables,
+``treespec_leaf``). Its ``__all__`` (``register_pytree_node``, ``tree_flatten_with_path``,
+``treespec_dumps``, ``keystr``, ...) and the key classes its path functions return are **not**
+routed through here: torch has no other pytree module (2.13 ships no ``torch.utils.pytree``),
+torch.export's documentation sends users to ``torch.utils._pytree.register_pytree_node``, and
+``dynamic_shapes`` and treespec serialization are defined over it: it is torch's pytree API in
+all but name, and wrapping it (the recorder's hot path walks with it) would add a layer, no check.
 
-This module imports no torch at import time (the store side reads treespecs without torch): each
-function imports what it needs.
+No torch import at import time (the store side reads treespecs without torch).
 
 Example:
     >>> from capture import compat
@@ -31,12 +27,15 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import sympy
     import torch
 
 __all__ = [
@@ -51,6 +50,10 @@ __all__ = [
     "tensor_metadata_check",
     "run_outside_dynamo",
     "dim_kind",
+    "is_constraint_violation",
+    "violation_names",
+    "ShapeFacts",
+    "shape_facts",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,6 +72,14 @@ PRIVATE_APIS = {
     "leaf_treespec": "torch.utils._pytree.treespec_leaf",
     "tensor_metadata_check": "torch._C._dynamo.guards.TensorGuards",
     "dim_kind": "torch.export.dynamic_shapes._DerivedDim, _Dim, _DimHint",
+    "is_constraint_violation": (
+        "torch._dynamo.exc.UserError(UserErrorType.CONSTRAINT_VIOLATION), "
+        "torch.fx.experimental.symbolic_shapes.ConstraintViolationError"
+    ),
+    "violation_names": "the text of a constraint violation (no structured list)",
+    "shape_facts": (
+        "torch.export.exported_program._get_shape_env, ShapeEnv.guards, ShapeEnv.replacements"
+    ),
     "run_outside_dynamo": (
         "torch._C._dynamo.eval_frame.set_code_exec_strategy, _FrameExecStrategy, _FrameAction; "
         "the _torchdynamo_disable function attribute"
@@ -325,3 +336,157 @@ def dim_kind(obj: Any) -> str | None:
         return None
     # A derived Dim is also a Dim: the first class that matches, in this order.
     return next((kind for kind, cls in classes if isinstance(obj, cls)), None)
+
+
+# -- torch.export's constraint violations and symbolic shapes ------------------------------------
+_CONSTRAINT_TEXT = "Constraints violated"
+"""What torch 2.13 writes first in a constraint violation's message: the text fallback of
+`is_constraint_violation`, kept here only, for errors torch raises without its type."""
+
+
+def is_constraint_violation(error: BaseException) -> bool:
+    """Tells whether torch.export rejected a group's dynamic shapes because a guard of the
+    traced code cuts or pins a dim that was declared dynamic (``Constraints violated``).
+
+    Private API: ``torch._dynamo.exc.UserError`` with
+    ``error_type == UserErrorType.CONSTRAINT_VIOLATION`` (checked on torch 2.13.0), walking the
+    ``__cause__`` chain; ``torch.fx.experimental.symbolic_shapes.ConstraintViolationError``
+    (public name, private module) counts too. Only when torch gave neither type anywhere in the
+    chain is the message read, for the text ``Constraints violated``: the one text fallback.
+    Without it, a cut range would be reported as an unexplained export failure instead of
+    being split into regimes (`replay.regimes`).
+
+    Args:
+        error: What ``torch.export.export`` raised.
+
+    Returns:
+        True for a constraint violation.
+
+    Example:
+        >>> is_constraint_violation(ValueError("Constraints violated (x)! ..."))
+        True
+        >>> is_constraint_violation(ValueError("shape mismatch"))
+        False
+    """
+    from torch._dynamo.exc import UserError, UserErrorType
+    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+
+    seen: BaseException | None = error
+    typed = False
+    while seen is not None:
+        if isinstance(seen, ConstraintViolationError):
+            return True
+        if isinstance(seen, UserError):
+            typed = True
+            if seen.error_type == UserErrorType.CONSTRAINT_VIOLATION:
+                return True
+        seen = seen.__cause__
+    if typed:
+        return False
+    return _CONSTRAINT_TEXT in str(error)
+
+
+_VIOLATED = re.compile(r"Constraints violated \(([^)]*)\)")
+
+
+def violation_names(error: BaseException) -> set[str]:
+    """The dim names torch lists in a constraint violation (``Constraints violated (a, b)!``).
+
+    torch 2.13 gives these names in the message only (``UserError`` carries the text, no
+    structured list): the one place capture reads them from text. Without it, `replay.bounded`
+    would hint every symbol instead of the violated ones first.
+
+    Args:
+        error: A constraint violation (`is_constraint_violation`).
+
+    Returns:
+        The identifiers inside the parentheses; empty when the text has none.
+
+    Example:
+        >>> sorted(violation_names(Exception("Constraints violated (m - 1, b)! ...")))
+        ['b', 'm']
+    """
+    match = _VIOLATED.search(str(error))
+    if match is None:
+        return set()
+    return set(re.findall(r"[A-Za-z_]\w*", match.group(1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeFacts:
+    """What an exported program accepts, as torch's symbolic shapes state it.
+
+    Attributes:
+        inputs: Per tensor input of the program (its user inputs, in call order), each axis'
+            size: an int (static) or a sympy expression over torch's size symbols.
+        ranges: torch symbol -> (min, max) of the program's ``range_constraints`` (``max``
+            None when unbounded).
+        guards: The ShapeEnv's guards, with torch's symbol replacements applied: each a sympy
+            boolean that must hold for a call to be accepted.
+    """
+
+    inputs: tuple[tuple[Any, ...], ...]
+    ranges: dict[sympy.Symbol, tuple[int, int | None]]
+    guards: tuple[sympy.Basic, ...]
+
+
+def shape_facts(program: Any) -> ShapeFacts | None:
+    """The symbolic shapes of an exported program's inputs, its ranges and its guards.
+
+    Private APIs (checked on torch 2.13.0): ``torch.export.exported_program._get_shape_env``
+    (the ShapeEnv behind the graph's fake values), ``ShapeEnv.guards`` (``ShapeGuard.expr``)
+    and ``ShapeEnv.replacements``, and ``SymInt.node.expr`` of each placeholder's fake tensor
+    size. ``range_constraints`` and ``graph_signature.user_inputs`` are public. These are the
+    same facts torch turns into the program's runtime input checks (``_guards_code`` and
+    ``_check_input_constraints_for_graph``); without them, where torch cut a recorded range
+    could only be read from error text.
+
+    Args:
+        program: A `torch.export.ExportedProgram`.
+
+    Returns:
+        A `ShapeFacts`, or None when the program carries no symbolic shapes (nothing dynamic).
+
+    Example:
+        >>> ep = torch.export.export(model, (x,), dynamic_shapes=({0: Dim.DYNAMIC},))
+        ... # doctest: +SKIP
+        >>> shape_facts(ep).ranges  # doctest: +SKIP
+        {s0: (2, 3)}
+    """
+    import torch
+    from torch.export.exported_program import _get_shape_env
+    from torch.utils._sympy.numbers import IntInfinity
+
+    env = _get_shape_env(program.graph_module)  # type: ignore[no-untyped-call]
+    users = set(program.graph_signature.user_inputs)
+    inputs: list[tuple[Any, ...]] = []
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in users:
+            continue
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            inputs.append(
+                tuple(s.node.expr if isinstance(s, torch.SymInt) else int(s) for s in value.shape)
+            )
+    ranges: dict[Any, tuple[int, int | None]] = {}
+    for symbol, bounds in program.range_constraints.items():
+        upper = bounds.upper
+        ranges[symbol] = (int(bounds.lower), None if isinstance(upper, IntInfinity) else int(upper))
+    if env is None:
+        return ShapeFacts(tuple(inputs), ranges, ()) if ranges else None
+    replacements = dict(env.replacements)
+    # Replacements may chain (s9 -> s5 -> s70): applied until nothing changes.
+    guards = [_replaced(guard.expr, replacements) for guard in env.guards]
+    inputs = [tuple(_replaced(e, replacements) for e in shape) for shape in inputs]
+    return ShapeFacts(tuple(inputs), ranges, tuple(guards))
+
+
+def _replaced(expr: Any, replacements: dict[Any, Any]) -> Any:
+    if isinstance(expr, int):
+        return expr
+    for _ in range(8):
+        replaced = expr.xreplace(replacements)
+        if replaced == expr:
+            return expr
+        expr = replaced
+    return expr

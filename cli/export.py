@@ -229,6 +229,21 @@ def stdout_to_stderr() -> Iterator[None]:
     f"signature (coverage rows of kind probe); 0 for none. Default: {ExportOptions.probes}.",
 )
 @click.option(
+    "--max-regimes",
+    type=click.IntRange(min=1),
+    default=ExportOptions.max_regimes,
+    help="Where torch.export cuts a group's recorded range (a sliding window, a branch on a "
+    "size), export each side as a regime of its own (prefill[input_ids_1<=4], ...), at most "
+    f"this many per group; 1 never splits. Default: {ExportOptions.max_regimes}.",
+)
+@click.option(
+    "--merge/--no-merge",
+    default=ExportOptions.merge,
+    help="Serve a group lacking an optional input (generate()'s batch-1 calls without "
+    "attention_mask) with the program of a group passing it, the input filled, where the "
+    "check proves it on the group's own signatures. Default: --merge.",
+)
+@click.option(
     "--keyword-only",
     is_flag=True,
     default=ExportOptions.keyword_only,
@@ -248,6 +263,8 @@ def export_command(
     named_dims: bool,
     keyword_only: bool,
     probes: int,
+    max_regimes: int,
+    merge: bool,
     fmt: str,
     no_headers: bool,
 ) -> None:
@@ -296,6 +313,8 @@ def export_command(
         named_dims=named_dims,
         keyword_only=keyword_only,
         probes=probes,
+        max_regimes=max_regimes,
+        merge=merge,
         groups=groups or None,
         onnx=onnx,
         modules=out is not None and onnx is None,

@@ -24,7 +24,17 @@ from replay.options import INTERNAL, ExportOptions
 # Keywords of the functions that are not options.
 _NOT_OPTIONS = {"module", "store", "model"}
 # Options only `replay.export` takes (the inputs are the same whatever the check does).
-_EXPORT_ONLY = {"onnx", "modules", "strict", "atol", "rtol", "probes", "max_payloads"}
+_EXPORT_ONLY = {
+    "onnx",
+    "modules",
+    "strict",
+    "atol",
+    "rtol",
+    "probes",
+    "max_payloads",
+    "max_regimes",
+    "merge",
+}
 
 
 def _defaults() -> dict[str, Any]:
