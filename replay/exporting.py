@@ -39,7 +39,7 @@ from replay.bounded import export_bounded, export_unbounded
 from replay.checking import coverage_rows
 from replay.coverage import KIND_PROBE, KIND_RECORDED
 from replay.inputs import ExportGroup, ExportInputs, inputs_for
-from replay.options import ExportOptions
+from replay.options import DEFAULT_MAX_PAYLOAD_BYTES, ExportOptions
 from replay.payload_rows import DEFAULT_LIMIT, payload_rows
 
 if TYPE_CHECKING:
@@ -275,6 +275,7 @@ def export(
     device: str | None = None,
     probes: int = select.DEFAULT_PROBES,
     max_payloads: int = DEFAULT_LIMIT,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
@@ -306,6 +307,9 @@ def export(
         probes: Most probes checked per group (default 4; 0: recorded signatures only).
         max_payloads: Check at most this many sampled real calls (`replay.payload_rows`; stores
             recorded with ``payloads=``), the newest ones; 0 skips them.
+        max_payload_bytes: Most bytes of tensors a sampled call's file may hold; a bigger one
+            is a not-covered row, never read (default 16 MiB, the recorder's default
+            ``Payloads.max_call_bytes``; pass what the store was recorded with).
 
     Returns:
         An `ExportResult`.
@@ -335,6 +339,7 @@ def export(
         device=device,
         probes=probes,
         max_payloads=max_payloads,
+        max_payload_bytes=max_payload_bytes,
     )
     return export_with(module, store, model, options)
 
@@ -402,6 +407,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         atol=atol,
         rtol=rtol,
         limit=options.max_payloads,
+        max_bytes=options.max_payload_bytes,
         device=options.device,
     )
     rows.extend(found)

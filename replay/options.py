@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from capture.store.payload_format import DEFAULT_MAX_CALL_BYTES
 from replay.select import DEFAULT_PROBES
 
 if TYPE_CHECKING:
@@ -28,12 +29,16 @@ __all__ = [
     "DEFAULT_SEED",
     "DEFAULT_PROBES",
     "DEFAULT_MAX_PAYLOADS",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
 ]
 
 DEFAULT_SEED = 0
 """Seed of the rebuilt example tensors."""
 DEFAULT_MAX_PAYLOADS = 64
 """Most sampled real calls checked by `replay.export` (`replay.payload_rows`)."""
+DEFAULT_MAX_PAYLOAD_BYTES = DEFAULT_MAX_CALL_BYTES
+"""Most bytes of tensors a sampled call's file may hold to be read: the recorder's default
+``Payloads.max_call_bytes`` (`capture.store.payload_format`)."""
 
 BatchOption = bool | tuple[str | int, ...] | None
 
@@ -74,6 +79,8 @@ class ExportOptions:
         rtol: Relative tolerance of the output comparison.
         probes: Most probes checked per group.
         max_payloads: Most sampled real calls checked.
+        max_payload_bytes: Most bytes of tensors a sampled call's file may hold (bigger ones
+            are not covered, never read).
     """
 
     set_batch_dimension_for: BatchOption = None
@@ -92,6 +99,7 @@ class ExportOptions:
     rtol: float = 1e-4
     probes: int = DEFAULT_PROBES
     max_payloads: int = DEFAULT_MAX_PAYLOADS
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from capture import schema
 from capture.errors import StoreNotFound
 from capture.store.files import resolve_store, vanished
+from capture.store.nofollow import LINK_REASON, walk
 
 __all__ = [
     "FileInfo",
@@ -183,45 +184,16 @@ def list_files(
 def _list_local(
     root: str, table: str, skipped: list[Skip], stamps: dict[str, str] | None
 ) -> list[pafs.FileInfo]:
-    """Walks ``root/table`` with ``os.scandir`` without following any link."""
+    """Walks ``root/table`` without following any link (`capture.store.nofollow.walk`)."""
+    found = walk(f"{root}/{table}", lambda name: name.endswith(".parquet") and name[0] != ".")
+    skipped.extend(Skip(path, LINK_REASON) for path in found.links)
+    skipped.extend(Skip(path, reason) for path, reason in found.unlistable)
     out: list[pafs.FileInfo] = []
-    top = f"{root}/{table}"
-    if os.path.islink(top):
-        skipped.append(Skip(top, "a symbolic link; a store is read without following links"))
-        return out
-    pending = [top]
-    while pending:
-        folder = pending.pop()
-        try:
-            entries = list(os.scandir(folder))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError as e:
-            skipped.append(Skip(folder, f"cannot be listed ({type(e).__name__})"))
-            continue
-        for entry in entries:
-            path = f"{folder}/{entry.name}"
-            if entry.is_symlink():
-                skipped.append(
-                    Skip(path, "a symbolic link; a store is read without following links")
-                )
-            elif entry.is_dir(follow_symlinks=False):
-                pending.append(path)
-            elif (
-                entry.is_file(follow_symlinks=False)
-                and entry.name.endswith(".parquet")
-                and not entry.name.startswith(".")
-            ):
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:  # deleted since the folder was read
-                    continue
-                out.append(pafs.FileInfo(path, pafs.FileType.File, size=st.st_size))
-                if stamps is not None:
-                    stamps[path] = (
-                        f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:{st.st_dev}"
-                    )
-    return sorted(out, key=lambda info: info.path)
+    for path, st in found.files:
+        out.append(pafs.FileInfo(path, pafs.FileType.File, size=st.st_size))
+        if stamps is not None:
+            stamps[path] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:{st.st_dev}"
+    return out
 
 
 def _schema_problem(found: pa.Schema, table: str) -> str | None:
