@@ -23,7 +23,7 @@ import pytest
 import capture
 from capture import schema
 from capture.errors import CaptureError
-from capture.store import compaction, compaction_lock, footer_cache, layout, merging
+from capture.store import compaction_lock, footer_cache, layout, merging
 from fixtures.models import run_generate, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]

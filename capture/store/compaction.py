@@ -170,7 +170,8 @@ def _folders(
     """(folder, its readable files) for every partition folder of `table`, one folder at a time.
 
     Only one folder's checked footers are held at once, and they are read `BATCH_FILES` at a
-    time (see `_collected`). A file deleted since the listing is left out, unreported.
+    time (see `capture.store.merging.collected`). A file deleted since the listing is left
+    out, unreported.
     """
     by_folder: dict[str, list[str]] = {}
     for info in listed:
@@ -188,7 +189,7 @@ def _folders(
                     result.unreadable.append(checked.path)
                 else:
                     files.append(checked)
-            collected()
+            collected(len(chunk))
         yield folder, sorted(files, key=lambda f: f.path)
 
 

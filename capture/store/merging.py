@@ -26,17 +26,24 @@ from capture.store.layout import SIGNATURE_TOTALS, FileInfo, read_footers
 __all__ = ["BATCH_FILES", "Vanished", "collected", "group_rows", "merge_stats"]
 
 
-def collected() -> None:
-    """Frees the footers just read, now (a full cyclic collection).
+_COLLECT_FROM = 256
+"""Files read in a batch from which `collected` runs a collection (each costs 0.1-0.3 s)."""
+
+
+def collected(files: int) -> None:
+    """Frees the footers of the `files` files just read, now (a full cyclic collection).
 
     pyarrow's `FileMetaData` and its `ParquetSchema` refer to each other, so a footer whose
     schema was looked at is freed only by the cyclic collector; read by a pool's threads they
     outlive the young collections and pile up in the oldest generation, which Python collects
     only once it has grown by a quarter: about 30 KB a file left for later, 3.6 GB of the peak
     when compacting 100,000 files (issue 14). Collected after every batch, a compaction holds
-    one batch's worth, whatever the number of files.
+    one batch's worth, whatever the number of files. A batch of fewer than `_COLLECT_FROM`
+    files leaves a few MB at most: not worth a collection, which cost a compaction beside
+    live writers (every few seconds, a few dozen files) half its time (issue 25).
     """
-    gc.collect()
+    if files >= _COLLECT_FROM:
+        gc.collect()
 
 
 _ROW_GROUP = 65_536  # rows per row group of a merged calls file
@@ -114,7 +121,7 @@ def _batches(
         paths = [f.path for f in group[start : start + BATCH_FILES]]
         _progress(f"{folder}: {start + len(paths):,}/{len(group):,} files read")
         batch = pa.concat_tables(read_footers(fs, paths, reader)).combine_chunks()
-        collected()
+        collected(len(paths))
         yield batch
         del batch  # before the next one is read
     _progress("")
