@@ -8,6 +8,7 @@ read or deleted through a link; and that nothing ran (a marker file and `sys.mod
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -103,7 +104,7 @@ def _write(path: Path, header: Any, data: bytes, length: int | None = None) -> N
 def _rows(exported: tuple[Tiny, Any, Any], root: Path) -> list[dict[str, Any]]:
     model, inputs, programs = exported
     rows, _ = payload_rows(model, str(root), inputs, programs, {})
-    return rows
+    return [dataclasses.asdict(row) for row in rows]
 
 
 def _bad_row(rows: list[dict[str, Any]], path: Path) -> str:
