@@ -17,11 +17,11 @@ Imports the standard library only.
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO
 
 __all__ = ["Walk", "walk", "open_under", "unlink_under", "LINK_REASON"]
 
@@ -120,7 +120,7 @@ def _no_link_on_the_way(root: str, parts: list[str]) -> None:
             raise PermissionError(f"{path}: {LINK_REASON}")
 
 
-def open_under(root: str, path: str) -> BinaryIO:
+def open_under(root: str, path: str) -> io.BufferedReader:
     """Opens the regular file `path`, inside `root`, for reading; no link below `root` followed.
 
     Args:

@@ -90,6 +90,8 @@ class Readable(Protocol):
 
     def read(self, n: int = ..., /) -> bytes: ...  # noqa: D102
 
+    def readinto(self, buffer: Any, /) -> int | None: ...  # noqa: D102
+
 
 @dataclass(frozen=True)
 class TensorEntry:
@@ -135,8 +137,7 @@ def read_checked(
     if n > MAX_HEADER_BYTES or 8 + n > size:
         raise PayloadError(f"{where}: truncated or not safetensors (header of {n:,} bytes)")
     metadata, entries = _parse_header(_read_exactly(f, n, where), where, size - 8 - n, max_bytes)
-    data = bytearray(_read_exactly(f, size - 8 - n, where))
-    return metadata, _tensors(entries, data)
+    return metadata, _tensors(entries, _read_into(f, size - 8 - n, where))
 
 
 def _read_exactly(f: Readable, n: int, where: str) -> bytes:
@@ -147,6 +148,21 @@ def _read_exactly(f: Readable, n: int, where: str) -> bytes:
     if len(data) != n:
         raise PayloadError(f"{where}: truncated ({len(data):,} of {n:,} bytes)")
     return bytes(data)
+
+
+def _read_into(f: Readable, n: int, where: str) -> bytearray:
+    """`n` bytes read straight into one buffer (the tensors are views of it: one copy)."""
+    data = bytearray(n)
+    view, done = memoryview(data), 0
+    try:
+        while done < n:
+            got = f.readinto(view[done:])
+            if not got:
+                raise PayloadError(f"{where}: truncated ({done:,} of {n:,} bytes of tensors)")
+            done += got
+    except OSError as e:
+        raise PayloadError(f"{where}: cannot be read ({type(e).__name__}: {e})") from e
+    return data
 
 
 def _parse_header(
