@@ -123,7 +123,7 @@ def server() -> None:
             for r in store.query("SELECT pid, count(*) AS n FROM calls GROUP BY pid").to_pylist()
         }
     after_term = sum(a["done"] > load.term_at for a in load.answers)
-    print("### Real server\n")
+    print("\n### Real server\n")
     print(
         md_table(
             ["answered", "not answered", "worker pids", "answered after SIGTERM", "calls served",
@@ -213,7 +213,7 @@ def costs() -> None:
     )
     rows.append(["checked `read_payload`, 32 MiB file", compared])
     shutil.rmtree(work, ignore_errors=True)
-    print("### Costs\n")
+    print("\n### Costs\n")
     print(md_table(["measure", "median"], rows))
 
 
