@@ -337,6 +337,30 @@ def test_a_folder_swapped_for_a_link_after_listing_is_not_followed(
     _untouched(outside, template)
 
 
+def test_a_delete_through_a_swapped_folder_is_one_error_line(
+    store: Path, outside: Path, template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from capture.store import payload_files
+
+    path = _payloads(store)[0]
+    shutil.copy(outside / "victim.safetensors", outside / path.name)
+    real = payload_files.list_payloads
+
+    def listed_then_swapped(*args: Any, **kwargs: Any) -> Any:
+        files = real(*args, **kwargs)
+        shutil.rmtree(path.parent)  # the folder becomes a link after the listing
+        path.parent.symlink_to(outside, target_is_directory=True)
+        return files
+
+    monkeypatch.setattr(payload_files, "list_payloads", listed_then_swapped)
+    result = CliRunner().invoke(cli, ["--store", str(store), "payloads", "--delete-all"])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: cannot delete {path}")
+    assert (outside / path.name).exists()  # issue 25: nothing outside the store deleted
+    _untouched(outside, template)
+
+
 def test_a_fifo_named_like_a_payload_is_not_listed(store: Path) -> None:
     fifo = _payloads(store)[0].parent / "pipe.safetensors"
     os.mkfifo(fifo)

@@ -199,8 +199,8 @@ def delete_payloads(
         store reached through a link.
 
     Raises:
-        OSError: A file could not be deleted (it became a link, or permissions); the files
-            before it are deleted.
+        PayloadError: A file could not be deleted (it became a link, or permissions); the
+            files before it are deleted; one line.
 
     Example:
         >>> delete_payloads("capture-store", before=dt.date(2026, 11, 1))  # doctest: +SKIP
@@ -213,12 +213,19 @@ def delete_payloads(
         p for p in list_payloads((fs, root), model) if before is None or p.date < before.isoformat()
     ]
     if not dry_run:
-        for p in chosen:
-            if isinstance(fs, pafs.LocalFileSystem):
-                # through no link: one swapped in after the listing fails (issue 25)
-                nofollow.unlink_under(root, p.path)
-            else:
-                fs.delete_file(p.path)
+        for done, p in enumerate(chosen):
+            try:
+                if isinstance(fs, pafs.LocalFileSystem):
+                    # through no link: one swapped in after the listing fails (issue 25)
+                    nofollow.unlink_under(root, p.path)
+                else:
+                    fs.delete_file(p.path)
+            except OSError as e:
+                raise PayloadError(
+                    f"cannot delete {p.path} ({type(e).__name__}: {e}); {done} payload "
+                    "file(s) before it were deleted, nothing outside the store was touched; "
+                    "check the folder (a symbolic link?) and run the delete again"
+                ) from e
     return chosen
 
 
