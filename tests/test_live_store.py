@@ -101,11 +101,10 @@ rec.flush(timeout=None)
 """
 
 
-def test_sigkill_between_rollup_and_calls_leaves_stats_and_calls_agreeing(
-    tmp_path: Path,
-) -> None:
+def _kill_mid_segment(root: Path) -> None:
+    """Runs `_KILLED_MID_SEGMENT` into `root` and SIGKILLs it between its two files."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_MID_SEGMENT, str(tmp_path)],
+        [sys.executable, "-c", _KILLED_MID_SEGMENT, str(root)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -115,6 +114,12 @@ def test_sigkill_between_rollup_and_calls_leaves_stats_and_calls_agreeing(
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     proc.stdout.close()
+
+
+def test_sigkill_between_rollup_and_calls_leaves_stats_and_calls_agreeing(
+    tmp_path: Path,
+) -> None:
+    _kill_mid_segment(tmp_path)
     # issue 25 item 9: before, calls landed first and a kill left calls no stats row counted
     assert _totals(tmp_path) == (2, 2)
     assert len(_files(tmp_path, schema.STATS)) == 2  # the committed rollup and the staged one
@@ -219,16 +224,7 @@ def test_compaction_leaves_a_group_whose_file_vanished(
 
 
 def test_compaction_rolls_back_an_old_uncommitted_segment(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_MID_SEGMENT, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "between"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
-    proc.stdout.close()
+    _kill_mid_segment(tmp_path)
     staged = max(_files(tmp_path, schema.STATS))
     young = capture.compact(tmp_path)
     assert young.rolled_back == [] and staged.exists()  # its writer may still be writing
