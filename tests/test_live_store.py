@@ -73,6 +73,17 @@ def test_a_rollup_names_the_calls_files_of_its_segment(tmp_path: Path) -> None:
     assert calls.name == rollup.name  # the segment's calls files carry the rollup's name
 
 
+def test_a_stopped_writers_last_rollup_names_no_segment(tmp_path: Path) -> None:
+    model = Add()
+    with capture.Recorder(model, tmp_path, name="add", flush_rows=2):
+        for b in (1, 2, 3, 4):  # the last segment is written by stop()
+            model(torch.ones(b, 2))
+    (rollup,) = _files(tmp_path, schema.STATS)
+    assert schema.METADATA_SEGMENT_CALLS not in pq.read_metadata(rollup).metadata
+    # so compaction may merge every calls file at once (a named one waits for its rollup)
+    assert capture.compact(tmp_path).tables["calls"].files_after == 1
+
+
 # A writer killed between the two files of its second segment (its rollup and its calls file,
 # in whichever order it writes them): the second write announces itself, then waits.
 _KILLED_MID_SEGMENT = r"""

@@ -399,13 +399,13 @@ class StoreWriter:
         self._written(staged.path)
         self._rollup = staged.rollup
         self._rollup_at = time.monotonic()
-        self._rollup_closed = self._closing
+        # A closing rollup that names its segment is written once more without it (by close):
+        # compaction leaves a rollup's segment calls files alone while the rollup names them.
+        self._rollup_closed = self._closing and not staged.calls
         self._rollup_files = [(staged.name, len(staged.rollup))]
         folder = staged.path.rsplit("/", 1)[0]
-        for (
-            old,
-            count,
-        ) in staged.chain:  # held by the new file (its claim); a failed delete: claimed again
+        # held by the new file (its claim); a failed delete: claimed again
+        for old, count in staged.chain:
             try:
                 self.fs.delete_file(f"{folder}/{old}")
             except FileNotFoundError:

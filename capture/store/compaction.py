@@ -221,8 +221,12 @@ def _compact_folder(
     counts.rows_before += sum(f.rows for f in live)
     if table == schema.CALLS:
         groups = _calls_groups(live, target_rows)
+    elif len(live) > 1 or any(f.segment for f in live):
+        # a lone rollup naming its segment is rewritten too: its calls files are then free
+        # for the next compaction (they are left alone while a rollup names them)
+        groups = [live]
     else:
-        groups = [live] if len(live) > 1 else []
+        groups = []
     merged = {f.path for group in groups for f in group}
     for f in live:
         if f.path not in merged:
