@@ -262,9 +262,10 @@ def test_compaction_leaves_the_calls_files_a_live_rollup_names(tmp_path: Path) -
             and pq.read_metadata(p).metadata[schema.METADATA_ROLLUP] == b"open"
         ]
         named = [p for p in _files(tmp_path, schema.CALLS) if p.name == live.name]
-        capture.compact(tmp_path)
+        result = capture.compact(tmp_path)
         # merged away, they would leave the live rollup uncommitted for good (issue 25)
         assert named and all(p.exists() for p in named)
+        assert len(_files(tmp_path, schema.CALLS)) == result.tables["calls"].files_after
         assert _totals(tmp_path) == (3, 3)
     finally:
         rec.stop()

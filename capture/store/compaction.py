@@ -204,6 +204,11 @@ def _compact_folder(
 ) -> None:
     counts = result.tables[table]
     if table == schema.CALLS:  # a live rollup's commit: left for a run after that rollup went
+        kept = [f for f in files if f.path in named]
+        counts.files_before += len(kept)
+        counts.files_after += len(kept)
+        counts.rows_before += sum(f.rows for f in kept)
+        counts.rows_after += sum(f.rows for f in kept)
         files = [f for f in files if f.path not in named]
     if table == schema.STATS:  # a writer may still replace or commit these: left for later
         files = _settled_rollups(fs, files, result)
