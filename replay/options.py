@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_PROBES",
     "DEFAULT_MAX_PAYLOADS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "DEFAULT_MAX_REGIMES",
 ]
 
 DEFAULT_SEED = 0
@@ -39,6 +40,8 @@ DEFAULT_MAX_PAYLOADS = 64
 DEFAULT_MAX_PAYLOAD_BYTES = DEFAULT_MAX_CALL_BYTES
 """Most bytes of tensors a sampled call's file may hold to be read: the recorder's default
 ``Payloads.max_call_bytes`` (`capture.store.payload_format`)."""
+DEFAULT_MAX_REGIMES = 4
+"""Most regimes a call group is split into (`replay.regimes`): each costs one more export."""
 
 BatchOption = bool | tuple[str | int, ...] | None
 
@@ -68,6 +71,8 @@ class ExportOptions:
         hinted: With `named_dims`, the symbols given as bounded ``Dim.DYNAMIC(min=, max=)``
             hints instead (set by the `replay.bounded` retry, not by users).
         floor: Raise the min of the hinted symbols to this (the same retry).
+        auto: ``Dim.AUTO`` on every dynamic axis (set by `replay.regimes` to learn where
+            torch.export cuts a group's range, not by users).
         value_if_missing: Name -> tensor given where that argument is missing (fill_missing).
         fill_missing: Give every program the tensor arguments some group of the model passes.
         seed: Seed of the example tensors.
@@ -81,6 +86,11 @@ class ExportOptions:
         max_payloads: Most sampled real calls checked.
         max_payload_bytes: Most bytes of tensors a sampled call's file may hold (bigger ones
             are not covered, never read).
+        max_regimes: Most regimes a call group is split into where torch.export cuts its
+            recorded range (`replay.regimes`); 1: never split.
+        merge: Serve a group that lacks an optional input with another group's program, the
+            input filled, where the check proves it on the group's own signatures
+            (`replay.merging`); False: one program per group.
     """
 
     set_batch_dimension_for: BatchOption = None
@@ -88,6 +98,7 @@ class ExportOptions:
     keyword_only: bool = False
     hinted: tuple[str, ...] = ()
     floor: int = 0
+    auto: bool = False
     value_if_missing: Mapping[str, torch.Tensor] = field(default_factory=dict)
     fill_missing: bool = False
     seed: int = DEFAULT_SEED
@@ -100,6 +111,8 @@ class ExportOptions:
     probes: int = DEFAULT_PROBES
     max_payloads: int = DEFAULT_MAX_PAYLOADS
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_regimes: int = DEFAULT_MAX_REGIMES
+    merge: bool = True
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:
