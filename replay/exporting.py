@@ -256,6 +256,7 @@ def export(
     device: str | None = ExportOptions.device,
     probes: int = ExportOptions.probes,
     max_payloads: int = ExportOptions.max_payloads,
+    max_payload_bytes: int = ExportOptions.max_payload_bytes,
     max_regimes: int = ExportOptions.max_regimes,
     merge: bool = ExportOptions.merge,
 ) -> ExportResult:
@@ -294,6 +295,9 @@ def export(
         probes: Most probes checked per group (default 4; 0: recorded signatures only).
         max_payloads: Check at most this many sampled real calls (`replay.payload_rows`; stores
             recorded with ``payloads=``), the newest ones; 0 skips them.
+        max_payload_bytes: Most bytes of tensors a sampled call's file may hold; a bigger one
+            is a not-covered row, never read (default 16 MiB, the recorder's default
+            ``Payloads.max_call_bytes``; pass what the store was recorded with).
         max_regimes: Where torch.export cuts a group's recorded range (a sliding window, a
             branch on a size), export each side as a regime of its own, at most this many
             per group (`replay.regimes`); 1 never splits.
@@ -331,6 +335,7 @@ def export(
         device=device,
         probes=probes,
         max_payloads=max_payloads,
+        max_payload_bytes=max_payload_bytes,
         max_regimes=max_regimes,
         merge=merge,
     )
@@ -432,6 +437,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         atol=atol,
         rtol=rtol,
         limit=options.max_payloads,
+        max_bytes=options.max_payload_bytes,
         device=options.device,
     )
     rows.extend(found)

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from capture.store.payload_format import DEFAULT_MAX_CALL_BYTES
+
 if TYPE_CHECKING:
     import torch
 
@@ -80,6 +82,8 @@ class ExportOptions:
         rtol: Relative tolerance of the output comparison.
         probes: Most probes checked per group.
         max_payloads: Most sampled real calls checked.
+        max_payload_bytes: Most bytes of tensors a sampled call's file may hold (bigger ones
+            are not covered, never read).
         max_regimes: Most regimes a call group is split into where torch.export cuts its
             recorded range (`replay.regimes`); 1: never split.
         merge: Serve a group that lacks an optional input with another group's program, the
@@ -105,6 +109,7 @@ class ExportOptions:
     rtol: float = 1e-4
     probes: int = 4
     max_payloads: int = 64
+    max_payload_bytes: int = DEFAULT_MAX_CALL_BYTES
     max_regimes: int = 4
     merge: bool = True
 

@@ -32,6 +32,7 @@ _EXPORT_ONLY = {
     "rtol",
     "probes",
     "max_payloads",
+    "max_payload_bytes",
     "max_regimes",
     "merge",
 }

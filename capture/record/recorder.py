@@ -270,24 +270,25 @@ class Recorder:
         if not self._patch.active:
             return
         self._patch.active = False  # from now on the wrapper passes calls through
-        for child in self.modules.values():
-            child.stop()
-        try:
-            self._patch.restore()
-        finally:
-            atexit.unregister(self.stop)
-            lifecycle.untrack(self)
-            self._flight.wait(STOP_WAIT_SECONDS)
-            if self._writer is not None:
-                try:
-                    self._writer.close()
-                except Exception as e:
-                    self._count_error("closing the store", e)
-            if self._payloads is not None:
-                self._payloads.close()
-            if self._registered:
-                nodes.release()
-                self._registered = False
+        # A SIGTERM meanwhile waits for the last writes (issue 25; capture.record.lifecycle)
+        with lifecycle.stopping(self):
+            for child in self.modules.values():
+                child.stop()
+            try:
+                self._patch.restore()
+            finally:
+                atexit.unregister(self.stop)
+                self._flight.wait(STOP_WAIT_SECONDS)
+                if self._writer is not None:
+                    try:
+                        self._writer.close()
+                    except Exception as e:
+                        self._count_error("closing the store", e)
+                if self._payloads is not None:
+                    self._payloads.close()
+                if self._registered:
+                    nodes.release()
+                    self._registered = False
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """Writes every call recorded so far to the store (the recorder keeps running).
