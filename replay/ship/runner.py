@@ -49,8 +49,8 @@ class Router:
         self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: dict[str, Any]
     ) -> tuple[str | None, Sequence[LeafFacts], list[Any]]:
         """The call's treespec, leaves and tensors (in leaf order: the order of ``dims``)."""
-        from capture.pytree.structure import parse_params
         from capture.record.flatten import describe, tensor_key, walk
+        from capture.signature import Signature
 
         tensors: list[Any] = []
         key: list[Any] = [len(args)]
@@ -60,8 +60,8 @@ class Router:
         cache_key = (full, entry.get("signature"))
         found = self._seen.get(cache_key)
         if found is None:
-            params = tuple(parse_params(entry.get("signature")))
-            st = describe((args, kwargs), list(tensors), signature=params)
+            signature = Signature.loads(entry.get("signature"))
+            st = describe((args, kwargs), list(tensors), signature=signature)
             found = (st.treespec, st.leaves, st.slow)
             self._seen[cache_key] = found
         treespec, leaves, slow = found
