@@ -4,8 +4,9 @@ and latency per call of the ONNX runner against the ``.pt2`` runner and eager.
     python bench/bench_onnx.py [--hidden 256] [--repeat 20]
 
 Records a 2-layer LlamaForCausalLM (``--hidden`` wide) under greedy generate() with left-padded
-batches (4 prompts, 6 new tokens: 24 forward calls, 4 call groups) while a forward pre-hook
-keeps the original calls; exports it with and without ``onnx=`` (the difference is the ONNX
+batches (4 prompts, 6 new tokens: 24 forward calls, 4 call groups, exported with merging off:
+4 programs, 4 sessions) while a forward pre-hook keeps the original calls; exports it with
+and without ``onnx=`` (the difference is the ONNX
 cost: conversion, writing, the onnxruntime check of every row); then, in fresh processes, times
 ``replay.load`` of the ONNX set (weights shared across sessions, and not) and of the ``.pt2``
 artifact and reads the resident memory it added; finally the median latency of every original
@@ -101,13 +102,13 @@ def main() -> int:
         if not Path(f"{onnx_path}.json").exists() or not pt2.exists():
             sys.stderr.write("exporting without ONNX...\n")
             t = time.perf_counter()
-            plain = replay.export(model, store)
+            plain = replay.export(model, store, merge=False)
             torch_s = time.perf_counter() - t
             plain.save(pt2)
             sys.stderr.write("exporting with ONNX...\n")
             onnx_path.parent.mkdir(exist_ok=True)
             t = time.perf_counter()
-            replay.export(model, store, onnx=onnx_path)
+            replay.export(model, store, onnx=onnx_path, merge=False)
             onnx_s = time.perf_counter() - t
         on_disk = sum(f.stat().st_size for f in onnx_path.parent.iterdir() if f.suffix != ".json")
         loads = {
