@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 
+from .fit import Fit, terminal_width, wide_option
 from .main import store_path
 from .output import format_option, no_headers_option, render
 
@@ -81,6 +82,7 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
 )
 @format_option()
 @no_headers_option
+@wide_option
 @click.pass_context
 def check_command(
     ctx: click.Context,
@@ -89,6 +91,7 @@ def check_command(
     model: str | None,
     fmt: str,
     no_headers: bool,
+    wide: bool,
 ) -> None:
     """Check that a saved artifact serves the calls recorded in the store.
 
@@ -121,7 +124,9 @@ def check_command(
         rows = check_rows(store, manifest, moment, model)
     for row in rows:
         del row["structure"]
-    render(rows, fmt, headers=not no_headers)
+    # One model (the usual case): its column says nothing on a terminal.
+    one_model = ("model",) if len({r["model"] for r in rows}) == 1 else ()
+    render(rows, fmt, headers=not no_headers, fit=Fit(terminal_width(wide), hide=one_model))
     if not rows:
         window = f" since {since}" if since else ""
         click.echo(f"no recorded calls{window}: nothing to check", err=True)

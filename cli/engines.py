@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from .fit import Fit, constant_columns, terminal_width, wide_option
 from .main import store_path
 from .options import choice_format_option, group_option, model_option
 from .output import render, render_document, write_text
@@ -48,6 +49,7 @@ _PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt"
     "trtexec flags, torch_tensorrt.Input Python lines, ONNX Runtime TensorRT provider "
     "options. Default: table.",
 )
+@wide_option
 @click.pass_context
 def profiles_command(
     ctx: click.Context,
@@ -56,6 +58,7 @@ def profiles_command(
     opt: str,
     max_profiles: int,
     fmt: str,
+    wide: bool,
 ) -> None:
     """Print TensorRT min/opt/max shape profiles per call group.
 
@@ -64,7 +67,9 @@ def profiles_command(
     recorded signature, never a mix of sizes from different calls). Input
     names are the names torch.export gives the inputs (the flattened
     argument path joined with _, e.g. past_key_values_key_cache_0), which
-    torch.onnx.export keeps as the ONNX input names.
+    torch.onnx.export keeps as the ONNX input names. On a terminal the
+    table leaves out the argument path (and model and profile, when they
+    are the same in every row) unless --wide.
 
     \b
     Example:
@@ -82,7 +87,13 @@ def profiles_command(
     if fmt in TEXT_FORMATS:
         write_text(format_profiles(profiles, fmt))
     else:
-        render(profiles_to_table(profiles), fmt)
+        table = profiles_to_table(profiles)
+        hide = ("path", *constant_columns(table, ["model", "profile"]))
+        fit = Fit(terminal_width(wide), hide=hide, keep_end=("input",), whole=_SHAPES)
+        render(table, fmt, fit=fit)
+
+
+_SHAPES = ("min_shape", "opt_shape", "max_shape")
 
 
 def _percent(part: int, whole: int) -> str:

@@ -30,9 +30,9 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -42,14 +42,14 @@ from capture import schema
 from capture.errors import EmptyStore, QueryError, UnknownModel
 from capture.store import footer_cache
 from capture.store.checked import check_table
-from capture.store.layout import (
-    SIGNATURE_TOTALS,
-    open_root,
-)
+from capture.store.layout import open_root
+from capture.store.views import CALLS_VIEWS, DATE_FROM_PATH, DERIVED_VIEWS, needs_calls
 
 __all__ = ["Store", "open_store", "SkippedFile"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -69,66 +69,6 @@ _NO_EXTENSION_LOADING: dict[str, str | bool | int | float | list[str]] = {
     "autoload_known_extensions": False,
 }
 
-_DATE_FROM_PATH = "TRY_CAST(regexp_extract(filename, '/date=([0-9-]+)/', 1) AS DATE)"
-
-_DERIVED_VIEWS = f"""
-CREATE OR REPLACE VIEW structures AS
-    SELECT * EXCLUDE (rn) FROM (
-        SELECT *, row_number() OVER (PARTITION BY model, structure_id, leaf) AS rn
-        FROM _structures_raw
-    ) WHERE rn = 1;
-
-CREATE OR REPLACE VIEW signatures AS
-    SELECT {SIGNATURE_TOTALS}, {schema.SIGNATURE_RANGES}
-    FROM stats
-    GROUP BY ALL;
-
-"""
-
-_CALLS_VIEWS = """
-CREATE OR REPLACE VIEW leaves AS
-    SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
-           s.dtype, s.device,
-           CASE WHEN s.kind = 'tensor'
-                THEN c.dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
-           CASE WHEN s.range_index IS NOT NULL THEN c.int_min[s.range_index + 1] END AS int_min,
-           CASE WHEN s.range_index IS NOT NULL THEN c.int_max[s.range_index + 1] END AS int_max
-    FROM calls c JOIN structures s ON s.structure_id = c.in_structure AND s.model = c.model
-    UNION ALL
-    SELECT c.call_id, c.model, 'output' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
-           s.dtype, s.device,
-           CASE WHEN s.kind = 'tensor'
-                THEN c.out_dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
-           NULL::BIGINT AS int_min, NULL::BIGINT AS int_max
-    FROM calls c JOIN structures s ON s.structure_id = c.out_structure AND s.model = c.model;
-
-CREATE OR REPLACE VIEW dims AS
-    SELECT call_id, model, side, leaf, path,
-           unnest(generate_series(0, len(shape) - 1)) AS axis, unnest(shape) AS size
-    FROM leaves WHERE kind = 'tensor';
-"""
-
-
-_CALLS_NAMES = re.compile(r"\b(calls|leaves|dims)\b", re.IGNORECASE)
-"""Names of the views over the calls files (the others read only stats and structures)."""
-
-_PARAMETER = re.compile(r"\$\w+|\?")
-
-
-def _needs_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
-    """Whether `sql` may read a view over the calls files.
-
-    DuckDB names the tables a statement reads (a column named ``calls`` does not count);
-    when it cannot tell (several statements, DDL, a parse error), any of the names in the
-    text counts.
-    """
-    try:
-        names = con.get_table_names(_PARAMETER.sub("NULL", sql))
-    except duckdb.Error:
-        return bool(_CALLS_NAMES.search(sql))
-    return any(_CALLS_NAMES.fullmatch(name) for name in names)
-
-
 _NO_ACCESS = re.compile(r'Cannot access file "([^"]+?)(?:/\*\*/\*\.parquet)?"')
 
 
@@ -147,6 +87,24 @@ def _vanished(error: Exception, listed: Mapping[str, list[str]], fs: pafs.FileSy
     if match is None or not any(match.group(1) in files for files in listed.values()):
         return False
     return bool(fs.get_file_info(match.group(1)).type == pafs.FileType.NotFound)
+
+
+def _batches(reader: Any, first: pa.RecordBatch | None) -> Iterator[pa.RecordBatch]:
+    """`first`, then the rest of DuckDB's `reader`; its errors become `QueryError`."""
+    try:
+        if first is None:
+            return
+        yield first
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except (duckdb.Error, OSError) as e:  # pyarrow hands DuckDB's errors over as OSError
+                raise QueryError(f"query failed: {str(e).strip()}") from e
+            yield batch
+    finally:
+        reader.close()
 
 
 class Store:
@@ -179,9 +137,9 @@ class Store:
 
         The stats and structures views read rows held in memory (read with the files' checks);
         the views over the calls files (`calls`, `leaves`, `dims`) are made only for a query
-        that names one (`_needs_calls`): binding a view over 100,000 files costs seconds, and
-        `summary` never reads a call (issue 14). Adding them later reconnects (temporary
-        tables a user made in the store's session before are gone then).
+        that names one (`capture.store.views.needs_calls`): binding a view over 100,000 files
+        costs seconds, and `summary` never reads a call (issue 14). Adding them later
+        reconnects (temporary tables a user made in the store's session before are gone then).
         """
         self._with_calls = with_calls
         if self.unsafe_sql:
@@ -286,7 +244,7 @@ class Store:
                 mixed = "false" if self._exact_calls else "true"
                 self.con.execute(
                     f"CREATE OR REPLACE VIEW {name} AS SELECT * EXCLUDE (filename), "
-                    f"{_DATE_FROM_PATH} AS date FROM read_parquet({_sql_list(files)}, "
+                    f"{DATE_FROM_PATH} AS date FROM read_parquet({_sql_list(files)}, "
                     f"hive_partitioning = false, union_by_name = {mixed}, filename = true)"
                 )
             else:
@@ -301,9 +259,9 @@ class Store:
                 )
                 self.con.register(f"_{table}_dataset", dataset)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset")
-        self.con.execute(_DERIVED_VIEWS)
+        self.con.execute(DERIVED_VIEWS)
         if with_calls:
-            self.con.execute(_CALLS_VIEWS)
+            self.con.execute(CALLS_VIEWS)
 
     # -- queries -----------------------------------------------------------------------------
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
@@ -323,15 +281,70 @@ class Store:
             >>> store.query("SELECT count(*) AS n FROM calls").to_pylist()  # doctest: +SKIP
             [{'n': 8}]
         """
-        if not self._with_calls and _needs_calls(self.con, sql):
+        return self._run(sql, params, lambda relation: relation.to_arrow_table(), pa.table({}))
+
+    def stream(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        batch_rows: int = 8192,
+    ) -> pa.RecordBatchReader:
+        """Runs SQL like `query`, and hands its result over batch by batch (bounded memory).
+
+        DuckDB produces the rows as they are read (``capture query`` prints 100 million rows in
+        about 100 MB). A file that vanished under a compaction is retried, as in `query`, until
+        the first batch is read; later, the reader raises `QueryError`. The store's connection
+        serves no other query until the reader is exhausted or closed.
+
+        Args:
+            sql: As for `query`.
+            params: As for `query`.
+            batch_rows: Rows per batch.
+
+        Returns:
+            A reader of the result's record batches (an empty one for a statement without a
+            result).
+
+        Raises:
+            QueryError: The SQL is invalid or fails, now or while the batches are read.
+
+        Example:
+            >>> with store.stream("SELECT * FROM calls") as reader:  # doctest: +SKIP
+            ...     rows = sum(batch.num_rows for batch in reader)
+        """
+
+        def start(relation: duckdb.DuckDBPyRelation) -> tuple[Any, pa.RecordBatch | None]:
+            reader = relation.to_arrow_reader(batch_rows)
+            try:
+                return reader, reader.read_next_batch()
+            except StopIteration:
+                return reader, None
+
+        empty = (None, None)
+        reader, first = self._run(sql, params, start, empty)
+        if reader is None:
+            return pa.RecordBatchReader.from_batches(pa.schema([]), [])
+        return pa.RecordBatchReader.from_batches(reader.schema, _batches(reader, first))
+
+    def _run(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None,
+        fetch: Callable[[duckdb.DuckDBPyRelation], _T],
+        no_result: _T,
+    ) -> _T:
+        """Runs `sql` and `fetch`es its relation (`no_result` for SET, CREATE VIEW, ...),
+        listing the store again once when a file listed at opening vanished."""
+        if not self._with_calls and needs_calls(self.con, sql):
             self._reconnect(with_calls=True)
         relisted = False
         while True:
             try:
                 relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
                 if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
-                    return pa.table({})
-                return relation.to_arrow_table()
+                    return no_result
+                return fetch(relation)
             except (duckdb.IOException, duckdb.PermissionException, OSError) as e:
                 if not relisted and _vanished(e, self._files, self.fs):
                     # A compaction replaced (then deleted) files listed when the store opened:
