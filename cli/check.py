@@ -57,6 +57,26 @@ def parse_since(text: str | None) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+def _refuse_folder(artifact: str, store: str) -> None:
+    """A folder is no artifact: say whether it is a store (``capture check capture-store``)."""
+    from pathlib import Path
+
+    from capture import schema
+
+    folder = Path(artifact)
+    if not folder.is_dir():
+        return
+    if any((folder / table).is_dir() for table in schema.TABLES):
+        raise click.ClickException(
+            f"{artifact} is a store, not an artifact; pass the .pt2 that capture export --out "
+            f"wrote, and the store before the command: capture --store {artifact} check MODEL.pt2"
+        )
+    raise click.ClickException(
+        f"{artifact} is a folder, not an artifact; pass the .pt2 that capture export --out wrote"
+        f" (the store is {store}, set with capture --store)"
+    )
+
+
 def _summary(rows: Sequence[dict[str, Any]]) -> str:
     calls = sum(r["calls"] for r in rows)
     served_calls = sum(r["calls"] for r in rows if r["served"])
@@ -116,6 +136,7 @@ def check_command(
     import capture
     from replay.ship.artifact import read_manifest
 
+    _refuse_folder(artifact, store_path(ctx))
     manifest = read_manifest(artifact)
     moment = parse_since(since)
     from replay.ship.drift import check_rows

@@ -109,6 +109,19 @@ def _mark(store: str, incomplete: bool) -> None:
         fs.delete_file(f"{root}/{INCOMPLETE}")
 
 
+def _nothing_at(store: str) -> bool:
+    """Whether nothing (no file, no folder) is at `store` yet."""
+    import pyarrow.fs as pafs
+
+    from capture.store.files import resolve_store
+
+    try:
+        fs, root = resolve_store(store)
+        return bool(fs.get_file_info(root).type == pafs.FileType.NotFound)
+    except (OSError, ValueError):  # unreachable or malformed: open_store's message says why
+        return False
+
+
 def _check_store(store: str) -> None:
     """Refuses a store that already holds a demo recording (the demo would double it)."""
     from capture.errors import EmptyStore, StoreNotFound
@@ -118,8 +131,12 @@ def _check_store(store: str) -> None:
     try:
         with open_store(store) as opened:
             models = opened.models()
-    except (StoreNotFound, EmptyStore):
+    except EmptyStore:
         return
+    except StoreNotFound:
+        if _nothing_at(store):  # a new store: the demo creates it
+            return
+        raise  # a file, a folder inside a store, an unreachable endpoint: the reader says which
     if DEMO_MODEL in models:
         raise click.ClickException(
             f"the store at {store} already holds a {DEMO_MODEL} recording from an earlier demo; "
