@@ -101,25 +101,40 @@ def _percent(part: int, whole: int) -> str:
 
 
 def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
+    from capture.analysis.symbol_sizes import BATCH
+
     from .output import table_text
 
     calls = int(summary["calls"])
     work = int(summary["work"])
     padding = int(summary["padding"])
-    vllm_padding = int(summary["vllm_padding"])
-    uncovered = int(summary["vllm_uncovered_calls"])
     buckets = list(summary["buckets"])
-    vllm = list(summary["vllm_sizes"])
     groups = ", ".join(summary["groups"])
-    sizes = json.dumps(buckets)
     lines = [
-        f"{summary['model']}, symbol {summary['symbol']} (groups {groups}): {calls:,} calls, "
-        f"{summary['distinct_sizes']} distinct sizes from {summary['min']} to {summary['max']}",
+        f"{summary['model']}, symbol {summary['symbol']} ({summary['measures']}; groups {groups}):",
+        f"{calls:,} calls, {summary['distinct_sizes']} distinct sizes from {summary['min']} to "
+        f"{summary['max']}",
         "",
         table_text(rows),
         "",
         f"padding with these {len(buckets)} sizes: {padding:,} "
         f"({_percent(padding, work)} of the {work:,} useful; {padding / calls:.4g} per call)",
+    ]
+    if summary["measures"] != BATCH:
+        # vLLM's and SGLang's CUDA-graph sizes are batch sizes (issue 24): no flags for lengths.
+        lines += [
+            "",
+            f"{summary['symbol']} is a {summary['measures']}: vLLM's and SGLang's capture sizes "
+            "are batch sizes,",
+            f"so no engine flags are printed; pad each {summary['measures']} up to the next "
+            "of these sizes.",
+        ]
+        return "\n".join(lines)
+    vllm = list(summary["vllm_sizes"])
+    vllm_padding = int(summary["vllm_padding"])
+    uncovered = int(summary["vllm_uncovered_calls"])
+    sizes = json.dumps(buckets)
+    lines += [
         f"padding with vLLM's default sizes cut to {summary['budget']} {json.dumps(vllm)}: "
         f"{vllm_padding:,} ({_percent(vllm_padding, work)}; {vllm_padding / calls:.4g} per call)"
         + (
@@ -142,9 +157,9 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
 @click.option(
     "--symbol",
     metavar="NAME",
-    required=True,
+    default=None,
     help="The shared symbol to size (batch, input_ids_1, past_key_values_2, ... as the symbol "
-    "column of `capture dims` names them). Default: none, required.",
+    "column of `capture dims` names them). Default: the only one, when the calls have one.",
 )
 @click.option(
     "--budget",
@@ -163,7 +178,7 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
 @click.pass_context
 def buckets_command(
     ctx: click.Context,
-    symbol: str,
+    symbol: str | None,
     budget: int,
     model: str | None,
     group: str | None,
@@ -175,13 +190,16 @@ def buckets_command(
     batch of 5 runs as 8 when 4 and 8 are chosen); the chosen sizes minimise
     the total padding over the recorded calls, exactly (dynamic programming
     over the recorded distribution), and the largest is the largest size
-    recorded. Prints the padding next to that of vLLM's default capture
-    sizes ([1, 2, 4] + range(8, 256, 8) + range(256, 513, 16)) cut to N,
-    and ready lines for vLLM (cudagraph_capture_sizes, compile_sizes) and
-    SGLang (--cuda-graph-bs).
+    recorded. Every group with one of the symbol's dims counts, also where
+    it never varied (batch 1). For a batch symbol, prints the padding next
+    to that of vLLM's default capture sizes ([1, 2, 4] + range(8, 256, 8)
+    + range(256, 513, 16)) cut to N, and ready lines for vLLM
+    (cudagraph_capture_sizes, compile_sizes) and SGLang (--cuda-graph-bs);
+    those are batch sizes, so a sequence or cache length gets no flags.
 
     \b
     Example:
+      capture buckets --budget 4
       capture buckets --symbol batch --budget 8
       capture buckets --symbol input_ids_1 --budget 4 --group prefill
       capture buckets --symbol batch --budget 4 -f json

@@ -176,9 +176,10 @@ def _group_source(
         extra = ", ".join(form.extra)
         lines.append(_comment(f"passed through **kwargs: {extra}; g.module(model) names them"))
         lines.append("# (torch.export cannot match dynamic_shapes to **kwargs entries)")
+    # Both lines below run as they are once uncommented (issue 24: "with g = ...:" did not).
     lines.append(
-        _comment(f"with g = replay.export_inputs(store, {group.model!r}{options_text})")
-        + f".group({group.name!r}):"
+        _comment(f"g = replay.export_inputs(store, {group.model!r}{options_text})")
+        + f".group({group.name!r})"
     )
     lines.append(
         f"# torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes={variable})"

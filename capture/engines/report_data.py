@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from capture.analysis.groups import Group
     from capture.store.reader import Store
 
-__all__ = ["Timeline", "ServedGroup", "timeline", "served_calls", "symbol_kind"]
+__all__ = ["Timeline", "ServedGroup", "timeline", "served_calls"]
 
 _STATS_SQL = """
 SELECT in_structure, calls, epoch_us(first_ts) AS t0, epoch_us(last_ts) AS t1
@@ -97,34 +97,6 @@ def timeline(store: Store, model: str, groups: Sequence[Group], bins: int = 60) 
     share /= share.sum(axis=1, keepdims=True)
     np.add.at(matrix, rows, share * calls[:, None])
     return Timeline(start, width, names, matrix)
-
-
-def symbol_kind(group: Group, symbol: str) -> str:
-    """A reader's guess at what a shared symbol measures, from the dims it covers.
-
-    Returns:
-        ``batch size``, ``cache length``, ``sequence length``, ``image size`` or ``size``.
-
-    Example:
-        >>> symbol_kind(group, "batch")  # doctest: +SKIP
-        'batch size'
-    """
-    if symbol == "batch" or symbol.startswith("batch_"):
-        return "batch size"
-    dims = [d for d in group.dims if d.symbol == symbol]
-    arguments = {(d.argument or d.path).lower() for d in dims}
-    axes = {d.axis for d in dims}
-    if any("past" in a or "cache" in a for a in arguments):
-        return "cache length"
-    if any("pixel" in a or "image" in a for a in arguments) and axes & {2, 3}:
-        return "image size"
-    if axes == {0}:
-        return "batch size"
-    if axes & {1} and any(
-        k in a for a in arguments for k in ("input_ids", "mask", "position", "embeds", "token")
-    ):
-        return "sequence length"
-    return "size"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ import numpy as np
 
 from capture import __version__
 from capture.analysis.summary import drift_rows, group_rows
-from capture.engines.report_data import ServedGroup, served_calls, symbol_kind, timeline
+from capture.analysis.symbol_sizes import symbol_kind
+from capture.engines.report_data import ServedGroup, served_calls, timeline
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
