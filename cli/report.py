@@ -93,12 +93,14 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
     """Write an HTML page with plots of the store's traffic.
 
     One self-contained file (plots inlined, no network needed to view it):
-    per model, the call groups, calls over time per group, the
-    distribution of every dynamic size per group (batch, sequence, cache
-    and image sizes), which optional inputs were passed, the input
-    structures over time (drift) and, with --artifact, which recorded
-    calls the artifact serves. Needs matplotlib (pip install
-    'capture[report]'). Progress goes to stderr when it is a terminal.
+    per model, the call groups and their input shapes; one distribution
+    per symbol (batch, sequence, cache and image sizes) over every group,
+    with the recorded range, p50/p90/p99, each group's exported range,
+    the probes and the buckets drawn on it; per group the dynamic_shapes
+    to paste; calls over time, optional inputs, the input structures over
+    time (drift) and, with --artifact, which recorded calls the artifact
+    serves. Needs matplotlib (pip install 'capture[report]'). Progress
+    goes to stderr when it is a terminal.
 
     \b
     Example:
@@ -116,7 +118,9 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
         if artifact is not None:
             progress.phase(f"checking which recorded calls {artifact} serves")
             served = served_rows(store, artifact)
-        page = build_report(store, model, served=served, progress=progress.phase)
+        from replay.source import export_plan  # what capture export does; no torch
+
+        page = build_report(store, model, served=served, plan=export_plan, progress=progress.phase)
         progress.phase(f"writing {out}")
         _write(path, page)
     click.echo(f"wrote {out} ({len(page) / 1024:,.0f} KiB)", err=True)
