@@ -330,8 +330,8 @@ def cli(ctx: click.Context, store: str) -> None:
     Recordings are written by capture.Recorder in Python; these commands read them.
     Data goes to stdout, messages to stderr. Exit status: 0 success, 1 an error you
     can fix (bad SQL, missing or corrupt store), 2 a usage error, 3 export completed
-    but torch.export rejected the model, 130 interrupted (Ctrl-C). --store goes
-    before the command.
+    but torch.export rejected the model, 130 interrupted (Ctrl-C), 141 the reader
+    of stdout went away (| head). --store goes before the command.
 
     \b
     Example:

@@ -39,3 +39,14 @@ def test_demo_extra_holds_what_demo_and_report_import_and_nothing_test_only() ->
     assert demo == {"transformers", "matplotlib"}  # capture.demo_model, capture report
     assert not demo & _extra("test") - {"transformers"}
     assert not demo & {"pytest", "moto", "pyspark", "hypothesis", "boto3"}
+
+
+def test_no_doc_example_imports_the_repository_fixtures() -> None:
+    # issue 24: the T5 example imported `fixtures`, which is not installed.
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    offending = [
+        p.name
+        for p in pages
+        if re.search(r"^\s*(from|import) fixtures\b", p.read_text(encoding="utf-8"), re.M)
+    ]
+    assert offending == []
