@@ -227,6 +227,19 @@ def _csv_chunks(
         yield buffer.getvalue()
 
 
+def _length(columns: list[Column]) -> int:
+    return len(columns[0]) if columns else 0
+
+
+def _split(columns: list[Column], k: int) -> tuple[list[Column], list[Column]]:
+    """The first `k` rows of a batch, and the others (Arrow arrays are sliced, not copied)."""
+    if hasattr(columns[0], "slice"):  # Arrow arrays
+        arrays = [cast(Any, c) for c in columns]
+        return [a.slice(0, k) for a in arrays], [a.slice(k) for a in arrays]
+    values = [cast(Sequence[Any], c) for c in columns]
+    return [v[:k] for v in values], [v[k:] for v in values]
+
+
 def _table_cells(columns: list[Column]) -> list[list[str]]:
     return [
         [c.translate(TABLE_ESCAPES) for c in column_cells(column, "null")] for column in columns
@@ -261,13 +274,16 @@ def _table_chunks(
     window: list[list[list[str]]] = []
     numeric: list[bool | None] = [None] * len(names)
     rows = 0
+    rest: list[Column] | None = None
     for columns in batches:
+        if rows + _length(columns) > _WINDOW:  # a streamed batch holds 8,192 rows: split it
+            columns, rest = _split(columns, _WINDOW - rows)
         for i, column in enumerate(columns):
             kind = is_numeric(column)
             if kind is not None:
                 numeric[i] = kind and numeric[i] is not False
         window.append(_table_cells(columns))
-        rows += len(window[-1][0])
+        rows += _length(columns)
         if rows >= _WINDOW:
             break
     header = [n.translate(TABLE_ESCAPES) for n in names]
@@ -304,6 +320,8 @@ def _table_chunks(
         )
     for cells in window:
         yield _text(lines(cells))
+    if rest is not None:
+        yield _text(lines(_table_cells(rest)))
     for columns in batches:
         yield _text(lines(_table_cells(columns)))
 
