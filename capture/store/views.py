@@ -72,6 +72,17 @@ def needs_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
     DuckDB names the tables a statement reads (a column named ``calls`` does not count);
     when it cannot tell (several statements, DDL, a parse error), any of the names in the
     text counts.
+
+    Args:
+        con: A connection (it parses the SQL; nothing runs).
+        sql: The statement(s).
+
+    Returns:
+        True when ``calls``, ``leaves`` or ``dims`` may be read.
+
+    Example:
+        >>> needs_calls(duckdb.connect(), "SELECT count(*) AS calls FROM stats")
+        False
     """
     try:
         names = con.get_table_names(_PARAMETER.sub("NULL", sql))
