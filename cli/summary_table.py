@@ -152,6 +152,20 @@ def _relations(model: Mapping[str, Any], width: int | None) -> list[str]:
     return _section("Relations between dims (true in every recorded call)", rows, width)
 
 
+def _programs(model: Mapping[str, Any], width: int | None) -> list[str]:
+    rows = model.get("programs")
+    if rows is None:
+        return []
+    if not rows:
+        return ["", "Programs of the artifact: none serves this model"]
+    return _section(
+        "Programs of the artifact per call group (regimes: where torch.export cut a group; "
+        "fills: inputs filled for a group served by another's program)",
+        [{k: ("-" if v is None else v) for k, v in row.items()} for row in rows],
+        width,
+    )
+
+
 def summary_report(summary: Mapping[str, Any], width: int | None = None) -> str:
     """Formats `Store.summary()` as sections of aligned tables.
 
@@ -180,4 +194,5 @@ def summary_report(summary: Mapping[str, Any], width: int | None = None) -> str:
         lines += _optional(model, width)
         lines += _drift(model, width)
         lines += _relations(model, width)
+        lines += _programs(model, width)
     return "\n".join(lines)
