@@ -34,7 +34,8 @@ __all__ = [
     "TARGET_TORCH",
     "TARGET_ONNX",
     "coverage_table",
-    "coverage_counts",
+    "coverage_total",
+    "group_coverage",
 ]
 
 KIND_RECORDED = "recorded"
@@ -128,25 +129,107 @@ def coverage_table(rows: Iterable[CoverageRow]) -> pa.Table:
     return pa.Table.from_pylist([r.as_dict() for r in rows], schema=COVERAGE_SCHEMA)
 
 
-def coverage_counts(coverage: pa.Table) -> str:
-    """Covered rows per kind (and per target, when ONNX rows are there too), as text.
+def _diff(value: float | None) -> str:
+    """A max abs diff in 3 significant digits (``1.79e-07``); ``-`` when nothing was compared."""
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _worst(rows: Iterable[CoverageRow]) -> float | None:
+    diffs = [r.max_abs_diff for r in rows if r.max_abs_diff is not None]
+    return max(diffs) if diffs else None
+
+
+def _share(rows: list[CoverageRow]) -> str:
+    return f"{sum(1 for r in rows if r.covered)}/{len(rows)}" if rows else "-"
+
+
+def group_coverage(coverage: pa.Table) -> list[dict[str, Any]]:
+    """One row per group of a coverage table: what ``capture export`` and ``capture demo``
+    print for people (the full table stays in ``-f json`` and behind ``--signatures``).
 
     Args:
         coverage: A coverage table (`COVERAGE_SCHEMA`).
 
     Returns:
-        E.g. ``'9 of 9 recorded signatures, 3 of 4 probes covered'``; with ONNX rows,
-        ``'...; onnx: 8 of 9 recorded signatures, 4 of 4 probes covered'``.
+        Rows in the order the groups first appear (one per group and target, with a
+        ``target`` column, when the table checks ONNX files too): ``group``; ``signatures``,
+        ``calls``,
+        ``probes`` (and ``payloads`` when there are any) as ``covered/total``; ``worst diff``,
+        the largest max abs diff of the group in 3 significant digits; ``error``, the first
+        error of the group (empty when none).
+
+    Example:
+        >>> group_coverage(coverage_table([
+        ...     CoverageRow("g0", KIND_RECORDED, "x=2", 3, True, 1.7881393e-07),
+        ...     CoverageRow("g0", KIND_PROBE, "x=3", 0, True, 0.0)]))
+        [{'group': 'g0', 'signatures': '1/1', 'calls': '3/3', 'probes': '1/1', \
+'worst diff': '1.79e-07', 'error': ''}]
     """
-    counts: dict[str, dict[str, list[int]]] = {}
-    columns = [coverage.column(c).to_pylist() for c in ("target", "kind", "covered")]
-    for target, kind, covered in zip(*columns, strict=True):
-        per_kind = counts.setdefault(target or TARGET_TORCH, {})
-        per_kind.setdefault(kind, [0, 0])[0] += bool(covered)
-        per_kind[kind][1] += 1
+    rows = CoverageRow.from_table(coverage)
+    payloads = any(r.kind == KIND_PAYLOAD for r in rows)
+    targets = len({r.target for r in rows}) > 1
+    out = []
+    groups = list(dict.fromkeys(r.group for r in rows))
+    kinds = list(dict.fromkeys(r.target for r in rows))
+    keys = sorted(
+        dict.fromkeys((r.group, r.target) for r in rows),
+        key=lambda k: (groups.index(k[0]), kinds.index(k[1])),
+    )
+    for group, target in keys:
+        mine = [r for r in rows if r.group == group and r.target == target]
+        recorded = [r for r in mine if r.kind == KIND_RECORDED]
+        calls = sum(r.calls for r in recorded)
+        covered_calls = sum(r.calls for r in recorded if r.covered)
+        row: dict[str, Any] = {"group": group, **({"target": target} if targets else {})}
+        row |= {
+            "signatures": _share(recorded),
+            "calls": f"{covered_calls}/{calls}" if recorded else "-",
+            "probes": _share([r for r in mine if r.kind == KIND_PROBE]),
+        }
+        if payloads:
+            row["payloads"] = _share([r for r in mine if r.kind == KIND_PAYLOAD])
+        row["worst diff"] = _diff(_worst(mine))
+        row["error"] = next((r.error for r in mine if r.error), "")
+        out.append(row)
+    return out
+
+
+def coverage_total(coverage: pa.Table) -> str:
+    """The total line under a coverage table: signatures, calls, probes, worst difference.
+
+    Args:
+        coverage: A coverage table (`COVERAGE_SCHEMA`).
+
+    Returns:
+        E.g. ``'35 of 35 recorded signatures covered (35 of 35 calls), 3 of 3 probes
+        covered, max abs diff 1.79e-07'``; with ONNX rows, the same for them after
+        ``; onnx:``.
+
+    Example:
+        >>> coverage_total(coverage_table([
+        ...     CoverageRow("g0", KIND_RECORDED, "x=2", 2, error="Guard failed")]))
+        '0 of 1 recorded signatures covered (0 of 2 calls), max abs diff -'
+    """
+    rows = CoverageRow.from_table(coverage)
     texts = []
-    for target, per_kind in counts.items():
-        parts = [f"{c} of {n} {_LABELS.get(k, f'{k} rows')}" for k, (c, n) in per_kind.items()]
+    for target in dict.fromkeys(r.target for r in rows) or [TARGET_TORCH]:
+        mine = [r for r in rows if r.target == target]
         prefix = "" if target == TARGET_TORCH else f"{target}: "
-        texts.append(prefix + ", ".join(parts) + " covered")
-    return "; ".join(texts) if texts else "nothing checked"
+        texts.append(prefix + _total(mine))
+    return "; ".join(texts)
+
+
+def _total(rows: list[CoverageRow]) -> str:
+    recorded = [r for r in rows if r.kind == KIND_RECORDED]
+    parts = [
+        f"{sum(1 for r in recorded if r.covered)} of {len(recorded)} recorded signatures "
+        f"covered ({sum(r.calls for r in recorded if r.covered)} of "
+        f"{sum(r.calls for r in recorded)} calls)"
+    ]
+    for kind in (KIND_PROBE, KIND_PAYLOAD):
+        mine = [r for r in rows if r.kind == kind]
+        if mine:
+            parts.append(
+                f"{sum(1 for r in mine if r.covered)} of {len(mine)} {_LABELS[kind]} covered"
+            )
+    return ", ".join(parts) + f", max abs diff {_diff(_worst(rows))}"

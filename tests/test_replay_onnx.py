@@ -340,3 +340,22 @@ def test_sdpa_is_translated_as_torch_computes_fully_masked_rows(tmp_path: Path) 
     # issue 21: onnxscript's translation returned the mean of the values on the masked row
     assert float(expected[0, :, 0].abs().max()) == 0.0
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_per_group_table_and_total_show_each_target(linear: Any) -> None:
+    from replay.coverage import coverage_total, group_coverage
+
+    _, result, _, _, _ = linear
+    table = group_coverage(result.coverage)
+    seen = [(r["group"], r["target"], r["signatures"]) for r in table]
+    first = seen[0][0]  # groups in the order the export checked them, each target beside
+    second = "g0" if first == "g1" else "g1"
+    assert seen == [
+        (first, "torch", "3/3"),
+        (first, "onnx", "3/3"),
+        (second, "torch", "3/3"),
+        (second, "onnx", "3/3"),
+    ]
+    total = coverage_total(result.coverage)
+    assert total.startswith("6 of 6 recorded signatures covered (6 of 6 calls)")
+    assert "; onnx: 6 of 6 recorded signatures covered (6 of 6 calls)" in total
