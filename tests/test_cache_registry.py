@@ -78,10 +78,20 @@ def test_a_registered_layered_cache_is_flattened_like_dynamic_cache(
 
 def test_the_registry_supplies_the_historical_tables() -> None:
     # issue 13: SUPPORTED_* and UNSUPPORTED are views of the one table, not separate lists.
+    # issue 22: static, linear-attention and hybrid layers are supported now.
     assert (nodes.SUPPORTED_CACHES, nodes.SUPPORTED_LAYERS, len(nodes.UNSUPPORTED)) == (
         ("DynamicCache", "StaticCache", "EncoderDecoderCache"),
-        ("DynamicLayer", "DynamicSlidingWindowLayer"),
-        18,
+        (
+            "DynamicLayer",
+            "DynamicSlidingWindowLayer",
+            "StaticLayer",
+            "LinearAttentionLayer",
+            "LinearAttentionAndFullAttentionLayer",
+            "LinearAttentionAndSlidingWindowAttentionLayer",
+            "LinearAttentionAndStaticFullAttentionLayer",
+            "DummyLayer",
+        ),
+        13,
     )
 
 

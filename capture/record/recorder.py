@@ -27,24 +27,23 @@ import torch
 from capture.errors import CaptureError
 from capture.pytree import nodes
 from capture.record import lifecycle
-from capture.record.flatten import Oversized, Structure, signature_of, walk
+from capture.record.flatten import Structure, Unreadable, signature_of, walk
 from capture.record.payload_keeper import PayloadKeeper, Payloads, payload_policy
 from capture.record.recorder_base import RecorderBase
 from capture.record.segment import call_id_base
 from capture.record.structure_cache import StructureCache
+from capture.record.tokens import special_token_ids
+from capture.record.value_ranges import DeviceRanges, int_range, ranges
 from capture.record.writer import StoreWriter
 
-__all__ = ["Recorder", "DEFAULT_STORE"]
+__all__ = ["Recorder", "DEFAULT_STORE", "NOTHING_RECORDED_AFTER"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_STORE = "capture-store"
+NOTHING_RECORDED_AFTER = 8
+"""Failed calls after which a recorder that recorded none says so loudly (issue 22)."""
 _VALUE_RANGES = ("cpu", "all", "none")
-
-
-# Integer dtypes torch.aminmax does not implement on CPU: widened to int64 first (exact).
-_WIDEN = {getattr(torch, n) for n in ("uint16", "uint32") if hasattr(torch, n)}
-_INT64 = torch.int64
 
 
 def _submodules(model: Any, modules: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
@@ -68,26 +67,6 @@ def _submodules(model: Any, modules: Mapping[str, Any] | Iterable[str] | None) -
             raise CaptureError(f"modules: {name!r} is the model itself, already recorded")
         out[name] = sub
     return out
-
-
-def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
-    """(min, max) of an integer tensor; (None, None) when empty."""
-    n = t.numel()
-    if n == 0:
-        return None, None
-    if n <= 16 and t.device.type == "cpu":
-        # One aminmax is a few microseconds of dispatch; for a decode step's (1, 1) input_ids
-        # reading the few values back is cheaper.
-        values: Any = t.tolist()
-        if t.dim() == 0:
-            return int(values), int(values)
-        for _ in range(t.dim() - 1):
-            values = [v for row in values for v in row]
-        return int(min(values)), int(max(values))
-    if t.dtype in _WIDEN:
-        t = t.to(_INT64)
-    lo, hi = torch.aminmax(t)
-    return int(lo), int(hi)
 
 
 class Recorder(StructureCache, RecorderBase):
@@ -198,6 +177,8 @@ class Recorder(StructureCache, RecorderBase):
         self._warned: set[str] = set()
         self._registered = False
         self._oversized = 0
+        self._unreadable = 0
+        self._special_ids: tuple[int, ...] = ()
         self._held_tokens = 0
         self._wrapper: Callable[..., Any] | None = None
         # Calls that entered / left the recording part of the wrapper: stop() waits until they
@@ -253,6 +234,7 @@ class Recorder(StructureCache, RecorderBase):
             nodes.acquire()
             self._registered = True
         self._signature = signature
+        self._special_ids = special_token_ids(self.model)
         self._original = original
         self._had_instance_attr = self.method in getattr(self.model, "__dict__", {})
         if self._payloads is not None:
@@ -326,8 +308,10 @@ class Recorder(StructureCache, RecorderBase):
             recorded, dropped, errors, written, sampled_out, structures, files; and what
             explains a loss: bad_records (calls the writer could not convert, also in
             dropped), oversized (calls with an argument summarised past `flatten.MAX_ITEMS`
-            or `MAX_KEY`), store_resets (the store's folder was found removed: structures
-            written again), tmp_removed (old `.tmp` files of killed writers removed).
+            or `MAX_KEY`), unreadable (calls with an argument capture cannot flatten, recorded
+            as an opaque leaf naming its class), store_resets (the store's folder was found
+            removed: structures written again), tmp_removed (old `.tmp` files of killed
+            writers removed).
         """
         out = self._totals()
         return {
@@ -340,6 +324,7 @@ class Recorder(StructureCache, RecorderBase):
             "files": out["files"],
             "bad_records": out["bad_records"],
             "oversized": self._oversized,
+            "unreadable": self._unreadable,
             "store_resets": out["store_resets"],
             "tmp_removed": out["tmp_removed"],
             **(self._payloads.stats() if self._payloads is not None else {}),
@@ -416,20 +401,31 @@ class Recorder(StructureCache, RecorderBase):
         try:
             walk(args, tensors, key)
             walk(kwargs, tensors, key)
-        except Oversized:
-            args, kwargs, tensors, key = self._summarised(args, kwargs)
-        found = self._structure((args, kwargs), tensors, key, "inputs")
+        except Exception as e:  # too large, or unreadable: opaque leaves (issues 12, 22)
+            args, kwargs, tensors, key = self._summarised(args, kwargs, e)
+        try:
+            found = self._structure((args, kwargs), tensors, key, "inputs")
+        except Unreadable as e:  # torch's pytree cannot flatten what walk() read
+            args, kwargs, tensors, key = self._summarised(args, kwargs, e)
+            found = self._structure((args, kwargs), tensors, key, "inputs")
         if found is None:
             return None
         st, dims = found
         lows: list[int | None] | None = None
         highs: list[int | None] | None = None
         if st.range_tensors:
-            lows, highs = [], []
-            for i in st.range_tensors:
-                lo, hi = _int_range(tensors[i])
-                lows.append(lo)
-                highs.append(hi)
+            if st.deferred:  # device tensors: read by the writer thread, no sync (issue 22)
+                lows = highs = DeviceRanges(tensors, st.range_tensors, st.counts)  # type: ignore[assignment]
+            else:
+                lows, highs = [], []
+                for i in st.range_tensors:
+                    lo, hi = int_range(tensors[i])
+                    lows.append(lo)
+                    highs.append(hi)
+                if st.counts:  # special token counts after the ranges (issue 22)
+                    counted = ranges(tensors, (), st.counts)[0]
+                    lows += counted
+                    highs += counted
         return st.structure_id, dims, lows, highs
 
     def _emit(
@@ -442,11 +438,11 @@ class Recorder(StructureCache, RecorderBase):
             key: list[Any] = ["out"]
             try:
                 walk(out, tensors, key)
-            except Oversized:
-                self._oversized += 1
-                out = self._summary(out)
-                tensors, key = [], ["out", out.type_name]
-            found = self._structure(out, tensors, key, "output")
+                found = self._structure(out, tensors, key, "output")
+            except Exception as e:  # too large, or unreadable: one opaque leaf (issue 22)
+                out, key = self._output_summary(out, e)
+                tensors = []
+                found = self._structure(out, tensors, key, "output")
             if found is not None:
                 out_sid, out_dims = found[0].structure_id, found[1]
         writer = self._writer
@@ -470,6 +466,9 @@ class Recorder(StructureCache, RecorderBase):
             type(e).__name__,
             e,
         )
+        logger.debug("capture: %s failed for %s", what, self.name, exc_info=e)
+        if self._errors == NOTHING_RECORDED_AFTER:
+            self._warn_nothing_recorded(what, e)
 
     def _warn_once(self, topic: str, msg: str, *args: Any) -> None:
         if topic not in self._warned:

@@ -6,6 +6,7 @@ Split from `capture.record.recorder` to keep each module small; `Recorder` inher
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import threading
 import time
@@ -13,12 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from capture.record.flatten import MAX_ITEMS, MAX_KEY, Oversized, Summary, walk
 from capture.record.segment import call_id_base
 from capture.record.writer import StoreWriter
 
 __all__ = ["RecorderBase", "STOP_WAIT_SECONDS"]
+
+logger = logging.getLogger(__name__)
 
 STOP_WAIT_SECONDS = 5.0
 """Longest time stop() waits for calls still inside the model to finish and be queued."""
@@ -33,6 +37,16 @@ _WRITER_COUNTS = (
     "store_resets",
     "tmp_removed",
 )
+
+
+_FIX = (
+    "run with logging at DEBUG for the traceback (logger 'capture'), and report it; a class "
+    "capture cannot read can be registered with capture.register_cache or "
+    "torch.utils._pytree.register_pytree_node"
+)
+_FIXES = {
+    "opening the store": "check that the store path or URI exists and is writable",
+}
 
 
 def _count_value(counter: itertools.count[int]) -> int:
@@ -54,6 +68,7 @@ class RecorderBase:
     _flight: list[itertools.count[int]]
     _past: dict[str, int]
     _oversized: int
+    _unreadable: int
     _errors: int
     _sampled_out: int
     _overflow: int
@@ -105,6 +120,7 @@ class RecorderBase:
         self._random = random.Random()
         self._flight[:] = [itertools.count(), itertools.count()]
         self._errors = self._sampled_out = self._overflow = self._oversized = 0
+        self._unreadable = 0
         self._past = {}
         if self._writer is not None:
             self._writer.after_fork_in_child()
@@ -132,6 +148,16 @@ class RecorderBase:
         for k, v in self._writer_counts(w).items():
             self._past[k] = self._past.get(k, 0) + v
 
+    def _output_summary(self, out: Any, error: BaseException) -> tuple[Summary, list[Any]]:
+        """An output too large, or that capture cannot read: one opaque leaf, and its key."""
+        if isinstance(error, Oversized):
+            self._oversized += 1
+            summary = self._summary(out)
+        else:
+            self._unreadable += 1
+            summary = self._opaque(out, error)
+        return summary, ["out", summary.type_name]
+
     def _summary(self, obj: Any) -> Summary:
         """An argument too large to record leaf by leaf: counted, warned once (issue 12)."""
         tp = type(obj)
@@ -147,18 +173,62 @@ class RecorderBase:
         )
         return Summary(f"{tp.__module__}.{tp.__qualname__}")
 
-    def _summarised(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """(args, kwargs, tensors, key) with each argument too large to walk as a `Summary`."""
-        self._oversized += 1
+    def _warn_nothing_recorded(self, what: str, error: BaseException) -> None:
+        """Every call so far failed and none was recorded: one loud warning (issue 22)."""
+        if self._totals()["recorded"]:
+            return
+        logger.warning(
+            "capture: %s has recorded NO call: its first %d calls all failed while %s "
+            "(%s: %s). The model serves as before, but nothing reaches the store. Fix: %s",
+            self.name,
+            self._errors,
+            what,
+            type(error).__name__,
+            error,
+            _FIXES.get(what, _FIX),
+        )
+
+    def _opaque(self, obj: Any, error: BaseException) -> Summary:
+        """An argument capture cannot flatten: one opaque leaf naming its class (issue 22)."""
+        tp = type(obj)
+        name = f"{tp.__module__}.{tp.__qualname__}"
+        self._warn_once(
+            f"unreadable {name}",
+            "capture: %s receives a %s that capture cannot flatten (%s: %s); such arguments are "
+            "recorded as one opaque leaf naming the class (the call is recorded, counted in "
+            "stats()['unreadable'], and replay reports its group not exportable). Fix: register "
+            "the class with capture.register_cache (caches and their layers) or "
+            "torch.utils._pytree.register_pytree_node",
+            self.name,
+            name,
+            type(error).__name__,
+            error,
+        )
+        return Summary(name)
+
+    def _summarised(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], error: BaseException | None = None
+    ) -> tuple[Any, ...]:
+        """(args, kwargs, tensors, key) with each argument too large, or that capture cannot
+        read (`error` is not `Oversized`), as a `Summary`: the call is still recorded."""
+        if error is None or isinstance(error, Oversized):
+            self._oversized += 1
+        else:
+            self._unreadable += 1
         key: list[Any] = []
 
         def fit(value: Any) -> Any:
             n = len(key)
             try:
                 walk(value, [], key)
+                if error is not None and not isinstance(error, Oversized):
+                    pytree.tree_flatten(value)  # what describe() does: it must read it too
             except Oversized:
                 del key[n:]
                 return self._summary(value)
+            except Exception as e:  # the walker or a flatten function cannot read it
+                del key[n:]
+                return self._opaque(value, e)
             return value
 
         args = tuple(fit(a) for a in args)

@@ -47,6 +47,7 @@ class StructureCache:
     _lock: threading.Lock
     _writer: StoreWriter | None
     _signature: tuple[Param, ...]
+    _special_ids: tuple[int, ...]
     _overflow: int
     _held_tokens: int
     # key -> Structure, or None for a key refused (max_structures reached).
@@ -133,6 +134,8 @@ class StructureCache:
                 root=root,
                 signature=self._signature if root == "inputs" else (),
                 track_ranges=self._track_ranges if root == "inputs" else _never,
+                strict=True,
+                special_ids=self._special_ids if root == "inputs" else (),
             )
             if st.opaque:
                 self._warn_once(
