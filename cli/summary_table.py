@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from capture.analysis.summary import drift_rows, group_rows
+from capture.analysis.summary import blocked_rows, drift_rows, group_rows
 
 from .output import table_text
 
@@ -128,6 +128,14 @@ def _drift(model: Mapping[str, Any]) -> list[str]:
     return _section("Drift (inputs seen with several kinds, dtypes or ranks)", rows)
 
 
+def _blocked(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = blocked_rows(groups)
+    if not rows:
+        return []
+    title = "Not exportable (a recorded class capture cannot rebuild; calls still recorded)"
+    return _section(title, rows)
+
+
 def _relations(model: Mapping[str, Any]) -> list[str]:
     rows = [{"group": r["group"], "relation": r["relation"]} for r in model.get("relations", ())]
     if not rows:
@@ -157,6 +165,7 @@ def summary_report(summary: Mapping[str, Any]) -> str:
         groups = model.get("groups", ())
         if groups:
             lines += _groups(groups)
+            lines += _blocked(groups)
             lines += _symbols(groups)
         lines += _optional(model)
         lines += _drift(model)

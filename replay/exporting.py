@@ -33,6 +33,7 @@ import torch.utils._pytree as pytree
 
 from capture.errors import ReplayError
 from capture.pytree import nodes
+from capture.pytree.cachespec import blocking_reason
 from replay import select
 from replay.binding import check_signature
 from replay.bounded import export_bounded, export_unbounded
@@ -371,10 +372,11 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     onnx_files: dict[str, str] = {}
     not_honoured: dict[str, str] = {}
     for index, group in enumerate(inputs.groups):
-        unsupported = nodes.unsupported_reason(group.structure)
-        if unsupported is not None:
-            # Issue 9: cache state we cannot rebuild exactly is never called covered.
-            errors[group.name] = f"cache state not reproducible: {unsupported}"
+        blocked = blocking_reason(group.structure)
+        if blocked is not None:
+            # Issues 9, 22: a class we cannot rebuild exactly is never called covered; the
+            # reason names it (a refused cache layer, or any other opaque leaf).
+            errors[group.name] = blocked
             rows.extend(coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
             continue
         group, program, error, why = _export_checked(module, group, options)

@@ -291,9 +291,11 @@ def test_flattener_failure_is_recorded_as_a_leaf_naming_the_class(tmp_path: Path
             model(torch.zeros(2), Broken())
     finally:
         pytree._deregister_pytree_node(Broken)
-    rows = open_store(tmp_path).query(
-        "SELECT path, kind, type FROM structures WHERE path = 'args[1]'"
-    ).to_pylist()
+    rows = (
+        open_store(tmp_path)
+        .query("SELECT path, kind, type FROM structures WHERE path = 'args[1]'")
+        .to_pylist()
+    )
     # issue 22: the part capture cannot read is an opaque leaf naming its class.
     assert [(r["kind"], r["type"].rsplit(".", 1)[-1]) for r in rows] == [("opaque", "Broken")]
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from capture import __version__
-from capture.analysis.summary import drift_rows, group_rows
+from capture.analysis.summary import blocked_rows, drift_rows, group_rows
 from capture.engines.report_data import ServedGroup, served_calls, symbol_kind, timeline
 
 if TYPE_CHECKING:
@@ -311,6 +311,9 @@ def _model_section(
     ]
     entries = {e["name"]: e for e in model["groups"]}
     parts.append(_table(group_rows(model["groups"])))
+    blocked = blocked_rows(model["groups"])
+    if blocked:  # issue 22: the calls are recorded; the class keeps them from export
+        parts += ["<h3>Not exportable</h3>", _table(blocked)]
     if not groups:
         return parts
     tl = timeline(store, name, groups)

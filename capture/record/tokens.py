@@ -56,7 +56,8 @@ def _config_ids(config: Any) -> dict[str, int]:
 def special_token_ids(model: Any) -> tuple[int, ...]:
     """The placeholder ids a model's config names (image, video, audio, vision start/end, ...).
 
-    Every int attribute of ``model.config`` (and its text, vision and audio sub-configs) named
+    Every int instance attribute of ``model.config`` (and its text, vision and audio
+    sub-configs; properties are not evaluated) named
     ``*_token_id`` or ``*_token_index``, except the generic ones (bos, eos, pad, decoder start,
     sep, cls, unk, mask): those the model counts or locates. At most `MAX_SPECIAL_IDS`.
 
@@ -67,11 +68,9 @@ def special_token_ids(model: Any) -> tuple[int, ...]:
         The distinct ids, in attribute-name order; empty without a config.
 
     Example:
-        >>> class Config:
-        ...     image_token_id, bos_token_id = 151655, 1
-        >>> class Model:
-        ...     config = Config()
-        >>> special_token_ids(Model())
+        >>> from types import SimpleNamespace
+        >>> model = SimpleNamespace(config=SimpleNamespace(image_token_id=151655, bos_token_id=1))
+        >>> special_token_ids(model)
         (151655,)
     """
     config = getattr(model, "config", None)
