@@ -16,14 +16,14 @@ import torch.utils._pytree as pytree
 
 from capture.pytree import nodes
 from replay import select, shapes
-from replay.coverage import KIND_PROBE, KIND_RECORDED
+from replay.coverage import KIND_PROBE, KIND_RECORDED, CoverageRow
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from replay.exportgroup import ExportGroup
 
-__all__ = ["compare_outputs", "first_line", "coverage_rows"]
+__all__ = ["compare_outputs", "first_line", "coverage_rows", "failed"]
 
 
 def _tensors(value: Any) -> list[Any]:
@@ -81,7 +81,7 @@ def coverage_rows(
     atol: float,
     rtol: float,
     probes: int,
-) -> list[dict[str, Any]]:
+) -> list[CoverageRow]:
     """The coverage rows of one group: every recorded signature, then up to `probes` probes.
 
     Each row is checked (`runnable` on the program call vs `model` on the recorded call) when
@@ -93,17 +93,16 @@ def coverage_rows(
     if group.analysis is not None:
         checks += [(sizes, 0, KIND_PROBE) for sizes in select.probes(group.analysis, probes)]
     for sizes, calls, kind in checks:
-        row: dict[str, Any] = {
-            "group": group.name,
-            "kind": kind,
-            "signature": shapes.describe_sizes(group.structure.leaves, sizes),
-            "calls": calls,
-            "covered": False,
-            "max_abs_diff": None,
-            "error": error,
-        }
+        row = CoverageRow(
+            group=group.name,
+            kind=kind,
+            signature=shapes.describe_sizes(group.structure.leaves, sizes),
+            calls=calls,
+            error=error,
+            sizes=tuple(int(s) for s in sizes),
+        )
         if runnable is not None:
-            row.update(_check_one(model, group, runnable, sizes, atol, rtol))
+            row = row.checked(**_check_one(model, group, runnable, sizes, atol, rtol))
         rows.append(row)
     return rows
 
@@ -111,16 +110,22 @@ def coverage_rows(
 def _check_one(
     model: Any, group: ExportGroup, runnable: Any, sizes: tuple[int, ...], atol: float, rtol: float
 ) -> dict[str, Any]:
+    """``covered``, ``max_abs_diff`` and ``error`` of one check (`CoverageRow.checked`)."""
     with torch.no_grad():
         try:
             args, kwargs = group.recorded_call(sizes)
             expected = model(*args, **kwargs)
         except Exception as e:  # the eager model itself fails on these inputs: report it
-            return {"error": f"eager forward failed: {type(e).__name__}: {first_line(e)}"}
+            return failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
         try:
             args, kwargs = group.program_call(sizes)
             got = runnable(*args, **kwargs)
         except Exception as e:  # the program rejects these sizes (a guard): not covered
-            return {"error": f"program failed: {type(e).__name__}: {first_line(e)}"}
+            return failed(f"program failed: {type(e).__name__}: {first_line(e)}")
     diff, bad = compare_outputs(expected, got, atol, rtol)
     return {"covered": bad is None, "max_abs_diff": diff, "error": bad}
+
+
+def failed(error: str, max_abs_diff: float | None = None) -> dict[str, Any]:
+    """The outcome of a check that failed (`CoverageRow.checked`'s keywords)."""
+    return {"covered": False, "max_abs_diff": max_abs_diff, "error": error}

@@ -38,7 +38,7 @@ from replay import select
 from replay.binding import check_signature
 from replay.bounded import export_bounded, export_unbounded
 from replay.checking import coverage_rows
-from replay.coverage import KIND_PROBE, KIND_RECORDED
+from replay.coverage import COVERAGE_SCHEMA, KIND_PROBE, KIND_RECORDED, CoverageRow, coverage_table
 from replay.inputs import ExportGroup, ExportInputs, inputs_for
 from replay.options import ExportOptions
 from replay.payload_rows import DEFAULT_LIMIT, payload_rows
@@ -59,21 +59,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-COVERAGE_SCHEMA = pa.schema(
-    [
-        pa.field("group", pa.string()),
-        pa.field("kind", pa.string()),
-        pa.field("signature", pa.string()),
-        pa.field("calls", pa.int64()),
-        pa.field("covered", pa.bool_()),
-        pa.field("max_abs_diff", pa.float64()),
-        pa.field("error", pa.string()),
-    ]
-)
-"""Columns of `ExportResult.coverage`: one row per distinct recorded signature (``kind``
-``recorded``, ``calls`` the calls it stands for), then the group's probes (``kind`` ``probe``,
-``calls`` 0), then one row per sampled real call (``kind`` ``payload``, `replay.payload_rows`)."""
 
 ONNX_HINT = "pip install capture[onnx]"
 _TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
@@ -368,7 +353,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     programs: dict[str, ExportedProgram] = {}
     errors: dict[str, str] = {}
     notes: list[str] = []
-    rows: list[dict[str, Any]] = []
+    rows: list[CoverageRow] = []
     onnx_files: dict[str, str] = {}
     not_honoured: dict[str, str] = {}
     for index, group in enumerate(inputs.groups):
@@ -410,8 +395,8 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     notes.extend(payload_notes)
     if options.onnx is not None:
         onnx_files = _write_onnx(inputs, programs, options.onnx)
-    coverage = pa.Table.from_pylist(rows, schema=COVERAGE_SCHEMA)
-    complete = bool(rows) and all(r["covered"] for r in rows) and not not_honoured
+    coverage = coverage_table(rows)
+    complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
     return ExportResult(
         programs,

@@ -36,8 +36,8 @@ from capture.record.flatten import dtype_name
 from capture.store.payload_files import Payload, iter_payloads, list_payloads
 from replay import rebuild as rb
 from replay import shapes
-from replay.checking import compare_outputs, first_line
-from replay.coverage import KIND_PAYLOAD
+from replay.checking import compare_outputs, failed, first_line
+from replay.coverage import KIND_PAYLOAD, CoverageRow
 from replay.options import DEFAULT_MAX_PAYLOADS
 
 if TYPE_CHECKING:
@@ -104,18 +104,21 @@ def _sizes(structure: RecordedStructure, payload: Payload) -> list[int]:
     return out
 
 
-def _row(group: str | None, signature: str, **values: Any) -> dict[str, Any]:
-    row = {
-        "group": group,
-        "signature": signature,
-        "calls": 1,
-        "covered": False,
-        "max_abs_diff": None,
-        "error": None,
-        "kind": KIND_PAYLOAD,
-    }
-    row.update(values)
-    return row
+def _row(
+    group: str | None,
+    signature: str,
+    sizes: list[int] | None = None,
+    *,
+    error: str | None = None,
+) -> CoverageRow:
+    return CoverageRow(
+        group=group,
+        kind=KIND_PAYLOAD,
+        signature=signature,
+        calls=1,
+        error=error,
+        sizes=tuple(sizes) if sizes is not None else None,
+    )
 
 
 def _check(
@@ -132,32 +135,32 @@ def _check(
             args, kwargs = real_call(group.structure, payload, device)
             expected = module(*args, **kwargs)
         except ReplayError as e:
-            return {"error": str(e)}
+            return failed(str(e))
         except Exception as e:  # eager fails on the real call: reported
-            return {"error": f"eager forward failed: {type(e).__name__}: {first_line(e)}"}
+            return failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
         try:
             args, kwargs = real_call(group.structure, payload, device)
             kwargs.update({k: v.clone() for k, v in group.added.items()})
             args, kwargs = shapes.arrange(group.form, args, kwargs)
             got = runnable(*args, **kwargs)
         except Exception as e:  # the program rejects the real call (a guard): not covered
-            return {"error": f"program failed: {type(e).__name__}: {first_line(e)}"}
+            return failed(f"program failed: {type(e).__name__}: {first_line(e)}")
     diff, bad = compare_outputs(expected, got, atol, rtol)
     if bad is not None:
-        return {"max_abs_diff": diff, "error": f"program vs eager on the real call: {bad}"}
+        return failed(f"program vs eager on the real call: {bad}", diff)
     recorded = payload.outputs()
     if recorded is not None:
         rdiff, rbad = compare_outputs(recorded, got, atol, rtol)
         if rbad is not None:
             ediff, _ = compare_outputs(recorded, expected, atol, rtol)
-            return {
-                "max_abs_diff": max(diff, rdiff),
-                "error": f"program vs the output production returned: {rbad} (eager on the "
+            return failed(
+                f"program vs the output production returned: {rbad} (eager on the "
                 f"rebuilt call differs from it by {ediff:.3g}: the call carried something "
                 "the recording does not keep, or the model is not the recorded one)",
-            }
+                max(diff, rdiff),
+            )
         diff = max(diff, rdiff)
-    return {"covered": True, "max_abs_diff": diff}
+    return {"covered": True, "max_abs_diff": diff, "error": None}
 
 
 def payload_rows(
@@ -171,7 +174,7 @@ def payload_rows(
     rtol: float = 1e-4,
     limit: int = DEFAULT_LIMIT,
     device: str | None = None,
-) -> tuple[list[dict[str, Any]], list[str]]:
+) -> tuple[list[CoverageRow], list[str]]:
     """Coverage rows of kind ``payload`` (module docstring) and notes about them.
 
     Args:
@@ -201,7 +204,7 @@ def payload_rows(
         files = files[-limit:]
     by_structure = {g.structure_id: g for g in inputs.groups}
     analysed = {g.structure_id for g in inputs.analysed}
-    rows: list[dict[str, Any]] = []
+    rows: list[CoverageRow] = []
     runnables: dict[str, Any] = {}
     with nodes.register_flattening_functions():
         for item in iter_payloads(files, fs):
@@ -223,19 +226,15 @@ def payload_rows(
                 )
                 continue
             leaves = group.structure.leaves
-            signature = f"{shapes.describe_sizes(leaves, _sizes(group.structure, item))} [{label}]"
+            sizes = _sizes(group.structure, item)
+            signature = f"{shapes.describe_sizes(leaves, sizes)} [{label}]"
             program = programs.get(group.name)
             if program is None:
                 why = errors.get(group.name) or f"group {group.name} has no program"
-                rows.append(_row(group.name, signature, error=why))
+                rows.append(_row(group.name, signature, sizes, error=why))
                 continue
             if group.name not in runnables:
                 runnables[group.name] = program.module()
-            rows.append(
-                _row(
-                    group.name,
-                    signature,
-                    **_check(module, group, runnables[group.name], item, device, atol, rtol),
-                )
-            )
+            outcome = _check(module, group, runnables[group.name], item, device, atol, rtol)
+            rows.append(_row(group.name, signature, sizes).checked(**outcome))
     return rows, notes

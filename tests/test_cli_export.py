@@ -59,15 +59,15 @@ FACTORIES = textwrap.dedent(
 )
 
 ADD_TABLE = """\
-group  kind      signature    calls  covered  max_abs_diff  error
------  --------  -----------  -----  -------  ------------  -----
-g0     recorded  x=2x6 y=2x6      1  true              0.0  null
-g0     recorded  x=3x7 y=3x7      1  true              0.0  null
-g0     recorded  x=4x8 y=4x8      1  true              0.0  null
-g0     probe     x=3x6 y=3x6      0  true              0.0  null
-g0     probe     x=2x7 y=2x7      0  true              0.0  null
-g0     probe     x=4x6 y=4x6      0  true              0.0  null
-g0     probe     x=2x8 y=2x8      0  true              0.0  null
+group  kind      signature    calls  covered  max_abs_diff  error  target  sizes
+-----  --------  -----------  -----  -------  ------------  -----  ------  ------------
+g0     recorded  x=2x6 y=2x6      1  true              0.0  null   torch   [2, 6, 2, 6]
+g0     recorded  x=3x7 y=3x7      1  true              0.0  null   torch   [3, 7, 3, 7]
+g0     recorded  x=4x8 y=4x8      1  true              0.0  null   torch   [4, 8, 4, 8]
+g0     probe     x=3x6 y=3x6      0  true              0.0  null   torch   [3, 6, 3, 6]
+g0     probe     x=2x7 y=2x7      0  true              0.0  null   torch   [2, 7, 2, 7]
+g0     probe     x=4x6 y=4x6      0  true              0.0  null   torch   [4, 6, 4, 6]
+g0     probe     x=2x8 y=2x8      0  true              0.0  null   torch   [2, 8, 2, 8]
 """
 
 
@@ -102,7 +102,8 @@ def test_json_format(store: str, factories: str) -> None:
     assert code == 0
     assert out.splitlines()[0] == (
         '{"group": "g0", "kind": "recorded", "signature": "x=2x6 y=2x6", "calls": 1, '
-        '"covered": true, "max_abs_diff": 0.0, "error": null}'
+        '"covered": true, "max_abs_diff": 0.0, "error": null, "target": "torch", '
+        '"sizes": [2, 6, 2, 6]}'
     )
 
 
@@ -130,12 +131,16 @@ def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) ->
     assert code == 3
     rule = "-" * 62
     assert out.splitlines() == [
-        "group  kind      signature         calls  covered  max_abs_diff  error",
-        f"-----  --------  ----------------  -----  -------  ------------  {rule}",
-        "g0     recorded  x=3x10 mask=3x10      1  true              0.0  null",
+        "group  kind      signature         calls  covered  max_abs_diff  error"
+        f"{' ' * 59}target  sizes",
+        f"-----  --------  ----------------  -----  -------  ------------  {rule}  ------"
+        "  --------------",
+        "g0     recorded  x=3x10 mask=3x10      1  true              0.0  null"
+        f"{' ' * 60}torch   [3, 10, 3, 10]",
         "g0     recorded  x=4x10 mask=4x10      1  false            null  "
-        "program failed: AssertionError: Guard failed: x.size()[0] <= 3",
-        "g1     recorded  x=2x10                1  true              0.0  null",
+        "program failed: AssertionError: Guard failed: x.size()[0] <= 3  torch   [4, 10, 4, 10]",
+        "g1     recorded  x=2x10                1  true              0.0  null"
+        f"{' ' * 60}torch   [2, 10]",
     ]
     assert err.endswith(
         "export incomplete: 2 of 3 recorded signatures covered (see the error column)\n"

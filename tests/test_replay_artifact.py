@@ -176,6 +176,25 @@ def test_a_signature_that_failed_the_export_check_is_not_served() -> None:
     )
 
 
+def test_the_refusal_list_matches_failed_recorded_rows_by_their_sizes() -> None:
+    # Issue 20: rows were paired with ExportGroup.recorded() by position, so the probes (and
+    # payloads) of a group made the counts differ and the manifest lost every refusal.
+    from types import SimpleNamespace
+
+    from replay.coverage import KIND_PAYLOAD, KIND_PROBE, KIND_RECORDED, CoverageRow
+    from replay.ship.artifact import _rejected
+
+    rows = [
+        CoverageRow("g", KIND_PROBE, "p", 0, False, None, "probe failed", sizes=(9, 9)),
+        CoverageRow("g", KIND_RECORDED, "a", 3, True, 0.0, None, sizes=(2, 4)),
+        CoverageRow("g", KIND_RECORDED, "b", 1, False, None, "program failed: x", sizes=(3, 4)),
+        CoverageRow("g", KIND_PAYLOAD, "c", 1, False, None, "payload failed", sizes=(5, 4)),
+        CoverageRow("h", KIND_RECORDED, "d", 1, False, None, "other group", sizes=(7, 4)),
+    ]
+    group = SimpleNamespace(name="g")
+    assert _rejected(group, rows) == [{"dims": [3, 4], "error": "program failed: x"}]  # type: ignore[arg-type]
+
+
 # -- fresh process, real generate() ------------------------------------------------------------
 def _serve(
     tmp_path: Path,

@@ -112,6 +112,8 @@ def test_coverage_table(seeds: tuple[Store, dict[str, Scenario]]) -> None:
             covered=True,
             max_abs_diff=0.0,
             error=None,
+            target="torch",
+            sizes=[3, 10, 3, 10],
         ),
         dict(
             group="g0",
@@ -121,6 +123,8 @@ def test_coverage_table(seeds: tuple[Store, dict[str, Scenario]]) -> None:
             covered=True,
             max_abs_diff=0.0,
             error=None,
+            target="torch",
+            sizes=[4, 10, 4, 10],
         ),
         dict(
             group="g1",
@@ -130,6 +134,8 @@ def test_coverage_table(seeds: tuple[Store, dict[str, Scenario]]) -> None:
             covered=True,
             max_abs_diff=0.0,
             error=None,
+            target="torch",
+            sizes=[2, 10],
         ),
     ]
 

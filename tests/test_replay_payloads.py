@@ -123,8 +123,8 @@ def test_payload_row_catches_a_program_that_differs_from_eager(tmp_path: Path) -
     result = replay.export(model, tmp_path)
     other = Tiny(seed=1)  # eager is another model: the program (of `model`) disagrees with it
     rows, _ = payload_rows(other, tmp_path, result.inputs, result.programs, result.errors)
-    assert [r["covered"] for r in rows] == [False, False, False]
-    assert all(r["error"].startswith("program vs eager on the real call") for r in rows)
+    assert [r.covered for r in rows] == [False, False, False]
+    assert all((r.error or "").startswith("program vs eager on the real call") for r in rows)
 
 
 def test_store_without_payloads_exports_no_payload_rows(tmp_path: Path) -> None:

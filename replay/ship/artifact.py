@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from replay.coverage import KIND_RECORDED, CoverageRow
 from replay.ship.guards import LEAF_FIELDS, ArtifactError, CallNotServed
 from replay.ship.runner import Runner
 
@@ -120,26 +121,24 @@ def _pytree_types(spec: Any, out: set[str]) -> None:
         _pytree_types(child, out)
 
 
-def _rejected(group: ExportGroup, coverage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _rejected(group: ExportGroup, coverage: list[CoverageRow]) -> list[dict[str, Any]]:
     """The recorded signatures of `group` its program failed in the export's check.
 
-    The coverage rows of a group follow `ExportGroup.recorded()`, one row per signature.
+    Rows of kind ``recorded`` that are not covered, matched by the sizes they checked (never by
+    their position among the group's rows: probes and payloads sit between them).
     """
-    rows = [r for r in coverage if r["group"] == group.name]
-    if not rows or all(r["covered"] for r in rows) or group.analysis is None:
-        return []
-    recorded = group.recorded()
-    if len(recorded) != len(rows):
-        return []
     return [
-        {"dims": list(sizes), "error": row["error"] or "not reproduced"}
-        for (sizes, _), row in zip(recorded, rows, strict=True)
-        if not row["covered"]
+        {"dims": list(row.sizes), "error": row.error or "not reproduced"}
+        for row in coverage
+        if row.group == group.name
+        and row.kind == KIND_RECORDED
+        and not row.covered
+        and row.sizes is not None
     ]
 
 
 def _entry(
-    module: str, group: ExportGroup, program: ExportedProgram, coverage: list[dict[str, Any]]
+    module: str, group: ExportGroup, program: ExportedProgram, coverage: list[CoverageRow]
 ) -> dict[str, Any]:
     if group.added:
         raise ArtifactError(
@@ -196,7 +195,7 @@ def manifest(results: Mapping[str, ExportResult]) -> dict[str, Any]:
     programs: list[dict[str, Any]] = []
     modules: dict[str, dict[str, Any]] = {}
     for module, result in results.items():
-        coverage = result.coverage.to_pylist()
+        coverage = CoverageRow.from_table(result.coverage)
         for group in result.inputs.groups:
             program = result.programs.get(group.name)
             if program is not None:
