@@ -153,6 +153,7 @@ def _seen_leaf(cache: Any, seen: Any) -> torch.Tensor:
 
 _ANCHOR = "_capture_seen_tokens"
 _is_initialized = operator.attrgetter("is_initialized")
+_TENSOR_ONLY = {torch.Tensor}
 
 
 def _seen(cache: Any, layers: Sequence[Any], layout: layer_state.Layout) -> Any:
@@ -201,8 +202,11 @@ def walk_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...], bool]:
         return keys + values, layout.plain, all(map(_is_initialized, layers))
     context = layer_state.context_of(layers, types, layout)
     children = layer_state.children(layers, layout, _seen(cache, layers, layout))
-    dense = layout.dense and all(map(_is_initialized, layers))
-    return children, context, dense
+    if layout.dense:
+        return children, context, all(map(_is_initialized, layers))
+    # Linear layers have no is_initialized: their states are tensors once written (a decode
+    # step), None before; an opaque layer is never a tensor. One C-level pass over the types.
+    return children, context, set(map(type, children)) <= _TENSOR_ONLY
 
 
 _flatten_layers = flatten_layers

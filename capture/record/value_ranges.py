@@ -65,8 +65,8 @@ def ranges(
         lo, hi = int_range(tensors[i])
         lows.append(lo)
         highs.append(hi)
-    for i, ids, table in counts:
-        found: list[int | None] = list(count_ids(tensors[i], ids, table))
+    for i, ids, _table in counts:
+        found: list[int | None] = list(count_ids(tensors[i], ids))
         lows += found
         highs += found
     return lows, highs
