@@ -52,6 +52,7 @@ __all__ = [
     "make_encoder_decoder_cache",
     "registered_classes",
     "transformers_loaded",
+    "registrable",
     "flatten_layers",
     "walk_layers",
     "unsupported_reason",
@@ -112,6 +113,21 @@ def _key(attr: str, index: int | None = None, state: int | None = None) -> Cache
 def transformers_loaded() -> bool:
     """Tells whether transformers is already imported (we never import it just to check)."""
     return "transformers" in sys.modules
+
+
+def registrable(tp: type) -> bool:
+    """Tells whether registering the registry's classes would make `tp` a pytree node.
+
+    True for a cache class the registry flattens (`CacheSpec.flatten`), from its module, once
+    transformers is loaded; `capture.record.flatten.walk` then registers lazily.
+    """
+    spec = cachespec.cache_spec(tp.__name__)
+    return (
+        spec is not None
+        and spec.flatten is not None
+        and spec.module == tp.__module__
+        and transformers_loaded()
+    )
 
 
 SEEN_TOKENS = "seen_tokens"

@@ -149,9 +149,11 @@ def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any])
         key.append(_T)
         return
     node = pytree.SUPPORTED_NODES.get(tp)
-    if node is None and tp.__module__.startswith("transformers") and nodes.transformers_loaded():
+    if node is None and nodes.registrable(tp):
         # A cache type seen for the first time: register lazily (never released: the types
-        # stay registered for the life of the process once a recorder has seen them).
+        # stay registered for the life of the process once a recorder has seen them). Only
+        # a class the registry flattens: another (MtpCache) stays opaque without a new
+        # reference on every call.
         nodes.acquire()
         if tp in nodes.LAYERED_CACHES:
             _walk_layers(obj, tp, tensors, key)
