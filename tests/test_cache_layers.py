@@ -76,6 +76,14 @@ def test_hybrid_cache_paths_name_each_state() -> None:
     ]
 
 
+def test_string_type_shows_the_state_space_states() -> None:
+    cache = _decode_call(tiny_bamba(), "past_key_values", steps=1)["past_key_values"]
+    assert capture.string_type(cache, with_shape=True) == (
+        "DynamicCache(key_cache=#2[None,T1s2x2x8x16], value_cache=#2[None,T1s2x2x8x16], "
+        "conv_states=#1[T1s2x144x4], recurrent_states=#1[T1s2x8x16x8])"
+    )
+
+
 def test_prefill_and_decode_states_are_distinct_structures() -> None:
     model = tiny_mamba()
     ids = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(0))
@@ -231,3 +239,23 @@ def test_rebuilt_static_layers_share_the_recorded_fill_level(tmp_path: Path) -> 
     cache = rb.rebuild(decode.structure, sizes, found)[1]["past_key_values"]
     # Only layer 0's level is recorded; every layer is rebuilt with it (replay.patterns).
     assert [int(layer.cumulative_length) for layer in cache.layers] == [6, 6]
+
+
+@pytest.mark.gpu
+def test_static_cache_fill_level_on_cuda_is_recorded(tmp_path: Path) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from fixtures.generate_traffic import record_traffic, tiny_causal
+
+    model = tiny_causal("llama").cuda()
+    # value_ranges="cpu" (the default): the fill level is still read, by the writer thread.
+    record_traffic(model, tmp_path, [(2, 6, True)], max_new_tokens=3, cache_implementation="static")
+    with open_store(tmp_path) as store:
+        rows = store.query(
+            """
+            SELECT c.int_max[s.range_index + 1] AS level
+            FROM calls c JOIN structures s ON s.structure_id = c.in_structure
+            WHERE s.path LIKE '%cumulative_length[0]' ORDER BY c.ts
+            """
+        ).to_pylist()
+    assert [r["level"] for r in rows] == [0, 6, 7]

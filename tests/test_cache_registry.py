@@ -125,7 +125,8 @@ def test_error_classes_are_exported_from_capture() -> None:
 
 def _refused_objects() -> dict[str, object]:
     """An instance of each class of transformers.cache_utils the registry refuses, when one
-    can be built without a model (quantized caches need a backend: left out)."""
+    can be built without a model (the quantized cache and the abstract quantized layers need
+    a backend: left out)."""
     made: dict[str, object] = {}
     builders = {
         "StaticSlidingWindowLayer": lambda c: c(max_cache_len=8, sliding_window=4),
@@ -133,6 +134,7 @@ def _refused_objects() -> dict[str, object]:
             max_cache_len=8, sliding_window=4
         ),
         "DynamicIndexedLayer": lambda c: c(),
+        "Fp8QuantizedLayer": lambda c: c(),
         "StaticIndexedLayer": lambda c: c(max_cache_len=8),
         "MtpCache": lambda c: c(),
         "DFlashCache": lambda c: c(),

@@ -72,6 +72,17 @@ def ranges(
     return lows, highs
 
 
+# The special ids on each device, copied there once (a copy per call would wait for the host).
+_TABLES: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _on(table: torch.Tensor, ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    found = _TABLES.get((ids, device))
+    if found is None:
+        found = _TABLES[(ids, device)] = table.to(device)
+    return found
+
+
 class DeviceRanges:
     """The value ranges and counts of one call's device tensors, read by the writer thread.
 
@@ -110,10 +121,10 @@ class DeviceRanges:
             lo, hi = torch.aminmax(t)
             parts += [lo.reshape(1).to(_INT64), hi.reshape(1).to(_INT64)]
         self._n_ranges = len(parts)
-        for i, _ids, table in counts:
+        for i, ids, table in counts:
             t = tensors[i]
             device = device or t.device
-            parts.append((t.reshape(-1, 1) == table.to(t.device)).sum(0).to(_INT64))
+            parts.append((t.reshape(-1, 1) == _on(table, ids, t.device)).sum(0).to(_INT64))
         self._event: Any = None
         if not parts:
             self._host = torch.zeros(0, dtype=_INT64)
