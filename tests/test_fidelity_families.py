@@ -4,7 +4,7 @@ Each family runs real greedy ``generate()`` (batches 1-3, left padding, one requ
 mask), recorded by the Recorder while a forward pre-hook keeps deep copies of the ORIGINAL calls;
 `replay.export` exports the store, the result is saved and loaded back with `replay.load`, and
 every original call goes through the loaded runner and through eager
-(`fixtures.generate_traffic.check_loaded`): served means the runner accepted it, wrong means it
+(`fixtures.generate_traffic.serve_originals`): served means the runner accepted it, wrong means it
 answered differently from eager.
 """
 
@@ -27,7 +27,7 @@ from fixtures.families import (
     tiny_mamba,
     tiny_qwen2_vl,
 )
-from fixtures.generate_traffic import check_loaded, record_traffic, tiny_causal
+from fixtures.generate_traffic import record_traffic, serve_originals, tiny_causal
 
 pytest.importorskip("transformers")
 
@@ -63,7 +63,8 @@ class Run:
         if self.result.programs:
             self.result.save(root / "model.pt2")
             runner = replay.load(root / "model.pt2")
-            self.verdicts = check_loaded(self.model, runner, self.originals)
+            found = serve_originals(self.model, runner, self.originals)
+            self.verdicts = [(v.group is not None, v.correct) for v in found]
         else:
             self.verdicts = [(False, False)] * len(self.originals)
 
@@ -141,8 +142,8 @@ def test_qwen2_vl_image_prefills_are_checked_on_inputs_eager_accepts(tmp_path: P
     # not match, tokens: 0"); now each image prefill row is checked, and served here.
     assert rows and all(r["covered"] for r in rows)
     result.save(tmp_path / "model.pt2")
-    verdicts = check_loaded(model, replay.load(tmp_path / "model.pt2"), originals)
-    assert all(served and correct for served, correct in verdicts)
+    verdicts = serve_originals(model, replay.load(tmp_path / "model.pt2"), originals)
+    assert all(v.correct for v in verdicts)
 
 
 @pytest.mark.slow

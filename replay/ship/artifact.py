@@ -153,7 +153,7 @@ def _entry(
     return {
         "module": module,
         "group": group.name,
-        "program": _program_name(module, group.name),
+        "program": _program_name(module, group.program_name),
         "model": group.model,
         "structure_id": group.structure_id,
         "calls": group.calls,
@@ -178,6 +178,8 @@ def _entry(
         },
         "pytree_types": sorted(types),
         "rejected": _rejected(group, coverage),
+        # A group served by another's program: the inputs the runner fills per call.
+        "fills": [fill.as_dict() for fill in group.fills],
         "first_ts": _iso(group.analysis.first_ts) if group.analysis else None,
         "last_ts": _iso(group.analysis.last_ts) if group.analysis else None,
     }
@@ -197,7 +199,7 @@ def manifest(results: Mapping[str, ExportResult]) -> dict[str, Any]:
     for module, result in results.items():
         coverage = CoverageRow.from_table(result.coverage)
         for group in result.inputs.groups:
-            program = result.programs.get(group.name)
+            program = result.programs.get(group.program_name)
             if program is not None:
                 programs.append(_entry(module, group, program, coverage))
         starts = [g.first_ts for g in result.inputs.analysed if g.first_ts]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from replay.ship.fills import Fill, fill_call, fills_of
 from replay.ship.guards import CallNotServed, LeafFacts, ProgramGuard
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ class Runner:
         self.module = module
         self._entries = [e for e in manifest["programs"] if e.get("module", "") == module]
         self._guards = [ProgramGuard.from_manifest(e) for e in self._entries]
+        self._fills = [
+            fills_of(e, len(g.axes)) for e, g in zip(self._entries, self._guards, strict=True)
+        ]
         self._callables: dict[str, Any] = {}
         self._seen: dict[Any, tuple[str | None, Sequence[LeafFacts], bool]] = {}
         self.modules: dict[str, Runner] = {}
@@ -91,9 +95,9 @@ class Runner:
 
     def _route(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[ProgramGuard, dict[str, Any]]:
+    ) -> tuple[ProgramGuard, dict[str, Any], tuple[Fill, ...], list[int]]:
         reasons: dict[str, str] = {}
-        for guard, entry in zip(self._guards, self._entries, strict=True):
+        for guard, entry, fills in zip(self._guards, self._entries, self._fills, strict=True):
             treespec, leaves, dims = self._structure(args, kwargs, entry)
             if not guard.matches(treespec, leaves):
                 reasons[guard.label] = (
@@ -102,7 +106,7 @@ class Runner:
                 continue
             failed = guard.check(dims)
             if failed is None:
-                return guard, entry
+                return guard, entry, fills, dims
             reasons[guard.label] = failed
         who = f"{self.manifest['model']}.{self.module}" if self.module else self.manifest["model"]
         tried = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
@@ -119,7 +123,9 @@ class Runner:
         """
         from replay.shapes import CallForm, arrange
 
-        guard, entry = self._route(args, kwargs)
+        guard, entry, fills, dims = self._route(args, kwargs)
+        # A group served by another group's program: the inputs it lacks, filled (fills.py).
+        args, kwargs = fill_call(fills, args, kwargs, dims)
         runnable = self._callables.get(guard.program)
         if runnable is None:
             runnable = self.compiled.get(guard.program) or self.programs[guard.program].module()
