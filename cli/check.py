@@ -7,8 +7,10 @@ recorded signature (input structure + sizes) of the window is checked against th
 order, with the same guards as the runner `replay.load` returns, so a signature reported served
 is one the runner serves.
 
-Neither torch nor the model's code is needed: the manifest is JSON read from the zip archive,
-the store is read through DuckDB.
+Neither torch nor the model's code is needed: the archive is checked as data exactly as
+`replay.load` checks it before torch reads anything (`replay.ship.artifact.read_artifact`:
+every entry, the typed manifest, the payload configs, the program graphs), so an artifact the
+runner would refuse is an error here too; the store is read through DuckDB.
 
 Exit status: 0 every call of the window is served (or the window is empty, said on stderr);
 3 some calls are not served (the table says which and why); 1 an error (no artifact, not an

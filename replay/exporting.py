@@ -24,10 +24,8 @@ import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import torch
 import torch.utils._pytree as pytree
 
@@ -41,6 +39,7 @@ from replay.coverage import COVERAGE_SCHEMA, KIND_PROBE, KIND_RECORDED, Coverage
 from replay.inputs import ExportGroup, ExportInputs, inputs_for
 from replay.options import ExportOptions
 from replay.payload_rows import DEFAULT_LIMIT, payload_rows
+from replay.result import ExportResult
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -61,62 +60,6 @@ logger = logging.getLogger(__name__)
 
 ONNX_HINT = "pip install capture[onnx]"
 _TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
-
-
-@dataclass
-class ExportResult:
-    """What `export` returns.
-
-    Attributes:
-        programs: Group name -> the group's `torch.export.ExportedProgram`.
-        coverage: One row per distinct recorded signature and per probe (`COVERAGE_SCHEMA`).
-        notes: What was done and why, per group (``"<group>: <note>"``).
-        complete: Every row of `coverage` is covered (every kind: recorded signatures,
-            probes) and every option asked for was honoured (`not_honoured` is empty).
-        inputs: The export inputs the programs were exported from.
-        errors: Group name -> why torch.export rejected it.
-        onnx: Group name -> path of the ONNX file written.
-        not_honoured: Group name -> an option asked for that its program does not honour, and
-            why (``named_dims``: torch.export accepted no bounded form, the program was
-            exported with unbounded ``Dim.DYNAMIC``).
-    """
-
-    programs: dict[str, ExportedProgram]
-    coverage: pa.Table
-    notes: list[str]
-    complete: bool
-    inputs: ExportInputs
-    errors: dict[str, str] = field(default_factory=dict)
-    onnx: dict[str, str] = field(default_factory=dict)
-    not_honoured: dict[str, str] = field(default_factory=dict)
-    source: str | None = None
-    """The store the programs were exported from (its path or URI), for the artifact."""
-
-    def save(
-        self,
-        path: str | os.PathLike[str],
-        modules: Mapping[str, ExportResult] | None = None,
-        *,
-        aoti: bool = False,
-    ) -> str:
-        """Writes every program and a JSON manifest into one PT2 archive (`replay.ship.artifact`).
-
-        Args:
-            path: The ``.pt2`` to write.
-            modules: Sub-module name -> its `ExportResult` (``{"encoder": ...}``), stored in
-                the same archive and served by ``replay.load(path).modules[name]``.
-            aoti: Also compile every program with AOTInductor into the archive
-                (``replay.load`` then runs the compiled form).
-
-        Returns:
-            The path written.
-
-        Raises:
-            ArtifactError: No program to save, or a group the manifest cannot describe.
-        """
-        from replay.ship.artifact import save
-
-        return save(path, {"": self, **(modules or {})}, aoti=aoti)
 
 
 def require_onnx() -> None:

@@ -1,7 +1,8 @@
 """The runner `replay.load` returns: calls an artifact's programs like the original model.
 
-Each call is matched against the programs' recorded structures and guards (`replay.ship.guards`),
-then run on the program that accepts it (or its AOTInductor build); see `replay.ship.artifact`.
+Each call is routed with `replay.ship.guards.route` (the rule ``capture check`` uses too): the
+first program whose recorded structure is the call's and whose guards accept its sizes runs it
+(or its AOTInductor build); see `replay.ship.artifact`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from replay.ship.guards import CallNotServed, LeafFacts, ProgramGuard
+from replay.ship.guards import CallFacts, CallNotServed, LeafFacts, route
+from replay.ship.manifest import Manifest, ProgramEntry
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -18,46 +20,58 @@ __all__ = ["Runner"]
 
 
 class Runner:
-    """Calls an artifact's programs like the original model (what `load` returns).
+    """Calls an artifact's programs like the original model (what `replay.load` returns).
+
+    Args:
+        manifest: The artifact's typed manifest.
+        programs: Program name -> its exported program.
+        modules: Program name -> its runnable module (``program.module()``).
+        compiled: Program name -> its AOTInductor build (run instead of the module).
+        module: The sub-module this runner serves.
 
     Attributes:
-        manifest: The artifact's manifest.
-        programs: Program name -> `torch.export.ExportedProgram`.
-        compiled: Program name -> its AOTInductor-compiled form (artifacts saved with
-            ``aoti=True``); when present, calls run it instead of the exported program.
+        manifest: The artifact's typed manifest.
+        programs: Program name -> its `torch.export.ExportedProgram`.
+        compiled: Program name -> its AOTInductor build, for artifacts loaded with
+            ``compiled=True`` (calls then run it instead of the exported program).
         module: The sub-module this runner serves (``""``: the model itself).
         modules: Sub-module name -> its `Runner` (``runner.modules["encoder"]``).
     """
 
     def __init__(
         self,
-        manifest: dict[str, Any],
+        manifest: Manifest,
         programs: Mapping[str, ExportedProgram],
-        module: str = "",
+        modules: Mapping[str, Any],
         compiled: Mapping[str, Any] | None = None,
+        module: str = "",
     ) -> None:
         self.manifest = manifest
         self.programs = dict(programs)
         self.compiled = dict(compiled or {})
         self.module = module
-        self._entries = [e for e in manifest["programs"] if e.get("module", "") == module]
-        self._guards = [ProgramGuard.from_manifest(e) for e in self._entries]
-        self._callables: dict[str, Any] = {}
+        self._entries = manifest.for_module(module)
+        self._runnables = {
+            e.program: self.compiled.get(e.program) or modules[e.program] for e in self._entries
+        }
+        self._by_guard = {id(e.guard): e for e in self._entries}
         self._seen: dict[Any, tuple[str | None, Sequence[LeafFacts], bool]] = {}
         self.modules: dict[str, Runner] = {}
         if not module:
-            for name in manifest["modules"]:
+            for name in manifest.modules:
                 if name:
-                    self.modules[name] = Runner(manifest, programs, name, compiled)
+                    self.modules[name] = Runner(manifest, programs, modules, compiled, name)
 
     @property
     def groups(self) -> list[str]:
         """The groups this runner serves, in the order they are tried."""
-        return [g.group for g in self._guards]
+        return [e.group for e in self._entries]
 
-    def _structure(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: dict[str, Any]
-    ) -> tuple[str | None, Sequence[LeafFacts], list[int]]:
+    def _facts(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: ProgramEntry
+    ) -> CallFacts:
+        """The call's treespec, leaves and sizes, described with the entry's recorded signature
+        (which names positional arguments); cached per call layout."""
         from capture.pytree.structure import parse_params
         from capture.record.flatten import describe, tensor_key, walk
 
@@ -66,10 +80,10 @@ class Runner:
         walk(args, tensors, key)
         walk(kwargs, tensors, key)
         full, _ = tensor_key(key, tensors, devices=False)
-        cache_key = (full, entry.get("signature"))
+        cache_key = (full, entry.signature)
         found = self._seen.get(cache_key)
         if found is None:
-            params = tuple(parse_params(entry.get("signature")))
+            params = tuple(parse_params(entry.signature))
             st = describe((args, kwargs), list(tensors), signature=params)
             found = (st.treespec, st.leaves, st.slow)
             self._seen[cache_key] = found
@@ -87,24 +101,15 @@ class Runner:
         Raises:
             CallNotServed: No group accepts the call; the message names each group and why.
         """
-        return self._route(args, kwargs)[0].group
+        return self._route(args, kwargs).group
 
-    def _route(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[ProgramGuard, dict[str, Any]]:
-        reasons: dict[str, str] = {}
-        for guard, entry in zip(self._guards, self._entries, strict=True):
-            treespec, leaves, dims = self._structure(args, kwargs, entry)
-            if not guard.matches(treespec, leaves):
-                reasons[guard.label] = (
-                    "different call structure (arguments, dtypes, ranks or constants)"
-                )
-                continue
-            failed = guard.check(dims)
-            if failed is None:
-                return guard, entry
-            reasons[guard.label] = failed
-        who = f"{self.manifest['model']}.{self.module}" if self.module else self.manifest["model"]
+    def _route(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProgramEntry:
+        guards = [e.guard for e in self._entries]
+        chosen, reasons = route(guards, lambda g: self._facts(args, kwargs, self._by_guard[id(g)]))
+        if chosen is not None:
+            return self._by_guard[id(chosen)]
+        model = self.manifest.model
+        who = f"{model}.{self.module}" if self.module else model
         tried = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
         raise CallNotServed(f"no program of {who} accepts this call ({tried})", reasons)
 
@@ -117,32 +122,21 @@ class Runner:
         Raises:
             CallNotServed: No program accepts the call (structure or guards).
         """
-        from replay.shapes import CallForm, arrange
+        from replay.shapes import arrange
 
-        guard, entry = self._route(args, kwargs)
-        runnable = self._callables.get(guard.program)
-        if runnable is None:
-            runnable = self.compiled.get(guard.program) or self.programs[guard.program].module()
-            self._callables[guard.program] = runnable
-        form = entry["form"]
-        call_form = CallForm(
-            tuple(form["positional"]),
-            tuple(form["keywords"]),
-            tuple(form["extra"]),
-            form.get("var_positional"),
-        )
-        args, kwargs = arrange(call_form, args, kwargs)
+        entry = self._route(args, kwargs)
+        args, kwargs = arrange(entry.form, args, kwargs)
         try:
-            return runnable(*args, **kwargs)
+            return self._runnables[entry.program](*args, **kwargs)
         except (AssertionError, RuntimeError, ValueError) as e:
             # torch's own input checks (a guard the recorded ranges did not show): say so
             text = str(e).strip().splitlines()
             reason = f"its program refused the call: {type(e).__name__}: {text[0] if text else ''}"
+            label = entry.guard.label
             raise CallNotServed(
-                f"group {guard.label} of {self.manifest['model']} matched, but {reason}",
-                {guard.label: reason},
+                f"group {label} of {self.manifest.model} matched, but {reason}", {label: reason}
             ) from e
 
     def __repr__(self) -> str:
-        name = self.manifest["model"] + (f".{self.module}" if self.module else "")
+        name = self.manifest.model + (f".{self.module}" if self.module else "")
         return f"Runner({name}, groups={self.groups}, modules={sorted(self.modules)})"

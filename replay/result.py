@@ -1,0 +1,84 @@
+"""What `replay.export` returns: the programs, their coverage table, and `save` to ship them.
+
+`ExportResult` lives apart from the export pipeline (`replay.exporting`) so that the artifact
+writer (`replay.ship.artifact`) never imports the pipeline back: ``save`` reaches the writer,
+the writer reads a result through the fields it needs (`replay.ship.artifact.SavedResult`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from replay.exportgroup import ExportInputs
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+__all__ = ["ExportResult"]
+
+
+@dataclass
+class ExportResult:
+    """What `export` returns.
+
+    Attributes:
+        programs: Group name -> the group's `torch.export.ExportedProgram`.
+        coverage: One row per distinct recorded signature and per probe (`COVERAGE_SCHEMA`).
+        notes: What was done and why, per group (``"<group>: <note>"``).
+        complete: Every row of `coverage` is covered (every kind: recorded signatures,
+            probes) and every option asked for was honoured (`not_honoured` is empty).
+        inputs: The export inputs the programs were exported from.
+        errors: Group name -> why torch.export rejected it.
+        onnx: Group name -> path of the ONNX file written.
+        not_honoured: Group name -> an option asked for that its program does not honour, and
+            why (``named_dims``: torch.export accepted no bounded form, the program was
+            exported with unbounded ``Dim.DYNAMIC``).
+    """
+
+    programs: dict[str, ExportedProgram]
+    coverage: pa.Table
+    notes: list[str]
+    complete: bool
+    inputs: ExportInputs
+    errors: dict[str, str] = field(default_factory=dict)
+    onnx: dict[str, str] = field(default_factory=dict)
+    not_honoured: dict[str, str] = field(default_factory=dict)
+    source: str | None = None
+    """The store the programs were exported from (its path or URI), for the artifact."""
+
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        modules: Mapping[str, ExportResult] | None = None,
+        *,
+        aoti: bool = False,
+    ) -> str:
+        """Writes every program and a JSON manifest into one PT2 archive (`replay.ship.artifact`).
+
+        Every weight is written once, however many programs (and sub-modules) use it.
+
+        Args:
+            path: The ``.pt2`` to write.
+            modules: Sub-module name -> its `ExportResult` (``{"encoder": ...}``), stored in
+                the same archive and served by ``replay.load(path).modules[name]``.
+            aoti: Also compile every program with AOTInductor into the archive
+                (``replay.load(path, compiled=True)`` then runs the compiled form).
+
+        Returns:
+            The path written.
+
+        Raises:
+            ArtifactError: No program to save, or a group the manifest cannot describe.
+
+        Example:
+            >>> replay.export(model, "capture-store").save("model.pt2")  # doctest: +SKIP
+            'model.pt2'
+        """
+        from replay.ship.artifact import save
+
+        return save(path, {"": self, **(modules or {})}, aoti=aoti)
