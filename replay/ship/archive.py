@@ -211,6 +211,9 @@ class Archive:
         """
         wanted = set(expected)
         aoti = {f"{AOTI_DIR}{p}/" for p in aoti_programs}
+        missing = sorted(wanted - set(self.entries))
+        if missing:
+            raise ArtifactError(f"{self.path} lacks {self.root}/{missing[0]}")
         for inner in sorted(self.entries):
             if inner in wanted:
                 continue
@@ -222,9 +225,6 @@ class Archive:
                 "read (an artifact holds only its manifest, program graphs, raw weights"
                 + (" and AOTInductor builds)" if aoti else ")")
             )
-        missing = sorted(wanted - set(self.entries))
-        if missing:
-            raise ArtifactError(f"{self.path} lacks {self.root}/{missing[0]}")
         for program in aoti_programs:
             if not any(name.startswith(f"{AOTI_DIR}{program}/") for name in self.entries):
                 raise ArtifactError(

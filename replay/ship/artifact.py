@@ -57,7 +57,7 @@ from replay.ship.checked_json import DOTTED
 from replay.ship.graph_check import check_program, spec_types
 from replay.ship.guards import ArtifactError, CallNotServed
 from replay.ship.manifest import FORMAT, MANIFEST_CAP, Manifest
-from replay.ship.records import config_json, parse_config
+from replay.ship.records import check_extent, config_json, parse_config
 from replay.ship.runner import Runner
 from replay.ship.weights import ProgramSlots, WeightTable, load_tensors
 
@@ -75,6 +75,7 @@ __all__ = [
     "load",
     "read_artifact",
     "read_manifest",
+    "loadable_type",
     "MANIFEST",
     "FORMAT",
 ]
@@ -224,7 +225,7 @@ def read_artifact(
         )
     archive.check_small_files()
     manifest = Manifest.parse(archive.read(MANIFEST, MANIFEST_CAP), archive.name(MANIFEST))
-    known = known_type or (lambda t: bool(DOTTED.match(t)))
+    known = known_type or loadable_type
     fixed = {ARCHIVE_FORMAT, ARCHIVE_VERSION, BYTEORDER, ZIP_VERSION, SERIALIZATION_ID, MANIFEST}
     for entry in manifest.programs:
         p = entry.program
@@ -249,12 +250,27 @@ def read_artifact(
         ):
             inner = config.format(p)
             table.update(parse_config(archive.read(inner, CONFIG_CAP), archive.name(inner), prefix))
-            records.update(f"{folder}{slot.record}" for slot in table.values())
+            for name, slot in table.items():
+                record = f"{folder}{slot.record}"
+                found = archive.entries.get(record)
+                if found is None:
+                    raise ArtifactError(
+                        f"{archive.path} lacks {archive.root}/{record} ({name} of {p})"
+                    )
+                check_extent(slot, found.size, f"{archive.name(record)} ({name} of {p})")
+                records.add(record)
         art.slots[p] = slots
         inner = MODELS.format(p)
         graph = archive.read(inner, PROGRAM_CAP)
         art.types |= spec_types(check_program(graph, archive.name(inner), known))
         art.graphs[p] = graph
+        for name in entry.pytree_types:
+            if not known(name):
+                raise ArtifactError(
+                    f"{archive.name(MANIFEST)}: program {p} names the pytree type {name[:200]}, "
+                    f"which the loader does not register (only {', '.join(_ALLOWED_MODULES)} "
+                    "types are, and those registered in the loading process)"
+                )
         art.types.update(entry.pytree_types)
     # Every record is named by a config, every named record exists.
     archive.check_layout(fixed | records, aoti)
@@ -274,10 +290,22 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     return read_artifact(path).manifest
 
 
-def _loadable(name: str) -> bool:
-    import torch.utils._pytree as pytree
+def loadable_type(name: str) -> bool:
+    """Whether `load` may rebuild a pytree node type a program names: a ``transformers.*`` type
+    (registered by importing its module) or one registered with torch's pytree in this process
+    (without torch imported, as in ``capture check``, only the former).
 
-    return name in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE or name.startswith(_ALLOWED_MODULES)
+    Example:
+        >>> loadable_type("transformers.cache_utils.DynamicCache"), loadable_type("evil.Thing")
+        (True, False)
+    """
+    import sys
+
+    if not DOTTED.match(name):
+        return False
+    pytree = sys.modules.get("torch.utils._pytree")
+    registered = pytree is not None and name in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+    return registered or name.startswith(_ALLOWED_MODULES)
 
 
 def _register(types: set[str]) -> None:
@@ -339,7 +367,7 @@ def load(
         >>> runner = replay.load("model.pt2")  # doctest: +SKIP
         >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
     """
-    art = read_artifact(path, _loadable)
+    art = read_artifact(path)
     if compiled and not art.manifest.aoti:
         raise ArtifactError(
             f"{art.archive.path} holds no AOTInductor builds; save it with aoti=True "
