@@ -244,8 +244,9 @@ def _coverage(result: Any, subs: dict[str, Any]) -> Any:
     "--aoti",
     is_flag=True,
     default=False,
-    help="Also compile every program with AOTInductor into the --out .pt2 artifact "
-    "(replay.load then runs the compiled form). Slow: minutes per program. Default: off.",
+    help="Also compile every program with AOTInductor into the --out .pt2 artifact, without "
+    "its weights (replay.load(path, compiled=True) runs the compiled form on the artifact's "
+    "one copy of the weights). Slow: minutes per program. Default: off.",
 )
 @click.option(
     "--set-batch-dimension-for",

@@ -8,6 +8,7 @@ ORIGINAL calls), and serves each through the runner and through eager.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -336,12 +337,29 @@ def test_aoti_compiles_every_program_into_the_artifact_and_load_runs_it(tmp_path
         for batch in (2, 3, 5):
             model(torch.randn(batch, 4))
     replay.export(model, tmp_path / "store").save(tmp_path / "linear.pt2", aoti=True)
-    runner = replay.load(tmp_path / "linear.pt2", compiled=True)
     assert read_manifest(tmp_path / "linear.pt2").aoti is True
+    # issue 20: the builds carry no weights; the archive's records are the model's, once
+    assert read_artifact(tmp_path / "linear.pt2").weight_bytes == _unique_weight_bytes(model)
+    assert replay.load(tmp_path / "linear.pt2").compiled == {}  # native code only when asked
+    runner = replay.load(tmp_path / "linear.pt2", compiled=True)
     assert type(runner.compiled["g0"]).__name__ == "AOTICompiledModel"
     x = torch.randn(4, 4)
     with torch.no_grad():
         torch.testing.assert_close(runner(x), model(x))
+        # the build runs on the program's own (memory-mapped) tensors: change those it names
+        # (AOTInductor may fold others, a bias, into its code), and its output follows
+        names = runner.compiled["g0"].get_constant_fqns()
+        assert "weight" in names
+        expected = copy.deepcopy(model)
+        for name in names:
+            runner.programs["g0"].state_dict[name].mul_(2)
+            expected.get_parameter(name).mul_(2)
+        torch.testing.assert_close(runner(x), expected(x))
     # the compiled form checks no input itself: the runner's guards still refuse (issue 10)
     with pytest.raises(CallNotServed, match=r"axis 0 = 9 is outside the recorded range \[2, 5\]"):
         runner(torch.randn(9, 4))
+
+
+def test_compiled_needs_an_artifact_saved_with_aoti(twice: tuple[Twice, Path]) -> None:
+    with pytest.raises(ArtifactError, match="holds no AOTInductor builds; save it with aoti=True"):
+        replay.load(twice[1], compiled=True)
