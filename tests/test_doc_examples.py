@@ -1,9 +1,11 @@
-"""Every README example that shows output is run, and must print that output.
+"""Every example of README.md and docs/*.md that shows output is run, and must print it.
 
-Convention (an HTML comment on the line before a fenced block; GitHub does not render it):
+Each page runs in a working directory of its own (its examples write their own stores and
+files; pages never share state, so they can be read and run in any order). Convention (an HTML
+comment on the line before a fenced block; GitHub does not render it):
 
 - ``<!-- readme-test: python -->`` before a ```` ```python ```` block: the block runs as a script
-  (``python -c``) in a working directory where the README's earlier tested python blocks ran
+  (``python -c``) in a working directory where the page's earlier tested python blocks ran
   (in order), and must exit with status 0 without writing to stderr. If the next fenced block
   is marked ``<!-- readme-test: output -->``, the script's stdout must be exactly that block.
 - ``<!-- readme-test: console -->`` before a ```` ```console ```` block: a transcript. Each
@@ -13,7 +15,7 @@ Convention (an HTML comment on the line before a fenced block; GitHub does not r
   the next line of the transcript is ``$ echo $?``, whose output is the expected status.
 - Every ```` ```python ```` block, tested or not, must at least compile.
 
-README examples must therefore avoid output that changes between runs (timestamps, call ids,
+Examples must therefore avoid output that changes between runs (timestamps, call ids,
 durations, host names).
 """
 
@@ -35,7 +37,7 @@ from click.testing import CliRunner
 from capture.cli.main import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 _FENCE = re.compile(
     r"(?:^<!-- readme-test: (?P<mark>[a-z]+) -->\n)?"
@@ -46,8 +48,9 @@ _FENCE = re.compile(
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced code block of the README."""
+    """One fenced code block of a page."""
 
+    page: str
     line: int
     lang: str
     mark: str | None
@@ -55,12 +58,15 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"{self.mark or self.lang}-line{self.line}"
+        return f"{self.page}:{self.mark or self.lang}-line{self.line}"
 
 
-def _blocks(text: str) -> list[Block]:
+def _blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    name = page.relative_to(ROOT).as_posix()
     return [
         Block(
+            page=name,
             line=text.count("\n", 0, m.start("body")),
             lang=m.group("lang"),
             mark=m.group("mark"),
@@ -70,16 +76,18 @@ def _blocks(text: str) -> list[Block]:
     ]
 
 
-BLOCKS = _blocks(README.read_text(encoding="utf-8"))
-PYTHON = [b for b in BLOCKS if b.mark == "python"]
-CONSOLE = [b for b in BLOCKS if b.mark == "console"]
+BLOCKS = {p.relative_to(ROOT).as_posix(): _blocks(p) for p in PAGES}
+PYTHON = {page: [b for b in blocks if b.mark == "python"] for page, blocks in BLOCKS.items()}
+ALL_PYTHON = [b for blocks in PYTHON.values() for b in blocks]
+CONSOLE = [b for blocks in BLOCKS.values() for b in blocks if b.mark == "console"]
 
 
 def _expected_output(block: Block) -> str | None:
     """The ``readme-test: output`` block right after `block`, if any."""
-    index = BLOCKS.index(block)
-    if index + 1 < len(BLOCKS) and BLOCKS[index + 1].mark == "output":
-        return BLOCKS[index + 1].body
+    blocks = BLOCKS[block.page]
+    index = blocks.index(block)
+    if index + 1 < len(blocks) and blocks[index + 1].mark == "output":
+        return blocks[index + 1].body
     return None
 
 
@@ -101,41 +109,43 @@ def _run_python(block: Block, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 class _Workdirs:
-    """Runs the tested python blocks in order, each once, in copies of one working directory.
+    """Runs each page's tested python blocks in order, each once, in copies of one directory.
 
-    `after(n)` is the working directory once the first n blocks ran; `result(i)` is what
-    block i printed. Built lazily, once per session, so the tests may run in any order.
+    `after(page, n)` is the page's working directory once its first n blocks ran;
+    `result(page, i)` is what its block i printed. Built lazily, once per session, so the tests
+    may run in any order; every page starts from an empty directory of its own.
     """
 
     def __init__(self, base: Path) -> None:
         self.base = base
-        self.dirs: dict[int, Path] = {}
-        self.results: dict[int, subprocess.CompletedProcess[str]] = {}
+        self.dirs: dict[tuple[str, int], Path] = {}
+        self.results: dict[tuple[str, int], subprocess.CompletedProcess[str]] = {}
 
-    def after(self, n: int) -> Path:
-        if n not in self.dirs:
-            path = self.base / f"after-{n}"
+    def after(self, page: str, n: int) -> Path:
+        if (page, n) not in self.dirs:
+            path = self.base / page.replace("/", "_") / f"after-{n}"
             if n == 0:
-                path.mkdir()
+                path.mkdir(parents=True)
             else:
-                shutil.copytree(self.after(n - 1), path)
-                self.results[n - 1] = _run_python(PYTHON[n - 1], path)
-            self.dirs[n] = path
-        return self.dirs[n]
+                shutil.copytree(self.after(page, n - 1), path)
+                self.results[(page, n - 1)] = _run_python(PYTHON[page][n - 1], path)
+            self.dirs[(page, n)] = path
+        return self.dirs[(page, n)]
 
-    def result(self, index: int) -> subprocess.CompletedProcess[str]:
-        self.after(index + 1)
-        return self.results[index]
+    def result(self, block: Block) -> subprocess.CompletedProcess[str]:
+        index = PYTHON[block.page].index(block)
+        self.after(block.page, index + 1)
+        return self.results[(block.page, index)]
 
 
 @pytest.fixture(scope="session")
 def workdirs(tmp_path_factory: pytest.TempPathFactory) -> _Workdirs:
-    return _Workdirs(tmp_path_factory.mktemp("readme"))
+    return _Workdirs(tmp_path_factory.mktemp("docs"))
 
 
 def _python_before(block: Block) -> int:
-    """How many tested python blocks come before `block` in the README."""
-    return sum(1 for b in PYTHON if b.line < block.line)
+    """How many tested python blocks come before `block` on its page."""
+    return sum(1 for b in PYTHON[block.page] if b.line < block.line)
 
 
 def _transcript(body: str) -> list[tuple[str, str]]:
@@ -151,14 +161,18 @@ def _transcript(body: str) -> list[tuple[str, str]]:
     return [(command, "".join(output)) for command, output in steps]
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "python"], ids=lambda b: b.id)
+@pytest.mark.parametrize(
+    "block",
+    [b for blocks in BLOCKS.values() for b in blocks if b.lang == "python"],
+    ids=lambda b: b.id,
+)
 def test_python_block_compiles(block: Block) -> None:
-    compile(block.body, f"README.md:{block.line}", "exec")
+    compile(block.body, f"{block.page}:{block.line}", "exec")
 
 
-@pytest.mark.parametrize("block", PYTHON, ids=lambda b: b.id)
+@pytest.mark.parametrize("block", ALL_PYTHON, ids=lambda b: b.id)
 def test_python_block_runs(block: Block, workdirs: _Workdirs) -> None:
-    result = workdirs.result(PYTHON.index(block))
+    result = workdirs.result(block)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     expected = _expected_output(block)
@@ -171,7 +185,7 @@ def test_console_transcript(
     block: Block, workdirs: _Workdirs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cwd = tmp_path / "work"
-    shutil.copytree(workdirs.after(_python_before(block)), cwd)
+    shutil.copytree(workdirs.after(block.page, _python_before(block)), cwd)
     monkeypatch.chdir(cwd)
     runner = CliRunner(env={"CAPTURE_STORE": None})
     last_status: int | None = None
@@ -185,7 +199,7 @@ def test_console_transcript(
         if last_status is not None:
             assert last_status == 0, f"{previous!r} exited with {last_status}"
         argv = shlex.split(command)
-        assert argv[0] == "capture", f"README transcripts run capture only, not {argv[0]!r}"
+        assert argv[0] == "capture", f"transcripts run capture only, not {argv[0]!r}"
         result = runner.invoke(cli, argv[1:], prog_name="capture")
         if result.exception is not None and not isinstance(result.exception, SystemExit):
             raise result.exception
@@ -197,4 +211,4 @@ def test_console_transcript(
 
 
 def test_readme_has_tested_examples() -> None:
-    assert PYTHON and CONSOLE
+    assert PYTHON["README.md"] and any(b.page == "README.md" for b in CONSOLE)
