@@ -12,7 +12,10 @@ the code to compare with, e.g. ``git archive main``; and this checkout), in fres
 2. `replay.load` in a new process: load time, RSS after load split into anonymous memory and
    file-backed pages (a memory-mapped archive is file-backed), the bytes of every live tensor
    storage (each distinct storage once), then per program the first call and the median of
-   ``--repeat`` calls on an original generate() call (a forward pre-hook copy), against eager.
+   ``--repeat`` calls on an original generate() call (a forward pre-hook copy), each timed
+   next to an eager call of the same inputs (the machine is shared: pairs see the same load);
+   RSS again after serving (the eager model deleted): a mapped archive's pages are read as
+   the programs touch them, as file-backed memory.
 
 Every number is also a ratio to the model's own weights or to eager latency. Prints Markdown on
 stdout (progress on stderr); the results go to docs/benchmarks.md. Needs ~4x the model in free
@@ -128,11 +131,13 @@ latency = {}
 with torch.no_grad():
     for group, (args, kwargs) in sorted(calls.items()):
         first = timed(runner, args, kwargs)
-        steady = statistics.median(timed(runner, args, kwargs) for _ in range(repeat))
-        eager = statistics.median(timed(model, args, kwargs) for _ in range(repeat))
-        latency[group] = {"first": first, "steady": steady, "eager": eager}
-print(json.dumps({"load_s": load_s, "rss_before": before, "rss_after": after,
-                  "storage_bytes": storage_bytes, "latency": latency}))
+        pairs = [(timed(runner, args, kwargs), timed(model, args, kwargs)) for _ in range(repeat)]
+        latency[group] = {"first": first, "steady": statistics.median(p[0] for p in pairs),
+                          "eager": statistics.median(p[1] for p in pairs)}
+del model
+gc.collect()
+print(json.dumps({"load_s": load_s, "rss_before": before, "rss_after": after, "rss_served": rss(),
+                  "storage_bytes": storage_bytes, "latency": latency, "capture": replay.__file__}))
 """
 
 
@@ -140,7 +145,8 @@ def _run(code: str, tree: Path, *args: str) -> dict[str, Any]:
     """Runs `code` in a fresh Python whose `capture`/`replay` come from `tree`."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
     done = subprocess.run(
-        [sys.executable, "-c", code, *args],
+        # -P: the working directory (this checkout, maybe) must not shadow `tree`'s packages
+        [sys.executable, "-P", "-c", code, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -172,8 +178,13 @@ def main() -> int:
     work = Path(options.work)
     (work / "model").mkdir(parents=True, exist_ok=True)
     workload = json.dumps(WORKLOAD)
-    sys.stderr.write("building the model and recording its generate() traffic...\n")
-    model = _run(RECORD, ROOT, str(work), str(options.layers), workload)
+    recorded = work / "recorded.json"
+    if recorded.exists() and (work / "store").exists():  # a previous run's model and store
+        model = json.loads(recorded.read_text())
+    else:
+        sys.stderr.write("building the model and recording its generate() traffic...\n")
+        model = _run(RECORD, ROOT, str(work), str(options.layers), workload)
+        recorded.write_text(json.dumps(model))
     trees = ([("before", Path(options.before))] if options.before else []) + [("after", ROOT)]
     results: dict[str, dict[str, Any]] = {}
     for label, tree in trees:
@@ -182,6 +193,7 @@ def main() -> int:
         sys.stderr.write(f"{label}: load and serve in a fresh process...\n")
         served = _run(SERVE, tree, str(work), label, str(options.repeat), workload)
         results[label] = {**exported, **served}
+        sys.stderr.write(f"{label}: measured {served['capture']}\n")
         os.unlink(work / f"{label}.pt2")
     weights = float(model["weight_bytes"])
     print(f"### Shipping a {weights / 2**30:.2f} GiB Llama: each weight once (issue 20)\n")
@@ -195,6 +207,8 @@ def main() -> int:
         grown = r["rss_after"]["VmRSS"] - r["rss_before"]["VmRSS"]
         anon = r["rss_after"]["RssAnon"] - r["rss_before"]["RssAnon"]
         file = r["rss_after"]["RssFile"] - r["rss_before"]["RssFile"]
+        served_anon = r["rss_served"]["RssAnon"] - r["rss_before"]["RssAnon"]
+        served_file = r["rss_served"]["RssFile"] - r["rss_before"]["RssFile"]
         rows.append(
             [
                 label,
@@ -203,11 +217,12 @@ def main() -> int:
                 f"{r['save_s']:.1f} s",
                 f"{r['load_s']:.1f} s",
                 f"{_gib(grown)} ({_ratio(grown, weights)}): anon {_gib(anon)}, file {_gib(file)}",
+                f"anon {_gib(served_anon)}, file {_gib(served_file)}",
                 _ratio(r["storage_bytes"], weights),
             ]
         )
     headers = ["code", "archive", "tensor records", "save", "load", "RSS growth on load",
-               "live tensor storages"]  # fmt: skip
+               "RSS growth after serving", "live tensor storages"]  # fmt: skip
     print(md_table(headers, rows) + "\n")
     lat_rows = []
     for label, r in results.items():

@@ -94,18 +94,21 @@ def check_command(
 ) -> None:
     """Check that a saved artifact serves the calls recorded in the store.
 
-    ARTIFACT.pt2 is what `capture export --out` (or ExportResult.save) wrote.
-    Every distinct recorded signature (call structure and sizes) of the window
-    is checked against the artifact's programs with the runner's own guards:
-    the recorded structure, and every dim within the range the export was
-    checked on. One row per signature (model, group serving it, signature,
-    calls, served, reason) goes to stdout; the totals go to stderr. Neither
-    torch nor the model's code is needed.
+    ARTIFACT.pt2 is what `capture export --out` (or ExportResult.save) wrote;
+    it is checked as replay.load checks it (every entry, the manifest, the
+    programs present), so an artifact the runner would refuse is an error
+    here too. Every distinct recorded signature (call structure and sizes) of
+    the window is routed as the runner routes it: the recorded structure,
+    every dim within the range the export was checked on, not a signature the
+    export's check failed. One row per signature (model, group serving it,
+    signature, calls, served, reason) goes to stdout; the totals go to stderr.
+    Neither torch nor the model's code is needed.
 
     Exit status: 0 every call of the window is served (an empty window says so
     on stderr); 3 some calls are not served (rows with served=false say why:
     a dim outside its recorded range, a new call structure); 1 an error (no
-    artifact or not one, no store, unknown model, a bad --since).
+    artifact or not one, a changed or damaged artifact, no store, unknown
+    model, a bad --since).
 
     \b
     Example:
