@@ -83,10 +83,15 @@ def aoti_compile(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     Example:
         >>> files = aoti_compile(program.module(), args, kwargs)  # doctest: +SKIP
     """
+    import warnings
+
     from torch._inductor import aot_compile
 
     options = {"aot_inductor.package": True, "aot_inductor.package_constants_in_so": False}
-    return list(aot_compile(module, args, kwargs, options=options))  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        # torch 2.13's own deprecation warnings while it copies graphs (LeafSpec): chatter
+        warnings.simplefilter("ignore", FutureWarning)
+        return list(aot_compile(module, args, kwargs, options=options))  # type: ignore[arg-type]
 
 
 def aoti_load(path: str, name: str, device_index: int = -1) -> Any:

@@ -9,17 +9,14 @@ missing field, a program the archive lacks, ...) must be one `ArtifactError` lin
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from artifact_files import entries, record_scaled, write_entries
 from click.testing import CliRunner
-from torch.export.pt2_archive import PT2ArchiveWriter
 
-import capture
 import replay
 from capture.cli.main import cli
 from replay.ship.artifact import ArtifactError, read_manifest
@@ -28,42 +25,15 @@ from replay.ship.manifest import Manifest
 MANIFEST = "extra/capture_manifest.json"
 
 
-class Scaled(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(3, 3)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        y = self.proj(x)
-        return y if mask is None else y * mask
-
-
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("manifest")
-    torch.manual_seed(0)
-    model = Scaled()
-    with capture.Recorder(model, root / "store", name="scaled"), torch.no_grad():
-        for b in (2, 3, 4):
-            model(torch.randn(b, 3))
-        for b in (2, 3):
-            model(torch.randn(b, 3), mask=torch.ones(b, 3))
-    path = root / "scaled.pt2"
-    replay.export(model, root / "store", probes=0).save(path)
-    return root / "store", path
+    return record_scaled(tmp_path_factory.mktemp("manifest"))
 
 
 def _with_manifest(template: Path, target: Path, text: bytes) -> Path:
-    with zipfile.ZipFile(template) as z:
-        root = z.namelist()[0].split("/")[0]
-        entries = {n[len(root) + 1 :]: z.read(n) for n in z.namelist()}
-    entries[MANIFEST] = text
-    made = {".data/version", ".data/serialization_id", "byteorder"}
-    with open(target, "wb") as f, PT2ArchiveWriter(f) as writer:
-        for name, data in entries.items():
-            if name not in made:
-                writer.write_bytes(name, data)
-    return target
+    content = entries(template)
+    content[MANIFEST] = text
+    return write_entries(target, content)
 
 
 def _set(path: str, value: Any) -> Callable[[Any], None]:
@@ -147,9 +117,7 @@ TAMPERED: dict[str, tuple[Callable[[Any], None] | bytes, str]] = {
 def _text(template: Path, change: Callable[[Any], None] | bytes) -> bytes:
     if isinstance(change, bytes):
         return change
-    with zipfile.ZipFile(template) as z:
-        name = next(n for n in z.namelist() if n.endswith(MANIFEST))
-        data = json.loads(z.read(name))
+    data = json.loads(entries(template)[MANIFEST])
     change(data)  # ("modules..coverage" is modules[""].coverage)
     return json.dumps(data).encode()
 

@@ -22,42 +22,20 @@ from typing import Any
 
 import pytest
 import torch
+from artifact_files import entries, record_scaled, write_entries
 from click.testing import CliRunner
-from torch.export.pt2_archive import PT2ArchiveWriter
 
-import capture
 import replay
 from capture.cli.main import cli
 from replay.ship.artifact import ArtifactError
 
 EVIL = "hostile_artifact_mod"  # a module planted in the working directory by the tests
-_WRITER_MADE = {".data/version", ".data/serialization_id", "byteorder"}
-
-
-class Scaled(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(3, 3)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        y = self.proj(x)
-        return y if mask is None else y * mask
 
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(store, artifact): two groups (g0 without a mask, g1 with one), one weight each."""
-    root = tmp_path_factory.mktemp("hostile_artifact")
-    torch.manual_seed(0)
-    model = Scaled()
-    with capture.Recorder(model, root / "store", name="scaled"), torch.no_grad():
-        for b in (2, 3, 4):
-            model(torch.randn(b, 3))
-        for b in (2, 3):
-            model(torch.randn(b, 3), mask=torch.ones(b, 3))
-    path = root / "scaled.pt2"
-    replay.export(model, root / "store", probes=0).save(path)
-    return root / "store", path
+    return record_scaled(tmp_path_factory.mktemp("hostile_artifact"))
 
 
 @pytest.fixture
@@ -76,25 +54,10 @@ def marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     assert EVIL not in set(sys.modules) - before  # issue 25: nothing named by the archive imported
 
 
-def _entries(path: Path) -> tuple[str, dict[str, bytes]]:
-    with zipfile.ZipFile(path) as z:
-        root = z.namelist()[0].split("/")[0]
-        return root, {n[len(root) + 1 :]: z.read(n) for n in z.namelist()}
-
-
-def _write(path: Path, entries: dict[str, bytes]) -> None:
-    """Writes entries as torch's PT2 writer does (stored, aligned), like `save`."""
-    with open(path, "wb") as f, PT2ArchiveWriter(f) as writer:
-        for name, data in entries.items():
-            if name not in _WRITER_MADE:
-                writer.write_bytes(name, data)
-
-
 def _tampered(template: Path, target: Path, change: Callable[[dict[str, bytes]], None]) -> Path:
-    _, entries = _entries(template)
-    change(entries)
-    _write(target, entries)
-    return target
+    content = entries(template)
+    change(content)
+    return write_entries(target, content)
 
 
 def _json(entries: dict[str, bytes], name: str, edit: Callable[[Any], None]) -> None:
@@ -331,12 +294,10 @@ def test_a_manifest_bomb_is_refused_before_it_is_read(
 ) -> None:
     import tracemalloc
 
-    root, entries = _entries(template[1])
+    content = entries(template[1])
     big = b" " * (96 * 2**20)  # 96 MiB of spaces deflate to ~100 KB
-    rows = [
-        (f"{root}/{n}", d, zipfile.ZIP_STORED) for n, d in entries.items() if "manifest" not in n
-    ]
-    path = _zip(tmp_path / "bomb.pt2", [*rows, (f"{root}/extra/capture_manifest.json", big, 8)])
+    rows = [(f"m/{n}", d, zipfile.ZIP_STORED) for n, d in content.items() if "manifest" not in n]
+    path = _zip(tmp_path / "bomb.pt2", [*rows, ("m/extra/capture_manifest.json", big, 8)])
     del big
     assert path.stat().st_size < 2 * 2**20
     tracemalloc.start()

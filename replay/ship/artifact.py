@@ -144,6 +144,9 @@ def save(
                 for file in files:
                     writer.write_file(f"{AOTI_DIR}{name}/{os.path.basename(file)}", file)
             writer.write_string(MANIFEST, manifest.to_json())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temp, 0o666 & ~mask)  # as open() would have made it (mkstemp makes it 0600)
         os.replace(temp, target)
     except BaseException:
         if os.path.exists(temp):
@@ -154,16 +157,11 @@ def save(
 
 def _compile(name: str, program: ExportedProgram) -> list[str]:
     """AOTInductor-compiles one program (from its own example inputs), weights left out."""
-    import warnings
-
     from capture import compat
 
     args, kwargs = program.example_inputs or ((), {})
     try:
-        with warnings.catch_warnings():
-            # torch 2.13's own deprecation warnings while it copies graphs (LeafSpec): chatter
-            warnings.simplefilter("ignore", FutureWarning)
-            files = compat.aoti_compile(program.module(), tuple(args), dict(kwargs))
+        files = compat.aoti_compile(program.module(), tuple(args), dict(kwargs))
     except Exception as e:  # no silent fallback: the artifact would not be what was asked
         text = str(e).strip().splitlines()
         raise ArtifactError(
