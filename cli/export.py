@@ -36,6 +36,8 @@ from typing import Any
 
 import click
 
+from replay.options import DEFAULT_MAX_REGIMES
+
 from .main import store_path
 from .output import format_option, no_headers_option, render
 from .progress import Progress
@@ -272,6 +274,21 @@ def _coverage(result: Any, subs: dict[str, Any]) -> Any:
     "signature (coverage rows of kind probe); 0 for none. Default: 4.",
 )
 @click.option(
+    "--max-regimes",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_REGIMES,
+    help="Where torch.export cuts a group's recorded range (a sliding window, a branch on a "
+    "size), export each side as a regime of its own (prefill[input_ids_1<=4], ...), at most "
+    f"this many per group; 1 never splits. Default: {DEFAULT_MAX_REGIMES}.",
+)
+@click.option(
+    "--merge/--no-merge",
+    default=True,
+    help="Serve a group lacking an optional input (generate()'s batch-1 calls without "
+    "attention_mask) with the program of a group passing it, the input filled, where the "
+    "check proves it on the group's own signatures. Default: --merge.",
+)
+@click.option(
     "--keyword-only",
     is_flag=True,
     default=False,
@@ -291,6 +308,8 @@ def export_command(
     named_dims: bool,
     keyword_only: bool,
     probes: int,
+    max_regimes: int,
+    merge: bool,
     fmt: str,
     no_headers: bool,
 ) -> None:
@@ -341,6 +360,8 @@ def export_command(
         named_dims=named_dims,
         keyword_only=keyword_only,
         probes=probes,
+        max_regimes=max_regimes,
+        merge=merge,
     )
     with Progress("export") as progress, stdout_to_stderr():  # progress: only on a terminal
         progress.phase("exporting each call group and checking every recorded signature")

@@ -151,23 +151,45 @@ def query_command(
 
 @click.command("summary")
 @click.option("--model", metavar="NAME", default=None, help=_MODEL_HELP)
+@click.option(
+    "--artifact",
+    metavar="PATH",
+    default=None,
+    help="Also show which programs of this saved artifact (capture export --out PATH.pt2) "
+    "serve each call group: its regimes, where torch.export cut the group, and groups served "
+    "by another group's program with an input filled. Default: the store alone.",
+)
 @format_option(("table", "json", "jsonl"))
 @click.pass_context
-def summary_command(ctx: click.Context, model: str | None, fmt: str) -> None:
+def summary_command(ctx: click.Context, model: str | None, artifact: str | None, fmt: str) -> None:
     """Summarize what the store recorded, per model.
 
     Shows, for each model: how many calls were recorded and when, the call
     groups (calls sharing one input structure), the inputs that are sometimes
-    missing or None, and the dynamic dims. The table format is a report for
-    people; json and jsonl print the same data as one JSON document.
+    missing or None, and the dynamic dims. With --artifact, also the programs
+    of a saved artifact serving each group (regimes, merged groups). The table
+    format is a report for people; json and jsonl print the same data as one
+    JSON document.
 
     \b
     Example:
       capture summary
       capture summary --model LlamaForCausalLM -f json
+      capture summary --artifact model.pt2
     """
+    manifest = None
+    if artifact is not None:
+        from replay.ship.artifact import read_manifest
+
+        manifest = read_manifest(artifact)
     with _open_store(ctx) as store:
         data = store.summary(model)
+    if manifest is not None:
+        from replay.ship.routes import routes
+
+        for entry in data["models"]:
+            if entry["model"] == manifest.model:
+                entry["programs"] = routes(manifest, entry)
     if fmt == "table":
         from .summary_table import summary_report
 

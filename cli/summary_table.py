@@ -135,6 +135,19 @@ def _relations(model: Mapping[str, Any]) -> list[str]:
     return _section("Relations between dims (true in every recorded call)", rows)
 
 
+def _programs(model: Mapping[str, Any]) -> list[str]:
+    rows = model.get("programs")
+    if rows is None:
+        return []
+    if not rows:
+        return ["", "Programs of the artifact: none serves this model"]
+    return _section(
+        "Programs of the artifact per call group (regimes: where torch.export cut a group; "
+        "fills: inputs filled for a group served by another's program)",
+        [{k: ("-" if v is None else v) for k, v in row.items()} for row in rows],
+    )
+
+
 def summary_report(summary: Mapping[str, Any]) -> str:
     """Formats `Store.summary()` as sections of aligned tables.
 
@@ -161,4 +174,5 @@ def summary_report(summary: Mapping[str, Any]) -> str:
         lines += _optional(model)
         lines += _drift(model)
         lines += _relations(model)
+        lines += _programs(model)
     return "\n".join(lines)

@@ -23,19 +23,17 @@ never silently.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from capture.analysis.representative import MIN_DYNAMIC
+from capture.compat import is_constraint_violation, violation_names
 from replay import shapes
 
 if TYPE_CHECKING:
     from replay.inputs import ExportGroup
 
 __all__ = ["with_hints", "violated_symbols", "export_bounded", "export_unbounded"]
-
-_VIOLATED = re.compile(r"Constraints violated \(([^)]*)\)")
 
 
 def with_hints(group: ExportGroup, hinted: Iterable[str] | None, floor: int = 0) -> ExportGroup:
@@ -74,10 +72,7 @@ def violated_symbols(error: BaseException, symbols: Iterable[str]) -> list[str]:
         >>> violated_symbols(Exception("Constraints violated (m - 1, b)! ..."), ["m", "b", "c"])
         ['m', 'b']
     """
-    match = _VIOLATED.search(str(error))
-    if match is None:
-        return []
-    named = set(re.findall(r"[A-Za-z_]\w*", match.group(1)))
+    named = violation_names(error)
     return [s for s in symbols if s in named]
 
 
@@ -119,7 +114,7 @@ def export_bounded(
                 f"Dim.DYNAMIC hints for {ranges} instead (torch checks them at run time)"
             )
             return candidate, program, None
-        if failure is not None and "Constraints violated" not in str(failure):
+        if failure is not None and not is_constraint_violation(failure):
             break
     return group, None, error
 

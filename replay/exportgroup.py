@@ -23,6 +23,7 @@ from replay import rebuild as rb
 from replay import select, shapes
 from replay.groupshapes import group_shapes
 from replay.options import ExportOptions
+from replay.ship.fills import Fill, fill_call
 
 if TYPE_CHECKING:
     from capture.analysis.groups import DimInfo, Group, Relation
@@ -73,6 +74,15 @@ class ExportGroup:
     device: str | None = None
     options: ExportOptions = field(repr=False, default_factory=ExportOptions)
     """The options the group was built with (`reshaped` replaces one)."""
+    served_by: str | None = None
+    """The group whose program serves this one (`replay.merging`), or None: its own."""
+    fills: tuple[Fill, ...] = ()
+    """Inputs the serving program takes that this group's calls lack, filled per call."""
+
+    @property
+    def program_name(self) -> str:
+        """The name of the program that serves the group: its own, or `served_by`'s."""
+        return self.served_by or self.name
 
     def module(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module to export: `model`, or a wrapper naming its ``**kwargs`` entries.
@@ -134,7 +144,7 @@ class ExportGroup:
             self.analysis,
             options,
             self.example.symbols,
-            lambda specs: shapes.materialize(specs, options.hinted, options.floor),
+            lambda specs: shapes.materialize(specs, options.hinted, options.floor, options.auto),
             added=list(self.added),
             form=self.form,
         )
@@ -148,8 +158,29 @@ class ExportGroup:
     def program_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Fresh ``(args, kwargs)`` of one signature (recorded or probe), in the program's call
         form."""
+        sizes = tuple(int(s) for s in sizes)
         args, kwargs = self.recorded_call(sizes)
-        kwargs.update({k: v.clone() for k, v in self.added.items()})
+        return self.to_program(args, kwargs, sizes)
+
+    def to_program(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], sizes: Iterable[int]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A call as the group's calls pass it, made the program's call: the ``fill_missing``
+        substitutes and the `fills` added, arranged in the program's call form.
+
+        Args:
+            args: The call's positional arguments.
+            kwargs: Its keyword arguments.
+            sizes: Every input tensor size of the call, in leaf order (the fills' shapes).
+
+        Returns:
+            ``(args, kwargs)`` for the serving program.
+
+        Example:
+            >>> args, kwargs = group.to_program(*real_call, sizes)  # doctest: +SKIP
+        """
+        kwargs = {**kwargs, **{k: v.clone() for k, v in self.added.items()}}
+        args, kwargs = fill_call(self.fills, tuple(args), kwargs, list(sizes))
         return shapes.arrange(self.form, args, kwargs)
 
 
@@ -179,6 +210,38 @@ class ExportInputs:
     def dynamic_shapes(self) -> Any:
         """``dynamic_shapes`` of the largest group."""
         return self.groups[0].dynamic_shapes
+
+    def group_for(self, structure_id: str, sizes: Iterable[int]) -> ExportGroup | None:
+        """The group (or regime) a call of `structure_id` with these input sizes belongs to.
+
+        A group split into regimes (`replay.regimes`) has several groups of one structure: the
+        call belongs to the one that recorded its sizes, else to the one whose recorded ranges
+        hold them.
+
+        Args:
+            structure_id: The call's recorded input structure.
+            sizes: Every input tensor size of the call, in leaf order (``calls.dims``).
+
+        Returns:
+            The group, or None when no group of the structure holds the call.
+
+        Example:
+            >>> inputs.group_for(row["in_structure"], row["dims"]).name  # doctest: +SKIP
+            'prefill[input_ids_1<=4]'
+        """
+        key = tuple(int(s) for s in sizes)
+        mine = [g for g in self.groups if g.structure_id == structure_id]
+        if len(mine) <= 1:
+            return mine[0] if mine else None
+        for g in mine:
+            if g.analysis is not None and key in {sizes for sizes, _ in g.recorded()}:
+                return g
+        for g in mine:
+            if len(g.dims) == len(key) and all(
+                d.min <= v <= d.max for d, v in zip(g.dims, key, strict=True)
+            ):
+                return g
+        return None
 
     def group(self, name: str) -> ExportGroup:
         """The group called `name`."""

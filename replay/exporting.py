@@ -11,7 +11,12 @@ covered when both ran and agree within ``atol + rtol * max|eager|``. **Probes** 
 same way: a few size vectors never recorded, inside each dynamic dim's recorded range and at
 its ends (`replay.select.probes`, at most ``probes`` per group), as rows of kind ``probe``.
 
-A group torch.export rejects has no program; its signatures are in the coverage table,
+A group whose recorded range torch.export cuts (a sliding window, a branch on a size) is split
+at the cut and each side, a **regime**, exported on its own (`replay.regimes`); a group lacking
+an optional input another group passes is served by that group's program with the input
+filled, where the check proves it on its own signatures, probes and payloads
+(`replay.merging`); groups that pass more inputs are exported first for that reason. A group
+(or regime) torch.export rejects has no program; its signatures are in the coverage table,
 uncovered, with the error. `ExportResult.complete` is true when every row (every kind) is
 covered and every option asked for was honoured.
 
@@ -29,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
+from capture import schema
+from capture.compat import is_constraint_violation
 from capture.errors import ReplayError
 from capture.pytree import nodes
 from replay import select
@@ -37,8 +44,10 @@ from replay.bounded import export_bounded, export_unbounded
 from replay.checking import coverage_rows
 from replay.coverage import COVERAGE_SCHEMA, KIND_PROBE, KIND_RECORDED, CoverageRow, coverage_table
 from replay.inputs import ExportGroup, ExportInputs, inputs_for
-from replay.options import ExportOptions
+from replay.merging import merge
+from replay.options import DEFAULT_MAX_REGIMES, ExportOptions
 from replay.payload_rows import DEFAULT_LIMIT, payload_rows
+from replay.regimes import export_regimes
 from replay.result import ExportResult
 
 if TYPE_CHECKING:
@@ -132,10 +141,6 @@ def _export_group(
     return program, None
 
 
-def _is_constraint(e: BaseException) -> bool:
-    return "Constraints violated" in str(e)
-
-
 def _summary(e: BaseException) -> str:
     """``Type: first line`` plus the first ``- ...`` detail line torch gives, if any."""
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
@@ -143,6 +148,13 @@ def _summary(e: BaseException) -> str:
     text = f"{type(e).__name__}: {first}".rstrip(": ")
     detail = next((line for line in lines[1:] if line.startswith("- ")), None)
     return f"{text} {detail}" if detail else text
+
+
+def _absent(group: ExportGroup) -> int:
+    """How many inputs the group's calls leave out (missing or None)."""
+    return sum(
+        leaf.kind in (schema.KIND_MISSING, schema.KIND_NONE) for leaf in group.structure.leaves
+    )
 
 
 def output_path(path: str, group: str, several: bool) -> str:
@@ -203,6 +215,8 @@ def export(
     device: str | None = None,
     probes: int = select.DEFAULT_PROBES,
     max_payloads: int = DEFAULT_LIMIT,
+    max_regimes: int = DEFAULT_MAX_REGIMES,
+    merge: bool = True,
 ) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
@@ -234,6 +248,13 @@ def export(
         probes: Most probes checked per group (default 4; 0: recorded signatures only).
         max_payloads: Check at most this many sampled real calls (`replay.payload_rows`; stores
             recorded with ``payloads=``), the newest ones; 0 skips them.
+        max_regimes: Where torch.export cuts a group's recorded range (a sliding window, a
+            branch on a size), export each side as a regime of its own, at most this many
+            per group (`replay.regimes`); 1 never splits.
+        merge: Serve a group that lacks an optional input (generate()'s batch-1 calls without
+            ``attention_mask``) with the program of a group that passes it, the input
+            filled, where the check proves it on the group's own signatures, probes and
+            payloads (`replay.merging`); False: one program per group.
 
     Returns:
         An `ExportResult`.
@@ -263,6 +284,8 @@ def export(
         device=device,
         probes=probes,
         max_payloads=max_payloads,
+        max_regimes=max_regimes,
+        merge=merge,
     )
     return export_with(module, store, model, options)
 
@@ -298,29 +321,61 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     rows: list[CoverageRow] = []
     onnx_files: dict[str, str] = {}
     not_honoured: dict[str, str] = {}
-    for index, group in enumerate(inputs.groups):
+    # Groups that pass more inputs first: a group lacking one may then be served by their
+    # program, the input filled, where the check proves it (`replay.merging`).
+    groups = list(inputs.groups)
+    order = sorted(range(len(groups)), key=lambda i: (_absent(groups[i]), i))
+    made: dict[int, list[ExportGroup]] = {}
+    served: list[tuple[ExportGroup, ExportedProgram]] = []
+    for index in order:
+        group = groups[index]
         unsupported = nodes.unsupported_reason(group.structure)
         if unsupported is not None:
             # Issue 9: cache state we cannot rebuild exactly is never called covered.
             errors[group.name] = f"cache state not reproducible: {unsupported}"
             rows.extend(coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
+            made[index] = [group]
             continue
-        group, program, error, why = _export_checked(module, group, options)
-        inputs.groups[index] = group
-        if why is not None:
-            not_honoured[group.name] = why
-        notes.extend(f"{group.name}: {note}" for note in group.notes)
-        if error is not None:
-            errors[group.name] = f"torch.export failed: {_summary(error)}"
-            logger.warning("export of group %s failed: %s", group.name, errors[group.name])
-        if program is not None:
-            programs[group.name] = program
-        with nodes.register_flattening_functions():
-            rows.extend(
-                coverage_rows(
-                    module, group, program, errors.get(group.name), atol, rtol, options.probes
+        merged = merge(module, group, served, options, store, inputs) if options.merge else []
+        if isinstance(merged, tuple):
+            group, proof = merged
+            made[index] = [group]
+            notes.extend(f"{group.name}: {note}" for note in group.notes)
+            rows.extend(proof)
+            continue
+        made[index] = []
+        for done in export_regimes(
+            group,
+            options,
+            inputs.analysed,
+            lambda g: _export_group(module, g, options.strict),
+            lambda g, e: _retry(module, g, e, options),
+        ):
+            group = done.group
+            group.notes.extend(merged)  # why no other group's program serves it
+            made[index].append(group)
+            if done.not_honoured is not None:
+                not_honoured[group.name] = done.not_honoured
+            notes.extend(f"{group.name}: {note}" for note in group.notes)
+            if done.error is not None and done.program is None:
+                errors[group.name] = f"torch.export failed: {_summary(done.error)}"
+                logger.warning("export of group %s failed: %s", group.name, errors[group.name])
+            if done.program is not None:
+                programs[group.name] = done.program
+                served.append((group, done.program))
+            with nodes.register_flattening_functions():
+                rows.extend(
+                    coverage_rows(
+                        module,
+                        group,
+                        done.program,
+                        errors.get(group.name),
+                        atol,
+                        rtol,
+                        options.probes,
+                    )
                 )
-            )
+    inputs.groups[:] = [g for index in range(len(groups)) for g in made[index]]
     found, payload_notes = payload_rows(
         module,
         store,
@@ -352,25 +407,26 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     )
 
 
-def _export_checked(
-    module: Any, group: ExportGroup, options: ExportOptions
+def _retry(
+    module: Any, group: ExportGroup, error: BaseException, options: ExportOptions
 ) -> tuple[ExportGroup, ExportedProgram | None, BaseException | None, str | None]:
-    """Exports one group; with named dims, retries through `replay.bounded` when torch.export
-    rejects them. Returns ``(group exported, program, error, why named dims are not honoured)``.
+    """The retries of a group whose named dims torch.export rejected (`replay.bounded`).
+
+    Returns:
+        ``(group exported, program, error, why named dims are not honoured)``; the group and
+        `error` unchanged without named dims.
     """
 
     def attempt(g: ExportGroup) -> tuple[ExportedProgram | None, BaseException | None]:
         return _export_group(module, g, options.strict)
 
-    program, error = attempt(group)
-    retry = options.named_dims and group.analysis is not None
-    if retry and error is not None and _is_constraint(error):
-        # torch.export could not prove a guard within the named ranges (e.g. the
-        # Min(...) stride guard of repeat_kv's reshape on torch 2.13): bounded hints keep
-        # the recorded ranges and let torch check the guard at run time.
-        group, program, error = export_bounded(group, error, attempt, _summary)
-    if retry and error is not None and _is_constraint(error):
+    if not options.named_dims or group.analysis is None:
+        return group, None, error, None
+    # torch.export could not prove a guard within the named ranges (e.g. the Min(...) stride
+    # guard of repeat_kv's reshape on torch 2.13): bounded hints keep the recorded ranges and
+    # let torch check the guard at run time.
+    bounded, program, failure = export_bounded(group, error, attempt, _summary)
+    if program is None and failure is not None and is_constraint_violation(failure):
         # No bounded form was accepted: reported as not honoured, never silently.
-        group, program, error, why = export_unbounded(group, error, attempt, _summary)
-        return group, program, error, why
-    return group, program, error, None
+        return export_unbounded(bounded, failure, attempt, _summary)
+    return bounded, program, failure, None

@@ -247,7 +247,7 @@ def build_group(
         group,
         options,
         example.symbols,
-        lambda specs: shapes.materialize(specs, options.hinted, options.floor),
+        lambda specs: shapes.materialize(specs, options.hinted, options.floor, options.auto),
         added=list(added),
         call=(len(args), list(kwargs_)),
     )

@@ -28,12 +28,15 @@ __all__ = [
     "DEFAULT_SEED",
     "DEFAULT_PROBES",
     "DEFAULT_MAX_PAYLOADS",
+    "DEFAULT_MAX_REGIMES",
 ]
 
 DEFAULT_SEED = 0
 """Seed of the rebuilt example tensors."""
 DEFAULT_MAX_PAYLOADS = 64
 """Most sampled real calls checked by `replay.export` (`replay.payload_rows`)."""
+DEFAULT_MAX_REGIMES = 4
+"""Most regimes a call group is split into (`replay.regimes`): each costs one more export."""
 
 BatchOption = bool | tuple[str | int, ...] | None
 
@@ -63,6 +66,8 @@ class ExportOptions:
         hinted: With `named_dims`, the symbols given as bounded ``Dim.DYNAMIC(min=, max=)``
             hints instead (set by the `replay.bounded` retry, not by users).
         floor: Raise the min of the hinted symbols to this (the same retry).
+        auto: ``Dim.AUTO`` on every dynamic axis (set by `replay.regimes` to learn where
+            torch.export cuts a group's range, not by users).
         value_if_missing: Name -> tensor given where that argument is missing (fill_missing).
         fill_missing: Give every program the tensor arguments some group of the model passes.
         seed: Seed of the example tensors.
@@ -74,6 +79,11 @@ class ExportOptions:
         rtol: Relative tolerance of the output comparison.
         probes: Most probes checked per group.
         max_payloads: Most sampled real calls checked.
+        max_regimes: Most regimes a call group is split into where torch.export cuts its
+            recorded range (`replay.regimes`); 1: never split.
+        merge: Serve a group that lacks an optional input with another group's program, the
+            input filled, where the check proves it on the group's own signatures
+            (`replay.merging`); False: one program per group.
     """
 
     set_batch_dimension_for: BatchOption = None
@@ -81,6 +91,7 @@ class ExportOptions:
     keyword_only: bool = False
     hinted: tuple[str, ...] = ()
     floor: int = 0
+    auto: bool = False
     value_if_missing: Mapping[str, torch.Tensor] = field(default_factory=dict)
     fill_missing: bool = False
     seed: int = DEFAULT_SEED
@@ -92,6 +103,8 @@ class ExportOptions:
     rtol: float = 1e-4
     probes: int = DEFAULT_PROBES
     max_payloads: int = DEFAULT_MAX_PAYLOADS
+    max_regimes: int = DEFAULT_MAX_REGIMES
+    merge: bool = True
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:

@@ -140,8 +140,7 @@ def _check(
             return failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
         try:
             args, kwargs = real_call(group.structure, payload, device)
-            kwargs.update({k: v.clone() for k, v in group.added.items()})
-            args, kwargs = shapes.arrange(group.form, args, kwargs)
+            args, kwargs = group.to_program(args, kwargs, _sizes(group.structure, payload))
             got = runnable(*args, **kwargs)
         except Exception as e:  # the program rejects the real call (a guard): not covered
             return failed(f"program failed: {type(e).__name__}: {first_line(e)}")
@@ -202,7 +201,7 @@ def payload_rows(
     if len(files) > limit:
         notes.append(f"payloads: checked the newest {limit} of {len(files)} sampled calls")
         files = files[-limit:]
-    by_structure = {g.structure_id: g for g in inputs.groups}
+    exported = {g.structure_id for g in inputs.groups}
     analysed = {g.structure_id for g in inputs.analysed}
     rows: list[CoverageRow] = []
     runnables: dict[str, Any] = {}
@@ -211,9 +210,8 @@ def payload_rows(
             if isinstance(item, str):
                 rows.append(_row(None, "unreadable payload", error=item))
                 continue
-            group = by_structure.get(item.in_structure)
             label = f"call {item.call_id}"
-            if group is None:
+            if item.in_structure not in exported:
                 if item.in_structure in analysed:
                     continue  # its group was left out with groups=
                 rows.append(
@@ -225,16 +223,25 @@ def payload_rows(
                     )
                 )
                 continue
+            first = next(g for g in inputs.groups if g.structure_id == item.in_structure)
+            sizes = _sizes(first.structure, item)
+            # A group split into regimes: the regime whose range holds the call.
+            group = inputs.group_for(item.in_structure, sizes)
+            if group is None:
+                signature = f"{shapes.describe_sizes(first.structure.leaves, sizes)} [{label}]"
+                why = "outside the recorded range of every regime of its group"
+                rows.append(_row(first.name, signature, sizes, error=why))
+                continue
             leaves = group.structure.leaves
-            sizes = _sizes(group.structure, item)
             signature = f"{shapes.describe_sizes(leaves, sizes)} [{label}]"
-            program = programs.get(group.name)
+            name = group.program_name  # a merged group runs the program serving it
+            program = programs.get(name)
             if program is None:
                 why = errors.get(group.name) or f"group {group.name} has no program"
                 rows.append(_row(group.name, signature, sizes, error=why))
                 continue
-            if group.name not in runnables:
-                runnables[group.name] = program.module()
-            outcome = _check(module, group, runnables[group.name], item, device, atol, rtol)
+            if name not in runnables:
+                runnables[name] = program.module()
+            outcome = _check(module, group, runnables[name], item, device, atol, rtol)
             rows.append(_row(group.name, signature, sizes).checked(**outcome))
     return rows, notes

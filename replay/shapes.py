@@ -356,7 +356,7 @@ def bounds_of(specs: GroupSpecs, spec: AxisSpec, floor: int = 0) -> tuple[int, i
 
 
 def materialize(
-    specs: GroupSpecs, hinted: Iterable[str] = (), floor: int = 0
+    specs: GroupSpecs, hinted: Iterable[str] = (), floor: int = 0, auto: bool = False
 ) -> dict[int, dict[int, Any]]:
     """Turns `AxisSpec` values into torch.export ``Dim`` objects, one object per symbol.
 
@@ -367,11 +367,17 @@ def materialize(
             a guard it cannot prove over a hint's range into a runtime check, where a named
             Dim is rejected (``Constraints violated``). The program stays bounded.
         floor: Raise the min of the hinted axes to this (2: torch specializes 0 and 1).
+        auto: ``Dim.AUTO`` on every dynamic axis, whatever the specs say: torch.export then
+            narrows or pins a dim where the traced code needs it instead of rejecting the
+            export, and the program's guards say where (`replay.regimes` reads them).
 
     Returns:
         Structure leaf index -> ``{axis: Dim | Dim.DYNAMIC | Dim.DYNAMIC(min=, max=)}``.
     """
     from torch.export import Dim
+
+    if auto:
+        return {leaf: dict.fromkeys(axes, Dim.AUTO) for leaf, axes in specs.by_leaf.items()}
 
     hints = set(hinted)
     dims: dict[str, Any] = {

@@ -64,7 +64,7 @@ TAMPERED: dict[str, tuple[Callable[[Any], None] | bytes, str]] = {
     "group missing": (_set("programs.0.group", _DROP), "programs[0].group is missing"),
     "group a number": (_set("programs.0.group", 5), "group must be a string, not a number"),
     "program escapes": (_set("programs.0.program", "../g0"), "program is not a valid name"),
-    "program twice": (_set("programs.1.program", "g0"), "lists the program g0 twice"),
+    "group twice": (_set("programs.1.group", "g0"), "lists the group g0 twice"),
     "program absent": (_set("programs.0.program", "nosuch"), "t.pt2 lacks archive/data/"),
     "leaves a string": (_set("programs.0.leaves", "x"), "leaves must be a list"),
     "leaf empty": (_set("programs.0.leaves.0", {}), "leaves[0].path is missing"),

@@ -125,9 +125,19 @@ def test_out_writes_one_artifact_with_every_group(
 
 
 def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) -> None:
-    # masked's g0 has batches 3 and 4: the program exported at 3 guards x.shape[0] <= 3.
+    # masked's g0 has batches 3 and 4: the program exported at 3 guards x.shape[0] <= 3, and
+    # --max-regimes 1 keeps g0 whole (not split at the cut).
     target = tmp_path / "branchy.pt2"
-    code, out, err = _run(store, f"{factories}:branchy", "--model", "masked", "--out", str(target))
+    code, out, err = _run(
+        store,
+        f"{factories}:branchy",
+        "--model",
+        "masked",
+        "--out",
+        str(target),
+        "--max-regimes",
+        "1",
+    )
     assert code == 3
     rule = "-" * 62
     assert out.splitlines() == [

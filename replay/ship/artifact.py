@@ -116,14 +116,20 @@ def save(
 
     from capture import compat
     from capture.pytree import nodes
-    from replay.ship.entries import manifest_of
+    from replay.ship.entries import manifest_of, program_name
 
     if not isinstance(results, Mapping):
         results = {"": results}
     target = os.fspath(path)
     with nodes.register_flattening_functions():  # the manifest and graphs name the cache types
         manifest = manifest_of(results, aoti=aoti)
-        programs = {e.program: results[e.module].programs[e.group] for e in manifest.programs}
+        wanted = set(manifest.program_names)
+        programs = {
+            program_name(module, key): program
+            for module, result in results.items()
+            for key, program in result.programs.items()
+            if program_name(module, key) in wanted
+        }
         table = WeightTable()
         for name, program in programs.items():
             table.add(name, program)
@@ -225,54 +231,61 @@ def read_artifact(
     manifest = Manifest.parse(archive.read(MANIFEST, MANIFEST_CAP), archive.name(MANIFEST))
     known = known_type or loadable_type
     fixed = {ARCHIVE_FORMAT, ARCHIVE_VERSION, BYTEORDER, ZIP_VERSION, SERIALIZATION_ID, MANIFEST}
-    for entry in manifest.programs:
-        p = entry.program
+    names = manifest.program_names
+    for p in names:
         fixed |= {MODELS.format(p), SAMPLE_INPUTS.format(p)}
         fixed |= {WEIGHTS_CONFIG.format(p), CONSTANTS_CONFIG.format(p)}
-    aoti = [e.program for e in manifest.programs] if manifest.aoti else []
+    aoti = names if manifest.aoti else []
     # Unknown entries are refused by name before any config or graph is read.
     archive.check_layout(fixed | {n for n in archive.entries if Archive.is_record(n)}, aoti)
     art = Artifact(archive, manifest)
-    records: set[str] = set()
     for entry in manifest.programs:
-        p = entry.program
+        for name in entry.pytree_types:
+            if not known(name):
+                raise ArtifactError(
+                    f"{archive.name(MANIFEST)}: program {entry.program} names the pytree type "
+                    f"{name[:200]}, which the loader does not register (only "
+                    f"{', '.join(_ALLOWED_MODULES)} types are, and those registered in the "
+                    "loading process)"
+                )
+        art.types.update(entry.pytree_types)
+    records: set[str] = set()
+    for p in names:
         if archive.entries[SAMPLE_INPUTS.format(p)].size:
             raise ArtifactError(
                 f"{archive.name(SAMPLE_INPUTS.format(p))} is not empty: capture never ships "
                 "example inputs (torch would unpickle them)"
             )
-        slots = ProgramSlots()
-        for table, config, folder, prefix in (
-            (slots.weights, WEIGHTS_CONFIG, WEIGHTS_DIR, WEIGHT_PREFIX),
-            (slots.constants, CONSTANTS_CONFIG, CONSTANTS_DIR, CONSTANT_PREFIX),
-        ):
-            inner = config.format(p)
-            table.update(parse_config(archive.read(inner, CONFIG_CAP), archive.name(inner), prefix))
-            for name, slot in table.items():
-                record = f"{folder}{slot.record}"
-                found = archive.entries.get(record)
-                if found is None:
-                    raise ArtifactError(
-                        f"{archive.path} lacks {archive.root}/{record} ({name} of {p})"
-                    )
-                check_extent(slot, found.size, f"{archive.name(record)} ({name} of {p})")
-                records.add(record)
-        art.slots[p] = slots
+        art.slots[p] = _slots(archive, p, records)
         inner = MODELS.format(p)
         graph = archive.read(inner, PROGRAM_CAP)
         art.types |= spec_types(check_program(graph, archive.name(inner), known))
         art.graphs[p] = graph
-        for name in entry.pytree_types:
-            if not known(name):
-                raise ArtifactError(
-                    f"{archive.name(MANIFEST)}: program {p} names the pytree type {name[:200]}, "
-                    f"which the loader does not register (only {', '.join(_ALLOWED_MODULES)} "
-                    "types are, and those registered in the loading process)"
-                )
-        art.types.update(entry.pytree_types)
     # Every record is named by a config, every named record exists.
     archive.check_layout(fixed | records, aoti)
     return art
+
+
+def _slots(archive: Archive, program: str, records: set[str]) -> ProgramSlots:
+    """A program's payload configs, each tensor checked to lie within its record (whose
+    names are added to `records`)."""
+    slots = ProgramSlots()
+    for table, config, folder, prefix in (
+        (slots.weights, WEIGHTS_CONFIG, WEIGHTS_DIR, WEIGHT_PREFIX),
+        (slots.constants, CONSTANTS_CONFIG, CONSTANTS_DIR, CONSTANT_PREFIX),
+    ):
+        inner = config.format(program)
+        table.update(parse_config(archive.read(inner, CONFIG_CAP), archive.name(inner), prefix))
+        for name, slot in table.items():
+            record = f"{folder}{slot.record}"
+            found = archive.entries.get(record)
+            if found is None:
+                raise ArtifactError(
+                    f"{archive.path} lacks {archive.root}/{record} ({name} of {program})"
+                )
+            check_extent(slot, found.size, f"{archive.name(record)} ({name} of {program})")
+            records.add(record)
+    return slots
 
 
 def read_manifest(path: str | os.PathLike[str]) -> Manifest:

@@ -4,7 +4,8 @@
 `SavedResult` protocol names, so this package never imports the export pipeline) into a
 `replay.ship.manifest.Manifest`: per program its group's recorded structure, guards, call form
 and the recorded signatures its check failed (`rejected`: failed rows of kind ``recorded``,
-matched by their sizes); per module its coverage table, errors and notes.
+matched by their sizes) and, for a group served by another group's program (`replay.merging`),
+that program and the inputs it fills per call; per module its coverage table, errors and notes.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def _entry(
     guard = ProgramGuard(
         module=module,
         group=group.name,
-        program=program_name(module, group.name),
+        program=program_name(module, group.program_name),
         treespec=structure.treespec,
         leaves=tuple(structure.leaves),
         axes=_axes(group),
@@ -161,6 +162,7 @@ def _entry(
             tuple(form.positional), tuple(form.keywords), tuple(form.extra), form.var_positional
         ),
         pytree_types=tuple(sorted(types)),
+        fills=tuple(group.fills),
         first_ts=_iso(group.analysis.first_ts) if group.analysis else None,
         last_ts=_iso(group.analysis.last_ts) if group.analysis else None,
     )
@@ -185,7 +187,8 @@ def manifest_of(results: Mapping[str, SavedResult], *, aoti: bool = False) -> Ma
     for module, result in results.items():
         coverage = CoverageRow.from_table(result.coverage)
         for group in result.inputs.groups:
-            program = result.programs.get(group.name)
+            # a merged group runs the program of the group serving it (`replay.merging`)
+            program = result.programs.get(group.program_name)
             if program is not None:
                 programs.append(_entry(module, group, program, coverage))
         starts = [g.first_ts for g in result.inputs.analysed if g.first_ts]

@@ -26,6 +26,7 @@ from capture.pytree.structure import RecordedLeaf, parse_params
 from replay.coverage import CoverageRow
 from replay.shapes import CallForm
 from replay.ship.checked_json import NAME, Fields, load
+from replay.ship.fills import Fill
 from replay.ship.guards import LEAF_FIELDS, ArtifactError, Axis, ProgramGuard, Relation
 
 __all__ = [
@@ -77,6 +78,8 @@ class ProgramEntry:
         n_args: Positional arguments of the recorded calls.
         form: How the program is called (`replay.shapes.CallForm`).
         pytree_types: Pytree node types the program's treespecs name.
+        fills: Inputs the program takes that the group's calls lack, filled per call (a group
+            served by another group's program, `replay.merging`; empty otherwise).
         first_ts: First recorded call of the group (ISO text), if known.
         last_ts: Last recorded call of the group (ISO text), if known.
     """
@@ -90,6 +93,7 @@ class ProgramEntry:
     n_args: int
     form: CallForm
     pytree_types: tuple[str, ...] = ()
+    fills: tuple[Fill, ...] = ()
     first_ts: str | None = None
     last_ts: str | None = None
 
@@ -149,6 +153,7 @@ class ProgramEntry:
             },
             "pytree_types": list(self.pytree_types),
             "rejected": [{"dims": list(d), "error": e} for d, e in g.rejected.items()],
+            "fills": [fill.as_dict() for fill in self.fills],
             "first_ts": self.first_ts,
             "last_ts": self.last_ts,
         }
@@ -205,9 +210,20 @@ class ProgramEntry:
                 form.text("var_positional", optional=True),
             ),
             pytree_types=tuple(f.texts("pytree_types", optional=True, max_len=512)),
+            fills=tuple(
+                _fill(Fields(item, f"{f.where}.fills[{i}]"), len(axes))
+                for i, item in enumerate(f.items("fills", optional=True, max_items=1024))
+            ),
             first_ts=f.text("first_ts", optional=True, max_len=64),
             last_ts=f.text("last_ts", optional=True, max_len=64),
         )
+
+
+def _fill(f: Fields, width: int) -> Fill:
+    try:
+        return Fill.from_dict(f.raw, width)
+    except ArtifactError as e:
+        f.fail(f.where, f"is not a fill capture writes ({str(e)[:200]})")
 
 
 def _leaf(index: int, leaf: Fields) -> RecordedLeaf:
@@ -345,7 +361,8 @@ class Manifest:
         created: When the artifact was written (ISO text).
         versions: torch / transformers / capture versions of the export.
         modules: Module name -> its `ModuleEntry` (``""`` always present).
-        programs: Every program, in the order the runner tries them.
+        programs: One entry per served call group (or regime), in the order the runner tries
+            them; several may name one program (merged groups).
         aoti: Whether every program also has an AOTInductor build in the archive.
         format: `FORMAT`.
     """
@@ -359,8 +376,13 @@ class Manifest:
     format: str = FORMAT
 
     def for_module(self, module: str) -> list[ProgramEntry]:
-        """The programs serving `module`, in order."""
+        """The entries serving `module`, in order."""
         return [p for p in self.programs if p.module == module]
+
+    @property
+    def program_names(self) -> list[str]:
+        """Every program of the archive, once, in the order of the entries naming them."""
+        return list(dict.fromkeys(p.program for p in self.programs))
 
     def as_dict(self) -> dict[str, Any]:
         """The manifest as JSON-serializable data."""
@@ -416,13 +438,15 @@ class Manifest:
             if not _MODULE.match(name):
                 f.fail(f"{source}.modules", f"names the module {name[:60]!r}")
         programs = tuple(f.each("programs", ProgramEntry.parse))
-        seen: set[str] = set()
+        # One entry per call group; a program may serve several (a merged group's entry names
+        # the program of the group serving it).
+        seen: set[tuple[str, str]] = set()
         for i, p in enumerate(programs):
-            if p.program in seen:
-                f.fail(f"{source}.programs[{i}]", f"lists the program {p.program} twice")
+            if (p.module, p.group) in seen:
+                f.fail(f"{source}.programs[{i}]", f"lists the group {p.guard.label} twice")
             if p.module not in modules:
                 f.fail(f"{source}.programs[{i}]", f"serves the module {p.module!r}, not listed")
-            seen.add(p.program)
+            seen.add((p.module, p.group))
         if not programs:
             f.fail(f"{source}.programs", "is empty")
         return cls(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from replay.ship.fills import fill_call
 from replay.ship.guards import CallFacts, CallNotServed, LeafFacts, route
 from replay.ship.manifest import Manifest, ProgramEntry
 
@@ -101,13 +102,21 @@ class Runner:
         Raises:
             CallNotServed: No group accepts the call; the message names each group and why.
         """
-        return self._route(args, kwargs).group
+        return self._route(args, kwargs)[0].group
 
-    def _route(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProgramEntry:
-        guards = [e.guard for e in self._entries]
-        chosen, reasons = route(guards, lambda g: self._facts(args, kwargs, self._by_guard[id(g)]))
+    def _route(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[ProgramEntry, Sequence[int]]:
+        """The entry that serves the call, and the call's sizes."""
+        seen: dict[int, CallFacts] = {}
+
+        def facts(guard: Any) -> CallFacts:
+            seen[id(guard)] = self._facts(args, kwargs, self._by_guard[id(guard)])
+            return seen[id(guard)]
+
+        chosen, reasons = route([e.guard for e in self._entries], facts)
         if chosen is not None:
-            return self._by_guard[id(chosen)]
+            return self._by_guard[id(chosen)], seen[id(chosen)][2]
         model = self.manifest.model
         who = f"{model}.{self.module}" if self.module else model
         tried = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
@@ -115,6 +124,9 @@ class Runner:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the program that accepts it.
+
+        A group served by another group's program (`replay.merging`) gets the inputs that
+        program takes and the call lacks, filled by the entry's rules (`replay.ship.fills`).
 
         Returns:
             The program's output, shaped as eager returns it (output dataclasses, caches).
@@ -124,7 +136,8 @@ class Runner:
         """
         from replay.shapes import arrange
 
-        entry = self._route(args, kwargs)
+        entry, dims = self._route(args, kwargs)
+        args, kwargs = fill_call(entry.fills, args, kwargs, dims)
         args, kwargs = arrange(entry.form, args, kwargs)
         try:
             return self._runnables[entry.program](*args, **kwargs)
