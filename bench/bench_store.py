@@ -71,6 +71,7 @@ def _structures() -> tuple[list[Any], Any, tuple[Any, ...]]:
 
     from capture.pytree import nodes
     from capture.record import flatten
+    from capture.signature import Signature
 
     def forward(
         input_ids: Any,
@@ -80,7 +81,7 @@ def _structures() -> tuple[list[Any], Any, tuple[Any, ...]]:
     ) -> Any:
         return None
 
-    sig = flatten.signature_of(forward)
+    sig = Signature.of(forward)
     with nodes.register_flattening_functions():
         cache = nodes.make_dynamic_cache(
             [(torch.zeros(1, 8, 3, 64), torch.zeros(1, 8, 3, 64)) for _ in range(LAYERS)]
@@ -335,7 +336,7 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 import capture
-import capture.store.reader
+import capture.store_api
 ti = time.perf_counter()
 store = capture.open_store(sys.argv[1])
 t1 = time.perf_counter()
@@ -418,7 +419,7 @@ def store_rows(
         total.append(sum(parts))
     for key, label in (
         ("open_store", "`import capture` + `open_store()`"),
-        ("imports", "… of which `import capture.store.reader` (duckdb, pyarrow)"),
+        ("imports", "… of which `import capture.store_api` (duckdb, pyarrow)"),
         ("open_only", "… of which `open_store()` itself (list, check, create views)"),
         ("count_query", '`query("SELECT count(*) FROM calls")`'),
         ("dims", "`Store.dims()`"),

@@ -46,8 +46,8 @@ __all__ = [
 
 _LAZY = {
     "Recorder": "capture.record.recorder",
-    "open_store": "capture.store.reader",
-    "Store": "capture.store.reader",
+    "open_store": "capture.store_api",
+    "Store": "capture.store_api",
     "compact": "capture.store.compaction",
     "InputObserver": "capture.seeds.observer",
     "string_type": "capture.seeds.strings",
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from capture.seeds.observer import InputObserver
     from capture.seeds.strings import string_type
     from capture.store.compaction import compact
-    from capture.store.reader import Store, open_store
+    from capture.store_api import Store, open_store
 
 
 def _version() -> str:

@@ -1,38 +1,344 @@
 """The one seam for private torch APIs: each use, the torch versions it was checked on.
 
-capture relies on a few torch internals that have no public equivalent (guards of an exported
-program, pytree deregistration, the recorder's tensor guards, the PT2 archive's packaging).
-Every such use goes through a function of this module, which names the private API, the
-versions it was checked on, and what breaks without it; `tests/test_compat.py` calls each one
-against the installed torch, so a torch release that moves one fails there, loudly, rather
-than somewhere deep in a recording or an export.
+capture relies on a few torch internals with no public equivalent. Each use goes through a function
+here, which names the private API (`PRIVATE_APIS`), the versions it was checked on (`CHECKED_ON`)
+and what breaks without it; `tests/test_compat.py` calls each against the installed torch, so a
+torch release that moves one fails there, loudly, not deep in a recording or an export. At run
+time a missing private API is never passed over in silence: one warning says what is lost, or an
+error where nothing works without it. Where torch gives only text (the names a constraint
+violation lists, a violation raised without its type), the text is read here and nowhere else.
+
+Private means: a name starting with ``_`` anywhere in torch, and the names of
+``torch.utils._pytree`` outside its ``__all__`` (``SUPPORTED_NODES``, the serialized-type tables,
+``treespec_leaf``). Its ``__all__`` (``register_pytree_node``, ``tree_flatten_with_path``,
+``treespec_dumps``, ``keystr``, ...) and the key classes its path functions return are **not**
+routed through here: torch has no other pytree module (2.13 ships no ``torch.utils.pytree``),
+torch.export's documentation sends users to ``torch.utils._pytree.register_pytree_node``, and
+``dynamic_shapes`` and treespec serialization are defined over it: it is torch's pytree API in
+all but name, and wrapping it (the recorder's hot path walks with it) would add a layer, no check.
+
+No torch import at import time (the store side reads treespecs without torch).
+
+Example:
+    >>> from capture import compat
+    >>> "2.13.0" in compat.CHECKED_ON
+    True
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import sympy
+    import torch
 
 __all__ = [
     "CHECKED_ON",
+    "PRIVATE_APIS",
+    "guards_code",
+    "set_guards_code",
+    "deregister_pytree_node",
+    "pytree_nodes",
+    "serialized_pytree_types",
+    "leaf_treespec",
+    "tensor_metadata_check",
+    "run_outside_dynamo",
+    "dim_kind",
     "is_constraint_violation",
     "violation_names",
     "ShapeFacts",
     "shape_facts",
-    "serialize_program",
-    "deserialize_program",
-    "write_archive_storage",
-    "aoti_compile",
-    "aoti_load",
 ]
+
+logger = logging.getLogger(__name__)
 
 CHECKED_ON = ("2.13.0",)
 """torch versions every entry of this module was checked on."""
 
+PRIVATE_APIS = {
+    "guards_code": "torch.export.ExportedProgram._guards_code",
+    "set_guards_code": "torch.export.ExportedProgram._guards_code",
+    "deregister_pytree_node": "torch.utils._pytree._deregister_pytree_node",
+    "pytree_nodes": "torch.utils._pytree.SUPPORTED_NODES",
+    "serialized_pytree_types": (
+        "torch.utils._pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE, SUPPORTED_SERIALIZED_TYPES"
+    ),
+    "leaf_treespec": "torch.utils._pytree.treespec_leaf",
+    "tensor_metadata_check": "torch._C._dynamo.guards.TensorGuards",
+    "dim_kind": "torch.export.dynamic_shapes._DerivedDim, _Dim, _DimHint",
+    "is_constraint_violation": (
+        "torch._dynamo.exc.UserError(UserErrorType.CONSTRAINT_VIOLATION), "
+        "torch.fx.experimental.symbolic_shapes.ConstraintViolationError"
+    ),
+    "violation_names": "the text of a constraint violation (no structured list)",
+    "shape_facts": (
+        "torch.export.exported_program._get_shape_env, ShapeEnv.guards, ShapeEnv.replacements"
+    ),
+    "run_outside_dynamo": (
+        "torch._C._dynamo.eval_frame.set_code_exec_strategy, _FrameExecStrategy, _FrameAction; "
+        "the _torchdynamo_disable function attribute"
+    ),
+}
+"""Function of this module -> the private torch API it uses (`tests/test_compat.py` checks
+that every function here is listed, and exercises each)."""
+
+_warned: set[str] = set()
+
+
+def _lost(function: str, consequence: str, error: BaseException) -> None:
+    """Logs, once per function, that a private API is missing and what is lost."""
+    if function in _warned:
+        return
+    _warned.add(function)
+    import torch
+
+    logger.warning(
+        "capture: torch %s has no %s (%s: %s; capture was checked on torch %s): %s",
+        torch.__version__,
+        PRIVATE_APIS[function],
+        type(error).__name__,
+        error,
+        ", ".join(CHECKED_ON),
+        consequence,
+    )
+
+
+# -- torch.export -------------------------------------------------------------------------------
+def guards_code(program: Any) -> list[str] | None:
+    """The input guards of an exported program, as the Python lines ``ep.module()`` checks.
+
+    Private API: ``ExportedProgram._guards_code`` (torch 2.13.0). Without it the guards cannot
+    be rewritten (`replay.exporting`), and a program whose inputs are reached through a custom
+    pytree key (a transformers cache) fails every call with NameError.
+
+    Args:
+        program: A ``torch.export.ExportedProgram``.
+
+    Returns:
+        The guard lines (empty: none), or None when torch keeps none under that name.
+    """
+    if not hasattr(program, "_guards_code"):
+        _lost(
+            "guards_code",
+            "guards over custom pytree keys are not rewritten; programs taking a cache may "
+            "fail with NameError when called",
+            AttributeError("_guards_code"),
+        )
+        return None
+    code = program._guards_code
+    return list(code) if code else []
+
+
+def set_guards_code(program: Any, code: Sequence[str]) -> None:
+    """Replaces the input guards of an exported program (see `guards_code`).
+
+    Private API: ``ExportedProgram._guards_code`` (torch 2.13.0): ``ep.module()`` builds its
+    guard function from this list when it is called.
+    """
+    program._guards_code = list(code)
+
+
+# -- torch.utils._pytree, outside its __all__ --------------------------------------------------
+def deregister_pytree_node(cls: type) -> bool:
+    """Removes a class from torch's pytree registry.
+
+    Private API: ``torch.utils._pytree._deregister_pytree_node`` (torch 2.13.0); there is no
+    public way to undo ``register_pytree_node``. Without it `register_flattening_functions`
+    cannot undo its registrations: the classes stay registered for the life of the process.
+
+    Returns:
+        True when the class was deregistered, False when this torch cannot.
+    """
+    import torch.utils._pytree as pytree
+
+    try:
+        deregister = pytree._deregister_pytree_node
+    except AttributeError as e:
+        _lost("deregister_pytree_node", "registered cache classes stay registered", e)
+        return False
+    deregister(cls)
+    return True
+
+
+def pytree_nodes() -> Mapping[type, Any]:
+    """torch's pytree registry: class -> its node definition (``flatten_fn``, ...), live.
+
+    Private API: ``torch.utils._pytree.SUPPORTED_NODES`` (torch 2.13.0), the table every torch
+    pytree walker reads. The recorder's walker (`capture.record.flatten`) looks registered
+    classes up in it, as torch's own walkers do; without it nothing can be flattened the way
+    torch flattens it, so its absence is an error at import, not a fallback.
+
+    Raises:
+        ImportError: This torch has no such registry.
+    """
+    import torch.utils._pytree as pytree
+
+    try:
+        nodes: Mapping[type, Any] = pytree.SUPPORTED_NODES
+    except AttributeError as e:
+        raise ImportError(
+            f"capture needs torch.utils._pytree.SUPPORTED_NODES (checked on torch "
+            f"{', '.join(CHECKED_ON)}); this torch has none ({e})"
+        ) from e
+    return nodes
+
+
+def serialized_pytree_types() -> tuple[Mapping[str, type], Mapping[type, Any]] | None:
+    """torch's tables of serializable pytree classes, when this process imported torch's pytree.
+
+    Private API: ``torch.utils._pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE`` (serialized name ->
+    class) and ``SUPPORTED_SERIALIZED_TYPES`` (class -> how its context is (de)serialized),
+    torch 2.13.0. `capture.pytree.treespec` reads a stored treespec against them instead of
+    ``treespec_loads`` (which would import what a store names). Without them only the builtin
+    containers and transformers' caches are accepted in stored treespecs.
+
+    Returns:
+        ``(name -> class, class -> serialization)``, or None when torch's pytree is not imported
+        (it is never imported here: the store side runs without torch).
+    """
+    pytree = sys.modules.get("torch.utils._pytree")
+    if pytree is None:
+        return None
+    try:
+        return pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE, pytree.SUPPORTED_SERIALIZED_TYPES
+    except AttributeError as e:
+        _lost(
+            "serialized_pytree_types",
+            "stored treespecs naming user-registered classes cannot be read",
+            e,
+        )
+        return None
+
+
+def leaf_treespec() -> Any:
+    """The treespec of one leaf.
+
+    Private API: ``torch.utils._pytree.treespec_leaf`` (torch 2.13.0; ``LeafSpec()``, public
+    before, is deprecated there). Without either no stored treespec can be rebuilt.
+
+    Raises:
+        ImportError: This torch has neither.
+    """
+    import torch.utils._pytree as pytree
+
+    make = getattr(pytree, "treespec_leaf", None) or getattr(pytree, "LeafSpec", None)
+    if make is None:
+        raise ImportError(
+            "torch.utils._pytree has neither treespec_leaf nor LeafSpec (capture was checked on "
+            f"torch {', '.join(CHECKED_ON)})"
+        )
+    return make()
+
+
+# -- torch._C._dynamo ---------------------------------------------------------------------------
+def tensor_metadata_check(tensors: Sequence[torch.Tensor]) -> Callable[..., bool] | None:
+    """A C++ check that tensors have the dtypes, devices and ranks of `tensors`, or None.
+
+    Private API: ``torch._C._dynamo.guards.TensorGuards`` (torch 2.13.0), the checks
+    torch.compile's guards use. ``check(*others)`` is true when each of `others` has the same
+    dtype, device, rank, tensor type, requires_grad and dispatch keys as its counterpart here,
+    whatever its sizes and strides (sizes and strides are given as free). Without it the
+    recorder matches structures by its Python key (`capture.record.flatten.tensor_key`):
+    correct, about 3x slower per call.
+
+    Returns:
+        The check, or None when this torch has no such class (warned once) or cannot check one
+        of these tensors.
+    """
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError as e:
+        _lost("tensor_metadata_check", "the recorder matches structures in Python (slower)", e)
+        return None
+    free: Any = [[None] * t.dim() for t in tensors]  # None: any size, any stride
+    try:
+        guards = TensorGuards(*tensors, dynamic_dims_sizes=free, dynamic_dims_strides=free)
+    except (TypeError, RuntimeError):  # a tensor it cannot check (a subclass, a nested one)
+        return None
+    check: Callable[..., bool] = guards.check
+    return check
+
+
+def run_outside_dynamo(
+    entry: Callable[..., Any],
+    skipped: Iterable[Callable[..., Any]],
+    opaque: Iterable[Callable[..., Any]],
+    reason: str,
+) -> None:
+    """Makes Dynamo graph-break at `entry` and run it, `skipped` and `opaque` eagerly.
+
+    Private APIs (torch 2.13.0): the ``_torchdynamo_disable`` / ``_torchdynamo_disable_msg``
+    function attributes (what ``torch.compiler.disable`` sets, without importing Dynamo: seconds
+    at start-up), and ``torch._C._dynamo.eval_frame.set_code_exec_strategy`` with
+    ``_FrameExecStrategy(_FrameAction.SKIP, ...)``: the frames of `entry` and `skipped` are not
+    compiled while the frames they call are (the recorded model's forward); the frames of
+    `opaque` and of everything they call are not compiled (the recording itself). Without the
+    frame strategies (warned once), Dynamo may trace into the recorder's helpers when a
+    compiled model calls them: slower compiles, the recording still right.
+
+    Args:
+        entry: The function a compiled caller reaches.
+        skipped: Functions whose own frames are skipped, their callees compiled.
+        opaque: Functions skipped with everything they call.
+        reason: Why, as torch shows it in graph-break reports.
+    """
+    entry._torchdynamo_disable = True  # type: ignore[attr-defined]
+    entry._torchdynamo_disable_msg = reason  # type: ignore[attr-defined]
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+
+        for fn in (entry, *skipped):
+            set_code_exec_strategy(
+                fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
+            )
+        for fn in opaque:
+            set_code_exec_strategy(
+                fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+            )
+    except (ImportError, AttributeError, TypeError) as e:
+        _lost(
+            "run_outside_dynamo",
+            "torch.compile may trace into the recorder's helpers (slower compiles)",
+            e,
+        )
+
+
+# -- torch.export.dynamic_shapes ----------------------------------------------------------------
+def dim_kind(obj: Any) -> str | None:
+    """What kind of torch.export ``Dim`` object `obj` is: 'derived', 'dim', 'hint', or None.
+
+    Private API: the classes ``torch.export.dynamic_shapes._DerivedDim`` (``Dim`` arithmetic),
+    ``_Dim`` (``Dim(name)``) and ``_DimHint`` (``Dim.DYNAMIC``, ``Dim.AUTO``), torch 2.13.0:
+    ``Dim`` objects have no public type to test against. Without them `capture.string_type`
+    prints such objects as their repr instead of the seeds' ``Dim(name)`` / ``DYNAMIC``.
+
+    Example:
+        >>> import torch
+        >>> dim_kind(torch.export.Dim("batch")), dim_kind(torch.export.Dim.DYNAMIC), dim_kind(3)
+        ('dim', 'hint', None)
+    """
+    import torch.export.dynamic_shapes as dyn
+
+    try:
+        classes = (("derived", dyn._DerivedDim), ("dim", dyn._Dim), ("hint", dyn._DimHint))
+    except AttributeError as e:
+        _lost("dim_kind", "string_type prints Dim objects as their repr", e)
+        return None
+    # A derived Dim is also a Dim: the first class that matches, in this order.
+    return next((kind for kind, cls in classes if isinstance(obj, cls)), None)
+
+
+# -- torch.export's constraint violations and symbolic shapes ------------------------------------
 _CONSTRAINT_TEXT = "Constraints violated"
 """What torch 2.13 writes first in a constraint violation's message: the text fallback of
 `is_constraint_violation`, kept here only, for errors torch raises without its type."""
@@ -184,95 +490,3 @@ def _replaced(expr: Any, replacements: dict[Any, Any]) -> Any:
             return expr
         expr = replaced
     return expr
-
-
-# -- the artifact (replay.ship): torch's PT2 archive, program JSON, AOTInductor ---------------
-# Checked on torch 2.13.0. Callers import torch; importing this module does not.
-
-
-def serialize_program(program: Any) -> bytes:
-    """An exported program's graph as torch's JSON, without its weights or example inputs.
-
-    Private API: ``torch._export.serde.serialize.serialize`` (``serialize_state_dict``,
-    ``serialize_constants``, ``serialize_example_inputs`` = False). Without it an artifact
-    could only be written by ``package_pt2``, which stores every program's weights again.
-
-    Example:
-        >>> data = serialize_program(torch.export.export(model, args))  # doctest: +SKIP
-    """
-    from torch._export.serde.serialize import serialize
-
-    artifact = serialize(
-        program,
-        serialize_state_dict=False,
-        serialize_constants=False,
-        serialize_example_inputs=False,
-    )
-    return bytes(artifact.exported_program)
-
-
-def deserialize_program(data: bytes, state_dict: dict[str, Any], constants: dict[str, Any]) -> Any:
-    """An exported program from torch's JSON and tensors the caller already holds.
-
-    Private API: ``torch._export.serde.serialize._bytes_to_dataclass`` and
-    ``ExportedProgramDeserializer.deserialize``. The program uses the given tensors as they
-    are (no copy), which is what lets several programs share one weight; without it a loader
-    must go through ``load_pt2``, which reads every program's weights again.
-
-    Example:
-        >>> program = deserialize_program(data, {"w": w}, {})  # doctest: +SKIP
-    """
-    from torch._export.serde import schema
-    from torch._export.serde.serialize import ExportedProgramDeserializer, _bytes_to_dataclass
-
-    serialized = _bytes_to_dataclass(schema.ExportedProgram, data)
-    return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
-
-
-def write_archive_storage(writer: Any, name: str, storage: Any) -> None:
-    """Writes a CPU tensor storage's bytes as one record of a PT2 archive, without a copy.
-
-    Private API: ``PT2ArchiveWriter.archive_file`` (a ``torch._C.PyTorchFileWriter``) and its
-    ``write_record(name, storage, nbytes)`` overload. Without it every record would be copied
-    into a Python ``bytes`` first (twice the memory of the largest weight).
-
-    Example:
-        >>> write_archive_storage(writer, "w/weight_0", w.untyped_storage())  # doctest: +SKIP
-    """
-    writer.archive_file.write_record(name, storage, storage.nbytes())
-
-
-def aoti_compile(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    """AOTInductor-compiles a module into package files *without its weights*.
-
-    Private API: ``torch._inductor.aot_compile`` with ``aot_inductor.package`` and
-    ``aot_inductor.package_constants_in_so=False`` (weights are neither in the shared library
-    nor on disk: the loader hands them over with ``load_constants(user_managed=True)``, so the
-    compiled programs use the artifact's one copy).
-
-    Example:
-        >>> files = aoti_compile(program.module(), args, kwargs)  # doctest: +SKIP
-    """
-    import warnings
-
-    from torch._inductor import aot_compile
-
-    options = {"aot_inductor.package": True, "aot_inductor.package_constants_in_so": False}
-    with warnings.catch_warnings():
-        # torch 2.13's own deprecation warnings while it copies graphs (LeafSpec): chatter
-        warnings.simplefilter("ignore", FutureWarning)
-        return list(aot_compile(module, args, kwargs, options=options))  # type: ignore[arg-type]
-
-
-def aoti_load(path: str, name: str, device_index: int = -1) -> Any:
-    """Loads one AOTInductor build of a PT2 archive (its weights not yet loaded).
-
-    Private API: ``torch.export.pt2_archive._package._load_aoti`` (an ``AOTICompiledModel``
-    over ``torch._C._aoti.AOTIModelPackageLoader``). Loading it runs the build's native code.
-
-    Example:
-        >>> compiled = aoti_load("model.pt2", "g0")  # doctest: +SKIP
-    """
-    from torch.export.pt2_archive._package import _load_aoti
-
-    return _load_aoti(path, name, False, 1, device_index)

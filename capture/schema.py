@@ -26,6 +26,12 @@ it by a successor holding its rows and more, ``closed`` once the writer stopped
 (`capture.record.writer`).
 """
 
+METADATA_SEGMENT_CALLS = b"capture.segment_calls"
+"""A writer's rollup only: JSON ``{"YYYY-MM-DD": rows}``, the calls files of the segment it adds
+(named like the rollup, in ``calls/model=<m>/date=<day>/``). The rollup is written *before* them
+and counts only once every one of them exists (`capture.store.commits`): a writer killed in
+between leaves its previous rollup counting, and the segment's calls hidden (issue 25)."""
+
 ROLLUP_CONTINUE_S = 300.0
 """A writer replaces its open rollup only when it wrote it less than this many seconds ago (by
 its own clock); after a longer pause it starts a new one and leaves the old one as it is."""
@@ -136,18 +142,5 @@ CALL_RECORD_FIELDS = tuple(n for n in CALLS_SCHEMA.names if n not in WRITER_COLU
 own fields against them at import, so a calls column is named here and nowhere else."""
 
 SIGNATURE_KEY = ("model", "in_structure", "out_structure", "dims", "out_dims")
-"""The stats columns that identify a signature; the other stats columns merge over segments."""
-
-SIGNATURE_RANGES = """
-    CASE WHEN count(int_min) > 0 THEN list_reduce(
-        list(int_min) FILTER (WHERE int_min IS NOT NULL),
-        lambda a, b: list_transform(list_zip(a, b), lambda p: least(p[1], p[2]))) END AS int_min,
-    CASE WHEN count(int_max) > 0 THEN list_reduce(
-        list(int_max) FILTER (WHERE int_max IS NOT NULL),
-        lambda a, b: list_transform(list_zip(a, b), lambda p: greatest(p[1], p[2]))) END AS int_max
-"""
-"""How the integer value ranges of one signature's stats rows merge (SQL select items, to
-`GROUP BY` the signature key): item by item, the smallest minimum and the largest maximum; an
-unknown item (NULL, an empty tensor) gives way to a known one, and a shorter list is padded
-with unknown items. The one place ranges merge: the store's ``signatures`` view and
-`capture compact` use it, and readers of merged ranges read that view."""
+"""The stats columns that identify a signature; the other stats columns merge over segments
+(`capture.store.stats_merge`: the rule, in SQL and in Python)."""

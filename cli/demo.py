@@ -111,7 +111,7 @@ def _mark(store: str, incomplete: bool) -> None:
 def _check_store(store: str) -> None:
     """Refuses a store that already holds a demo recording (the demo would double it)."""
     from capture.errors import EmptyStore, StoreNotFound
-    from capture.store.reader import open_store
+    from capture.store_api import open_store
 
     _remove_interrupted(store)
     try:
@@ -261,7 +261,7 @@ def demo_command(ctx: click.Context, store_option: str | None) -> None:
     model = _record(store)
     _mark(store, incomplete=False)
 
-    from capture.store.reader import open_store
+    from capture.store_api import open_store
 
     with open_store(store) as opened:
         _show_analysis(opened)

@@ -75,7 +75,7 @@ def profiles_command(
     """
     from capture.engines.profile_formats import TEXT_FORMATS, format_profiles
     from capture.engines.profiles import profiles_to_table, store_profiles
-    from capture.store.reader import open_store
+    from capture.store_api import open_store
 
     with open_store(store_path(ctx)) as store:
         profiles = store_profiles(store, model, group=group, opt=opt, max_profiles=max_profiles)
@@ -176,7 +176,7 @@ def buckets_command(
       capture buckets --symbol batch --budget 4 -f json
     """
     from capture.engines.buckets import METADATA_BUCKETS, buckets_table
-    from capture.store.reader import open_store
+    from capture.store_api import open_store
 
     with open_store(store_path(ctx)) as store:
         table = buckets_table(store, symbol, budget, model=model, group=group)

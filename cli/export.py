@@ -13,10 +13,11 @@ forward signature that no longer matches the recordings). Files are written (``-
 the export ran, and never on exit 1.
 
 ``--out MODEL.pt2`` writes one artifact (`replay.ship.artifact`): every group's program and a JSON
-manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)`` (store
-partitions ``<model>.<name>``; the sub-module is ``model.get_<name>()`` or
-``model.get_submodule(name)``). ``replay.load`` serves it; ``capture check`` measures new
-traffic against it.
+manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)``, exported
+by the library (``replay.export(..., modules=True)``, `replay.submodules`). ``replay.load`` serves
+it; ``capture check`` measures new traffic against it. The command's options become one
+`replay.options.ExportOptions`, the object the library builds from its keyword arguments, and
+take their defaults from it.
 
 Stdout carries the coverage table only: whatever torch prints while exporting (the ONNX
 exporter's progress lines) goes to stderr, at the file-descriptor level.
@@ -36,7 +37,7 @@ from typing import Any
 
 import click
 
-from replay.options import DEFAULT_MAX_REGIMES
+from replay.options import ExportOptions
 
 from .main import store_path
 from .output import format_option, no_headers_option, render
@@ -46,7 +47,6 @@ __all__ = [
     "export_command",
     "load_factory",
     "stdout_to_stderr",
-    "submodule",
     "EXIT_PARTIAL",
     "OUT_SUFFIXES",
 ]
@@ -172,50 +172,6 @@ def stdout_to_stderr() -> Iterator[None]:
             os.close(saved)
 
 
-def submodule(model: Any, name: str) -> Any:
-    """The sub-module recorded as ``<model>.<name>``: ``model.get_<name>()``, else the
-    sub-module at path `name`.
-
-    Raises:
-        click.ClickException: The model has neither.
-    """
-    getter = getattr(model, f"get_{name}", None)
-    if callable(getter):
-        return getter()
-    try:
-        return model.get_submodule(name)
-    except AttributeError as e:
-        raise click.ClickException(
-            f"the store has recordings of sub-module {name!r}, but the model has no "
-            f"get_{name}() and no sub-module {name!r}"
-        ) from e
-
-
-def _sub_results(module: Any, store: str, name: str, options: Any) -> dict[str, Any]:
-    """Exports the sub-modules recorded under ``<name>.<sub>`` (``Recorder(modules=...)``)
-    with the command's options (`replay.options.ExportOptions`)."""
-    import capture
-    from replay.exporting import export_with
-
-    with capture.open_store(store) as opened:
-        subs = [m.removeprefix(f"{name}.") for m in opened.models() if m.startswith(f"{name}.")]
-    return {
-        sub: export_with(submodule(module, sub), store, f"{name}.{sub}", options) for sub in subs
-    }
-
-
-def _coverage(result: Any, subs: dict[str, Any]) -> Any:
-    """The coverage table of the model, then of each sub-module (group ``encoder.g0``)."""
-    import pyarrow as pa
-
-    tables = [result.coverage]
-    for sub, sub_result in subs.items():
-        table = sub_result.coverage
-        groups = [f"{sub}.{g}" for g in table.column("group").to_pylist()]
-        tables.append(table.set_column(0, "group", pa.array(groups, pa.string())))
-    return pa.concat_tables(tables)
-
-
 @click.command("export")
 @click.argument("target", metavar="MODULE:FACTORY")
 @click.option(
@@ -261,7 +217,7 @@ def _coverage(result: Any, subs: dict[str, Any]) -> Any:
 @click.option(
     "--named-dims",
     is_flag=True,
-    default=False,
+    default=ExportOptions.named_dims,
     help="Use named Dim(symbol, min, max) with the recorded ranges, shared and derived dims; "
     "where torch.export rejects them, bounded Dim.DYNAMIC(min, max) hints (exit 3 when neither "
     "is accepted). Default: Dim.DYNAMIC.",
@@ -269,21 +225,21 @@ def _coverage(result: Any, subs: dict[str, Any]) -> Any:
 @click.option(
     "--probes",
     type=click.IntRange(min=0),
-    default=4,
+    default=ExportOptions.probes,
     help="Unseen sizes inside the recorded ranges checked per group besides every recorded "
-    "signature (coverage rows of kind probe); 0 for none. Default: 4.",
+    f"signature (coverage rows of kind probe); 0 for none. Default: {ExportOptions.probes}.",
 )
 @click.option(
     "--max-regimes",
     type=click.IntRange(min=1),
-    default=DEFAULT_MAX_REGIMES,
+    default=ExportOptions.max_regimes,
     help="Where torch.export cuts a group's recorded range (a sliding window, a branch on a "
     "size), export each side as a regime of its own (prefill[input_ids_1<=4], ...), at most "
-    f"this many per group; 1 never splits. Default: {DEFAULT_MAX_REGIMES}.",
+    f"this many per group; 1 never splits. Default: {ExportOptions.max_regimes}.",
 )
 @click.option(
     "--merge/--no-merge",
-    default=True,
+    default=ExportOptions.merge,
     help="Serve a group lacking an optional input (generate()'s batch-1 calls without "
     "attention_mask) with the program of a group passing it, the input filled, where the "
     "check proves it on the group's own signatures. Default: --merge.",
@@ -291,7 +247,7 @@ def _coverage(result: Any, subs: dict[str, Any]) -> Any:
 @click.option(
     "--keyword-only",
     is_flag=True,
-    default=False,
+    default=ExportOptions.keyword_only,
     help="Pass positional arguments by keyword in the exported program. Default: as recorded.",
 )
 @format_option()
@@ -349,12 +305,10 @@ def export_command(
         require_onnx()
     module = _build_model(target)
 
-    import dataclasses
-
     from replay.exporting import export_with
-    from replay.options import ExportOptions
 
-    # Built once here; sub-modules are exported with the same options, all groups, no ONNX.
+    # The same object replay.export builds from its keywords; sub-modules (recorded with
+    # Recorder(modules=...)) are exported by the library for an artifact.
     options = ExportOptions.of(
         set_batch_dimension_for=_batch_option(batch),
         named_dims=named_dims,
@@ -362,18 +316,14 @@ def export_command(
         probes=probes,
         max_regimes=max_regimes,
         merge=merge,
+        groups=groups or None,
+        onnx=onnx,
+        modules=out is not None and onnx is None,
     )
     with Progress("export") as progress, stdout_to_stderr():  # progress: only on a terminal
         progress.phase("exporting each call group and checking every recorded signature")
-        result = export_with(
-            module,
-            store_path(ctx),
-            model,
-            dataclasses.replace(options, groups=tuple(groups) or None, onnx=onnx),
-        )
-        subs: dict[str, Any] = {}
-        if out is not None and onnx is None:
-            subs = _sub_results(module, store_path(ctx), result.inputs.model, options)
+        result = export_with(module, store_path(ctx), model, options)
+    subs = result.modules
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     for sub, sub_result in subs.items():
@@ -385,12 +335,12 @@ def export_command(
     written = list(result.onnx.values())
     if out is not None and onnx is None and result.programs:
         with stdout_to_stderr():
-            written = [result.save(out, modules=subs, aoti=aoti)]
+            written = [result.save(out, aoti=aoti)]
     for path in written:
         click.echo(f"wrote {path}", err=True)
-    coverage = _coverage(result, subs)
+    coverage = result.all_coverage()
     render(coverage, fmt, headers=not no_headers)
-    if not (result.complete and all(r.complete for r in subs.values())):
+    if not result.complete:
         from replay.coverage import coverage_counts
 
         for prefix, sub_result in [("", result)] + [(f"{s}.", r) for s, r in subs.items()]:

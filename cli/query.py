@@ -27,7 +27,7 @@ from .output import (
 )
 
 if TYPE_CHECKING:
-    from capture.store.reader import Store
+    from capture.store_api import Store
 
 __all__ = ["query_command", "summary_command", "dims_command", "parse_value"]
 
@@ -84,7 +84,7 @@ def _bind(params: Sequence[tuple[str, str]]) -> dict[str, int | float | str]:
 
 @contextmanager
 def _open_store(ctx: click.Context, unsafe_sql: bool = False) -> Iterator[Store]:
-    from capture.store.reader import open_store  # duckdb + pyarrow: only when a command runs
+    from capture.store_api import open_store  # duckdb + pyarrow: only when a command runs
 
     with open_store(store_path(ctx), unsafe_sql=unsafe_sql) as store:
         yield store

@@ -69,7 +69,7 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
       capture report --artifact model.pt2 --out report.html
     """
     from capture.engines.report_html import build_report, require_matplotlib
-    from capture.store.reader import open_store
+    from capture.store_api import open_store
 
     require_matplotlib()
     with Progress("report") as progress, open_store(store_path(ctx)) as store:

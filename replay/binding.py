@@ -9,12 +9,11 @@ exporting a program that silently takes its inputs in the wrong places.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import ReplayError
-from capture.record.flatten import signature_of
+from capture.signature import Signature
 
 if TYPE_CHECKING:
     from capture.pytree.structure import RecordedStructure
@@ -52,10 +51,7 @@ def check_signature(model: Any, groups: Iterable[ExportGroup]) -> None:
     Example:
         >>> check_signature(model, export_inputs("capture-store").groups)  # doctest: +SKIP
     """
-    forward = getattr(model, "forward", model)
-    current = signature_of(forward)
-    names = [p.name for p in current if p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
-    plain = {p.name for p in current if p.kind not in ("VAR_POSITIONAL", "VAR_KEYWORD")}
+    current = Signature.of(getattr(model, "forward", model))
     for group in groups:
         if group.analysis is None:
             continue
@@ -63,26 +59,23 @@ def check_signature(model: Any, groups: Iterable[ExportGroup]) -> None:
         recorded = structure.checked_params()
         if [(p.name, p.kind) for p in recorded] == [(p.name, p.kind) for p in current]:
             continue
-        recorded_plain = {
-            p.name for p in recorded if p.kind not in ("VAR_POSITIONAL", "VAR_KEYWORD")
-        }
         n_args, keywords, positional = _recorded_keywords(structure)
         where = f"group {group.name} of model {group.model}"
         for i, name in enumerate(positional):
-            now = names[i] if i < len(names) else None
-            if name in recorded_plain and now != name:
+            now = current.name_at(i)
+            if name in recorded.plain and now != name:
                 raise ReplayError(
                     f"model.forward no longer matches the recordings: args[{i}] was recorded as "
                     f"parameter {name!r}, forward now names it {now!r} ({where})"
                 )
         for name in keywords:
-            if name in recorded_plain and name not in plain:
+            if name in recorded.plain and name not in current.plain:
                 raise ReplayError(
                     f"model.forward no longer matches the recordings: parameter {name!r} "
                     f"is gone ({where} passes it)"
                 )
         try:
-            inspect.signature(forward).bind(*([None] * n_args), **dict.fromkeys(keywords))
+            current.check(n_args, keywords)
         except TypeError as e:
             raise ReplayError(
                 f"model.forward no longer matches the recordings: {e} ({where} passes "

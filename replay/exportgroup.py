@@ -11,7 +11,6 @@ with, so a retry (`replay.bounded`) reshapes it with one replaced option (`Expor
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from capture.errors import ReplayError
+from capture.signature import POSITIONAL_OR_KEYWORD, Param, Signature
 from replay import rebuild as rb
 from replay import select, shapes
 from replay.groupshapes import group_shapes
@@ -265,9 +265,8 @@ def _named_call(model: torch.nn.Module, form: shapes.CallForm) -> torch.nn.Modul
         values.update(kwargs)
         return self.model(*(values[n] for n in positional), **{n: values[n] for n in keywords})
 
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [inspect.Parameter(n, kind) for n in ["self", *names]]
-    forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    params = tuple(Param(n, POSITIONAL_OR_KEYWORD, False) for n in ["self", *names])
+    forward.__signature__ = Signature(params).to_inspect()  # type: ignore[attr-defined]
     cls = type(f"{type(model).__name__}Call", (torch.nn.Module,), {"forward": forward})
     wrapper: torch.nn.Module = cls()
     wrapper.model = model

@@ -32,23 +32,22 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.utils._pytree as pytree
 
-from capture import schema
-from capture.compat import is_constraint_violation
+from capture import compat, schema
 from capture.errors import ReplayError
 from capture.pytree import nodes
-from replay import select
 from replay.binding import check_signature
 from replay.bounded import export_bounded, export_unbounded
 from replay.checking import coverage_rows
 from replay.coverage import COVERAGE_SCHEMA, KIND_PROBE, KIND_RECORDED, CoverageRow, coverage_table
+from replay.guard_sources import fix_guard_sources
 from replay.inputs import ExportGroup, ExportInputs, inputs_for
 from replay.merging import merge
-from replay.options import DEFAULT_MAX_REGIMES, ExportOptions
-from replay.payload_rows import DEFAULT_LIMIT, payload_rows
+from replay.options import ExportOptions
+from replay.payload_rows import payload_rows
 from replay.regimes import export_regimes
 from replay.result import ExportResult
+from replay.submodules import recorded_submodules, submodule
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -86,42 +85,6 @@ def require_onnx() -> None:
         )
 
 
-def _fix_guard_sources(ep: ExportedProgram) -> None:
-    """Makes ``ep.module()`` runnable when an input is reached through a custom key.
-
-    torch 2.13 writes the input guards with the *source* names of the key path
-    (``L['past_key_values'].key_cache_0``, from `GetAttrKey.name`) and then replaces them with
-    ``pytree.keystr`` of the same path (``.key_cache[0]`` for capture's `CacheKey`); when the two
-    differ the guard function refers to an undefined ``L`` and every call fails with NameError.
-    Rewriting the guards with ``keystr`` spellings is what torch does for the standard keys.
-    """
-    code = getattr(ep, "_guards_code", None)
-    if not code or not ep.example_inputs:
-        return
-    with nodes.register_flattening_functions():
-        flat, _ = pytree.tree_flatten_with_path(ep.example_inputs)
-    replace: dict[str, str] = {}
-    for path, _ in flat:
-        source = "L"
-        for key in path[1:]:
-            if isinstance(key, pytree.MappingKey):
-                source += f"[{key.key!r}]"
-            elif isinstance(key, pytree.SequenceKey):
-                source += f"[{key.idx}]"
-            elif isinstance(key, pytree.GetAttrKey):
-                source += f".{key.name}"
-        spelled = "L" + pytree.keystr(tuple(path[1:]))
-        if source != spelled:
-            replace[source] = spelled
-    if replace:
-        fixed = []
-        for guard in code:
-            for old in sorted(replace, key=len, reverse=True):
-                guard = guard.replace(old, replace[old])
-            fixed.append(guard)
-        ep._guards_code = fixed
-
-
 def _export_group(
     model: Any, group: ExportGroup, strict: bool
 ) -> tuple[ExportedProgram | None, BaseException | None]:
@@ -137,7 +100,7 @@ def _export_group(
             )
     except Exception as e:  # torch.export rejected this group: reported, the others go on
         return None, e
-    _fix_guard_sources(program)
+    fix_guard_sources(program)
     return program, None
 
 
@@ -196,27 +159,33 @@ def _write_onnx(
     return written
 
 
+# The keyword defaults are `ExportOptions`' (the one place an option and its default are
+# defined); tests/test_replay_options.py checks that the two stay the same.
 def export(
     module: Any,
     store: Any,
     model: str | None = None,
     *,
-    groups: Iterable[str] | None = None,
-    onnx: str | os.PathLike[str] | None = None,
-    strict: bool = False,
-    atol: float = 1e-4,
-    rtol: float = 1e-4,
-    set_batch_dimension_for: bool | Iterable[str | int] | None = None,
-    named_dims: bool = False,
-    keyword_only: bool = False,
+    groups: Iterable[str] | None = ExportOptions.groups,
+    onnx: str | os.PathLike[str] | None = ExportOptions.onnx,
+    modules: bool = ExportOptions.modules,
+    strict: bool = ExportOptions.strict,
+    atol: float = ExportOptions.atol,
+    rtol: float = ExportOptions.rtol,
+    set_batch_dimension_for: bool | Iterable[str | int] | None = (
+        ExportOptions.set_batch_dimension_for
+    ),
+    named_dims: bool = ExportOptions.named_dims,
+    keyword_only: bool = ExportOptions.keyword_only,
     value_if_missing: Mapping[str, torch.Tensor] | None = None,
-    fill_missing: bool = False,
-    seed: int = 0,
-    device: str | None = None,
-    probes: int = select.DEFAULT_PROBES,
-    max_payloads: int = DEFAULT_LIMIT,
-    max_regimes: int = DEFAULT_MAX_REGIMES,
-    merge: bool = True,
+    fill_missing: bool = ExportOptions.fill_missing,
+    seed: int = ExportOptions.seed,
+    device: str | None = ExportOptions.device,
+    probes: int = ExportOptions.probes,
+    max_payloads: int = ExportOptions.max_payloads,
+    max_payload_bytes: int = ExportOptions.max_payload_bytes,
+    max_regimes: int = ExportOptions.max_regimes,
+    merge: bool = ExportOptions.merge,
 ) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
@@ -232,6 +201,11 @@ def export(
         groups: Export only these call groups (default: all of them).
         onnx: Also write ONNX (``torch.onnx.export(..., dynamo=True)``): this path for one
             group, ``<stem>.<group>.onnx`` for several. Needs ``capture[onnx]``.
+        modules: Also export every sub-module recorded with ``Recorder(modules=...)`` (store
+            models ``<model>.<name>``; the sub-module is ``module.get_<name>()`` or
+            ``module.get_submodule(name)``), with the same options for all its groups and no
+            ONNX, into ``ExportResult.modules``; ``complete`` then covers them too, and
+            ``save`` stores them in the same artifact.
         strict: Passed to ``torch.export.export``.
         atol: Absolute tolerance of the output comparison.
         rtol: Relative tolerance (times the largest eager magnitude of the output).
@@ -248,6 +222,9 @@ def export(
         probes: Most probes checked per group (default 4; 0: recorded signatures only).
         max_payloads: Check at most this many sampled real calls (`replay.payload_rows`; stores
             recorded with ``payloads=``), the newest ones; 0 skips them.
+        max_payload_bytes: Most bytes of tensors a sampled call's file may hold; a bigger one
+            is a not-covered row, never read (default 16 MiB, the recorder's default
+            ``Payloads.max_call_bytes``; pass what the store was recorded with).
         max_regimes: Where torch.export cuts a group's recorded range (a sliding window, a
             branch on a size), export each side as a regime of its own, at most this many
             per group (`replay.regimes`); 1 never splits.
@@ -271,7 +248,8 @@ def export(
     """
     options = ExportOptions.of(
         groups=groups,
-        onnx=os.fspath(onnx) if onnx is not None else None,
+        onnx=onnx,
+        modules=modules,
         strict=strict,
         atol=atol,
         rtol=rtol,
@@ -284,6 +262,7 @@ def export(
         device=device,
         probes=probes,
         max_payloads=max_payloads,
+        max_payload_bytes=max_payload_bytes,
         max_regimes=max_regimes,
         merge=merge,
     )
@@ -385,6 +364,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         atol=atol,
         rtol=rtol,
         limit=options.max_payloads,
+        max_bytes=options.max_payload_bytes,
         device=options.device,
     )
     rows.extend(found)
@@ -394,7 +374,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     coverage = coverage_table(rows)
     complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
-    return ExportResult(
+    result = ExportResult(
         programs,
         coverage,
         notes,
@@ -405,6 +385,15 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         not_honoured=not_honoured,
         source=source,
     )
+    if options.modules:
+        # Every group of each recorded sub-module, with the model's options; no ONNX.
+        sub_options = dataclasses.replace(options, groups=None, onnx=None, modules=False)
+        for name in recorded_submodules(store, inputs.model):
+            result.modules[name] = export_with(
+                submodule(module, name), store, f"{inputs.model}.{name}", sub_options
+            )
+        result.complete = complete and all(m.complete for m in result.modules.values())
+    return result
 
 
 def _retry(
@@ -426,7 +415,7 @@ def _retry(
     # guard of repeat_kv's reshape on torch 2.13): bounded hints keep the recorded ranges and
     # let torch check the guard at run time.
     bounded, program, failure = export_bounded(group, error, attempt, _summary)
-    if program is None and failure is not None and is_constraint_violation(failure):
+    if program is None and failure is not None and compat.is_constraint_violation(failure):
         # No bounded form was accepted: reported as not honoured, never silently.
         return export_unbounded(bounded, failure, attempt, _summary)
     return bounded, program, failure, None

@@ -30,8 +30,9 @@ How arguments that are not plain tensors are handled (each group's ``notes`` say
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,19 +49,20 @@ from replay.options import ExportOptions
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
     from capture.pytree.structure import RecordedLeaf
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
 __all__ = [
     "ExportGroup",
     "ExportInputs",
     "export_inputs",
     "inputs_for",
+    "reading",
     "resolve_model",
     "build_group",
 ]
 
 
-def resolve_model(store: Store, name: str | None, module: Any = None) -> str:
+def resolve_model(store: StoreReader, name: str | None, module: Any = None) -> str:
     """The store model to use: `name`, the only one, or the one named like `module`'s class.
 
     Args:
@@ -90,14 +92,27 @@ def resolve_model(store: Store, name: str | None, module: Any = None) -> str:
     )
 
 
-def _open(store: Any) -> tuple[Store, bool]:
-    from capture.store.reader import Store, open_store
+@contextlib.contextmanager
+def reading(store: Any) -> Iterator[StoreReader]:
+    """The store as a reader: `store` itself when it is an open store, else opened (a path or
+    URI) and closed at the end of the block.
 
-    if isinstance(store, Store):
-        return store, False
-    if isinstance(store, str | os.PathLike):
-        return open_store(store), True
-    raise TypeError(f"store must be a path or a capture Store, not {type(store).__name__}")
+    Raises:
+        TypeError: `store` is neither a path nor an open store.
+        StoreNotFound, EmptyStore: Nothing, or no recorded call, at the path.
+    """
+    from capture.store.reader import StoreReader
+
+    if isinstance(store, StoreReader):
+        yield store
+        return
+    if not isinstance(store, str | os.PathLike):
+        raise TypeError(f"store must be a path or a capture Store, not {type(store).__name__}")
+    opened = StoreReader(store)
+    try:
+        yield opened
+    finally:
+        opened.close()
 
 
 def _missing_substitutes(
@@ -293,19 +308,23 @@ def build_group(
     )
 
 
+# The keyword defaults are `ExportOptions`' (the one place an option and its default are
+# defined); tests/test_replay_options.py checks that the two stay the same.
 def export_inputs(
     store: Any,
     model: str | None = None,
     *,
-    set_batch_dimension_for: bool | Iterable[str | int] | None = None,
-    named_dims: bool = False,
-    keyword_only: bool = False,
+    set_batch_dimension_for: bool | Iterable[str | int] | None = (
+        ExportOptions.set_batch_dimension_for
+    ),
+    named_dims: bool = ExportOptions.named_dims,
+    keyword_only: bool = ExportOptions.keyword_only,
     value_if_missing: Mapping[str, torch.Tensor] | None = None,
-    fill_missing: bool = False,
-    seed: int = rb.DEFAULT_SEED,
-    device: str | None = None,
+    fill_missing: bool = ExportOptions.fill_missing,
+    seed: int = ExportOptions.seed,
+    device: str | None = ExportOptions.device,
     module: Any = None,
-    groups: Iterable[str] | None = None,
+    groups: Iterable[str] | None = ExportOptions.groups,
 ) -> ExportInputs:
     """Export arguments and dynamic shapes for every call group of a recorded model.
 
@@ -370,8 +389,7 @@ def inputs_for(
     """
     from capture.analysis.groups import analyze
 
-    opened, owned = _open(store)
-    try:
+    with reading(store) as opened:
         name = resolve_model(opened, model, module)
         analysed = analyze(opened, name, set_batch_dimension_for=options.set_batch_dimension_for)
         if not analysed:
@@ -399,6 +417,3 @@ def inputs_for(
             for group in selected
         ]
         return ExportInputs(name, out, analysed)
-    finally:
-        if owned:
-            opened.close()

@@ -25,6 +25,7 @@ import torch.utils._pytree as pytree
 from capture.analysis.symbols import Axis, find_symbols
 from capture.errors import CaptureError, ObservationMismatch
 from capture.pytree.shape_tree import dynamic_shapes_from_spec, dynamic_shapes_like, registered
+from capture.signature import POSITIONAL_ONLY, Signature
 
 __all__ = ["ModelInputs", "all_dynamic_shape_from_inputs"]
 
@@ -101,6 +102,8 @@ class ModelInputs:
         self.model = model
         self.method_name = method_name
         self.signature = inspect.signature(method) if method is not None else None
+        # The binder (`capture.signature`): which parameter a positional input fills.
+        self._binder = Signature.of(method) if method is not None else None
         self.inputs: list[tuple[tuple[Any, ...], dict[str, Any]]] = self._process(inputs)
 
     @staticmethod
@@ -293,24 +296,29 @@ class ModelInputs:
             >>> a, list(kw), ds
             ((), ['x', 'y'], ((), {'x': None, 'y': None}))
         """
-        if self.signature is None:
+        sig = self._binder
+        if sig is None:
             raise CaptureError("ModelInputs has no model, so no signature to name arguments")
-        params = list(self.signature.parameters.values())
         args_ds, kwargs_ds = dynamic_shapes
         moved: dict[str, Any] = {}
         moved_ds: dict[str, Any] = {}
         for i, value in enumerate(args):
-            p = params[i] if i < len(params) else None
-            if p is None or p.kind not in (p.POSITIONAL_OR_KEYWORD,):
-                what = "a *args entry" if p is None or p.kind == p.VAR_POSITIONAL else p.kind.name
+            name = sig.name_at(i)
+            if name is None or name in sig.positional_only:
+                what = (
+                    POSITIONAL_ONLY.name
+                    if name is not None
+                    else "a *args entry"
+                    if sig.var_positional
+                    else "beyond the method's positional parameters"
+                )
                 raise CaptureError(f"args[{i}] cannot be moved to a keyword argument: it is {what}")
-            moved[p.name] = value
+            moved[name] = value
             if i < len(args_ds):
-                moved_ds[p.name] = args_ds[i]
+                moved_ds[name] = args_ds[i]
         all_kwargs = {**moved, **kwargs}
         all_ds = {**moved_ds, **kwargs_ds}
-        named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        var_kw = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
+        named, var_kw = sig.plain, sig.var_keyword
         new_kwargs = {n: all_kwargs[n] for n in named if n in all_kwargs}
         new_kwargs.update((k, v) for k, v in all_kwargs.items() if k not in new_kwargs)
         new_ds = {n: all_ds[n] for n in named if n in all_ds}

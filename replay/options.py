@@ -1,23 +1,30 @@
 """The options of a replay, built once at the API boundary and passed down the pipeline.
 
-`replay.export_inputs`, `replay.export`, ``capture export`` and ``capture dims --python`` each
-turn their keyword arguments (or command options) into one `ExportOptions` and hand it to the
-pipeline: analysis (``set_batch_dimension_for``) -> representative example -> per-group shapes
-(`replay.groupshapes`, ``named_dims``, ``keyword_only``, ``hinted``/``floor``) -> rebuilt
-arguments (``seed``, ``device``, ``fill_missing``) -> export and check. A retry changes one
-option with `dataclasses.replace` and runs the same step again (`replay.bounded`: named Dims
-rejected by torch.export become bounded ``Dim.DYNAMIC`` hints) instead of a parallel path.
+`ExportOptions` is the one place an option is defined, with its default: `replay.export` and
+`replay.export_inputs` keep their documented keyword arguments, whose defaults are read from it
+(`tests/test_replay_options.py` checks that they stay the same set with the same defaults), and
+turn them into one `ExportOptions` with `ExportOptions.of` (the one conversion and check);
+``capture export`` builds the same object from its command options (whose defaults it reads
+here too), and ``capture dims --python`` builds one for its three options. A new option goes
+into `ExportOptions` first. The pipeline: analysis (``set_batch_dimension_for``) ->
+representative example -> per-group shapes (`replay.groupshapes`, ``named_dims``,
+``keyword_only``, ``hinted``/``floor``) -> rebuilt arguments (``seed``, ``device``,
+``fill_missing``) -> export and check (``modules``: the recorded sub-modules too). A retry
+changes one option with `dataclasses.replace` and runs the same step again (`replay.bounded`:
+named Dims rejected by torch.export become bounded ``Dim.DYNAMIC`` hints) instead of a parallel
+path.
 
 This module imports no torch (``capture dims --python`` builds options too).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from replay.select import DEFAULT_PROBES
+from capture.store.payload_format import DEFAULT_MAX_CALL_BYTES
 
 if TYPE_CHECKING:
     import torch
@@ -26,17 +33,11 @@ __all__ = [
     "ExportOptions",
     "batch_option",
     "DEFAULT_SEED",
-    "DEFAULT_PROBES",
-    "DEFAULT_MAX_PAYLOADS",
-    "DEFAULT_MAX_REGIMES",
+    "INTERNAL",
 ]
 
 DEFAULT_SEED = 0
-"""Seed of the rebuilt example tensors."""
-DEFAULT_MAX_PAYLOADS = 64
-"""Most sampled real calls checked by `replay.export` (`replay.payload_rows`)."""
-DEFAULT_MAX_REGIMES = 4
-"""Most regimes a call group is split into (`replay.regimes`): each costs one more export."""
+"""Seed of the rebuilt example tensors (also the default of `replay.rebuild.rebuild`)."""
 
 BatchOption = bool | tuple[str | int, ...] | None
 
@@ -74,11 +75,15 @@ class ExportOptions:
         device: Device of the example tensors.
         groups: Only these call groups (None: all).
         onnx: Also write ONNX to this path (`replay.export` only).
+        modules: Also export the sub-modules recorded with ``Recorder(modules=...)`` into
+            `replay.exporting.ExportResult.modules` (`replay.export` only).
         strict: Passed to ``torch.export.export``.
         atol: Absolute tolerance of the output comparison.
         rtol: Relative tolerance of the output comparison.
         probes: Most probes checked per group.
         max_payloads: Most sampled real calls checked.
+        max_payload_bytes: Most bytes of tensors a sampled call's file may hold (bigger ones
+            are not covered, never read).
         max_regimes: Most regimes a call group is split into where torch.export cuts its
             recorded range (`replay.regimes`); 1: never split.
         merge: Serve a group that lacks an optional input with another group's program, the
@@ -98,12 +103,14 @@ class ExportOptions:
     device: str | None = None
     groups: tuple[str, ...] | None = None
     onnx: str | None = None
+    modules: bool = False
     strict: bool = False
     atol: float = 1e-4
     rtol: float = 1e-4
-    probes: int = DEFAULT_PROBES
-    max_payloads: int = DEFAULT_MAX_PAYLOADS
-    max_regimes: int = DEFAULT_MAX_REGIMES
+    probes: int = 4
+    max_payloads: int = 64
+    max_payload_bytes: int = DEFAULT_MAX_CALL_BYTES
+    max_regimes: int = 4
     merge: bool = True
 
     @classmethod
@@ -112,12 +119,17 @@ class ExportOptions:
         None mappings empty).
 
         Raises:
-            TypeError: An unknown option.
+            TypeError: An unknown option, or one set by the pipeline only (`INTERNAL`).
 
         Example:
             >>> ExportOptions.of(named_dims=True, groups=["decode"]).groups
             ('decode',)
         """
+        internal = sorted(set(options) & set(INTERNAL))
+        if internal:
+            raise TypeError(f"{', '.join(internal)}: set by the replay itself, not an option")
+        if options.get("onnx") is not None:
+            options["onnx"] = os.fspath(options["onnx"])
         if "set_batch_dimension_for" in options:
             options["set_batch_dimension_for"] = batch_option(options["set_batch_dimension_for"])
         if options.get("groups") is not None:
@@ -125,3 +137,8 @@ class ExportOptions:
         if "value_if_missing" in options:
             options["value_if_missing"] = dict(options["value_if_missing"] or {})
         return cls(**options)
+
+
+INTERNAL = ("hinted", "floor", "auto")
+"""Fields of `ExportOptions` the pipeline sets (the `replay.bounded` retry, `replay.regimes`'
+probe of torch's cuts), never a caller."""

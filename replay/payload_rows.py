@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from capture import schema
-from capture.errors import ReplayError
+from capture.errors import CaptureError, ReplayError
 from capture.pytree import nodes
 from capture.record.flatten import dtype_name
 from capture.store.payload_files import Payload, iter_payloads, list_payloads
@@ -38,7 +38,7 @@ from replay import rebuild as rb
 from replay import shapes
 from replay.checking import compare_outputs, failed, first_line
 from replay.coverage import KIND_PAYLOAD, CoverageRow
-from replay.options import DEFAULT_MAX_PAYLOADS
+from replay.options import ExportOptions
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -46,12 +46,9 @@ if TYPE_CHECKING:
     from capture.pytree.structure import RecordedStructure
     from replay.inputs import ExportGroup, ExportInputs
 
-__all__ = ["payload_rows", "real_call", "DEFAULT_LIMIT"]
+__all__ = ["payload_rows", "real_call"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_LIMIT = DEFAULT_MAX_PAYLOADS
-"""Sampled calls checked by `replay.export` (the newest ones); the check stays bounded."""
 
 
 def real_call(
@@ -169,9 +166,10 @@ def payload_rows(
     programs: Mapping[str, ExportedProgram],
     errors: Mapping[str, str],
     *,
-    atol: float = 1e-4,
-    rtol: float = 1e-4,
-    limit: int = DEFAULT_LIMIT,
+    atol: float = ExportOptions.atol,
+    rtol: float = ExportOptions.rtol,
+    limit: int = ExportOptions.max_payloads,
+    max_bytes: int = ExportOptions.max_payload_bytes,
     device: str | None = None,
 ) -> tuple[list[CoverageRow], list[str]]:
     """Coverage rows of kind ``payload`` (module docstring) and notes about them.
@@ -185,17 +183,28 @@ def payload_rows(
         atol: Absolute tolerance.
         rtol: Relative tolerance (times the largest expected magnitude).
         limit: Check at most this many sampled calls, the newest ones.
+        max_bytes: Most bytes of tensors a payload file may hold (bigger: not covered, unread).
         device: Device of the rebuilt tensors.
 
     Returns:
-        (rows, notes); no rows when the store holds no payloads of the model.
+        (rows, notes); no rows when the store holds no payloads of the model. A payload that
+        cannot be read (malformed, over a cap, a link) is one not-covered row (or, for a
+        link, which is never followed, one warning), never an exception (issue 25).
     """
     from capture.store.files import resolve_store
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
-    fs, root = (store.fs, store.root) if isinstance(store, Store) else resolve_store(store)
-    files = list_payloads((fs, root), inputs.model)
-    if not files or limit <= 0:
+    if limit <= 0:
+        return [], []
+    try:
+        fs, root = (
+            (store.fs, store.root) if isinstance(store, StoreReader) else resolve_store(store)
+        )
+        files = list_payloads((fs, root), inputs.model)
+    except (CaptureError, OSError) as e:  # an unreachable store, a folder that cannot be listed
+        why = " ".join(str(e).split())
+        return [_row(None, "payloads", error=f"the payloads cannot be listed ({why})")], []
+    if not files:
         return [], []
     notes = []
     if len(files) > limit:
@@ -206,7 +215,7 @@ def payload_rows(
     rows: list[CoverageRow] = []
     runnables: dict[str, Any] = {}
     with nodes.register_flattening_functions():
-        for item in iter_payloads(files, fs):
+        for item in iter_payloads(files, fs, max_bytes):
             if isinstance(item, str):
                 rows.append(_row(None, "unreadable payload", error=item))
                 continue

@@ -2,7 +2,7 @@
 
 `ExportResult` lives apart from the export pipeline (`replay.exporting`) so that the artifact
 writer (`replay.ship.artifact`) never imports the pipeline back: ``save`` reaches the writer,
-the writer reads a result through the fields it needs (`replay.ship.artifact.SavedResult`).
+the writer reads a result through the fields it needs (`replay.ship.entries.SavedResult`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class ExportResult:
         coverage: One row per distinct recorded signature and per probe (`COVERAGE_SCHEMA`).
         notes: What was done and why, per group (``"<group>: <note>"``).
         complete: Every row of `coverage` is covered (every kind: recorded signatures,
-            probes) and every option asked for was honoured (`not_honoured` is empty).
+            probes) and every option asked for was honoured (`not_honoured` is empty); with
+            ``modules=True``, every sub-module's export is complete too.
         inputs: The export inputs the programs were exported from.
         errors: Group name -> why torch.export rejected it.
         onnx: Group name -> path of the ONNX file written.
@@ -50,6 +51,8 @@ class ExportResult:
     not_honoured: dict[str, str] = field(default_factory=dict)
     source: str | None = None
     """The store the programs were exported from (its path or URI), for the artifact."""
+    modules: dict[str, ExportResult] = field(default_factory=dict)
+    """Sub-module name -> its export (``export(..., modules=True)``; empty otherwise)."""
 
     def save(
         self,
@@ -65,9 +68,10 @@ class ExportResult:
         Args:
             path: The ``.pt2`` to write.
             modules: Sub-module name -> its `ExportResult` (``{"encoder": ...}``), stored in
-                the same archive and served by ``replay.load(path).modules[name]``.
-            aoti: Also compile every program with AOTInductor into the archive
-                (``replay.load(path, compiled=True)`` then runs the compiled form).
+                the same archive and served by ``replay.load(path).modules[name]``; default:
+                `modules` (those ``export(..., modules=True)`` exported).
+            aoti: Also compile every program with AOTInductor into the archive, without its
+                weights (``replay.load(path, compiled=True)`` then runs the compiled form).
 
         Returns:
             The path written.
@@ -81,4 +85,16 @@ class ExportResult:
         """
         from replay.ship.artifact import save
 
-        return save(path, {"": self, **(modules or {})}, aoti=aoti)
+        return save(path, {"": self, **(self.modules if modules is None else modules)}, aoti=aoti)
+
+    def all_coverage(self) -> pa.Table:
+        """`coverage`, then each sub-module's, its groups named ``<module>.<group>``.
+
+        Example:
+            >>> export(model, "store", modules=True).all_coverage()  # doctest: +SKIP
+        """
+        tables = [self.coverage]
+        for name, sub in self.modules.items():
+            groups = [f"{name}.{g}" for g in sub.coverage.column("group").to_pylist()]
+            tables.append(sub.coverage.set_column(0, "group", pa.array(groups, pa.string())))
+        return pa.concat_tables(tables)

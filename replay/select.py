@@ -27,18 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from capture import schema
 from capture.analysis.representative import MIN_DYNAMIC, Representative, choose_row, synthesize
 from capture.errors import ReplayError
+from capture.store import stats_merge
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
 __all__ = [
     "Representative",
     "Ranges",
-    "DEFAULT_PROBES",
     "representative",
     "signatures",
     "value_ranges",
@@ -94,7 +93,7 @@ def representative(group: Group) -> Representative:
     return synthesize(matrix, row, symbol_of, group.relations, group.name)
 
 
-def value_ranges(store: Store, group: Group) -> dict[tuple[int, ...], Ranges]:
+def value_ranges(store: StoreReader, group: Group) -> dict[tuple[int, ...], Ranges]:
     """Integer value ranges per recorded signature of a group, merged over store segments.
 
     Args:
@@ -110,9 +109,10 @@ def value_ranges(store: Store, group: Group) -> dict[tuple[int, ...], Ranges]:
         ([3, 4, 0], [99, 5, 1])
     """
     # The signatures view merged the ranges over segments; signatures that differ only in
-    # their outputs merge here, by the same rule (schema.SIGNATURE_RANGES).
+    # their outputs merge here, by the same rule (`capture.store.stats_merge`).
+    ranges = stats_merge.select(("dims",), ("int_min", "int_max"))
     table = store.query(
-        f"SELECT dims, {schema.SIGNATURE_RANGES} FROM signatures WHERE model = $model "
+        f"SELECT {ranges} FROM signatures WHERE model = $model "
         "AND in_structure = $structure AND int_min IS NOT NULL GROUP BY dims",
         {"model": group.model, "structure": group.structure_id},
     )
@@ -122,11 +122,7 @@ def value_ranges(store: Store, group: Group) -> dict[tuple[int, ...], Ranges]:
     }
 
 
-DEFAULT_PROBES = 4
-"""Probes per call group `replay.export` checks by default (`probes`)."""
-
-
-def probes(group: Group, limit: int = DEFAULT_PROBES) -> list[tuple[int, ...]]:
+def probes(group: Group, limit: int) -> list[tuple[int, ...]]:
     """Unseen size vectors inside the recorded ranges of a group, to check a program between
     the recorded points.
 

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import ReplayError
-from capture.pytree.structure import Param, RecordedLeaf, as_leaves, parse_params
+from capture.pytree.structure import RecordedLeaf, as_leaves
 from capture.pytree.treespec import Node, UnsafeTreespec
 from capture.pytree.treespec import parse as parse_treespec
+from capture.signature import Signature
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
@@ -47,11 +48,9 @@ __all__ = [
     "SymbolRange",
     "GroupSpecs",
     "CallForm",
-    "Param",
     "axis_specs",
     "spec_tree",
     "leaf_specs",
-    "parse_params",
     "call_form",
     "arrange",
     "shapes_of",
@@ -280,30 +279,37 @@ class CallForm:
 
 
 def call_form(
-    n_args: int, keywords: Sequence[str], params: Sequence[Param], *, keyword_only: bool = False
+    n_args: int, keywords: Sequence[str], signature: Signature, *, keyword_only: bool = False
 ) -> CallForm:
     """The call form of a group: which names go positionally, by keyword, through ``**kwargs``.
+
+    Args:
+        n_args: How many arguments the group's calls pass positionally.
+        keywords: The keywords they pass.
+        signature: The recorded method's signature (`capture.signature`: it names the
+            positional arguments and tells which keywords go through ``**kwargs``).
+        keyword_only: Pass the positional arguments by keyword.
 
     Raises:
         ReplayError: ``keyword_only`` is asked for a call passing ``*args`` entries, or the
             positional arguments cannot be named (no recorded signature).
+
+    Example:
+        >>> from capture.signature import Signature
+        >>> call_form(1, ["mask"], Signature.of(lambda x, mask=None: x))
+        CallForm(positional=('x',), keywords=('mask',), extra=(), var_positional=None)
     """
-    named = [p.name for p in params if p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
-    var_pos = next((p.name for p in params if p.kind == "VAR_POSITIONAL"), None)
-    has_var_kw = any(p.kind == "VAR_KEYWORD" for p in params)
-    plain = {p.name for p in params if p.kind != "VAR_KEYWORD"}
-    positional = [named[i] if i < len(named) else f"args[{i}]" for i in range(n_args)]
-    extra_positional = n_args > len(named)
-    if n_args and not params:
+    positional = [signature.name_at(i) or f"args[{i}]" for i in range(n_args)]
+    extra_positional = n_args > len(signature.positional)
+    if n_args and not signature.params:
         raise ReplayError(
             "the store has no forward signature for this model, so its positional arguments "
             "cannot be named; record again with a current capture"
         )
-    extra = tuple(k for k in keywords if has_var_kw and k not in plain)
+    extra = tuple(signature.extra_keywords(keywords))
+    var_pos = signature.var_positional
     if keyword_only and n_args:
-        if extra_positional or any(
-            p.kind == "POSITIONAL_ONLY" for p in params if p.name in positional
-        ):
+        if extra_positional or signature.positional_only & set(positional):
             raise ReplayError(
                 "keyword_only: the recorded calls pass positional-only or *args entries, "
                 "which cannot move to keyword arguments"

@@ -42,7 +42,7 @@ from replay.options import ExportOptions
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
 __all__ = ["dynamic_shapes_source"]
 
@@ -190,7 +190,7 @@ def _group_source(
 
 
 def dynamic_shapes_source(
-    store: Store,
+    store: StoreReader,
     model: str | None = None,
     *,
     group: str | None = None,

@@ -14,7 +14,7 @@ import pytest
 from s3_server import S3Server
 
 import capture
-from capture.store.reader import Store
+from capture.store_api import Store
 from fixtures.stores import record_llama, record_seed_scenarios
 
 

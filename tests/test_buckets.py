@@ -21,7 +21,7 @@ from capture.engines.buckets import (
     padding_waste,
     vllm_default_sizes,
 )
-from capture.store.reader import Store
+from capture.store_api import Store
 from fixtures.traffic import record_traffic
 
 TRAFFIC = [((1, 7), 9), ((2, 7), 4), ((3, 12), 2), ((5, 12), 3), ((8, 40), 5), ((13, 40), 1)]

@@ -12,7 +12,7 @@ import torch.utils._pytree as pytree
 import capture
 from capture.analysis.groups import analyze
 from capture.pytree import cachespec, nodes
-from capture.store.reader import open_store
+from capture.store_api import open_store
 
 cache_utils = pytest.importorskip("transformers.cache_utils")
 

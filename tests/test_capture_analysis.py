@@ -29,11 +29,11 @@ from capture.analysis.groups import (
     Relation,
     analyze,
     dims_table,
-    summary,
 )
+from capture.analysis.summary import summary
 from capture.analysis.symbols import Axis, Symbols, find_symbols
 from capture.errors import UnknownModel
-from capture.store.reader import Store
+from capture.store_api import Store
 
 T = TypeVar("T")
 

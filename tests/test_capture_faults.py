@@ -386,8 +386,12 @@ for round in range(4):
     rec.flush()
     # Folders where the next stats files should land: their rename fails, the calls files'
     # (same names, another folder) succeed: the half-written segment of issue 12.
+    # The writer's next file number: one more than the newest of its files (issue 23: read
+    # from the files, not from the repr of the writer's counter).
     w = rec._writer
-    seq = int(repr(w._seq)[6:-1])
+    files = pathlib.Path({str(store)!r}).rglob(w.prefix + "-*.parquet")
+    numbers = [int(p.stem.rsplit("-", 1)[1]) for p in files]
+    seq = max(numbers) + 1
     blocked = [stats / f"{{w.prefix}}-{{n:06d}}.parquet" for n in range(seq, seq + 3)]
     for b in blocked:
         b.mkdir()

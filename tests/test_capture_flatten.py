@@ -19,7 +19,8 @@ from capture.pytree.nodes import (
     register_flattening_functions,
     registered_classes,
 )
-from capture.record.flatten import describe, signature_of, tensor_key, walk
+from capture.record.flatten import describe, tensor_key, walk
+from capture.signature import Signature
 
 
 def _cache(layers: int, seq: int) -> Any:
@@ -32,7 +33,7 @@ def _describe(args: tuple[Any, ...], kwargs: dict[str, Any], fn: Any = None) -> 
     tensors: list[torch.Tensor] = []
     key: list[Any] = []
     walk((args, kwargs), tensors, key)
-    signature = signature_of(fn) if fn is not None else ()
+    signature = Signature.of(fn) if fn is not None else Signature()
     return describe((args, kwargs), tensors, signature=signature), tensors
 
 

@@ -549,7 +549,8 @@ def test_to_store_merges_integer_ranges_of_one_signature(tmp_path: Path) -> None
         .to_pylist()
     )
     # issue 13: the observer keeps lows and highs as the calls columns do and merges them with
-    # the writer's rule (segment.merge_bounds): the smallest low and the largest high, per tensor.
+    # the writer's rule (stats_merge.merge_items): the smallest low and the largest high, per
+    # tensor.
     assert [(r["int_min"], r["int_max"], r["calls"]) for r in rows] == [
         ([1], [12], 3),
         ([None], [None], 1),

@@ -24,7 +24,7 @@ from capture import schema
 from capture.errors import EmptyStore, QueryError, StoreNotFound, UnknownModel
 from capture.record.segment import pack_sizes, sizes_array
 from capture.store.files import write_parquet
-from capture.store.reader import Store
+from capture.store_api import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -246,7 +246,7 @@ def test_signatures_merge_integer_ranges_over_segments(tmp_path: Path) -> None:
         segments = store.query("SELECT count(*) AS n FROM stats").to_pylist()
         rows = store.query("SELECT calls, int_min, int_max FROM signatures").to_pylist()
     assert segments == [{"n": 2}]
-    # issue 13: the view merges the ranges (one rule, schema.SIGNATURE_RANGES), item by item
+    # issue 13: the view merges the ranges (one rule, capture.store.stats_merge), item by item
     assert rows == [{"calls": 2, "int_min": [-1, None], "int_max": [9, None]}]
 
 
@@ -264,5 +264,5 @@ def test_a_writer_rolls_its_segments_up_into_one_stats_file(tmp_path: Path) -> N
     meta = pq.read_metadata(stats[0]).metadata
     assert meta[schema.METADATA_ROLLUP] == b"closed"  # the recorder stopped: compaction may take it
     rows = pq.read_table(stats[0]).to_pylist()
-    # the writer's in-memory merge follows the SQL rule (segment.merge_bounds)
+    # the writer's in-memory merge follows the SQL rule (stats_merge.merge_items)
     assert [(r["calls"], r["int_min"], r["int_max"]) for r in rows] == [(3, [-1, None], [9, None])]

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from capture.cli.demo import DEMO_MODEL, EXPORT_GROUP, MAX_NEW_TOKENS, WORKLOAD
 from capture.cli.main import cli
-from capture.store.reader import open_store
+from capture.store_api import open_store
 
 
 @dataclass(frozen=True)

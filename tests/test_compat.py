@@ -1,22 +1,163 @@
-"""capture.compat against the installed torch: each private API it wraps still says what we read.
-
-A torch release that moves one of them fails here, by name, rather than deep in an export.
-"""
+"""capture.compat against the installed torch: every private API it wraps is there and does what
+capture relies on (issue 23 item 4). A torch release that moves one fails here, by name."""
 
 from __future__ import annotations
 
+import logging
 import os
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import sympy
 import torch
+import torch.utils._pytree as pytree
 from torch.export import Dim
 
-from capture import compat
+from capture import compat, compat_archive
 
 
+@pytest.fixture(autouse=True)
+def no_lost_api(caplog: pytest.LogCaptureFixture) -> object:
+    """Each test fails when the function it calls finds its private API missing (warned)."""
+    caplog.set_level(logging.WARNING, logger="capture.compat")
+    compat._warned.clear()
+    yield
+    lost = [r.getMessage() for r in caplog.records if r.name == "capture.compat"]
+    assert lost == []
+
+
+@dataclass
+class Pair:
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+def _register_pair() -> None:
+    pytree.register_pytree_node(
+        Pair,
+        lambda p: ([p.a, p.b], None),
+        lambda children, _: Pair(*children),
+        serialized_type_name="tests.test_compat.Pair",
+    )
+
+
+def test_installed_torch_is_one_compat_was_checked_on() -> None:
+    # A new torch: check every entry of capture/compat.py against it, then add its version.
+    assert torch.__version__.split("+")[0] in compat.CHECKED_ON
+
+
+def test_every_function_names_its_private_api() -> None:
+    functions = {
+        name
+        for name in compat.__all__
+        if callable(getattr(compat, name)) and not isinstance(getattr(compat, name), type)
+    }
+    assert functions == set(compat.PRIVATE_APIS)
+
+
+def test_guards_code_is_what_the_program_checks() -> None:
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    dim = torch.export.Dim.DYNAMIC
+    ep = torch.export.export(Double(), (torch.ones(3),), dynamic_shapes=({0: dim},))
+    assert compat.guards_code(ep) == []
+    compat.set_guards_code(ep, ["L['x'].size()[0] == 99"])
+    assert compat.guards_code(ep) == ["L['x'].size()[0] == 99"]
+    with pytest.raises(AssertionError, match="Guard failed"):
+        ep.module()(torch.ones(5))
+
+
+def test_deregister_pytree_node_undoes_a_registration() -> None:
+    _register_pair()
+    assert Pair in compat.pytree_nodes()
+    assert compat.deregister_pytree_node(Pair) is True
+    assert Pair not in compat.pytree_nodes()
+
+
+def test_pytree_nodes_is_torchs_live_registry() -> None:
+    nodes = compat.pytree_nodes()
+    children, _ = nodes[tuple].flatten_fn((1, 2))
+    assert list(children) == [1, 2]
+    _register_pair()
+    try:
+        assert nodes[Pair].flatten_fn(Pair(torch.ones(1), torch.zeros(1)))[0][1].item() == 0
+    finally:
+        compat.deregister_pytree_node(Pair)
+
+
+def test_serialized_pytree_types_know_a_registered_class() -> None:
+    _register_pair()
+    try:
+        tables = compat.serialized_pytree_types()
+        assert tables is not None
+        by_name, serialization = tables
+        assert by_name["tests.test_compat.Pair"] is Pair
+        assert serialization[Pair].serialized_type_name == "tests.test_compat.Pair"
+    finally:
+        compat.deregister_pytree_node(Pair)
+
+
+def test_leaf_treespec_is_torchs_leaf() -> None:
+    spec = compat.leaf_treespec()
+    assert spec == pytree.tree_flatten(torch.ones(1))[1]
+
+
+def test_tensor_metadata_check_ignores_sizes_and_checks_dtypes() -> None:
+    check = compat.tensor_metadata_check([torch.ones(2, 3), torch.zeros(4, dtype=torch.int64)])
+    assert check is not None
+    assert check(torch.ones(7, 1), torch.zeros(9, dtype=torch.int64))
+    assert not check(torch.ones(7, 1), torch.zeros(9, dtype=torch.int32))
+    assert not check(torch.ones(7), torch.zeros(9, dtype=torch.int64))  # another rank
+
+
+def test_run_outside_dynamo_runs_the_recording_eagerly_under_compile() -> None:
+    compiling: list[bool] = []
+
+    def record(x: torch.Tensor) -> torch.Tensor:
+        compiling.append(torch.compiler.is_compiling())
+        return x + 1
+
+    def entry(x: torch.Tensor) -> torch.Tensor:
+        return record(x)
+
+    compat.run_outside_dynamo(entry, (), (record,), "a test")
+    assert entry._torchdynamo_disable is True  # type: ignore[attr-defined]
+
+    @torch.compile(backend="eager")
+    def caller(x: torch.Tensor) -> torch.Tensor:
+        return entry(x * 2) * 3
+
+    assert caller(torch.ones(2)).tolist() == [9.0, 9.0]
+    assert compiling == [False]
+
+
+def test_a_missing_private_api_is_warned_once_with_what_is_lost(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delattr(pytree, "_deregister_pytree_node")
+    assert compat.deregister_pytree_node(Pair) is False
+    assert compat.deregister_pytree_node(Pair) is False
+    lost = [r.getMessage() for r in caplog.records if r.name == "capture.compat"]
+    assert len(lost) == 1
+    assert "torch.utils._pytree._deregister_pytree_node" in lost[0]
+    assert "registered cache classes stay registered" in lost[0]
+    caplog.clear()  # seen: the fixture checks that no other test meets a missing API
+
+
+def test_dim_kind_tells_torch_exports_dim_objects_apart() -> None:
+    batch = torch.export.Dim("batch", min=2)
+    assert compat.dim_kind(batch) == "dim"
+    assert compat.dim_kind(batch + 1) == "derived"
+    assert compat.dim_kind(torch.export.Dim.DYNAMIC) == "hint"
+    assert compat.dim_kind(torch.export.Dim.AUTO) == "hint"
+    assert compat.dim_kind(2) is None
+
+
+# -- constraint violations and symbolic shapes (replay.regimes, replay.bounded) -----------------
 class _Branchy(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * 2 if x.shape[0] > 3 else x + 1
@@ -84,6 +225,12 @@ def _program() -> tuple[_Affine, torch.export.ExportedProgram]:
     return model, torch.export.export(model, (torch.randn(3, 4),), dynamic_shapes=dims)
 
 
+def test_every_archive_function_names_its_private_api() -> None:
+    functions = {n for n in compat_archive.__all__ if callable(getattr(compat_archive, n))}
+    assert functions == set(compat_archive.PRIVATE_APIS)
+    assert compat_archive.CHECKED_ON is compat.CHECKED_ON
+
+
 def test_the_archive_layout_is_torchs() -> None:
     from torch.export.pt2_archive import constants as c
 
@@ -122,10 +269,10 @@ def test_the_serialized_dtypes_and_layout_are_torchs() -> None:
 
 def test_a_program_round_trips_around_tensors_the_caller_holds() -> None:
     model, program = _program()
-    data = compat.serialize_program(program)
+    data = compat_archive.serialize_program(program)
     assert b"example_inputs" not in data and data.startswith(b"{")
     state = {k: torch.nn.Parameter(v.detach().clone()) for k, v in program.state_dict.items()}
-    loaded = compat.deserialize_program(data, state, {})
+    loaded = compat_archive.deserialize_program(data, state, {})
     module = loaded.module()
     assert module.proj.weight.data_ptr() == state["proj.weight"].data_ptr()  # not copied
     x = torch.randn(5, 4)
@@ -137,7 +284,9 @@ def test_a_storage_is_written_as_one_archive_record(tmp_path: Path) -> None:
 
     tensor = torch.arange(16, dtype=torch.float32)
     with PT2ArchiveWriter(str(tmp_path / "x.pt2")) as writer:
-        compat.write_archive_storage(writer, "data/weights/weight_0", tensor.untyped_storage())
+        compat_archive.write_archive_storage(
+            writer, "data/weights/weight_0", tensor.untyped_storage()
+        )
     with zipfile.ZipFile(tmp_path / "x.pt2") as z:
         info = z.getinfo("x/data/weights/weight_0")
         assert (info.compress_type, z.read(info)) == (zipfile.ZIP_STORED, tensor.numpy().tobytes())
@@ -148,11 +297,11 @@ def test_aoti_builds_without_weights_and_runs_on_the_callers_tensors(tmp_path: P
     from torch.export.pt2_archive import PT2ArchiveWriter
 
     model, program = _program()
-    files = compat.aoti_compile(program.module(), (torch.randn(3, 4),), {})
+    files = compat_archive.aoti_compile(program.module(), (torch.randn(3, 4),), {})
     with PT2ArchiveWriter(str(tmp_path / "a.pt2")) as writer:
         for file in files:
             writer.write_file(f"data/aotinductor/g0/{os.path.basename(file)}", file)
-    compiled = compat.aoti_load(str(tmp_path / "a.pt2"), "g0")
+    compiled = compat_archive.aoti_load(str(tmp_path / "a.pt2"), "g0")
     # the constants the build reads at run time (AOTInductor folds some, here the bias, into
     # its code: those are compiled in, not handed over)
     names = compiled.get_constant_fqns()

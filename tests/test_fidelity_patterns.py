@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import replay
-from capture.store.reader import Store
+from capture.store_api import Store
 
 pytest.importorskip("transformers")
 

@@ -547,12 +547,12 @@ def test_no_headers_with_json_is_a_usage_error(store: Path) -> None:
 
 
 def test_ctrl_c_exits_130_with_one_line(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import capture.store.reader
+    import capture.store_api
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(capture.store.reader, "open_store", interrupted)
+    monkeypatch.setattr(capture.store_api, "open_store", interrupted)
     code, out, err = _run(store, "summary")
     assert (code, out, err) == (130, "", "Error: interrupted (Ctrl-C)\n")  # issue 11
 

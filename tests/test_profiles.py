@@ -17,7 +17,7 @@ import torch
 import capture
 from capture.engines.profile_formats import format_profiles
 from capture.engines.profiles import build_profiles, count_peaks, export_names, target_size
-from capture.store.reader import Store
+from capture.store_api import Store
 from fixtures.traffic import record_traffic
 
 # Marginal modes are batch 1 and length 30, but (1, 30) was never sent.

@@ -302,10 +302,12 @@ def test_a_tiny_t5_encoder_and_decoder_in_one_artifact(tmp_path: Path) -> None:
     with capture.Recorder(model, tmp_path / "store", modules={"encoder": encoder}) as rec:
         run_generate(model, LLAMA_WORKLOAD, max_new_tokens=4)
     assert rec.modules["encoder"].name == "T5ForConditionalGeneration.encoder"
-    result = replay.export(model, tmp_path / "store", "T5ForConditionalGeneration")
-    encoded = replay.export(encoder, tmp_path / "store", "T5ForConditionalGeneration.encoder")
-    assert result.complete and encoded.complete
-    result.save(tmp_path / "t5.pt2", modules={"encoder": encoded})
+    # issue 23: the library exports the recorded sub-modules with the model (modules=True)
+    result = replay.export(model, tmp_path / "store", "T5ForConditionalGeneration", modules=True)
+    assert sorted(result.modules) == ["encoder"]
+    assert result.modules["encoder"].inputs.model == "T5ForConditionalGeneration.encoder"
+    assert result.complete and result.modules["encoder"].complete
+    result.save(tmp_path / "t5.pt2")
     # issue 20: the encoder's embedding is the decoder's: stored once for both modules
     assert _archive_weight_ratio(tmp_path / "t5.pt2", model) <= 1.10
     runner = replay.load(tmp_path / "t5.pt2")

@@ -17,7 +17,7 @@ import torch
 import capture
 import replay
 from capture.errors import ReplayError
-from capture.store.reader import Store
+from capture.store_api import Store
 from fixtures.models import run_generate, tiny_llama
 from fixtures.seeds import AddModel, Scenario, scenarios
 from fixtures.stores import record_llama, record_seed_scenarios

@@ -16,7 +16,7 @@ from torch.export import Dim
 import replay
 from capture.errors import ReplayError, UnknownModel
 from capture.seeds.strings import string_type
-from capture.store.reader import Store
+from capture.store_api import Store
 from fixtures.stores import record_seed_scenarios
 
 D = Dim.DYNAMIC

@@ -17,7 +17,7 @@ import torch
 
 import capture
 import replay
-from capture.store.reader import Store
+from capture.store_api import Store
 from replay import select
 from replay.inputs import ExportGroup
 

@@ -11,7 +11,7 @@ import capture
 from capture.analysis.groups import Group, analyze
 from capture.errors import ReplayError
 from capture.seeds.strings import string_type
-from capture.store.reader import Store
+from capture.store_api import Store
 from replay.rebuild import make_tensor, rebuild
 from replay.select import value_ranges
 

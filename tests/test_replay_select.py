@@ -12,7 +12,7 @@ import torch
 
 import capture
 from capture.analysis.groups import Group, analyze
-from capture.store.reader import Store
+from capture.store_api import Store
 from replay.select import representative, signatures, value_ranges
 
 

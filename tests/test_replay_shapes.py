@@ -11,9 +11,10 @@ from torch.export import Dim
 
 from capture.analysis.groups import Group, analyze
 from capture.errors import ReplayError
-from capture.store.reader import Store
+from capture.signature import POSITIONAL_OR_KEYWORD, VAR_KEYWORD, VAR_POSITIONAL, Param, Signature
+from capture.store_api import Store
 from replay import shapes
-from replay.shapes import AxisSpec, CallForm, Param, SymbolRange
+from replay.shapes import AxisSpec, CallForm, SymbolRange
 
 
 def _group(store: Store, model: str, name: str) -> Group:
@@ -114,8 +115,10 @@ def test_spec_tree_needs_a_treespec() -> None:
         shapes.spec_tree(None, [])
 
 
-PARAMS = [Param("x", "POSITIONAL_OR_KEYWORD", False), Param("y", "POSITIONAL_OR_KEYWORD", True)]
-VAR_KW = [*PARAMS, Param("kwargs", "VAR_KEYWORD", False)]
+PARAMS = Signature(
+    (Param("x", POSITIONAL_OR_KEYWORD, False), Param("y", POSITIONAL_OR_KEYWORD, True))
+)
+VAR_KW = Signature((*PARAMS, Param("kwargs", VAR_KEYWORD, False)))
 
 
 @pytest.mark.parametrize(
@@ -128,7 +131,7 @@ VAR_KW = [*PARAMS, Param("kwargs", "VAR_KEYWORD", False)]
     ],
 )
 def test_call_form(
-    n_args: int, keywords: list[str], params: list[Param], keyword_only: bool, expected: CallForm
+    n_args: int, keywords: list[str], params: Signature, keyword_only: bool, expected: CallForm
 ) -> None:
     assert shapes.call_form(n_args, keywords, params, keyword_only=keyword_only) == expected
 
@@ -153,7 +156,9 @@ def test_arrange_moves_positional_arguments_to_keywords() -> None:
 
 
 def test_keyword_only_refuses_star_args() -> None:
-    params = [Param("x", "POSITIONAL_OR_KEYWORD", False), Param("rest", "VAR_POSITIONAL", False)]
+    params = Signature(
+        (Param("x", POSITIONAL_OR_KEYWORD, False), Param("rest", VAR_POSITIONAL, False))
+    )
     with pytest.raises(ReplayError, match="cannot move to keyword arguments"):
         shapes.call_form(3, [], params, keyword_only=True)
 

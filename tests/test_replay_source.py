@@ -14,7 +14,7 @@ import pytest
 import capture
 import replay
 from capture.errors import ReplayError
-from capture.store.reader import Store
+from capture.store_api import Store
 from fixtures.stores import record_llama, record_seed_scenarios
 from replay.source import dynamic_shapes_source
 

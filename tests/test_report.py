@@ -21,7 +21,7 @@ from capture.cli.main import cli
 from capture.cli.progress import Progress
 from capture.engines.report_data import served_calls, timeline
 from capture.engines.report_html import build_report
-from capture.store.reader import Store
+from capture.store_api import Store
 from fixtures.traffic import record_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ def test_progress_is_silent_when_not_a_terminal() -> None:
 @pytest.mark.parametrize(
     "code",
     [
-        "import capture, capture.store.reader",
+        "import capture, capture.store_api",
         "from capture.cli.main import cli; cli(['--store', STORE, 'query', 'SELECT 1'], "
         "standalone_mode=False)",
     ],

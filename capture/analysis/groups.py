@@ -1,6 +1,7 @@
 """Call groups, dynamic dims, shared symbols and relations, read from a store's signatures.
 
-This is the analysis layer behind `Store.dims()`, `Store.summary()` and `replay`:
+This is the analysis layer behind `Store.dims()`, `Store.summary()` and `replay`. It reads a
+store through its data-access object (`capture.store.reader.StoreReader`), which never imports it:
 
 - a **call group** is the set of calls sharing one input structure (prefill vs decode, with or
   without an optional input); `analyze()` returns one `Group` per structure, largest first;
@@ -32,13 +33,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from capture.analysis.summary import build_summary
 from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
 from capture.pytree.cachespec import is_cache_argument
 from capture.pytree.structure import PRESENT, RecordedLeaf, RecordedStructure
+from capture.store import stats_merge
 
 if TYPE_CHECKING:
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
 __all__ = [
     "DimInfo",
@@ -49,7 +50,6 @@ __all__ = [
     "DIMS_SCHEMA",
     "analyze",
     "dims_table",
-    "summary",
     "format_expr",
 ]
 
@@ -161,10 +161,12 @@ DIMS_SCHEMA = pa.schema(
 )
 """Columns of `dims_table()` / `Store.dims()`."""
 
-_SIGNATURES_SQL = """
-SELECT model, in_structure, dims,
-       sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
-       min(first_ts) AS first_ts, max(last_ts) AS last_ts
+# Signatures that differ only in their outputs merge here, by the stats rule.
+_GROUP_MERGE = stats_merge.select(
+    ("model", "in_structure", "dims"), ("calls", "errors", "first_ts", "last_ts")
+)
+_SIGNATURES_SQL = f"""
+SELECT {_GROUP_MERGE}
 FROM signatures
 WHERE model IN (SELECT unnest($models))
 GROUP BY model, in_structure, dims
@@ -189,7 +191,7 @@ def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
     wanted = list(spec)
     names = {w for w in wanted if isinstance(w, str)}
     positions = {w for w in wanted if isinstance(w, int) and not isinstance(w, bool)}
-    names |= {name for name, i in structure.signature_order().items() if i in positions}
+    names |= {name for name, i in structure.params.index.items() if i in positions}
     return {
         leaf.leaf
         for leaf in tensors
@@ -286,7 +288,7 @@ def _group(
 
 
 def analyze(
-    store: Store,
+    store: StoreReader,
     model: str | None = None,
     *,
     set_batch_dimension_for: BatchSpec = None,
@@ -423,7 +425,7 @@ def _build(
     )
 
 
-def dims_table(store: Store, model: str | None = None, **options: Any) -> pa.Table:
+def dims_table(store: StoreReader, model: str | None = None, **options: Any) -> pa.Table:
     """One row per model, call group, tensor leaf and axis (`Store.dims()`).
 
     Args:
@@ -452,25 +454,3 @@ def dims_table(store: Store, model: str | None = None, **options: Any) -> pa.Tab
             for name in ("distinct", "calls", "symbol", "expr"):
                 rows[name].append(getattr(d, name))
     return pa.table(rows, schema=DIMS_SCHEMA)
-
-
-def summary(store: Store, model: str | None = None) -> dict[str, Any]:
-    """What the store recorded, per model (`Store.summary()`); see `capture.analysis.summary`.
-
-    Args:
-        store: An open store.
-        model: A model name, or None for every model.
-
-    Returns:
-        A JSON-serializable dict: totals, date range, and per model its call groups,
-        inputs sometimes missing or None, dtype/rank drift and relations.
-
-    Raises:
-        UnknownModel: `model` is not in the store.
-
-    Example:
-        >>> summary(open_store("capture-store"))["calls"]  # doctest: +SKIP
-        20
-    """
-    models = store.check_model(model)
-    return build_summary(store, models, analyze(store, model))

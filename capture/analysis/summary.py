@@ -45,13 +45,13 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from capture import schema
+from capture.analysis.groups import Group, analyze
 from capture.pytree.structure import MISSING, NONE, PRESENT
 
 if TYPE_CHECKING:
-    from capture.analysis.groups import Group
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
-__all__ = ["build_summary", "drift_rows"]
+__all__ = ["summary", "build_summary", "drift_rows", "group_rows"]
 
 _ABSENT = (schema.KIND_MISSING, schema.KIND_NONE)
 
@@ -110,7 +110,7 @@ def _optional_inputs(groups: Sequence[Group]) -> tuple[list[dict[str, Any]], lis
     arguments: list[str] = []
     for st in statuses:
         arguments.extend(a for a in st if a not in arguments)
-    order = groups[0].structure.signature_order() if groups else {}
+    order = groups[0].structure.params.index if groups else {}
     arguments.sort(key=lambda a: order.get(a, len(order)))
     total = sum(g.calls for g in groups)
     optional, always_absent = [], []
@@ -193,7 +193,31 @@ def _model_entry(model: str, groups: Sequence[Group]) -> dict[str, Any]:
     }
 
 
-def build_summary(store: Store, models: Sequence[str], groups: Sequence[Group]) -> dict[str, Any]:
+def summary(store: StoreReader, model: str | None = None) -> dict[str, Any]:
+    """What the store recorded, per model (`Store.summary()`): this module's dict.
+
+    Args:
+        store: An open store.
+        model: A model name, or None for every model.
+
+    Returns:
+        A JSON-serializable dict: totals, date range, and per model its call groups,
+        inputs sometimes missing or None, dtype/rank drift and relations.
+
+    Raises:
+        UnknownModel: `model` is not in the store.
+
+    Example:
+        >>> summary(open_store("capture-store"))["calls"]  # doctest: +SKIP
+        20
+    """
+    models = store.check_model(model)
+    return build_summary(store, models, analyze(store, model))
+
+
+def build_summary(
+    store: StoreReader, models: Sequence[str], groups: Sequence[Group]
+) -> dict[str, Any]:
     """The summary dict described in this module's docstring.
 
     Args:

@@ -35,7 +35,7 @@ from capture.errors import CaptureError
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
 __all__ = [
     "BUCKETS_SCHEMA",
@@ -350,7 +350,9 @@ def plan_buckets(groups: Sequence[Group], symbol: str, budget: int, model: str =
     )
 
 
-def _model_groups(store: Store, model: str | None, group: str | None) -> tuple[str, list[Group]]:
+def _model_groups(
+    store: StoreReader, model: str | None, group: str | None
+) -> tuple[str, list[Group]]:
     from capture.analysis.groups import analyze
     from capture.errors import UnknownModel
 
@@ -374,7 +376,7 @@ def _model_groups(store: Store, model: str | None, group: str | None) -> tuple[s
 
 
 def buckets_table(
-    store: Store,
+    store: StoreReader,
     symbol: str,
     budget: int,
     *,

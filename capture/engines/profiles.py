@@ -44,7 +44,7 @@ from capture.pytree.structure import RecordedLeaf, as_leaves
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
 __all__ = [
     "OPT_CHOICES",
@@ -352,7 +352,7 @@ def build_profiles(
 
 
 def store_profiles(
-    store: Store,
+    store: StoreReader,
     model: str | None = None,
     *,
     group: str | None = None,
@@ -381,7 +381,7 @@ def store_profiles(
 
 
 def profiles_table(
-    store: Store,
+    store: StoreReader,
     model: str | None = None,
     *,
     group: str | None = None,

@@ -27,7 +27,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
 __all__ = ["Timeline", "ServedGroup", "timeline", "served_calls", "symbol_kind"]
 
@@ -54,7 +54,7 @@ class Timeline:
     calls: np.ndarray[Any, np.dtype[np.float64]]
 
 
-def timeline(store: Store, model: str, groups: Sequence[Group], bins: int = 60) -> Timeline:
+def timeline(store: StoreReader, model: str, groups: Sequence[Group], bins: int = 60) -> Timeline:
     """Calls over time per group of `model`, from the stats rows (module docstring).
 
     Args:

@@ -30,7 +30,7 @@ from capture.engines.report_data import ServedGroup, served_calls, symbol_kind, 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
     from capture.engines.report_data import Timeline
-    from capture.store.reader import Store
+    from capture.store.reader import StoreReader
 
 __all__ = ["build_report", "require_matplotlib"]
 
@@ -297,7 +297,7 @@ def _served_section(served: Sequence[ServedGroup], source: str) -> list[str]:
 
 
 def _model_section(
-    store: Store,
+    store: StoreReader,
     model: Mapping[str, Any],
     groups: Sequence[Group],
     served: tuple[str, Sequence[Mapping[str, Any]]] | None,
@@ -352,7 +352,7 @@ def _model_section(
 
 
 def build_report(
-    store: Store,
+    store: StoreReader,
     model: str | None = None,
     *,
     served: tuple[str, Sequence[Mapping[str, Any]]] | None = None,

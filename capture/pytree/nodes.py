@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from capture import compat
 from capture.pytree import cachespec
 from capture.pytree.cachespec import unsupported_reason
 
@@ -403,7 +404,7 @@ def acquire() -> None:
             return
         _SCANNED = wanted
         for cls, kwargs in _registrations():
-            if cls in pytree.SUPPORTED_NODES or cls in _OWNED:
+            if cls in compat.pytree_nodes() or cls in _OWNED:
                 continue
             pytree.register_pytree_node(cls, **kwargs)
             _OWNED.append(cls)
@@ -422,9 +423,9 @@ def release() -> None:
         if _REFCOUNT:
             return
         while _OWNED:
-            cls = _OWNED.pop()
-            LAYERED_CACHES.discard(cls)
-            pytree._deregister_pytree_node(cls)
+            if not compat.deregister_pytree_node(_OWNED[-1]):
+                break  # this torch cannot deregister (warned once): they stay registered, ours
+            LAYERED_CACHES.discard(_OWNED.pop())
 
 
 def registered_classes() -> list[type]:

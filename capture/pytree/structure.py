@@ -9,13 +9,12 @@ positional count) and every reader after it (the analysis itself, ``capture summ
 
 This module is the store-side, torch-free twin of the recorder's `capture.record.flatten.Structure`
 (which holds live tensors' metadata while a call is being recorded): ``Recorded*`` names say
-that these objects come back from a store. `Param`, the parameter of a recorded method, is
-defined here once and used by both sides.
+that these objects come back from a store. The recorded method's parameters are a
+`capture.signature.Signature`, the one binder both sides ask.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,10 +24,9 @@ from capture import schema
 from capture.errors import ReplayError
 from capture.pytree.treespec import Node
 from capture.pytree.treespec import parse as parse_treespec
+from capture.signature import Signature
 
 __all__ = [
-    "Param",
-    "parse_params",
     "RecordedLeaf",
     "RecordedStructure",
     "as_leaves",
@@ -42,54 +40,6 @@ PRESENT, MISSING, NONE = "present", "missing", "none"
 
 _ABSENT_KINDS = frozenset({schema.KIND_MISSING, schema.KIND_NONE})
 _SCALAR_KINDS = frozenset({schema.KIND_INT, schema.KIND_FLOAT, schema.KIND_BOOL, schema.KIND_STR})
-_VARIADIC = ("VAR_POSITIONAL", "VAR_KEYWORD")
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of the recorded method's signature (the ``signature`` column).
-
-    Attributes:
-        name: The parameter name.
-        kind: Its ``inspect.Parameter.kind`` name (``POSITIONAL_OR_KEYWORD``, ``VAR_KEYWORD``, ...).
-        has_default: Whether it has a default value.
-    """
-
-    name: str
-    kind: str
-    has_default: bool
-
-    @property
-    def is_variadic(self) -> bool:
-        """True for ``*args`` and ``**kwargs``."""
-        return self.kind in _VARIADIC
-
-
-def parse_params(signature: str | None) -> list[Param]:
-    """The recorded method's parameters from the stored JSON signature (empty when unknown).
-
-    Args:
-        signature: The ``signature`` column: ``[{"name", "kind", "has_default"}, ...]``.
-
-    Returns:
-        The parameters, in signature order.
-
-    Raises:
-        ReplayError: The stored signature is malformed (one line, not a traceback: issue 11).
-
-    Example:
-        >>> parse_params('[{"name": "x", "kind": "POSITIONAL_OR_KEYWORD", "has_default": false}]')
-        [Param(name='x', kind='POSITIONAL_OR_KEYWORD', has_default=False)]
-    """
-    if not signature:
-        return []
-    try:
-        return [
-            Param(str(p["name"]), str(p["kind"]), bool(p["has_default"]))
-            for p in json.loads(signature)
-        ]
-    except (ValueError, TypeError, KeyError) as e:
-        raise ReplayError(f"the recorded method signature is malformed ({e!r:.80})") from None
 
 
 def _int(value: Any) -> int | None:
@@ -175,7 +125,7 @@ class RecordedStructure:
         treespec: The stored JSON treespec of ``(args, kwargs)`` (None when unserializable).
         signature: The stored JSON signature of the recorded method (None when unknown).
         n_args: How many arguments its calls passed positionally.
-        params: The method's parameters (empty when unknown or malformed).
+        params: The method's signature (empty when unknown or malformed).
         signature_error: Why `signature` could not be read, else None.
     """
 
@@ -185,7 +135,7 @@ class RecordedStructure:
     treespec: str | None = None
     signature: str | None = None
     n_args: int = 0
-    params: tuple[Param, ...] = ()
+    params: Signature = Signature()
     signature_error: str | None = field(default=None, compare=False)
 
     @classmethod
@@ -209,10 +159,10 @@ class RecordedStructure:
             raise ValueError("a recorded structure has at least one row")
         first = rows[0]
         signature = first.get("signature")
-        params: tuple[Param, ...] = ()
+        params = Signature()
         error = None
         try:
-            params = tuple(parse_params(signature))
+            params = Signature.loads(signature)
         except ReplayError as e:
             error = str(e)
         return cls(
@@ -247,8 +197,8 @@ class RecordedStructure:
             )
         return parse_treespec(self.treespec, "the store's structures")
 
-    def checked_params(self) -> tuple[Param, ...]:
-        """The method's parameters.
+    def checked_params(self) -> Signature:
+        """The method's signature.
 
         Raises:
             ReplayError: The stored signature is malformed.
@@ -272,10 +222,6 @@ class RecordedStructure:
         wanted = set(kinds)
         return [leaf.argument for leaf in self.leaves if leaf.kind in wanted]
 
-    def signature_order(self) -> dict[str, int]:
-        """Parameter name -> its index in the recorded method's signature (empty if unknown)."""
-        return {p.name: i for i, p in enumerate(self.params)}
-
     def argument_status(self) -> dict[str, str]:
         """Per top-level argument, in signature order: `PRESENT`, `NONE` or `MISSING`.
 
@@ -287,7 +233,7 @@ class RecordedStructure:
         kinds: dict[str, set[str]] = {}
         for leaf in self.leaves:
             kinds.setdefault(leaf.argument or leaf.path, set()).add(leaf.kind)
-        order = self.signature_order()
+        order = self.params.index
         status = {}
         for argument in sorted(kinds, key=lambda a: order.get(a, len(order))):
             seen = kinds[argument]

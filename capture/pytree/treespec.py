@@ -22,10 +22,10 @@ from __future__ import annotations
 import collections
 import json
 import re
-import sys
 from dataclasses import dataclass
 from typing import Any
 
+from capture import compat
 from capture.errors import CaptureError
 
 __all__ = [
@@ -210,30 +210,26 @@ def _builtin_context(kind: str, context: Any, n: int, source: str) -> Any:
     return (name, tuple(_keys(context["dict_context"], n, source, kind)))
 
 
-def _pytree() -> Any:
-    """torch's pytree module when this process has imported it (never imported here)."""
-    return sys.modules.get("torch.utils._pytree")
-
-
 def _registered_name(kind: str) -> bool:
     """True when a class is registered with torch's pytree under `kind` in this process.
 
     The transformers cache names are accepted too (without importing transformers): they only
     become objects in `to_treespec`, which requires the registration.
     """
-    pytree = _pytree()
-    if pytree is not None and kind in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+    tables = compat.serialized_pytree_types()
+    if tables is not None and kind in tables[0]:
         return True
     return kind.startswith("transformers.cache_utils.") and kind.endswith("Cache")
 
 
 def _namedtuple_class(name: str, n: int) -> type:
-    pytree = _pytree()
-    registered = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name) if pytree else None
-    if registered is not None and getattr(registered, "_fields", None) is not None:
-        if len(registered._fields) != n:
-            raise UnsafeTreespec(f"namedtuple {name!r} has {len(registered._fields)} fields")
-        return registered  # type: ignore[no-any-return]
+    tables = compat.serialized_pytree_types()
+    registered = tables[0].get(name) if tables is not None else None
+    fields = getattr(registered, "_fields", None)
+    if registered is not None and fields is not None:
+        if len(fields) != n:
+            raise UnsafeTreespec(f"namedtuple {name!r} has {len(fields)} fields")
+        return registered
     short = name.rsplit(".", 1)[-1]
     return collections.namedtuple(short, [f"field{i}" for i in range(n)])
 
@@ -254,7 +250,7 @@ def to_treespec(node: Node, source: str = "a stored treespec") -> Any:
     import torch.utils._pytree as pytree
 
     if node.type is None:
-        return pytree.treespec_leaf()
+        return compat.leaf_treespec()
     children = [to_treespec(child, source) for child in node.children]
     kind, context = node.type, node.context
     typ: Any
@@ -275,8 +271,9 @@ def to_treespec(node: Node, source: str = "a stored treespec") -> Any:
         # torch's namedtuple node: type `collections.namedtuple`, context the class.
         typ, ctx = collections.namedtuple, _namedtuple_class(str(context), len(children))
     else:
-        typ = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(kind)
-        node_def = pytree.SUPPORTED_SERIALIZED_TYPES.get(typ) if typ is not None else None
+        tables = compat.serialized_pytree_types()
+        typ = tables[0].get(kind) if tables is not None else None
+        node_def = tables[1].get(typ) if tables is not None and typ is not None else None
         if node_def is None:
             raise _fail(source, f"names the node type {kind!r}, not registered in this process")
         # A class registered in this process was imported by this process's own code: its

@@ -19,7 +19,6 @@ order, dict in insertion order, registered nodes through their flatten function)
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import operator
@@ -30,8 +29,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from capture import compat
 from capture.pytree import nodes
-from capture.pytree.structure import Param  # one definition, shared with the store side
 from capture.schema import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -43,13 +42,12 @@ from capture.schema import (
     KIND_TENSOR,
     SCHEMA_VERSION,
 )
+from capture.signature import Signature
 
 __all__ = [
     "Leaf",
-    "Param",
     "Structure",
     "describe",
-    "signature_of",
     "walk",
     "tensor_key",
     "metadata_guard",
@@ -72,6 +70,7 @@ _INTEGER_DTYPES = frozenset(
     | {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
 )
 _OPAQUE = "<opaque>"
+_NODES = compat.pytree_nodes()  # torch's pytree registry, live: class -> node definition
 # Integer dtypes whose value range is not recorded: uint64 values may not fit the int64 columns.
 _NO_RANGE_DTYPES = frozenset({getattr(torch, "uint64", torch.int64)} - {torch.int64})
 # A NaN argument: every float('nan') is a different object and NaN != NaN, so without one shared
@@ -93,18 +92,6 @@ class Summary:
     """Stands for an argument too large to record leaf by leaf (an opaque leaf of its type)."""
 
     type_name: str
-
-
-def signature_of(fn: Callable[..., Any]) -> tuple[Param, ...]:
-    """The parameters of a (bound) method, as recorded in the store."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return ()
-    return tuple(
-        Param(p.name, p.kind.name, p.default is not inspect.Parameter.empty)
-        for p in sig.parameters.values()
-    )
 
 
 # Not `capture.pytree.structure.RecordedLeaf`: that one carries its stored leaf index first, known
@@ -161,6 +148,8 @@ def _freeze(context: Any) -> Any:
         return repr(context)
     return context
 
+
+_UNKNOWN = Signature()  # a method Python cannot tell the signature of: nothing is named
 
 _T = "<tensor>"  # the token a tensor leaves in the key; its dtype/device/rank come after
 
@@ -222,7 +211,7 @@ def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any])
         tensors.append(obj)
         key.append(_T)
         return
-    node = pytree.SUPPORTED_NODES.get(tp)
+    node = _NODES.get(tp)
     if node is None and tp.__module__.startswith("transformers") and nodes.transformers_loaded():
         # A cache type seen for the first time: register lazily (never released: the types
         # stay registered for the life of the process once a recorder has seen them).
@@ -230,7 +219,7 @@ def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any])
         if tp in nodes.LAYERED_CACHES:
             _walk_layers(obj, tp, tensors, key)
             return
-        node = pytree.SUPPORTED_NODES.get(tp)
+        node = _NODES.get(tp)
     if node is None:
         key.append(_OPAQUE)
         key.append(tp)
@@ -275,14 +264,6 @@ def tensor_key(
     ), shapes
 
 
-try:  # torch's C++ tensor checks (what torch.compile's guards use); absent: no fast path
-    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
-
-    _HAVE_GUARDS = True
-except ImportError:  # pragma: no cover - every torch we support has it
-    _HAVE_GUARDS = False
-
-
 def metadata_guard(tensors: Sequence[torch.Tensor]) -> Callable[..., bool] | None:
     """A C++ check that tensors have the dtypes, devices and ranks of `tensors`, or None.
 
@@ -290,16 +271,10 @@ def metadata_guard(tensors: Sequence[torch.Tensor]) -> Callable[..., bool] | Non
     type, requires_grad and dispatch keys as its counterpart here, whatever its sizes and
     strides. It is stricter than `tensor_key()`'s dtype/device/rank tuples, so a passing check
     means an equal key; it reads that metadata in one C++ loop, about 3x faster than
-    `tensor_key()` in Python. It keeps no reference to `tensors`.
+    `tensor_key()` in Python. It keeps no reference to `tensors`. torch's C++ tensor checks
+    (what torch.compile's guards use) are private: `capture.compat.tensor_metadata_check`.
     """
-    if not _HAVE_GUARDS:
-        return None
-    free: Any = [[None] * t.dim() for t in tensors]  # None: any size, any stride
-    try:
-        guards = _TensorGuards(*tensors, dynamic_dims_sizes=free, dynamic_dims_strides=free)
-    except (TypeError, RuntimeError):  # an older signature, or a tensor it cannot check
-        return None
-    return guards.check
+    return compat.tensor_metadata_check(tensors)
 
 
 def _safe_shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -367,32 +342,23 @@ def _leaf_of(
     return Leaf(path, argument, position, KIND_OPAQUE, f"{tp.__module__}.{tp.__qualname__}"), False
 
 
-def _argument_names(leaves: list[Leaf], signature: tuple[Param, ...]) -> list[Leaf]:
+def _argument_names(leaves: list[Leaf], signature: Signature) -> list[Leaf]:
     """Fills `argument` for positional leaves from the signature ('x' for args[0])."""
-    positional = [
-        p.name for p in signature if p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
-    ]
     out = []
     for leaf in leaves:
         if leaf.position is not None and leaf.argument is None:
-            name = positional[leaf.position] if leaf.position < len(positional) else None
+            name = signature.name_at(leaf.position)
             leaf = Leaf(**{**leaf.__dict__, "argument": name or f"args[{leaf.position}]"})
         out.append(leaf)
     return out
 
 
-def _missing(signature: tuple[Param, ...], n_args: int, kwargs: dict[str, Any]) -> list[Leaf]:
+def _missing(signature: Signature, n_args: int, kwargs: dict[str, Any]) -> list[Leaf]:
     """Optional parameters the caller did not pass (distinct from an explicit None)."""
-    out = []
-    for index, p in enumerate(signature):
-        if p.kind in ("VAR_POSITIONAL", "VAR_KEYWORD") or not p.has_default:
-            continue
-        if p.kind != "KEYWORD_ONLY" and index < n_args:
-            continue
-        if p.name in kwargs:
-            continue
-        out.append(Leaf(f"kwargs['{p.name}']", p.name, None, KIND_MISSING, "missing"))
-    return out
+    return [
+        Leaf(f"kwargs['{p.name}']", p.name, None, KIND_MISSING, "missing")
+        for p in signature.missing(n_args, kwargs)
+    ]
 
 
 def _structure_id(leaves: list[Leaf], treespec: str | None) -> str:
@@ -408,7 +374,7 @@ def describe(
     tensors: list[torch.Tensor],
     *,
     root: str = "inputs",
-    signature: tuple[Param, ...] = (),
+    signature: Signature = _UNKNOWN,
     track_ranges: Callable[[torch.Tensor], bool] = lambda t: False,
 ) -> Structure:
     """Builds the `Structure` of `obj` ((args, kwargs) when root='inputs', else an output).

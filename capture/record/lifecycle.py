@@ -8,7 +8,11 @@
   it runs after the flush, unchanged. A signal that was ignored stays ignored. A server that
   installs its own handler after `start()` replaces ours: it should call `Recorder.flush()` (or
   `stop()`) in it. Handlers can only be installed from the main thread; a recorder started
-  elsewhere relies on `atexit` and the server's own shutdown.
+  elsewhere relies on `atexit` and the server's own shutdown. A signal that arrives while a
+  recorder is stopping (`stopping`) waits for the stop to write what it buffered: delivered
+  after it when it interrupted the stop itself, else after the stop ends (at most
+  `SIGNAL_FLUSH_SECONDS`). Issue 25: a gunicorn worker recycled by ``max_requests`` got the
+  master's SIGTERM while its recorder wrote its last calls, and died without them.
 - **fork()**: in the child, every running recorder gets a new file prefix, new call ids, an
   empty queue (the calls buffered before the fork are the parent's to write) and its own writer
   thread, and records the child's calls.
@@ -19,14 +23,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, Protocol
 
-__all__ = ["SIGNAL_FLUSH_SECONDS", "track", "untrack", "outside_compiled_region"]
+from capture import compat
+
+__all__ = ["SIGNAL_FLUSH_SECONDS", "track", "untrack", "stopping", "outside_compiled_region"]
 
 SIGNAL_FLUSH_SECONDS = 10.0
 """Longest time the SIGTERM/SIGHUP handler waits for the writers to flush."""
@@ -43,6 +50,8 @@ class _Tracked(Protocol):
 _active: list[_Tracked] = []
 _previous: dict[int, Any] = {}  # signal -> the handler we chained to
 _lock = threading.Lock()
+_stopping: dict[int, tuple[threading.Event, bool]] = {}  # id(recorder) -> (done, on main)
+_deferred: list[int] = []  # signals that interrupted a stop on the main thread
 
 
 def track(recorder: _Tracked) -> None:
@@ -61,6 +70,39 @@ def untrack(recorder: _Tracked) -> None:
         last = not _active
     if last:
         _uninstall()
+
+
+@contextlib.contextmanager
+def stopping(recorder: _Tracked) -> Iterator[None]:
+    """While `recorder` stops (writes what it buffered), SIGTERM and SIGHUP wait for it.
+
+    The recorder stays tracked (our handlers installed) until the stop is done, then is
+    untracked. A signal that interrupted the stop on the main thread is delivered again then,
+    to whatever handles it by that time (the process's own, or the default: it dies of it).
+
+    Args:
+        recorder: A started recorder, about to write its last calls.
+
+    Example:
+        >>> with stopping(recorder):  # doctest: +SKIP
+        ...     recorder._writer.close()
+    """
+    done = threading.Event()
+    on_main = threading.current_thread() is threading.main_thread()
+    with _lock:
+        _stopping[id(recorder)] = (done, on_main)
+    try:
+        yield
+    finally:
+        with _lock:
+            del _stopping[id(recorder)]
+        done.set()
+        untrack(recorder)
+        if on_main and _deferred and not any(main for _, main in _stopping.values()):
+            pending = list(dict.fromkeys(_deferred))
+            _deferred.clear()
+            for sig in pending:
+                signal.raise_signal(sig)
 
 
 def _install() -> None:
@@ -86,7 +128,15 @@ def _uninstall() -> None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    # No lock here: the main thread may hold it where the signal interrupted it.
+    if any(main for _, main in list(_stopping.values())):
+        _deferred.append(signum)  # the interrupted stop writes first, then delivers it
+        return
     for recorder in list(_active):
+        stop = _stopping.get(id(recorder))
+        if stop is not None:  # another thread is writing its last calls: wait for them
+            stop[0].wait(SIGNAL_FLUSH_SECONDS)
+            continue
         try:
             recorder.flush(timeout=SIGNAL_FLUSH_SECONDS)
         except Exception:  # a failed flush is counted by the writer; the signal goes on
@@ -103,6 +153,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # another thread may have held it at the fork
+    _stopping.clear()  # the child's recorders are not stopping
+    _deferred.clear()
     for recorder in list(_active):
         try:
             recorder.after_fork_in_child()
@@ -130,23 +182,8 @@ def outside_compiled_region(
     def outside(*args: Any, **kwargs: Any) -> Any:
         return wrapper(*args, **kwargs)
 
-    outside._torchdynamo_disable = True  # type: ignore[attr-defined]
-    outside._torchdynamo_disable_msg = "capture.Recorder records outside the compiled region"  # type: ignore[attr-defined]
-    try:
-        from torch._C._dynamo.eval_frame import (
-            _FrameAction,
-            _FrameExecStrategy,
-            set_code_exec_strategy,
-        )
-
-        for fn in (outside, wrapper):
-            set_code_exec_strategy(
-                fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
-            )
-        for helper in helpers:
-            set_code_exec_strategy(
-                helper.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
-            )
-    except (ImportError, AttributeError, TypeError):  # another torch: the attribute alone
-        pass
+    # Dynamo's marks and frame strategies are private torch APIs: the one seam for them.
+    compat.run_outside_dynamo(
+        outside, (wrapper,), helpers, "capture.Recorder records outside the compiled region"
+    )
     return outside

@@ -49,6 +49,7 @@ from capture.store.payload_files import (
     payload_folder,
     require_safetensors,
 )
+from capture.store.payload_format import DEFAULT_MAX_CALL_BYTES, DTYPES
 
 __all__ = ["Payloads", "PayloadKeeper", "payload_policy"]
 
@@ -70,7 +71,7 @@ class Payloads:
     """
 
     rate: float
-    max_call_bytes: int = 16 * _MiB
+    max_call_bytes: int = DEFAULT_MAX_CALL_BYTES
     max_store_bytes: int = 1024 * _MiB
     max_pending: int = 8
 
@@ -95,30 +96,9 @@ def payload_policy(value: float | Payloads | None) -> Payloads | None:
     return policy
 
 
-# safetensors dtype names (its format spec); a call with another dtype keeps no payload.
-_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    **{
-        getattr(torch, t): n
-        for t, n in (
-            ("float8_e4m3fn", "F8_E4M3"),
-            ("float8_e5m2", "F8_E5M2"),
-            ("uint16", "U16"),
-            ("uint32", "U32"),
-            ("uint64", "U64"),
-        )
-        if hasattr(torch, t)
-    },
-}
+# safetensors dtype names (capture.store.payload_format, what readers accept); a call with
+# another dtype keeps no payload.
+_DTYPES = {getattr(torch, name): code for code, (name, _) in DTYPES.items() if hasattr(torch, name)}
 
 
 def _safetensors_layout(

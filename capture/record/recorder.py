@@ -5,19 +5,23 @@ and a structure key), a dict lookup of the key, the sizes of the tensors, option
 ranges, the forward itself (timed), the same for the output, and one deque append. Everything
 that can fail in there is inside one `try`: a failure is counted in `stats()["errors"]`, logged
 once, and the model's call goes on untouched. A model's exception is recorded and re-raised.
+
+One class composed of parts, each with its own state: the wrapped method
+(`capture.record.method_patch.MethodPatch`), the structure cache
+(`capture.record.structure_cache.StructureCache`), the writer
+(`capture.record.writer.StoreWriter`), the payload keeper, and the accounting
+(`capture.record.accounting`: calls in flight, call ids, counters, warnings once). A forked
+child renews each part (`after_fork_in_child`).
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
-import itertools
 import logging
 import os
 import random
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
@@ -27,19 +31,24 @@ import torch
 from capture.errors import CaptureError
 from capture.pytree import nodes
 from capture.record import lifecycle
-from capture.record.flatten import Oversized, Structure, signature_of, walk
+from capture.record.accounting import CallIds, Counters, InFlight, OnceLog
+from capture.record.flatten import MAX_ITEMS, MAX_KEY, Oversized, walk
+from capture.record.method_patch import MethodPatch
+from capture.record.oversized import summarise, summary_of
 from capture.record.payload_keeper import PayloadKeeper, Payloads, payload_policy
-from capture.record.recorder_base import RecorderBase
-from capture.record.segment import call_id_base
 from capture.record.structure_cache import StructureCache
 from capture.record.writer import StoreWriter
+from capture.signature import Signature
 
-__all__ = ["Recorder", "DEFAULT_STORE"]
+__all__ = ["Recorder", "DEFAULT_STORE", "STOP_WAIT_SECONDS"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_STORE = "capture-store"
 _VALUE_RANGES = ("cpu", "all", "none")
+
+STOP_WAIT_SECONDS = 5.0
+"""Longest time stop() waits for calls still inside the model to finish and be queued."""
 
 
 # Integer dtypes torch.aminmax does not implement on CPU: widened to int64 first (exact).
@@ -90,7 +99,7 @@ def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
     return int(lo), int(hi)
 
 
-class Recorder(StructureCache, RecorderBase):
+class Recorder:
     """Records how a model's method is called, into a Parquet store.
 
     Args:
@@ -180,31 +189,16 @@ class Recorder(StructureCache, RecorderBase):
             queue_size=queue_size, flush_rows=flush_rows, flush_seconds=flush_seconds
         )
         self._writer: StoreWriter | None = None
-        self._original: Callable[..., Any] | None = None
-        self._had_instance_attr = False
-        self._active = False
-        # key -> Structure, or None for a key refused (max_structures reached).
-        self._structures: dict[tuple[Any, ...], Structure | None] = {}
-        # Fast path: container key -> ((guard, Structure), ...), see `flatten.metadata_guard`.
-        self._guarded: dict[tuple[Any, ...], tuple[tuple[Callable[..., bool], Structure], ...]]
-        self._guarded = {}
-        self._lock = threading.Lock()
-        self._seq = itertools.count()
-        self._id_base = call_id_base()
-        self._random = random.Random()
-        self._errors = 0
-        self._sampled_out = 0
-        self._overflow = 0
-        self._warned: set[str] = set()
         self._registered = False
-        self._oversized = 0
-        self._held_tokens = 0
-        self._wrapper: Callable[..., Any] | None = None
-        # Calls that entered / left the recording part of the wrapper: stop() waits until they
-        # are equal (bounded), so a call still inside the model at stop() is written too.
-        self._flight = [itertools.count(), itertools.count()]
-        # Counters of the writers of previous start()/stop() rounds: stats() keeps counting.
-        self._past: dict[str, int] = {}
+        self._random = random.Random()
+        # The parts (module docstring).
+        self._log = OnceLog(logger)
+        self._patch = MethodPatch(model, method)
+        self._cache = StructureCache(self.name, max_structures, value_ranges, self._log)
+        self._structure = self._cache.lookup  # bound once: the hot path calls it twice a call
+        self._flight = InFlight()
+        self._ids = CallIds()
+        self._counts = Counters()
         self.modules: dict[str, Recorder] = {}
         """Sub-module name -> the child `Recorder` recording it (the ``modules=`` option)."""
         for sub_name, sub in _submodules(model, modules).items():
@@ -227,20 +221,26 @@ class Recorder(StructureCache, RecorderBase):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def after_fork_in_child(self) -> None:
-        """A forked child's recorder: RecorderBase's renewal, and its own payload writer."""
-        super().after_fork_in_child()
+        """A forked child's recorder: new call ids, fresh counters, its own writers (issue 12)."""
+        self._random = random.Random()
+        self._ids.renew()
+        self._flight.reset()
+        self._counts.reset()
+        self._cache.after_fork_in_child()
+        if self._writer is not None:
+            self._writer.after_fork_in_child()
         if self._payloads is not None:
             self._payloads.after_fork_in_child()
 
     def start(self) -> Recorder:
         """Wraps the method and starts the writer thread (for long-lived servers)."""
-        if self._active:
+        if self._patch.active:
             return self
-        original = getattr(self.model, self.method)
-        signature = signature_of(original)
+        original = self._patch.current()
+        signature = Signature.of(original)
         previous = self._writer
         if previous is not None:
-            self._add_past(previous)
+            self._counts.retire(previous)
         try:
             self._writer = StoreWriter(self.store, self.name, signature, **self._writer_options)
             if previous is not None:
@@ -252,15 +252,10 @@ class Recorder(StructureCache, RecorderBase):
         if nodes.transformers_loaded():
             nodes.acquire()
             self._registered = True
-        self._signature = signature
-        self._original = original
-        self._had_instance_attr = self.method in getattr(self.model, "__dict__", {})
+        self._cache.start(self._writer, signature)
         if self._payloads is not None:
             self._payloads.start()
-        wrapper = self._make_wrapper(original)
-        self._wrapper = wrapper
-        setattr(self.model, self.method, wrapper)
-        self._active = True
+        self._patch.install(original, self._make_wrapper(original))
         atexit.register(self.stop)
         lifecycle.track(self)
         for child in self.modules.values():
@@ -272,27 +267,28 @@ class Recorder(StructureCache, RecorderBase):
 
         Calls still inside the model are waited for (at most `STOP_WAIT_SECONDS`) and written.
         """
-        if not self._active:
+        if not self._patch.active:
             return
-        self._active = False
-        for child in self.modules.values():
-            child.stop()
-        try:
-            self._unwrap()
-        finally:
-            atexit.unregister(self.stop)
-            lifecycle.untrack(self)
-            self._wait_in_flight()
-            if self._writer is not None:
-                try:
-                    self._writer.close()
-                except Exception as e:
-                    self._count_error("closing the store", e)
-            if self._payloads is not None:
-                self._payloads.close()
-            if self._registered:
-                nodes.release()
-                self._registered = False
+        self._patch.active = False  # from now on the wrapper passes calls through
+        # A SIGTERM meanwhile waits for the last writes (issue 25; capture.record.lifecycle)
+        with lifecycle.stopping(self):
+            for child in self.modules.values():
+                child.stop()
+            try:
+                self._patch.restore()
+            finally:
+                atexit.unregister(self.stop)
+                self._flight.wait(STOP_WAIT_SECONDS)
+                if self._writer is not None:
+                    try:
+                        self._writer.close()
+                    except Exception as e:
+                        self._count_error("closing the store", e)
+                if self._payloads is not None:
+                    self._payloads.close()
+                if self._registered:
+                    nodes.release()
+                    self._registered = False
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """Writes every call recorded so far to the store (the recorder keeps running).
@@ -329,17 +325,18 @@ class Recorder(StructureCache, RecorderBase):
             or `MAX_KEY`), store_resets (the store's folder was found removed: structures
             written again), tmp_removed (old `.tmp` files of killed writers removed).
         """
-        out = self._totals()
+        out = self._counts.totals(self._writer)
+        counts = self._counts
         return {
             "recorded": out["recorded"],
-            "dropped": out["dropped"] + self._overflow,
-            "errors": self._errors + out["write_errors"],
+            "dropped": out["dropped"] + self._cache.overflow,
+            "errors": counts.errors + out["write_errors"],
             "written": out["written"],
-            "sampled_out": self._sampled_out,
-            "structures": sum(1 for s in self._structures.values() if s is not None),
+            "sampled_out": counts.sampled_out,
+            "structures": self._cache.count(),
             "files": out["files"],
             "bad_records": out["bad_records"],
-            "oversized": self._oversized,
+            "oversized": counts.oversized,
             "store_resets": out["store_resets"],
             "tmp_removed": out["tmp_removed"],
             **(self._payloads.stats() if self._payloads is not None else {}),
@@ -351,11 +348,12 @@ class Recorder(StructureCache, RecorderBase):
         time_ns = time.time_ns
         payloads = self._payloads
         flight = self._flight
+        patch = self._patch
         outside: Callable[..., Any] = original  # set below
 
         @functools.wraps(original)
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            if not self._active:
+            if not patch.active:
                 return original(*args, **kwargs)
             if torch.compiler.is_compiling():  # Dynamo traces this: call the eager part instead
                 if not self.compiled or torch.compiler.is_exporting():
@@ -374,7 +372,7 @@ class Recorder(StructureCache, RecorderBase):
                     kept = payloads.take(args, kwargs, pending[0])
                 except Exception as e:
                     self._count_error("keeping a payload", e)
-            next(flight[0])
+            flight.enter()
             ts = time_ns()
             t0 = perf_ns()
             try:
@@ -385,7 +383,7 @@ class Recorder(StructureCache, RecorderBase):
                     self._emit(pending, ts, duration, None, f"{type(e).__name__}: {e}")
                 except Exception as e2:
                     self._count_error("recording an exception", e2)
-                next(flight[1])
+                flight.leave()
                 raise
             duration = perf_ns() - t0
             try:
@@ -394,10 +392,9 @@ class Recorder(StructureCache, RecorderBase):
                     payloads.finish(kept, call_id, out)  # type: ignore[union-attr]
             except Exception as e:
                 self._count_error("recording outputs", e)
-            next(flight[1])
+            flight.leave()
             return out
 
-        recorded._capture_recorder = weakref.ref(self)  # type: ignore[attr-defined]
         # Compiled callers (torch.compile of the model, before or after wrapping) graph-break
         # to `outside`, which records eagerly and calls the compiled method (issue 12).
         outside = lifecycle.outside_compiled_region(
@@ -407,7 +404,7 @@ class Recorder(StructureCache, RecorderBase):
 
     def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.sample < 1.0 and self._random.random() >= self.sample:
-            self._sampled_out += 1
+            self._counts.sampled_out += 1
             return None
         if self.max_calls is not None and self._writer and self._writer.recorded >= self.max_calls:
             return None
@@ -417,7 +414,9 @@ class Recorder(StructureCache, RecorderBase):
             walk(args, tensors, key)
             walk(kwargs, tensors, key)
         except Oversized:
-            args, kwargs, tensors, key = self._summarised(args, kwargs)
+            self._counts.oversized += 1
+            args, kwargs, tensors, key, summarised = summarise(args, kwargs)
+            self._warn_oversized(summarised[0] if summarised else "argument")
         found = self._structure((args, kwargs), tensors, key, "inputs")
         if found is None:
             return None
@@ -443,8 +442,9 @@ class Recorder(StructureCache, RecorderBase):
             try:
                 walk(out, tensors, key)
             except Oversized:
-                self._oversized += 1
-                out = self._summary(out)
+                self._counts.oversized += 1
+                out = summary_of(out)
+                self._warn_oversized(out.type_name)
                 tensors, key = [], ["out", out.type_name]
             found = self._structure(out, tensors, key, "output")
             if found is not None:
@@ -452,7 +452,8 @@ class Recorder(StructureCache, RecorderBase):
         writer = self._writer
         if writer is None:
             return None
-        call_id = self._id_base | next(self._seq)
+        ids = self._ids
+        call_id = ids.base | next(ids.seq)
         # A plain tuple in CallRecord's field order: building the NamedTuple costs 0.16 µs more
         # per call, and the writer reads records by position (Segment.add).
         record = (call_id, ts, sid, out_sid, dims, out_dims, lows, highs, duration, error)
@@ -460,8 +461,8 @@ class Recorder(StructureCache, RecorderBase):
         return call_id
 
     def _count_error(self, what: str, e: BaseException) -> None:
-        self._errors += 1
-        self._warn_once(
+        self._counts.errors += 1
+        self._log.warn(
             what,
             "capture: %s failed for %s (%s: %s); the model's call is not affected, further "
             "failures are counted in stats()['errors']",
@@ -471,7 +472,15 @@ class Recorder(StructureCache, RecorderBase):
             e,
         )
 
-    def _warn_once(self, topic: str, msg: str, *args: Any) -> None:
-        if topic not in self._warned:
-            self._warned.add(topic)
-            logger.warning(msg, *args)
+    def _warn_oversized(self, type_name: str) -> None:
+        """An argument too large to record leaf by leaf: counted, warned once (issue 12)."""
+        self._log.warn(
+            "oversized",
+            "capture: %s receives a %s with more than %d items (or %d leaves in all); such "
+            "arguments are recorded as opaque leaves (type name only), counted in "
+            "stats()['oversized']",
+            self.name,
+            type_name.rsplit(".", 1)[-1],
+            MAX_ITEMS,
+            MAX_KEY // 2,
+        )

@@ -10,7 +10,6 @@ outside int64, an error message that is not UTF-8) is refused alone and the segm
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import struct
 import time
@@ -23,16 +22,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from capture import schema
+from capture.store.stats_merge import merge, merge_items
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
-    from capture.record.flatten import Param, Structure
+    from capture.record.flatten import Structure
+    from capture.signature import Signature
 
 __all__ = [
     "CallRecord",
     "Segment",
     "call_id_base",
-    "merge_bounds",
-    "merge_signature",
     "StatsRollup",
     "pack_sizes",
     "sizes_array",
@@ -121,7 +120,8 @@ def _column(field: pa.Field, values: Sequence[Any]) -> pa.Array:
 
 @dataclass
 class _Signature:
-    """One signature's merged columns: every stats column that is not its key."""
+    """One signature's merged columns: every stats column that is not its key (they merge by
+    `capture.store.stats_merge.RULES`)."""
 
     calls: int = 0
     errors: int = 0
@@ -145,20 +145,6 @@ _Key = tuple[str, str | None, bytes, bytes | None]
 _TS: Final = 1  # rows are plain tuples in CallRecord order: index of ts
 if CallRecord._fields[_TS] != "ts":  # pragma: no cover - a developer's error
     raise ImportError("CallRecord: ts is not field 1")
-
-
-def merge_bounds(
-    acc: Sequence[int | None], new: Sequence[int | None], pick: Callable[[int, int], int]
-) -> list[int | None]:
-    """`pick` (min or max) of two value-range lists, item by item; None is unknown.
-
-    The in-memory twin of `schema.SIGNATURE_RANGES` (same rule), for a writer's segment.
-    """
-    if not acc:
-        return list(new)
-    return [
-        b if a is None else a if b is None else pick(a, b) for a, b in zip(acc, new, strict=False)
-    ]
 
 
 def _check_int64(values: Sequence[int | None]) -> None:
@@ -209,8 +195,8 @@ class Segment:
         sig.calls += 1
         sig.errors += error is not None
         if mins is not None and maxs is not None:
-            sig.int_min = merge_bounds(sig.int_min, mins, min)
-            sig.int_max = merge_bounds(sig.int_max, maxs, max)
+            sig.int_min = merge_items(sig.int_min, mins, min)
+            sig.int_max = merge_items(sig.int_max, maxs, max)
         sig.first_ts = min(sig.first_ts, ts)
         sig.last_ts = max(sig.last_ts, ts)
         sig.duration_ns_sum += duration
@@ -274,7 +260,7 @@ class StatsRollup:
         for key, sig in segment.signatures.values() if segment is not None else ():
             at = (key, sig.first_ts // bucket_ns)
             before = self.rows.get(at)  # the segment's own object is taken over: it is dropped
-            touched[at] = sig if before is None else merge_signature(before, sig)
+            touched[at] = sig if before is None else _Signature(**merge(vars(before), vars(sig)))
         out = StatsRollup.__new__(StatsRollup)
         out.model = self.model
         if not touched:
@@ -287,24 +273,6 @@ class StatsRollup:
         kept = self.table if all(keep) else self.table.filter(pa.array(keep, pa.bool_()))
         out.table = pa.concat_tables([kept, fresh]).combine_chunks()
         return out
-
-
-def merge_signature(acc: _Signature, new: _Signature) -> _Signature:
-    """`acc` and `new` merged into a new `_Signature` (neither is changed).
-
-    The in-memory twin of `capture.store.layout.SIGNATURE_TOTALS` and `schema.SIGNATURE_RANGES`.
-    """
-    return _Signature(
-        calls=acc.calls + new.calls,
-        errors=acc.errors + new.errors,
-        int_min=merge_bounds(acc.int_min, new.int_min, min) if new.int_min else list(acc.int_min),
-        int_max=merge_bounds(acc.int_max, new.int_max, max) if new.int_max else list(acc.int_max),
-        first_ts=min(acc.first_ts, new.first_ts),
-        last_ts=max(acc.last_ts, new.last_ts),
-        duration_ns_sum=acc.duration_ns_sum + new.duration_ns_sum,
-        duration_ns_min=min(acc.duration_ns_min, new.duration_ns_min),
-        duration_ns_max=max(acc.duration_ns_max, new.duration_ns_max),
-    )
 
 
 def stats_table(model: str, entries: Sequence[tuple[_Key, _Signature]]) -> pa.Table:
@@ -332,15 +300,13 @@ def _day(ts_ns: int) -> str:
     return dt.datetime.fromtimestamp(ts_ns / 1e9, tz=dt.timezone.utc).date().isoformat()
 
 
-def structure_table(
-    model: str, structures: Sequence[Structure], signature: Sequence[Param]
-) -> pa.Table:
+def structure_table(model: str, structures: Sequence[Structure], signature: Signature) -> pa.Table:
     """One row per leaf of each structure (the `structures` table).
 
     The treespec is on the structure's first row (leaf 0) only, null on the others: repeating it
     on every row made the table quadratic in the number of leaves (issue 12).
     """
-    sig_json = json.dumps([p.__dict__ for p in signature])
+    sig_json = signature.dumps()
     cols: dict[str, list[Any]] = {f.name: [] for f in schema.STRUCTURES_SCHEMA}
     for st in structures:
         for index, leaf in enumerate(st.leaves):

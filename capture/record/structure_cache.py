@@ -1,10 +1,12 @@
 """The recorder's structure cache: a call's key -> its `Structure`, matched by guards, bounded.
 
-Split from `capture.record.recorder` (the wrapper and its lifecycle); `Recorder` inherits these
-methods, so the hot path pays no extra attribute lookup. A container key seen before is matched
-by its guards (dtypes, devices and ranks checked in C++); a new key is described once
-(`flatten.describe`), handed to the writer, and cached, up to `max_structures` structures and
-`_MAX_HELD_TOKENS` key tokens: beyond, calls with new structures are dropped and counted.
+A part of `capture.record.recorder.Recorder` with its own state: the recorder hands it each
+walked call (`StructureCache.lookup`, bound once into the recorder so the hot path pays no
+extra attribute lookup) and the writer and signature of each start(). A container key seen
+before is matched by its guards (dtypes, devices and ranks checked in C++); a new key is
+described once (`flatten.describe`), handed to the writer, and cached, up to `max_structures`
+structures and `_MAX_HELD_TOKENS` key tokens: beyond, calls with new structures are dropped and
+counted (`overflow`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import Any, cast
 import torch
 import torch.utils._pytree as pytree
 
-from capture.record.flatten import Param, Structure, describe, metadata_guard, shapes_of, tensor_key
+from capture.record.accounting import OnceLog
+from capture.record.flatten import Structure, describe, metadata_guard, shapes_of, tensor_key
 from capture.record.writer import StoreWriter
+from capture.signature import Signature
 
 __all__ = ["StructureCache"]
 
@@ -39,25 +43,48 @@ def _never(t: torch.Tensor) -> bool:
 
 
 class StructureCache:
-    """Structures of one recorder's calls, by key (see `Recorder` for the attributes)."""
+    """Structures of one recorder's calls, by key.
 
-    name: str
-    max_structures: int
-    value_ranges: str
-    _lock: threading.Lock
-    _writer: StoreWriter | None
-    _signature: tuple[Param, ...]
-    _overflow: int
-    _held_tokens: int
-    # key -> Structure, or None for a key refused (max_structures reached).
-    _structures: dict[tuple[Any, ...], Structure | None]
-    # Fast path: container key -> ((guard, Structure), ...), see `flatten.metadata_guard`.
-    _guarded: dict[tuple[Any, ...], tuple[tuple[Callable[..., bool], Structure], ...]]
+    Args:
+        name: The recorder's model name (in warnings).
+        max_structures: Distinct structures kept (`capture.Recorder`'s option).
+        value_ranges: Which integer tensors get a value range: 'cpu', 'all' or 'none'.
+        log: Where warnings go, once per topic.
+    """
 
-    def _warn_once(self, topic: str, msg: str, *args: Any) -> None:
-        raise NotImplementedError
+    def __init__(self, name: str, max_structures: int, value_ranges: str, log: OnceLog) -> None:
+        self.name = name
+        self.max_structures = max_structures
+        self.value_ranges = value_ranges
+        self._log = log
+        self._lock = threading.Lock()
+        self._writer: StoreWriter | None = None
+        self._signature = Signature()
+        self.overflow = 0
+        """Calls dropped because their structure was one too many."""
+        self._held_tokens = 0
+        # key -> Structure, or None for a key refused (max_structures reached).
+        self._structures: dict[tuple[Any, ...], Structure | None] = {}
+        # Fast path: container key -> ((guard, Structure), ...), see `flatten.metadata_guard`.
+        self._guarded: dict[tuple[Any, ...], tuple[tuple[Callable[..., bool], Structure], ...]]
+        self._guarded = {}
 
-    def _structure(
+    def start(self, writer: StoreWriter | None, signature: Signature) -> None:
+        """The writer new structures go to, and the recorded method's signature (each start())."""
+        self._writer = writer
+        self._signature = signature
+
+    def after_fork_in_child(self) -> None:
+        """A forked child's cache: a fresh lock (another thread may have held it); the known
+        structures stay (the child's writer writes them again), its overflow count restarts."""
+        self._lock = threading.Lock()
+        self.overflow = 0
+
+    def count(self) -> int:
+        """How many distinct structures are known (refused keys aside)."""
+        return sum(1 for s in self._structures.values() if s is not None)
+
+    def lookup(
         self, obj: Any, tensors: list[torch.Tensor], key: list[Any], root: str
     ) -> tuple[Structure, tuple[int, ...]] | None:
         """The structure of a walked `obj` and its tensors' sizes, flat (None: not recorded).
@@ -118,8 +145,8 @@ class StructureCache:
                 len(self._structures) >= self.max_structures
                 or self._held_tokens + tokens > _MAX_HELD_TOKENS
             ):
-                self._overflow += 1
-                self._warn_once(
+                self.overflow += 1
+                self._log.warn(
                     "max_structures",
                     "capture: %s has more than %d distinct call structures (a scalar argument "
                     "that changes on every call?); calls with new structures are dropped",
@@ -131,11 +158,11 @@ class StructureCache:
                 obj,
                 tensors,
                 root=root,
-                signature=self._signature if root == "inputs" else (),
+                signature=self._signature if root == "inputs" else Signature(),
                 track_ranges=self._track_ranges if root == "inputs" else _never,
             )
             if st.opaque:
-                self._warn_once(
+                self._log.warn(
                     "opaque",
                     "capture: %s receives values the flattener does not know; they are recorded "
                     "as opaque leaves (type names only): %s",

@@ -9,21 +9,28 @@ accumulates columns, and writes a *segment* when `flush_rows` rows are buffered 
 
 1. ``structures/model=<m>/<prefix>-<seq>.parquet``: the structures its calls refer to that this
    writer has not written yet (all of them again after the store folder was removed);
-2. ``calls/model=<m>/date=<d>/<prefix>-<seq>.parquet``: one row per call;
-3. ``stats/model=<m>/<prefix>-<seq>.parquet``: the writer's *rollup*, one row per distinct
+2. ``stats/model=<m>/<prefix>-<seq>.parquet``: the writer's *rollup*, one row per distinct
    signature and minute of every segment it wrote so far (up to `schema.ROLLUP_ROWS` rows). It
    replaces the previous rollup, which its footer claims (``capture.replaces``, verified by
-   readers, as for a compacted file) and which is deleted right after: a store holds one stats file
-   per writer process, not one per flush, and opening it does not cost a read per flush (issue 14).
-   The file is marked ``open`` (``capture.rollup``) while the writer may still replace it, and
-   ``closed`` by `close`; a writer idle for `schema.ROLLUP_CONTINUE_S` starts a new rollup, and
-   `capture compact` merges an open one only once it is `schema.ROLLUP_GRACE_S` old, so the two
-   never both take over the same rows.
+   readers, as for a compacted file): a store holds one stats file per writer process, not one
+   per flush, and opening it does not cost a read per flush (issue 14). It names the segment's
+   calls files (``capture.segment_calls``), written next;
+3. ``calls/model=<m>/date=<d>/<prefix>-<seq>.parquet``: one row per call. These files are the
+   segment's commit: readers count the new rollup only once they all exist, and the previous
+   one until then (`capture.store.commits`), so a writer killed between the two leaves stats and
+   calls that agree (issue 25);
+4. the previous rollup is deleted.
+
+The rollup is marked ``open`` (``capture.rollup``) while the writer may still replace it, and
+``closed`` by `close`; a writer idle for `schema.ROLLUP_CONTINUE_S` starts a new rollup, and
+`capture compact` merges an open one only once it is `schema.ROLLUP_GRACE_S` old, so the two
+never both take over the same rows.
 
 Each file is written as ``.<name>.tmp`` in its final folder and renamed, so readers never see a
 partial file (on object stores, S3 and GCS, in one upload under its final name: an object is
 visible only once complete). A segment is all or nothing: when a write fails (disk full,
-permissions, RLIMIT_FSIZE) the calls files it already renamed are deleted again, its calls are
+permissions, RLIMIT_FSIZE) the calls files it already renamed are deleted again, then its rollup
+(left, uncommitted, when a calls file cannot be deleted: it keeps them hidden), its calls are
 counted as dropped and one warning is logged per recorder; every complete file stays untouched. A
 record the tables cannot hold is dropped alone (`bad_records`). A SIGKILL loses the rows not yet in
 a complete segment: those of the last `flush_seconds` plus those that arrived while the last
@@ -39,7 +46,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
@@ -50,7 +57,8 @@ from capture.store.files import model_folder, resolve_store, safe_name, write_pa
 from capture.store.layout import METADATA_REPLACES, METADATA_REPLACES_ROWS
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
-    from capture.record.flatten import Param, Structure
+    from capture.record.flatten import Structure
+    from capture.signature import Signature
 
 __all__ = ["StoreWriter", "TMP_MAX_AGE"]
 
@@ -61,6 +69,19 @@ TMP_MAX_AGE = 3600.0
 """Seconds after which a ``.tmp`` file is a killed writer's leftover, removed by the next writer."""
 
 
+@dataclass(frozen=True)
+class _Staged:
+    """A rollup written ahead of its segment's calls files (`StoreWriter._stage_stats`)."""
+
+    path: str
+    name: str
+    rollup: StatsRollup
+    chain: list[tuple[str, int]]
+    """The files it claims (name, rows), deleted once it commits."""
+    calls: list[str]
+    """The calls files that commit it."""
+
+
 class StoreWriter:
     """Owns the queue and the writer thread of one recorder."""
 
@@ -68,7 +89,7 @@ class StoreWriter:
         self,
         store: str | os.PathLike[str],
         model: str,
-        signature: Sequence[Param],
+        signature: Signature,
         *,
         queue_size: int = 100_000,
         flush_rows: int = 100_000,
@@ -77,7 +98,7 @@ class StoreWriter:
     ) -> None:
         self.fs, self.root = resolve_store(store)
         self.model = model
-        self.signature = tuple(signature)
+        self.signature = signature
         self.queue_size = queue_size
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
@@ -297,51 +318,67 @@ class StoreWriter:
         model = model_folder(self.model)
         seq = next(self._seq)
         name = f"{self.prefix}-{seq:06d}.parquet"
-        landed: list[str] = []
+        staged: _Staged | None = None
         try:
             self._check_store()
             self._write_structures(segment.structure_ids(), seq)
-            for day, table in segment.calls_tables(self.model, self.host, self.pid).items():
-                landed.append(
-                    write_parquet(
-                        self.fs,
-                        f"{self.root}/{schema.CALLS}/{model}/date={day}",
-                        name,
-                        table,
-                        schema.CALLS,
-                    )
+            tables = segment.calls_tables(self.model, self.host, self.pid)
+            # The rollup first, naming the calls files: they are its commit, written next
+            # (capture.store.commits). A kill in between leaves the previous rollup counting
+            # and these calls hidden; before, calls landed first and a kill left calls no
+            # stats row counted, for good (issue 25).
+            days = {day: table.num_rows for day, table in tables.items()}
+            staged = self._stage_stats(segment, name, days, self._open_chain())
+            for day, table in tables.items():
+                write_parquet(
+                    self.fs, f"{self.root}/{schema.CALLS}/{model}/date={day}", name, table, "calls"
                 )
-            # Stats last: a reader that trusts stats never counts calls whose file is missing.
-            self._write_stats(segment, name)
-            for done in landed:
-                self._written(done)
-            self.written_calls += len(segment)
         except Exception as e:
-            # All or nothing: calls files without their stats would be visible yet counted
-            # dropped (issue 12: `calls` != `signatures` after a disk-full round).
-            for done in landed:
-                try:
-                    self.fs.delete_file(done)
-                except Exception:  # nothing more to do: the warning below names the failure
-                    pass
+            # All or nothing (issue 12): the segment's calls files go, then its rollup; a
+            # rollup whose calls could not all be removed stays, uncommitted, hiding them.
+            if staged is not None:
+                self._roll_back(staged)
             with self._count_lock:
                 self.dropped += len(segment)
             self.write_errors += 1
             self._fail("write", f"writing {len(segment)} calls to {self.root} ({e})")
+            return
+        self._commit_stats(staged)
+        for path in staged.calls:
+            self._written(path)
+        self.written_calls += len(segment)
 
-    def _write_stats(self, segment: Segment | None, name: str | None = None) -> None:
-        """Writes the rollup with `segment`'s signatures added, then deletes the one it replaces.
-
-        `segment` None rewrites the rollup as it is (to mark it closed). Raises when the file
-        cannot be written; the rollup is then unchanged.
-        """
-        folder = f"{self.root}/{schema.STATS}/{model_folder(self.model)}"
-        fresh = time.monotonic() - self._rollup_at < schema.ROLLUP_CONTINUE_S
-        chain = self._rollup_files if fresh else []
+    def _write_stats(self, segment: Segment | None) -> None:
+        """Rewrites the rollup with no new segment (`segment` None: to mark it closed)."""
+        chain = self._open_chain()
         if segment is None and not chain:  # nothing to close: the old one stays open
             return
+        self._commit_stats(self._stage_stats(segment, None, {}, chain))
+
+    def _open_chain(self) -> list[tuple[str, int]]:
+        """The files of the rollup this writer may still replace (empty: start a new one)."""
+        if time.monotonic() - self._rollup_at >= schema.ROLLUP_CONTINUE_S:
+            return []
+        chain = self._rollup_files
+        folder = f"{self.root}/{schema.STATS}/{model_folder(self.model)}"
         if chain and self.fs.get_file_info(f"{folder}/{chain[0][0]}").type != pafs.FileType.File:
-            chain = []  # removed by someone else: its rows are not ours to carry on
+            return []  # removed by someone else: its rows are not ours to carry on
+        return chain
+
+    def _stage_stats(
+        self,
+        segment: Segment | None,
+        name: str | None,
+        days: dict[str, int],
+        chain: list[tuple[str, int]],
+    ) -> _Staged:
+        """Writes the rollup with `segment`'s signatures added, naming its calls files `days`.
+
+        It claims the files of `chain` (`_open_chain`), which are deleted only by
+        `_commit_stats`, once the calls files exist. Raises when the file cannot be written
+        (nothing changed then).
+        """
+        folder = f"{self.root}/{schema.STATS}/{model_folder(self.model)}"
         rollup = (self._rollup if chain else StatsRollup(self.model)).merged(segment)
         if chain and len(rollup) > schema.ROLLUP_ROWS:  # full: a new rollup for this segment
             chain, rollup = [], StatsRollup(self.model).merged(segment)
@@ -349,19 +386,48 @@ class StoreWriter:
         if chain:
             meta[METADATA_REPLACES] = json.dumps([n for n, _ in chain]).encode()
             meta[METADATA_REPLACES_ROWS] = json.dumps(dict(chain)).encode()
+        if days:
+            meta[schema.METADATA_SEGMENT_CALLS] = json.dumps(days, sort_keys=True).encode()
         name = name or f"{self.prefix}-{next(self._seq):06d}.parquet"
-        self._written(write_parquet(self.fs, folder, name, rollup.table, schema.STATS, meta))
-        self._rollup = rollup
+        path = write_parquet(self.fs, folder, name, rollup.table, schema.STATS, meta)
+        model = model_folder(self.model)
+        calls = [f"{self.root}/{schema.CALLS}/{model}/date={day}/{name}" for day in sorted(days)]
+        return _Staged(path, name, rollup, list(chain), calls)
+
+    def _commit_stats(self, staged: _Staged) -> None:
+        """The staged rollup counts now: it becomes the writer's, the ones it claims go."""
+        self._written(staged.path)
+        self._rollup = staged.rollup
         self._rollup_at = time.monotonic()
-        self._rollup_closed = self._closing
-        self._rollup_files = [(name, len(rollup))]
-        for old, count in chain:  # held by the new file (its claim); a failed delete: claimed again
+        # A closing rollup that names its segment is written once more without it (by close):
+        # compaction leaves a rollup's segment calls files alone while the rollup names them.
+        self._rollup_closed = self._closing and not staged.calls
+        self._rollup_files = [(staged.name, len(staged.rollup))]
+        folder = staged.path.rsplit("/", 1)[0]
+        # held by the new file (its claim); a failed delete: claimed again
+        for old, count in staged.chain:
             try:
                 self.fs.delete_file(f"{folder}/{old}")
             except FileNotFoundError:
                 pass
             except Exception:
                 self._rollup_files.append((old, count))
+
+    def _roll_back(self, staged: _Staged) -> None:
+        """Removes a segment that failed: its calls files, then (when they are gone) its rollup."""
+        gone = True
+        for path in staged.calls:
+            try:
+                self.fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+            except Exception:  # the rollup stays: uncommitted, it keeps these calls hidden
+                gone = False
+        if gone:
+            try:
+                self.fs.delete_file(staged.path)
+            except Exception:  # uncommitted all the same; compaction removes it in time
+                pass
 
     def _clean_tmp(self) -> None:
         """Removes ``.tmp`` files older than `TMP_MAX_AGE` (left by killed writers)."""

@@ -14,7 +14,7 @@ from capture.errors import ObservationMismatch
 from capture.schema import KIND_NONE, KIND_OPAQUE, KIND_TENSOR
 
 if TYPE_CHECKING:
-    from capture.seeds.alignment import LeafAgg, Slot, View
+    from capture.seeds.aligned import LeafAgg, Slot, View
     from capture.seeds.call_layout import LeafInfo
 
 __all__ = ["check_structure", "merge_leaf"]

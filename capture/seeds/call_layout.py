@@ -2,20 +2,19 @@
 
 A call is described once per structure (`CallLayout`: per argument its pytree spec, leaf key paths,
 leaf kinds and dtype/rank or scalar value); the calls themselves keep only their tensor sizes
-(`Observation`). `capture.seeds.alignment` normalises and aligns them.
+(`Observation`). `capture.seeds.alignment` normalises and aligns them, naming arguments with the
+method's `capture.signature.Signature`.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-from capture.record.flatten import Param, signature_of
 from capture.schema import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -26,7 +25,7 @@ from capture.schema import (
     KIND_TENSOR,
 )
 
-__all__ = ["ArgInfo", "CallLayout", "Dims", "LeafInfo", "Observation", "Signature", "SCALAR_KINDS"]
+__all__ = ["ArgInfo", "CallLayout", "Dims", "LeafInfo", "Observation", "SCALAR_KINDS"]
 
 SCALAR_KINDS = {bool: KIND_BOOL, int: KIND_INT, float: KIND_FLOAT, str: KIND_STR}
 """Python scalar type -> leaf kind; any other non-tensor, non-None leaf is opaque."""
@@ -115,58 +114,3 @@ class Observation:
     dims: Dims
     first: int
     last: int
-
-
-@dataclass(frozen=True)
-class Signature:
-    """What the analysis needs from the observed method's signature."""
-
-    params: tuple[Param, ...]
-    names: tuple[str, ...]
-    positional: tuple[str, ...]
-    positional_only: frozenset[str]
-    var_positional: str | None
-    var_keyword: str | None
-    defaults: Mapping[str, Any]
-
-    @classmethod
-    def of(cls, fn: Callable[..., Any]) -> Signature:
-        params = signature_of(fn)
-        try:
-            defaults = {
-                p.name: p.default
-                for p in inspect.signature(fn).parameters.values()
-                if p.default is not inspect.Parameter.empty
-            }
-        except (TypeError, ValueError):
-            defaults = {}
-        kinds = {p.name: p.kind for p in params}
-        return cls(
-            params=params,
-            names=tuple(kinds),
-            positional=tuple(
-                n for n, k in kinds.items() if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
-            ),
-            positional_only=frozenset(n for n, k in kinds.items() if k == "POSITIONAL_ONLY"),
-            var_positional=next((n for n, k in kinds.items() if k == "VAR_POSITIONAL"), None),
-            var_keyword=next((n for n, k in kinds.items() if k == "VAR_KEYWORD"), None),
-            defaults=defaults,
-        )
-
-    def positional_name(self, i: int) -> str:
-        """The name of the i-th positional argument (``args[2]`` for a ``*args`` element)."""
-        if i < len(self.positional):
-            return self.positional[i]
-        if self.var_positional:
-            return f"{self.var_positional}[{i - len(self.positional)}]"
-        return f"args[{i}]"
-
-    def is_var_element(self, name: str) -> bool:
-        return bool(self.var_positional) and name.startswith(f"{self.var_positional}[")
-
-    def order(self, name: str) -> float:
-        if name in self.names:
-            return float(self.names.index(name))
-        if self.var_positional and self.is_var_element(name):
-            return self.names.index(self.var_positional) + int(name.rsplit("[", 1)[1][:-1]) / 1e6
-        return float("inf")

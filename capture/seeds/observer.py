@@ -36,9 +36,11 @@ from capture.errors import CaptureError
 from capture.pytree import nodes
 from capture.pytree.shape_tree import registered
 from capture.record.flatten import Structure, describe, tensor_key, walk
-from capture.record.segment import merge_bounds
-from capture.seeds.alignment import Aligner, Analysis, View
-from capture.seeds.call_layout import CallLayout, Observation, Signature
+from capture.seeds.aligned import View
+from capture.seeds.alignment import Aligner, Analysis
+from capture.seeds.call_layout import CallLayout, Observation
+from capture.signature import Signature
+from capture.store.stats_merge import merge_items
 
 __all__ = ["InputObserver"]
 
@@ -228,7 +230,7 @@ class InputObserver:
                 structure = describe(
                     (args, kwargs),
                     tensors,
-                    signature=self._aligner.sig.params,
+                    signature=self._aligner.sig,
                     track_ranges=_track_range,
                 )
                 call = CallLayout.of(args, kwargs)
@@ -261,8 +263,8 @@ class InputObserver:
             seen.duration_ns += duration
             lows, highs = ranges
             if lows:
-                seen.int_min = merge_bounds(seen.int_min, lows, min)
-                seen.int_max = merge_bounds(seen.int_max, highs, max)
+                seen.int_min = merge_items(seen.int_min, lows, min)
+                seen.int_max = merge_items(seen.int_max, highs, max)
             if clones is not None and len(self._stored) < limit:
                 self._stored.append(_Stored(seen, clones))
 
@@ -450,7 +452,7 @@ class InputObserver:
             writer = StoreWriter(
                 path,
                 name or self._model_name,
-                self._aligner.sig.params,
+                self._aligner.sig,
                 queue_size=total + 1,
                 flush_rows=total + 1,
                 flush_seconds=float("inf"),

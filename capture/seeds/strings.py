@@ -19,6 +19,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from capture import compat
 from capture.errors import CaptureError
 from capture.pytree.cachespec import KEY_VALUE, cache_spec
 
@@ -222,12 +223,12 @@ class _Formatter:
         if isinstance(obj, torch.Tensor):
             return self._tensor(obj)
         export = torch.export
-        dyn = export.dynamic_shapes
-        if isinstance(obj, dyn._DerivedDim):
+        kind = compat.dim_kind(obj)  # Dim objects have no public type (a private torch API)
+        if kind == "derived":
             return "DerivedDim"
-        if isinstance(obj, dyn._Dim):
+        if kind == "dim":
             return f"Dim({obj.__name__})"
-        if isinstance(obj, dyn._DimHint):
+        if kind == "hint":
             if obj == export.Dim.DYNAMIC:
                 return "DYNAMIC"
             if obj == export.Dim.AUTO:

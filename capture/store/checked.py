@@ -17,6 +17,7 @@ import pyarrow.fs as pafs
 from capture import schema
 from capture.store import footer_cache
 from capture.store.claims import verified_replaced
+from capture.store.commits import uncommitted
 from capture.store.layout import (
     VANISHED,
     FileInfo,
@@ -30,9 +31,9 @@ from capture.store.layout import (
 __all__ = ["CheckedTable", "check_table"]
 
 _SLICE = 4096
+"""Files read (by the thread pool) before their rows are merged into one table."""
 _LISTINGS = 10
 """Times a table is listed again when files vanish between listing and reading."""
-"""Files read (by the thread pool) before their rows are merged into one table."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class CheckedTable:
     """The rows of the kept files (stats and structures; None for calls or no file)."""
     exact: bool
     """Every kept file has exactly the table's columns (no merging by name needed)."""
+    waiting: frozenset[str] = frozenset()
+    """Stats: the calls files of segments not committed yet (`capture.store.commits`): their
+    calls are hidden, as their rollup is not counted."""
 
 
 def check_table(
@@ -131,11 +135,15 @@ def _check_once(
             good.append(checked)
     if vanished:  # never cached: the path is gone
         infos = [i for i in infos if i.path not in vanished]
+    # a rollup counts once its segment's calls files all exist; until then the one it claims
+    # counts instead, and the calls that landed are hidden (capture.store.commits, issue 25)
+    pending = uncommitted(fs, good) if table == schema.STATS else {}
+    counted = [f for f in good if f.path not in pending]
     # by a compacted file (capture.compact) that provably holds their rows: read it instead
     refused: list[Skip] = []
     # the last time, a claim that cannot be checked is refused (reported; both files read)
-    replaced = verified_replaced(fs, good, refused, None if last else vanished)
-    kept = sorted(f.path for f in good if f.path not in replaced)
+    replaced = verified_replaced(fs, counted, refused, None if last else vanished)
+    kept = sorted(f.path for f in counted if f.path not in replaced)
     rows = kept_rows = None
     if small:
         again = [f.path for f in good if f.path not in todo_set]
@@ -149,8 +157,10 @@ def _check_once(
             kept_rows = footer_cache.rows_of(rows, kept, len(kept) == len(good))
     if cache is not None and (todo or len(cached) != len(infos)):
         cache.save(table, {i.path: (stamps[i.path], verdicts[i.path]) for i in infos}, rows)
-    exact = all(f.exact for f in good if f.path not in replaced)
-    return _Attempt(CheckedTable(kept, skips, refused, kept_rows, exact), bool(vanished))
+    exact = all(f.exact for f in counted if f.path not in replaced)
+    waiting = frozenset(p for paths in pending.values() for p in paths)
+    result = CheckedTable(kept, skips, refused, kept_rows, exact, waiting)
+    return _Attempt(result, bool(vanished))
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table | None:

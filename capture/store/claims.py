@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
+from capture.store.files import vanished
 from capture.store.layout import VANISHED, FileInfo, Skip, read_footers
 
 __all__ = ["verified_replaced", "holds_rows"]
@@ -100,8 +101,11 @@ def _held(
         return out
     names = _KEYS[todo[0].table]
     columns = names + (["calls"] if todo[0].table == schema.STATS else [])
+    theirs = _try_read(fs, claimant.path, columns)
     try:
-        check = _checker(todo[0].table, _read(fs, claimant.path, columns))
+        if isinstance(theirs, Exception):
+            raise theirs
+        check = _checker(todo[0].table, theirs)
     except Exception as e:  # unreadable rows: no claim of this file is proven
         return out | {t.path: _uncompared(e) for t in todo}
     for start in range(0, len(todo), _CHUNK):
@@ -148,10 +152,12 @@ def _uncompared(e: Exception) -> str:
 
 
 def _try_read(fs: pafs.FileSystem, path: str, columns: list[str]) -> pa.Table | Exception:
+    """The key rows of `path`, or what reading it raised (`FileNotFoundError` when it is gone,
+    whatever the filesystem raised: S3 says so with a plain `OSError`, issue 25)."""
     try:
         return _read(fs, path, columns)
     except Exception as e:  # said per file by the caller
-        return e
+        return FileNotFoundError(path) if vanished(fs, path, e) else e
 
 
 def _set_reason(

@@ -33,17 +33,13 @@ This module imports pyarrow (and duckdb to merge stats rows), never torch.
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import gc
 import json
 import os
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -51,12 +47,13 @@ import pyarrow.parquet as pq
 from capture import schema
 from capture.errors import CaptureError, EmptyStore
 from capture.store.claims import verified_replaced
+from capture.store.commits import segment_paths, uncommitted
 from capture.store.compaction_lock import LOCK_NAME, CompactionLock
 from capture.store.files import safe_name, write_parquet
 from capture.store.layout import (
     METADATA_REPLACES,
     METADATA_REPLACES_ROWS,
-    SIGNATURE_TOTALS,
+    VANISHED,
     FileInfo,
     Skip,
     list_files,
@@ -64,6 +61,7 @@ from capture.store.layout import (
     read_footer,
     read_footers,
 )
+from capture.store.merging import BATCH_FILES, Vanished, collected, group_rows
 
 __all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
 
@@ -89,6 +87,11 @@ class CompactResult:
     unreadable: list[str] = field(default_factory=list)
     refused_claims: list[str] = field(default_factory=list)
     """Files whose ``capture.replaces`` did not check out (nothing was deleted for them)."""
+    rolled_back: list[str] = field(default_factory=list)
+    """Rollups of segments that never committed (their writer died between the rollup and its
+    calls files; `capture.store.commits`), removed with the calls files that did land."""
+    left: list[str] = field(default_factory=list)
+    """Groups left for the next run, and why (a file deleted meanwhile by a live writer)."""
     dry_run: bool = False
 
 
@@ -130,8 +133,14 @@ def compact(
     with CompactionLock(fs, root, dry_run):
         for table in schema.TABLES:
             result.tables[table] = TableResult()
-            for folder, files in _folders(fs, root, table, result):
-                _compact_folder(fs, table, folder, files, target_rows, result)
+            skips: list[Skip] = []
+            listed = list_files(fs, root, table, skips)
+            result.unreadable.extend(s.path for s in skips)
+            # Read after the calls were listed: a calls file listed is named by a rollup read
+            # here, whenever that rollup was written (it is written before its calls files).
+            named = _named_by_rollups(fs, root) if table == schema.CALLS else set()
+            for folder, files in _folders(fs, table, listed, result):
+                _compact_folder(fs, table, folder, files, target_rows, result, named)
     seen = sum(t.files_before for t in result.tables.values()) + result.deleted_leftovers
     if not seen and not result.unreadable:  # as every other command says of such a store
         raise EmptyStore(
@@ -141,45 +150,47 @@ def compact(
 
 
 # -- files and folders ---------------------------------------------------------------------------
+def _named_by_rollups(fs: pafs.FileSystem, root: str) -> set[str]:
+    """The calls files that the store's stats rollups name as their segment's commit.
+
+    Left alone while their rollup exists: merged away, they would leave it uncommitted (its
+    rows uncounted) for good (`capture.store.commits`).
+    """
+    paths = [info.path for info in list_files(fs, root, schema.STATS)]
+    named: set[str] = set()
+    for checked in read_footers(fs, paths, lambda f, p: read_footer(f, p, schema.STATS)):
+        if isinstance(checked, FileInfo):
+            named.update(segment_paths(checked))
+    return named
+
+
 def _folders(
-    fs: pafs.FileSystem, root: str, table: str, result: CompactResult
+    fs: pafs.FileSystem, table: str, listed: list[pafs.FileInfo], result: CompactResult
 ) -> Iterator[tuple[str, list[_File]]]:
     """(folder, its readable files) for every partition folder of `table`, one folder at a time.
 
-    Only one folder's checked footers are held at once, and they are read `_BATCH_FILES` at a
-    time (see `_collected`).
+    Only one folder's checked footers are held at once, and they are read `BATCH_FILES` at a
+    time (see `capture.store.merging.collected`). A file deleted since the listing is left
+    out, unreported.
     """
-    skips: list[Skip] = []
     by_folder: dict[str, list[str]] = {}
-    for info in list_files(fs, root, table, skips):
+    for info in listed:
         by_folder.setdefault(info.path.rsplit("/", 1)[0], []).append(info.path)
-    result.unreadable.extend(s.path for s in skips)
     for folder in sorted(by_folder):
         files: list[_File] = []
         paths = by_folder.pop(folder)
-        for start in range(0, len(paths), _BATCH_FILES):
-            chunk = paths[start : start + _BATCH_FILES]
+        for start in range(0, len(paths), BATCH_FILES):
+            chunk = paths[start : start + BATCH_FILES]
             # Many footers at once (issue 14); each is checked against the schema (issue 11).
             for checked in read_footers(fs, chunk, lambda f, p: read_footer(f, p, table)):
+                if isinstance(checked, Skip) and checked.reason == VANISHED:
+                    continue  # replaced by a live writer: its successor is for a later run
                 if isinstance(checked, Skip):  # foreign, wrong schema, truncated: left, reported
                     result.unreadable.append(checked.path)
                 else:
                     files.append(checked)
-            _collected()
+            collected(len(chunk))
         yield folder, sorted(files, key=lambda f: f.path)
-
-
-def _collected() -> None:
-    """Frees the footers just read, now (a full cyclic collection).
-
-    pyarrow's `FileMetaData` and its `ParquetSchema` refer to each other, so a footer whose
-    schema was looked at is freed only by the cyclic collector; read by a pool's threads they
-    outlive the young collections and pile up in the oldest generation, which Python collects
-    only once it has grown by a quarter: about 30 KB a file left for later, 3.6 GB of the peak
-    when compacting 100,000 files (issue 14). Collected after every batch, a compaction holds
-    one batch's worth, whatever the number of files.
-    """
-    gc.collect()
 
 
 def _compact_folder(
@@ -189,16 +200,24 @@ def _compact_folder(
     files: list[_File],
     target_rows: int,
     result: CompactResult,
+    named: set[str],
 ) -> None:
     counts = result.tables[table]
+    if table == schema.CALLS:  # a live rollup's commit: left for a run after that rollup went
+        kept = [f for f in files if f.path in named]
+        counts.files_before += len(kept)
+        counts.files_after += len(kept)
+        counts.rows_before += sum(f.rows for f in kept)
+        counts.rows_after += sum(f.rows for f in kept)
+        files = [f for f in files if f.path not in named]
+    if table == schema.STATS:  # a writer may still replace or commit these: left for later
+        files = _settled_rollups(fs, files, result)
     # Deleted only when a file beside them provably holds their rows (capture.store.claims).
     refused: list[Skip] = []
     replaced = verified_replaced(fs, files, refused)
     result.refused_claims.extend(f"{s.path} {s.reason}" for s in refused)
     leftovers = [f for f in files if f.path in replaced]
     live = [f for f in files if f.path not in replaced]
-    if table == schema.STATS:  # a writer may still replace these: left for a later run
-        live = [f for f in live if f.path not in _young_rollups(fs, live)]
     if leftovers:  # an earlier compaction died between its rename and its deletes
         result.deleted_leftovers += len(leftovers)
         if not result.dry_run:
@@ -207,38 +226,74 @@ def _compact_folder(
     counts.rows_before += sum(f.rows for f in live)
     if table == schema.CALLS:
         groups = _calls_groups(live, target_rows)
+    elif len(live) > 1 or any(f.segment for f in live):
+        # a lone rollup naming its segment is rewritten too: its calls files are then free
+        # for the next compaction (they are left alone while a rollup names them)
+        groups = [live]
     else:
-        groups = [live] if len(live) > 1 else []
+        groups = []
     merged = {f.path for group in groups for f in group}
     for f in live:
         if f.path not in merged:
             counts.files_after += 1
             counts.rows_after += f.rows
     for group in groups:
-        counts.files_after += 1
         if result.dry_run:
+            counts.files_after += 1
             counts.rows_after += sum(f.rows for f in group) if table == schema.CALLS else 0
             continue
-        counts.rows_after += _merge(fs, table, folder, group)
+        try:
+            counts.rows_after += _merge(fs, table, folder, group)
+            counts.files_after += 1
+        except Vanished as gone:
+            # A live writer replaced (or rolled back) a file since it was listed: its rows are
+            # in a file this run did not list. Nothing was replaced; the group waits (issue 25).
+            result.left.append(f"{folder}: {gone.path} was deleted meanwhile")
+            counts.files_after += len(group)
+            counts.rows_after += sum(f.rows for f in group)
 
 
-def _young_rollups(fs: pafs.FileSystem, files: list[_File]) -> set[str]:
-    """The open stats rollups (`capture.record.writer`) younger than `schema.ROLLUP_GRACE_S`.
+def _settled_rollups(fs: pafs.FileSystem, files: list[_File], result: CompactResult) -> list[_File]:
+    """The stats files compaction may take now; old uncommitted rollups are rolled back.
 
-    Their writer may still replace one with a successor holding its rows: merged now, those
-    rows would be counted twice. A writer never replaces a rollup older than
-    `schema.ROLLUP_CONTINUE_S` (half the grace), so an older one is safe to merge.
+    Left alone: a writer's open rollup younger than `schema.ROLLUP_GRACE_S` (its writer may
+    still replace it), any rollup whose segment has not committed yet while it is that young
+    (its writer is writing the calls), and files deleted since they were listed (issue 25: a
+    gone file was taken for an old one, then read). An uncommitted rollup older than that
+    belongs to a writer that died between its rollup and its calls files: its calls files
+    that landed (hidden from readers) and then the rollup are deleted.
     """
-    open_ones = [f.path for f in files if f.rollup == "open"]
-    if not open_ones:
-        return set()
+    pending = uncommitted(fs, files)
+    waiting = [f for f in files if f.rollup == "open" or f.path in pending]
+    young, gone = _young_rollups(fs, waiting)
+    stale = [f for f in files if f.path in pending and f.path not in young | gone]
+    for f in stale:
+        result.rolled_back.append(f.path)
+        if not result.dry_run:
+            _delete(fs, [*pending[f.path], f.path])  # calls first: the rollup hides them
+    return [f for f in files if f.path not in pending and f.path not in young | gone]
+
+
+def _young_rollups(fs: pafs.FileSystem, files: list[_File]) -> tuple[set[str], set[str]]:
+    """Which of `files` are younger than `schema.ROLLUP_GRACE_S`, and which are gone.
+
+    A writer may still replace a young open rollup with a successor holding its rows: merged
+    now, those rows would be counted twice. A writer never replaces a rollup older than
+    `schema.ROLLUP_CONTINUE_S` (half the grace), so an older one is safe to merge. A file no
+    longer there was replaced since it was listed (issue 25): skipped, never read.
+    """
+    if not files:
+        return set(), set()
     now = time.time()
-    young = set()
-    for info in fs.get_file_info(open_ones):
+    young, gone = set(), set()
+    for info in fs.get_file_info([f.path for f in files]):
+        if info.type != pafs.FileType.File:
+            gone.add(info.path)
+            continue
         mtime = info.mtime.timestamp() if info.mtime is not None else now
-        if info.type == pafs.FileType.File and now - mtime < schema.ROLLUP_GRACE_S:
+        if now - mtime < schema.ROLLUP_GRACE_S:
             young.add(info.path)
-    return young
+    return young, gone
 
 
 def _calls_groups(files: list[_File], target_rows: int) -> list[list[_File]]:
@@ -259,16 +314,9 @@ def _calls_groups(files: list[_File], target_rows: int) -> list[list[_File]]:
 
 
 # -- merging -----------------------------------------------------------------------------------
-_ROW_GROUP = 65_536  # rows per row group of a merged calls file
-
-
 def _merge(fs: pafs.FileSystem, table: str, folder: str, group: list[_File]) -> int:
     """Writes the merged file, checks it, renames it into place, deletes `group`; its rows."""
-    rows: pa.Table | Iterator[pa.Table]
-    if table == schema.CALLS:  # streamed: one row group in memory at a time
-        rows, expected = _regrouped(fs, group), sum(f.rows for f in group)
-    else:
-        rows, expected = _merged_in_batches(fs, table, folder, group)
+    rows, expected = group_rows(fs, table, folder, group)
     name = f"compact-{_stamp()}.parquet"
     replaces = json.dumps([f.name for f in group]).encode()
     counts = json.dumps({f.name: f.rows for f in group}).encode()
@@ -283,80 +331,6 @@ def _merge(fs: pafs.FileSystem, table: str, folder: str, group: list[_File]) -> 
     written = _verify(fs, path, table, expected)
     _delete(fs, [f.path for f in group])
     return written
-
-
-def _read(fs: pafs.FileSystem, path: str, table: str) -> pa.Table:
-    """The rows of one store file, in `table`'s schema."""
-    with fs.open_input_file(path) as src:
-        return pq.read_table(src).select(schema.SCHEMAS[table].names).cast(schema.SCHEMAS[table])
-
-
-_BATCH_FILES = 1_000
-"""Files read at once (by a thread pool) and merged into the running result: the memory a
-merge needs is bounded by one batch plus the merged rows, whatever the number of files; all of
-100,000 stats files at once ran DuckDB out of memory (issue 14)."""
-
-
-def _batches(
-    fs: pafs.FileSystem, table: str, folder: str, group: list[_File]
-) -> Iterator[pa.Table]:
-    """The rows of `group`'s files, `_BATCH_FILES` files per table, in file order.
-
-    Each batch is copied into one chunk per column: the files' own arrays (a few rows each,
-    every buffer padded) cost several KB a file and are freed at once.
-    """
-    reader = functools.partial(_read, table=table)
-    for start in range(0, len(group), _BATCH_FILES):
-        paths = [f.path for f in group[start : start + _BATCH_FILES]]
-        _progress(f"{folder}: {start + len(paths):,}/{len(group):,} files read")
-        batch = pa.concat_tables(read_footers(fs, paths, reader)).combine_chunks()
-        _collected()
-        yield batch
-        del batch  # before the next one is read
-    _progress("")
-
-
-def _merged_in_batches(
-    fs: pafs.FileSystem, table: str, folder: str, group: list[_File]
-) -> tuple[pa.Table, int]:
-    """Stats or structures of `group`, merged batch by batch; and the check's expected value.
-
-    Merging is associative (sums, minima, maxima, first occurrence), so merging each batch
-    into the running result gives what merging everything at once would.
-    """
-    merged: pa.Table | None = None
-    calls = 0
-    for batch in _batches(fs, table, folder, group):
-        if table == schema.STATS:
-            calls += int(pc.sum(batch.column("calls")).as_py() or 0)
-        both = batch if merged is None else pa.concat_tables([merged, batch])
-        merged = merge_stats(both) if table == schema.STATS else _unique_structures(both)
-    assert merged is not None  # groups hold at least two files
-    return merged, calls if table == schema.STATS else int(merged.num_rows)
-
-
-def _progress(text: str) -> None:
-    """One updating progress line on stderr, only when stderr is a terminal."""
-    if sys.stderr.isatty():
-        sys.stderr.write(f"\r\033[Kcompact: {text}" if text else "\r\033[K")
-        sys.stderr.flush()
-
-
-def _regrouped(fs: pafs.FileSystem, group: list[_File]) -> Iterator[pa.Table]:
-    """The calls of `group`, in file order, in tables of `_ROW_GROUP` rows (the last: fewer)."""
-    pending: list[pa.Table] = []
-    count = 0
-    folder = group[0].path.rsplit("/", 1)[0]
-    for batch in _batches(fs, schema.CALLS, folder, group):
-        while batch.num_rows:
-            take = min(_ROW_GROUP - count, batch.num_rows)
-            pending.append(batch.slice(0, take))
-            batch, count = batch.slice(take), count + take
-            if count == _ROW_GROUP:
-                yield pa.concat_tables(pending)
-                pending, count = [], 0
-    if pending:
-        yield pa.concat_tables(pending)
 
 
 def _verify(fs: pafs.FileSystem, path: str, table: str, expected: int) -> int:
@@ -383,46 +357,6 @@ def _verify(fs: pafs.FileSystem, path: str, table: str, expected: int) -> int:
             "files are untouched"
         ) from e
     return rows
-
-
-_MERGE_STATS_SQL = f"""
-SELECT {", ".join(schema.STATS_SCHEMA.names)}
-FROM (SELECT {SIGNATURE_TOTALS}, {schema.SIGNATURE_RANGES} FROM _stats GROUP BY ALL)
-ORDER BY first_ts
-"""
-
-
-_DUCKDB_MEMORY = os.environ.get("CAPTURE_COMPACT_MEMORY", "2GB")
-
-
-def merge_stats(stats: pa.Table) -> pa.Table:
-    """One row per signature (model, structures, dims, out_dims), merged as the writer does.
-
-    Counts and durations are summed, timestamps and integer ranges widened (element by
-    element; an unknown item, NULL, is ignored). DuckDB groups by the list columns.
-    """
-    import duckdb
-
-    con = duckdb.connect()
-    try:
-        # bounded: beyond this DuckDB spills to its temporary directory instead of failing
-        con.execute(f"SET memory_limit = '{_DUCKDB_MEMORY}'")
-        con.register("_stats", stats)
-        merged = con.sql(_MERGE_STATS_SQL).to_arrow_table()
-    finally:
-        con.close()
-    return merged.cast(schema.STATS_SCHEMA)
-
-
-def _unique_structures(rows: pa.Table) -> pa.Table:
-    seen: set[tuple[str, str, int]] = set()
-    keep = []
-    ids, models, leaves = (rows.column(n).to_pylist() for n in ("structure_id", "model", "leaf"))
-    for i, key in enumerate(zip(ids, models, leaves, strict=True)):
-        if key not in seen:
-            seen.add(key)
-            keep.append(i)
-    return rows.take(pa.array(keep, pa.int64()))
 
 
 def _delete(fs: pafs.FileSystem, paths: list[str]) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "model_folder",
     "resolve_store",
     "safe_name",
+    "vanished",
     "write_parquet",
 ]
 
@@ -63,14 +64,46 @@ def resolve_store(
             return filesystem, os.path.abspath(text)
         return filesystem, text.rstrip("/")
     if "://" in text:
-        from capture.store.remote import bounded, store_error
+        from capture.store.remote import bounded, invalid_uri, store_error
 
         try:
             fs, root = pafs.FileSystem.from_uri(text)
-        except (pa.ArrowInvalid, OSError) as e:  # unknown scheme, bad option: one line (#14)
+        except pa.ArrowInvalid as e:  # pyarrow's type for a URI it cannot parse (#14)
+            raise invalid_uri(text, e) from None
+        except OSError as e:  # the filesystem behind the URI cannot be set up
             raise store_error(text, e) from None
         return bounded(fs), root.rstrip("/")
     return pafs.LocalFileSystem(), os.path.abspath(text)
+
+
+def vanished(fs: pafs.FileSystem, path: str, error: BaseException) -> bool:
+    """Whether `error`, met reading `path`, means the file is gone (deleted since it was listed).
+
+    Decided from facts, not from the message: a `FileNotFoundError`, or any other `OSError`
+    after which the filesystem finds nothing at `path` (an S3 object deleted after it was
+    opened fails its read with a plain `OSError`, issue 25). A file still there, or a
+    filesystem that cannot answer, means the error is something else.
+
+    Args:
+        fs: The store's filesystem.
+        path: The file that was being read.
+        error: What reading it raised.
+
+    Returns:
+        True when the file no longer exists.
+
+    Example:
+        >>> vanished(pafs.LocalFileSystem(), "/no/such/file", FileNotFoundError())
+        True
+    """
+    if isinstance(error, FileNotFoundError):
+        return True
+    if not isinstance(error, OSError):
+        return False
+    try:
+        return bool(fs.get_file_info(path).type == pafs.FileType.NotFound)
+    except OSError:  # the filesystem cannot say (unreachable): not known to be gone
+        return False
 
 
 OBJECT_STORES = frozenset({"s3", "gcs"})

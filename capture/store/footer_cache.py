@@ -44,7 +44,7 @@ MIN_FILES = 256
 
 _FILE = "_capture_file"
 _TOKEN = b"capture.cache_token"
-_VERSION = "3"
+_VERSION = "4"
 
 Verdict = FileInfo | Skip
 
@@ -148,6 +148,7 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
             "hi",
             "exact",
             "rollup",
+            "segment",
         )
     }
     for path, (stamp, verdict) in entries.items():
@@ -155,7 +156,7 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
         cols["stamp"].append(stamp)
         if isinstance(verdict, Skip):
             cols["reason"].append(verdict.reason)
-            for k in ("rows", "size", "replaces", "lo", "hi", "exact", "rollup"):
+            for k in ("rows", "size", "replaces", "lo", "hi", "exact", "rollup", "segment"):
                 cols[k].append(None)
             continue
         cols["reason"].append(None)
@@ -167,6 +168,7 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
         cols["hi"].append(hi)
         cols["exact"].append(verdict.exact)
         cols["rollup"].append(verdict.rollup)
+        cols["segment"].append(json.dumps(verdict.segment) if verdict.segment else None)
     types = {"rows": pa.int64(), "size": pa.int64(), "lo": pa.int64(), "hi": pa.int64()}
     types["exact"] = pa.bool_()
     return pa.table({k: pa.array(v, types.get(k, pa.string())) for k, v in cols.items()})
@@ -175,14 +177,16 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
 def _entries(index: pa.Table, table: str) -> dict[str, tuple[str, Verdict]]:
     cols = [index.column(k).to_pylist() for k in index.column_names]
     out: dict[str, tuple[str, Verdict]] = {}
-    for path, stamp, reason, rows, size, replaces, lo, hi, exact, rollup in zip(*cols, strict=True):
+    for row in zip(*cols, strict=True):
+        path, stamp, reason, rows, size, replaces, lo, hi, exact, rollup, segment = row
         verdict: Verdict
         if reason is not None:
             verdict = Skip(path, reason)
         else:
             claims = json.loads(replaces) if replaces else {}
             ids = (lo, hi) if lo is not None and hi is not None else None
-            verdict = FileInfo(path, table, rows, size, claims, ids, bool(exact), rollup)
+            days = json.loads(segment) if segment else None
+            verdict = FileInfo(path, table, rows, size, claims, ids, bool(exact), rollup, days)
         out[path] = (stamp, verdict)
     return out
 

@@ -12,6 +12,7 @@ store, no loops): each link it meets is reported as a `Skip`.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -25,7 +26,8 @@ import pyarrow.parquet as pq
 
 from capture import schema
 from capture.errors import StoreNotFound
-from capture.store.files import resolve_store
+from capture.store.files import resolve_store, vanished
+from capture.store.nofollow import LINK_REASON, walk
 
 __all__ = [
     "FileInfo",
@@ -35,7 +37,6 @@ __all__ = [
     "MAX_INFLATION",
     "MAX_UNCOMPRESSED",
     "VANISHED",
-    "SIGNATURE_TOTALS",
     "list_files",
     "open_root",
     "read_footer",
@@ -64,16 +65,6 @@ _SMALL = 64 << 20
 VANISHED = "deleted after it was listed"
 """The reason of a `Skip` for a file gone between listing and reading (a writer's replaced
 rollup, a compacted file's source): not a problem to report, a reason to list again."""
-
-SIGNATURE_TOTALS = """
-    model, in_structure, out_structure, dims, out_dims,
-    sum(calls)::BIGINT AS calls, sum(errors)::BIGINT AS errors,
-    min(first_ts) AS first_ts, max(last_ts) AS last_ts,
-    sum(duration_ns_sum)::BIGINT AS duration_ns_sum,
-    min(duration_ns_min) AS duration_ns_min, max(duration_ns_max) AS duration_ns_max
-"""
-"""How stats rows of one signature merge (SQL select list, to `GROUP BY ALL`): the store's
-``signatures`` view and `capture compact` both use it. Integer ranges merge item by item."""
 
 
 def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSystem, str]:
@@ -122,6 +113,9 @@ class FileInfo:
     """The file has exactly the table's columns, in order (no column of another version)."""
     rollup: str | None = None
     """Stats files: ``open`` or ``closed`` for a writer's rollup (`schema.METADATA_ROLLUP`)."""
+    segment: dict[str, int] | None = None
+    """Stats rollups: the calls files of the segment the rollup adds, day -> rows
+    (`schema.METADATA_SEGMENT_CALLS`; `capture.store.commits`); None when it names none."""
 
     @property
     def folder(self) -> str:
@@ -179,45 +173,16 @@ def list_files(
 def _list_local(
     root: str, table: str, skipped: list[Skip], stamps: dict[str, str] | None
 ) -> list[pafs.FileInfo]:
-    """Walks ``root/table`` with ``os.scandir`` without following any link."""
+    """Walks ``root/table`` without following any link (`capture.store.nofollow.walk`)."""
+    found = walk(f"{root}/{table}", lambda name: name.endswith(".parquet") and name[0] != ".")
+    skipped.extend(Skip(path, LINK_REASON) for path in found.links)
+    skipped.extend(Skip(path, reason) for path, reason in found.unlistable)
     out: list[pafs.FileInfo] = []
-    top = f"{root}/{table}"
-    if os.path.islink(top):
-        skipped.append(Skip(top, "a symbolic link; a store is read without following links"))
-        return out
-    pending = [top]
-    while pending:
-        folder = pending.pop()
-        try:
-            entries = list(os.scandir(folder))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError as e:
-            skipped.append(Skip(folder, f"cannot be listed ({type(e).__name__})"))
-            continue
-        for entry in entries:
-            path = f"{folder}/{entry.name}"
-            if entry.is_symlink():
-                skipped.append(
-                    Skip(path, "a symbolic link; a store is read without following links")
-                )
-            elif entry.is_dir(follow_symlinks=False):
-                pending.append(path)
-            elif (
-                entry.is_file(follow_symlinks=False)
-                and entry.name.endswith(".parquet")
-                and not entry.name.startswith(".")
-            ):
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:  # deleted since the folder was read
-                    continue
-                out.append(pafs.FileInfo(path, pafs.FileType.File, size=st.st_size))
-                if stamps is not None:
-                    stamps[path] = (
-                        f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:{st.st_dev}"
-                    )
-    return sorted(out, key=lambda info: info.path)
+    for path, st in found.files:
+        out.append(pafs.FileInfo(path, pafs.FileType.File, size=st.st_size))
+        if stamps is not None:
+            stamps[path] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:{st.st_dev}"
+    return out
 
 
 def _schema_problem(found: pa.Schema, table: str) -> str | None:
@@ -259,11 +224,16 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
         with fs.open_input_file(path) as f:
             size = int(f.size())
             meta = pq.read_metadata(f)
-    except FileNotFoundError:
-        return Skip(path, VANISHED)
     except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
-        return Skip(path, _one_line(f"{type(e).__name__}: {e}"))
+        return _unreadable(fs, path, e)
     return _verdict(meta, path, table, size)
+
+
+def _unreadable(fs: pafs.FileSystem, path: str, error: Exception) -> Skip:
+    """The `Skip` of a file whose read failed: `VANISHED` when it is gone (list again)."""
+    if vanished(fs, path, error):
+        return Skip(path, VANISHED)
+    return Skip(path, _one_line(f"{type(error).__name__}: {error}"))
 
 
 _ONE_READ = 4 << 20
@@ -301,10 +271,8 @@ def read_with_rows(
             if isinstance(verdict, Skip):
                 return verdict, None
             return verdict, parquet.read()
-    except FileNotFoundError:
-        return Skip(path, VANISHED), None
     except Exception as e:  # truncated, empty, not Parquet, corrupt pages: skipped, said why
-        return Skip(path, _one_line(f"{type(e).__name__}: {e}")), None
+        return _unreadable(fs, path, e), None
 
 
 def _name_problem(path: str, table: str) -> Skip | None:
@@ -352,11 +320,14 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
     replaces = _claims(kv, path)
     if isinstance(replaces, Skip):
         return replaces
+    segment = _segment(kv, path) if table == schema.STATS else None
+    if isinstance(segment, Skip):
+        return segment
     exact = found.names == schema.SCHEMAS[table].names
     rows, ids = int(meta.num_rows), _call_ids(meta, table)
     rollup = kv.get(schema.METADATA_ROLLUP)
     mark = rollup.decode("ascii", "replace")[:10] if rollup is not None else None
-    return FileInfo(path, table, rows, size, replaces, ids, exact, mark)
+    return FileInfo(path, table, rows, size, replaces, ids, exact, mark, segment)
 
 
 T = TypeVar("T")
@@ -431,6 +402,28 @@ def _claims(kv: dict[bytes, bytes], path: str) -> dict[str, int | None] | Skip:
         and "\\" not in name
         and name not in (".", "..", own)
     }
+
+
+_MAX_SEGMENT_DAYS = 32
+
+
+def _segment(kv: dict[bytes, bytes], path: str) -> dict[str, int] | None | Skip:
+    """The ``capture.segment_calls`` of a rollup: ``{"YYYY-MM-DD": rows}``, checked."""
+    raw = kv.get(schema.METADATA_SEGMENT_CALLS)
+    if raw is None:
+        return None
+    try:
+        days = json.loads(raw)
+        if not isinstance(days, dict) or not 0 < len(days) <= _MAX_SEGMENT_DAYS:
+            raise ValueError("not a small JSON object")
+        for day, rows in days.items():
+            if len(day) != 10 or dt.date.fromisoformat(day).isoformat() != day:
+                raise ValueError(f"{day[:20]!r} is not a day")
+            if type(rows) is not int or rows < 0:
+                raise ValueError(f"{str(rows)[:20]!r} is not a row count")
+    except ValueError as e:
+        return Skip(path, f"its {schema.METADATA_SEGMENT_CALLS.decode()} is malformed ({e})")
+    return days
 
 
 def _call_ids(meta: pq.FileMetaData, table: str) -> tuple[int, int] | None:

@@ -18,23 +18,31 @@ raw bytes. Reading it runs no code. Tensor names:
 ``__metadata__`` keys are in `METADATA_KEYS`. Files are written as ``.<name>.tmp`` in their final
 folder and renamed, like the Parquet files: a reader never sees a partial file.
 
-This module imports neither torch nor safetensors (the CLI lists and deletes payloads without
-them); `read_payload` imports safetensors when it runs.
+Reading one runs no code and is checked against what capture writes, with caps
+(`capture.store.payload_format`); listing, reading and deleting never follow a symbolic link
+(`capture.store.nofollow`, issue 25). This module imports neither torch nor safetensors (the CLI
+lists and deletes payloads without them); `read_payload` imports torch when it runs.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
-import struct
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
 from capture.errors import CaptureError, StoreNotFound
+from capture.store import nofollow
+from capture.store.payload_format import (
+    DEFAULT_MAX_CALL_BYTES,
+    PAYLOAD_VERSION,
+    PayloadError,
+    read_checked,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -47,19 +55,17 @@ __all__ = [
     "PayloadFile",
     "Payload",
     "PayloadError",
+    "DEFAULT_MAX_CALL_BYTES",
     "require_safetensors",
     "payload_folder",
     "list_payloads",
     "delete_payloads",
-    "read_header",
     "read_payload",
+    "iter_payloads",
 ]
 
 PAYLOADS = "payloads"
 """The store folder that holds payload files (next to structures/, calls/, stats/)."""
-
-PAYLOAD_VERSION = 1
-"""Version of the payload file layout (``capture.payload_version`` in ``__metadata__``)."""
 
 SUFFIX = ".safetensors"
 SAFETENSORS_HINT = "pip install 'capture[payloads]'"
@@ -74,11 +80,6 @@ METADATA_KEYS = (
     "in_structure",  # calls.in_structure
     "outputs",  # "kept", or why the outputs were not kept
 )
-_MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
-
-
-class PayloadError(CaptureError):
-    """A payload file that cannot be read (truncated, not safetensors, not ours)."""
 
 
 def require_safetensors() -> None:
@@ -118,6 +119,10 @@ def _partition(path: str, key: str) -> str:
     return ""
 
 
+def _is_payload(name: str) -> bool:
+    return name.endswith(SUFFIX) and not name.startswith(".")
+
+
 def list_payloads(
     store: str | os.PathLike[str] | tuple[pafs.FileSystem, str], model: str | None = None
 ) -> list[PayloadFile]:
@@ -128,7 +133,8 @@ def list_payloads(
         model: Only this model's payloads (its partition name).
 
     Returns:
-        One `PayloadFile` per file; temporary dot-files are left out.
+        One `PayloadFile` per file; temporary dot-files are left out, and so are symbolic
+        links (never followed, one `RuntimeWarning` each: issue 25).
 
     Raises:
         StoreNotFound: `store` is a path or URI where no store is.
@@ -150,18 +156,25 @@ def list_payloads(
     folder = f"{root}/{PAYLOADS}"
     if model is not None:
         folder += f"/model={safe_name(model)}"
-    selector = pafs.FileSelector(folder, recursive=True, allow_not_found=True)
+    if isinstance(fs, pafs.LocalFileSystem):
+        found = nofollow.walk(folder, _is_payload)
+        for path in found.links:
+            warnings.warn(
+                f"capture: skipping {path} under {PAYLOADS}/ ({nofollow.LINK_REASON})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        sized = [(path, int(st.st_size)) for path, st in found.files]
+    else:  # object stores have no links
+        selector = pafs.FileSelector(folder, recursive=True, allow_not_found=True)
+        sized = [
+            (info.path, int(info.size or 0))
+            for info in fs.get_file_info(selector)
+            if info.type == pafs.FileType.File and _is_payload(info.base_name)
+        ]
     out = [
-        PayloadFile(
-            info.path,
-            _partition(info.path, "model"),
-            _partition(info.path, "date"),
-            int(info.size or 0),
-        )
-        for info in fs.get_file_info(selector)
-        if info.type == pafs.FileType.File
-        and info.base_name.endswith(SUFFIX)
-        and not info.base_name.startswith(".")
+        PayloadFile(path, _partition(path, "model"), _partition(path, "date"), size)
+        for path, size in sized
     ]
     return sorted(out, key=lambda p: (p.model, p.date, p.path))
 
@@ -182,7 +195,12 @@ def delete_payloads(
         dry_run: Delete nothing; return what would be deleted.
 
     Returns:
-        The files deleted (or that would be).
+        The files deleted (or that would be): listed ones only, so never a file outside the
+        store reached through a link.
+
+    Raises:
+        PayloadError: A file could not be deleted (it became a link, or permissions); the
+            files before it are deleted; one line.
 
     Example:
         >>> delete_payloads("capture-store", before=dt.date(2026, 11, 1))  # doctest: +SKIP
@@ -195,42 +213,20 @@ def delete_payloads(
         p for p in list_payloads((fs, root), model) if before is None or p.date < before.isoformat()
     ]
     if not dry_run:
-        for p in chosen:
-            fs.delete_file(p.path)
+        for done, p in enumerate(chosen):
+            try:
+                if isinstance(fs, pafs.LocalFileSystem):
+                    # through no link: one swapped in after the listing fails (issue 25)
+                    nofollow.unlink_under(root, p.path)
+                else:
+                    fs.delete_file(p.path)
+            except OSError as e:
+                raise PayloadError(
+                    f"cannot delete {p.path} ({type(e).__name__}: {e}); {done} payload "
+                    "file(s) before it were deleted, nothing outside the store was touched; "
+                    "check the folder (a symbolic link?) and run the delete again"
+                ) from e
     return chosen
-
-
-def _parse_header(raw: bytes, where: str) -> dict[str, Any]:
-    try:
-        header = json.loads(raw)
-    except ValueError as e:
-        raise PayloadError(f"{where}: the safetensors header is not JSON ({e})") from e
-    if not isinstance(header, dict):
-        raise PayloadError(f"{where}: the safetensors header is not a JSON object")
-    meta = header.get("__metadata__") or {}
-    if not isinstance(meta, dict) or meta.get("capture.kind") != "payload":
-        raise PayloadError(f"{where}: not a capture payload file (no capture.kind=payload)")
-    version = str(meta.get("capture.payload_version", ""))
-    if not version.isdigit() or int(version) > PAYLOAD_VERSION:
-        raise PayloadError(
-            f"{where}: payload version {version!r}, this library reads up to "
-            f"{PAYLOAD_VERSION}; upgrade capture"
-        )
-    return header
-
-
-def read_header(data: bytes, where: str = "payload") -> dict[str, Any]:
-    """The JSON header of a safetensors payload file, checked to be one of ours.
-
-    Raises:
-        PayloadError: The bytes are not a capture payload file (the message says why).
-    """
-    if len(data) < 8:
-        raise PayloadError(f"{where}: {len(data)} bytes, too short for a safetensors file")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > _MAX_HEADER or 8 + n > len(data):
-        raise PayloadError(f"{where}: truncated or not safetensors (header of {n} bytes)")
-    return _parse_header(data[8 : 8 + n], where)
 
 
 @dataclass
@@ -263,37 +259,64 @@ class Payload:
         return [found[i] for i in sorted(found)]
 
 
-def read_payload(fs: pafs.FileSystem, path: str) -> Payload:
-    """Reads one payload file (no code runs: safetensors parses a JSON header and raw bytes).
+def read_payload(
+    fs: pafs.FileSystem, path: str, max_bytes: int = DEFAULT_MAX_CALL_BYTES
+) -> Payload:
+    """Reads one payload file, checked as data (`capture.store.payload_format`).
+
+    The header is read and checked first (names, dtypes, shapes, byte ranges, metadata, the
+    sizes against the file's and `max_bytes`), then the tensors' bytes. On a local disk the
+    file is opened through no symbolic link below the store (`capture.store.nofollow`).
+
+    Args:
+        fs: The store's filesystem.
+        path: The payload file.
+        max_bytes: Most bytes of tensors accepted (the recorder's ``max_call_bytes``).
+
+    Returns:
+        The call's `Payload`.
 
     Raises:
-        PayloadError: The file is unreadable or not a capture payload file.
-        CaptureError: safetensors is not installed.
-    """
-    require_safetensors()
-    from safetensors.torch import load
+        PayloadError: The file cannot be read, is not a capture payload file, or exceeds a
+            cap; one line naming the file.
 
+    Example:
+        >>> read_payload(pafs.LocalFileSystem(), path).call_id  # doctest: +SKIP
+        42
+    """
     try:
-        with fs.open_input_file(path) as f:
-            data = f.read()
+        if isinstance(fs, pafs.LocalFileSystem):
+            marker = f"/{PAYLOADS}/"
+            root = path.rsplit(marker, 1)[0] if marker in path else os.path.dirname(path)
+            with nofollow.open_under(root, path) as f:
+                meta, tensors = read_checked(f, os.fstat(f.fileno()).st_size, path, max_bytes)
+        else:
+            with fs.open_input_file(path) as f:
+                meta, tensors = read_checked(f, int(f.size()), path, max_bytes)
     except OSError as e:
-        raise PayloadError(f"{path}: cannot be read ({e})") from e
-    header = read_header(data, path)
-    try:
-        tensors = load(data)
-    except Exception as e:  # safetensors raises its own SafetensorError on bad bytes
-        raise PayloadError(f"{path}: not a valid safetensors file ({e})") from e
-    meta = {str(k): str(v) for k, v in header["__metadata__"].items()}
-    for key in ("call_id", "in_structure"):
-        if key not in meta:
-            raise PayloadError(f"{path}: payload metadata has no {key!r}")
+        raise PayloadError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
     return Payload(path, meta, tensors)
 
 
-def iter_payloads(files: Iterable[PayloadFile], fs: pafs.FileSystem) -> Iterable[Payload | str]:
-    """Each file read, or the reason it could not be (a string), in order."""
+def iter_payloads(
+    files: Iterable[PayloadFile], fs: pafs.FileSystem, max_bytes: int = DEFAULT_MAX_CALL_BYTES
+) -> Iterable[Payload | str]:
+    """Each file read (`read_payload`), or the reason it could not be (a string), in order.
+
+    Args:
+        files: Listed payload files (`list_payloads`).
+        fs: The store's filesystem.
+        max_bytes: Most bytes of tensors accepted per file.
+
+    Returns:
+        An iterator of `Payload` or one-line reasons.
+
+    Example:
+        >>> [type(p).__name__ for p in iter_payloads(list_payloads(root), fs)]  # doctest: +SKIP
+        ['Payload']
+    """
     for p in files:
         try:
-            yield read_payload(fs, p.path)
+            yield read_payload(fs, p.path, max_bytes)
         except PayloadError as e:
             yield str(e)

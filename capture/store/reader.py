@@ -1,6 +1,9 @@
-"""open_store(): an in-process DuckDB connection with views over the Parquet tree.
+"""The store's data-access object: an in-process DuckDB connection with views over the Parquet tree.
 
-This module imports duckdb and pyarrow but never torch: ``capture query`` goes through it.
+This module imports duckdb and pyarrow but never torch: ``capture query`` goes through it. It
+answers "which files, which rows, this SQL" and nothing more: the analyses of a store
+(`capture.analysis`, `capture.engines`) import it, never the reverse, and the public
+`capture.Store` (`capture.store_api`) puts the two together.
 
 Views users can rely on (DESIGN §6):
 
@@ -15,7 +18,7 @@ Views users can rely on (DESIGN §6):
 - ``stats``: the signature rows as written (one per signature per file: a writer's rollup, a
   compacted file); ``signatures``: the same merged over files, one row per distinct (model,
   in_structure, out_structure, dims, out_dims), integer value ranges merged item by item
-  (`schema.SIGNATURE_RANGES`, the one place they merge).
+  (`capture.store.stats_merge`, the one place stats rows merge).
 
 Every file is checked before it joins a view (`capture.store.layout.read_footer`): unreadable,
 foreign, wrong-schema and bomb-sized files, files of a newer schema version and symbolic links are
@@ -26,13 +29,13 @@ read, once `capture.store.claims` has checked that the compacted file holds thei
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -42,14 +45,14 @@ from capture import schema
 from capture.errors import EmptyStore, QueryError, UnknownModel
 from capture.store import footer_cache
 from capture.store.checked import check_table
-from capture.store.layout import (
-    SIGNATURE_TOTALS,
-    open_root,
-)
+from capture.store.layout import list_files, open_root
+from capture.store.stats_merge import SIGNATURE_MERGE
 
-__all__ = ["Store", "open_store", "SkippedFile"]
+__all__ = ["StoreReader", "SkippedFile"]
 
 logger = logging.getLogger(__name__)
+
+_Self = TypeVar("_Self", bound="StoreReader")
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ CREATE OR REPLACE VIEW structures AS
     ) WHERE rn = 1;
 
 CREATE OR REPLACE VIEW signatures AS
-    SELECT {SIGNATURE_TOTALS}, {schema.SIGNATURE_RANGES}
+    SELECT {SIGNATURE_MERGE}
     FROM stats
     GROUP BY ALL;
 
@@ -109,51 +112,60 @@ CREATE OR REPLACE VIEW dims AS
 """
 
 
-_CALLS_NAMES = re.compile(r"\b(calls|leaves|dims)\b", re.IGNORECASE)
-"""Names of the views over the calls files (the others read only stats and structures)."""
+_CALLS_VIEWS_NAMES = frozenset({"calls", "leaves", "dims"})
+"""The views over the calls files (the others read only stats and structures, in memory)."""
 
-_PARAMETER = re.compile(r"\$\w+|\?")
+_RELISTS = 5
+"""Times a query lists the store again when files it read were deleted meanwhile (compactions
+replacing them; each listing finds the files that replaced them)."""
 
 
 def _needs_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
-    """Whether `sql` may read a view over the calls files.
+    """Whether DuckDB says that `sql` reads a view over the calls files.
 
-    DuckDB names the tables a statement reads (a column named ``calls`` does not count);
-    when it cannot tell (several statements, DDL, a parse error), any of the names in the
-    text counts.
+    DuckDB's own answers, no text of ours: the tables the statement reads
+    (``get_table_names``: parsed and bound, a CTE shadowing a view does not count; ~0.2 ms);
+    for a statement it cannot bind alone (parameters, several statements) the tables its parse
+    names (``json_serialize_sql``, SELECT statements, subqueries and CTEs included; ~1 ms).
+    When neither tells (DDL, PRAGMA), False: the query then binds the calls views lazily, when
+    DuckDB reports a missing table (`Store.query`).
     """
     try:
-        names = con.get_table_names(_PARAMETER.sub("NULL", sql))
+        names = con.get_table_names(sql)
     except duckdb.Error:
-        return bool(_CALLS_NAMES.search(sql))
-    return any(_CALLS_NAMES.fullmatch(name) for name in names)
+        return _parse_names_calls(con, sql)
+    return any(name.lower() in _CALLS_VIEWS_NAMES for name in names)
 
 
-_NO_ACCESS = re.compile(r'Cannot access file "([^"]+?)(?:/\*\*/\*\.parquet)?"')
-
-
-def _vanished(error: Exception, listed: Mapping[str, list[str]], fs: pafs.FileSystem) -> bool:
-    """Whether `error` says that a file listed when the store opened no longer exists.
-
-    Locked down (issue 11), DuckDB reports a missing file as a path it may not access (it
-    tries the name as a folder), so that message counts when it names a listed file that is gone.
-    """
-    text = str(error)
-    if isinstance(error, FileNotFoundError) or any(
-        m in text for m in ("No files found", "No such file", "not found", "NoSuchKey")
-    ):
-        return True
-    match = _NO_ACCESS.search(text)
-    if match is None or not any(match.group(1) in files for files in listed.values()):
+def _parse_names_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether DuckDB's parse of `sql` (not bound, nothing read) names a calls view."""
+    try:
+        rows = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()
+        tree = json.loads(rows[0][0]) if rows else {}
+    except (duckdb.Error, ValueError, RecursionError):  # no json functions; too deep a tree
         return False
-    return bool(fs.get_file_info(match.group(1)).type == pafs.FileType.NotFound)
+    if not isinstance(tree, dict) or tree.get("error"):
+        return False
+    pending: list[Any] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "BASE_TABLE":
+                name = node.get("table_name")
+                if isinstance(name, str) and name.lower() in _CALLS_VIEWS_NAMES:
+                    return True
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return False
 
 
-class Store:
+class StoreReader:
     """A read-only view of a capture store through an in-process DuckDB connection.
 
-    Use `open_store()` to get one. `query()` runs any SQL over the views listed in this
-    module's docstring and returns a `pyarrow.Table`.
+    Users get one as a `capture.Store` (`capture.open_store()`, which adds the analyses).
+    `query()` runs any SQL over the views listed in this module's docstring and returns a
+    `pyarrow.Table`.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, unsafe_sql: bool = False) -> None:
@@ -211,6 +223,7 @@ class Store:
     def _list_files(self, with_calls: bool = False) -> None:
         """Lists the store's stats and structures (and calls) files into `_files`, `skipped`."""
         self.skipped: list[SkippedFile] = []
+        self._waiting: frozenset[str] = frozenset()
         self._files: dict[str, list[str]] = {}
         self._rows: dict[str, pa.Table | None] = {}
         for table in (schema.STRUCTURES, schema.STATS):
@@ -238,8 +251,11 @@ class Store:
             warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
         if table == schema.CALLS:
             self._exact_calls = found.exact
-        else:
-            self._rows[table] = found.rows
+            # calls of segments whose rollup is not counted yet (capture.store.commits)
+            return [path for path in found.kept if path not in self._waiting]
+        self._rows[table] = found.rows
+        if table == schema.STATS:
+            self._waiting = found.waiting
         return found.kept
 
     def _lock_down(self) -> None:
@@ -323,32 +339,52 @@ class Store:
             >>> store.query("SELECT count(*) AS n FROM calls").to_pylist()  # doctest: +SKIP
             [{'n': 8}]
         """
-        if not self._with_calls and _needs_calls(self.con, sql):
-            self._reconnect(with_calls=True)
-        relisted = False
+        bind = not self._with_calls and _needs_calls(self.con, sql)
+        relisted = 0
+        stale = False
         while True:
             try:
+                if stale:
+                    # A compaction replaced (then deleted) files listed before: the files
+                    # that replaced them hold their rows; list again (issues 14, 25).
+                    self.con.close()
+                    self._list_files(with_calls=self._with_calls)
+                    self._connect(self._with_calls)
+                    stale = False
+                if bind and not self._with_calls:
+                    # Bound inside the retry: binding reads the calls files' footers, and a
+                    # compaction may delete one meanwhile (issue 25: `No files found`).
+                    self._reconnect(with_calls=True)
                 relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
                 if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
                     return pa.table({})
                 return relation.to_arrow_table()
-            except (duckdb.IOException, duckdb.PermissionException, OSError) as e:
-                if not relisted and _vanished(e, self._files, self.fs):
-                    # A compaction replaced (then deleted) files listed when the store opened:
-                    # its merged file holds their rows; list again, once (issue 14).
-                    relisted = True
-                    self.con.close()
-                    self._list_files(with_calls=self._with_calls)
-                    self._connect(self._with_calls)
-                    continue
-                raise QueryError(f"query failed: {str(e).strip()}") from e
             except duckdb.CatalogException as e:
-                if not self._with_calls:  # a view over the calls named in a way not spotted
-                    self._reconnect(with_calls=True)
+                if not self._with_calls:  # DuckDB misses a table: bind the calls views, lazily
+                    bind = True
                     continue
                 raise QueryError(f"query failed: {str(e).strip()}") from e
-            except duckdb.Error as e:
+            except (duckdb.Error, OSError, pa.ArrowException) as e:
+                if relisted < _RELISTS and self._calls_gone():
+                    relisted += 1
+                    stale = True
+                    continue
                 raise QueryError(f"query failed: {str(e).strip()}") from e
+
+    def _calls_gone(self) -> bool:
+        """Whether a calls file the views read no longer exists (the table listed again).
+
+        A fact, not the error's text: whatever DuckDB or pyarrow said about the failure, the
+        query is run again only when a file it read is gone.
+        """
+        bound = self._files.get(schema.CALLS) if self._with_calls else None
+        if not bound:
+            return False
+        try:
+            now = {info.path for info in list_files(self.fs, self.root, schema.CALLS)}
+        except OSError:  # the store cannot be listed: the original error stands
+            return False
+        return any(path not in now for path in bound)
 
     def _reconnect(self, with_calls: bool) -> None:
         self.con.close()
@@ -384,73 +420,12 @@ class Store:
             {"models": models},
         )
 
-    def dims(self, model: str | None = None, **options: Any) -> pa.Table:
-        """Per model, call group, tensor leaf and axis: dynamic or not, range, shared symbol.
-
-        See `capture.analysis.groups.dims_table` for the columns and options.
-        """
-        from capture.analysis.groups import dims_table
-
-        return dims_table(self, model, **options)
-
-    def summary(self, model: str | None = None) -> dict[str, Any]:
-        """Models, call counts, call groups, optional inputs, drift (`capture.analysis.groups`)."""
-        from capture.analysis.groups import summary
-
-        result: dict[str, Any] = summary(self, model)
-        return result
-
-    def profiles(self, model: str | None = None, **options: Any) -> pa.Table:
-        """TensorRT optimization profiles (min/opt/max per input) per call group.
-
-        See `capture.engines.profiles.profiles_table` for the columns and options (``group``,
-        ``opt``, ``max_profiles``).
-        """
-        from capture.engines.profiles import profiles_table
-
-        return profiles_table(self, model, **options)
-
-    def buckets(self, symbol: str, budget: int, **options: Any) -> pa.Table:
-        """The `budget` sizes of a shared symbol that minimise padding over the recorded calls.
-
-        See `capture.engines.buckets.buckets_table` for the columns and options (``model``,
-        ``group``).
-        """
-        from capture.engines.buckets import buckets_table
-
-        return buckets_table(self, symbol, budget, **options)
-
     def close(self) -> None:
         """Closes the DuckDB connection."""
         self.con.close()
 
-    def __enter__(self) -> Store:
+    def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def open_store(path: str | os.PathLike[str], *, unsafe_sql: bool = False) -> Store:
-    """Opens a capture store (a directory or a pyarrow filesystem URI) for analysis.
-
-    By default the store's SQL reads its views and nothing else: no other file or URL is read
-    or written, no DuckDB extension is installed or loaded, settings are locked.
-
-    Args:
-        path: The directory the recorder wrote to, or a URI such as ``s3://bucket/prefix``.
-        unsafe_sql: Give `Store.query` DuckDB's full reach (other files, ``COPY``,
-            ``ATTACH``, ``INSTALL``, ``SET``): only for SQL you trust.
-
-    Returns:
-        A `Store`; `Store.query()` runs SQL over its views.
-
-    Raises:
-        StoreNotFound: Nothing at `path`.
-        EmptyStore: `path` exists but holds no recorded call.
-
-    Example:
-        >>> store = open_store("capture-store")  # doctest: +SKIP
-        >>> store.query("SELECT model, count(*) FROM calls GROUP BY 1")  # doctest: +SKIP
-    """
-    return Store(path, unsafe_sql=unsafe_sql)

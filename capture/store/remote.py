@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 
 from capture.errors import CaptureError, StoreNotFound
 
-__all__ = ["CONNECT_TIMEOUT_S", "REQUEST_TIMEOUT_S", "bounded", "store_error"]
+__all__ = ["CONNECT_TIMEOUT_S", "REQUEST_TIMEOUT_S", "bounded", "invalid_uri", "store_error"]
 
 CONNECT_TIMEOUT_S = float(os.environ.get("CAPTURE_S3_CONNECT_TIMEOUT", "5"))
 """Seconds to wait for an S3 endpoint to accept a connection (``CAPTURE_S3_CONNECT_TIMEOUT``)."""
@@ -41,14 +41,26 @@ def bounded(fs: pafs.FileSystem) -> pafs.FileSystem:
     return pafs.S3FileSystem(**options)
 
 
-def store_error(store: str, error: Exception) -> CaptureError:
-    """One line saying why the store at `store` cannot be opened, and what to do."""
+def invalid_uri(store: str, error: Exception) -> CaptureError:
+    """One line for a URI pyarrow cannot parse (``pyarrow.ArrowInvalid``: an unknown scheme,
+    an unexpected option), and what to do."""
     text = " ".join(str(error).split())
-    if "Unrecognized filesystem type" in text or "Unexpected query parameter" in text:
-        return StoreNotFound(
-            f"cannot open store {store}: {text}; use a directory or a URI pyarrow knows "
-            "(s3://bucket/prefix, gs://, hdfs://, file://)"
-        )
+    return StoreNotFound(
+        f"cannot open store {store}: {text}; use a directory or a URI pyarrow knows "
+        "(s3://bucket/prefix, gs://, hdfs://, file://)"
+    )
+
+
+def store_error(store: str, error: Exception) -> CaptureError:
+    """One line saying why the store at `store` cannot be opened, and what to do.
+
+    pyarrow reports a remote filesystem's failures (S3's network, credentials, buckets) as a
+    plain ``OSError`` whose only content is its text (no error code, no subclass), so the advice
+    is chosen from that text; whatever it says, the error is the same `StoreNotFound`, and an
+    unknown text gets the general line. A URI pyarrow cannot parse is told by its type instead
+    (`invalid_uri`).
+    """
+    text = " ".join(str(error).split())
     if "NETWORK_CONNECTION" in text or "Timeout was reached" in text:
         return StoreNotFound(
             f"cannot reach the store {store}: {text}; check AWS_ENDPOINT_URL / the network "

@@ -114,7 +114,7 @@ def save(
     """
     from torch.export.pt2_archive import PT2ArchiveWriter
 
-    from capture import compat
+    from capture import compat_archive
     from capture.pytree import nodes
     from replay.ship.entries import manifest_of, program_name
 
@@ -133,7 +133,7 @@ def save(
         table = WeightTable()
         for name, program in programs.items():
             table.add(name, program)
-        graphs = {name: compat.serialize_program(p) for name, p in programs.items()}
+        graphs = {name: compat_archive.serialize_program(p) for name, p in programs.items()}
         compiled = {name: _compile(name, p) for name, p in programs.items()} if aoti else {}
     folder = os.path.dirname(os.path.abspath(target))
     fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder)
@@ -145,7 +145,7 @@ def save(
                 writer.write_string(WEIGHTS_CONFIG.format(name), config_json(slots.weights))
                 writer.write_string(CONSTANTS_CONFIG.format(name), config_json(slots.constants))
             for record in table.records:
-                compat.write_archive_storage(writer, record.name, record.storage)
+                compat_archive.write_archive_storage(writer, record.name, record.storage)
             for name, files in compiled.items():
                 for file in files:
                     writer.write_file(f"{AOTI_DIR}{name}/{os.path.basename(file)}", file)
@@ -163,11 +163,11 @@ def save(
 
 def _compile(name: str, program: ExportedProgram) -> list[str]:
     """AOTInductor-compiles one program (from its own example inputs), weights left out."""
-    from capture import compat
+    from capture import compat_archive
 
     args, kwargs = program.example_inputs or ((), {})
     try:
-        files = compat.aoti_compile(program.module(), tuple(args), dict(kwargs))
+        files = compat_archive.aoti_compile(program.module(), tuple(args), dict(kwargs))
     except Exception as e:  # no silent fallback: the artifact would not be what was asked
         text = str(e).strip().splitlines()
         raise ArtifactError(
@@ -310,22 +310,26 @@ def loadable_type(name: str) -> bool:
         >>> loadable_type("transformers.cache_utils.DynamicCache"), loadable_type("evil.Thing")
         (True, False)
     """
-    import sys
+    from capture import compat
 
     if not DOTTED.match(name):
         return False
-    pytree = sys.modules.get("torch.utils._pytree")
-    registered = pytree is not None and name in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+    tables = compat.serialized_pytree_types()  # None without torch imported: capture check
+    registered = tables is not None and name in tables[0]
     return registered or name.startswith(_ALLOWED_MODULES)
 
 
 def _register(types: set[str]) -> None:
     """Registers the pytree node types the programs name (allow-listed modules only)."""
-    import torch.utils._pytree as pytree
+    import torch.utils._pytree  # noqa: F401 (torch's pytree tables exist once it is imported)
 
+    from capture import compat
     from capture.pytree import nodes
 
-    known = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+    tables = compat.serialized_pytree_types()
+    if tables is None:
+        raise ArtifactError("torch's pytree registry cannot be read: the artifact cannot load")
+    known = tables[0]
     missing = sorted(t for t in types if t not in known)
     if not missing:
         return
@@ -398,14 +402,14 @@ def _program(
 ) -> ExportedProgram:
     from torch.export.passes import move_to_device_pass
 
-    from capture import compat
+    from capture import compat_archive
 
     # torch logs (not prints) its deserialization chatter; keep it off the server's output.
     quiet = logging.getLogger("torch._export.serde.serialize")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        program = compat.deserialize_program(art.graphs[name], tensors[0], tensors[1])
+        program = compat_archive.deserialize_program(art.graphs[name], tensors[0], tensors[1])
         saved = {
             s.device
             for s in (*art.slots[name].weights.values(), *art.slots[name].constants.values())
@@ -431,10 +435,10 @@ def _compiled(
     """The AOTInductor build of one program, running on the artifact's own weights."""
     import torch
 
-    from capture import compat
+    from capture import compat_archive
 
     index = torch.device(device).index
-    runner = compat.aoti_load(art.archive.path, name, -1 if index is None else index)
+    runner = compat_archive.aoti_load(art.archive.path, name, -1 if index is None else index)
     available = {**tensors[0], **tensors[1]}
     wanted = list(runner.get_constant_fqns())
     absent = [fqn for fqn in wanted if fqn not in available]

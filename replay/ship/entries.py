@@ -98,9 +98,9 @@ def _axes(group: ExportGroup) -> tuple[Axis, ...]:
 
 
 def _pytree_types(spec: Any, out: set[str]) -> None:
-    import torch.utils._pytree as pytree
+    from capture import compat
 
-    node = pytree.SUPPORTED_NODES.get(spec.type)
+    node = compat.pytree_nodes().get(spec.type)
     name = getattr(node, "serialized_type_name", None) if node is not None else None
     if name and spec.type not in (tuple, list, dict):
         out.add(str(name))

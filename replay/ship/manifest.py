@@ -22,7 +22,8 @@ from typing import Any
 
 from capture import schema
 from capture.errors import ReplayError
-from capture.pytree.structure import RecordedLeaf, parse_params
+from capture.pytree.structure import RecordedLeaf
+from capture.signature import Signature
 from replay.coverage import CoverageRow
 from replay.shapes import CallForm
 from replay.ship.checked_json import NAME, Fields, load
@@ -181,7 +182,7 @@ class ProgramEntry:
             rejected[dims] = r.text("error")
         signature = f.text("signature", optional=True, max_len=1_000_000)
         try:
-            parse_params(signature)
+            Signature.loads(signature)
         except ReplayError as e:
             f.fail(f"{f.where}.signature", f"is malformed ({e})")
         form = f.child("form")

@@ -73,8 +73,8 @@ class Runner:
     ) -> CallFacts:
         """The call's treespec, leaves and sizes, described with the entry's recorded signature
         (which names positional arguments); cached per call layout."""
-        from capture.pytree.structure import parse_params
         from capture.record.flatten import describe, tensor_key, walk
+        from capture.signature import Signature
 
         tensors: list[Any] = []
         key: list[Any] = [len(args)]
@@ -84,8 +84,8 @@ class Runner:
         cache_key = (full, entry.signature)
         found = self._seen.get(cache_key)
         if found is None:
-            params = tuple(parse_params(entry.signature))
-            st = describe((args, kwargs), list(tensors), signature=params)
+            signature = Signature.loads(entry.signature)
+            st = describe((args, kwargs), list(tensors), signature=signature)
             found = (st.treespec, st.leaves, st.slow)
             self._seen[cache_key] = found
         treespec, leaves, slow = found
