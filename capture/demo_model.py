@@ -1,7 +1,16 @@
-"""The model `capture demo` records: a tiny Llama built from a config (nothing downloaded).
+"""The tiny models of `capture demo` and of the docs' examples, built from configs in code.
 
-It lives in the installed package so the demo runs from a wheel; `fixtures.models` re-exports it
-for the tests and benchmarks. transformers is imported only when a model is built.
+Random weights, a fixed seed, nothing downloaded: a Llama (what the demo records) and a T5 (the
+encoder-decoder example of recording several modules), and `run_generate`, which serves them a
+`generate()` workload. They live in the installed package so that the demo and every example
+run from a wheel (issue 24: the T5 example imported the repository's ``fixtures``, which is not
+installed); `fixtures.models` re-exports them for the tests and benchmarks. transformers is
+imported only when a model is built.
+
+Example:
+    >>> from capture.demo_model import run_generate, tiny_t5  # doctest: +SKIP
+    >>> model = tiny_t5()  # doctest: +SKIP
+    >>> ids = run_generate(model, [(1, 5), (2, 7)])  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -11,7 +20,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["TINY_DECODER", "tiny_llama", "llama_config", "run_generate", "prompts"]
+__all__ = [
+    "TINY_DECODER",
+    "tiny_llama",
+    "tiny_t5",
+    "llama_config",
+    "run_generate",
+    "prompts",
+]
 
 
 TINY_DECODER: dict[str, Any] = dict(
@@ -42,6 +58,31 @@ def tiny_llama(seed: int = 0, **overrides: Any) -> Any:
 
     torch.manual_seed(seed)
     model: Any = LlamaForCausalLM(llama_config(**overrides))
+    model.eval()
+    return model
+
+
+def tiny_t5(seed: int = 0) -> Any:
+    """A 2+2-layer, 64-wide `T5ForConditionalGeneration` with random weights, in eval mode.
+
+    generate() runs its encoder through ``get_encoder()``, not ``forward``: record it with
+    ``Recorder(model, store, modules={"encoder": model.get_encoder()})``.
+    """
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    params: dict[str, Any] = dict(
+        vocab_size=128,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_heads=4,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=2,
+    )
+    model: Any = T5ForConditionalGeneration(T5Config(**params))
     model.eval()
     return model
 

@@ -34,6 +34,10 @@ class UnknownModel(CaptureError):
     """The requested model name has no recordings in the store."""
 
 
+class NoSuchSymbol(CaptureError):
+    """The symbol asked for is not a shared symbol of any selected call group."""
+
+
 class QueryError(CaptureError):
     """A SQL query over the store failed (syntax, unknown column, ...)."""
 

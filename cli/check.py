@@ -25,6 +25,7 @@ from typing import Any
 
 import click
 
+from .fit import Fit, terminal_width, wide_option
 from .main import store_path
 from .output import format_option, no_headers_option, render
 
@@ -58,6 +59,26 @@ def parse_since(text: str | None) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+def _refuse_folder(artifact: str, store: str) -> None:
+    """A folder is no artifact: say whether it is a store (``capture check capture-store``)."""
+    from pathlib import Path
+
+    from capture import schema
+
+    folder = Path(artifact)
+    if not folder.is_dir():
+        return
+    if any((folder / table).is_dir() for table in schema.TABLES):
+        raise click.ClickException(
+            f"{artifact} is a store, not an artifact; pass the .pt2 that capture export --out "
+            f"wrote, and the store before the command: capture --store {artifact} check MODEL.pt2"
+        )
+    raise click.ClickException(
+        f"{artifact} is a folder, not an artifact; pass the .pt2 that capture export --out wrote"
+        f" (the store is {store}, set with capture --store)"
+    )
+
+
 def _summary(rows: Sequence[dict[str, Any]]) -> str:
     calls = sum(r["calls"] for r in rows)
     served_calls = sum(r["calls"] for r in rows if r["served"])
@@ -83,6 +104,7 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
 )
 @format_option()
 @no_headers_option
+@wide_option
 @click.pass_context
 def check_command(
     ctx: click.Context,
@@ -91,6 +113,7 @@ def check_command(
     model: str | None,
     fmt: str,
     no_headers: bool,
+    wide: bool,
 ) -> None:
     """Check that a saved artifact serves the calls recorded in the store.
 
@@ -118,6 +141,7 @@ def check_command(
     import capture
     from replay.ship.artifact import read_manifest
 
+    _refuse_folder(artifact, store_path(ctx))
     manifest = read_manifest(artifact)
     moment = parse_since(since)
     from replay.ship.drift import check_rows
@@ -126,7 +150,9 @@ def check_command(
         rows = check_rows(store, manifest, moment, model)
     for row in rows:
         del row["structure"]
-    render(rows, fmt, headers=not no_headers)
+    # One model (the usual case): its column says nothing on a terminal.
+    one_model = ("model",) if len({r["model"] for r in rows}) == 1 else ()
+    render(rows, fmt, headers=not no_headers, fit=Fit(terminal_width(wide), hide=one_model))
     if not rows:
         window = f" since {since}" if since else ""
         click.echo(f"no recorded calls{window}: nothing to check", err=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from .fit import Fit, terminal_width, wide_option
 from .main import store_path
 from .output import table_text, write_text
 
@@ -65,8 +66,8 @@ def _done(start: float, text: str = "done") -> None:
     click.echo(f"      {text} ({time.perf_counter() - start:.1f} s)", err=True)
 
 
-def _section(title: str, body: str) -> None:
-    write_text(f"\n== {title} ==\n{body}")
+def _section(title: str, note: str, body: str) -> None:
+    write_text(f"\n== {title} ==\n{note}\n{body}")
 
 
 INCOMPLETE = ".demo-incomplete"
@@ -108,6 +109,19 @@ def _mark(store: str, incomplete: bool) -> None:
         fs.delete_file(f"{root}/{INCOMPLETE}")
 
 
+def _nothing_at(store: str) -> bool:
+    """Whether nothing (no file, no folder) is at `store` yet."""
+    import pyarrow.fs as pafs
+
+    from capture.store.files import resolve_store
+
+    try:
+        fs, root = resolve_store(store)
+        return bool(fs.get_file_info(root).type == pafs.FileType.NotFound)
+    except (OSError, ValueError):  # unreachable or malformed: open_store's message says why
+        return False
+
+
 def _check_store(store: str) -> None:
     """Refuses a store that already holds a demo recording (the demo would double it)."""
     from capture.errors import EmptyStore, StoreNotFound
@@ -117,8 +131,12 @@ def _check_store(store: str) -> None:
     try:
         with open_store(store) as opened:
             models = opened.models()
-    except (StoreNotFound, EmptyStore):
+    except EmptyStore:
         return
+    except StoreNotFound:
+        if _nothing_at(store):  # a new store: the demo creates it
+            return
+        raise  # a file, a folder inside a store, an unreachable endpoint: the reader says which
     if DEMO_MODEL in models:
         raise click.ClickException(
             f"the store at {store} already holds a {DEMO_MODEL} recording from an earlier demo; "
@@ -138,8 +156,8 @@ def _record(store: str) -> Any:
     start = _step(
         2,
         4,
-        f"serving {len(WORKLOAD)} generate() requests (batch x prompt length: {requests}; "
-        f"{MAX_NEW_TOKENS} new tokens each) with capture.Recorder on",
+        f"serving {len(WORKLOAD)} generate() requests with capture.Recorder on, "
+        f"{MAX_NEW_TOKENS} new tokens each\n      (batch x prompt length: {requests})",
     )
     recorder = Recorder(model, store, name=DEMO_MODEL)
     with recorder:
@@ -149,7 +167,7 @@ def _record(store: str) -> Any:
     return model
 
 
-def _show_analysis(store: Any) -> None:
+def _show_analysis(store: Any, width: int | None) -> None:
     """Prints the `capture summary` report, then the exported group's dynamic dims per axis."""
     from .summary_table import summary_report
 
@@ -157,7 +175,7 @@ def _show_analysis(store: Any) -> None:
     summary = store.summary(DEMO_MODEL)
     dims = store.dims(DEMO_MODEL)
     _done(start)
-    write_text(summary_report(summary))
+    write_text(summary_report(summary, width))
     columns = ["path", "axis", "min", "max", "distinct", "symbol", "expr"]
     rows = [
         row
@@ -165,52 +183,49 @@ def _show_analysis(store: Any) -> None:
         if row["group"] == EXPORT_GROUP and row["dynamic"]
     ]
     _section(
-        f"Dynamic dims of the {EXPORT_GROUP} group, one row per input axis (capture dims)",
-        table_text([{c: row[c] for c in columns} for row in rows]),
+        f"Dynamic dims of the {EXPORT_GROUP} group (capture dims)",
+        "One row per input axis whose size varies.",
+        table_text(
+            [{c: row[c] for c in columns} for row in rows], fit=Fit(width, keep_end=("path",))
+        ),
     )
 
 
-def _export(model: Any, store: Any) -> bool:
-    """Exports the decode step from the store and prints the coverage table."""
+def _export(model: Any, store: Any, signatures: bool, width: int | None) -> bool:
+    """Exports the decode step from the store and prints its coverage and the total line."""
     import replay
-    from replay.coverage import KIND_PROBE, KIND_RECORDED
+    from replay.coverage import coverage_total, group_coverage
 
     start = _step(
         4,
         4,
-        f"exporting the {EXPORT_GROUP} step with torch.export from the recordings, then running "
-        "it on every recorded signature",
+        f"exporting the {EXPORT_GROUP} step with torch.export, then running it on every "
+        "recorded signature",
     )
     result = replay.export(model, store, model=DEMO_MODEL, groups=[EXPORT_GROUP])
     _done(start)
     for note in result.notes:
         click.echo(f"      note: {note}", err=True)
-    rows = result.coverage.to_pylist()
-    coverage = [row for row in rows if row["kind"] == KIND_RECORDED]
-    covered = [row for row in coverage if row["covered"]]
-    probes = [row for row in rows if row["kind"] == KIND_PROBE]
-    worst = max((row["max_abs_diff"] or 0.0 for row in rows if row["covered"]), default=0.0)
+    checked = (
+        "The program run on every recorded signature and on probes (unseen sizes inside the\n"
+        "recorded ranges), compared with eager"
+    )
+    if signatures:
+        note, table = f"{checked}: one row each.", result.coverage
+    else:
+        note = f"{checked}; covered/total per group (--signatures: one row each)."
+        table = group_coverage(result.coverage)
     _section(
-        f"Export of the {EXPORT_GROUP} group: the program run on every recorded signature "
-        "and on probes (unseen sizes inside the recorded ranges), compared with eager",
-        table_text(result.coverage),
+        f"Export of the {EXPORT_GROUP} group (capture export)",
+        note,
+        table_text(table, fit=Fit(width)),
     )
-    write_text(
-        f"{len(covered)} of {len(coverage)} recorded signatures covered "
-        f"({sum(r['calls'] for r in covered)} of {sum(r['calls'] for r in coverage)} calls), "
-        f"{sum(1 for r in probes if r['covered'])} of {len(probes)} probes covered, "
-        f"max abs diff {worst:g}"
-    )
+    write_text(coverage_total(result.coverage))
     return bool(result.complete)
 
 
 def _next_steps(store: str) -> None:
     where = shlex.quote(store)
-    # Double quotes around the SQL: it holds single quotes and neither " nor $.
-    sql = (
-        "SELECT path, axis, min(size) AS min, max(size) AS max FROM dims "
-        f"WHERE model = '{DEMO_MODEL}' AND side = 'input' GROUP BY ALL ORDER BY ALL"
-    )
     write_text(
         "\n".join(
             [
@@ -218,9 +233,9 @@ def _next_steps(store: str) -> None:
                 f"The store is at {store}. Try:",
                 f"  capture --store {where} summary",
                 f"  capture --store {where} dims --python",
-                f'  capture --store {where} query "{sql}"',
-                f"  capture --store {where} export capture.demo_model:tiny_llama "
-                f"--model {DEMO_MODEL} --group prefill",
+                f'  capture --store {where} query "SELECT path, shape FROM leaves LIMIT 8"',
+                f"  capture --store {where} report --out report.html",
+                f"  capture --store {where} export capture.demo_model:tiny_llama --group prefill",
             ]
         )
     )
@@ -235,8 +250,18 @@ def _next_steps(store: str) -> None:
     help="Where to record: a directory or a pyarrow filesystem URI. Default: the global --store "
     "($CAPTURE_STORE if set, else ./capture-store).",
 )
+@click.option(
+    "--signatures",
+    is_flag=True,
+    default=False,
+    help="Print the export's full coverage table, one row per recorded signature and probe. "
+    "Default: one row per group, then the total line.",
+)
+@wide_option
 @click.pass_context
-def demo_command(ctx: click.Context, store_option: str | None) -> None:
+def demo_command(
+    ctx: click.Context, store_option: str | None, signatures: bool, wide: bool
+) -> None:
     """Record a tiny model into a store to try the commands.
 
     Builds a tiny Llama causal LM from a config in code (random weights, nothing is
@@ -263,9 +288,10 @@ def demo_command(ctx: click.Context, store_option: str | None) -> None:
 
     from capture.store_api import open_store
 
+    width = terminal_width(wide)
     with open_store(store) as opened:
-        _show_analysis(opened)
-        complete = _export(model, opened)
+        _show_analysis(opened, width)
+        complete = _export(model, opened, signatures, width)
     _next_steps(store)
     if not complete:
         ctx.exit(EXIT_PARTIAL)

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from .fit import Fit, constant_columns, terminal_width, wide_option
 from .main import store_path
 from .options import choice_format_option, group_option, model_option
 from .output import render, render_document, write_text
@@ -48,6 +49,7 @@ _PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt"
     "trtexec flags, torch_tensorrt.Input Python lines, ONNX Runtime TensorRT provider "
     "options. Default: table.",
 )
+@wide_option
 @click.pass_context
 def profiles_command(
     ctx: click.Context,
@@ -56,6 +58,7 @@ def profiles_command(
     opt: str,
     max_profiles: int,
     fmt: str,
+    wide: bool,
 ) -> None:
     """Print TensorRT min/opt/max shape profiles per call group.
 
@@ -64,7 +67,9 @@ def profiles_command(
     recorded signature, never a mix of sizes from different calls). Input
     names are the names torch.export gives the inputs (the flattened
     argument path joined with _, e.g. past_key_values_key_cache_0), which
-    torch.onnx.export keeps as the ONNX input names.
+    torch.onnx.export keeps as the ONNX input names. On a terminal the
+    table leaves out the argument path (and model and profile, when they
+    are the same in every row) unless --wide.
 
     \b
     Example:
@@ -82,7 +87,13 @@ def profiles_command(
     if fmt in TEXT_FORMATS:
         write_text(format_profiles(profiles, fmt))
     else:
-        render(profiles_to_table(profiles), fmt)
+        table = profiles_to_table(profiles)
+        hide = ("path", *constant_columns(table, ["model", "profile"]))
+        fit = Fit(terminal_width(wide), hide=hide, keep_end=("input",), whole=_SHAPES)
+        render(table, fmt, fit=fit)
+
+
+_SHAPES = ("min_shape", "opt_shape", "max_shape")
 
 
 def _percent(part: int, whole: int) -> str:
@@ -90,25 +101,40 @@ def _percent(part: int, whole: int) -> str:
 
 
 def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
+    from capture.analysis.symbol_sizes import BATCH
+
     from .output import table_text
 
     calls = int(summary["calls"])
     work = int(summary["work"])
     padding = int(summary["padding"])
-    vllm_padding = int(summary["vllm_padding"])
-    uncovered = int(summary["vllm_uncovered_calls"])
     buckets = list(summary["buckets"])
-    vllm = list(summary["vllm_sizes"])
     groups = ", ".join(summary["groups"])
-    sizes = json.dumps(buckets)
     lines = [
-        f"{summary['model']}, symbol {summary['symbol']} (groups {groups}): {calls:,} calls, "
-        f"{summary['distinct_sizes']} distinct sizes from {summary['min']} to {summary['max']}",
+        f"{summary['model']}, symbol {summary['symbol']} ({summary['measures']}; groups {groups}):",
+        f"{calls:,} calls, {summary['distinct_sizes']} distinct sizes from {summary['min']} to "
+        f"{summary['max']}",
         "",
         table_text(rows),
         "",
         f"padding with these {len(buckets)} sizes: {padding:,} "
         f"({_percent(padding, work)} of the {work:,} useful; {padding / calls:.4g} per call)",
+    ]
+    if summary["measures"] != BATCH:
+        # vLLM's and SGLang's CUDA-graph sizes are batch sizes (issue 24): no flags for lengths.
+        lines += [
+            "",
+            f"{summary['symbol']} is a {summary['measures']}: vLLM's and SGLang's capture sizes "
+            "are batch sizes,",
+            f"so no engine flags are printed; pad each {summary['measures']} up to the next "
+            "of these sizes.",
+        ]
+        return "\n".join(lines)
+    vllm = list(summary["vllm_sizes"])
+    vllm_padding = int(summary["vllm_padding"])
+    uncovered = int(summary["vllm_uncovered_calls"])
+    sizes = json.dumps(buckets)
+    lines += [
         f"padding with vLLM's default sizes cut to {summary['budget']} {json.dumps(vllm)}: "
         f"{vllm_padding:,} ({_percent(vllm_padding, work)}; {vllm_padding / calls:.4g} per call)"
         + (
@@ -131,9 +157,9 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
 @click.option(
     "--symbol",
     metavar="NAME",
-    required=True,
+    default=None,
     help="The shared symbol to size (batch, input_ids_1, past_key_values_2, ... as the symbol "
-    "column of `capture dims` names them). Default: none, required.",
+    "column of `capture dims` names them). Default: the only one, when the calls have one.",
 )
 @click.option(
     "--budget",
@@ -152,7 +178,7 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
 @click.pass_context
 def buckets_command(
     ctx: click.Context,
-    symbol: str,
+    symbol: str | None,
     budget: int,
     model: str | None,
     group: str | None,
@@ -164,13 +190,16 @@ def buckets_command(
     batch of 5 runs as 8 when 4 and 8 are chosen); the chosen sizes minimise
     the total padding over the recorded calls, exactly (dynamic programming
     over the recorded distribution), and the largest is the largest size
-    recorded. Prints the padding next to that of vLLM's default capture
-    sizes ([1, 2, 4] + range(8, 256, 8) + range(256, 513, 16)) cut to N,
-    and ready lines for vLLM (cudagraph_capture_sizes, compile_sizes) and
-    SGLang (--cuda-graph-bs).
+    recorded. Every group with one of the symbol's dims counts, also where
+    it never varied (batch 1). For a batch symbol, prints the padding next
+    to that of vLLM's default capture sizes ([1, 2, 4] + range(8, 256, 8)
+    + range(256, 513, 16)) cut to N, and ready lines for vLLM
+    (cudagraph_capture_sizes, compile_sizes) and SGLang (--cuda-graph-bs);
+    those are batch sizes, so a sequence or cache length gets no flags.
 
     \b
     Example:
+      capture buckets --budget 4
       capture buckets --symbol batch --budget 8
       capture buckets --symbol input_ids_1 --budget 4 --group prefill
       capture buckets --symbol batch --budget 4 -f json

@@ -39,6 +39,7 @@ import click
 
 from replay.options import ExportOptions
 
+from .fit import Fit, terminal_width, wide_option
 from .main import store_path
 from .output import format_option, no_headers_option, render
 from .progress import Progress
@@ -172,6 +173,19 @@ def stdout_to_stderr() -> Iterator[None]:
             os.close(saved)
 
 
+def _render_coverage(
+    coverage: Any, fmt: str, headers: bool, signatures: bool, width: int | None
+) -> None:
+    """The coverage per group (table) or per signature (--signatures, other formats); the
+    total line goes to stderr after it, as `capture check` writes its own."""
+    from replay.coverage import group_coverage
+
+    if fmt == "table" and not signatures:
+        render(group_coverage(coverage), fmt, headers=headers, fit=Fit(width))
+    else:
+        render(coverage, fmt, headers=headers, fit=Fit(width))
+
+
 @click.command("export")
 @click.argument("target", metavar="MODULE:FACTORY")
 @click.option(
@@ -250,8 +264,17 @@ def stdout_to_stderr() -> Iterator[None]:
     default=ExportOptions.keyword_only,
     help="Pass positional arguments by keyword in the exported program. Default: as recorded.",
 )
+@click.option(
+    "--signatures",
+    is_flag=True,
+    default=False,
+    help="Table: one row per recorded signature and probe (the full coverage table) instead of "
+    "one row per group; -f json, jsonl and csv always have one row per signature. Default: "
+    "one row per group.",
+)
 @format_option()
 @no_headers_option
+@wide_option
 @click.pass_context
 def export_command(
     ctx: click.Context,
@@ -266,8 +289,10 @@ def export_command(
     probes: int,
     max_regimes: int,
     merge: bool,
+    signatures: bool,
     fmt: str,
     no_headers: bool,
+    wide: bool,
 ) -> None:
     """Export a model with torch.export using the recorded calls.
 
@@ -277,8 +302,11 @@ def export_command(
     recordings (prefill, decode, ...) from arguments rebuilt from the store,
     and each program is run against the eager model on every recorded
     signature, and on --probes unseen sizes inside the recorded ranges. The
-    coverage table (one row per recorded signature or probe: kind, calls,
-    covered, max_abs_diff, error) goes to stdout; notes go to stderr.
+    coverage goes to stdout: per group, the signatures, calls and probes
+    covered (covered/total), the worst difference from eager and the first
+    error; with --signatures, or -f json/jsonl/csv, one row per recorded
+    signature or probe (kind, calls, covered, max_abs_diff, error). The
+    total line and notes go to stderr.
 
     Exit status: 0 every recorded signature is covered (and every probe); 3 the
     export ran but torch.export rejected a group, some signatures or probes are
@@ -294,6 +322,10 @@ def export_command(
       capture --store runs/prod export models.py:build --out llama.pt2
       capture export mymodels:build --group decode --set-batch-dimension-for all -f json
     """
+    if signatures and fmt != "table":
+        raise click.UsageError(
+            f"--signatures applies to the table format; -f {fmt} always has one row per signature"
+        )
     if out is not None and not out.endswith(OUT_SUFFIXES):
         raise click.BadParameter(f"{out!r} must end with .pt2 or .onnx", param_hint="'--out'")
     onnx = out if out is not None and out.endswith(".onnx") else None
@@ -339,13 +371,14 @@ def export_command(
     for path in written:
         click.echo(f"wrote {path}", err=True)
     coverage = result.all_coverage()
-    render(coverage, fmt, headers=not no_headers)
-    if not result.complete:
-        from replay.coverage import coverage_counts
+    _render_coverage(coverage, fmt, not no_headers, signatures, terminal_width(wide))
+    from replay.coverage import coverage_total
 
-        for prefix, sub_result in [("", result)] + [(f"{s}.", r) for s, r in subs.items()]:
-            for group, why in sub_result.not_honoured.items():
-                click.echo(f"not honoured: {prefix}{group}: {why}", err=True)
-        counts = coverage_counts(coverage)
-        click.echo(f"export incomplete: {counts} (see the error column)", err=True)
-        ctx.exit(EXIT_PARTIAL)
+    if result.complete:  # the sub-modules included
+        click.echo(coverage_total(coverage), err=True)
+        return
+    for prefix, sub_result in [("", result)] + [(f"{s}.", r) for s, r in subs.items()]:
+        for group, why in sub_result.not_honoured.items():
+            click.echo(f"not honoured: {prefix}{group}: {why}", err=True)
+    click.echo(f"export incomplete: {coverage_total(coverage)} (see the error column)", err=True)
+    ctx.exit(EXIT_PARTIAL)

@@ -7,6 +7,8 @@ a command whose module fails to import (a missing optional dependency) leaves th
 Policy applied to every command, in one place (`CaptureGroup.invoke`):
 
 - Ctrl-C ends the command with one line ``Error: interrupted (Ctrl-C)`` and exit status 130;
+- a closed stdout (``capture query ... | head`` read what it needed) ends the command quietly,
+  with exit status 141 (128 + SIGPIPE), as a program that SIGPIPE ended;
 - ``--store`` given after the command is a usage error that says to put it first;
 - a `capture.errors.CaptureError` becomes a `click.ClickException`: one line ``Error: ...`` on
   stderr, exit status 1, no traceback (multi-line library messages, such as DuckDB's caret
@@ -44,6 +46,10 @@ STORE_ENVVAR = "CAPTURE_STORE"
 
 EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
+
+EXIT_BROKEN_PIPE = 141
+"""Exit status when stdout's reader went away (``capture query ... | head``): 128 + SIGPIPE,
+what a shell reports for a program the signal ended."""
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "query": (".query:query_command", "Run SQL over the recorded calls and print the result."),
@@ -263,9 +269,23 @@ class CaptureGroup(click.Group):
                     "e.g. capture --store PATH summary (or set $CAPTURE_STORE)",
                     e.ctx,
                 ) from None
+            except BrokenPipeError:  # `capture query ... | head`: head read what it needed
+                _quiet_stdout()
+                raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
             except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 128 + SIGINT
                 click.echo("Error: interrupted (Ctrl-C)", err=True)
                 raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+
+
+def _quiet_stdout() -> None:
+    """Points stdout at the null device: its reader is gone (``| head`` read enough), and the
+    interpreter's last flush at exit must not fail again with a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no descriptor (an embedding host): nothing
+        pass  # to flush at exit either
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -310,8 +330,8 @@ def cli(ctx: click.Context, store: str) -> None:
     Recordings are written by capture.Recorder in Python; these commands read them.
     Data goes to stdout, messages to stderr. Exit status: 0 success, 1 an error you
     can fix (bad SQL, missing or corrupt store), 2 a usage error, 3 export completed
-    but torch.export rejected the model, 130 interrupted (Ctrl-C). --store goes
-    before the command.
+    but torch.export rejected the model, 130 interrupted (Ctrl-C), 141 the reader
+    of stdout went away (| head). --store goes before the command.
 
     \b
     Example:

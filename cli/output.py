@@ -4,14 +4,20 @@ Formats, chosen with ``-f/--format`` and never by whether stdout is a terminal:
 
 - ``table`` (default): plain-text columns separated by two spaces, a header row and a dashed
   rule (both left out by ``--no-headers``); numeric columns are right-aligned; trailing spaces
-  are trimmed; an empty result prints the header only. It is the one format that reads the
-  whole result before printing (to size the columns); the others stream.
+  are trimmed; an empty result prints the header only. Columns are sized on the first
+  1,024 rows (the first batch of a streamed result, as duckdb does); piped, a longer cell
+  further down runs over its column, never cut. On a terminal (stdout a TTY, ``--wide`` off)
+  the table fits the terminal's width: identifier columns left out, long cells shortened with
+  ``…`` (`cli.fit` says how).
 - ``json``: one array, written row by row, one object per line; an empty result prints ``[]``.
 - ``jsonl``: one object per line; an empty result prints nothing.
 - ``csv``: a header row (unless ``--no-headers``), RFC 4180 quoting, ``\\n`` line endings.
 
+Every format streams: a result is read and written batch by batch, so its size is not bounded
+by memory (``capture query`` hands over DuckDB's record batch reader).
+
 Columns keep the order of the SELECT (duplicate names are kept as they are). Values follow one
-rule per kind, the same in every command:
+rule per kind, the same in every command (`cli.cells`):
 
 - null: ``null`` in json/jsonl and in table, an empty field in csv;
 - NaN and infinities: ``null`` in json/jsonl (JSON has no such numbers) and inside nested
@@ -27,25 +33,34 @@ rule per kind, the same in every command:
 
 from __future__ import annotations
 
-import base64
 import csv
-import datetime as dt
-import decimal
 import io
 import json
-import math
-import unicodedata
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+import operator
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, Union, cast
 
 import click
+
+from .cells import (
+    TABLE_ESCAPES,
+    Column,
+    column_cells,
+    column_json,
+    dumps,
+    is_numeric,
+    to_json_value,
+)
+from .cells import width as cell_width
+from .fit import Fit, cut, layout
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
     "FORMATS",
+    "Fit",
     "format_option",
     "no_headers_option",
     "check_headers",
@@ -59,13 +74,17 @@ __all__ = [
 FORMATS = ("table", "json", "jsonl", "csv")
 """The values of ``-f/--format``; ``table`` is the default."""
 
-Rows = Union["pa.Table", Sequence[Mapping[str, Any]]]
-"""A `pyarrow.Table` or a sequence of mappings (column name -> value)."""
+Rows = Union["pa.Table", "pa.RecordBatchReader", Sequence[Mapping[str, Any]]]
+"""A `pyarrow.Table`, a record batch reader (streamed), or a sequence of mappings (column name
+-> value)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _CHUNK_ROWS = 1024
-_TABLE_ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
+_WINDOW = 1024
+"""Rows a table's column widths are computed from (the rest streams through those widths)."""
+
+_FULL = Fit()
 
 
 def format_option(formats: Sequence[str] = FORMATS) -> Callable[[F], F]:
@@ -123,150 +142,83 @@ def check_headers(fmt: str, no_headers: bool) -> None:
         )
 
 
-# -- values ------------------------------------------------------------------------------------
-def to_json_value(value: Any) -> Any:
-    """Converts a value from a query result into plain JSON data (see the module docstring).
-
-    Args:
-        value: A Python value as pyarrow's ``to_pylist`` returns it.
-
-    Returns:
-        None, bool, int, float (finite), str, list or dict, recursively.
-
-    Example:
-        >>> to_json_value({"shape": [2, 7], "x": float("nan"), "b": b"\\x00\\xff"})
-        {'shape': [2, 7], 'x': None, 'b': 'AP8='}
-    """
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, decimal.Decimal):
-        if not value.is_finite():
-            return None
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if type(value).__name__ == "MonthDayNano" and isinstance(value, tuple):
-        months, days, nanoseconds = value
-        return {"months": months, "days": days, "nanoseconds": nanoseconds}
-    if isinstance(value, Mapping):
-        return {_json_key(k): to_json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_json_value(v) for v in value]
-    return str(value)
-
-
-def _json_key(key: Any) -> str:
-    converted = to_json_value(key)
-    return converted if isinstance(converted, str) else json.dumps(converted)
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
-
-
-def _cell(value: Any, null: str) -> str:
-    """A table/csv cell: scalars as text, nested values as JSON."""
-    if value is None:
-        return null
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, (int, str)):
-        return str(value)
-    converted = to_json_value(value)
-    return converted if isinstance(converted, str) else _dumps(converted)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float, decimal.Decimal)) and not isinstance(value, bool)
-
-
-def _width(text: str) -> int:
-    """Display width: East Asian wide characters count 2, combining marks 0."""
-    if text.isascii():
-        return len(text)
-    return sum(
-        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
-        for c in text
-    )
-
-
 # -- rows --------------------------------------------------------------------------------------
-def _columns_and_rows(data: Rows) -> tuple[list[str], Iterator[Sequence[Any]]]:
-    """Column names (SELECT order) and an iterator over row tuples, batch by batch."""
-    import pyarrow as pa  # already loaded by whoever built the table; not needed for --help
+def _arrow_source(data: Any) -> Any:
+    """The batches of a `pyarrow.Table` or record batch reader; None for Python rows."""
+    pa = sys.modules.get("pyarrow")  # rows given as mappings need no pyarrow import
+    if pa is not None and isinstance(data, pa.Table):
+        return data.to_batches(max_chunksize=_CHUNK_ROWS)
+    if pa is not None and isinstance(data, pa.RecordBatchReader):
+        return data
+    return None
 
-    if isinstance(data, pa.Table):
-        table = data
-        names = [str(n) for n in table.column_names]
 
-        def table_rows() -> Iterator[Sequence[Any]]:
-            for batch in table.to_batches(max_chunksize=_CHUNK_ROWS):
-                columns = [c.to_pylist(maps_as_pydicts="lossy") for c in batch.columns]
-                yield from zip(*columns, strict=True)
+def _batches(data: Rows) -> tuple[list[str], Iterator[list[Column]]]:
+    """Column names (SELECT order) and the result's batches, each a list of columns."""
+    source = _arrow_source(data)
+    if source is not None:
+        names = [str(n) for n in cast(Any, data).schema.names]
 
-        return names, table_rows()
-    rows = list(data)
+        def arrow_batches() -> Iterator[list[Column]]:
+            for batch in source:
+                if batch.num_rows:
+                    yield list(batch.columns)
+
+        return names, arrow_batches()
+    rows = list(cast(Sequence[Mapping[str, Any]], data))
     seen: dict[str, None] = {}
     for row in rows:
         seen.update(dict.fromkeys(str(k) for k in row))
     names = list(seen)
-    return names, (tuple(row.get(n) for n in names) for row in rows)
+
+    def python_batches() -> Iterator[list[Column]]:
+        for start in range(0, len(rows), _CHUNK_ROWS):
+            chunk = rows[start : start + _CHUNK_ROWS]
+            yield [[row.get(n) for row in chunk] for n in names]
+
+    return names, python_batches()
 
 
-def _chunks(lines: Iterable[str]) -> Iterator[str]:
-    """Groups lines into newline-terminated chunks so that large outputs stream cheaply."""
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) >= _CHUNK_ROWS:
-            yield "\n".join(chunk) + "\n"
-            chunk = []
-    if chunk:
-        yield "\n".join(chunk) + "\n"
+def _text(chunk: Sequence[str]) -> str:
+    return "\n".join(chunk) + "\n" if chunk else ""
 
 
-def _json_object(names: Sequence[str], row: Sequence[Any]) -> str:
-    # Built by hand so that duplicate column names survive, in SELECT order.
-    fields = (f"{_dumps(n)}: {_dumps(to_json_value(v))}" for n, v in zip(names, row, strict=True))
-    return "{" + ", ".join(fields) + "}"
+def _json_chunks(
+    names: Sequence[str], batches: Iterator[list[Column]], array: bool
+) -> Iterator[str]:
+    keys = [f"{dumps(n)}: " for n in names]
 
+    def objects(columns: list[Column]) -> list[str]:
+        # Built by hand so that duplicate column names survive, in SELECT order.
+        values = [column_json(c) for c in columns]
+        return [
+            "{" + ", ".join(map(operator.add, keys, row)) + "}" for row in zip(*values, strict=True)
+        ]
 
-def _json_lines(names: Sequence[str], rows: Iterator[Sequence[Any]]) -> Iterator[str]:
+    if not array:
+        for columns in batches:
+            yield _text(objects(columns))
+        return
     # One row behind, so that every object but the last gets its comma on its own line.
     previous: str | None = None
-    for row in rows:
-        yield "[" if previous is None else f"  {previous},"
-        previous = _json_object(names, row)
-    if previous is None:
-        yield "[]"
-    else:
-        yield f"  {previous}"
-        yield "]"
+    for columns in batches:
+        lines = objects(columns)
+        out = ["[" if previous is None else f"  {previous},"]
+        out.extend(f"  {line}," for line in lines[:-1])
+        previous = lines[-1]
+        yield _text(out)
+    yield "[]\n" if previous is None else f"  {previous}\n]\n"
 
 
-def _csv_lines(names: Sequence[str], rows: Iterator[Sequence[Any]], headers: bool) -> Iterator[str]:
+def _csv_chunks(
+    names: Sequence[str], batches: Iterator[list[Column]], headers: bool
+) -> Iterator[str]:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     if headers and names:
         writer.writerow(names)
-    for row in rows:
-        writer.writerow([_cell(v, "") for v in row])
+    for columns in batches:
+        writer.writerows(zip(*(column_cells(c, "") for c in columns), strict=True))
         if buffer.tell() > 65536:
             yield buffer.getvalue()
             buffer.seek(0)
@@ -275,44 +227,127 @@ def _csv_lines(names: Sequence[str], rows: Iterator[Sequence[Any]], headers: boo
         yield buffer.getvalue()
 
 
-def _table_lines(names: Sequence[str], rows: Iterator[Sequence[Any]], headers: bool) -> list[str]:
-    raw = list(rows)
-    cells = [[_cell(v, "null").translate(_TABLE_ESCAPES) for v in row] for row in raw]
-    numeric = [
-        any(row[i] is not None for row in raw)
-        and all(row[i] is None or _is_number(row[i]) for row in raw)
+def _length(columns: list[Column]) -> int:
+    return len(columns[0]) if columns else 0
+
+
+def _split(columns: list[Column], k: int) -> tuple[list[Column], list[Column]]:
+    """The first `k` rows of a batch, and the others (Arrow arrays are sliced, not copied)."""
+    if hasattr(columns[0], "slice"):  # Arrow arrays
+        arrays = [cast(Any, c) for c in columns]
+        return [a.slice(0, k) for a in arrays], [a.slice(k) for a in arrays]
+    values = [cast(Sequence[Any], c) for c in columns]
+    return [v[:k] for v in values], [v[k:] for v in values]
+
+
+def _table_cells(columns: list[Column]) -> list[list[str]]:
+    return [
+        [c.translate(TABLE_ESCAPES) for c in column_cells(column, "null")] for column in columns
+    ]
+
+
+def _pad(cells: Sequence[str], size: int, right: bool, limit: bool, keep_end: bool) -> list[str]:
+    out = []
+    for text in cells:
+        if text.isascii():
+            if limit and len(text) > size:
+                text = cut(text, size, keep_end)
+            out.append(text.rjust(size) if right else text.ljust(size))
+            continue
+        if limit:
+            text = cut(text, size, keep_end)
+        pad = " " * max(0, size - cell_width(text))
+        out.append(pad + text if right else text + pad)
+    return out
+
+
+def _table_chunks(
+    names: Sequence[str],
+    batches: Iterator[list[Column]],
+    headers: bool,
+    fit: Fit,
+    indent: str = "",
+) -> Iterator[str]:
+    """The table, batch by batch; columns sized on the first `_WINDOW` rows (module docstring)."""
+    if not names:
+        return
+    window: list[list[list[str]]] = []
+    numeric: list[bool | None] = [None] * len(names)
+    rows = 0
+    rest: list[Column] | None = None
+    for columns in batches:
+        if rows + _length(columns) > _WINDOW:  # a streamed batch holds 8,192 rows: split it
+            columns, rest = _split(columns, _WINDOW - rows)
+        for i, column in enumerate(columns):
+            kind = is_numeric(column)
+            if kind is not None:
+                numeric[i] = kind and numeric[i] is not False
+        window.append(_table_cells(columns))
+        rows += _length(columns)
+        if rows >= _WINDOW:
+            break
+    header = [n.translate(TABLE_ESCAPES) for n in names]
+    natural = [
+        max(
+            [cell_width(header[i]) if headers else 0]
+            + [cell_width(c) for cells in window for c in cells[i]]
+        )
         for i in range(len(names))
     ]
-    header = [n.translate(_TABLE_ESCAPES) for n in names]
-    widths = [
-        max([_width(header[i]) if headers else 0] + [_width(row[i]) for row in cells])
-        for i in range(len(names))
-    ]
+    right = [bool(n) for n in numeric]
+    available = None if fit.width is None else fit.width - len(indent)
+    fixed = [r or n in fit.whole for r, n in zip(right, names, strict=True)]
+    plan = layout(
+        names, natural, fixed, available, hide=fit.hide, keep_end=fit.keep_end, headers=headers
+    )
+    if plan.dropped:
+        click.echo(
+            f"note: {len(plan.dropped)} column(s) left out to fit the terminal: "
+            f"{', '.join(plan.dropped)} (--wide shows them)",
+            err=True,
+        )
 
-    def line(values: Sequence[str], align: Sequence[bool]) -> str:
-        parts = []
-        for text, width, right in zip(values, widths, align, strict=True):
-            pad = " " * (width - _width(text))
-            parts.append(pad + text if right else text + pad)
-        return "  ".join(parts).rstrip()
+    def lines(cells: list[list[str]]) -> list[str]:
+        padded = [
+            _pad(cells[i], size, right[i], plan.limit, k in plan.keep_end)
+            for k, (i, size) in enumerate(zip(plan.shown, plan.widths, strict=True))
+        ]
+        return [indent + "  ".join(parts).rstrip() for parts in zip(*padded, strict=True)]
 
-    lines = []
-    if headers and names:
-        lines.append(line(header, numeric))
-        lines.append(line(["-" * w for w in widths], [False] * len(widths)))
-    lines.extend(line(row, numeric) for row in cells)
-    return lines
+    if headers:
+        yield _text(
+            lines([[h] for h in header]) + [indent + "  ".join("-" * w for w in plan.widths)]
+        )
+    for cells in window:
+        yield _text(lines(cells))
+    if rest is not None:
+        yield _text(lines(_table_cells(rest)))
+    for columns in batches:
+        yield _text(lines(_table_cells(columns)))
 
 
-# -- writers -----------------------------------------------------------------------------------
-def render(data: Rows, fmt: str = "table", *, headers: bool = True) -> None:
-    """Writes rows to stdout in one of `FORMATS`.
+# -- writers ---------------------------------------------------------------------------------
+def _chunks(data: Rows, fmt: str, headers: bool, fit: Fit) -> Iterator[str]:
+    names, batches = _batches(data)
+    if fmt == "table":
+        return _table_chunks(names, batches, headers, fit)
+    if fmt in ("json", "jsonl"):
+        return _json_chunks(names, batches, array=fmt == "json")
+    if fmt == "csv":
+        return _csv_chunks(names, batches, headers)
+    raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+def render(data: Rows, fmt: str = "table", *, headers: bool = True, fit: Fit = _FULL) -> None:
+    """Writes rows to stdout in one of `FORMATS`, batch by batch.
 
     Args:
-        data: A `pyarrow.Table` (column order kept) or a sequence of mappings (columns in
-            order of first appearance).
+        data: A `pyarrow.Table` or `pyarrow.RecordBatchReader` (column order kept, read batch
+            by batch), or a sequence of mappings (columns in order of first appearance).
         fmt: ``table``, ``json``, ``jsonl`` or ``csv``.
         headers: Write the header row (table and csv; json and jsonl have none).
+        fit: How a table fits the terminal (`cli.fit.Fit`: the width from
+            `cli.fit.terminal_width`, the identifier columns); the other formats ignore it.
 
     Raises:
         ValueError: `fmt` is not one of `FORMATS`.
@@ -323,18 +358,7 @@ def render(data: Rows, fmt: str = "table", *, headers: bool = True) -> None:
         {"model": "toy", "shape": [2, 7]}
     """
     check_headers(fmt, not headers)
-    names, rows = _columns_and_rows(data)
-    if fmt == "table":
-        chunks: Iterable[str] = _chunks(_table_lines(names, rows, headers))
-    elif fmt == "json":
-        chunks = _chunks(_json_lines(names, rows))
-    elif fmt == "jsonl":
-        chunks = _chunks(_json_object(names, row) for row in rows)
-    elif fmt == "csv":
-        chunks = _csv_lines(names, rows, headers)
-    else:
-        raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    for chunk in chunks:
+    for chunk in _chunks(data, fmt, headers, fit):
         click.echo(chunk, nl=False)
 
 
@@ -356,7 +380,7 @@ def render_document(document: Any, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(value, ensure_ascii=False, allow_nan=False, indent=2))
     elif fmt == "jsonl":
-        click.echo(_dumps(value))
+        click.echo(dumps(value))
     else:
         raise ValueError(f"a document renders as json or jsonl, not {fmt!r}")
 
@@ -371,8 +395,17 @@ def write_text(text: str) -> None:
     click.echo(text.rstrip("\n"))
 
 
-def table_text(data: Rows, *, headers: bool = True, indent: str = "") -> str:
+def table_text(data: Rows, *, headers: bool = True, indent: str = "", fit: Fit = _FULL) -> str:
     """The table format of `render` as a string, for reports built of several tables.
+
+    Args:
+        data: As for `render`.
+        headers: Write the header row and its rule.
+        indent: Put before every line (and counted in `fit`'s width).
+        fit: How the table fits the terminal (`cli.fit.Fit`).
+
+    Returns:
+        The lines, without a trailing newline.
 
     Example:
         >>> print(table_text([{"a": 1, "b": [2, 3]}]))
@@ -380,5 +413,5 @@ def table_text(data: Rows, *, headers: bool = True, indent: str = "") -> str:
         -  ------
         1  [2, 3]
     """
-    names, rows = _columns_and_rows(data)
-    return "\n".join(indent + line for line in _table_lines(names, rows, headers))
+    names, batches = _batches(data)
+    return "".join(_table_chunks(names, batches, headers, fit, indent)).rstrip("\n")

@@ -12,6 +12,7 @@ from typing import Any
 import click
 import pyarrow as pa
 
+from .fit import Fit, terminal_width, wide_option
 from .main import store_path
 from .output import format_option, no_headers_option, render
 
@@ -51,6 +52,7 @@ def _summary(files: Iterable[Any]) -> pa.Table:
 )
 @format_option()
 @no_headers_option
+@wide_option
 @click.pass_context
 def payloads_command(
     ctx: click.Context,
@@ -60,6 +62,7 @@ def payloads_command(
     dry_run: bool,
     fmt: str,
     no_headers: bool,
+    wide: bool,
 ) -> None:
     """List or delete the real calls kept with Recorder(payloads=...).
 
@@ -89,4 +92,4 @@ def payloads_command(
         verb = "would delete" if dry_run else "deleted"
         total = sum(p.size for p in files)
         click.echo(f"{verb} {len(files)} payload file(s), {total:,} bytes", err=True)
-    render(_summary(files), fmt, headers=not no_headers)
+    render(_summary(files), fmt, headers=not no_headers, fit=Fit(terminal_width(wide)))

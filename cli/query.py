@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from .fit import Fit, constant_columns, terminal_width, wide_option
 from .main import store_path
 from .output import (
     check_headers,
@@ -34,6 +35,12 @@ __all__ = ["query_command", "summary_command", "dims_command", "parse_value"]
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _INT = re.compile(r"[+-]?[0-9]+\Z")
 _FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?\Z")
+
+_DIMS_IDS = ("structure_id", "leaf", "argument")
+"""What a script joins `capture dims` on, not what a person reads (the path says it all)."""
+
+_PATHS = ("path",)
+"""Columns of key paths: shortened on a terminal, they keep their end (``…_cache[0]``)."""
 
 _MODEL_HELP = "Only this model (the Recorder's name). Default: every model in the store."
 
@@ -113,6 +120,7 @@ def _open_store(ctx: click.Context, unsafe_sql: bool = False) -> Iterator[Store]
 )
 @format_option()
 @no_headers_option
+@wide_option
 @click.pass_context
 def query_command(
     ctx: click.Context,
@@ -121,6 +129,7 @@ def query_command(
     unsafe_sql: bool,
     fmt: str,
     no_headers: bool,
+    wide: bool,
 ) -> None:
     """Run SQL over the recorded calls and print the result.
 
@@ -131,6 +140,8 @@ def query_command(
     never pasted into the SQL. Unreadable store files are skipped with a
     warning on stderr. The SQL reads the store's views and nothing else
     (no other file, URL, extension or setting) unless --unsafe-sql.
+    Rows are printed as DuckDB produces them, in every format: a result of
+    any size streams (a table's columns are sized on its first 1,024 rows).
 
     \b
     Example:
@@ -145,8 +156,8 @@ def query_command(
         raise click.BadParameter("the SQL is empty", param_hint="'SQL'")
     bound = _bind(params)
     with _open_store(ctx, unsafe_sql) as store:
-        table = store.query(sql, bound)
-    render(table, fmt, headers=not no_headers)
+        rows = store.stream(sql, bound)
+        render(rows, fmt, headers=not no_headers, fit=Fit(terminal_width(wide), keep_end=_PATHS))
 
 
 @click.command("summary")
@@ -160,8 +171,11 @@ def query_command(
     "by another group's program with an input filled. Default: the store alone.",
 )
 @format_option(("table", "json", "jsonl"))
+@wide_option
 @click.pass_context
-def summary_command(ctx: click.Context, model: str | None, artifact: str | None, fmt: str) -> None:
+def summary_command(
+    ctx: click.Context, model: str | None, artifact: str | None, fmt: str, wide: bool
+) -> None:
     """Summarize what the store recorded, per model.
 
     Shows, for each model: how many calls were recorded and when, the call
@@ -193,7 +207,7 @@ def summary_command(ctx: click.Context, model: str | None, artifact: str | None,
     if fmt == "table":
         from .summary_table import summary_report
 
-        write_text(summary_report(data))
+        write_text(summary_report(data, terminal_width(wide)))
     else:
         render_document(data, fmt)
 
@@ -210,9 +224,15 @@ def summary_command(ctx: click.Context, model: str | None, artifact: str | None,
 )
 @format_option()
 @no_headers_option
+@wide_option
 @click.pass_context
 def dims_command(
-    ctx: click.Context, model: str | None, as_python: bool, fmt: str, no_headers: bool
+    ctx: click.Context,
+    model: str | None,
+    as_python: bool,
+    fmt: str,
+    no_headers: bool,
+    wide: bool,
 ) -> None:
     """Show which input dimensions are dynamic, per model.
 
@@ -220,7 +240,8 @@ def dims_command(
     varies across recorded calls, its min and max, how many distinct sizes
     were seen, and the symbol shared by dims that are always equal. --python
     prints the same information as the dynamic_shapes argument of
-    torch.export.export.
+    torch.export.export. On a terminal the table leaves out structure_id,
+    leaf, argument (and model, for one model) unless --wide.
 
     \b
     Example:
@@ -244,4 +265,6 @@ def dims_command(
         return
     with _open_store(ctx) as store:
         table = store.dims(model)
-    render(table, fmt, headers=not no_headers)
+    hide = _DIMS_IDS + constant_columns(table, ["model"])
+    fit = Fit(terminal_width(wide), hide=hide, keep_end=_PATHS)
+    render(table, fmt, headers=not no_headers, fit=fit)

@@ -8,6 +8,7 @@ Draws with matplotlib (the ``report`` extra), imported when the command runs; ne
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import click
@@ -16,7 +17,44 @@ from .main import store_path
 from .options import model_option
 from .progress import Progress
 
-__all__ = ["report_command", "served_rows"]
+__all__ = ["report_command", "served_rows", "check_out"]
+
+
+def check_out(out: str) -> Path:
+    """The page's path, checked before any work: its folder exists and it is not a folder.
+
+    Raises:
+        click.ClickException: `out` is a folder, or its folder does not exist (issue 24: a
+            31-line traceback and a ``.tmp`` file left behind, after the whole report was drawn).
+
+    Example:
+        >>> check_out("report.html").name
+        'report.html'
+    """
+    path = Path(out)
+    if path.is_dir():
+        raise click.ClickException(
+            f"--out {out} is a folder; name the page to write, e.g. --out {path / 'report.html'}"
+        )
+    folder = path.parent
+    if not folder.is_dir():
+        what = f"{folder} is a file" if folder.exists() else f"the folder {folder} does not exist"
+        raise click.ClickException(
+            f"--out {out}: {what}; create the folder first or write the page elsewhere"
+        )
+    return path
+
+
+def _write(path: Path, page: str) -> None:
+    """Writes `page` to a hidden temporary file beside `path`, then renames it: a reader never
+    sees half a page, and nothing is left behind when writing fails."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise click.ClickException(f"cannot write {path}: {e.strerror or e}") from e
 
 
 def served_rows(store: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
@@ -55,12 +93,14 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
     """Write an HTML page with plots of the store's traffic.
 
     One self-contained file (plots inlined, no network needed to view it):
-    per model, the call groups, calls over time per group, the
-    distribution of every dynamic size per group (batch, sequence, cache
-    and image sizes), which optional inputs were passed, the input
-    structures over time (drift) and, with --artifact, which recorded
-    calls the artifact serves. Needs matplotlib (pip install
-    'capture[report]'). Progress goes to stderr when it is a terminal.
+    per model, the call groups and their input shapes; one distribution
+    per symbol (batch, sequence, cache and image sizes) over every group,
+    with the recorded range, p50/p90/p99, each group's exported range,
+    the probes and the buckets drawn on it; per group the dynamic_shapes
+    to paste; calls over time, optional inputs, the input structures over
+    time (drift) and, with --artifact, which recorded calls the artifact
+    serves. Needs matplotlib (pip install 'capture[report]'). Progress
+    goes to stderr when it is a terminal.
 
     \b
     Example:
@@ -71,16 +111,16 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
     from capture.engines.report_html import build_report, require_matplotlib
     from capture.store_api import open_store
 
+    path = check_out(out)
     require_matplotlib()
     with Progress("report") as progress, open_store(store_path(ctx)) as store:
         served = None
         if artifact is not None:
             progress.phase(f"checking which recorded calls {artifact} serves")
             served = served_rows(store, artifact)
-        page = build_report(store, model, served=served, progress=progress.phase)
+        from replay.source import export_plan  # what capture export does; no torch
+
+        page = build_report(store, model, served=served, plan=export_plan, progress=progress.phase)
         progress.phase(f"writing {out}")
-        tmp = f"{out}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, out)
+        _write(path, page)
     click.echo(f"wrote {out} ({len(page) / 1024:,.0f} KiB)", err=True)

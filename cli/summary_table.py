@@ -7,10 +7,12 @@ so anything the report leaves out (structure ids, per-group timestamps) is still
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from capture.analysis.summary import drift_rows, group_rows
 
+from .fit import Fit
 from .output import table_text
 
 __all__ = ["summary_report"]
@@ -38,11 +40,19 @@ def _brief(values: Sequence[Any] | None) -> str:
     return ", ".join(shown)
 
 
+def _utc(timestamp: Any) -> datetime:
+    moment = timestamp if isinstance(timestamp, datetime) else datetime.fromisoformat(timestamp)
+    return moment.astimezone(timezone.utc) if moment.tzinfo else moment
+
+
 def _span(entry: Mapping[str, Any]) -> str:
+    """``from 2026-11-24 08:40:46 to 08:41:02 UTC``: to the second (json keeps microseconds)."""
     first, last = entry.get("first_ts"), entry.get("last_ts")
     if first is None:
         return "no call recorded"
-    return f"from {first} to {last}"
+    start, end = _utc(first), _utc(last if last is not None else first)
+    until = f"{end:%H:%M:%S}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M:%S}"
+    return f"from {start:%Y-%m-%d %H:%M:%S} to {until} UTC"
 
 
 def _counts(entry: Mapping[str, Any]) -> str:
@@ -52,8 +62,13 @@ def _counts(entry: Mapping[str, Any]) -> str:
     )
 
 
-def _section(title: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    return ["", title, table_text(rows, indent=_INDENT)]
+_PATHS = ("dims",)
+"""Columns listing key paths: shortened on a terminal, they keep their end."""
+
+
+def _section(title: str, rows: Sequence[Mapping[str, Any]], width: int | None) -> list[str]:
+    fit = Fit(width, keep_end=_PATHS)
+    return ["", title, table_text(rows, indent=_INDENT, fit=fit)]
 
 
 def _differing_scalars(groups: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -64,7 +79,7 @@ def _differing_scalars(groups: Sequence[Mapping[str, Any]]) -> list[str]:
     return [p for p in paths if len({(g.get("scalars") or {}).get(p) for g in groups}) > 1]
 
 
-def _groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+def _groups(groups: Sequence[Mapping[str, Any]], width: int | None) -> list[str]:
     differing = _differing_scalars(groups)
     rows = [
         {
@@ -77,10 +92,10 @@ def _groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
         }
         for row, g in zip(group_rows(groups), groups, strict=True)
     ]
-    return _section("Call groups (calls sharing one input structure), largest first", rows)
+    return _section("Call groups (calls sharing one input structure), largest first", rows, width)
 
 
-def _symbols(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+def _symbols(groups: Sequence[Mapping[str, Any]], width: int | None) -> list[str]:
     rows = [
         {
             "group": g["name"],
@@ -96,10 +111,10 @@ def _symbols(groups: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
     if not rows:
         return ["", "Dynamic dims: none, every recorded size is the same in all calls of a group"]
-    return _section("Dynamic dims (dims sharing a symbol are equal in every call)", rows)
+    return _section("Dynamic dims (dims sharing a symbol are equal in every call)", rows, width)
 
 
-def _optional(model: Mapping[str, Any]) -> list[str]:
+def _optional(model: Mapping[str, Any], width: int | None) -> list[str]:
     lines: list[str] = []
     rows = [
         {
@@ -112,7 +127,9 @@ def _optional(model: Mapping[str, Any]) -> list[str]:
         for o in model.get("optional_inputs", ())
     ]
     if rows:
-        lines += _section("Optional inputs (passed in some calls only; counts are calls)", rows)
+        lines += _section(
+            "Optional inputs (passed in some calls only; counts are calls)", rows, width
+        )
     if model.get("always_absent"):
         lines += [
             "",
@@ -121,21 +138,21 @@ def _optional(model: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _drift(model: Mapping[str, Any]) -> list[str]:
+def _drift(model: Mapping[str, Any], width: int | None) -> list[str]:
     rows = drift_rows(model)
     if not rows:
         return []
-    return _section("Drift (inputs seen with several kinds, dtypes or ranks)", rows)
+    return _section("Drift (inputs seen with several kinds, dtypes or ranks)", rows, width)
 
 
-def _relations(model: Mapping[str, Any]) -> list[str]:
+def _relations(model: Mapping[str, Any], width: int | None) -> list[str]:
     rows = [{"group": r["group"], "relation": r["relation"]} for r in model.get("relations", ())]
     if not rows:
         return []
-    return _section("Relations between dims (true in every recorded call)", rows)
+    return _section("Relations between dims (true in every recorded call)", rows, width)
 
 
-def _programs(model: Mapping[str, Any]) -> list[str]:
+def _programs(model: Mapping[str, Any], width: int | None) -> list[str]:
     rows = model.get("programs")
     if rows is None:
         return []
@@ -145,14 +162,16 @@ def _programs(model: Mapping[str, Any]) -> list[str]:
         "Programs of the artifact per call group (regimes: where torch.export cut a group; "
         "fills: inputs filled for a group served by another's program)",
         [{k: ("-" if v is None else v) for k, v in row.items()} for row in rows],
+        width,
     )
 
 
-def summary_report(summary: Mapping[str, Any]) -> str:
+def summary_report(summary: Mapping[str, Any], width: int | None = None) -> str:
     """Formats `Store.summary()` as sections of aligned tables.
 
     Args:
         summary: The dict `capture.analysis.summary.build_summary` documents.
+        width: The terminal's width to fit the tables to (`cli.fit`), or None for in full.
 
     Returns:
         The report, without a trailing newline.
@@ -160,19 +179,20 @@ def summary_report(summary: Mapping[str, Any]) -> str:
     Example:
         >>> print(summary_report({"store": "s", "calls": 0, "errors": 0, "signatures": 0,
         ...                       "models": [], "skipped_files": []}))
-        Store s: 0 calls (0 raised), 0 distinct signatures, no call recorded
+        Store s
+        0 calls (0 raised), 0 distinct signatures, no call recorded
     """
-    lines = [f"Store {summary['store']}: {_counts(summary)}"]
+    lines = [f"Store {summary['store']}", _counts(summary)]
     for path in summary.get("skipped_files", ()):
         lines.append(f"Skipped unreadable file: {path}")
     for model in summary["models"]:
         lines += ["", f"== Model {model['model']} ==", _counts(model)]
         groups = model.get("groups", ())
         if groups:
-            lines += _groups(groups)
-            lines += _symbols(groups)
-        lines += _optional(model)
-        lines += _drift(model)
-        lines += _relations(model)
-        lines += _programs(model)
+            lines += _groups(groups, width)
+            lines += _symbols(groups, width)
+        lines += _optional(model, width)
+        lines += _drift(model, width)
+        lines += _relations(model, width)
+        lines += _programs(model, width)
     return "\n".join(lines)

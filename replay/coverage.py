@@ -31,7 +31,8 @@ __all__ = [
     "KIND_PAYLOAD",
     "TARGET_TORCH",
     "coverage_table",
-    "coverage_counts",
+    "coverage_total",
+    "group_coverage",
 ]
 
 KIND_RECORDED = "recorded"
@@ -123,19 +124,88 @@ def coverage_table(rows: Iterable[CoverageRow]) -> pa.Table:
     return pa.Table.from_pylist([r.as_dict() for r in rows], schema=COVERAGE_SCHEMA)
 
 
-def coverage_counts(coverage: pa.Table) -> str:
-    """Covered rows per kind, as text.
+def _diff(value: float | None) -> str:
+    """A max abs diff in 3 significant digits (``1.79e-07``); ``-`` when nothing was compared."""
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _worst(rows: Iterable[CoverageRow]) -> float | None:
+    diffs = [r.max_abs_diff for r in rows if r.max_abs_diff is not None]
+    return max(diffs) if diffs else None
+
+
+def _share(rows: list[CoverageRow]) -> str:
+    return f"{sum(1 for r in rows if r.covered)}/{len(rows)}" if rows else "-"
+
+
+def group_coverage(coverage: pa.Table) -> list[dict[str, Any]]:
+    """One row per group of a coverage table: what ``capture export`` and ``capture demo``
+    print for people (the full table stays in ``-f json`` and behind ``--signatures``).
 
     Args:
         coverage: A coverage table (`COVERAGE_SCHEMA`).
 
     Returns:
-        E.g. ``'9 of 9 recorded signatures, 3 of 4 probes covered'``.
+        Rows in the order the groups first appear: ``group``; ``signatures``, ``calls``,
+        ``probes`` (and ``payloads`` when there are any) as ``covered/total``; ``worst diff``,
+        the largest max abs diff of the group in 3 significant digits; ``error``, the first
+        error of the group (empty when none).
+
+    Example:
+        >>> group_coverage(coverage_table([
+        ...     CoverageRow("g0", KIND_RECORDED, "x=2", 3, True, 1.7881393e-07),
+        ...     CoverageRow("g0", KIND_PROBE, "x=3", 0, True, 0.0)]))
+        [{'group': 'g0', 'signatures': '1/1', 'calls': '3/3', 'probes': '1/1', \
+'worst diff': '1.79e-07', 'error': ''}]
     """
-    counts: dict[str, list[int]] = {}
-    kinds = coverage.column("kind").to_pylist()
-    for kind, covered in zip(kinds, coverage.column("covered").to_pylist(), strict=True):
-        counts.setdefault(kind, [0, 0])[0] += bool(covered)
-        counts[kind][1] += 1
-    parts = [f"{c} of {n} {_LABELS.get(k, f'{k} rows')}" for k, (c, n) in counts.items()]
-    return ", ".join(parts) + " covered" if parts else "nothing checked"
+    rows = CoverageRow.from_table(coverage)
+    payloads = any(r.kind == KIND_PAYLOAD for r in rows)
+    out = []
+    for group in dict.fromkeys(r.group for r in rows):
+        mine = [r for r in rows if r.group == group]
+        recorded = [r for r in mine if r.kind == KIND_RECORDED]
+        calls = sum(r.calls for r in recorded)
+        covered_calls = sum(r.calls for r in recorded if r.covered)
+        row: dict[str, Any] = {
+            "group": group,
+            "signatures": _share(recorded),
+            "calls": f"{covered_calls}/{calls}" if recorded else "-",
+            "probes": _share([r for r in mine if r.kind == KIND_PROBE]),
+        }
+        if payloads:
+            row["payloads"] = _share([r for r in mine if r.kind == KIND_PAYLOAD])
+        row["worst diff"] = _diff(_worst(mine))
+        row["error"] = next((r.error for r in mine if r.error), "")
+        out.append(row)
+    return out
+
+
+def coverage_total(coverage: pa.Table) -> str:
+    """The total line under a coverage table: signatures, calls, probes, worst difference.
+
+    Args:
+        coverage: A coverage table (`COVERAGE_SCHEMA`).
+
+    Returns:
+        E.g. ``'35 of 35 recorded signatures covered (35 of 35 calls), 3 of 3 probes
+        covered, max abs diff 1.79e-07'``.
+
+    Example:
+        >>> coverage_total(coverage_table([
+        ...     CoverageRow("g0", KIND_RECORDED, "x=2", 2, error="Guard failed")]))
+        '0 of 1 recorded signatures covered (0 of 2 calls), max abs diff -'
+    """
+    rows = CoverageRow.from_table(coverage)
+    recorded = [r for r in rows if r.kind == KIND_RECORDED]
+    parts = [
+        f"{sum(1 for r in recorded if r.covered)} of {len(recorded)} recorded signatures "
+        f"covered ({sum(r.calls for r in recorded if r.covered)} of "
+        f"{sum(r.calls for r in recorded)} calls)"
+    ]
+    for kind in (KIND_PROBE, KIND_PAYLOAD):
+        mine = [r for r in rows if r.kind == kind]
+        if mine:
+            parts.append(
+                f"{sum(1 for r in mine if r.covered)} of {len(mine)} {_LABELS[kind]} covered"
+            )
+    return ", ".join(parts) + f", max abs diff {_diff(_worst(rows))}"

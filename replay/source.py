@@ -42,9 +42,10 @@ from replay.options import ExportOptions
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
+    from capture.engines.report_data import ExportPlan
     from capture.store.reader import StoreReader
 
-__all__ = ["dynamic_shapes_source"]
+__all__ = ["dynamic_shapes_source", "export_plan"]
 
 _WIDTH = 96
 
@@ -159,7 +160,7 @@ def _code(specs: shapes.GroupSpecs) -> dict[int, dict[int, _Code]]:
 
 def _group_source(
     group: Group, variable: str, options: ExportOptions, options_text: str
-) -> list[str]:
+) -> tuple[list[str], shapes.GroupSpecs]:
     example = select.representative(group)
     shaped = group_shapes(group, options, example.symbols, _code)
     specs, form, structure = shaped.specs, shaped.form, shaped.dynamic_shapes
@@ -176,9 +177,10 @@ def _group_source(
         extra = ", ".join(form.extra)
         lines.append(_comment(f"passed through **kwargs: {extra}; g.module(model) names them"))
         lines.append("# (torch.export cannot match dynamic_shapes to **kwargs entries)")
+    # Both lines below run as they are once uncommented (issue 24: "with g = ...:" did not).
     lines.append(
-        _comment(f"with g = replay.export_inputs(store, {group.model!r}{options_text})")
-        + f".group({group.name!r}):"
+        _comment(f"g = replay.export_inputs(store, {group.model!r}{options_text})")
+        + f".group({group.name!r})"
     )
     lines.append(
         f"# torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes={variable})"
@@ -186,7 +188,7 @@ def _group_source(
     if named_dims and specs.symbols:
         lines.extend(_dim_lines(specs, names))
     lines.append(f"{variable} = {_render(structure)}")
-    return lines
+    return lines, specs
 
 
 def dynamic_shapes_source(
@@ -256,8 +258,46 @@ def dynamic_shapes_source(
             variable = f"dynamic_shapes_{_identifier(g.name)}"
         else:
             variable = f"dynamic_shapes_{_identifier(g.model)}_{_identifier(g.name)}"
-        lines = _group_source(g, variable, options, options_text)
+        lines, _ = _group_source(g, variable, options, options_text)
         sections.append("\n".join(lines))
     if len(groups) > 1 and len(models) == 1:
         sections.append(f"dynamic_shapes = dynamic_shapes_{_identifier(groups[0].name)}")
     return "\n\n".join(sections)
+
+
+def export_plan(group: Group, probes: int = ExportOptions.probes) -> ExportPlan:
+    """What `capture export` does with one call group, for `capture report` to show.
+
+    The report lives in `capture` and may not import `replay`; the CLI hands it this function.
+
+    Args:
+        group: A call group from `capture.analysis.groups.analyze`.
+        probes: How many probes `capture export` checks (its ``--probes``).
+
+    Returns:
+        An `ExportPlan`: the group's ``dynamic_shapes`` as `dynamic_shapes_source` prints it
+        (bounded named hints), each symbol's exported range, and each free symbol's values in
+        the probes (`replay.select.probes`).
+
+    Raises:
+        ReplayError: The group's structure cannot be rebuilt.
+
+    Example:
+        >>> export_plan(analyze(store, "tiny-llama")[0]).ranges["batch"]  # doctest: +SKIP
+        (2, 4)
+    """
+    from capture.engines.report_data import ExportPlan
+
+    lines, specs = _group_source(group, "dynamic_shapes", ExportOptions.of(named_dims=True), "")
+    source = "\n".join(["from torch.export import Dim", "", *lines])
+    ranges = {name: (r.min, r.max) for name, r in specs.symbols.items()}
+    for axes in specs.by_leaf.values():
+        for spec in axes.values():
+            if spec.symbol is not None and spec.root is not None:
+                ranges.setdefault(spec.symbol, shapes.bounds_of(specs, spec))
+    columns = {d.symbol: j for j, d in reversed(list(enumerate(group.dims))) if d.symbol}
+    values: dict[str, set[int]] = {}
+    for vector in select.probes(group, probes):
+        for symbol, j in columns.items():
+            values.setdefault(symbol, set()).add(int(vector[j]))
+    return ExportPlan(source, ranges, {k: sorted(v) for k, v in values.items()})

@@ -122,9 +122,11 @@ def test_unknown_symbol_names_the_known_ones(store: Store) -> None:
 def test_llama_fixture_batch_over_groups(llama: Store) -> None:
     table = llama.buckets("batch", 1)
     summary = json.loads(table.schema.metadata[METADATA_BUCKETS])
-    # The groups where batch varies: decode (9 calls) and prefill (3).
+    # Where batch varies, decode (9 calls) and prefill (3); and where it is always 1, the
+    # *_no_attention_mask groups (8 calls): issue 24, batch 1 was left out ([2, 4] for the demo).
     assert (summary["groups"], summary["calls"], summary["buckets"]) == (
-        ["decode", "prefill"],
-        12,
+        ["decode", "decode_no_attention_mask", "prefill", "prefill_no_attention_mask"],
+        20,
         [3],
     )
+    assert table.to_pylist()[0]["smallest"] == 1

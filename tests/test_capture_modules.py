@@ -82,7 +82,9 @@ def test_export_out_puts_every_recorded_sub_module_in_the_artifact(
     _record(model, tmp_path / "store")
     artifact = tmp_path / "outer.pt2"
     result = CliRunner().invoke(
-        cli, ["--store", str(tmp_path / "store"), "export", target, "--out", str(artifact)]
+        cli,
+        ["--store", str(tmp_path / "store"), "export", target, "--out", str(artifact)]
+        + ["--signatures"],  # one row per signature (issue 24: one per group by default)
     )
     assert result.exit_code == 0, result.stderr
     rows = [line.split()[:2] for line in result.stdout.splitlines()[2:]]

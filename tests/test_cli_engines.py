@@ -35,7 +35,8 @@ def test_buckets_prints_exact_padding_and_ready_lines(store: str) -> None:
     # {2, 6}: the six batch-1 calls pad 1 each (6); {1, 6} would pad 3 x 4 = 12.
     # Useful work: 1 x 6 + 2 x 3 + 6 x 1 = 18.
     assert out == (
-        "pair, symbol batch (groups g0): 10 calls, 3 distinct sizes from 1 to 6\n"
+        "pair, symbol batch (batch size; groups g0):\n"
+        "10 calls, 3 distinct sizes from 1 to 6\n"
         "\n"
         "bucket  calls  smallest  padding\n"
         "------  -----  --------  -------\n"
@@ -106,3 +107,33 @@ def test_engine_commands_do_not_import_torch_or_matplotlib(store: str) -> None:
         )
         assert result.returncode == 0, result.stderr
         assert result.stderr.splitlines()[-1] == "imported: ", args
+
+
+def test_buckets_picks_the_only_symbol(tmp_path: Path) -> None:
+    # issue 24: --symbol was required even when the calls have one dynamic symbol.
+    record_traffic(tmp_path, [((1, 4), 2), ((3, 4), 1)])  # the length never varies
+    code, out, err = _run(str(tmp_path), "buckets", "--budget", "1")
+    assert (code, err) == (0, "")
+    assert out.startswith("pair, symbol batch (batch size; groups g0):\n3 calls, ")
+
+
+def test_buckets_without_symbol_names_the_symbols_to_choose_from(store: str) -> None:
+    assert _run(store, "buckets", "--budget", "2") == (
+        1,
+        "",
+        "Error: the calls have 2 symbols (batch, x_1); pass --symbol with one of them "
+        "(see `capture dims`)\n",
+    )
+
+
+def test_buckets_of_a_length_prints_no_batch_size_flags(store: str) -> None:
+    # issue 24: --cuda-graph-bs lines were printed for a cache length.
+    code, out, err = _run(store, "buckets", "--symbol", "x_1", "--budget", "1")
+    assert (code, err) == (0, "")
+    assert "vLLM" not in out.replace("vLLM's and SGLang's capture sizes", "")
+    assert "--cuda-graph-bs" not in out
+    assert out.endswith(
+        "x_1 is a sequence length: vLLM's and SGLang's capture sizes are batch sizes,\n"
+        "so no engine flags are printed; pad each sequence length up to the next of these "
+        "sizes.\n"
+    )

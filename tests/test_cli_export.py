@@ -90,11 +90,32 @@ def _run(store: str, *args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def test_export_prints_the_coverage_table(store: str, factories: str) -> None:
+def test_export_prints_the_coverage_per_group_then_a_total_line(store: str, factories: str) -> None:
+    # issue 24: one row per group (covered/total, worst difference in 3 significant digits),
+    # and the "N of M covered" total line that capture check and the demo print.
     code, out, err = _run(store, f"{factories}:add", "--model", "add")
     assert code == 0
-    assert out == ADD_TABLE
-    assert err == "note: g0: example: the recorded signature x=2x6 y=2x6 (1 call)\n"
+    assert out == (
+        "group  signatures  calls  probes  worst diff  error\n"
+        "-----  ----------  -----  ------  ----------  -----\n"
+        "g0     3/3         3/3    4/4     0\n"
+    )
+    assert err == (
+        "note: g0: example: the recorded signature x=2x6 y=2x6 (1 call)\n"
+        "3 of 3 recorded signatures covered (3 of 3 calls), 4 of 4 probes covered, "
+        "max abs diff 0\n"
+    )
+
+
+def test_signatures_prints_the_full_coverage_table(store: str, factories: str) -> None:
+    code, out, _ = _run(store, f"{factories}:add", "--model", "add", "--signatures")
+    assert (code, out) == (0, ADD_TABLE)
+
+
+def test_signatures_is_for_the_table_format(store: str, factories: str) -> None:
+    code, out, err = _run(store, f"{factories}:add", "--model", "add", "--signatures", "-f", "csv")
+    assert (code, out) == (2, "")
+    assert "--signatures applies to the table format; -f csv always has one row per" in err
 
 
 def test_json_format(store: str, factories: str) -> None:
@@ -108,7 +129,7 @@ def test_json_format(store: str, factories: str) -> None:
 
 
 def test_a_module_name_works_as_factory(store: str) -> None:
-    code, out, _ = _run(store, "fixtures.seeds:AddModel", "--model", "add")
+    code, out, _ = _run(store, "fixtures.seeds:AddModel", "--model", "add", "--signatures")
     assert (code, out) == (0, ADD_TABLE)
 
 
@@ -137,6 +158,7 @@ def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) ->
         str(target),
         "--max-regimes",
         "1",
+        "--signatures",
     )
     assert code == 3
     rule = "-" * 62
@@ -153,7 +175,8 @@ def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) ->
         f"{' ' * 60}torch   [2, 10]",
     ]
     assert err.endswith(
-        "export incomplete: 2 of 3 recorded signatures covered (see the error column)\n"
+        "export incomplete: 2 of 3 recorded signatures covered (2 of 3 calls), "
+        "max abs diff 0 (see the error column)\n"
     )
     # The programs that exported are still written; the artifact refuses the failed signature.
     assert sorted(p.name for p in tmp_path.glob("*.pt2")) == ["branchy.pt2"]

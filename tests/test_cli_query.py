@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from pathlib import Path
@@ -277,11 +278,16 @@ def _invoke(store: str, *args: str) -> tuple[int, str, str]:
 def test_summary_table_is_a_report(store: str) -> None:
     with capture.open_store(store) as opened:
         data = opened.summary()
-    span = f"from {data['first_ts']} to {data['last_ts']}"
+    first = dt.datetime.fromisoformat(data["first_ts"]).astimezone(dt.timezone.utc)
+    last = dt.datetime.fromisoformat(data["last_ts"]).astimezone(dt.timezone.utc)
+    # issue 24: to the second, the day once (json keeps the microseconds).
+    day = "" if last.date() == first.date() else f"{last:%Y-%m-%d} "
+    span = f"from {first:%Y-%m-%d %H:%M:%S} to {day}{last:%H:%M:%S} UTC"
     code, out, err = _invoke(store, "summary")
     assert code == 0
     assert out == (
-        f"Store {store}: 3 calls (0 raised), 3 distinct signatures, {span}\n"
+        f"Store {store}\n"
+        f"3 calls (0 raised), 3 distinct signatures, {span}\n"
         "\n"
         "== Model toy ==\n"
         f"3 calls (0 raised), 3 distinct signatures, {span}\n"

@@ -25,7 +25,7 @@ import capture
 from capture import schema
 from capture.store import commits, compaction, layout
 from capture.store.files import vanished
-from capture.store.reader import _needs_calls
+from capture.store.views import needs_calls
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -308,7 +308,7 @@ def test_vanished_is_decided_by_looking_not_by_the_message(tmp_path: Path) -> No
 def test_calls_views_are_bound_from_duckdbs_parse(sql: str, needed: bool) -> None:
     con = duckdb.connect()
     try:
-        assert _needs_calls(con, sql) is needed
+        assert needs_calls(con, sql) is needed
     finally:
         con.close()
 

@@ -48,7 +48,7 @@ def test_positional_model(store: Store) -> None:
         # torch.export finds the shared dims and relations while tracing (checked at run time).
 
         # add_broadcast, group g0: 3 calls, 3 distinct signatures
-        # with g = replay.export_inputs(store, 'add_broadcast').group('g0'):
+        # g = replay.export_inputs(store, 'add_broadcast').group('g0')
         # torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes=dynamic_shapes)
         x_0 = Dim.DYNAMIC(min=2, max=4)
         x_1 = Dim.DYNAMIC(min=6, max=8)
@@ -67,7 +67,7 @@ def test_derived_dims_and_a_cache(store: Store) -> None:
         # LlamaForCausalLM, group decode: 9 calls, 9 distinct signatures
         # passed through **kwargs: return_dict; g.module(model) names them
         # (torch.export cannot match dynamic_shapes to **kwargs entries)
-        # with g = replay.export_inputs(store, 'LlamaForCausalLM').group('decode'):
+        # g = replay.export_inputs(store, 'LlamaForCausalLM').group('decode')
         # torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes=dynamic_shapes)
         batch = Dim.DYNAMIC(min=2, max=3)
         past_key_values_2 = Dim.DYNAMIC(min=4, max=9)
@@ -185,3 +185,15 @@ def test_torch_is_not_imported(root: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_commented_calls_are_python_once_uncommented(store: Store) -> None:
+    # issue 24: the comment read "with g = replay.export_inputs(...).group(...):", not Python.
+    source = dynamic_shapes_source(store, "LlamaForCausalLM")
+    calls = [
+        line[2:]
+        for line in source.splitlines()
+        if line.startswith(("# g = ", "# torch.export.export("))
+    ]
+    assert len(calls) == 2 * 4  # two lines for each of the 4 groups
+    compile("\n".join(calls), "<uncommented>", "exec")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import html
 import io
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from capture.engines.report_data import served_calls, timeline
 from capture.engines.report_html import build_report
 from capture.store_api import Store
 from fixtures.traffic import record_traffic
+from replay.source import export_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAFFIC = [((1, 10), 2), ((1, 20), 2), ((2, 30), 3), ((4, 30), 3)]
@@ -43,15 +45,28 @@ def pair(pair_root: Path) -> Iterator[Store]:
 
 @pytest.fixture(scope="module")
 def llama_page(llama: Store) -> str:
-    return build_report(llama)
+    return build_report(llama, plan=export_plan)
+
+
+def _svg(page: str, alt: str) -> str:
+    """The SVG text of the page's image `alt` (text is kept as text: svg.fonttype none)."""
+    (data,) = re.findall(
+        rf'<img alt="{re.escape(alt)}" src="data:image/svg\+xml;base64,([^"]+)">', page
+    )
+    return base64.b64decode(data).decode("utf-8")
+
+
+def _texts(svg: str) -> list[str]:
+    return [html.unescape(t).strip() for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
 
 
 def test_page_inlines_every_plot(llama_page: str) -> None:
     images = re.findall(
         r'<img alt="[^"]*" src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)">', llama_page
     )
-    # Calls over time, one distribution figure per group (4), optional inputs, drift.
-    assert len(images) == 7
+    # One distribution per symbol (batch, input_ids_1, past_key_values_2), calls over time,
+    # optional inputs, drift.
+    assert len(images) == 6
 
 
 def test_page_needs_no_network(llama_page: str) -> None:
@@ -62,20 +77,89 @@ def test_page_needs_no_network(llama_page: str) -> None:
 
 def test_table_cells_stay_short(llama_page: str) -> None:
     cells = re.findall(r"<td[^>]*>(.*?)</td>", llama_page, flags=re.S)
-    longest = max(len(re.sub(r"&[a-z#0-9]+;", "x", c)) for c in cells)
+    lines = [re.sub(r"<[^>]+>|&[a-z#0-9]+;", "x", c) for c in cells]
+    longest = max(len(line) for c in lines for line in c.split("\n"))
     assert longest <= 60  # summary's dims column was over 300 characters (issue 15)
 
 
 def test_page_shows_every_group_and_symbol(llama_page: str) -> None:
     for name in ("decode", "decode_no_attention_mask", "prefill", "prefill_no_attention_mask"):
-        assert f"<h3>Group {name}:" in llama_page
-    assert "<td>past_key_values_2</td><td>cache length</td>" in llama_page
+        assert f"<h4>Group {name}:" in llama_page
+    assert '<td class="id">past_key_values_2</td><td>cache length</td>' in llama_page
+
+
+def test_first_screen_shows_the_groups_and_their_shapes(llama_page: str) -> None:
+    # issue 24: the first screen showed no shape at all. Before the first plot: every group,
+    # its input shapes with their symbols, and the symbols' recorded ranges.
+    first = llama_page[: llama_page.index("<img")]
+    row = first[first.index("</span>decode</td>") :].split("</tr>")[0]
+    assert (
+        "input_ids [batch, 1]\npast_key_values 4 × [batch, 2, past_key_values_2, 16]\n"
+        "position_ids [batch, 1]\nattention_mask [batch, attention_mask_1]" in row
+    )
+    assert "batch 2–3\npast_key_values_2 4–9\nattention_mask_1 5–10 (=" in row
+
+
+def test_one_distribution_per_symbol_counts_batch_1(llama_page: str) -> None:
+    # issue 24: batch was plotted per group where it varies, so the 8 calls at batch 1 (the
+    # *_no_attention_mask groups, where batch is static) were in no plot. LLAMA_WORKLOAD:
+    # batches 1, 2, 1, 2, 3 with 4 calls each: 8 at 1, 8 at 2, 4 at 3.
+    svg = _svg(llama_page, "distribution of batch")
+    legend = [t for t in _texts(svg) if t.startswith(("decode", "prefill"))]
+    assert legend == ["decode", "decode_no_attention_mask", "prefill", "prefill_no_attention_mask"]
+    row = llama_page[llama_page.index('<td class="id">batch</td>') :].split("</tr>")[0]
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", row)
+    # symbol, measures, recorded, p50, p90, p99, exported, probes, buckets
+    assert cells == [
+        "batch",
+        "batch size",
+        "1–3",
+        "2",
+        "3",
+        "3",
+        "decode 2–3; prefill 2–3",
+        "2, 3",
+        "1, 2, 3",
+    ]
+
+
+def test_size_axes_are_numeric_and_count_axes_integer(pair_root: Path) -> None:
+    # issue 24: sizes 1, 2, 4 were evenly spaced categories (the gaps that decide ranges and
+    # buckets hidden), and count axes had ticks such as 0.5.
+    with capture.open_store(pair_root) as store:
+        page = build_report(store, plan=export_plan)
+    texts = _texts(_svg(page, "distribution of batch"))
+    assert "3" in texts  # a size never recorded (batch 1, 2, 4) has its place on the axis
+    numbers = [t for t in texts if re.fullmatch(r"[0-9.]+", t)]
+    assert numbers and all(re.fullmatch(r"[0-9]+", t) for t in numbers), numbers
+
+
+def test_each_group_has_its_dynamic_shapes_to_paste(llama_page: str) -> None:
+    blocks = [html.unescape(b) for b in re.findall(r"<pre>(.*?)</pre>", llama_page, flags=re.S)]
+    assert len(blocks) == 4
+    for block in blocks:
+        compile(block, "<report dynamic_shapes>", "exec")
+    assert "batch = Dim.DYNAMIC(min=2, max=3)" in blocks[0]
+
+
+def test_drift_heatmap_has_a_colour_scale(llama_page: str) -> None:
+    texts = _texts(_svg(llama_page, "input structures over time"))
+    assert any(t.startswith("calls per ") for t in texts)  # the colour bar's label
+
+
+def test_calls_over_time_are_whole_calls_and_say_how_they_are_placed(
+    llama: Store, llama_page: str
+) -> None:
+    groups = analyze(llama)
+    tl = timeline(llama, groups[0].model, groups)
+    assert tl.calls.dtype.kind == "i"  # issue 24: bars of 0.2 calls
+    assert "those two are placed exactly, the calls between them evenly" in llama_page
 
 
 def test_timeline_keeps_every_call(llama: Store) -> None:
     groups = analyze(llama)
     tl = timeline(llama, groups[0].model, groups)
-    assert np.allclose(tl.calls.sum(axis=1), [g.calls for g in groups])
+    assert tl.calls.sum(axis=1).tolist() == [g.calls for g in groups]
 
 
 def test_served_calls_add_up_the_check_rows_per_group(pair: Store) -> None:
@@ -200,49 +284,25 @@ def test_matplotlib_is_imported_only_by_the_report(pair_root: Path, code: str) -
     assert result.stderr.endswith("absent")
 
 
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        pytest.skip("chromium is not installed (.ci/run installs it with apt-get as root)")
-    return found
-
-
 @pytest.mark.slow
 def test_page_renders_its_plots_in_headless_chromium(llama_page: str, tmp_path: Path) -> None:
     from matplotlib.image import imread
 
+    from fixtures.report_screenshot import chromium, screenshot
+
+    if chromium() is None:
+        pytest.skip("chromium is not installed (.ci/run installs it with apt-get as root)")
     page = tmp_path / "report.html"
     page.write_text(llama_page, encoding="utf-8")
     shot = tmp_path / "shot.png"
-    result = subprocess.run(
-        [
-            _chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--window-size=1200,2000",
-            f"--screenshot={shot}",
-            page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = screenshot(page, shot, height=2000)
     assert result.returncode == 0, result.stderr[-2000:]
     console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
     assert console == [], console
     assert "Failed to load resource" not in result.stderr
     pixels = np.rint(imread(shot)[..., :3] * 255).astype(int)
     assert pixels.std() > 10  # not a blank page
-    # The distribution bars are drawn in #0969da: the images were decoded and painted.
+    # The first group's bars are drawn in #0969da: the images were decoded and painted.
     bars = np.all(np.abs(pixels - np.array([9, 105, 218])) <= 6, axis=-1)
     assert bars.sum() > 5_000
 

@@ -109,3 +109,12 @@ def test_access_denied() -> None:
     with S3Server(enforce_auth=True) as server:
         proc, _ = _capture("s3://bucket-of-someone-else/store", server.env())
     assert "access denied to the store" in _one_error_line(proc)
+
+
+@pytest.mark.parametrize(
+    "args", [["payloads"], ["payloads", "--delete-all"]], ids=["list", "delete"]
+)
+def test_payloads_of_an_unreachable_store(args: list[str]) -> None:
+    # issue 24/25: an OSError traceback before; now the same line as every other command.
+    proc, _ = _capture("s3://bucket/store", _aws(f"http://127.0.0.1:{free_port()}"), *args)
+    assert "cannot reach the store s3://bucket/store" in _one_error_line(proc)

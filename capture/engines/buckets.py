@@ -15,11 +15,11 @@ sizes can move down to the lower one and pad less), so the program runs over the
 size ``j``. Each layer is a lower envelope of lines queried at increasing sizes (the convex
 hull trick), so the cost is ``O(budget x distinct sizes)`` with exact integer arithmetic.
 
-The distribution comes from the call groups of `capture.analysis.groups` (distinct signatures and
-their call counts, read from the ``stats`` rows), never from the raw calls. A symbol belongs to the
-groups where its dims vary: a group whose batch was always 1 has no ``batch`` symbol and its calls
-are not counted (the result names the groups it counted). Imports pyarrow only (numpy through the
-analysis), never torch or duckdb.
+The distribution is `capture.analysis.symbol_sizes.symbol_sizes`: every group that has one of the
+symbol's dims, including those where it never varied (a group whose batch was always 1 counts
+its calls at 1, issue 24; the result names the groups it counted), from the groups' distinct
+signatures and call counts (the ``stats`` rows), never from the raw calls. Imports pyarrow only
+(numpy through the analysis), never torch or duckdb.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from capture.errors import CaptureError
+from capture.errors import NoSuchSymbol
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
@@ -46,8 +46,6 @@ __all__ = [
     "optimal_buckets",
     "padding_waste",
     "plan_buckets",
-    "symbol_distribution",
-    "symbol_values",
     "vllm_default_sizes",
 ]
 
@@ -64,10 +62,6 @@ padded up to it, and the padding those calls waste (sum of ``bucket - size`` ove
 
 METADATA_BUCKETS = b"capture.buckets"
 """Schema metadata key of `buckets_table`'s result: JSON of `BucketPlan.summary()`."""
-
-
-class NoSuchSymbol(CaptureError):
-    """The symbol asked for is not a shared symbol of any selected call group."""
 
 
 def vllm_default_sizes(max_size: int = 512) -> list[int]:
@@ -219,55 +213,13 @@ def padding_waste(
     return waste, uncovered
 
 
-def symbol_values(group: Group, symbol: str) -> tuple[list[int], list[int]] | None:
-    """Per distinct size of `symbol` in `group`: the size and its calls; None if absent."""
-    column = next((j for j, d in enumerate(group.dims) if d.symbol == symbol), None)
-    if column is None or group.matrix is None or group.weights is None:
-        return None
-    counts: dict[int, int] = {}
-    for size, calls in zip(group.matrix[:, column].tolist(), group.weights.tolist(), strict=True):
-        counts[int(size)] = counts.get(int(size), 0) + int(calls)
-    sizes = sorted(counts)
-    return sizes, [counts[s] for s in sizes]
-
-
-def symbol_distribution(
-    groups: Sequence[Group], symbol: str
-) -> tuple[list[int], list[int], list[str]]:
-    """The recorded distribution of `symbol` over the groups that have it.
-
-    Returns:
-        ``(sizes, calls, group names)``: distinct sizes ascending, calls per size, and the
-        groups the symbol was found in.
-
-    Raises:
-        NoSuchSymbol: No group has the symbol; the message lists the symbols there are.
-    """
-    counts: dict[int, int] = {}
-    found: list[str] = []
-    for g in groups:
-        dist = symbol_values(g, symbol)
-        if dist is None:
-            continue
-        found.append(g.name)
-        for size, calls in zip(*dist, strict=True):
-            counts[size] = counts.get(size, 0) + calls
-    if not found:
-        known = sorted({d.symbol for g in groups for d in g.dims if d.symbol})
-        raise NoSuchSymbol(
-            f"no call group has a symbol {symbol!r}; pass --symbol with one of "
-            f"{', '.join(known) or 'none (no dim varies)'} (see `capture dims`)"
-        )
-    sizes = sorted(counts)
-    return sizes, [counts[s] for s in sizes], found
-
-
 @dataclass(frozen=True)
 class BucketPlan:
     """The chosen sizes for one symbol, with the padding they cost and vLLM's for comparison."""
 
     model: str
     symbol: str
+    kind: str
     groups: list[str]
     sizes: list[int]
     calls: list[int]
@@ -293,6 +245,7 @@ class BucketPlan:
         return {
             "model": self.model,
             "symbol": self.symbol,
+            "measures": self.kind,
             "groups": self.groups,
             "calls": self.total_calls,
             "distinct_sizes": len(self.sizes),
@@ -330,7 +283,11 @@ def plan_buckets(groups: Sequence[Group], symbol: str, budget: int, model: str =
         NoSuchSymbol: No group has the symbol.
         ValueError: `budget` < 1.
     """
-    sizes, calls, found = symbol_distribution(groups, symbol)
+    from capture.analysis.symbol_sizes import symbol_sizes
+
+    distribution = symbol_sizes(groups, symbol)
+    sizes, calls = distribution.sizes, distribution.calls
+    found = [name for name, _, _ in distribution.groups]
     chosen = optimal_buckets(sizes, calls, budget)
     waste, _ = padding_waste(sizes, calls, chosen)
     ladder = vllm_default_sizes()[:budget]
@@ -338,6 +295,7 @@ def plan_buckets(groups: Sequence[Group], symbol: str, budget: int, model: str =
     return BucketPlan(
         model=model,
         symbol=symbol,
+        kind=distribution.kind,
         groups=found,
         sizes=sizes,
         calls=calls,
@@ -347,6 +305,21 @@ def plan_buckets(groups: Sequence[Group], symbol: str, budget: int, model: str =
         vllm_sizes=ladder,
         vllm_waste=vllm_waste,
         vllm_uncovered=vllm_uncovered,
+    )
+
+
+def _only_symbol(groups: Sequence[Group]) -> str:
+    """The one free symbol of `groups` (`capture buckets` without --symbol)."""
+    from capture.analysis.symbol_sizes import model_symbols
+
+    symbols = model_symbols(groups)
+    if len(symbols) == 1:
+        return symbols[0]
+    if not symbols:
+        raise NoSuchSymbol("no dim varies in the recorded calls: there is nothing to bucket")
+    raise NoSuchSymbol(
+        f"the calls have {len(symbols)} symbols ({', '.join(symbols)}); pass --symbol with one "
+        "of them (see `capture dims`)"
     )
 
 
@@ -377,7 +350,7 @@ def _model_groups(
 
 def buckets_table(
     store: StoreReader,
-    symbol: str,
+    symbol: str | None,
     budget: int,
     *,
     model: str | None = None,
@@ -387,7 +360,8 @@ def buckets_table(
 
     Args:
         store: An open store.
-        symbol: A shared symbol as `capture dims` names it (``batch``, ``input_ids_1``).
+        symbol: A shared symbol as `capture dims` names it (``batch``, ``input_ids_1``); None
+            for the only free symbol of the selected groups.
         budget: How many sizes to choose.
         model: The model; may be left out when the store holds one.
         group: Only this call group's calls. Default: every group having the symbol.
@@ -398,7 +372,8 @@ def buckets_table(
 
     Raises:
         UnknownModel: No such model or group, or several models and none chosen.
-        NoSuchSymbol: No selected group has the symbol.
+        NoSuchSymbol: No selected group has the symbol, or `symbol` is None and the groups
+            have several (or none).
 
     Example:
         >>> buckets_table(open_store("store"), "batch", 4).column("bucket")  # doctest: +SKIP
@@ -406,6 +381,6 @@ def buckets_table(
     if budget < 1:
         raise ValueError(f"the budget must be at least 1, not {budget}")
     name, groups = _model_groups(store, model, group)
-    plan = plan_buckets(groups, symbol, budget, model=name)
+    plan = plan_buckets(groups, symbol or _only_symbol(groups), budget, model=name)
     table = pa.Table.from_pylist(plan.rows(), schema=BUCKETS_SCHEMA)
     return table.replace_schema_metadata({METADATA_BUCKETS: json.dumps(plan.summary())})

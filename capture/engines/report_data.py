@@ -6,10 +6,17 @@ minute, with a call count and the first and last call time) and the call groups 
 as its thousands of stats rows. No plotting and no torch here (`capture.engines.report_html` draws).
 
 **Calls over time.** A stats row says that `calls` calls of one signature happened between
-`first_ts` and `last_ts`; they are spread evenly over that span, so the time resolution is a
-minute (a rollup's row, `capture.schema.ROLLUP_BUCKET_S`; a segment of up to ``flush_seconds``
-in stores written before rollups). `capture compact` merges the rows of one signature into one,
-spanning all of them: the calls over time of a compacted store are coarser.
+`first_ts` and `last_ts` (in a rollup, within one minute, `capture.schema.ROLLUP_BUCKET_S`; a
+segment of up to ``flush_seconds`` in stores written before rollups). The first and the last of
+them are placed at those exact times and the others evenly in between, as whole calls: a
+signature seen once or twice a minute is exact, and a bin never holds a fraction of a call
+(issue 24: "0.2 calls" bars). The report says so under the plot. `capture compact` merges the
+rows of one signature into one, spanning all of them: the calls over time of a compacted store
+are coarser. (Every exact time is in the ``calls`` view; reading it costs a pass over every
+calls file, which the report avoids.)
+
+**What capture export does with a group** (`ExportPlan`) comes from `replay`, which `capture`
+may not import: the CLI hands `build_report` a function making one per group.
 
 **Served by an artifact.** `served_calls` aggregates, per recorded call group, the rows of
 `replay.ship.drift.check_rows` (one per distinct recorded signature: its input structure, calls, and
@@ -25,11 +32,28 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from capture.analysis.symbol_sizes import SymbolSizes, model_symbols, percentile, symbol_sizes
+from capture.engines.buckets import optimal_buckets
+
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
     from capture.store.reader import StoreReader
 
-__all__ = ["Timeline", "ServedGroup", "timeline", "served_calls", "symbol_kind"]
+__all__ = [
+    "Timeline",
+    "ServedGroup",
+    "ExportPlan",
+    "SymbolView",
+    "BUCKET_BUDGET",
+    "timeline",
+    "served_calls",
+    "symbol_views",
+    "input_shapes",
+]
+
+BUCKET_BUDGET = 4
+"""Buckets drawn on each symbol's distribution (`capture buckets --budget 4`), fewer when the
+symbol took fewer sizes."""
 
 _STATS_SQL = """
 SELECT in_structure, calls, epoch_us(first_ts) AS t0, epoch_us(last_ts) AS t1
@@ -45,13 +69,13 @@ class Timeline:
         start_us: Start of the first bin (epoch microseconds, UTC).
         bin_us: Width of one bin in microseconds.
         groups: Group names, in the order of the rows of `calls`.
-        calls: ``(groups, bins)`` calls per bin (fractional: segments are spread evenly).
+        calls: ``(groups, bins)`` whole calls per bin.
     """
 
     start_us: int
     bin_us: int
     groups: list[str]
-    calls: np.ndarray[Any, np.dtype[np.float64]]
+    calls: np.ndarray[Any, np.dtype[np.int64]]
 
 
 def timeline(store: StoreReader, model: str, groups: Sequence[Group], bins: int = 60) -> Timeline:
@@ -76,55 +100,53 @@ def timeline(store: StoreReader, model: str, groups: Sequence[Group], bins: int 
     structures = table.column("in_structure").to_pylist()
     keep = np.array([s in row_of for s in structures], dtype=bool)
     rows = np.array([row_of.get(s, -1) for s in structures], dtype=np.int64)[keep]
-    calls = table.column("calls").to_numpy().astype(np.float64)[keep]
+    calls = table.column("calls").to_numpy().astype(np.int64)[keep]
     t0 = table.column("t0").to_numpy().astype(np.int64)[keep]
     t1 = np.maximum(table.column("t1").to_numpy().astype(np.int64)[keep], t0)
-    matrix = np.zeros((len(groups), bins))
+    matrix = np.zeros((len(groups), bins), dtype=np.int64)
     if t0.size == 0:
         return Timeline(0, 1, names, matrix)
     start, stop = int(t0.min()), int(t1.max())
     width = max(1, -(-(stop - start + 1) // bins))
-    edges = start + width * np.arange(bins + 1, dtype=np.int64)
-    span = (t1 - t0).astype(np.float64)
-    instant = span == 0
-    # Overlap of each row's [t0, t1] with each bin, as a share of the row's span.
-    lo = np.maximum(t0[:, None], edges[None, :-1])
-    hi = np.minimum(t1[:, None], edges[None, 1:])
-    share = np.clip(hi - lo, 0, None) / np.where(instant, 1.0, span)[:, None]
-    share[instant] = 0.0
-    share[instant, np.minimum((t0[instant] - start) // width, bins - 1)] = 1.0
-    # Rounding: make every row's shares sum to exactly 1 so no call is lost.
-    share /= share.sum(axis=1, keepdims=True)
-    np.add.at(matrix, rows, share * calls[:, None])
+    edges = start + width * np.arange(bins + 1, dtype=np.int64)  # the last one is past `stop`
+    below = _calls_before(edges, t0, t1, calls)
+    np.add.at(matrix, rows, np.diff(below, axis=1))
     return Timeline(start, width, names, matrix)
 
 
-def symbol_kind(group: Group, symbol: str) -> str:
-    """A reader's guess at what a shared symbol measures, from the dims it covers.
+def _calls_before(
+    edges: np.ndarray[Any, Any], t0: np.ndarray[Any, Any], t1: np.ndarray[Any, Any], n: Any
+) -> np.ndarray[Any, Any]:
+    """``(rows, edges)``: how many of each row's calls come before each edge.
 
-    Returns:
-        ``batch size``, ``cache length``, ``sequence length``, ``image size`` or ``size``.
-
-    Example:
-        >>> symbol_kind(group, "batch")  # doctest: +SKIP
-        'batch size'
+    A row's ``n`` calls are at ``t0 + k (t1 - t0) / (n - 1)`` for ``k = 0 .. n-1`` (all at
+    ``t0`` when ``n`` is 1 or ``t1 == t0``): the count before ``e`` is ``ceil((e - t0) (n - 1)
+    / (t1 - t0))``, clipped to ``[0, n]``.
     """
-    if symbol == "batch" or symbol.startswith("batch_"):
-        return "batch size"
-    dims = [d for d in group.dims if d.symbol == symbol]
-    arguments = {(d.argument or d.path).lower() for d in dims}
-    axes = {d.axis for d in dims}
-    if any("past" in a or "cache" in a for a in arguments):
-        return "cache length"
-    if any("pixel" in a or "image" in a for a in arguments) and axes & {2, 3}:
-        return "image size"
-    if axes == {0}:
-        return "batch size"
-    if axes & {1} and any(
-        k in a for a in arguments for k in ("input_ids", "mask", "position", "embeds", "token")
-    ):
-        return "sequence length"
-    return "size"
+    span = (t1 - t0).astype(np.float64)
+    offset = (edges[None, :] - t0[:, None]).astype(np.float64)
+    spread = (span > 0) & (n > 1)
+    steps = np.where(spread, (n - 1) / np.where(span > 0, span, 1.0), 0.0)
+    # A tiny slack keeps a call that sits exactly on an edge in the bin that starts there.
+    counted = np.ceil(offset * steps[:, None] - 1e-9)
+    counted = np.where(spread[:, None], counted, np.where(offset > 0, n[:, None], 0))
+    return np.clip(counted, 0, n[:, None]).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """What `capture export` does with one call group (made by `replay.source.export_plan`).
+
+    Attributes:
+        source: The group's ``dynamic_shapes`` as Python to paste (bounded named hints).
+        ranges: Symbol -> the range the export takes for it (``max`` None: unbounded).
+        probes: Free symbol -> its values in the probes: unseen size vectors inside the recorded
+            ranges that the export is checked on besides every recorded signature.
+    """
+
+    source: str
+    ranges: dict[str, tuple[int, int | None]]
+    probes: dict[str, list[int]]
 
 
 @dataclass(frozen=True)
@@ -167,4 +189,103 @@ def served_calls(groups: Sequence[Group], rows: Sequence[Mapping[str, Any]]) -> 
                 programs=sorted({str(r["group"]) for r in served}),
             )
         )
+    return out
+
+
+@dataclass(frozen=True)
+class SymbolView:
+    """One symbol as the report draws it: its sizes and what decides an export of it.
+
+    Attributes:
+        symbol: The symbol.
+        sizes: Its sizes over every group having one of its dims (batch 1 included).
+        colors: Group -> colour (the page's colours).
+        percentiles: 50, 90, 99 -> the size at or below which that share of the calls ran.
+        exported: Group where the symbol varies -> the range its export takes (known when the
+            report was given a plan, `ExportPlan.ranges`).
+        probes: The symbol's values in the probes of those groups.
+        buckets: The `BUCKET_BUDGET` sizes that pad the recorded calls least.
+    """
+
+    symbol: str
+    sizes: SymbolSizes
+    colors: Mapping[str, str]
+    percentiles: dict[int, int]
+    exported: dict[str, tuple[int, int | None]]
+    probes: list[int]
+    buckets: list[int]
+
+
+def symbol_views(
+    groups: Sequence[Group], plans: Mapping[str, ExportPlan], colors: Mapping[str, str]
+) -> list[SymbolView]:
+    """One `SymbolView` per free symbol of a model's groups (`model_symbols`).
+
+    Args:
+        groups: The model's call groups.
+        plans: Group name -> its `ExportPlan`; groups left out have no exported range or probes.
+        colors: Group name -> colour.
+
+    Returns:
+        The views, by symbol name.
+
+    Example:
+        >>> [v.symbol for v in symbol_views(groups, {}, {})]  # doctest: +SKIP
+        ['batch', 'input_ids_1', 'past_key_values_2']
+    """
+    views = []
+    for symbol in model_symbols(groups):
+        dist = symbol_sizes(groups, symbol)
+        mine = [plans[g] for g in dist.named_in if g in plans]
+        views.append(
+            SymbolView(
+                symbol=symbol,
+                sizes=dist,
+                colors=colors,
+                percentiles={q: percentile(dist.sizes, dist.calls, q) for q in (50, 90, 99)},
+                exported={
+                    g: plans[g].ranges[symbol]
+                    for g in dist.named_in
+                    if g in plans and symbol in plans[g].ranges
+                },
+                probes=sorted({v for plan in mine for v in plan.probes.get(symbol, ())}),
+                buckets=optimal_buckets(
+                    dist.sizes, dist.calls, min(BUCKET_BUDGET, len(dist.sizes))
+                ),
+            )
+        )
+    return views
+
+
+def input_shapes(group: Group) -> list[str]:
+    """The shape of every tensor input of a group, with its symbols: what the group is.
+
+    A dynamic axis shows its symbol, a static one its size; the leaves of one argument that
+    share a shape (a cache's layers) are shown once, with their count.
+
+    Returns:
+        E.g. ``['input_ids [batch, 1]', 'past_key_values 4 × [batch, 2, past_key_values_2,
+        16]']``.
+
+    Example:
+        >>> input_shapes(group)[0]  # doctest: +SKIP
+        'input_ids [batch, 1]'
+    """
+    leaves: dict[int, list[Any]] = {}
+    for d in group.dims:
+        leaves.setdefault(d.leaf, []).append(d)
+    by_argument: dict[str, list[tuple[str, str]]] = {}
+    for dims in leaves.values():
+        axes = sorted(dims, key=lambda d: d.axis)
+        shape = ", ".join(d.symbol if d.dynamic and d.symbol else str(d.min) for d in axes)
+        argument = axes[0].argument or axes[0].path
+        by_argument.setdefault(argument, []).append((axes[0].path, f"[{shape}]"))
+    out = []
+    for argument, shapes in by_argument.items():
+        distinct = {shape for _, shape in shapes}
+        if len(distinct) == 1:
+            count = f"{len(shapes)} × " if len(shapes) > 1 else ""
+            out.append(f"{argument} {count}{shapes[0][1]}")
+        else:
+            out.extend(f"{path} {shape}" for path, shape in shapes)
     return out

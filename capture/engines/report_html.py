@@ -1,52 +1,72 @@
 """`capture report`: one self-contained HTML page about a store's traffic, with plots.
 
-The page needs no network when viewed: plots are SVG images inlined as ``data:`` URIs, the
-style is inline, there is no script. Per model it shows the call groups, calls over time per
-group, the distribution of every shared dynamic symbol per group (batch size, sequence, cache
-or image sizes), which optional inputs were passed, the input structures over time (drift),
-and, given an artifact's manifest, which recorded calls the artifact serves.
+The page answers "what shapes do I export?" (issue 24). Its first screen shows each model's
+call groups and their input shapes, with the symbols' recorded ranges. Then, per symbol, one
+distribution over every group that has it (batch 1 included), with the recorded range,
+p50/p90/p99, each group's exported range, the probes and the chosen buckets drawn on it; per
+group, the ``dynamic_shapes`` to paste; then calls over time, optional inputs, the input
+structures over time (drift, with a colour scale) and, given an artifact's manifest, which
+recorded calls the artifact serves.
 
-matplotlib (the ``report`` extra) is imported here, inside the functions that draw, and nowhere
-else: ``import capture`` and ``capture query`` never load it. Data comes from
-`capture.engines.report_data` (the ``stats`` rows, not the raw calls).
+The page needs no network when viewed: plots are SVG images inlined as ``data:`` URIs, the
+style is inline, there is no script. Figures are drawn by `capture.engines.report_plots`
+(matplotlib, imported only there); data comes from `capture.engines.report_data` (the ``stats``
+rows, not the raw calls). What ``capture export`` does with a group comes from `replay`, which
+this package does not import: the caller passes ``plan`` (the CLI passes
+`replay.source.export_plan`).
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from capture import __version__
 from capture.analysis.summary import drift_rows, group_rows
-from capture.engines.report_data import ServedGroup, served_calls, symbol_kind, timeline
+from capture.analysis.symbol_sizes import symbol_kind
+from capture.engines.report_data import (
+    ExportPlan,
+    ServedGroup,
+    SymbolView,
+    served_calls,
+    symbol_views,
+    timeline,
+)
+from capture.engines.report_plots import (
+    COLORS,
+    drift_plot,
+    optional_plot,
+    per_bin,
+    symbol_plot,
+    timeline_plot,
+)
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
-    from capture.engines.report_data import Timeline
     from capture.store.reader import StoreReader
 
 __all__ = ["build_report", "require_matplotlib"]
 
 _CELL = 60  # characters: longer cell texts are cut, the whole text stays in the tooltip
-_DPI = 96
-_BLUE = "#0969da"
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;
 max-width:1100px;color:#1d232a;line-height:1.4;padding:0 16px}
 h1{font-size:1.6em;margin-bottom:0}h2{margin-top:2em;border-bottom:2px solid #d0d7de}
-h3{margin-top:1.5em}.meta{color:#57606a}
+h3{margin-top:1.6em}h4{margin:1.2em 0 0.3em}.meta{color:#57606a}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:0.92em}
-th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;max-width:28em;
-overflow-wrap:anywhere;vertical-align:top}th{background:#f6f8fa;white-space:nowrap}
-td.n{text-align:right;white-space:nowrap}
+th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;max-width:34em;
+overflow-wrap:break-word;vertical-align:top}th{background:#f6f8fa;white-space:nowrap}
+td.n{text-align:right;white-space:nowrap}td.id{white-space:nowrap;font-weight:600}
+td.lines{white-space:pre-line;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;
+font-size:0.9em}
+pre{background:#f6f8fa;border:1px solid #d0d7de;border-radius:4px;padding:8px 12px;
+overflow-x:auto;font-size:0.85em;line-height:1.35}
 img{max-width:100%;height:auto;display:block;margin:8px 0}
+.swatch{display:inline-block;width:0.8em;height:0.8em;border-radius:2px;margin-right:0.4em;
+vertical-align:-0.05em}
 .note{background:#fff8c5;border:1px solid #d4a72c;padding:6px 10px;border-radius:4px}
 """
 
@@ -84,12 +104,18 @@ def _cell(value: Any, numeric: bool = False) -> str:
     return f'<td class="n">{_esc(text)}</td>' if numeric else f"<td>{_esc(text)}</td>"
 
 
-def _table(rows: Sequence[Mapping[str, Any]]) -> str:
+def _table(rows: Sequence[Mapping[str, Any]], ids: Sequence[str] = ("group",)) -> str:
+    """Rows as a table; the `ids` columns (names) never wrap, so no name breaks mid-word."""
     if not rows:
         return "<p>none</p>"
     names = list(rows[0])
     head = "".join(f"<th>{_esc(n)}</th>" for n in names)
-    body = "".join("<tr>" + "".join(_cell(r[n]) for n in names) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="id">{_esc(r[n])}</td>' if n in ids else _cell(r[n]) for n in names)
+        + "</tr>"
+        for r in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -97,187 +123,153 @@ def _join(values: Sequence[Any] | None) -> str:
     return ", ".join(str(v) for v in values or ())
 
 
-def _figure_html(
-    draw: Callable[[Any], None],
-    alt: str,
-    size: tuple[float, float],
-    left: float = 0.8,
-    top: float = 0.4,
-) -> str:
-    """Draws with ``draw(figure)`` and returns an ``<img>`` with the PNG inlined.
-
-    Margins are fixed (`left` inches for the y labels) rather than computed by a layout
-    engine: laying text out twice doubled the time of a report.
-    """
-    import matplotlib
-    from matplotlib.figure import Figure
-
-    width, height = size
-    fig = Figure(figsize=size, dpi=_DPI)
-    fig.subplots_adjust(
-        left=left / width,
-        right=1 - 0.25 / width,
-        bottom=0.62 / height,
-        top=1 - top / height,
-        wspace=0.3,
-    )
-    draw(fig)
-    buf = io.BytesIO()
-    # SVG with text as text: 40% faster to write than PNG, and sharp at any zoom.
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "capture"}):
-        fig.savefig(buf, format="svg")
-    data = base64.b64encode(buf.getvalue()).decode("ascii")
-    return f'<img alt="{_esc(alt)}" src="data:image/svg+xml;base64,{data}">'
+def _span(low: int, high: int | None) -> str:
+    return f"{low}–{high}" if high is not None else f"{low}–∞"
 
 
-_UNITS = (("days", 86_400.0), ("hours", 3_600.0), ("minutes", 60.0), ("seconds", 1.0))
+def _span_of(entry: Mapping[str, Any]) -> str:
+    """``from 2026-11-24 08:40:46 to 08:41:02 UTC``: to the second."""
+    first, last = entry.get("first_ts"), entry.get("last_ts")
+    if first is None:
+        return "no call recorded"
+
+    def utc(value: Any) -> datetime:
+        moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+        return moment.astimezone(timezone.utc) if moment.tzinfo else moment
+
+    start, end = utc(first), utc(last if last is not None else first)
+    until = f"{end:%H:%M:%S}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M:%S}"
+    return f"from {start:%Y-%m-%d %H:%M:%S} to {until} UTC"
 
 
-def _unit(tl: Timeline) -> tuple[str, float]:
-    """The time unit for the x axis: the largest one the whole span covers twice."""
-    span = tl.bin_us * tl.calls.shape[1] / 1e6
-    for name, seconds in _UNITS:
-        if span >= 2 * seconds:
-            return name, seconds
-    return "milliseconds", 1e-3
+def _swatch(color: str) -> str:
+    return f'<span class="swatch" style="background:{color}"></span>'
 
 
-def _per_bin(tl: Timeline) -> str:
-    seconds = tl.bin_us / 1e6
-    for name, unit in _UNITS:
-        if seconds >= unit:
-            return f"{seconds / unit:.3g} {name.rstrip('s')}(s)"
-    return f"{seconds * 1e3:.3g} ms"
+def _symbols_text(g: Group) -> str:
+    """The symbols of a group with their recorded ranges: ``batch 2–4, attention_mask_1 6–23
+    (= past_key_values_2 + 1)``."""
+    seen: dict[str, str] = {}
+    for d in g.dims:
+        if d.symbol and d.dynamic and d.symbol not in seen:
+            relation = f" (= {d.expr})" if d.expr else ""
+            seen[d.symbol] = f"{d.symbol} {d.min}–{d.max}{relation}"
+    return "\n".join(seen.values()) or "none: every size is the same in every call"
 
 
-def _start(tl: Timeline) -> str:
-    return f"{datetime.fromtimestamp(tl.start_us / 1e6, tz=timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+def _first_screen(groups: Sequence[Group], colors: Mapping[str, str], total: int) -> list[str]:
+    """The groups and their shapes: what a user exports, before any plot."""
+    from capture.engines.report_data import input_shapes
 
-
-def _edges(tl: Timeline) -> tuple[np.ndarray[Any, Any], str]:
-    name, seconds = _unit(tl)
-    edges = np.arange(tl.calls.shape[1] + 1) * (tl.bin_us / 1e6 / seconds)
-    return edges, f"{name} since {_start(tl)}"
-
-
-def _timeline_plot(tl: Timeline) -> str:
-    def draw(fig: Any) -> None:
-        ax = fig.subplots()
-        edges, label = _edges(tl)
-        bottom = np.zeros(tl.calls.shape[1])
-        for name, row in zip(tl.groups, tl.calls, strict=True):
-            ax.stairs(bottom + row, edges, baseline=bottom.copy(), fill=True, label=name)
-            bottom += row
-        ax.set_xlim(edges[0], edges[-1])
-        ax.set_xlabel(label)
-        ax.set_ylabel(f"calls per {_per_bin(tl)}")
-        columns = min(4, len(tl.groups)) or 1
-        ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncols=columns, fontsize="small")
-        ax.grid(alpha=0.3)
-
-    rows = -(-len(tl.groups) // 4)
-    return _figure_html(
-        draw, "calls over time per call group", (10, 3.4 + 0.25 * rows), top=0.15 + 0.25 * rows
-    )
-
-
-def _drift_plot(tl: Timeline) -> str:
-    def draw(fig: Any) -> None:
-        ax = fig.subplots()
-        edges, label = _edges(tl)
-        shown = np.where(tl.calls > 0, tl.calls, np.nan)
-        ax.imshow(
-            shown,
-            aspect="auto",
-            cmap="viridis",
-            interpolation="nearest",
-            extent=(edges[0], edges[-1], len(tl.groups) - 0.5, -0.5),
-        )
-        ax.set_yticks(range(len(tl.groups)), tl.groups)
-        ax.set_xlabel(label)
-        ax.set_title("Input structures over time: when each call group was seen")
-
-    longest = max((len(g) for g in tl.groups), default=4)
-    height = 1.4 + 0.35 * len(tl.groups)
-    return _figure_html(draw, "input structures over time", (10, height), 0.3 + 0.075 * longest)
-
-
-def _distribution(g: Group, column: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    if g.matrix is None or g.weights is None:
-        raise ValueError(f"call group {g.name!r} carries no signatures; use analyze()")
-    sizes, inverse = np.unique(g.matrix[:, column], return_inverse=True)
-    return sizes, np.bincount(inverse, weights=g.weights)
-
-
-def _symbols_plot(g: Group, symbols: Sequence[tuple[str, int]]) -> str:
-    def draw(fig: Any) -> None:
-        axes = fig.subplots(1, len(symbols), squeeze=False)[0]
-        for ax, (symbol, column) in zip(axes, symbols, strict=True):
-            sizes, calls = _distribution(g, column)
-            if len(sizes) <= 32:  # one bar per recorded size
-                positions = np.arange(len(sizes))
-                ax.bar(positions, calls, color=_BLUE)
-                step = max(1, -(-len(sizes) // 12))
-                ax.set_xticks(positions[::step], [str(s) for s in sizes[::step]])
-            else:  # too many sizes for bars: a histogram of 48 bins, one filled outline
-                counts, edges = np.histogram(sizes, bins=48, weights=calls)
-                ax.stairs(counts, edges, fill=True, color=_BLUE)
-            ax.set_title(f"{symbol} ({symbol_kind(g, symbol)})", fontsize="medium")
-            ax.set_xlabel("size")
-            ax.set_ylabel("calls")
-            ax.grid(axis="y", alpha=0.3)
-
-    width = min(12.0, 3.2 + 3.4 * len(symbols))
-    return _figure_html(draw, f"distribution of the dynamic sizes of {g.name}", (width, 3.0))
-
-
-def _optional_plot(rows: Sequence[Mapping[str, Any]]) -> str:
-    def draw(fig: Any) -> None:
-        ax = fig.subplots()
-        names = [r["argument"] for r in rows]
-        left = np.zeros(len(rows))
-        for key, color in (("present", "#1a7f37"), ("missing", "#bf8700"), ("none", "#8c959f")):
-            values = np.array([r[key] for r in rows], dtype=float)
-            ax.barh(names, values, left=left, label=key, color=color)
-            left += values
-        ax.invert_yaxis()
-        ax.set_xlabel("calls")
-        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3, fontsize="small")
-
-    longest = max((len(str(r["argument"])) for r in rows), default=4)
-    height = 1.4 + 0.4 * len(rows)
-    return _figure_html(draw, "optional inputs", (8, height), 0.3 + 0.075 * longest)
-
-
-def _group_section(g: Group, entry: Mapping[str, Any]) -> list[str]:
-    parts = [f"<h3>Group {_esc(g.name)}: {g.calls:,} calls, {g.signatures:,} signatures</h3>"]
-    free: list[tuple[str, int]] = []
     rows = []
-    for s in entry["symbols"]:
-        column = next(j for j, d in enumerate(g.dims) if d.symbol == s["symbol"])
-        if s["expr"] is None:
-            free.append((s["symbol"], column))
+    for g in groups:
+        share = f"{100 * g.calls / total:.1f}%" if total else "-"
+        rows.append(
+            "<tr>"
+            f'<td class="id">{_swatch(colors[g.name])}{_esc(g.name)}</td>'
+            f'<td class="n">{g.calls:,}</td><td class="n">{share}</td>'
+            f'<td class="lines">{_esc(chr(10).join(input_shapes(g)))}</td>'
+            f'<td class="lines">{_esc(_symbols_text(g))}</td></tr>'
+        )
+    head = "<tr><th>group</th><th>calls</th><th>share</th><th>input shapes</th>"
+    head += "<th>symbols: recorded range</th></tr>"
+    return [
+        "<h3>Call groups and their shapes</h3>",
+        "<p>Calls sharing one input structure form a group, exported as one program. A dynamic "
+        "axis shows its symbol (equal axes share one); a static axis, its only size.</p>",
+        f"<table>{head}{''.join(rows)}</table>",
+    ]
+
+
+def _symbol_rows(views: Sequence[SymbolView]) -> list[dict[str, Any]]:
+    return [
+        {
+            "symbol": v.symbol,
+            "measures": v.sizes.kind,
+            "recorded": _span(v.sizes.sizes[0], v.sizes.sizes[-1]),
+            "p50": v.percentiles[50],
+            "p90": v.percentiles[90],
+            "p99": v.percentiles[99],
+            "exported": "; ".join(f"{g} {_span(*r)}" for g, r in v.exported.items()) or "-",
+            "probes": _join(v.probes) or "-",
+            "buckets": _join(v.buckets),
+        }
+        for v in views
+    ]
+
+
+def _symbols_section(views: Sequence[SymbolView], planned: bool) -> list[str]:
+    if not views:
+        return ["<h3>Sizes</h3>", "<p>No dim varies: every group has one shape.</p>"]
+    parts = [
+        "<h3>Sizes to export: one distribution per symbol</h3>",
+        "<p>Each symbol's sizes over every group that has one of its axes, a static one "
+        "included (a batch of 1 where batch never varies); colours are groups. Drawn on each: "
+        "the recorded range; p50/p90/p99 (dotted: the size at or below which that share of the "
+        "calls ran); "
+        + (
+            "each group's exported range (the bounded Dim of the dynamic_shapes below; "
+            "torch.export keeps a dim dynamic from 2 up, so size-1 calls go to the groups where "
+            "the axis is static); the probes (▲: unseen sizes the export is checked on besides "
+            "every recorded signature); "
+            if planned
+            else ""
+        )
+        + "and the buckets (dashed: the sizes that pad the recorded calls least, as <code>"
+        "capture buckets --budget 4</code> chooses them).</p>",
+        _table(_symbol_rows(views), ids=("symbol",)),
+    ]
+    for v in views:
+        parts.append(f"<h4>{_esc(v.symbol)} ({_esc(v.sizes.kind)})</h4>")
+        parts.append(symbol_plot(v))
+    return parts
+
+
+def _group_section(g: Group, plan: ExportPlan | None) -> list[str]:
+    parts = [f"<h4>Group {_esc(g.name)}: {g.calls:,} calls, {g.signatures:,} signatures</h4>"]
+    rows: list[dict[str, Any]] = []
+    for d in g.dims:
+        if not (d.dynamic and d.symbol) or any(r["symbol"] == d.symbol for r in rows):
+            continue
+        covered = [x.path + f".shape[{x.axis}]" for x in g.dims if x.symbol == d.symbol]
         rows.append(
             {
-                "symbol": s["symbol"],
-                "measures": symbol_kind(g, s["symbol"]),
-                "min": s["min"],
-                "max": s["max"],
-                "distinct": s["distinct"],
-                "equals": s["expr"] or "",
-                "dims": len(s["dims"]),
-                "first dim": s["dims"][0] if s["dims"] else "",
+                "symbol": d.symbol,
+                "measures": symbol_kind(g, d.symbol),
+                "min": d.min,
+                "max": d.max,
+                "distinct": d.distinct,
+                "equals": d.expr or "",
+                "dims": len(covered),
+                "first dim": covered[0],
             }
         )
-    if not rows:
+    if rows:
+        parts.append(_table(rows, ids=("symbol",)))
+    else:
         parts.append("<p>No dynamic dim: every call of this group has the same sizes.</p>")
-        return parts
-    parts.append(_table(rows))
-    if free:
-        parts.append(_symbols_plot(g, free[:4]))
-        if len(free) > 4:
-            parts.append(f"<p>{len(free) - 4} more symbols are in the table above.</p>")
+    if plan is not None:
+        parts.append(f"<pre>{_esc(plan.source)}</pre>")
     return parts
+
+
+def _plans(
+    groups: Sequence[Group], plan: Callable[[Group], ExportPlan] | None
+) -> tuple[dict[str, ExportPlan], dict[str, str]]:
+    """Each group's plan, and why a group has none (its structure cannot be rebuilt): the page
+    says so for that group and draws no exported range for it, the rest of the report stands."""
+    from capture.errors import CaptureError
+
+    plans: dict[str, ExportPlan] = {}
+    unplanned: dict[str, str] = {}
+    if plan is None:
+        return plans, unplanned
+    for g in groups:
+        try:
+            plans[g.name] = plan(g)
+        except CaptureError as e:
+            unplanned[g.name] = str(e)
+    return plans, unplanned
 
 
 def _served_section(served: Sequence[ServedGroup], source: str) -> list[str]:
@@ -301,44 +293,46 @@ def _model_section(
     model: Mapping[str, Any],
     groups: Sequence[Group],
     served: tuple[str, Sequence[Mapping[str, Any]]] | None,
+    plan: Callable[[Group], ExportPlan] | None,
 ) -> list[str]:
     name = model["model"]
     parts = [
         f"<h2>Model {_esc(name)}</h2>",
         f'<p class="meta">{model["calls"]:,} calls ({model["errors"]:,} raised), '
-        f"{model['signatures']:,} distinct signatures, from {_esc(model['first_ts'])} to "
-        f"{_esc(model['last_ts'])}</p>",
+        f"{model['signatures']:,} distinct signatures, {_esc(_span_of(model))}</p>",
     ]
-    entries = {e["name"]: e for e in model["groups"]}
-    parts.append(_table(group_rows(model["groups"])))
     if not groups:
-        return parts
-    tl = timeline(store, name, groups)
-    parts += ["<h3>Calls over time</h3>", _timeline_plot(tl)]
-    parts.append("<h3>Dynamic sizes per call group</h3>")
+        return [*parts, _table(group_rows(model["groups"]))]
+    colors = {g.name: COLORS[i % len(COLORS)] for i, g in enumerate(groups)}
+    parts += _first_screen(groups, colors, int(model["calls"]))
+    plans, unplanned = _plans(groups, plan)
+    parts += _symbols_section(symbol_views(groups, plans, colors), plan is not None)
+    parts.append("<h3>Per group: its symbols and the dynamic_shapes to paste</h3>")
+    if plan is not None:
+        parts.append(
+            "<p>As <code>capture dims --python</code> prints them; <code>capture export</code> "
+            "exports and checks each group.</p>"
+        )
     for g in groups:
-        parts += _group_section(g, entries[g.name])
-    parts.append("<h3>Optional inputs</h3>")
-    optional = model["optional_inputs"]
-    if optional:
-        parts.append(
-            _table(
-                [{k: o[k] for k in ("argument", "present", "missing", "none")} for o in optional]
-            )
-        )
-        parts.append(_optional_plot(optional))
-    else:
-        parts.append("<p>Every input was passed in every call, or in none.</p>")
-    if model["always_absent"]:
-        parts.append(
-            f"<p>Never passed (missing or None): {_esc(_join(model['always_absent']))}</p>"
-        )
+        parts += _group_section(g, plans.get(g.name))
+        if g.name in unplanned:
+            parts.append(f'<p class="note">No dynamic_shapes: {_esc(unplanned[g.name])}</p>')
+    tl = timeline(store, name, groups)
+    parts += [
+        "<h3>Calls over time</h3>",
+        timeline_plot(tl),
+        f'<p class="meta">Calls per {_esc(per_bin(tl))}, whole calls. The stats rows keep, per '
+        "signature and minute, the number of calls and the first and last call's time: those "
+        "two are placed exactly, the calls between them evenly in between (every exact time "
+        'is in the calls view: <code>capture query "SELECT ts FROM calls"</code>).</p>',
+    ]
+    parts += _optional_section(model)
     parts += [
         "<h3>Structures over time (drift)</h3>",
-        "<p>One row per call group (input structure); colour: calls per time bin, from dark "
-        "(few) to yellow (most); blank: none. A row that starts late or stops early is a "
-        "structure that appeared or disappeared.</p>",
-        _drift_plot(tl),
+        "<p>One row per call group (input structure); colour: calls per time bin (scale on the "
+        "right); blank: none. A row that starts late or stops early is a structure that "
+        "appeared or disappeared.</p>",
+        drift_plot(tl),
     ]
     drift = drift_rows(model)
     if drift:
@@ -351,11 +345,28 @@ def _model_section(
     return parts
 
 
+def _optional_section(model: Mapping[str, Any]) -> list[str]:
+    parts = ["<h3>Optional inputs</h3>"]
+    optional = model["optional_inputs"]
+    if optional:
+        keys = ("argument", "present", "missing", "none")
+        parts.append(_table([{k: o[k] for k in keys} for o in optional], ids=("argument",)))
+        parts.append(optional_plot(optional))
+    else:
+        parts.append("<p>Every input was passed in every call, or in none.</p>")
+    if model["always_absent"]:
+        parts.append(
+            f"<p>Never passed (missing or None): {_esc(_join(model['always_absent']))}</p>"
+        )
+    return parts
+
+
 def build_report(
     store: StoreReader,
     model: str | None = None,
     *,
     served: tuple[str, Sequence[Mapping[str, Any]]] | None = None,
+    plan: Callable[[Group], ExportPlan] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> str:
     """The report page as one HTML string (module docstring).
@@ -365,6 +376,8 @@ def build_report(
         model: One model, or None for every model in the store.
         served: ``(source, rows)`` for an artifact, the rows of `replay.ship.drift.check_rows`:
             adds which recorded calls it serves (`capture.engines.report_data.served_calls`).
+        plan: What ``capture export`` does with a group (`replay.source.export_plan`): adds
+            the exported ranges, the probes and the ``dynamic_shapes`` to paste.
         progress: Called with a short message before each step (the CLI's progress line).
 
     Returns:
@@ -375,7 +388,8 @@ def build_report(
         CaptureError: matplotlib is not installed.
 
     Example:
-        >>> page = build_report(open_store("capture-store"))  # doctest: +SKIP
+        >>> from replay.source import export_plan  # doctest: +SKIP
+        >>> page = build_report(open_store("capture-store"), plan=export_plan)  # doctest: +SKIP
         >>> Path("report.html").write_text(page)  # doctest: +SKIP
     """
     from capture.analysis.groups import analyze
@@ -394,16 +408,15 @@ def build_report(
         f"<title>{_esc(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{_esc(title)}</h1>",
         f'<p class="meta">{summary["calls"]:,} calls ({summary["errors"]:,} raised), '
-        f"{summary['signatures']:,} distinct signatures, from {_esc(summary['first_ts'])} to "
-        f"{_esc(summary['last_ts'])}. Written by capture {_esc(__version__)} on "
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Call groups are the calls sharing "
-        "one input structure; dims that are always equal share a symbol.</p>",
+        f"{summary['signatures']:,} distinct signatures, {_esc(_span_of(summary))}. "
+        f"Written by capture {_esc(__version__)} on "
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.</p>",
     ]
     for path in summary["skipped_files"]:
         parts.append(f'<p class="note">Skipped unreadable file: {_esc(path)}</p>')
     for i, entry in enumerate(summary["models"]):
         say(f"model {i + 1}/{len(summary['models'])}: {entry['model']}")
         mine = [g for g in groups if g.model == entry["model"]]
-        parts += _model_section(store, entry, mine, served)
+        parts += _model_section(store, entry, mine, served, plan)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

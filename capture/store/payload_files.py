@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
-from capture.errors import CaptureError, StoreNotFound
+from capture.errors import CaptureError
 from capture.store import nofollow
 from capture.store.payload_format import (
     DEFAULT_MAX_CALL_BYTES,
@@ -137,22 +137,20 @@ def list_payloads(
         links (never followed, one `RuntimeWarning` each: issue 25).
 
     Raises:
-        StoreNotFound: `store` is a path or URI where no store is.
+        StoreNotFound: `store` is a path or URI where no store is, or that cannot be reached.
 
     Example:
         >>> [p.date for p in list_payloads("capture-store")]  # doctest: +SKIP
         ['2026-11-23']
     """
-    from capture.store.files import resolve_store, safe_name
+    from capture.store.files import safe_name
+    from capture.store.layout import open_root
 
     if isinstance(store, tuple):
         fs, root = store
     else:
-        fs, root = resolve_store(store)
-        if fs.get_file_info(root).type != pafs.FileType.Directory:
-            raise StoreNotFound(
-                f"no store at {os.fspath(store)}; record into it first or pass --store"
-            )
+        # One line for a missing store, a file, an unreachable or refused endpoint (issue 24).
+        fs, root = open_root(store, "record into it first or pass --store")
     folder = f"{root}/{PAYLOADS}"
     if model is not None:
         folder += f"/model={safe_name(model)}"
@@ -206,9 +204,9 @@ def delete_payloads(
         >>> delete_payloads("capture-store", before=dt.date(2026, 11, 1))  # doctest: +SKIP
         []
     """
-    from capture.store.files import resolve_store
+    from capture.store.layout import open_root
 
-    fs, root = resolve_store(store)
+    fs, root = open_root(store, "nothing to delete")
     chosen = [
         p for p in list_payloads((fs, root), model) if before is None or p.date < before.isoformat()
     ]

@@ -29,11 +29,10 @@ read, once `capture.store.claims` has checked that the compacted file holds thei
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -46,13 +45,14 @@ from capture.errors import EmptyStore, QueryError, UnknownModel
 from capture.store import footer_cache
 from capture.store.checked import check_table
 from capture.store.layout import list_files, open_root
-from capture.store.stats_merge import SIGNATURE_MERGE
+from capture.store.views import CALLS_VIEWS, DATE_FROM_PATH, DERIVED_VIEWS, needs_calls
 
 __all__ = ["StoreReader", "SkippedFile"]
 
 logger = logging.getLogger(__name__)
 
 _Self = TypeVar("_Self", bound="StoreReader")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -72,92 +72,27 @@ _NO_EXTENSION_LOADING: dict[str, str | bool | int | float | list[str]] = {
     "autoload_known_extensions": False,
 }
 
-_DATE_FROM_PATH = "TRY_CAST(regexp_extract(filename, '/date=([0-9-]+)/', 1) AS DATE)"
-
-_DERIVED_VIEWS = f"""
-CREATE OR REPLACE VIEW structures AS
-    SELECT * EXCLUDE (rn) FROM (
-        SELECT *, row_number() OVER (PARTITION BY model, structure_id, leaf) AS rn
-        FROM _structures_raw
-    ) WHERE rn = 1;
-
-CREATE OR REPLACE VIEW signatures AS
-    SELECT {SIGNATURE_MERGE}
-    FROM stats
-    GROUP BY ALL;
-
-"""
-
-_CALLS_VIEWS = """
-CREATE OR REPLACE VIEW leaves AS
-    SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
-           s.dtype, s.device,
-           CASE WHEN s.kind = 'tensor'
-                THEN c.dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
-           CASE WHEN s.range_index IS NOT NULL THEN c.int_min[s.range_index + 1] END AS int_min,
-           CASE WHEN s.range_index IS NOT NULL THEN c.int_max[s.range_index + 1] END AS int_max
-    FROM calls c JOIN structures s ON s.structure_id = c.in_structure AND s.model = c.model
-    UNION ALL
-    SELECT c.call_id, c.model, 'output' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
-           s.dtype, s.device,
-           CASE WHEN s.kind = 'tensor'
-                THEN c.out_dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
-           NULL::BIGINT AS int_min, NULL::BIGINT AS int_max
-    FROM calls c JOIN structures s ON s.structure_id = c.out_structure AND s.model = c.model;
-
-CREATE OR REPLACE VIEW dims AS
-    SELECT call_id, model, side, leaf, path,
-           unnest(generate_series(0, len(shape) - 1)) AS axis, unnest(shape) AS size
-    FROM leaves WHERE kind = 'tensor';
-"""
-
-
-_CALLS_VIEWS_NAMES = frozenset({"calls", "leaves", "dims"})
-"""The views over the calls files (the others read only stats and structures, in memory)."""
-
 _RELISTS = 5
 """Times a query lists the store again when files it read were deleted meanwhile (compactions
 replacing them; each listing finds the files that replaced them)."""
 
 
-def _needs_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
-    """Whether DuckDB says that `sql` reads a view over the calls files.
-
-    DuckDB's own answers, no text of ours: the tables the statement reads
-    (``get_table_names``: parsed and bound, a CTE shadowing a view does not count; ~0.2 ms);
-    for a statement it cannot bind alone (parameters, several statements) the tables its parse
-    names (``json_serialize_sql``, SELECT statements, subqueries and CTEs included; ~1 ms).
-    When neither tells (DDL, PRAGMA), False: the query then binds the calls views lazily, when
-    DuckDB reports a missing table (`Store.query`).
-    """
+def _batches(reader: Any, first: pa.RecordBatch | None) -> Iterator[pa.RecordBatch]:
+    """`first`, then the rest of DuckDB's `reader`; its errors become `QueryError`."""
     try:
-        names = con.get_table_names(sql)
-    except duckdb.Error:
-        return _parse_names_calls(con, sql)
-    return any(name.lower() in _CALLS_VIEWS_NAMES for name in names)
-
-
-def _parse_names_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
-    """Whether DuckDB's parse of `sql` (not bound, nothing read) names a calls view."""
-    try:
-        rows = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()
-        tree = json.loads(rows[0][0]) if rows else {}
-    except (duckdb.Error, ValueError, RecursionError):  # no json functions; too deep a tree
-        return False
-    if not isinstance(tree, dict) or tree.get("error"):
-        return False
-    pending: list[Any] = [tree]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, dict):
-            if node.get("type") == "BASE_TABLE":
-                name = node.get("table_name")
-                if isinstance(name, str) and name.lower() in _CALLS_VIEWS_NAMES:
-                    return True
-            pending.extend(node.values())
-        elif isinstance(node, list):
-            pending.extend(node)
-    return False
+        if first is None:
+            return
+        yield first
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except (duckdb.Error, OSError) as e:  # pyarrow hands DuckDB's errors over as OSError
+                raise QueryError(f"query failed: {str(e).strip()}") from e
+            yield batch
+    finally:
+        reader.close()
 
 
 class StoreReader:
@@ -191,9 +126,9 @@ class StoreReader:
 
         The stats and structures views read rows held in memory (read with the files' checks);
         the views over the calls files (`calls`, `leaves`, `dims`) are made only for a query
-        that names one (`_needs_calls`): binding a view over 100,000 files costs seconds, and
-        `summary` never reads a call (issue 14). Adding them later reconnects (temporary
-        tables a user made in the store's session before are gone then).
+        that names one (`capture.store.views.needs_calls`): binding a view over 100,000 files
+        costs seconds, and `summary` never reads a call (issue 14). Adding them later
+        reconnects (temporary tables a user made in the store's session before are gone then).
         """
         self._with_calls = with_calls
         if self.unsafe_sql:
@@ -302,7 +237,7 @@ class StoreReader:
                 mixed = "false" if self._exact_calls else "true"
                 self.con.execute(
                     f"CREATE OR REPLACE VIEW {name} AS SELECT * EXCLUDE (filename), "
-                    f"{_DATE_FROM_PATH} AS date FROM read_parquet({_sql_list(files)}, "
+                    f"{DATE_FROM_PATH} AS date FROM read_parquet({_sql_list(files)}, "
                     f"hive_partitioning = false, union_by_name = {mixed}, filename = true)"
                 )
             else:
@@ -317,9 +252,9 @@ class StoreReader:
                 )
                 self.con.register(f"_{table}_dataset", dataset)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset")
-        self.con.execute(_DERIVED_VIEWS)
+        self.con.execute(DERIVED_VIEWS)
         if with_calls:
-            self.con.execute(_CALLS_VIEWS)
+            self.con.execute(CALLS_VIEWS)
 
     # -- queries -----------------------------------------------------------------------------
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
@@ -339,7 +274,62 @@ class StoreReader:
             >>> store.query("SELECT count(*) AS n FROM calls").to_pylist()  # doctest: +SKIP
             [{'n': 8}]
         """
-        bind = not self._with_calls and _needs_calls(self.con, sql)
+        return self._run(sql, params, lambda relation: relation.to_arrow_table(), pa.table({}))
+
+    def stream(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        batch_rows: int = 8192,
+    ) -> pa.RecordBatchReader:
+        """Runs SQL like `query`, and hands its result over batch by batch (bounded memory).
+
+        DuckDB produces the rows as they are read (``capture query`` prints 100 million rows in
+        about 140 MB). A file that vanished under a compaction is retried, as in `query`, until
+        the first batch is read; later, the reader raises `QueryError`. The store's connection
+        serves no other query until the reader is exhausted or closed.
+
+        Args:
+            sql: As for `query`.
+            params: As for `query`.
+            batch_rows: Rows per batch.
+
+        Returns:
+            A reader of the result's record batches (an empty one for a statement without a
+            result).
+
+        Raises:
+            QueryError: The SQL is invalid or fails, now or while the batches are read.
+
+        Example:
+            >>> with store.stream("SELECT * FROM calls") as reader:  # doctest: +SKIP
+            ...     rows = sum(batch.num_rows for batch in reader)
+        """
+
+        def start(relation: duckdb.DuckDBPyRelation) -> tuple[Any, pa.RecordBatch | None]:
+            reader = relation.to_arrow_reader(batch_rows)
+            try:
+                return reader, reader.read_next_batch()
+            except StopIteration:
+                return reader, None
+
+        empty: tuple[Any, pa.RecordBatch | None] = (None, None)
+        reader, first = self._run(sql, params, start, empty)
+        if reader is None:
+            return pa.RecordBatchReader.from_batches(pa.schema([]), [])
+        return pa.RecordBatchReader.from_batches(reader.schema, _batches(reader, first))
+
+    def _run(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None,
+        fetch: Callable[[duckdb.DuckDBPyRelation], _T],
+        no_result: _T,
+    ) -> _T:
+        """Runs `sql` and `fetch`es its relation (`no_result` for SET, CREATE VIEW, ...),
+        listing the store again when a calls file it read vanished (at most `_RELISTS` times)."""
+        bind = not self._with_calls and needs_calls(self.con, sql)
         relisted = 0
         stale = False
         while True:
@@ -357,8 +347,8 @@ class StoreReader:
                     self._reconnect(with_calls=True)
                 relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
                 if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
-                    return pa.table({})
-                return relation.to_arrow_table()
+                    return no_result
+                return fetch(relation)
             except duckdb.CatalogException as e:
                 if not self._with_calls:  # DuckDB misses a table: bind the calls views, lazily
                     bind = True

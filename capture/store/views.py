@@ -1,0 +1,117 @@
+"""The SQL views of a store's DuckDB connection: their definitions, and which read the calls.
+
+`capture.store.reader.StoreReader` makes the base views over the checked files (``calls``,
+``stats``, ``_structures_raw``) and then these: ``structures`` and ``signatures`` over the rows
+read at opening, ``leaves`` and ``dims`` over the calls files, made only for SQL that reads one
+(`needs_calls`, decided by DuckDB, never by the text of the SQL). The columns users rely on are
+listed in the reader's docstring (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+
+from capture.store.stats_merge import SIGNATURE_MERGE
+
+__all__ = ["DATE_FROM_PATH", "DERIVED_VIEWS", "CALLS_VIEWS", "needs_calls"]
+
+DATE_FROM_PATH = "TRY_CAST(regexp_extract(filename, '/date=([0-9-]+)/', 1) AS DATE)"
+"""The ``date`` of a calls file, from its ``date=`` folder (its ``model=`` folder is sanitized)."""
+
+DERIVED_VIEWS = f"""
+CREATE OR REPLACE VIEW structures AS
+    SELECT * EXCLUDE (rn) FROM (
+        SELECT *, row_number() OVER (PARTITION BY model, structure_id, leaf) AS rn
+        FROM _structures_raw
+    ) WHERE rn = 1;
+
+CREATE OR REPLACE VIEW signatures AS
+    SELECT {SIGNATURE_MERGE}
+    FROM stats
+    GROUP BY ALL;
+
+"""
+"""The views over the rows read at opening: structures deduplicated, signatures merged by
+`capture.store.stats_merge`'s one rule."""
+
+CALLS_VIEWS = """
+CREATE OR REPLACE VIEW leaves AS
+    SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
+           s.dtype, s.device,
+           CASE WHEN s.kind = 'tensor'
+                THEN c.dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
+           CASE WHEN s.range_index IS NOT NULL THEN c.int_min[s.range_index + 1] END AS int_min,
+           CASE WHEN s.range_index IS NOT NULL THEN c.int_max[s.range_index + 1] END AS int_max
+    FROM calls c JOIN structures s ON s.structure_id = c.in_structure AND s.model = c.model
+    UNION ALL
+    SELECT c.call_id, c.model, 'output' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
+           s.dtype, s.device,
+           CASE WHEN s.kind = 'tensor'
+                THEN c.out_dims[s.dim_offset + 1 : s.dim_offset + s.rank] END AS shape,
+           NULL::BIGINT AS int_min, NULL::BIGINT AS int_max
+    FROM calls c JOIN structures s ON s.structure_id = c.out_structure AND s.model = c.model;
+
+CREATE OR REPLACE VIEW dims AS
+    SELECT call_id, model, side, leaf, path,
+           unnest(generate_series(0, len(shape) - 1)) AS axis, unnest(shape) AS size
+    FROM leaves WHERE kind = 'tensor';
+"""
+"""The views over the calls files: one row per call and leaf, one row per call, leaf and axis."""
+
+
+CALLS_VIEWS_NAMES = frozenset({"calls", "leaves", "dims"})
+"""The views over the calls files (the others read only stats and structures, in memory)."""
+
+
+def needs_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether DuckDB says that `sql` reads a view over the calls files.
+
+    DuckDB's own answers, no text of ours: the tables the statement reads
+    (``get_table_names``: parsed and bound, a CTE shadowing a view does not count; ~0.2 ms);
+    for a statement it cannot bind alone (parameters, several statements) the tables its parse
+    names (``json_serialize_sql``, SELECT statements, subqueries and CTEs included; ~1 ms).
+    When neither tells (DDL, PRAGMA), False: the query then binds the calls views lazily, when
+    DuckDB reports a missing table (`StoreReader.query`).
+
+    Args:
+        con: A connection with the store's views (it parses and binds; nothing is read).
+        sql: The statement(s).
+
+    Returns:
+        True when ``calls``, ``leaves`` or ``dims`` is read.
+
+    Example:
+        >>> needs_calls(duckdb.connect(), "SELECT 1 AS calls")
+        False
+    """
+    try:
+        names = con.get_table_names(sql)
+    except duckdb.Error:
+        return _parse_names_calls(con, sql)
+    return any(name.lower() in CALLS_VIEWS_NAMES for name in names)
+
+
+def _parse_names_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether DuckDB's parse of `sql` (not bound, nothing read) names a calls view."""
+    try:
+        rows = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()
+        tree = json.loads(rows[0][0]) if rows else {}
+    except (duckdb.Error, ValueError, RecursionError):  # no json functions; too deep a tree
+        return False
+    if not isinstance(tree, dict) or tree.get("error"):
+        return False
+    pending: list[Any] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "BASE_TABLE":
+                name = node.get("table_name")
+                if isinstance(name, str) and name.lower() in CALLS_VIEWS_NAMES:
+                    return True
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return False
