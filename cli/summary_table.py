@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from capture.analysis.summary import drift_rows, group_rows
+from capture.analysis.summary import blocked_rows, drift_rows, group_rows
 
 from .fit import Fit
 from .output import table_text
@@ -145,6 +145,14 @@ def _drift(model: Mapping[str, Any], width: int | None) -> list[str]:
     return _section("Drift (inputs seen with several kinds, dtypes or ranks)", rows, width)
 
 
+def _blocked(groups: Sequence[Mapping[str, Any]], width: int | None) -> list[str]:
+    rows = blocked_rows(groups)
+    if not rows:
+        return []
+    title = "Not exportable (a recorded class capture cannot rebuild; calls still recorded)"
+    return _section(title, rows, width)
+
+
 def _relations(model: Mapping[str, Any], width: int | None) -> list[str]:
     rows = [{"group": r["group"], "relation": r["relation"]} for r in model.get("relations", ())]
     if not rows:
@@ -190,6 +198,7 @@ def summary_report(summary: Mapping[str, Any], width: int | None = None) -> str:
         groups = model.get("groups", ())
         if groups:
             lines += _groups(groups, width)
+            lines += _blocked(groups, width)
             lines += _symbols(groups, width)
         lines += _optional(model, width)
         lines += _drift(model, width)

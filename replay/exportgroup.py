@@ -20,7 +20,7 @@ import torch
 from capture.errors import ReplayError
 from capture.signature import POSITIONAL_OR_KEYWORD, Param, Signature
 from replay import rebuild as rb
-from replay import select, shapes
+from replay import select, shapes, tokens
 from replay.groupshapes import group_shapes
 from replay.options import ExportOptions
 from replay.ship.fills import Fill, fill_call
@@ -116,13 +116,14 @@ class ExportGroup:
         """Fresh ``(args, kwargs)`` of one recorded signature, as the recorded calls passed them.
 
         A size vector that was never recorded (a probe) takes the integer value ranges of the
-        closest recorded signature (`replay.select.nearest_ranges`).
+        closest recorded signature (`replay.select.nearest_ranges`), and the special token
+        counts its sizes imply (`replay.tokens.probe_ranges`).
         """
         sizes = tuple(int(s) for s in sizes)
         return rb.rebuild(
             self.structure,
             sizes,
-            select.nearest_ranges(self.ranges, sizes),
+            tokens.probe_ranges(self.structure, self.ranges, sizes),
             seed=self.seed,
             device=self.device,
         )

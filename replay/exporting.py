@@ -36,6 +36,7 @@ import torch
 from capture import compat, schema
 from capture.errors import ReplayError
 from capture.pytree import nodes
+from capture.pytree.cachespec import blocking_reason
 from replay.binding import check_signature
 from replay.bounded import export_bounded, export_unbounded
 from replay.checking import coverage_rows
@@ -308,10 +309,11 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     served: list[tuple[ExportGroup, ExportedProgram]] = []
     for index in order:
         group = groups[index]
-        unsupported = nodes.unsupported_reason(group.structure)
-        if unsupported is not None:
-            # Issue 9: cache state we cannot rebuild exactly is never called covered.
-            errors[group.name] = f"cache state not reproducible: {unsupported}"
+        blocked = blocking_reason(group.structure)
+        if blocked is not None:
+            # Issues 9, 22: a class we cannot rebuild exactly is never called covered; the
+            # reason names it (a refused cache layer, or any other opaque leaf).
+            errors[group.name] = blocked
             rows.extend(coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
             made[index] = [group]
             continue

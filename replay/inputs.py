@@ -39,7 +39,7 @@ import torch
 
 from capture import schema
 from capture.errors import ReplayError
-from capture.pytree import nodes
+from capture.pytree.cachespec import blocking_reason
 from replay import rebuild as rb
 from replay import select, shapes
 from replay.exportgroup import ExportGroup, ExportInputs
@@ -239,7 +239,7 @@ def build_group(
     notes = [_example_note(group, example)]
     base = group.matrix[example.row] if group.matrix is not None else None
     rep_ranges = ranges.get(tuple(int(v) for v in base)) if base is not None else None
-    unsupported = nodes.unsupported_reason(structure)
+    blocked = blocking_reason(structure)
     try:
         args, kwargs_ = rb.rebuild(
             structure,
@@ -249,12 +249,12 @@ def build_group(
             device=options.device,
         )
     except ReplayError:
-        if unsupported is None:
+        if blocked is None:
             raise
-        # Cache state we cannot rebuild (issue 9): no example, and `replay.export` reports
+        # A class we cannot rebuild (issues 9, 22): no example, and `replay.export` reports
         # every signature of the group not covered with the reason instead of failing.
         args, kwargs_ = (), {}
-        notes.append(f"cache state not reproducible: {unsupported}; no example arguments")
+        notes.append(f"{blocked}; no example arguments")
     added = _missing_substitutes(
         group, groups, options.value_if_missing, options.fill_missing, notes
     )

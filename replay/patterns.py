@@ -13,9 +13,13 @@ paths production never took (no padding) or impossible ones (positions unrelated
 - **positions** agree with the mask and the cache: ``position_ids`` are generate()'s
   ``cumsum(mask) - 1`` (padding at 1) over the last ``q`` columns when a self-attention mask of
   length ``past + q`` is present, else ``past .. past + q - 1``; ``cache_position`` is
-  ``past .. past + q - 1``. ``past`` is the cache's ``seen_tokens`` length (a sliding
-  window), else its keys' length, else the mask length minus ``q``, else 0.
-- token ids stay uniform within their recorded range (unchanged).
+  ``past .. past + q - 1``. ``past`` is a static cache's recorded fill level, else the
+  cache's ``seen_tokens`` length (a sliding window), else its keys' length, else the mask
+  length minus ``q``, else 0.
+- **fill levels**: every layer of a static cache holds the recorded fill level of its first
+  layer (only that one's value is recorded; all layers advance alike, issue 22).
+- token ids stay uniform within their recorded range; the special ids the model counts are
+  placed as recorded (`replay.tokens`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = ["apply", "past_length"]
 
 _KEY_CACHE = ".key_cache["
 _SEEN = f".{nodes.SEEN_TOKENS}"
+_FILL = f".{nodes.FILL_LEVEL}["
 
 
 def _pad_rows(mask: torch.Tensor, right: bool) -> None:
@@ -54,6 +59,8 @@ def past_length(rows: Sequence[RecordedLeaf], values: Sequence[Any]) -> int | No
         if not isinstance(value, torch.Tensor):
             continue
         path = row.path
+        if _FILL in path and value.dim() == 0:
+            return int(value)
         if path.endswith(_SEEN):
             return int(value.shape[0])
         if keys is None and _KEY_CACHE in path and value.dim() == 4:
@@ -77,6 +84,7 @@ def apply(
         values: The rebuilt leaf values, aligned with `rows` (tensors are modified in place).
         lows: The recorded minimum of each integer leaf, by ``range_index``.
     """
+    _same_fill_levels(rows, values)
     past = past_length(rows, values)
     mask: torch.Tensor | None = None
     for row, value in zip(rows, values, strict=True):
@@ -98,6 +106,20 @@ def apply(
             q = value.shape[0]
             start = past if past is not None else _mask_past(mask, q)
             value.copy_(torch.arange(start, start + q, dtype=value.dtype))
+
+
+def _same_fill_levels(rows: Sequence[RecordedLeaf], values: list[Any]) -> None:
+    """Gives every static layer of a cache the fill level recorded for its first one."""
+    levels: dict[str, torch.Tensor] = {}
+    for row, value in zip(rows, values, strict=True):
+        at = row.path.find(_FILL)
+        if at < 0 or not isinstance(value, torch.Tensor):
+            continue
+        cache = row.path[:at]
+        if row.range_index is not None:
+            levels[cache] = value
+        elif cache in levels:
+            value.copy_(levels[cache])
 
 
 def _is_int_matrix(value: Any) -> bool:

@@ -37,7 +37,7 @@ from capture.errors import ReplayError
 from capture.pytree import nodes
 from capture.pytree.treespec import UnsafeTreespec, to_treespec
 from capture.pytree.treespec import parse as parse_treespec
-from replay import patterns
+from replay import patterns, tokens
 from replay.options import DEFAULT_SEED
 
 if TYPE_CHECKING:
@@ -207,8 +207,10 @@ def rebuild(
             )
         else:
             values.append(scalar(leaf))
-    # Masks padded, positions consistent with the mask and the cache (replay.patterns).
+    # Masks padded, positions consistent with the mask and the cache (replay.patterns); the
+    # special token ids the model counts, as many as recorded (replay.tokens, issue 22).
     patterns.apply(present, values, lows)
+    tokens.place(present, values, lows, highs)
     return unflatten(structure, values)
 
 
@@ -241,5 +243,9 @@ def unflatten(
                 f"the recorded treespec has {spec.num_leaves} leaves, the structure rows "
                 f"{len(values)}"
             )
-        args, kwargs = pytree.tree_unflatten(values, spec)
+        try:
+            args, kwargs = pytree.tree_unflatten(values, spec)
+        except (ValueError, TypeError, IndexError, KeyError) as e:
+            # A registered class's unflatten refused the stored context (another version).
+            raise ReplayError(f"the recorded structure cannot be rebuilt: {e}") from None
     return tuple(args), dict(kwargs)

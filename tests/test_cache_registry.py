@@ -78,10 +78,20 @@ def test_a_registered_layered_cache_is_flattened_like_dynamic_cache(
 
 def test_the_registry_supplies_the_historical_tables() -> None:
     # issue 13: SUPPORTED_* and UNSUPPORTED are views of the one table, not separate lists.
+    # issue 22: static, linear-attention and hybrid layers are supported now.
     assert (nodes.SUPPORTED_CACHES, nodes.SUPPORTED_LAYERS, len(nodes.UNSUPPORTED)) == (
         ("DynamicCache", "StaticCache", "EncoderDecoderCache"),
-        ("DynamicLayer", "DynamicSlidingWindowLayer"),
-        18,
+        (
+            "DynamicLayer",
+            "DynamicSlidingWindowLayer",
+            "StaticLayer",
+            "LinearAttentionLayer",
+            "LinearAttentionAndFullAttentionLayer",
+            "LinearAttentionAndSlidingWindowAttentionLayer",
+            "LinearAttentionAndStaticFullAttentionLayer",
+            "DummyLayer",
+        ),
+        13,
     )
 
 
@@ -111,3 +121,47 @@ def test_error_classes_are_exported_from_capture() -> None:
 
     assert all(getattr(capture, name) is getattr(errors, name) for name in errors.__all__)
     assert set(errors.__all__) <= set(capture.__all__)
+
+
+def _refused_objects() -> dict[str, object]:
+    """An instance of each class of transformers.cache_utils the registry refuses, when one
+    can be built without a model (the quantized cache and the abstract quantized layers need
+    a backend: left out)."""
+    made: dict[str, object] = {}
+    builders = {
+        "StaticSlidingWindowLayer": lambda c: c(max_cache_len=8, sliding_window=4),
+        "LinearAttentionAndStaticSlidingWindowAttentionLayer": lambda c: c(
+            max_cache_len=8, sliding_window=4
+        ),
+        "DynamicIndexedLayer": lambda c: c(),
+        "Fp8QuantizedLayer": lambda c: c(),
+        "StaticIndexedLayer": lambda c: c(max_cache_len=8),
+        "MtpCache": lambda c: c(),
+        "DFlashCache": lambda c: c(),
+    }
+    for name, build in builders.items():
+        cls = getattr(cache_utils, name, None)
+        if cls is not None:
+            made[name] = build(cls)
+    return made
+
+
+class TakesACache(torch.nn.Module):
+    def forward(self, x: torch.Tensor, past_key_values: object = None) -> torch.Tensor:
+        return x * 2
+
+
+@pytest.mark.parametrize("name", sorted(_refused_objects()))
+def test_a_refused_class_is_recorded_and_reported(name: str, tmp_path: Path) -> None:
+    obj = _refused_objects()[name]
+    if name.endswith("Layer"):
+        cache = cache_utils.DynamicCache()
+        cache.layers = [obj]
+        obj = cache
+    model = TakesACache()
+    with capture.Recorder(model, tmp_path, name="m") as rec:
+        model(torch.ones(2, 3), past_key_values=obj)
+    (group,) = open_store(tmp_path).summary()["models"][0]["groups"]
+    # issue 22: "refused" means recorded and reported with the reason, never unrecorded.
+    assert rec.stats()["recorded"] == 1
+    assert name in group["blocked"] and cachespec.UNSUPPORTED[name] in group["blocked"]

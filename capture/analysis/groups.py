@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
-from capture.pytree.cachespec import is_cache_argument
+from capture.pytree.cachespec import is_cache_argument, is_cache_counter
 from capture.pytree.structure import PRESENT, RecordedLeaf, RecordedStructure
 from capture.store import stats_merge
 
@@ -202,7 +202,11 @@ def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
 def _name_groups(groups: list[Group]) -> None:
     """Assigns `Group.name` in place (groups are already sorted, largest first)."""
     statuses = [g.structure.argument_status() for g in groups]
-    holding = [{leaf.argument for leaf in g.structure.tensors} for g in groups]
+    # A static cache's fill levels are tensors before its first update: not state (issue 22).
+    holding = [
+        {leaf.argument for leaf in g.structure.tensors if not is_cache_counter(leaf.path)}
+        for g in groups
+    ]
     # A cache argument holds tensors in some group ('use_cache', a bool, is not one).
     cache_args = {a for tensors in holding for a in tensors if a and is_cache_argument(a)}
     if not cache_args:

@@ -18,7 +18,8 @@ The dict (every timestamp an ISO 8601 string, every count an int)::
              "absent": ["inputs_embeds", "labels"],             # missing or None
              "symbols": [{"symbol": "batch", "expr": None, "min": 2, "max": 3,
                           "distinct": 2, "dims": ["kwargs['input_ids'].shape[0]", ...]}],
-             "relations": ["attention_mask_1 = past_key_values_2 + 1"]}
+             "relations": ["attention_mask_1 = past_key_values_2 + 1"],
+             "blocked": None}   # or why a recorded class keeps it from export (issue 22)
           ],
           "optional_inputs": [   # arguments present in some calls, missing or None in others
             {"argument": "attention_mask", "calls": 20, "present": 12, "missing": 8,
@@ -46,12 +47,13 @@ from typing import TYPE_CHECKING, Any
 
 from capture import schema
 from capture.analysis.groups import Group, analyze
+from capture.pytree.cachespec import blocking_reason
 from capture.pytree.structure import MISSING, NONE, PRESENT
 
 if TYPE_CHECKING:
     from capture.store.reader import StoreReader
 
-__all__ = ["summary", "build_summary", "drift_rows", "group_rows"]
+__all__ = ["summary", "build_summary", "blocked_rows", "drift_rows", "group_rows"]
 
 _ABSENT = (schema.KIND_MISSING, schema.KIND_NONE)
 
@@ -101,6 +103,8 @@ def _group_entry(group: Group, model_calls: int) -> dict[str, Any]:
         "relations": [str(r) for r in group.relations],
         # Scalars are part of the structure: groups may differ by one alone (issue 11).
         "scalars": {leaf.path: leaf.value for leaf in group.structure.leaves if leaf.is_scalar},
+        # The class that keeps the group from being rebuilt and exported, and why (issue 22).
+        "blocked": blocking_reason(group.structure),
     }
 
 
@@ -269,6 +273,26 @@ def drift_rows(model: Mapping[str, Any]) -> list[dict[str, Any]]:
         }
         for d in model.get("drift", ())
         for v in d["variants"]
+    ]
+
+
+def blocked_rows(groups: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per group that a recorded class keeps from export (issue 22), in order.
+
+    Args:
+        groups: The ``groups`` of one entry of ``build_summary(...)["models"]``.
+
+    Returns:
+        Rows with ``group, calls, reason``; empty when every group can be rebuilt.
+
+    Example:
+        >>> blocked_rows([{"name": "g0", "calls": 3, "blocked": "not reproducible: ..."}])
+        [{'group': 'g0', 'calls': 3, 'reason': 'not reproducible: ...'}]
+    """
+    return [
+        {"group": g["name"], "calls": g["calls"], "reason": g["blocked"]}
+        for g in groups
+        if g.get("blocked")
     ]
 
 

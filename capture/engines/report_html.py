@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from capture import __version__
-from capture.analysis.summary import drift_rows, group_rows
+from capture.analysis.summary import blocked_rows, drift_rows, group_rows
 from capture.analysis.symbol_sizes import symbol_kind
 from capture.engines.report_data import (
     ExportPlan,
@@ -301,6 +301,9 @@ def _model_section(
         f'<p class="meta">{model["calls"]:,} calls ({model["errors"]:,} raised), '
         f"{model['signatures']:,} distinct signatures, {_esc(_span_of(model))}</p>",
     ]
+    blocked = blocked_rows(model["groups"])
+    if blocked:  # issue 22: the calls are recorded; the class keeps them from export
+        parts += ["<h3>Not exportable</h3>", _table(blocked)]
     if not groups:
         return [*parts, _table(group_rows(model["groups"]))]
     colors = {g.name: COLORS[i % len(COLORS)] for i, g in enumerate(groups)}

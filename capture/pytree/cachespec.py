@@ -33,7 +33,10 @@ __all__ = [
     "cache_spec",
     "cache_specs",
     "is_cache_argument",
+    "is_cache_counter",
     "unsupported_reason",
+    "blocking_reason",
+    "LAYER_PARTS",
 ]
 
 KEY_VALUE = ("key_cache", "value_cache")
@@ -59,6 +62,12 @@ class CacheSpec:
             not covered), or None.
         arguments: Argument names models pass the cache under (analysis names a group holding
             tensors there ``decode``).
+        parts: For a layer: the state it holds, flattened in this order by
+            `capture.pytree.layers` (`LAYER_PARTS`): ``"kv"`` (keys and values),
+            ``"window"`` (a sliding window's fill level), ``"static"`` (a preallocated layer's
+            size and fill level), ``"linear"`` (linear-attention / state-space conv and
+            recurrent states). A layer with a reason, or outside the registry, is recorded as
+            one opaque leaf naming its class.
     """
 
     name: str
@@ -68,12 +77,20 @@ class CacheSpec:
     fields: tuple[str, ...] = ()
     reason: str | None = None
     arguments: tuple[str, ...] = ()
+    parts: tuple[str, ...] = ()
 
+
+LAYER_PARTS = ("kv", "window", "static", "linear")
+"""The state a layer can hold (`CacheSpec.parts`), in flattening order."""
 
 _QUANTIZED = "its quantized states are not tensors torch.export can take"
-_LINEAR = "its convolution and recurrent states are not flattened"
 _INDEXED = "its indexer keys and positions are not flattened"
 _DRAFT = "its draft-model state is not flattened (no pytree registration)"
+_STATIC_WINDOW = (
+    "its Python-int fill level (cumulative_length_int) picks one of three update paths "
+    "(filling, becoming full, full) and slices the keys by it: not an input an exported "
+    "program can take"
+)
 _LAYER_FIELDS = ("keys", "values")
 _ARGUMENTS = ("past_key_value", "past_key_values", "cache_params")
 
@@ -97,25 +114,49 @@ _BUILTIN = (
     CacheSpec("SlidingWindowCache", fields=KEY_VALUE),
     CacheSpec("HybridCache", fields=KEY_VALUE),
     CacheSpec("MambaCache", fields=("conv_states", "ssm_states")),
-    CacheSpec("DynamicLayer", layer=True, fields=_LAYER_FIELDS),
-    CacheSpec("DynamicSlidingWindowLayer", layer=True, fields=_LAYER_FIELDS),
+    CacheSpec("DynamicLayer", layer=True, fields=_LAYER_FIELDS, parts=("kv",)),
     CacheSpec(
-        "StaticLayer",
+        "DynamicSlidingWindowLayer", layer=True, fields=_LAYER_FIELDS, parts=("kv", "window")
+    ),
+    # Its fill level is the 0-d `cumulative_length` tensor itself (issue 22): a value leaf,
+    # read where it lives (no device sync); max_cache_len is in the context (a static dim).
+    CacheSpec("StaticLayer", layer=True, fields=_LAYER_FIELDS, parts=("kv", "static")),
+    # Linear-attention and state-space layers (Mamba, Bamba, Jamba, Falcon-H1, Qwen3-Next, ...).
+    CacheSpec("LinearAttentionLayer", layer=True, parts=("linear",)),
+    CacheSpec(
+        "LinearAttentionAndFullAttentionLayer",
         layer=True,
         fields=_LAYER_FIELDS,
-        reason=(
-            "its fill level (cumulative_length, a device tensor) is not recorded: reading it "
-            "costs a device sync per call, and a leaf for it would change the seed-compatible "
-            "flattening"
-        ),
+        parts=("kv", "linear"),
     ),
+    CacheSpec(
+        "LinearAttentionAndSlidingWindowAttentionLayer",
+        layer=True,
+        fields=_LAYER_FIELDS,
+        parts=("kv", "window", "linear"),
+    ),
+    CacheSpec(
+        "LinearAttentionAndStaticFullAttentionLayer",
+        layer=True,
+        fields=_LAYER_FIELDS,
+        parts=("kv", "static", "linear"),
+    ),
+    # Holds nothing (a layer sharing another's keys and values, or without attention).
+    CacheSpec("DummyLayer", layer=True),
     CacheSpec(
         "StaticSlidingWindowLayer",
         layer=True,
-        reason=(
-            "its Python-int fill level (cumulative_length_int) selects the update path and "
-            "cannot be an input of an exported program"
-        ),
+        reason=_STATIC_WINDOW,
+    ),
+    CacheSpec(
+        "LinearAttentionAndStaticSlidingWindowAttentionLayer",
+        layer=True,
+        reason=_STATIC_WINDOW,
+    ),
+    CacheSpec(
+        "LinearAttentionCacheLayerMixin",
+        layer=True,
+        reason="an abstract base class: transformers never puts one in a cache",
     ),
     *_unsupported_layers(_INDEXED, "DynamicIndexedLayer", "StaticIndexedLayer"),
     *_unsupported_layers(
@@ -125,15 +166,6 @@ _BUILTIN = (
         "QuantoQuantizedLayer",
         "HQQQuantizedLayer",
         "Fp8QuantizedLayer",
-    ),
-    *_unsupported_layers(
-        _LINEAR,
-        "LinearAttentionCacheLayerMixin",
-        "LinearAttentionLayer",
-        "LinearAttentionAndFullAttentionLayer",
-        "LinearAttentionAndSlidingWindowAttentionLayer",
-        "LinearAttentionAndStaticFullAttentionLayer",
-        "LinearAttentionAndStaticSlidingWindowAttentionLayer",
     ),
     CacheSpec(
         "QuantizedCache", reason="quantized layers are not flattened (no pytree registration)"
@@ -160,6 +192,7 @@ def register_cache(
     fields: Sequence[str] = (),
     reason: str | None = None,
     arguments: Iterable[str] = (),
+    parts: Sequence[str] = (),
 ) -> CacheSpec:
     """Adds a cache (or layer) class to the registry.
 
@@ -175,13 +208,15 @@ def register_cache(
         fields: What `string_type` prints (`KEY_VALUE` or attribute names).
         reason: Why capture cannot round-trip the class exactly, or None.
         arguments: Argument names models pass the cache under.
+        parts: For a layer, the state it holds (`LAYER_PARTS`; see `CacheSpec`). A layer
+            registered without parts holds nothing capture reads.
 
     Returns:
         The registered `CacheSpec`.
 
     Raises:
         CaptureError: The name is already registered, ``flatten`` is unknown, or given for
-            a layer.
+            a layer, or ``parts`` names an unknown part or is given for a cache.
 
     Example:
         >>> spec = register_cache("MyCache", module="my_models", fields=("state",))
@@ -206,7 +241,14 @@ def register_cache(
             f"register_cache({name!r}): flatten={flatten!r} is not one of {_FLATTENINGS}; "
             "register other classes with torch.utils._pytree.register_pytree_node"
         )
-    spec = CacheSpec(name, owner, layer, flatten, tuple(fields), reason, tuple(arguments))
+    unknown = [p for p in parts if p not in LAYER_PARTS]
+    if unknown or (parts and not layer):
+        raise CaptureError(
+            f"register_cache({name!r}): parts={tuple(parts)!r} must name parts of a layer "
+            f"(layer=True), among {LAYER_PARTS}"
+        )
+    ordered = tuple(p for p in LAYER_PARTS if p in parts)
+    spec = CacheSpec(name, owner, layer, flatten, tuple(fields), reason, tuple(arguments), ordered)
     with _LOCK:
         known = _SPECS.get(name)
         if known is not None:
@@ -267,6 +309,28 @@ def is_cache_argument(name: str) -> bool:
         return True
     lowered = name.lower()
     return any(lowered == a.lower() for spec in _SPECS.values() for a in spec.arguments)
+
+
+_COUNTERS = (".cumulative_length[", ".seen_tokens")
+
+
+def is_cache_counter(path: str) -> bool:
+    """Tells whether a leaf path is a cache's fill level, not its state (issue 22).
+
+    A static cache holds its fill level tensors before its first update (a prefill), so the
+    analysis does not count them as cache state when it names groups ``prefill``/``decode``.
+
+    Args:
+        path: A leaf path (``kwargs['past_key_values'].cumulative_length[0]``).
+
+    Returns:
+        True for a static layer's ``cumulative_length`` or a window's ``seen_tokens`` leaf.
+
+    Example:
+        >>> is_cache_counter("kwargs['past_key_values'].cumulative_length[0]")
+        True
+    """
+    return any(c in path for c in _COUNTERS)
 
 
 def _supported_caches() -> tuple[str, ...]:
@@ -345,8 +409,65 @@ def unsupported_reason(structure: RecordedStructure) -> str | None:
                     f"a {kind.rsplit('.', 1)[-1]} layer: {layer[0]} was recorded without its "
                     "fill level (a store written before capture 'issue 9'); record again"
                 )
+            if isinstance(layer, list) and layer and layer[0] == "StaticLayer" and len(layer) < 3:
+                # Recorded before capture kept a static layer's fill level (issue 22).
+                return (
+                    f"a {kind.rsplit('.', 1)[-1]} layer: StaticLayer was recorded without its "
+                    "fill level (a store written before capture 'issue 22'); record again"
+                )
             reason = _reason(layer[0]) if isinstance(layer, list) and layer else None
             if reason is not None:
                 cache = kind.rsplit(".", 1)[-1]
                 return f"a {cache} layer: {layer[0]}: {reason}"
+    return None
+
+
+_CONTAINERS = ("builtins.list", "builtins.tuple", "builtins.dict")
+
+
+def blocking_reason(structure: RecordedStructure) -> str | None:
+    """Why a recorded group cannot be rebuilt (so not exported), naming the class; or None.
+
+    Every call is recorded, also one holding something capture cannot read (issue 22): that
+    part is an opaque leaf naming its class. This says, per group, which class blocks export
+    and why: a class the cache registry refuses (`unsupported_reason`), or any other opaque
+    leaf (no pytree registration, a flattening that failed, a container too large to record).
+    `replay.export` reports the group's signatures not covered with this text, and
+    ``capture summary`` / ``capture report`` show it per group.
+
+    Args:
+        structure: The recorded structure of the group.
+
+    Returns:
+        ``"cache state not reproducible: ..."`` or ``"not reproducible: ..."``, or None.
+
+    Example:
+        >>> from capture.pytree.structure import RecordedLeaf, RecordedStructure
+        >>> blocking_reason(RecordedStructure("s", "m", (RecordedLeaf(0, "kwargs['state']",
+        ...     "state", None, "opaque", "my_models.Memory"),)))
+        ... # doctest: +NORMALIZE_WHITESPACE +ELLIPSIS
+        "not reproducible: kwargs['state'] is a my_models.Memory, recorded by its class name
+        only: ... register it ..."
+    """
+    reason = unsupported_reason(structure)
+    if reason is not None:
+        return f"cache state not reproducible: {reason}"
+    for leaf in structure.leaves:
+        if leaf.kind != schema.KIND_OPAQUE:
+            continue
+        if leaf.type in _CONTAINERS:
+            why = (
+                "it held too many items to record leaf by leaf (capture.record.flatten."
+                "MAX_ITEMS); pass fewer items, or export it by other means"
+            )
+        else:
+            why = (
+                "capture cannot flatten it (no torch pytree registration, or its flattening "
+                "failed); register it with capture.register_cache or "
+                "torch.utils._pytree.register_pytree_node, then record again"
+            )
+        return (
+            f"not reproducible: {leaf.path} is a {leaf.type}, recorded by its class name "
+            f"only: {why}"
+        )
     return None

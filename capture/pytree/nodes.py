@@ -29,6 +29,7 @@ import contextlib
 import importlib
 import json
 import logging
+import operator
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -40,6 +41,7 @@ import torch.utils._pytree as pytree
 
 from capture import compat
 from capture.pytree import cachespec
+from capture.pytree import layers as layer_state
 from capture.pytree.cachespec import unsupported_reason
 
 __all__ = [
@@ -51,9 +53,12 @@ __all__ = [
     "make_encoder_decoder_cache",
     "registered_classes",
     "transformers_loaded",
+    "registrable",
     "flatten_layers",
+    "walk_layers",
     "unsupported_reason",
     "SEEN_TOKENS",
+    "FILL_LEVEL",
 ]
 
 logger = logging.getLogger(__name__)
@@ -63,7 +68,7 @@ logger = logging.getLogger(__name__)
 _LOCK = threading.RLock()
 _REFCOUNT = 0
 _OWNED: list[type] = []
-_SCANNED: tuple[str, ...] = ()
+_SCANNED: tuple[cachespec.CacheSpec, ...] = ()
 LAYERED_CACHES: set[type] = set()
 """Layer-based cache classes we registered (read by `capture.record.flatten.walk`'s fast path)."""
 
@@ -73,28 +78,37 @@ class CacheKey(pytree.GetAttrKey):
     """A pytree key entry that prints as ``.key_cache[3]`` (attribute plus index).
 
     It subclasses `GetAttrKey` because torch.export only accepts the standard key kinds when it
-    names the sources of its inputs; ``name`` stays unique per child (``key_cache_3``).
+    names the sources of its inputs; ``name`` stays unique per child (``key_cache_3``). A
+    linear layer holding several states adds the state index (``.conv_states[3][1]``).
     """
 
     attr: str = ""
     index: int | None = None
+    state: int | None = None
 
     def __str__(self) -> str:
-        return f".{self.attr}" if self.index is None else f".{self.attr}[{self.index}]"
+        text = f".{self.attr}" if self.index is None else f".{self.attr}[{self.index}]"
+        return text if self.state is None else f"{text}[{self.state}]"
 
     def get(self, parent: Any) -> Any:
         """Returns the child this key designates (pytree's KeyEntry protocol)."""
-        if self.attr in ("key_cache", "value_cache") and self.index is not None:
-            layer = parent.layers[self.index]
-            return layer.keys if self.attr == "key_cache" else layer.values
         if self.attr == SEEN_TOKENS:
-            return flatten_layers(parent)[0][-1]
-        return getattr(parent, self.attr)
+            return flatten_layers(parent)[0][_seen_position(parent)]
+        if self.index is None:
+            return getattr(parent, self.attr)
+        layer = parent.layers[self.index]
+        if self.attr == "layers":
+            return layer
+        if self.attr in ("key_cache", "value_cache"):
+            return layer.keys if self.attr == "key_cache" else layer.values
+        if self.attr in ("conv_states", "recurrent_states"):
+            return getattr(layer, self.attr)[self.state or 0]
+        return getattr(layer, self.attr)
 
 
-def _key(attr: str, index: int | None = None) -> CacheKey:
+def _key(attr: str, index: int | None = None, state: int | None = None) -> CacheKey:
     name = attr if index is None else f"{attr}_{index}"
-    return CacheKey(name, attr, index)
+    return CacheKey(name if state is None else f"{name}_{state}", attr, index, state)
 
 
 def transformers_loaded() -> bool:
@@ -102,11 +116,26 @@ def transformers_loaded() -> bool:
     return "transformers" in sys.modules
 
 
+def registrable(tp: type) -> bool:
+    """Tells whether registering the registry's classes would make `tp` a pytree node.
+
+    True for a cache class the registry flattens (`CacheSpec.flatten`), from its module, once
+    transformers is loaded; `capture.record.flatten.walk` then registers lazily.
+    """
+    spec = cachespec.cache_spec(tp.__name__)
+    return (
+        spec is not None
+        and spec.flatten is not None
+        and spec.module == tp.__module__
+        and transformers_loaded()
+    )
+
+
 SEEN_TOKENS = "seen_tokens"
 """Key of the shape-only leaf that carries a full sliding-window layer's ``cumulative_length``."""
 
-_FULL = "full"
-_FILLING = "filling"
+FILL_LEVEL = "cumulative_length"
+"""Key of a static layer's fill level leaf (``.cumulative_length[3]``, a 0-d int64 tensor)."""
 
 
 _MARKER: list[torch.Tensor] = []
@@ -122,43 +151,6 @@ def _marker(length: int) -> torch.Tensor:
         size = max(1024, 2 * length)
         _MARKER[:] = [torch.zeros(size)]
     return _MARKER[0][:length]
-
-
-_WINDOWS: dict[type, bool] = {}
-
-
-def _is_window(tp: type) -> bool:
-    """A DynamicSlidingWindowLayer (or subclass): its fill level changes results."""
-    known = _WINDOWS.get(tp)
-    if known is None:
-        known = any(base.__name__ == "DynamicSlidingWindowLayer" for base in tp.__mro__)
-        _WINDOWS[tp] = known
-    return known
-
-
-def _layer_context(layer: Any) -> tuple[Any, ...]:
-    """The structural state of a layer: its class, its constants and, for a sliding window,
-    whether it is full (``cumulative_length`` then exceeds the cached keys)."""
-    name = type(layer).__name__
-    if name == "DynamicLayer":
-        return _DYNAMIC_CONTEXT
-    if _is_window(type(layer)):
-        keys = getattr(layer, "keys", None)
-        seen = getattr(layer, "cumulative_length", 0)
-        cached = keys.shape[-2] if isinstance(keys, torch.Tensor) and keys.ndim == 4 else 0
-        if type(seen) is int and type(cached) is int:
-            state = _FULL if seen != cached else _FILLING
-        else:
-            # Symbolic while torch.export traces: comparing would add a guard. The state is
-            # the one the layer was rebuilt with (the length itself travels as `SEEN_TOKENS`).
-            state = getattr(layer, _STATE, _FILLING)
-        return (name, int(layer.sliding_window), state)
-    if hasattr(layer, "max_cache_len"):
-        return (name, int(layer.max_cache_len))
-    return (name,)
-
-
-_DYNAMIC_CONTEXT = ("DynamicLayer",)
 
 
 def _seen_leaf(cache: Any, seen: Any) -> torch.Tensor:
@@ -177,84 +169,61 @@ def _seen_leaf(cache: Any, seen: Any) -> torch.Tensor:
 
 
 _ANCHOR = "_capture_seen_tokens"
-_STATE = "_capture_state"
+_is_initialized = operator.attrgetter("is_initialized")
+_TENSOR_ONLY = {torch.Tensor}
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """What the classes of a cache's layers imply, computed once per tuple of layer types."""
-
-    plain: tuple[Any, ...] | None
-    """The context when every layer is a plain DynamicLayer (it has no state to read)."""
-    sliding: int | None
-    """Index of the first sliding-window layer."""
-
-
-_LAYOUTS: dict[tuple[type, ...], _Layout] = {}
-_CONTEXTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-_CACHE_LIMIT = 1024
-
-
-def _layout(types: tuple[type, ...]) -> _Layout:
-    layout = _LAYOUTS.get(types)
-    if layout is None:
-        names = [tp.__name__ for tp in types]
-        plain = (_DYNAMIC_CONTEXT,) * len(names) if set(names) <= {"DynamicLayer"} else None
-        sliding = [i for i, tp in enumerate(types) if _is_window(tp)]
-        layout = _Layout(plain, sliding[0] if sliding else None)
-        if len(_LAYOUTS) < _CACHE_LIMIT:
-            _LAYOUTS[types] = layout
-    return layout
-
-
-def _context(layers: Sequence[Any], types: tuple[type, ...], layout: _Layout) -> tuple[Any, ...]:
-    """The per-layer contexts, from a cache keyed by the layer types and the window's state.
-
-    Every sliding layer of a cache has seen the same tokens, so the first one's state stands
-    for all; a context is only cached when the layers agree (else it is computed per call).
-    """
-    first = layers[layout.sliding] if layout.sliding is not None else None
-    head = _layer_context(first) if first is not None else None
-    key = (types, head, getattr(layers[0], "max_cache_len", None) if layers else None)
-    context = _CONTEXTS.get(key)
-    if context is None:
-        context = tuple(_layer_context(layer) for layer in layers)
-        windows = {ctx[1:] for ctx in context if len(ctx) > 2}
-        sizes = {ctx for ctx in context if ctx[0] == "StaticLayer"}
-        if len(windows) <= 1 and len(sizes) <= 1 and len(_CONTEXTS) < _CACHE_LIMIT:
-            _CONTEXTS[key] = context
-    return context
-
-
-def _extras(cache: Any, layers: Sequence[Any], layout: _Layout) -> list[Any]:
-    """The state leaves after keys and values: `SEEN_TOKENS` when there is a sliding window.
+def _seen(cache: Any, layers: Sequence[Any], layout: layer_state.Layout) -> Any:
+    """The `SEEN_TOKENS` leaf when the layout has a sliding window (else unused: None).
 
     Every sliding-window layer of a cache has seen the same tokens, so one shape-only leaf
     carries their ``cumulative_length`` (a dim, not a value: it varies per call without making a
     new structure, and torch.export takes it as a dynamic dim).
     """
-    extras: list[Any] = []
-    if layout.sliding is not None:
-        first = layers[layout.sliding]
-        seen = first.cumulative_length if first.is_initialized else None
-        extras.append(None if seen is None else _seen_leaf(cache, seen))
-    return extras
+    if layout.window is None:
+        return None
+    first = layers[layout.window]
+    return _seen_leaf(cache, first.cumulative_length) if first.is_initialized else None
+
+
+def _seen_position(cache: Any) -> int:
+    return 2 * len(layer_state.layout_of(tuple(map(type, cache.layers))).kv)
 
 
 def flatten_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...]]:
     """``(children, context)`` of a layered cache: keys, values, then the state leaves.
 
-    Also the recorder's fast path (`capture.record.flatten.walk`), so both agree on the structure.
+    The registered flatten function (`capture.pytree.layers` says what each layer holds).
     """
     layers = cache.layers
     types = tuple(map(type, layers))
-    layout = _layout(types)
-    keys = [layer.keys for layer in layers]
-    values = [layer.values for layer in layers]
+    layout = layer_state.layout_of(types)
     if layout.plain is not None:
-        return keys + values, layout.plain
-    context = _context(layers, types, layout)
-    return keys + values + _extras(cache, layers, layout), context
+        return [layer.keys for layer in layers] + [layer.values for layer in layers], layout.plain
+    context = layer_state.context_of(layers, types, layout)
+    return layer_state.children(layers, layout, _seen(cache, layers, layout)), context
+
+
+def walk_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...], bool]:
+    """`flatten_layers` plus whether every child is a tensor: the recorder's fast path.
+
+    `capture.record.flatten.walk` takes the children as tensors in one step when the last item
+    is True (no per-child walk), so both agree on the structure at the cost of one flatten.
+    """
+    layers = cache.layers
+    types = tuple(map(type, layers))
+    layout = layer_state.layout_of(types)
+    if layout.plain is not None:
+        keys = [layer.keys for layer in layers]
+        values = [layer.values for layer in layers]
+        return keys + values, layout.plain, all(map(_is_initialized, layers))
+    context = layer_state.context_of(layers, types, layout)
+    children = layer_state.children(layers, layout, _seen(cache, layers, layout))
+    if layout.dense:
+        return children, context, all(map(_is_initialized, layers))
+    # Linear layers have no is_initialized: their states are tensors once written (a decode
+    # step), None before; an opaque layer is never a tensor. One C-level pass over the types.
+    return children, context, set(map(type, children)) <= _TENSOR_ONLY
 
 
 _flatten_layers = flatten_layers
@@ -262,60 +231,22 @@ _flatten_layers = flatten_layers
 
 def _flatten_layers_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
     children, context = flatten_layers(cache)
-    n = len(context)
-    keyed = [(_key("key_cache", i), children[i]) for i in range(n)]
-    keyed += [(_key("value_cache", i), children[n + i]) for i in range(n)]
-    if any(len(ctx) > 2 for ctx in context):
-        keyed.append((_key(SEEN_TOKENS), children[-1]))
-    return keyed, context
+    layers = cache.layers
+    layout = layer_state.layout_of(tuple(map(type, layers)))
+    keys = layer_state.child_keys(layers, layout)
+    return [(_key(*k), c) for k, c in zip(keys, children, strict=True)], context
 
 
 def _fill_layer(layer: Any, key: Any, value: Any) -> Any:
-    if isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor):
-        layer.keys, layer.values = key, value
-        layer.dtype, layer.device = key.dtype, key.device
-        layer.is_initialized = True
-        if hasattr(layer, "max_cache_len"):
-            layer.batch_size, layer.num_heads = key.shape[0], key.shape[1]
-            layer.k_head_dim, layer.v_head_dim = key.shape[-1], value.shape[-1]
-        if hasattr(layer, "sliding_window") and key.ndim == 4:
-            # Exact while the window is filling: every token seen is still cached. A full
-            # window gets the `SEEN_TOKENS` length afterwards. A SymInt under torch.export.
-            layer.cumulative_length = key.shape[-2]
+    layer_state.fill_kv(layer, key, value)
     return layer
-
-
-def _make_layer(cu: Any, context: Sequence[Any]) -> Any:
-    name = str(context[0])
-    layer_cls = getattr(cu, name, None)
-    spec = cachespec.cache_spec(name)
-    if layer_cls is None or (spec is not None and spec.reason is not None):
-        # Rebuilt as the nearest supported layer; `unsupported_reason` reports the group.
-        return cu.DynamicLayer()
-    if name == "DynamicSlidingWindowLayer":
-        return layer_cls(sliding_window=int(context[1]))
-    if name == "StaticLayer":
-        return layer_cls(max_cache_len=int(context[1]))
-    return layer_cls()
 
 
 def _unflatten_layers(cache_cls: type) -> Callable[[Any, Any], Any]:
     def unflatten(children: Any, context: Any) -> Any:
         import transformers.cache_utils as cu
 
-        children = list(children)
-        n = len(context)
-        layers = [
-            _fill_layer(_make_layer(cu, ctx), children[i], children[n + i])
-            for i, ctx in enumerate(context)
-        ]
-        seen = children[2 * n] if len(children) > 2 * n else None
-        if isinstance(seen, torch.Tensor):
-            for layer, ctx in zip(layers, context, strict=True):
-                if len(ctx) > 2:
-                    # A SymInt under torch.export: never int() it (that would specialize).
-                    layer.cumulative_length = seen.shape[0]
-                    setattr(layer, _STATE, ctx[2])
+        layers, seen = layer_state.rebuild_layers(context, list(children))
         cache: Any = object.__new__(cache_cls)
         cu.Cache.__init__(cache, layers=layers)
         if isinstance(seen, torch.Tensor):
@@ -347,11 +278,16 @@ def _dump_context(context: Any) -> str:
     return json.dumps(context)
 
 
+def _frozen(value: Any) -> Any:
+    """JSON lists back to the tuples the context was made of (nested: a linear layer's)."""
+    return tuple(map(_frozen, value)) if isinstance(value, list) else value
+
+
 def _load_context(text: str) -> Any:
     loaded = json.loads(text)
     if loaded is None:
         return None
-    return tuple(tuple(item) for item in loaded)
+    return tuple(tuple(map(_frozen, item)) for item in loaded)
 
 
 def _kwargs(cls: type, spec: cachespec.CacheSpec) -> dict[str, Any]:
@@ -399,9 +335,11 @@ def acquire() -> None:
     global _REFCOUNT, _SCANNED
     with _LOCK:
         _REFCOUNT += 1
-        wanted = tuple(spec.name for spec in _flattened_specs())
+        wanted = tuple(cachespec.cache_specs())
         if _REFCOUNT > 1 and _OWNED and wanted == _SCANNED:
             return
+        if wanted != _SCANNED:  # the registry changed: what layers hold is read again
+            layer_state.reset()
         _SCANNED = wanted
         for cls, kwargs in _registrations():
             if cls in compat.pytree_nodes() or cls in _OWNED:

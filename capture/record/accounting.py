@@ -110,7 +110,9 @@ class Counters:
         self.sampled_out = 0
         """Calls left out by ``sample``."""
         self.oversized = 0
-        """Calls with an argument summarised as opaque leaves."""
+        """Calls with an argument too large to record leaf by leaf (summarised, issue 12)."""
+        self.unreadable = 0
+        """Calls with an argument capture cannot flatten (an opaque leaf of its class, issue 22)."""
         self._past: dict[str, int] = {}
 
     def retire(self, writer: StoreWriter) -> None:

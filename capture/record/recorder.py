@@ -9,8 +9,9 @@ once, and the model's call goes on untouched. A model's exception is recorded an
 One class composed of parts, each with its own state: the wrapped method
 (`capture.record.method_patch.MethodPatch`), the structure cache
 (`capture.record.structure_cache.StructureCache`), the writer
-(`capture.record.writer.StoreWriter`), the payload keeper, and the accounting
-(`capture.record.accounting`: calls in flight, call ids, counters, warnings once). A forked
+(`capture.record.writer.StoreWriter`), the payload keeper, the accounting
+(`capture.record.accounting`: calls in flight, call ids, counters, warnings once) and the
+summaries of arguments it cannot record leaf by leaf (`capture.record.summaries`). A forked
 child renews each part (`after_fork_in_child`).
 """
 
@@ -32,15 +33,17 @@ from capture.errors import CaptureError
 from capture.pytree import nodes
 from capture.record import lifecycle
 from capture.record.accounting import CallIds, Counters, InFlight, OnceLog
-from capture.record.flatten import MAX_ITEMS, MAX_KEY, Oversized, walk
+from capture.record.flatten import Unreadable, walk
 from capture.record.method_patch import MethodPatch
-from capture.record.oversized import summarise, summary_of
 from capture.record.payload_keeper import PayloadKeeper, Payloads, payload_policy
 from capture.record.structure_cache import StructureCache
+from capture.record.summaries import Summaries
+from capture.record.tokens import special_token_ids
+from capture.record.value_ranges import DeviceRanges, int_range, ranges
 from capture.record.writer import StoreWriter
 from capture.signature import Signature
 
-__all__ = ["Recorder", "DEFAULT_STORE", "STOP_WAIT_SECONDS"]
+__all__ = ["Recorder", "DEFAULT_STORE", "STOP_WAIT_SECONDS", "NOTHING_RECORDED_AFTER"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +52,15 @@ _VALUE_RANGES = ("cpu", "all", "none")
 
 STOP_WAIT_SECONDS = 5.0
 """Longest time stop() waits for calls still inside the model to finish and be queued."""
+NOTHING_RECORDED_AFTER = 8
+"""Failed calls after which a recorder that recorded none says so loudly (issue 22)."""
 
-
-# Integer dtypes torch.aminmax does not implement on CPU: widened to int64 first (exact).
-_WIDEN = {getattr(torch, n) for n in ("uint16", "uint32") if hasattr(torch, n)}
-_INT64 = torch.int64
+_FIX = (
+    "run with logging at DEBUG for the traceback (logger 'capture'), and report it; a class "
+    "capture cannot read can be registered with capture.register_cache or "
+    "torch.utils._pytree.register_pytree_node"
+)
+_FIXES = {"opening the store": "check that the store path or URI exists and is writable"}
 
 
 def _submodules(model: Any, modules: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
@@ -77,26 +84,6 @@ def _submodules(model: Any, modules: Mapping[str, Any] | Iterable[str] | None) -
             raise CaptureError(f"modules: {name!r} is the model itself, already recorded")
         out[name] = sub
     return out
-
-
-def _int_range(t: torch.Tensor) -> tuple[int | None, int | None]:
-    """(min, max) of an integer tensor; (None, None) when empty."""
-    n = t.numel()
-    if n == 0:
-        return None, None
-    if n <= 16 and t.device.type == "cpu":
-        # One aminmax is a few microseconds of dispatch; for a decode step's (1, 1) input_ids
-        # reading the few values back is cheaper.
-        values: Any = t.tolist()
-        if t.dim() == 0:
-            return int(values), int(values)
-        for _ in range(t.dim() - 1):
-            values = [v for row in values for v in row]
-        return int(min(values)), int(max(values))
-    if t.dtype in _WIDEN:
-        t = t.to(_INT64)
-    lo, hi = torch.aminmax(t)
-    return int(lo), int(hi)
 
 
 class Recorder:
@@ -199,6 +186,7 @@ class Recorder:
         self._flight = InFlight()
         self._ids = CallIds()
         self._counts = Counters()
+        self._summaries = Summaries(self.name, self._counts, self._log)
         self.modules: dict[str, Recorder] = {}
         """Sub-module name -> the child `Recorder` recording it (the ``modules=`` option)."""
         for sub_name, sub in _submodules(model, modules).items():
@@ -252,7 +240,7 @@ class Recorder:
         if nodes.transformers_loaded():
             nodes.acquire()
             self._registered = True
-        self._cache.start(self._writer, signature)
+        self._cache.start(self._writer, signature, special_token_ids(self.model))
         if self._payloads is not None:
             self._payloads.start()
         self._patch.install(original, self._make_wrapper(original))
@@ -322,8 +310,10 @@ class Recorder:
             recorded, dropped, errors, written, sampled_out, structures, files; and what
             explains a loss: bad_records (calls the writer could not convert, also in
             dropped), oversized (calls with an argument summarised past `flatten.MAX_ITEMS`
-            or `MAX_KEY`), store_resets (the store's folder was found removed: structures
-            written again), tmp_removed (old `.tmp` files of killed writers removed).
+            or `MAX_KEY`), unreadable (calls with an argument capture cannot flatten, recorded
+            as an opaque leaf naming its class), store_resets (the store's folder was found
+            removed: structures written again), tmp_removed (old `.tmp` files of killed
+            writers removed).
         """
         out = self._counts.totals(self._writer)
         counts = self._counts
@@ -337,6 +327,7 @@ class Recorder:
             "files": out["files"],
             "bad_records": out["bad_records"],
             "oversized": counts.oversized,
+            "unreadable": counts.unreadable,
             "store_resets": out["store_resets"],
             "tmp_removed": out["tmp_removed"],
             **(self._payloads.stats() if self._payloads is not None else {}),
@@ -413,22 +404,31 @@ class Recorder:
         try:
             walk(args, tensors, key)
             walk(kwargs, tensors, key)
-        except Oversized:
-            self._counts.oversized += 1
-            args, kwargs, tensors, key, summarised = summarise(args, kwargs)
-            self._warn_oversized(summarised[0] if summarised else "argument")
-        found = self._structure((args, kwargs), tensors, key, "inputs")
+        except Exception as e:  # too large, or unreadable: opaque leaves (issues 12, 22)
+            args, kwargs, tensors, key = self._summaries.inputs(args, kwargs, e)
+        try:
+            found = self._structure((args, kwargs), tensors, key, "inputs")
+        except Unreadable as e:  # torch's pytree cannot flatten what walk() read
+            args, kwargs, tensors, key = self._summaries.inputs(args, kwargs, e)
+            found = self._structure((args, kwargs), tensors, key, "inputs")
         if found is None:
             return None
         st, dims = found
         lows: list[int | None] | None = None
         highs: list[int | None] | None = None
         if st.range_tensors:
-            lows, highs = [], []
-            for i in st.range_tensors:
-                lo, hi = _int_range(tensors[i])
-                lows.append(lo)
-                highs.append(hi)
+            if st.deferred:  # device tensors: read by the writer thread, no sync (issue 22)
+                lows = highs = DeviceRanges(tensors, st.range_tensors, st.counts)  # type: ignore[assignment]
+            else:
+                lows, highs = [], []
+                for i in st.range_tensors:
+                    lo, hi = int_range(tensors[i])
+                    lows.append(lo)
+                    highs.append(hi)
+                if st.counts:  # special token counts after the ranges (issue 22)
+                    counted = ranges(tensors, (), st.counts)[0]
+                    lows += counted
+                    highs += counted
         return st.structure_id, dims, lows, highs
 
     def _emit(
@@ -441,12 +441,11 @@ class Recorder:
             key: list[Any] = ["out"]
             try:
                 walk(out, tensors, key)
-            except Oversized:
-                self._counts.oversized += 1
-                out = summary_of(out)
-                self._warn_oversized(out.type_name)
-                tensors, key = [], ["out", out.type_name]
-            found = self._structure(out, tensors, key, "output")
+                found = self._structure(out, tensors, key, "output")
+            except Exception as e:  # too large, or unreadable: one opaque leaf (issues 12, 22)
+                summary, key = self._summaries.output(out, e)
+                tensors = []
+                found = self._structure(summary, tensors, key, "output")
             if found is not None:
                 out_sid, out_dims = found[0].structure_id, found[1]
         writer = self._writer
@@ -471,16 +470,21 @@ class Recorder:
             type(e).__name__,
             e,
         )
+        logger.debug("capture: %s failed for %s", what, self.name, exc_info=e)
+        if self._counts.errors == NOTHING_RECORDED_AFTER:
+            self._warn_nothing_recorded(what, e)
 
-    def _warn_oversized(self, type_name: str) -> None:
-        """An argument too large to record leaf by leaf: counted, warned once (issue 12)."""
-        self._log.warn(
-            "oversized",
-            "capture: %s receives a %s with more than %d items (or %d leaves in all); such "
-            "arguments are recorded as opaque leaves (type name only), counted in "
-            "stats()['oversized']",
+    def _warn_nothing_recorded(self, what: str, error: BaseException) -> None:
+        """Every call so far failed and none was recorded: one loud warning (issue 22)."""
+        if self._counts.totals(self._writer)["recorded"]:
+            return
+        logger.warning(
+            "capture: %s has recorded NO call: its first %d calls all failed while %s "
+            "(%s: %s). The model serves as before, but nothing reaches the store. Fix: %s",
             self.name,
-            type_name.rsplit(".", 1)[-1],
-            MAX_ITEMS,
-            MAX_KEY // 2,
+            self._counts.errors,
+            what,
+            type(error).__name__,
+            error,
+            _FIXES.get(what, _FIX),
         )

@@ -147,6 +147,11 @@ if CallRecord._fields[_TS] != "ts":  # pragma: no cover - a developer's error
     raise ImportError("CallRecord: ts is not field 1")
 
 
+# int_min/int_max of a record; anything else is a deferred device read (issue 22), resolved by
+# the writer thread (`capture.record.value_ranges`, not imported: this module runs without torch).
+_PLAIN = (list, tuple, type(None))
+
+
 def _check_int64(values: Sequence[int | None]) -> None:
     """Raises struct.error unless every known item fits int64."""
     pack_sizes(tuple(0 if v is None else v for v in values))
@@ -178,6 +183,10 @@ class Segment:
         # Everything is checked before the first append: a failure leaves the segment as it was.
         # Unpacked by position: the recorder queues a plain tuple in CallRecord's field order.
         _, ts, in_structure, out_structure, dims, out_dims, mins, maxs, duration, error = rec
+        if type(mins) not in _PLAIN:  # `value_ranges.DeviceRanges`: read from a device now
+            deferred: Any = mins
+            mins, maxs = deferred.values()
+            rec = (*rec[:6], mins, maxs, *rec[8:])  # type: ignore[assignment]
         packed = pack_sizes(dims)  # struct.error: a size that is not an int (a ragged SymInt)
         out_packed = None if out_dims is None else pack_sizes(out_dims)
         if mins is not None and maxs is not None:

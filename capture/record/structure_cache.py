@@ -60,6 +60,7 @@ class StructureCache:
         self._lock = threading.Lock()
         self._writer: StoreWriter | None = None
         self._signature = Signature()
+        self._special_ids: tuple[int, ...] = ()
         self.overflow = 0
         """Calls dropped because their structure was one too many."""
         self._held_tokens = 0
@@ -69,10 +70,14 @@ class StructureCache:
         self._guarded: dict[tuple[Any, ...], tuple[tuple[Callable[..., bool], Structure], ...]]
         self._guarded = {}
 
-    def start(self, writer: StoreWriter | None, signature: Signature) -> None:
-        """The writer new structures go to, and the recorded method's signature (each start())."""
+    def start(
+        self, writer: StoreWriter | None, signature: Signature, special_ids: tuple[int, ...] = ()
+    ) -> None:
+        """The writer new structures go to, the recorded method's signature and the token ids
+        whose counts are recorded (`capture.record.tokens`), at each start()."""
         self._writer = writer
         self._signature = signature
+        self._special_ids = special_ids
 
     def after_fork_in_child(self) -> None:
         """A forked child's cache: a fresh lock (another thread may have held it); the known
@@ -160,6 +165,8 @@ class StructureCache:
                 root=root,
                 signature=self._signature if root == "inputs" else Signature(),
                 track_ranges=self._track_ranges if root == "inputs" else _never,
+                strict=True,
+                special_ids=self._special_ids if root == "inputs" else (),
             )
             if st.opaque:
                 self._log.warn(

@@ -278,7 +278,13 @@ class _Formatter:
             if hasattr(obj, "layers"):
                 keys = [getattr(layer, "keys", None) for layer in obj.layers]
                 values = [getattr(layer, "values", None) for layer in obj.layers]
-                return f"{name}(key_cache={self.run(keys)}, value_cache={self.run(values)})"
+                text = f"{name}(key_cache={self.run(keys)}, value_cache={self.run(values)}"
+                linear = [layer for layer in obj.layers if hasattr(layer, "conv_states")]
+                if linear:  # state-space layers (issue 22): their states, every state index
+                    conv = [v for layer in linear for v in layer.conv_states.values()]
+                    rec = [v for layer in linear for v in layer.recurrent_states.values()]
+                    text += f", conv_states={self.run(conv)}, recurrent_states={self.run(rec)}"
+                return text + ")"
             if hasattr(obj, "key_cache"):
                 kc, vc = self.run(list(obj.key_cache)), self.run(list(obj.value_cache))
                 return f"{name}(key_cache={kc}, value_cache={vc})"

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from capture import schema
 from capture.errors import ReplayError
 
 __all__ = [
@@ -60,6 +61,9 @@ LEAF_FIELDS = ("path", "kind", "dtype", "rank", "value")
 """The leaf columns that make a structure, for matching (device and bookkeeping left out)."""
 
 
+_TENSOR = schema.KIND_TENSOR
+
+
 class LeafFacts(Protocol):
     """The facts of a leaf that matching compares (`LEAF_FIELDS`): a recorded leaf
     (`capture.pytree.structure.RecordedLeaf`) or a live call's (`capture.record.flatten.Leaf`)."""
@@ -84,7 +88,12 @@ def leaf_key(leaves: Iterable[LeafFacts]) -> tuple[tuple[Any, ...], ...]:
         >>> leaf_key([RecordedLeaf(0, "args[0]", None, 0, "tensor", dtype="float32", rank=2)])
         (('args[0]', 'tensor', 'float32', 2, None),)
     """
-    return tuple((leaf.path, leaf.kind, leaf.dtype, leaf.rank, leaf.value) for leaf in leaves)
+    # A tensor leaf's value is bookkeeping (where its special token counts are, issue 22),
+    # written only where value ranges were recorded: not part of the structure.
+    return tuple(
+        (leaf.path, leaf.kind, leaf.dtype, leaf.rank, None if leaf.kind == _TENSOR else leaf.value)
+        for leaf in leaves
+    )
 
 
 @dataclass(frozen=True)
