@@ -4,9 +4,11 @@
 
 Records a tiny LlamaForCausalLM's generate() traffic (fixtures: batch 1-3, 5 prompts), exports
 every group, saves the artifact, then in a fresh Python process: times `replay.load` (imports
-included) and, on one original decode call (a forward pre-hook copy), the median of N calls of
-the runner against N calls of the program's own ``ep.module()`` (the runner adds the structure
-match and the range guards). Prints one Markdown section on stdout; progress goes to stderr.
+included), measures the RSS it adds (anonymous and file-backed) and what a second load of the
+same file adds (the difference is the modules the first load imports), and, on one original
+decode call (a forward pre-hook copy), the median of N calls of the runner against N calls of
+the program's own ``ep.module()`` (the runner adds the structure match and the range guards).
+Prints one Markdown section on stdout; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -20,12 +22,27 @@ import tempfile
 from pathlib import Path
 
 CHILD = """
-import copy, json, os, statistics, sys, time
+import copy, gc, json, os, statistics, sys, time
+def rss():
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key = line.split(":")[0]
+            if key in ("RssAnon", "RssFile"):
+                out[key] = int(line.split()[1]) * 1024
+    return out
 t0 = time.perf_counter()
 import torch
 import replay
+base = rss()
 runner = replay.load(sys.argv[1])
 load_s = time.perf_counter() - t0
+gc.collect()
+first = rss()
+again_runner = replay.load(sys.argv[1])  # modules imported now: what one more load costs
+gc.collect()
+again = rss()
+del again_runner
 from fixtures.models import prompts, tiny_llama
 model = tiny_llama(0)
 calls = []
@@ -48,7 +65,8 @@ with torch.no_grad():
     runner_us, program_us = timed(runner), timed(program)
     route_us = timed(runner.select)
 result = {"load_s": load_s, "group": group, "runner_us": runner_us, "program_us": program_us,
-          "route_us": route_us, "load_avg": os.getloadavg()[0]}
+          "route_us": route_us, "load_avg": os.getloadavg()[0], "base": base, "first": first,
+          "again": again}
 print(json.dumps(result))
 """
 
@@ -88,6 +106,16 @@ def main() -> int:
     print(f"| the same call through the runner, median | {result['runner_us']:.0f} µs |")
     print(f"| `runner.select` alone (match + guards), median | {result['route_us']:.0f} µs |")
     print(f"| load average (1 min) during the run | {result['load_avg']:.1f} |")
+    grow = {k: result["first"][k] - result["base"][k] for k in ("RssAnon", "RssFile")}
+    more = {k: result["again"][k] - result["first"][k] for k in ("RssAnon", "RssFile")}
+    print(
+        f"| RSS growth of the first `replay.load` (after `import torch, replay`) | anon "
+        f"{grow['RssAnon'] / 2**20:.0f} MiB, file {grow['RssFile'] / 2**20:.0f} MiB |"
+    )
+    print(
+        f"| RSS growth of a second `replay.load` of the same file | anon "
+        f"{more['RssAnon'] / 2**20:.0f} MiB, file {more['RssFile'] / 2**20:.0f} MiB |"
+    )
     return 0
 
 

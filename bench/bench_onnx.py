@@ -46,7 +46,7 @@ if sys.argv[2].startswith("onnx"):
     import numpy as np
     # One call per file at its smallest shapes: every weight is read (paged in) once.
     for program in runner.programs.values():
-        feeds = {i["name"]: np.zeros(i["min"], dtype=i["dtype"]) for i in program.entry["inputs"]}
+        feeds = {i.name: np.zeros(i.min, dtype=i.dtype) for i in program.file.inputs}
         program.session.run(None, feeds)
     print(json.dumps({"load_s": seconds, "rss": loaded, "rss_run": rss() - before}))
 else:

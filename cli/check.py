@@ -8,8 +8,12 @@ recorded signature (input structure + sizes) of the window is checked against th
 order, with the same guards as the runner `replay.load` returns, so a signature reported served
 is one the runner serves.
 
-Neither torch nor the model's code is needed: the manifest is JSON read from the zip archive
-(or from beside the ONNX files), the store is read through DuckDB.
+Neither torch nor the model's code is needed: the artifact is checked as data exactly as
+`replay.load` checks it before torch reads anything (a ``.pt2`` by
+`replay.ship.artifact.read_artifact`: every entry, the typed manifest, the payload configs, the
+program graphs; an ONNX set by `replay.onnx.manifest.read_onnx_set`: the typed manifest, every
+file a regular file beside it), so an artifact the runner would refuse is an error here too;
+the store is read through DuckDB.
 
 Exit status: 0 every call of the window is served (or the window is empty, said on stderr);
 3 some calls are not served (the table says which and why); 1 an error (no artifact, not an
@@ -118,18 +122,20 @@ def check_command(
 
     ARTIFACT is what `capture export --out` wrote: a .pt2 artifact (or
     ExportResult.save's), or the PATH.onnx of an ONNX set (its PATH.onnx.json
-    manifest is read).
-    Every distinct recorded signature (call structure and sizes) of the window
-    is checked against the artifact's programs with the runner's own guards:
-    the recorded structure, and every dim within the range the export was
-    checked on. One row per signature (model, group serving it, signature,
-    calls, served, reason) goes to stdout; the totals go to stderr. Neither
-    torch nor the model's code is needed.
+    manifest is read). It is checked as replay.load checks it (every entry,
+    the manifest, the programs or files present), so an artifact the runner
+    would refuse is an error here too. Every distinct recorded signature (call
+    structure and sizes) of the window is routed as the runner routes it: the
+    recorded structure, every dim within the range the export was checked on,
+    not a signature the export's check failed. One row per signature (model,
+    group serving it, signature, calls, served, reason) goes to stdout; the
+    totals go to stderr. Neither torch nor the model's code is needed.
 
     Exit status: 0 every call of the window is served (an empty window says so
     on stderr); 3 some calls are not served (rows with served=false say why:
     a dim outside its recorded range, a new call structure); 1 an error (no
-    artifact or not one, no store, unknown model, a bad --since).
+    artifact or not one, a changed or damaged artifact, no store, unknown
+    model, a bad --since).
 
     \b
     Example:

@@ -218,8 +218,9 @@ def _render_coverage(
     "--aoti",
     is_flag=True,
     default=False,
-    help="Also compile every program with AOTInductor into the --out .pt2 artifact "
-    "(replay.load then runs the compiled form). Slow: minutes per program. Default: off.",
+    help="Also compile every program with AOTInductor into the --out .pt2 artifact, without "
+    "its weights (replay.load(path, compiled=True) runs the compiled form on the artifact's "
+    "one copy of the weights). Slow: minutes per program. Default: off.",
 )
 @click.option(
     "--set-batch-dimension-for",

@@ -166,7 +166,8 @@ def query_command(
     "--artifact",
     metavar="PATH",
     default=None,
-    help="Also show which programs of this saved artifact (capture export --out PATH.pt2) "
+    help="Also show which programs of this saved artifact (capture export --out PATH.pt2, "
+    "or PATH.onnx for an ONNX set) "
     "serve each call group: its regimes, where torch.export cut the group, and groups served "
     "by another group's program with an input filled. Default: the store alone.",
 )
@@ -193,16 +194,16 @@ def summary_command(
     """
     manifest = None
     if artifact is not None:
-        from replay.ship.artifact import read_manifest
+        from replay.ship.loader import read_any_manifest
 
-        manifest = read_manifest(artifact)
+        manifest = read_any_manifest(artifact)
     with _open_store(ctx) as store:
         data = store.summary(model)
     if manifest is not None:
         from replay.ship.routes import routes
 
         for entry in data["models"]:
-            if entry["model"] == manifest["model"]:
+            if entry["model"] == manifest.model:
                 entry["programs"] = routes(manifest, entry)
     if fmt == "table":
         from .summary_table import summary_report

@@ -22,16 +22,17 @@ _LAZY = {
     "export_inputs": "replay.inputs",
     "ExportInputs": "replay.inputs",
     "export": "replay.exporting",
-    "ExportResult": "replay.exporting",
+    "ExportResult": "replay.result",
     "ModelInputs": "replay.modelinputs",
     "all_dynamic_shape_from_inputs": "replay.modelinputs",
     "load": "replay.ship.loader",
 }
 
 if TYPE_CHECKING:
-    from replay.exporting import ExportResult, export
+    from replay.exporting import export
     from replay.inputs import ExportInputs, export_inputs
     from replay.modelinputs import ModelInputs, all_dynamic_shape_from_inputs
+    from replay.result import ExportResult
     from replay.ship.loader import load
 
 

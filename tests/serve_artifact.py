@@ -47,14 +47,28 @@ def _leaves(value: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
+def _live_storage_bytes() -> int:
+    """Bytes of every distinct storage of a live, real tensor of the process (issue 20)."""
+    import gc
+
+    seen: dict[tuple[str, int], int] = {}
+    for obj in gc.get_objects():
+        if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type != "meta":
+            storage = obj.untyped_storage()
+            seen[(str(obj.device), storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())
+
+
 def main(spec_path: str) -> int:
     import safetensors.torch as st
     import transformers
 
     import replay
 
-    spec = json.loads(open(spec_path).read())
+    with open(spec_path) as f:
+        spec = json.load(f)
     runner = replay.load(spec["artifact"])
+    storage_bytes = _live_storage_bytes()  # before the eager model exists
     config = transformers.AutoConfig.from_pretrained(spec["model_dir"])
     auto = getattr(transformers, spec["auto_class"])
     model = auto.from_config(config)
@@ -114,6 +128,7 @@ def main(spec_path: str) -> int:
                     worst = max(worst, float((a.double() - b.double()).abs().max()))
     report = {
         "calls": len(calls),
+        "storage_bytes": storage_bytes,
         "served": served,
         "max_abs_diff": worst,
         "types_equal": types_equal,

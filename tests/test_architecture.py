@@ -20,9 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"capture": ROOT / "capture", "replay": ROOT / "replay", "capture.cli": ROOT / "cli"}
 """Import name -> folder (the repository's cli/ folder is installed as capture.cli)."""
 
-ELSEWHERE = {
-    ("replay.exporting", "replay.ship.artifact"): "issue 23, the artifact branch removes it",
-}
+ELSEWHERE: dict[tuple[str, ...], str] = {}
 """Circles another branch is removing: tolerated by name, and only while they still exist
 (`test_a_circle_owned_elsewhere_still_exists` fails once it is gone: delete its entry then)."""
 

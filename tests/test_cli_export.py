@@ -141,7 +141,7 @@ def test_out_writes_one_artifact_with_every_group(
     assert code == 0
     # one archive holding both groups' programs (issue 10), no longer one file per group
     assert sorted(p.name for p in tmp_path.glob("*.pt2")) == ["masked.pt2"]
-    assert [p["group"] for p in read_manifest(target)["programs"]] == ["g0", "g1"]
+    assert [p.group for p in read_manifest(target).programs] == ["g0", "g1"]
     assert f"wrote {target}\n" in err
 
 
@@ -180,8 +180,8 @@ def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) ->
     )
     # The programs that exported are still written; the artifact refuses the failed signature.
     assert sorted(p.name for p in tmp_path.glob("*.pt2")) == ["branchy.pt2"]
-    g0 = read_manifest(target)["programs"][0]
-    assert [r["error"] for r in g0["rejected"]] == [
+    g0 = read_manifest(target).programs[0].guard
+    assert list(g0.rejected.values()) == [
         "program failed: AssertionError: Guard failed: x.size()[0] <= 3"
     ]
 

@@ -24,6 +24,12 @@ Normalisations, each applied to both sides unless said otherwise, and why:
   a cell's value), so that example is compared without blank lines.
 - N6 symbol names in ADDED lines (``s77``) are torch's and become ``s?``; the seed lines keep
   theirs (torch 2.13 names them as the seed's torch did).
+- N7 our registration (DESIGN §4, issue 22): in transformers 5 a ``StaticLayer`` writes at its
+  fill level (``cumulative_length``, a 0-d tensor), so our ``StaticCache`` flattens it after
+  the keys and values: `all_dynamic_shape_from_inputs` gives it an entry (``{}``: a 0-d tensor
+  has no axis), which torch.export requires for our registration. Seed 004's StaticCache shapes
+  (the pprint after "transformers implemented serialization function for StaticCache.") get
+  that entry; the seed's own ``data["dynamic_shapes"]``, printed as given, does not.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ _NESTED_CACHE = re.compile(r"\[\[(\{[^\[\]]*\})\], \[(\{[^\[\]]*\})\]\]")
 _NUMBER = re.compile(r"\s*-?\d+\.\d*(?:e[+-]\d+)?")  # torch switches to e-notation for wide ranges
 _SYMBOL = re.compile(r"\bs\d+\b")
 _TRACE_COMMENT = re.compile(r"^\s*# (File: |No stacktrace found)")
+_STATIC_SAID = "transformers implemented serialization function for StaticCache."
+_STATIC_FILL = re.compile(r"('past_key_values': \[.*\})\]\}$")
 
 # -- seed 000 / 001: plot_input_observer -----------------------------------------------------------
 SEED_000 = """\
@@ -260,6 +268,10 @@ def _normalise(text: str, *, seed: bool, blank_lines: bool) -> list[str]:
     lines = _join_brackets(lines)  # N1
     if seed:
         lines = [_NESTED_CACHE.sub(r"[\1, \2]", line) for line in lines]  # N2
+        lines = [
+            _STATIC_FILL.sub(r"\1, {}]}", line) if i and lines[i - 1] == _STATIC_SAID else line
+            for i, line in enumerate(lines)
+        ]  # N7
     return [_NUMBER.sub(" N", line) if line.startswith("tensor(") else line for line in lines]
 
 

@@ -8,6 +8,7 @@ ORIGINAL calls), and serves each through the runner and through eager.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -25,8 +26,8 @@ import replay
 from capture.errors import ReplayError
 from fixtures.models import prompts, run_generate, tiny_gpt2, tiny_llama, tiny_t5
 from fixtures.stores import LLAMA_WORKLOAD
-from replay.ship.artifact import ArtifactError, CallNotServed, archive_types, read_manifest
-from replay.ship.guards import ProgramGuard
+from replay.ship.artifact import ArtifactError, CallNotServed, read_artifact, read_manifest
+from replay.ship.guards import Axis, ProgramGuard, Relation
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = Path(__file__).with_name("serve_artifact.py")
@@ -63,15 +64,15 @@ def test_save_writes_one_archive_with_every_program_and_a_manifest(
         programs = sorted(n.split("/")[-1] for n in archive.namelist() if "/models/" in n)
     assert programs == ["g0.json", "g1.json"]
     manifest = read_manifest(path)
-    assert manifest["model"] == "twice"
-    assert [(p["group"], p["calls"]) for p in manifest["programs"]] == [("g0", 3), ("g1", 2)]
-    assert manifest["versions"]["torch"] == torch.__version__
-    assert manifest["modules"][""]["store"] == str(tmp_path / "store")
-    assert manifest["modules"][""]["window"]["first"] is not None
-    coverage = manifest["modules"][""]["coverage"]
-    assert len([r for r in coverage if r["kind"] == "recorded"]) == 5  # and the probes
-    g0 = manifest["programs"][0]
-    assert [(a["path"], a["axis"], a["min"], a["max"]) for a in g0["axes"]] == [
+    assert manifest.model == "twice"
+    assert [(p.group, p.calls) for p in manifest.programs] == [("g0", 3), ("g1", 2)]
+    assert manifest.versions["torch"] == torch.__version__
+    assert manifest.modules[""].store == str(tmp_path / "store")
+    assert manifest.modules[""].first is not None
+    coverage = manifest.modules[""].coverage
+    assert len([r for r in coverage if r.kind == "recorded"]) == 5  # and the probes
+    g0 = manifest.programs[0].guard
+    assert [(a.path, a.axis, a.min, a.max) for a in g0.axes] == [
         ("args[0]", 0, 2, 4),
         ("args[0]", 1, 6, 8),
     ]
@@ -129,23 +130,23 @@ def test_a_file_that_is_not_an_artifact_is_refused(tmp_path: Path) -> None:
 
 
 def _guard(**changes: Any) -> ProgramGuard:
-    entry: dict[str, Any] = {
+    fields: dict[str, Any] = {
+        "module": "",
         "group": "decode",
         "program": "decode",
-        "structure_id": "s",
         "treespec": None,
-        "leaves": [],
-        "axes": [
-            {"path": "ids", "axis": 0, "min": 1, "max": 3, "dynamic": True, "symbol": "batch"},
-            {"path": "ids", "axis": 1, "min": 1, "max": 1, "dynamic": False, "symbol": None},
-            {"path": "kv", "axis": 0, "min": 1, "max": 3, "dynamic": True, "symbol": "batch"},
-            {"path": "kv", "axis": 1, "min": 4, "max": 9, "dynamic": True, "symbol": "past"},
-            {"path": "mask", "axis": 1, "min": 5, "max": 10, "dynamic": True, "symbol": "m"},
-        ],
-        "relations": [{"symbol": "m", "terms": ["past"], "offset": 1}],
+        "leaves": (),
+        "axes": (
+            Axis("ids", 0, 1, 3, True, "batch"),
+            Axis("ids", 1, 1, 1, False),
+            Axis("kv", 0, 1, 3, True, "batch"),
+            Axis("kv", 1, 4, 9, True, "past"),
+            Axis("mask", 1, 5, 10, True, "m"),
+        ),
+        "relations": (Relation("m", ("past",), 1),),
     }
-    entry.update(changes)
-    return ProgramGuard.from_manifest(entry)
+    fields.update(changes)
+    return ProgramGuard(**fields)
 
 
 @pytest.mark.parametrize(
@@ -170,7 +171,7 @@ def test_guards(dims: list[int], reason: str | None) -> None:
 
 
 def test_a_signature_that_failed_the_export_check_is_not_served() -> None:
-    guard = _guard(rejected=[{"dims": [2, 1, 2, 6, 7], "error": "program failed: x"}])
+    guard = _guard(rejected={(2, 1, 2, 6, 7): "program failed: x"})
     assert guard.check([2, 1, 2, 6, 7]) == (
         "this recorded signature failed the export's check (program failed: x)"
     )
@@ -182,7 +183,7 @@ def test_the_refusal_list_matches_failed_recorded_rows_by_their_sizes() -> None:
     from types import SimpleNamespace
 
     from replay.coverage import KIND_PAYLOAD, KIND_PROBE, KIND_RECORDED, CoverageRow
-    from replay.ship.artifact import _rejected
+    from replay.ship.entries import rejected
 
     rows = [
         CoverageRow("g", KIND_PROBE, "p", 0, False, None, "probe failed", sizes=(9, 9)),
@@ -192,7 +193,7 @@ def test_the_refusal_list_matches_failed_recorded_rows_by_their_sizes() -> None:
         CoverageRow("h", KIND_RECORDED, "d", 1, False, None, "other group", sizes=(7, 4)),
     ]
     group = SimpleNamespace(name="g")
-    assert _rejected(group, rows) == [{"dims": [3, 4], "error": "program failed: x"}]  # type: ignore[arg-type]
+    assert rejected(group, rows) == {(3, 4): "program failed: x"}  # type: ignore[arg-type]
 
 
 # -- fresh process, real generate() ------------------------------------------------------------
@@ -237,7 +238,21 @@ def _serve(
     assert report["capture_modules"] == []  # no recorder, no capture context
     assert report["types_equal"]  # CausalLMOutputWithPast + DynamicCache, as eager
     assert report["max_abs_diff"] <= 1e-5
+    # issue 20: each weight once in memory, in a fresh process, right after replay.load
+    assert report["storage_bytes"] <= 1.10 * _unique_weight_bytes(model)
     return report
+
+
+def _unique_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's own parameters and buffers, each storage counted once."""
+    storages = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def _archive_weight_ratio(path: Path, model: torch.nn.Module) -> float:
+    return read_artifact(path).weight_bytes / _unique_weight_bytes(model)
 
 
 def _export_and_serve(tmp_path: Path, model: Any) -> dict[str, Any]:
@@ -246,6 +261,8 @@ def _export_and_serve(tmp_path: Path, model: Any) -> dict[str, Any]:
     result = replay.export(model, tmp_path / "store")
     assert result.complete
     result.save(tmp_path / "model.pt2")
+    # issue 20: each weight once on disk (torch's package_pt2 wrote it once per program: 4.00x)
+    assert _archive_weight_ratio(tmp_path / "model.pt2", model) <= 1.10
     return _serve(tmp_path, model, tmp_path / "model.pt2", "AutoModelForCausalLM")
 
 
@@ -291,6 +308,8 @@ def test_a_tiny_t5_encoder_and_decoder_in_one_artifact(tmp_path: Path) -> None:
     assert result.modules["encoder"].inputs.model == "T5ForConditionalGeneration.encoder"
     assert result.complete and result.modules["encoder"].complete
     result.save(tmp_path / "t5.pt2")
+    # issue 20: the encoder's embedding is the decoder's: stored once for both modules
+    assert _archive_weight_ratio(tmp_path / "t5.pt2", model) <= 1.10
     runner = replay.load(tmp_path / "t5.pt2")
     assert sorted(runner.modules) == ["encoder"]
     report = _serve(
@@ -306,7 +325,7 @@ def test_the_loader_finds_the_cache_types_in_the_programs_treespecs(tmp_path: Pa
         run_generate(model, [(2, 4)], max_new_tokens=2)
     result = replay.export(model, tmp_path / "store", groups=["decode"])
     result.save(tmp_path / "decode.pt2")
-    assert archive_types(tmp_path / "decode.pt2") == {
+    assert read_artifact(tmp_path / "decode.pt2").types == {
         "transformers.cache_utils.DynamicCache",
         "transformers.modeling_outputs.CausalLMOutputWithPast",
     }
@@ -320,12 +339,29 @@ def test_aoti_compiles_every_program_into_the_artifact_and_load_runs_it(tmp_path
         for batch in (2, 3, 5):
             model(torch.randn(batch, 4))
     replay.export(model, tmp_path / "store").save(tmp_path / "linear.pt2", aoti=True)
-    runner = replay.load(tmp_path / "linear.pt2")
-    assert read_manifest(tmp_path / "linear.pt2")["aoti"] is True
+    assert read_manifest(tmp_path / "linear.pt2").aoti is True
+    # issue 20: the builds carry no weights; the archive's records are the model's, once
+    assert read_artifact(tmp_path / "linear.pt2").weight_bytes == _unique_weight_bytes(model)
+    assert replay.load(tmp_path / "linear.pt2").compiled == {}  # native code only when asked
+    runner = replay.load(tmp_path / "linear.pt2", compiled=True)
     assert type(runner.compiled["g0"]).__name__ == "AOTICompiledModel"
     x = torch.randn(4, 4)
     with torch.no_grad():
         torch.testing.assert_close(runner(x), model(x))
+        # the build runs on the program's own (memory-mapped) tensors: change those it names
+        # (AOTInductor may fold others, a bias, into its code), and its output follows
+        names = runner.compiled["g0"].get_constant_fqns()
+        assert "weight" in names
+        expected = copy.deepcopy(model)
+        for name in names:
+            runner.programs["g0"].state_dict[name].mul_(2)
+            expected.get_parameter(name).mul_(2)
+        torch.testing.assert_close(runner(x), expected(x))
     # the compiled form checks no input itself: the runner's guards still refuse (issue 10)
     with pytest.raises(CallNotServed, match=r"axis 0 = 9 is outside the recorded range \[2, 5\]"):
         runner(torch.randn(9, 4))
+
+
+def test_compiled_needs_an_artifact_saved_with_aoti(twice: tuple[Twice, Path]) -> None:
+    with pytest.raises(ArtifactError, match="holds no AOTInductor builds; save it with aoti=True"):
+        replay.load(twice[1], compiled=True)

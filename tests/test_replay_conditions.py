@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from replay.ship.checked_json import Fields
 from replay.ship.conditions import ConditionError, holds, parse, translate
-from replay.ship.guards import ProgramGuard
+from replay.ship.guards import ArtifactError
+from replay.ship.manifest import ProgramEntry
 
 SOURCES = {"L['input_ids']": (0, 2), "L['past_key_values'].key_cache[0]": (2, 4)}
 
@@ -76,18 +78,34 @@ def test_anything_outside_the_grammar_is_refused(expr: str) -> None:
         parse(expr)
 
 
-def test_a_guard_refuses_sizes_its_program_guard_excludes() -> None:
-    entry = {
+def _entry(conditions: list[dict[str, str]]) -> dict[str, object]:
+    return {
         "group": "prefill",
         "program": "prefill",
+        "model": "m",
         "structure_id": "s",
+        "calls": 1,
+        "signatures": 1,
+        "n_args": 0,
         "leaves": [{"path": "kwargs['x']", "kind": "tensor", "dtype": "int64", "rank": 2}],
         "axes": [
             {"path": "kwargs['x']", "axis": 0, "min": 1, "max": 4, "dynamic": True},
             {"path": "kwargs['x']", "axis": 1, "min": 2, "max": 9, "dynamic": True},
         ],
-        "conditions": [{"expr": "(16*d1) != 80", "text": "(16*L['x'].size()[1]) != 80"}],
+        "form": {"positional": [], "keywords": ["x"]},
+        "conditions": conditions,
     }
-    guard = ProgramGuard.from_manifest(entry)
+
+
+def test_a_guard_refuses_sizes_its_program_guard_excludes() -> None:
+    line = {"expr": "(16*d1) != 80", "text": "(16*L['x'].size()[1]) != 80"}
+    guard = ProgramEntry.parse(Fields(_entry([line]), "m.json")).guard
     assert guard.check([2, 6]) is None
     assert guard.check([2, 5]) == "its program's guard (16*L['x'].size()[1]) != 80 does not hold"
+
+
+def test_a_planted_condition_in_a_manifest_is_refused_not_evaluated() -> None:
+    # issue 21: the manifest is data; what the grammar does not allow is one ArtifactError
+    planted = {"expr": "__import__('os').system('true')", "text": "x"}
+    with pytest.raises(ArtifactError, match=r"conditions\[0\]\.expr is not a size condition"):
+        ProgramEntry.parse(Fields(_entry([planted]), "m.json"))

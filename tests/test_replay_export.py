@@ -188,7 +188,10 @@ def test_llama_decode_exports_from_the_store(llama: tuple[Store, Any]) -> None:
 def test_llama_every_group_exports_and_reproduces_every_call(llama: tuple[Store, Any]) -> None:
     store, model = llama
     result = replay.export(model, store)
-    assert sorted(result.programs) == [
+    # generate()'s mask-less batch-1 groups are served by the masked groups' programs, the
+    # mask filled (merge=True, the default), where the check proves it on their own calls.
+    assert sorted(result.programs) == ["decode", "prefill"]
+    assert sorted(set(result.coverage.column("group").to_pylist())) == [
         "decode",
         "decode_no_attention_mask",
         "prefill",
@@ -196,6 +199,14 @@ def test_llama_every_group_exports_and_reproduces_every_call(llama: tuple[Store,
     ]
     assert len(_recorded(result)) == 20
     _all_covered(result)
+    unmerged = replay.export(model, store, merge=False)
+    assert sorted(unmerged.programs) == [
+        "decode",
+        "decode_no_attention_mask",
+        "prefill",
+        "prefill_no_attention_mask",
+    ]
+    _all_covered(unmerged)
 
 
 @pytest.mark.slow

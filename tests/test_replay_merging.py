@@ -116,9 +116,9 @@ def test_the_runner_fills_the_mask_for_original_calls(
         expected = Masked()(x.clone(), **kwargs)
         assert torch.allclose(runner(x.clone(), **kwargs), expected, atol=1e-5)
     assert [runner.select(x, **kwargs) for x, kwargs in calls] == ["g0"] * 4 + ["g1"] * 4
-    entries = {e["group"]: e for e in read_manifest(path)["programs"]}
-    assert entries["g1"]["program"] == "g0"
-    assert [f["argument"] for f in entries["g1"]["fills"]] == ["mask"]
+    entries = {e.group: e for e in read_manifest(path).programs}
+    assert entries["g1"].program == "g0"
+    assert [f.argument for f in entries["g1"].fills] == ["mask"]
 
 
 def test_a_default_that_is_no_recorded_constant_keeps_its_own_program(tmp_path: Path) -> None:

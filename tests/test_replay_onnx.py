@@ -28,7 +28,7 @@ from capture.analysis.groups import analyze
 from capture.cli.main import cli
 from capture.engines.profiles import build_profiles
 from fixtures.seeds import LinearModel
-from replay.onnx.manifest import read_manifest
+from replay.onnx.manifest import read_onnx_set
 from replay.onnx.runner import OnnxRunner, load_onnx
 from replay.onnx.weights import OnnxFileError, external_initializers
 from replay.ship.guards import CallNotServed
@@ -112,8 +112,8 @@ def test_every_original_call_is_served_right_by_the_onnx_runner(linear: Any) -> 
 
 def test_the_runner_picks_the_file_by_structure_not_input_names(linear: Any) -> None:
     _, _, originals, _, target = linear
-    manifest = read_manifest(target)
-    first_inputs = {e["group"]: e["inputs"][0]["name"] for e in manifest["programs"]}
+    manifest = read_onnx_set(target)
+    first_inputs = {e.group: f.inputs[0].name for e, f in manifest.entries}
     assert set(first_inputs.values()) == {"x"}  # a name-based router could not tell them apart
     runner = load_onnx(target)
     groups = {runner.select(*args, **kwargs) for args, kwargs in originals}
@@ -157,33 +157,31 @@ def test_outputs_keep_eager_types_and_readable_names(linear: Any) -> None:
 
 def test_manifest_says_what_each_file_serves(linear: Any) -> None:
     _, result, _, _, target = linear
-    manifest = read_manifest(target)
-    assert manifest["versions"]["onnxruntime"] is not None
-    assert {e["file"] for e in manifest["programs"]} == {
-        os.path.basename(p) for p in result.onnx.values()
-    }
-    for entry in manifest["programs"]:
-        meta = {p.key: p.value for p in onnx.load(target.parent / entry["file"]).metadata_props}
-        assert meta["capture.group"] == entry["group"]
-        assert meta["capture.structure_id"] == entry["structure_id"]
+    manifest = read_onnx_set(target)
+    assert manifest.manifest.versions["onnxruntime"] is not None
+    assert {f.file for f in manifest.files} == {os.path.basename(p) for p in result.onnx.values()}
+    for entry, file in manifest.entries:
+        meta = {p.key: p.value for p in onnx.load(target.parent / file.file).metadata_props}
+        assert meta["capture.group"] == entry.group
+        assert meta["capture.structure_id"] == entry.structure_id
         assert meta["capture.manifest"] == "linear.onnx.json"
-        x = entry["inputs"][0]
-        largest = 5 if len(entry["inputs"]) == 1 else 7  # without labels: 2, 3, 5; with: 2, 4, 7
-        assert (x["name"], x["min"][0], x["max"][0]) == ("x", 2, largest)
+        x = file.inputs[0]
+        largest = 5 if len(file.inputs) == 1 else 7  # without labels: 2, 3, 5; with: 2, 4, 7
+        assert (x.name, x.min[0], x.max[0]) == ("x", 2, largest)
 
 
 def test_profiles_and_manifest_agree_on_input_names_and_ranges(linear: Any) -> None:
     _, result, _, store, target = linear
-    manifest = read_manifest(target)
+    manifest = read_onnx_set(target)
     with capture.open_store(store) as opened:
         profiles = build_profiles(analyze(opened))
-    for entry in manifest["programs"]:
-        (profile,) = [p for p in profiles if p.group == entry["group"]]
-        assert [(i.name, list(i.min), list(i.max)) for i in profile.inputs] == [
-            (i["name"], i["min"], i["max"]) for i in entry["inputs"]
+    for entry, file in manifest.entries:
+        (profile,) = [p for p in profiles if p.group == entry.group]
+        assert [(i.name, tuple(i.min), tuple(i.max)) for i in profile.inputs] == [
+            (i.name, i.min, i.max) for i in file.inputs
         ]
-        for name, dim in entry["dims"].items():
-            assert (dim["min"], dim["max"]) == (2, 5 if len(entry["inputs"]) == 1 else 7), name
+        for name, dim in file.dims.items():
+            assert dim == (2, 5 if len(file.inputs) == 1 else 7), name
 
 
 def test_payload_rows_are_checked_against_production_outputs(linear: Any) -> None:
@@ -215,9 +213,49 @@ def test_a_manifest_of_another_format_is_refused(tmp_path: Path) -> None:
 def test_a_linked_onnx_file_is_refused(linear: Any, tmp_path: Path) -> None:
     _, _, _, _, target = linear
     for name in os.listdir(target.parent):
-        os.symlink(target.parent / name, tmp_path / name)
+        if name.endswith(".json"):
+            shutil.copy(target.parent / name, tmp_path / name)
+        else:
+            os.symlink(target.parent / name, tmp_path / name)
     with pytest.raises(OnnxFileError, match="missing or not a regular file"):
         replay.load(tmp_path / "linear.onnx")
+
+
+def test_a_linked_manifest_is_refused(linear: Any, tmp_path: Path) -> None:
+    _, _, _, _, target = linear
+    for name in os.listdir(target.parent):
+        if name.endswith(".json"):
+            os.symlink(target.parent / name, tmp_path / name)
+        else:
+            shutil.copy(target.parent / name, tmp_path / name)
+    with pytest.raises(OnnxFileError, match="linear.onnx.json is a link; an ONNX set's manifest"):
+        replay.load(tmp_path / "linear.onnx")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("axes", "wide", r"programs\[0\]\.axes must be a list"),
+        ("conditions", [{"expr": "exec('x')", "text": "x"}], r"is not a size condition"),
+        ("file", "/etc/passwd", r"'/etc/passwd' is not a file name beside the manifest"),
+    ],
+)
+def test_a_changed_manifest_is_one_error_naming_the_field(
+    linear: Any, tmp_path: Path, field: str, value: Any, message: str
+) -> None:
+    # issue 21 on main's typed manifest: an ONNX set is read as data, field by field
+    _, _, _, _, target = linear
+    shutil.copytree(target.parent, tmp_path / "set")
+    manifest = tmp_path / "set" / "linear.onnx.json"
+    data = json.loads(manifest.read_text())
+    data["programs"][0][field] = value
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(OnnxFileError, match=message):
+        replay.load(tmp_path / "set" / "linear.onnx")
+    done = CliRunner().invoke(cli, ["check", str(tmp_path / "set" / "linear.onnx")])
+    assert done.exit_code == 1
+    assert done.stdout == ""
+    assert done.stderr.startswith("Error: ") and len(done.stderr.splitlines()) == 1
 
 
 def test_all_files_share_one_weights_file_holding_each_weight_once(linear: Any) -> None:

@@ -4,7 +4,9 @@ A room of its own because ONNX is a second target with its own files, its own ru
 own ways to be wrong (a conversion that does not mean what the torch program means), while it
 keeps replay's contract: every file is checked on the same coverage rows as its torch program
 (`replay.onnx.check`), the files of one export share one weights file (`replay.onnx.weights`),
-a manifest beside them says what each file serves (`replay.onnx.manifest`), and
-``replay.load`` of what ``onnx=PATH`` wrote returns an onnxruntime runner with the guards of
-the ``.pt2`` runner (`replay.onnx.runner`). Conversion: `replay.onnx.convert`.
+a manifest beside them says what each file serves (`replay.onnx.manifest`: the ``.pt2``
+artifact's typed manifest, with the files' fields added; built by `replay.onnx.entries`), and
+``replay.load`` of what ``onnx=PATH`` wrote returns an onnxruntime runner routed by the rule
+of the ``.pt2`` runner (`replay.onnx.runner`, `replay.ship.guards.route`). Conversion:
+`replay.onnx.convert`.
 """

@@ -21,7 +21,7 @@
 - **program bounds**: torch.export may bound a dim more tightly than the recorded range (a
   sliding window's ``seq <= 4``); the ONNX graph no longer checks it, so the bounds of every
   input axis are read from the program's ``range_constraints`` (`Converted.bounds`) and become
-  part of the file's guard (`replay.onnx.manifest`).
+  part of the file's guard (`replay.onnx.entries`).
 """
 
 from __future__ import annotations

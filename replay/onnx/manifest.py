@@ -1,61 +1,68 @@
-"""The manifest beside an export's ONNX files: what each file serves, and how to call it.
+"""The ONNX set's manifest: the artifact's typed manifest (`replay.ship.manifest`), seen from ONNX.
 
-``onnx=model.onnx`` writes ``model.onnx`` (one group) or ``model.<group>.onnx`` (several), their
-shared weights ``model.onnx.data`` (`replay.onnx.weights`) and this manifest,
-``model.onnx.json``, last: its presence says the set is complete. Its shape is the ``.pt2``
-artifact's (`replay.ship.artifact`), so ``capture check`` and `replay.ship.guards` read both:
+``onnx=model.onnx`` writes ``model.onnx`` (one program) or ``model.<group>.onnx`` (several),
+their shared weights ``model.onnx.data`` (`replay.onnx.weights`) and this manifest,
+``model.onnx.json``, last: its presence says the set is complete. It is the ``.pt2``
+artifact's manifest under its own format (`FORMAT`), read by the same typed code
+(`replay.ship.manifest.Manifest.read`): ``model``, ``created``, ``versions`` (torch,
+transformers, capture, onnx, onnxscript, onnxruntime), ``modules[""]`` (the store, the export's
+``complete``, its coverage rows, torch and ONNX) and ``programs``: one
+`replay.ship.manifest.ProgramEntry` per call group (or regime) with its guard
+(`replay.ship.guards.ProgramGuard`: recorded structure, ranges, relations, ``rejected``: the
+recorded signatures the ONNX check failed). What only an ONNX set has, each read field by field
+too (`OnnxFile`, `OnnxManifest`):
 
-- ``format`` (`FORMAT`), ``model``, ``created``, ``versions`` (torch, transformers, capture,
-  onnx, onnxscript, onnxruntime) and ``weights`` (the shared file's name and size);
-- ``modules[""]``: the store, the export's ``complete``, its coverage rows (torch and ONNX);
-- ``programs``: one entry per file, with the fields of the artifact's guard entries (group,
-  recorded structure, ``axes`` with each dim's range, relations, ``rejected``: recorded
-  signatures the ONNX check failed) plus ``file``, ``opset``, ``inputs`` (ONNX name, the
-  recorded tensor leaf it takes, dtype, per axis its size or dim name, and ``min`` / ``max``:
-  what an onnxruntime or TensorRT deployment builds its profiles from), ``dims`` (dim name ->
-  recorded ``min`` / ``max``) and ``outputs`` (the output treespec, the ONNX name of each
-  output leaf).
+- ``weights``: the shared file's name and size;
+- per program entry ``file``, ``opset``, ``inputs`` (ONNX name, the recorded tensor leaf it
+  takes, dtype, per axis its size or dim name, and ``min`` / ``max``: what an onnxruntime or
+  TensorRT deployment builds its profiles from), ``dims`` (dim name -> recorded ``min`` /
+  ``max``), ``outputs`` (the output treespec, the ONNX name of each output leaf) and
+  ``unchecked_guards``.
 
-An axis whose range torch.export bounded more tightly than the recordings (`Converted.bounds`)
-carries the program's range and ``"narrowed": true``, and the program's own size guards travel
-as ``conditions`` (`replay.ship.conditions`; a guard line that could not be translated is listed
-in ``unchecked_guards``): the ONNX graph checks none of them, the runner's guard does.
+An axis whose range torch.export bounded more tightly than the recordings carries the
+program's range (``narrowed``), and the program's own size guards travel as the guard's
+``conditions`` (`replay.ship.conditions`): the ONNX graph checks none of them, the runner's
+guard does (`replay.onnx.entries` writes them).
 
-`read_manifest` parses one with json only (no torch, no onnx), refusing anything capture did
-not write: a file name with a directory in it, a missing field, another format.
+`read_onnx_set` reads a set as data, without torch or onnx, as `replay.ship.artifact.read_artifact`
+reads a ``.pt2``: the manifest (a regular file, not a link, its size bounded before it is read)
+parsed into typed entries, every pytree type it names one the loader may register, and every
+file it names a bare name beside it, a regular file, not a link.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from replay.onnx.weights import OnnxFileError
-from replay.ship.guards import LEAF_FIELDS
-
-if TYPE_CHECKING:
-    from replay.coverage import CoverageRow
-    from replay.exportgroup import ExportGroup
-    from replay.onnx.convert import Converted
+from replay.ship.checked_json import Fields, checked_format, load
+from replay.ship.guards import ArtifactError
+from replay.ship.manifest import MANIFEST_CAP, Manifest, ProgramEntry
 
 __all__ = [
     "FORMAT",
+    "OnnxInput",
+    "OnnxOutputs",
+    "OnnxFile",
+    "OnnxManifest",
     "manifest_path",
     "weights_path",
     "is_onnx_path",
-    "program_entry",
-    "read_manifest",
-    "write_manifest",
+    "read_onnx_set",
     "onnx_versions",
 ]
 
 FORMAT = "capture-onnx/1"
 """The manifest's ``format``: bumped when a reader could misread a newer manifest."""
 
-_PROGRAM_KEYS = ("group", "program", "file", "structure_id", "leaves", "axes", "inputs", "outputs")
+_FILE = re.compile(r"[^./\\\0][^/\\\0]{0,254}\Z")
+"""A bare file name: no directory, not hidden, not ``.`` or ``..``."""
+_DIM = re.compile(r"[A-Za-z0-9_ +*/%(),.-]{1,256}\Z")
+"""A dim name or its expression (``batch``, ``past_key_values_2 + 1``)."""
 
 
 def manifest_path(path: str | os.PathLike[str]) -> str:
@@ -110,287 +117,261 @@ def onnx_versions() -> dict[str, str | None]:
     return out
 
 
-def _iso(ts: Any) -> str | None:
-    from datetime import datetime
+def bare_name(f: Fields, key: str) -> str:
+    """A file name field: a bare name (no directory, not hidden), beside the manifest."""
+    name = str(f.text(key, max_len=255))
+    if not _FILE.match(name):
+        f.fail(f"{f.where}.{key}", f"{name[:60]!r} is not a file name beside the manifest")
+    return name
 
-    return ts.isoformat() if isinstance(ts, datetime) else None
 
+@dataclass(frozen=True)
+class OnnxInput:
+    """One input of an ONNX file and the recorded tensor leaf it takes.
 
-def spec_types(spec: str) -> set[str]:
-    """The node types a dumped treespec names, builtins and collections left out (what a
-    loader must have registered to rebuild it).
-
-    Example:
-        >>> spec_types('[1, {"type": "builtins.tuple", "context": "null", "children_spec": []}]')
-        set()
+    Attributes:
+        name: The ONNX input name.
+        leaf: Index of the tensor among the file's program's tensor leaves.
+        path: The recorded leaf path (``kwargs['input_ids']``) the runner feeds it from.
+        dtype: The recorded dtype.
+        shape: Per axis, its size (static) or its dim name (dynamic).
+        min: Per axis, the smallest size the entry's group sends.
+        max: Per axis, the largest.
     """
-    out: set[str] = set()
-    stack = [json.loads(spec)[1]]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if isinstance(node.get("type"), str):
-                out.add(node["type"])
-            stack.extend(node.get("children_spec") or ())
-    return {t for t in out if not t.startswith(("builtins.", "collections."))}
 
+    name: str
+    leaf: int
+    path: str
+    dtype: str
+    shape: tuple[int | str, ...]
+    min: tuple[int, ...]
+    max: tuple[int, ...]
 
-def _guard_entry(
-    group: ExportGroup, converted: Converted, rows: Sequence[CoverageRow]
-) -> dict[str, Any]:
-    """The guard fields of a file's entry, as `replay.ship.guards.ProgramGuard.from_manifest`
-    reads them (the fields the ``.pt2`` artifact writes for a program; `rejected` from the ONNX
-    rows of the group's recorded signatures that are not covered, matched by their sizes)."""
-    from replay.coverage import KIND_RECORDED
-
-    structure = group.structure
-    axes = [
-        {
-            "path": d.path,
-            "axis": d.axis,
-            "min": d.min,
-            "max": d.max,
-            "dynamic": d.dynamic,
-            "symbol": d.symbol,
+    def as_dict(self) -> dict[str, Any]:
+        """The input as the manifest's JSON object."""
+        return {
+            "name": self.name,
+            "leaf": self.leaf,
+            "path": self.path,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "min": list(self.min),
+            "max": list(self.max),
         }
-        for d in group.dims
-    ]
-    if len(axes) != structure.width:
-        raise OnnxFileError(
-            f"group {group.name}: {len(axes)} analysed dims for {structure.width} recorded "
-            "tensor dims; the guards cannot be written"
+
+    @classmethod
+    def parse(cls, f: Fields) -> OnnxInput:
+        """Reads one ``inputs`` item.
+
+        Raises:
+            ArtifactError: A field is missing, of the wrong type or out of bounds.
+        """
+        shape: list[int | str] = []
+        for i, size in enumerate(f.items("shape", max_items=64)):
+            if isinstance(size, str) and _DIM.match(size):
+                shape.append(size)
+            elif isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+                shape.append(size)
+            else:
+                f.fail(f"{f.where}.shape[{i}]", "is neither a size nor a dim name")
+        low, high = f.integers("min", low=0), f.integers("max", low=0)
+        if not len(shape) == len(low) == len(high):
+            f.fail(f.where, f"has {len(shape)} axes, {len(low)} minima and {len(high)} maxima")
+        return cls(
+            name=f.text("name", max_len=1024),
+            leaf=f.integer("leaf", low=0, high=1_000_000),
+            path=f.text("path"),
+            dtype=f.text("dtype", max_len=64),
+            shape=tuple(shape),
+            min=low,
+            max=high,
         )
-    return {
-        "module": "",
-        "group": group.name,
-        "program": group.name,
-        "model": group.model,
-        "structure_id": group.structure_id,
-        "calls": group.calls,
-        "signatures": group.signatures,
-        "treespec": structure.treespec,
-        "signature": structure.signature,
-        "n_args": structure.n_args,
-        "leaves": [
-            {k: getattr(leaf, k) for k in ("argument", "position", *LEAF_FIELDS)}
-            for leaf in structure.leaves
-        ],
-        "axes": axes,
-        "relations": [
-            {"symbol": r.symbol, "terms": list(r.terms), "offset": r.offset}
-            for r in group.relations
-        ],
-        "pytree_types": sorted(spec_types(converted.outputs.spec)),
-        "rejected": [
-            {"dims": list(row.sizes), "error": row.error or "not reproduced"}
-            for row in rows
-            if row.group == group.name
-            and row.kind == KIND_RECORDED
-            and not row.covered
-            and row.sizes is not None
-        ],
-        "first_ts": _iso(group.analysis.first_ts) if group.analysis else None,
-        "last_ts": _iso(group.analysis.last_ts) if group.analysis else None,
-    }
 
 
-DimMap = list[tuple[tuple[int, ...], int]]
-"""Per size of the file's call (the owning group's dims): ``(terms, offset)`` over the entry's
-group's dims, the size being ``sum(dims[t] for t in terms) + offset``."""
+_SCALARS = (type(None), bool, int, float, str)
 
 
-def _dim_map(group: ExportGroup, owner: ExportGroup) -> DimMap:
-    """How each size of the file's call follows from a call of `group`: the same size for the
-    group owning the program; for a group served by it (`replay.merging`), its own sizes, or a
-    filled input's axis (`replay.ship.fills`)."""
-    if group is owner:
-        return [((i,), 0) for i in range(owner.structure.width)]
-    mine: dict[str, int] = {}
-    width = 0
-    for leaf in group.structure.tensors:
-        mine[leaf.path] = width
-        width += int(leaf.ndim)
-    fills = {f"kwargs[{fill.argument!r}]": fill for fill in group.fills}
-    out: DimMap = []
-    for leaf in owner.structure.tensors:
-        if leaf.path in mine:
-            out.extend(((mine[leaf.path] + k,), 0) for k in range(int(leaf.ndim)))
-        elif leaf.path in fills:
-            out.extend((tuple(a.terms), a.offset) for a in fills[leaf.path].shape)
-        else:
-            raise OnnxFileError(
-                f"group {group.name}: {leaf.path} of program {owner.name} is neither passed "
-                "nor filled"
+@dataclass(frozen=True)
+class OnnxOutputs:
+    """How a file's outputs become the program's output object.
+
+    Attributes:
+        spec: The program's output treespec (``treespec_dumps`` JSON, parsed by the runner with
+            capture's allow-list parser, `capture.pytree.treespec`).
+        names: Per output leaf, the ONNX output name, or None for a constant leaf.
+        constants: Per output leaf, its value when it is a constant (None otherwise).
+    """
+
+    spec: str
+    names: tuple[str | None, ...]
+    constants: tuple[Any, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The outputs as the manifest's JSON object."""
+        return {"spec": self.spec, "names": list(self.names), "constants": list(self.constants)}
+
+    @classmethod
+    def parse(cls, f: Fields) -> OnnxOutputs:
+        """Reads an entry's ``outputs``.
+
+        Raises:
+            ArtifactError: A field is missing, of the wrong type or out of bounds.
+        """
+        names = f.items("names", max_items=100_000)
+        constants = f.items("constants", max_items=100_000)
+        if len(names) != len(constants):
+            f.fail(f.where, f"has {len(names)} names for {len(constants)} constants")
+        for i, name in enumerate(names):
+            if name is not None and (not isinstance(name, str) or len(name) > 1024):
+                f.fail(f"{f.where}.names[{i}]", "is neither an output name nor null")
+        for i, value in enumerate(constants):
+            if not isinstance(value, _SCALARS) or (isinstance(value, str) and len(value) > 4096):
+                f.fail(f"{f.where}.constants[{i}]", "is not a constant an output can be")
+        return cls(f.text("spec", max_len=10_000_000), tuple(names), tuple(constants))
+
+
+@dataclass(frozen=True)
+class OnnxFile:
+    """What one program entry of an ONNX set says that a ``.pt2`` entry does not.
+
+    Attributes:
+        file: The ONNX file serving the entry (a bare name beside the manifest).
+        inputs: One per ONNX input, in the file's input order.
+        outputs: How its outputs become eager's output object.
+        dims: Dim name -> ``(min, max)`` the entry's group sends.
+        opset: The file's default-domain opset.
+        unchecked_guards: The program's guard lines that could not be translated into
+            conditions (the runner's guard does not check them).
+    """
+
+    file: str
+    inputs: tuple[OnnxInput, ...]
+    outputs: OnnxOutputs
+    dims: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    opset: int | None = None
+    unchecked_guards: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ONNX fields of the entry's JSON object."""
+        return {
+            "file": self.file,
+            "opset": self.opset,
+            "inputs": [i.as_dict() for i in self.inputs],
+            "dims": {k: {"min": low, "max": high} for k, (low, high) in self.dims.items()},
+            "outputs": self.outputs.as_dict(),
+            "unchecked_guards": list(self.unchecked_guards),
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> OnnxFile:
+        """Reads the ONNX fields of one ``programs`` item.
+
+        Raises:
+            ArtifactError: A field is missing, of the wrong type or out of bounds.
+        """
+        dims = f.child("dims", optional=True)
+        ranges = {}
+        for name in dims.raw:
+            if not _DIM.match(str(name)):
+                f.fail(f"{dims.where}", f"names the dim {str(name)[:60]!r}")
+            d = dims.child(name)
+            ranges[str(name)] = (d.integer("min", low=0), d.integer("max", low=0))
+        return cls(
+            file=bare_name(f, "file"),
+            inputs=tuple(f.each("inputs", OnnxInput.parse)),
+            outputs=OnnxOutputs.parse(f.child("outputs")),
+            dims=ranges,
+            opset=f.integer("opset", low=0, high=10_000, optional=True),
+            unchecked_guards=tuple(f.texts("unchecked_guards", optional=True, max_len=10_000)),
+        )
+
+
+@dataclass(frozen=True)
+class OnnxManifest:
+    """An ONNX set's manifest, validated (`parse`) or built by `replay.onnx.entries`.
+
+    Attributes:
+        manifest: The typed manifest every artifact has (its ``programs`` are routed by
+            `replay.ship.guards.route`, as a ``.pt2``'s are).
+        files: Per entry of ``manifest.programs`` (same order), its `OnnxFile`.
+        weights: The shared weights file's name (beside the manifest).
+        weights_bytes: Its size.
+    """
+
+    manifest: Manifest
+    files: tuple[OnnxFile, ...]
+    weights: str
+    weights_bytes: int = 0
+
+    @property
+    def entries(self) -> list[tuple[ProgramEntry, OnnxFile]]:
+        """Every program entry with its ONNX fields."""
+        return list(zip(self.manifest.programs, self.files, strict=True))
+
+    def program_files(self) -> dict[str, OnnxFile]:
+        """Program name -> the `OnnxFile` of the entry of the group that owns it (its inputs
+        are the file's; a merged group's entry names the same file)."""
+        return {e.program: f for e, f in self.entries if e.program == e.group}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The manifest as JSON-serializable data."""
+        out = self.manifest.as_dict()
+        out.pop("aoti", None)
+        out["weights"] = {"file": self.weights, "bytes": self.weights_bytes}
+        out["programs"] = [{**e.as_dict(), **f.as_dict()} for e, f in self.entries]
+        return out
+
+    def to_json(self) -> str:
+        """The manifest's text (strict JSON: no NaN)."""
+        import json
+
+        return json.dumps(self.as_dict(), indent=1, allow_nan=False)
+
+    @classmethod
+    def parse(cls, data: bytes, source: str) -> OnnxManifest:
+        """Parses and validates an ONNX set's manifest (module docstring).
+
+        Raises:
+            OnnxFileError: Not JSON, another `FORMAT`, a field missing, of the wrong type or
+                out of bounds; entries of one program naming different files, or a program
+                without the entry of the group owning it.
+        """
+        try:
+            f = checked_format(load(data, source), FORMAT, source)
+            manifest = Manifest.read(f)
+            files = tuple(f.each("programs", OnnxFile.parse))
+            weights = f.child("weights")
+            out = cls(
+                manifest,
+                files,
+                bare_name(weights, "file"),
+                weights.integer("bytes", low=0),
             )
-    return out
+        except OnnxFileError:
+            raise
+        except ArtifactError as e:
+            raise OnnxFileError(str(e)) from None
+        owners = out.program_files()
+        for i, (entry, file) in enumerate(out.entries):
+            owner = owners.get(entry.program)
+            if owner is None:
+                raise OnnxFileError(
+                    f"{source}.programs[{i}]: group {entry.group} is served by program "
+                    f"{entry.program}, which no entry owns"
+                )
+            if owner.file != file.file:
+                raise OnnxFileError(
+                    f"{source}.programs[{i}]: group {entry.group} names {file.file}, its "
+                    f"program {entry.program} is {owner.file}"
+                )
+        if set(manifest.modules) != {""}:
+            raise OnnxFileError(f"{source}: an ONNX set serves the model itself only")
+        return out
 
 
-def _expr(terms: tuple[int, ...], offset: int) -> str:
-    parts = [f"d{t}" for t in terms] + ([str(offset)] if offset or not terms else [])
-    return "(" + " + ".join(parts) + ")"
-
-
-def _program_guard(
-    entry_axes: Sequence[dict[str, Any]], converted: Converted, mapping: DimMap
-) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """The entry's axes cut to the program's bounds, and the program's conditions, over the
-    entry's group's dims (through `mapping`); a bound on a filled size becomes a condition."""
-    from replay.ship.conditions import parse
-
-    axes = [dict(a) for a in entry_axes]
-    conditions: list[dict[str, str]] = []
-    for (terms, offset), bound in zip(mapping, converted.bounds, strict=True):
-        if bound is None:
-            continue
-        low, high = bound
-        if len(terms) != 1 or offset:
-            expr = _expr(terms, offset)
-            if low > 0:
-                conditions.append({"expr": f"{expr} >= {low}", "text": f"{expr} >= {low}"})
-            if high is not None:
-                conditions.append({"expr": f"{expr} <= {high}", "text": f"{expr} <= {high}"})
-            continue
-        axis = axes[terms[0]]
-        if low == high and axis["dynamic"]:
-            axis.update(min=low, max=low, dynamic=False, narrowed=True)
-        elif low > int(axis["min"]) or (high is not None and high < int(axis["max"])):
-            axis.update(min=max(low, int(axis["min"])), narrowed=True)
-            axis["max"] = min(high, int(axis["max"])) if high is not None else axis["max"]
-    for condition in converted.conditions:
-        expr = re.sub(r"\bd(\d+)\b", lambda m: _expr(*mapping[int(m.group(1))]), condition.expr)
-        parse(expr)  # a rewritten condition is still one of the grammar
-        conditions.append({"expr": expr, "text": condition.text})
-    return axes, conditions
-
-
-def _size_range(
-    axes: Sequence[dict[str, Any]], terms: tuple[int, ...], offset: int
-) -> tuple[int, int]:
-    low = sum(int(axes[t]["min"]) for t in terms) + offset
-    high = sum(int(axes[t]["max"]) for t in terms) + offset
-    return low, high
-
-
-def program_entry(
-    group: ExportGroup,
-    converted: Converted,
-    file: str,
-    rows: Sequence[CoverageRow],
-    owner: ExportGroup | None = None,
-) -> dict[str, Any]:
-    """The manifest entry of one group served by one ONNX file (module docstring).
-
-    Args:
-        group: The call group.
-        converted: The conversion of the program serving it (`replay.onnx.convert.convert`).
-        file: The ONNX file's name (no directory).
-        rows: The ONNX coverage rows of the export: the group's failed recorded signatures
-            become ``rejected``.
-        owner: The group the program was exported from (default: `group` itself); another
-            group's when `group` is served by its program with inputs filled.
-
-    Returns:
-        A JSON-serializable dict.
-
-    Raises:
-        OnnxFileError: An input of the program that the group neither passes nor fills.
-    """
-    owner = owner or group
-    mapping = _dim_map(group, owner)
-    entry = _guard_entry(group, converted, rows)
-    entry["axes"], conditions = _program_guard(entry["axes"], converted, mapping)
-    entry["program"] = owner.name
-    entry["fills"] = [fill.as_dict() for fill in group.fills]
-    dims: dict[str, dict[str, int]] = {}
-    inputs = []
-    widths = [int(leaf.ndim) for leaf in owner.structure.tensors]
-    starts = [sum(widths[:i]) for i in range(len(widths))]
-    for binding in converted.inputs:
-        at = starts[binding.leaf]
-        ranges = [_size_range(entry["axes"], *mapping[at + k]) for k in range(widths[binding.leaf])]
-        for name, (low, high) in zip(binding.shape, ranges, strict=True):
-            if isinstance(name, str):
-                seen = dims.setdefault(name, {"min": low, "max": high})
-                seen.update(min=min(seen["min"], low), max=max(seen["max"], high))
-        inputs.append(
-            {
-                "name": binding.name,
-                "leaf": binding.leaf,
-                "path": binding.path,
-                "dtype": binding.dtype,
-                "shape": list(binding.shape),
-                "min": [low for low, _ in ranges],
-                "max": [high for _, high in ranges],
-            }
-        )
-    entry.update(
-        file=file,
-        opset=_opset(converted),
-        conditions=conditions,
-        unchecked_guards=list(converted.unchecked),
-        inputs=inputs,
-        dims=dims,
-        outputs={
-            "spec": converted.outputs.spec,
-            "names": list(converted.outputs.names),
-            "constants": list(converted.outputs.constants),
-        },
-    )
-    return entry
-
-
-def _opset(converted: Converted) -> int | None:
-    version = converted.model.opset_imports.get("")
-    return int(version) if version is not None else None
-
-
-def write_manifest(
-    path: str | os.PathLike[str],
-    model: str,
-    programs: Sequence[dict[str, Any]],
-    module: Mapping[str, Any],
-    weights: Mapping[str, Any],
-) -> str:
-    """Writes the manifest of an ONNX set (temporary name, then renamed).
-
-    Args:
-        path: The ``onnx=`` path.
-        model: The model's name in the store.
-        programs: One `program_entry` per file.
-        module: The export's ``modules[""]`` entry (store, complete, coverage, errors, notes).
-        weights: ``{"file": name, "bytes": size}``.
-
-    Returns:
-        The manifest's path.
-    """
-    from datetime import datetime
-
-    data = {
-        "format": FORMAT,
-        "model": model,
-        "created": datetime.now().astimezone().isoformat(),
-        "versions": onnx_versions(),
-        "weights": dict(weights),
-        "modules": {"": dict(module)},
-        "programs": list(programs),
-    }
-    target = manifest_path(path)
-    folder, name = os.path.split(target)
-    tmp = os.path.join(folder, f".{name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        json.dump(data, out, indent=1, default=str)
-    os.replace(tmp, target)
-    return target
-
-
-def _plain_file(folder: str, name: Any, what: str, source: str) -> str:
-    """`name` as a file in `folder`: a bare name, a regular file, not a link."""
-    if (
-        not isinstance(name, str)
-        or not name
-        or os.path.basename(name) != name
-        or name in (".", "..")
-    ):
+def _regular(folder: str, name: str, what: str, source: str) -> str:
+    """`name` in `folder`: a bare name (checked when parsed), a regular file, not a link."""
+    if os.path.basename(name) != name or name in (".", ".."):
         raise OnnxFileError(f"{source}: {what} {name!r} is not a file name beside the manifest")
     full = os.path.join(folder, name)
     if os.path.islink(full) or not os.path.isfile(full):
@@ -398,52 +379,63 @@ def _plain_file(folder: str, name: Any, what: str, source: str) -> str:
     return full
 
 
-def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of the ONNX set written for ``onnx=path`` (json only: no torch, no onnx).
-
-    Args:
-        path: The ``onnx=`` path (``model.onnx``) or the manifest itself.
-
-    Returns:
-        The manifest, checked: its format, its fields, and every file it names (a bare name
-        beside it, a regular file).
-
-    Raises:
-        OnnxFileError: No manifest, not JSON, another format, a missing field, or a file
-            name that leaves the directory.
-
-    Example:
-        >>> read_manifest("model.onnx")["programs"][0]["file"]  # doctest: +SKIP
-        'model.decode.onnx'
-    """
-    source = manifest_path(path)
+def _read_bounded(source: str) -> bytes:
+    """The manifest's bytes: a regular file, not a link, at most `MANIFEST_CAP` bytes."""
+    if os.path.islink(source):
+        raise OnnxFileError(f"{source} is a link; an ONNX set's manifest is a regular file")
     if not os.path.isfile(source):
         raise OnnxFileError(
             f"no ONNX manifest at {source}: replay.load takes the path given to onnx= "
             "(capture export --out MODEL.onnx writes one)"
         )
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
     try:
-        with open(source, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError, RecursionError) as e:
-        raise OnnxFileError(f"{source} is not a readable JSON manifest: {e}") from e
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        found = data.get("format") if isinstance(data, dict) else None
-        raise OnnxFileError(f"{source}: manifest format {found!r}, this capture reads {FORMAT!r}")
+        fd = os.open(source, flags)
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MANIFEST_CAP:
+                raise OnnxFileError(
+                    f"{source} holds {size} bytes, more than the {MANIFEST_CAP} a manifest "
+                    "may hold; it is not read"
+                )
+            return f.read(MANIFEST_CAP + 1)
+    except OSError as e:
+        raise OnnxFileError(f"{source} cannot be read: {e.strerror or e}") from None
+
+
+def read_onnx_set(path: str | os.PathLike[str]) -> OnnxManifest:
+    """Reads and checks an ONNX set's manifest and files as data: no torch, no onnx.
+
+    Args:
+        path: The ``onnx=`` path (``model.onnx``) or the manifest itself.
+
+    Returns:
+        The typed manifest, every file it names checked to be a bare name beside it, a
+        regular file, not a link.
+
+    Raises:
+        OnnxFileError: No manifest, a link, too large, not JSON, another format, a field
+            missing, of the wrong type or out of bounds, a pytree type the loader does not
+            register, or a file name that leaves the folder, is missing or is a link.
+
+    Example:
+        >>> read_onnx_set("model.onnx").files[0].file  # doctest: +SKIP
+        'model.decode.onnx'
+    """
+    from replay.ship.artifact import loadable_type
+
+    source = manifest_path(path)
+    parsed = OnnxManifest.parse(_read_bounded(source), source)
     folder = os.path.dirname(os.path.abspath(source))
-    weights = data.get("weights")
-    if not isinstance(weights, dict):
-        raise OnnxFileError(f"{source}: the manifest names no weights file")
-    _plain_file(folder, weights.get("file"), "weights file", source)
-    programs = data.get("programs")
-    modules = data.get("modules")
-    if not isinstance(programs, list) or not isinstance(modules, dict) or "" not in modules:
-        raise OnnxFileError(f"{source}: the manifest lists no programs or modules")
-    if not isinstance(data.get("model"), str):
-        raise OnnxFileError(f"{source}: the manifest names no model")
-    for entry in programs:
-        missing = [k for k in _PROGRAM_KEYS if not isinstance(entry, dict) or k not in entry]
-        if missing:
-            raise OnnxFileError(f"{source}: a program entry lacks {', '.join(missing)}")
-        _plain_file(folder, entry["file"], "ONNX file", source)
-    return data
+    _regular(folder, parsed.weights, "weights file", source)
+    for file in {f.file for f in parsed.files}:
+        _regular(folder, file, "ONNX file", source)
+    for entry in parsed.manifest.programs:
+        for name in entry.pytree_types:
+            if not loadable_type(name):
+                raise OnnxFileError(
+                    f"{source}: program {entry.program} names the pytree type {name[:200]}, "
+                    "which the loader does not register (only transformers.* types are, and "
+                    "those registered in the loading process)"
+                )
+    return parsed

@@ -1,10 +1,12 @@
 """The runner ``replay.load`` returns for an ONNX set: onnxruntime sessions behind the guards.
 
 Same contract as the ``.pt2`` runner (`replay.ship.runner.Runner`): called like the model, it
-picks the file whose recorded structure matches the call and whose guards accept its sizes (the
-same `replay.ship.runner.Router`, over the manifest's `replay.ship.guards.ProgramGuard` entries:
-recorded ranges, cut to the program's bounds where torch.export bounded a dim, equal dims,
-relations, and the signatures the ONNX check failed), builds the feeds and returns eager's types:
+picks the file whose recorded structure matches the call and whose guards accept its sizes
+with the same rule (`replay.ship.guards.route`, through the same `replay.ship.runner.Router`),
+over the typed entries of its manifest (`replay.onnx.manifest`: recorded ranges, cut to the
+program's bounds where torch.export bounded a dim, equal dims, relations, the program's own
+size guards, and the signatures the ONNX check failed), builds the feeds and returns eager's
+types:
 
 - **feeds**: the call's tensors in recorded leaf order (the order of ``dims``: a
   ``DynamicCache`` flattened by capture's registrations, a sliding window's shape-only
@@ -31,10 +33,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from replay.onnx.manifest import read_manifest
+from replay.onnx.manifest import OnnxFile, OnnxManifest, read_onnx_set
 from replay.onnx.weights import OnnxFileError, external_initializers
-from replay.ship.fills import Fill, fill_call
-from replay.ship.guards import CallNotServed, ProgramGuard
+from replay.ship.fills import fill_call
+from replay.ship.guards import CallNotServed
+from replay.ship.manifest import ProgramEntry
 from replay.ship.runner import Routed, Router
 
 if TYPE_CHECKING:
@@ -54,18 +57,19 @@ class OnnxProgram:
     """One ONNX file of a set: its session and how a call's tensors feed it.
 
     Attributes:
-        entry: The manifest entry of the group that owns the file (its inputs and outputs are
-            every entry's that the file serves).
+        name: The program's name (the group that owns the file).
+        file: The ONNX fields of the owning group's entry (the file's inputs and outputs:
+            every entry the file serves names them).
         session: Its ``onnxruntime.InferenceSession``.
     """
 
-    def __init__(self, entry: dict[str, Any], session: Any) -> None:
-        self.entry = entry
+    def __init__(self, name: str, file: OnnxFile, session: Any) -> None:
+        self.name = name
+        self.file = file
         self.session = session
-        self._inputs = [(str(i["name"]), str(i["path"])) for i in entry["inputs"]]
-        outputs = entry["outputs"]
-        self._names: list[str | None] = list(outputs["names"])
-        self._constants: list[Any] = list(outputs["constants"])
+        self._inputs = [(i.name, i.path) for i in file.inputs]
+        self._names = list(file.outputs.names)
+        self._constants = list(file.outputs.constants)
         self._fetch = [n for n in self._names if n is not None]
         self._spec: Any = None
 
@@ -73,8 +77,8 @@ class OnnxProgram:
         if self._spec is None:
             from capture.pytree.treespec import parse, to_treespec
 
-            source = f"the outputs of {self.entry['file']}"
-            self._spec = to_treespec(parse(self.entry["outputs"]["spec"], source), source)
+            source = f"the outputs of {self.file.file}"
+            self._spec = to_treespec(parse(self.file.outputs.spec, source), source)
         return self._spec
 
     def run(self, tensors: Mapping[str, Any]) -> Any:
@@ -91,7 +95,7 @@ class OnnxProgram:
         from torch.utils.dlpack import from_dlpack
 
         feeds = {}
-        label = str(self.entry["program"])
+        label = self.name
         for name, path in self._inputs:
             t = tensors.get(path)
             if t is None:
@@ -116,7 +120,7 @@ class OnnxRunner(Routed):
     """Calls an ONNX set like the original model (what ``replay.load("model.onnx")`` returns).
 
     Attributes:
-        manifest: The set's manifest (`replay.onnx.manifest`).
+        manifest: The set's typed manifest (`replay.onnx.manifest.OnnxManifest`).
         programs: Program name (the group that owns the file) -> its `OnnxProgram`.
         modules: Always empty (sub-modules are exported to ``.pt2`` artifacts only).
         module: Always ``""``.
@@ -124,7 +128,7 @@ class OnnxRunner(Routed):
 
     def __init__(
         self,
-        manifest: dict[str, Any],
+        manifest: OnnxManifest,
         programs: dict[str, OnnxProgram],
         keep: Sequence[Any] = (),
     ) -> None:
@@ -132,7 +136,7 @@ class OnnxRunner(Routed):
         self.programs = programs
         self.module = ""
         self.modules: dict[str, OnnxRunner] = {}
-        self._router = Router(str(manifest["model"]), "", manifest["programs"])
+        self._router = Router(manifest.manifest.model, "", manifest.manifest.programs)
         self._keep = list(keep)  # the weights map and OrtValues the sessions read
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -145,29 +149,26 @@ class OnnxRunner(Routed):
             CallNotServed: No file accepts the call (structure, ranges, relations, a signature
                 the ONNX check failed), or onnxruntime refused it.
         """
-        guard, entry, fills, tensors = self._router.route(args, kwargs)
-        return self._run(guard, entry, fills, args, kwargs, tensors)
+        entry, tensors = self._router.route(args, kwargs)
+        return self._run(entry, args, kwargs, tensors)
 
     def _run(
         self,
-        guard: ProgramGuard,
-        entry: dict[str, Any],
-        fills: Sequence[Fill],
+        entry: ProgramEntry,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         tensors: Sequence[Any],
     ) -> Any:
         """Runs a call the entry's guard accepted on the entry's file."""
-        if fills:
+        leaves: Sequence[Any] = entry.guard.leaves  # the call matched them: paths, kinds, ranks
+        if entry.fills:
             # A group served by another group's program: the inputs it lacks, filled as the
             # .pt2 runner fills them; the filled call is the owner's, read again by path.
             dims = [int(s) for t in tensors for s in t.shape]
-            args, kwargs = fill_call(fills, args, kwargs, dims)
+            args, kwargs = fill_call(entry.fills, args, kwargs, dims)
             _, leaves, tensors = self._router.facts(args, kwargs, entry)
-        else:
-            leaves = guard.leaves  # the call matched them: same paths, kinds, ranks
         paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
-        return self.programs[str(entry["program"])].run(dict(zip(paths, tensors, strict=True)))
+        return self.programs[entry.program].run(dict(zip(paths, tensors, strict=True)))
 
     def run_group(self, group: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Runs the call on one group's entry, behind that entry's guard only (the ONNX check
@@ -176,23 +177,14 @@ class OnnxRunner(Routed):
         Raises:
             CallNotServed: The group's guard refuses the call, or onnxruntime does.
         """
-        router = self._router
-        for guard, entry, fills in zip(router.guards, router.entries, router.fills, strict=True):
-            if guard.group != group:
-                continue
-            treespec, leaves, tensors = router.facts(args, kwargs, entry)
-            reason = None
-            if not guard.matches(treespec, leaves):
-                reason = "different call structure (arguments, dtypes, ranks or constants)"
-            else:
-                reason = guard.check([int(s) for t in tensors for s in t.shape])
-            if reason is not None:
-                raise CallNotServed(f"group {group} refuses this call ({reason})", {group: reason})
-            return self._run(guard, entry, fills, args, kwargs, tensors)
-        raise CallNotServed(f"no ONNX file serves group {group}", {group: "no ONNX file"})
+        mine = [e for e in self._router.entries if e.group == group]
+        if not mine:
+            raise CallNotServed(f"no ONNX file serves group {group}", {group: "no ONNX file"})
+        entry, tensors = self._router.route(args, kwargs, mine)
+        return self._run(entry, args, kwargs, tensors)
 
     def __repr__(self) -> str:
-        return f"OnnxRunner({self.manifest['model']}, groups={self.groups})"
+        return f"OnnxRunner({self.manifest.manifest.model}, groups={self.groups})"
 
 
 _ALLOWED_MODULES = ("transformers.",)
@@ -301,7 +293,7 @@ def load_onnx(
         >>> runner = replay.load("model.onnx")  # doctest: +SKIP
         >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
     """
-    manifest = read_manifest(path)
+    manifest = read_onnx_set(path)
     folder = os.path.dirname(os.path.abspath(os.fspath(path)))
     return open_set(
         manifest, folder, share_weights=share_weights, providers=providers, threads=threads
@@ -309,7 +301,7 @@ def load_onnx(
 
 
 def open_set(
-    manifest: dict[str, Any],
+    manifest: OnnxManifest,
     folder: str,
     *,
     share_weights: bool = True,
@@ -331,17 +323,17 @@ def open_set(
         raise ReplayError(
             "running ONNX files needs onnxruntime; run `pip install capture[onnx]`"
         ) from e
-    weights = str(manifest["weights"]["file"])
-    owners = {str(e["program"]): e for e in manifest["programs"] if e["program"] == e["group"]}
-    missing = {str(e["program"]) for e in manifest["programs"]} - set(owners)
+    weights = manifest.weights
+    owners = manifest.program_files()
+    missing = set(manifest.manifest.program_names) - set(owners)
     if missing:
         raise OnnxFileError(
-            f"the manifest serves groups with programs it has no file of: {missing}"
+            f"the manifest serves groups with programs it has no file of: {sorted(missing)}"
         )
-    files = [str(e["file"]) for e in owners.values()]
+    files = [f.file for f in owners.values()]
     types: set[str] = set()
-    for entry in manifest["programs"]:
-        types.update(str(t) for t in entry.get("pytree_types", []))
+    for entry in manifest.manifest.programs:
+        types.update(entry.pytree_types)
     _register_types(types)
     shared: dict[str, list[tuple[str, Any]]] = {}
     keep: list[Any] = []
@@ -351,7 +343,7 @@ def open_set(
         for file in files:  # the same checks, without sharing
             external_initializers(os.path.join(folder, file), weights)
     programs: dict[str, OnnxProgram] = {}
-    for entry in owners.values():
+    for name, owned in owners.items():
         options = ort.SessionOptions()
         options.log_severity_level = 3  # onnxruntime's warnings are not the caller's output
         if threads is not None:
@@ -361,15 +353,15 @@ def open_set(
             # every session would hold its own packed copy (measured: more memory than no
             # sharing at all), and the Python API has no shared prepacked-weights container.
             options.add_session_config_entry("session.disable_prepacking", "1")
-        for name, value in shared.get(str(entry["file"]), []):
-            options.add_initializer(name, value)
+        for initializer, value in shared.get(owned.file, []):
+            options.add_initializer(initializer, value)
         try:
             session = ort.InferenceSession(
-                os.path.join(folder, str(entry["file"])), options, providers=list(providers)
+                os.path.join(folder, owned.file), options, providers=list(providers)
             )
         except Exception as e:  # onnxruntime's own load errors: one clear line
             raise OnnxFileError(
-                f"onnxruntime cannot load {entry['file']}: {type(e).__name__}: {e}"
+                f"onnxruntime cannot load {owned.file}: {type(e).__name__}: {e}"
             ) from e
-        programs[str(entry["program"])] = OnnxProgram(entry, session)
+        programs[name] = OnnxProgram(name, owned, session)
     return OnnxRunner(manifest, programs, keep)

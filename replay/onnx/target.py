@@ -11,7 +11,7 @@
 3. the written files are opened as the runner ``replay.load`` gives (`replay.onnx.runner`) and
    checked on every row of the torch check, then on the sampled real calls
    (`replay.onnx.check`, `replay.payload_rows`): rows of target ``onnx``;
-4. the manifest ``PATH.json`` is written last (`replay.onnx.manifest`), with the signatures
+4. the manifest ``PATH.json`` is written last (`replay.onnx.entries`), with the signatures
    the ONNX check failed in each file's guard.
 """
 
@@ -29,10 +29,13 @@ from capture.pytree import nodes
 from replay.coverage import TARGET_ONNX, CoverageRow
 from replay.onnx.check import onnx_rows
 from replay.onnx.convert import Converted, convert
-from replay.onnx.manifest import manifest_path, program_entry, weights_path, write_manifest
+from replay.onnx.entries import onnx_entry, onnx_manifest, write_manifest
+from replay.onnx.manifest import OnnxManifest, manifest_path, weights_path
 from replay.onnx.runner import OnnxRunner, open_set
 from replay.onnx.weights import OnnxFileError, write_models
 from replay.payload_rows import Serve, payload_rows
+from replay.ship.entries import module_entry
+from replay.ship.manifest import ModuleEntry
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -166,7 +169,8 @@ def write_onnx(
             c.model.metadata_props["capture.manifest"] = os.path.basename(manifest_path(path))
         size = write_models([(files[n], c.model) for n, c in converted.items()], weights)
         outcome.files = files
-        draft = _manifest(inputs, programs, converted, files, weights, size, [])
+        stub = ModuleEntry(inputs.model, None, None, None, complete=False)
+        draft = _manifest(inputs, programs, converted, files, weights, size, [], stub)
         try:
             runner = open_set(draft, os.path.dirname(path))
         except OnnxFileError as e:
@@ -199,19 +203,16 @@ def write_onnx(
     if not converted:
         outcome.notes.append("onnx: no group could be converted; nothing written")
         return outcome
-    data = _manifest(inputs, programs, converted, files, weights, size, outcome.rows)
-    rows = [*torch_rows, *outcome.rows]
-    data["modules"][""] = {
-        "model": inputs.model,
-        "store": source,
-        "complete": complete_torch and all(r.covered for r in outcome.rows),
-        "coverage": [r.as_dict() for r in rows],
-        "errors": {**errors, **{f"onnx {k}": v for k, v in outcome.errors.items()}},
-        "notes": list(outcome.notes),
-    }
-    outcome.manifest = write_manifest(
-        path, inputs.model, data["programs"], data["modules"][""], data["weights"]
+    module = module_entry(
+        inputs,
+        source,
+        complete_torch and all(r.covered for r in outcome.rows),
+        [*torch_rows, *outcome.rows],
+        {**errors, **{f"onnx {k}": v for k, v in outcome.errors.items()}},
+        outcome.notes,
     )
+    final = _manifest(inputs, programs, converted, files, weights, size, outcome.rows, module)
+    outcome.manifest = write_manifest(path, final)
     return outcome
 
 
@@ -223,14 +224,14 @@ def _manifest(
     weights: str,
     size: int,
     rows: Sequence[CoverageRow],
-) -> dict[str, Any]:
-    """The manifest as a dict (the draft the check opens has no ``rejected`` yet)."""
-    from replay.onnx.manifest import FORMAT
-
+    module: ModuleEntry,
+) -> OnnxManifest:
+    """The set's manifest (the draft the check opens has no rows, so no ``rejected`` yet)."""
     owners = {g.name: g for g in inputs.groups if g.name in converted}
     entries = [
-        program_entry(
+        onnx_entry(
             group,
+            programs[group.program_name],
             converted[group.program_name],
             os.path.basename(files[group.program_name]),
             rows,
@@ -239,10 +240,4 @@ def _manifest(
         for group in inputs.groups
         if group.program_name in converted
     ]
-    return {
-        "format": FORMAT,
-        "model": inputs.model,
-        "weights": {"file": os.path.basename(weights), "bytes": size},
-        "modules": {"": {}},
-        "programs": entries,
-    }
+    return onnx_manifest(inputs.model, entries, module, os.path.basename(weights), size)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from capture.errors import ReplayError
+from replay.ship.guards import ArtifactError
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -44,8 +44,9 @@ INLINE_BYTES = 1024
 """Tensors smaller than this stay inside their model file (onnx's own default threshold)."""
 
 
-class OnnxFileError(ReplayError):
-    """A set of ONNX files cannot be written or read as capture wrote it."""
+class OnnxFileError(ArtifactError):
+    """A set of ONNX files cannot be written or read as capture wrote it (an ONNX set is an
+    artifact: ``except ArtifactError`` catches both kinds)."""
 
 
 @dataclass(frozen=True)

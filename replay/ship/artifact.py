@@ -1,384 +1,335 @@
-"""One artifact to ship: every group's program in one PT2 archive, and a runner that routes calls.
+"""One artifact to ship: every program in one PT2 archive, each weight once, and a typed manifest.
 
-`save` writes torch's PT2 archive (``torch.export.pt2_archive``: several named programs, weights
-as raw bytes) holding the program of every call group of the model, and of each recorded
-sub-module (``encoder``), plus a JSON manifest (``extra/capture_manifest.json``): the model
-name, per program its recorded input structure and the recorded ranges of its dims
-(`replay.ship.guards`), the coverage table, the torch / transformers / capture versions, and the
-store and time window the export was built from.
+`save` writes torch's PT2 archive layout (`replay.ship.archive` lists its entries) with the
+program of every call group of the model and of each recorded sub-module (``encoder``): each
+program's graph as torch's JSON, every parameter, buffer and constant ONCE however many
+programs use it (`replay.ship.weights`), and the manifest (`replay.ship.manifest`): per program
+its recorded input structure and guards, per module the coverage table, the versions and the
+store it was exported from. Example inputs are not shipped (torch would pickle them).
 
-No pickle: the example inputs torch would pickle (a ``DynamicCache`` in them makes torch fall
-back to ``weights_only=False`` and log ``--- Logging error ---``) are left out of the archive;
-the manifest says what a call looks like instead.
+`load` reads it back in any process, without a capture context, and never unpickles, imports
+or evaluates anything the archive names: `read_artifact` checks every entry against what
+`save` writes (`replay.ship.archive`), parses the manifest and the payload configs into typed
+objects with bounded sizes, and checks every string of the program graphs that torch would run
+as code (`replay.ship.graph_check`), all before torch reads a byte; the weights are then
+memory-mapped once (`replay.ship.weights.load_tensors`) and torch deserializes only the graphs,
+around those tensors. The pytree types the programs name are registered (transformers caches
+through `capture.pytree.nodes`, other ``transformers.*`` types by importing their module,
+nothing else). The result is a `replay.ship.runner.Runner`: called like the model, it routes
+the call to the program whose structure and guards accept it (`replay.ship.guards.route`).
 
-`load` reads it back in any process, without a capture context: it registers the pytree nodes
-the programs' treespecs name (transformers caches through `capture.pytree.nodes`, transformers
-``ModelOutput`` classes by importing their ``transformers.*`` module, nothing else), and returns
-a `Runner`. Calling the runner like the model picks the program whose recorded structure
-matches the call, checks its guards and runs it; it returns what the program returns, rebuilt
-with the recorded output treespec (a ``CausalLMOutputWithPast`` holding a ``DynamicCache``,
-as eager returns). One difference with eager: an input cache is not grown in place; the new
-cache is the one in the output (``out.past_key_values``).
+An artifact saved with ``aoti=True`` also holds AOTInductor builds, compiled without their
+weights; ``load(path, compiled=True)`` runs them on the artifact's single copy of the weights
+(``user_managed`` constants). A build is native code: loading it runs it, so it is opt-in.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
+import logging
 import os
-import warnings
-import zipfile
-from collections.abc import Mapping
-from datetime import datetime
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from replay.coverage import KIND_RECORDED, CoverageRow
-from replay.ship.guards import LEAF_FIELDS, ArtifactError, CallNotServed
+from replay.ship.archive import (
+    AOTI_DIR,
+    ARCHIVE_FORMAT,
+    ARCHIVE_VERSION,
+    BYTEORDER,
+    CONFIG_CAP,
+    CONSTANT_PREFIX,
+    CONSTANTS_CONFIG,
+    CONSTANTS_DIR,
+    MANIFEST,
+    MODELS,
+    PROGRAM_CAP,
+    SAMPLE_INPUTS,
+    SERIALIZATION_ID,
+    WEIGHT_PREFIX,
+    WEIGHTS_CONFIG,
+    WEIGHTS_DIR,
+    ZIP_VERSION,
+    Archive,
+)
+from replay.ship.checked_json import DOTTED
+from replay.ship.graph_check import check_program, spec_types
+from replay.ship.guards import ArtifactError, CallNotServed
+from replay.ship.manifest import FORMAT, MANIFEST_CAP, Manifest
+from replay.ship.records import check_extent, config_json, parse_config
 from replay.ship.runner import Runner
+from replay.ship.weights import ProgramSlots, WeightTable, load_tensors
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-    from replay.exporting import ExportResult
-    from replay.inputs import ExportGroup
+    from replay.ship.entries import SavedResult
 
 __all__ = [
     "ArtifactError",
     "CallNotServed",
     "Runner",
+    "Artifact",
     "save",
     "load",
+    "read_artifact",
     "read_manifest",
+    "loadable_type",
     "MANIFEST",
     "FORMAT",
 ]
 
-MANIFEST = "capture_manifest.json"
-"""Name of the manifest among the archive's extra files."""
-
-FORMAT = "capture-artifact/1"
-"""The manifest's ``format``: bumped when a reader could misread a newer manifest."""
-
 _ALLOWED_MODULES = ("transformers.",)
-"""Modules whose pytree registrations a manifest may ask the loader to import."""
+"""Modules whose pytree registrations an artifact may ask the loader to import."""
 
 
-def _iso(ts: Any) -> str | None:
-    return ts.isoformat() if isinstance(ts, datetime) else None
+def save(
+    path: str | os.PathLike[str],
+    results: SavedResult | Mapping[str, SavedResult],
+    *,
+    aoti: bool = False,
+) -> str:
+    """Writes one PT2 archive with every program of `results`, each weight once, and the manifest.
 
-
-def _versions() -> dict[str, str | None]:
-    import torch
-
-    from capture import __version__ as capture_version
-
-    try:
-        from importlib.metadata import version
-
-        transformers_version: str | None = version("transformers")
-    except Exception:  # not installed: the artifact does not need it
-        transformers_version = None
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers_version,
-        "capture": capture_version,
-    }
-
-
-def _program_name(module: str, group: str) -> str:
-    return f"{module}.{group}" if module else group
-
-
-def _axes(group: ExportGroup) -> list[dict[str, Any]]:
-    axes = [
-        {
-            "path": d.path,
-            "axis": d.axis,
-            "min": d.min,
-            "max": d.max,
-            "dynamic": d.dynamic,
-            "symbol": d.symbol,
-        }
-        for d in group.dims
-    ]
-    ranks = group.structure.width
-    if ranks != len(axes):
-        raise ArtifactError(
-            f"group {group.name}: {len(axes)} analysed dims for {ranks} recorded tensor dims; "
-            "the guards cannot be written"
-        )
-    return axes
-
-
-def _pytree_types(spec: Any, out: set[str]) -> None:
-    import torch.utils._pytree as pytree
-
-    node = pytree.SUPPORTED_NODES.get(spec.type)
-    name = getattr(node, "serialized_type_name", None) if node is not None else None
-    if name and spec.type not in (tuple, list, dict):
-        out.add(str(name))
-    for child in spec.children():
-        _pytree_types(child, out)
-
-
-def _rejected(group: ExportGroup, coverage: list[CoverageRow]) -> list[dict[str, Any]]:
-    """The recorded signatures of `group` its program failed in the export's check.
-
-    Rows of kind ``recorded`` that are not covered, matched by the sizes they checked (never by
-    their position among the group's rows: probes and payloads sit between them).
-    """
-    return [
-        {"dims": list(row.sizes), "error": row.error or "not reproduced"}
-        for row in coverage
-        if row.group == group.name
-        and row.kind == KIND_RECORDED
-        and not row.covered
-        and row.sizes is not None
-    ]
-
-
-def _entry(
-    module: str, group: ExportGroup, program: ExportedProgram, coverage: list[CoverageRow]
-) -> dict[str, Any]:
-    if group.added:
-        raise ArtifactError(
-            f"group {group.name} was exported with fill_missing substitutes "
-            f"({', '.join(group.added)}); an artifact cannot store them: export without "
-            "fill_missing to save it"
-        )
-    types: set[str] = set()
-    _pytree_types(program.call_spec.in_spec, types)
-    _pytree_types(program.call_spec.out_spec, types)
-    structure = group.structure
-    return {
-        "module": module,
-        "group": group.name,
-        "program": _program_name(module, group.program_name),
-        "model": group.model,
-        "structure_id": group.structure_id,
-        "calls": group.calls,
-        "signatures": group.signatures,
-        "treespec": structure.treespec,
-        "signature": structure.signature,
-        "n_args": structure.n_args,
-        "leaves": [
-            {k: getattr(leaf, k) for k in ("argument", "position", *LEAF_FIELDS)}
-            for leaf in structure.leaves
-        ],
-        "axes": _axes(group),
-        "relations": [
-            {"symbol": r.symbol, "terms": list(r.terms), "offset": r.offset}
-            for r in group.relations
-        ],
-        "form": {
-            "positional": list(group.form.positional),
-            "keywords": list(group.form.keywords),
-            "extra": list(group.form.extra),
-            "var_positional": group.form.var_positional,
-        },
-        "pytree_types": sorted(types),
-        "rejected": _rejected(group, coverage),
-        # A group served by another's program: the inputs the runner fills per call.
-        "fills": [fill.as_dict() for fill in group.fills],
-        "first_ts": _iso(group.analysis.first_ts) if group.analysis else None,
-        "last_ts": _iso(group.analysis.last_ts) if group.analysis else None,
-    }
-
-
-def manifest(results: Mapping[str, ExportResult]) -> dict[str, Any]:
-    """The JSON manifest of an artifact holding `results` (sub-module name -> result).
+    The file appears whole or not at all (written under a temporary name, then renamed).
 
     Args:
-        results: ``""`` -> the model's `ExportResult`, plus one per recorded sub-module.
+        path: Where to write (``model.pt2``).
+        results: An `ExportResult`, or sub-module name -> `ExportResult` (``""`` for the model
+            itself, ``"encoder"`` for a sub-module recorded with ``Recorder(modules=...)``).
+        aoti: Also compile every program with AOTInductor, without its weights (the compiled
+            programs use the archive's single copy at load). Slow: minutes per program.
 
     Returns:
-        A JSON-serializable dict (`FORMAT`).
+        The path written.
+
+    Raises:
+        ArtifactError: Nothing to save (no program exported), a group cannot be described, a
+            constant is not a plain tensor, or AOTInductor fails on a program (``aoti=True``).
+
+    Example:
+        >>> save("model.pt2", replay.export(model, "capture-store"))  # doctest: +SKIP
+        'model.pt2'
     """
-    programs: list[dict[str, Any]] = []
-    modules: dict[str, dict[str, Any]] = {}
-    for module, result in results.items():
-        coverage = CoverageRow.from_table(result.coverage)
-        for group in result.inputs.groups:
-            program = result.programs.get(group.program_name)
-            if program is not None:
-                programs.append(_entry(module, group, program, coverage))
-        starts = [g.first_ts for g in result.inputs.analysed if g.first_ts]
-        ends = [g.last_ts for g in result.inputs.analysed if g.last_ts]
-        modules[module] = {
-            "model": result.inputs.model,
-            "store": getattr(result, "source", None),
-            "window": {
-                "first": _iso(min(starts)) if starts else None,
-                "last": _iso(max(ends)) if ends else None,
-            },
-            "complete": result.complete,
-            "coverage": result.coverage.to_pylist(),
-            "errors": dict(result.errors),
-            "notes": list(result.notes),
+    from torch.export.pt2_archive import PT2ArchiveWriter
+
+    from capture import compat_archive
+    from capture.pytree import nodes
+    from replay.ship.entries import manifest_of, program_name
+
+    if not isinstance(results, Mapping):
+        results = {"": results}
+    target = os.fspath(path)
+    with nodes.register_flattening_functions():  # the manifest and graphs name the cache types
+        manifest = manifest_of(results, aoti=aoti)
+        wanted = set(manifest.program_names)
+        programs = {
+            program_name(module, key): program
+            for module, result in results.items()
+            for key, program in result.programs.items()
+            if program_name(module, key) in wanted
         }
-    if "" not in modules:
-        raise ArtifactError("an artifact needs the model's own ExportResult (module name '')")
-    return {
-        "format": FORMAT,
-        "model": modules[""]["model"],
-        "created": datetime.now().astimezone().isoformat(),
-        "versions": _versions(),
-        "modules": modules,
-        "programs": programs,
-    }
+        table = WeightTable()
+        for name, program in programs.items():
+            table.add(name, program)
+        graphs = {name: compat_archive.serialize_program(p) for name, p in programs.items()}
+        compiled = {name: _compile(name, p) for name, p in programs.items()} if aoti else {}
+    folder = os.path.dirname(os.path.abspath(target))
+    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f, PT2ArchiveWriter(f) as writer:
+            for name, slots in table.programs.items():
+                writer.write_bytes(MODELS.format(name), graphs[name])
+                writer.write_bytes(SAMPLE_INPUTS.format(name), b"")
+                writer.write_string(WEIGHTS_CONFIG.format(name), config_json(slots.weights))
+                writer.write_string(CONSTANTS_CONFIG.format(name), config_json(slots.constants))
+            for record in table.records:
+                compat_archive.write_archive_storage(writer, record.name, record.storage)
+            for name, files in compiled.items():
+                for file in files:
+                    writer.write_file(f"{AOTI_DIR}{name}/{os.path.basename(file)}", file)
+            writer.write_string(MANIFEST, manifest.to_json())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temp, 0o666 & ~mask)  # as open() would have made it (mkstemp makes it 0600)
+        os.replace(temp, target)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+    return target
 
 
-def _compile(name: str, program: ExportedProgram) -> list[Any]:
-    """AOTInductor-compiles one program (from its own example inputs); the files to package."""
-    from torch._inductor import aot_compile
+def _compile(name: str, program: ExportedProgram) -> list[str]:
+    """AOTInductor-compiles one program (from its own example inputs), weights left out."""
+    from capture import compat_archive
 
     args, kwargs = program.example_inputs or ((), {})
     try:
-        with warnings.catch_warnings():
-            # torch 2.13's own deprecation warnings while it copies graphs (LeafSpec): chatter
-            warnings.simplefilter("ignore", FutureWarning)
-            files = aot_compile(
-                program.module(), tuple(args), dict(kwargs), options={"aot_inductor.package": True}
-            )
+        files = compat_archive.aoti_compile(program.module(), tuple(args), dict(kwargs))
     except Exception as e:  # no silent fallback: the artifact would not be what was asked
         text = str(e).strip().splitlines()
         raise ArtifactError(
             f"AOTInductor could not compile program {name}: {type(e).__name__}: "
             f"{text[0] if text else ''}"
         ) from e
-    if not isinstance(files, list):
-        raise ArtifactError(f"AOTInductor returned no package files for program {name}")
-    return files
+    paths = [f for f in files if isinstance(f, str) and f]
+    if len(paths) != len([f for f in files if f != ""]) or not paths:
+        raise ArtifactError(f"AOTInductor packaged weights or nothing for program {name}")
+    return paths
 
 
-def save(
-    path: str | os.PathLike[str],
-    results: ExportResult | Mapping[str, ExportResult],
-    *,
-    aoti: bool = False,
-) -> str:
-    """Writes one PT2 archive with every program of `results` and the JSON manifest.
+@dataclass
+class Artifact:
+    """An artifact read as data (`read_artifact`): nothing of it has run.
+
+    Attributes:
+        archive: The checked archive.
+        manifest: The typed manifest.
+        slots: Program name -> where its tensors are (its payload configs).
+        graphs: Program name -> its checked graph JSON (bytes).
+        types: Pytree node types the graphs and the manifest name.
+    """
+
+    archive: Archive
+    manifest: Manifest
+    slots: dict[str, ProgramSlots] = field(default_factory=dict)
+    graphs: dict[str, bytes] = field(default_factory=dict)
+    types: set[str] = field(default_factory=set)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every tensor record in the archive (each stored once)."""
+        return sum(e.size for n, e in self.archive.entries.items() if Archive.is_record(n))
+
+
+def read_artifact(
+    path: str | os.PathLike[str], known_type: Callable[[str], bool] | None = None
+) -> Artifact:
+    """Reads and checks a whole artifact without torch: what `load` and ``capture check`` read.
 
     Args:
-        path: Where to write (``model.pt2``).
-        results: An `ExportResult`, or sub-module name -> `ExportResult` (``""`` for the model
-            itself, ``"encoder"`` for a sub-module recorded with ``Recorder(modules=...)``).
-        aoti: Also compile every program with AOTInductor into the archive; `load` then runs
-            the compiled form (the exported program stays in the archive). Slow: minutes.
+        path: The ``.pt2``.
+        known_type: Which pytree types the graphs may name (default: any dotted name; `load`
+            allows the types registered in its process and ``transformers.*``).
 
     Returns:
-        The path written.
+        The `Artifact`.
 
     Raises:
-        ArtifactError: Nothing to save (no program exported), a group cannot be described,
-            or AOTInductor fails on a program (``aoti=True``).
+        ArtifactError: No file, not an artifact, another manifest format, or any entry that is
+            not what `save` writes (named): one line, never a traceback.
+    """
+    archive = Archive.open(path)
+    if MANIFEST not in archive.entries:
+        raise ArtifactError(
+            f"{archive.path} holds no {MANIFEST.rpartition('/')[2]}: not written by "
+            "ExportResult.save (capture export --out MODEL.pt2 writes one)"
+        )
+    archive.check_small_files()
+    manifest = Manifest.parse(archive.read(MANIFEST, MANIFEST_CAP), archive.name(MANIFEST))
+    known = known_type or loadable_type
+    fixed = {ARCHIVE_FORMAT, ARCHIVE_VERSION, BYTEORDER, ZIP_VERSION, SERIALIZATION_ID, MANIFEST}
+    names = manifest.program_names
+    for p in names:
+        fixed |= {MODELS.format(p), SAMPLE_INPUTS.format(p)}
+        fixed |= {WEIGHTS_CONFIG.format(p), CONSTANTS_CONFIG.format(p)}
+    aoti = names if manifest.aoti else []
+    # Unknown entries are refused by name before any config or graph is read.
+    archive.check_layout(fixed | {n for n in archive.entries if Archive.is_record(n)}, aoti)
+    art = Artifact(archive, manifest)
+    for entry in manifest.programs:
+        for name in entry.pytree_types:
+            if not known(name):
+                raise ArtifactError(
+                    f"{archive.name(MANIFEST)}: program {entry.program} names the pytree type "
+                    f"{name[:200]}, which the loader does not register (only "
+                    f"{', '.join(_ALLOWED_MODULES)} types are, and those registered in the "
+                    "loading process)"
+                )
+        art.types.update(entry.pytree_types)
+    records: set[str] = set()
+    for p in names:
+        if archive.entries[SAMPLE_INPUTS.format(p)].size:
+            raise ArtifactError(
+                f"{archive.name(SAMPLE_INPUTS.format(p))} is not empty: capture never ships "
+                "example inputs (torch would unpickle them)"
+            )
+        art.slots[p] = _slots(archive, p, records)
+        inner = MODELS.format(p)
+        graph = archive.read(inner, PROGRAM_CAP)
+        art.types |= spec_types(check_program(graph, archive.name(inner), known))
+        art.graphs[p] = graph
+    # Every record is named by a config, every named record exists.
+    archive.check_layout(fixed | records, aoti)
+    return art
+
+
+def _slots(archive: Archive, program: str, records: set[str]) -> ProgramSlots:
+    """A program's payload configs, each tensor checked to lie within its record (whose
+    names are added to `records`)."""
+    slots = ProgramSlots()
+    for table, config, folder, prefix in (
+        (slots.weights, WEIGHTS_CONFIG, WEIGHTS_DIR, WEIGHT_PREFIX),
+        (slots.constants, CONSTANTS_CONFIG, CONSTANTS_DIR, CONSTANT_PREFIX),
+    ):
+        inner = config.format(program)
+        table.update(parse_config(archive.read(inner, CONFIG_CAP), archive.name(inner), prefix))
+        for name, slot in table.items():
+            record = f"{folder}{slot.record}"
+            found = archive.entries.get(record)
+            if found is None:
+                raise ArtifactError(
+                    f"{archive.path} lacks {archive.root}/{record} ({name} of {program})"
+                )
+            check_extent(slot, found.size, f"{archive.name(record)} ({name} of {program})")
+            records.add(record)
+    return slots
+
+
+def read_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """The typed manifest of an artifact, the whole artifact checked (`read_artifact`).
+
+    Raises:
+        ArtifactError: See `read_artifact`.
 
     Example:
-        >>> replay.export(model, "capture-store").save("model.pt2")  # doctest: +SKIP
-        'model.pt2'
+        >>> read_manifest("model.pt2").model  # doctest: +SKIP
+        'LlamaForCausalLM'
     """
-    from torch.export.pt2_archive._package import package_pt2
-
-    from capture.pytree import nodes
-
-    if not isinstance(results, Mapping):
-        results = {"": results}
-    with nodes.register_flattening_functions():  # the manifest names the cache types
-        data = manifest(results)
-    data["aoti"] = bool(aoti)
-    if not data["programs"]:
-        raise ArtifactError("no program to save: torch.export rejected every group")
-    programs: dict[str, ExportedProgram] = {}
-    for module, result in results.items():
-        for name, program in result.programs.items():
-            programs[_program_name(module, name)] = program
-    # The example inputs are pickled by torch (and unpicklable without weights_only=False when
-    # they hold a cache): leave them out while packaging, then put them back.
-    kept = {name: p.example_inputs for name, p in programs.items()}
-    target = os.fspath(path)
-    # (The setter checks the inputs against the program's treespec: caches must be registered.)
-    with nodes.register_flattening_functions():
-        compiled = {n: _compile(n, p) for n, p in programs.items()} if aoti else None
-        try:
-            for p in programs.values():
-                p.example_inputs = None
-            package_pt2(
-                target,
-                exported_programs=programs,
-                aoti_files=compiled,
-                extra_files={MANIFEST: json.dumps(data, indent=1, default=str)},
-            )
-        finally:
-            for name, p in programs.items():
-                p.example_inputs = kept[name]
-    return target
+    return read_artifact(path).manifest
 
 
-def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of an artifact, read with zipfile only (no torch, no model code).
+def loadable_type(name: str) -> bool:
+    """Whether `load` may rebuild a pytree node type a program names: a ``transformers.*`` type
+    (registered by importing its module) or one registered with torch's pytree in this process
+    (without torch imported, as in ``capture check``, only the former).
 
-    Raises:
-        ArtifactError: `path` is missing, not a zip archive, or holds no capture manifest.
+    Example:
+        >>> loadable_type("transformers.cache_utils.DynamicCache"), loadable_type("evil.Thing")
+        (True, False)
     """
-    target = os.fspath(path)
-    if not os.path.isfile(target):
-        raise ArtifactError(f"no artifact at {target}")
-    try:
-        with zipfile.ZipFile(target) as archive:
-            names = [n for n in archive.namelist() if n.endswith(f"/extra/{MANIFEST}")]
-            if not names:
-                raise ArtifactError(
-                    f"{target} holds no {MANIFEST}: not written by ExportResult.save "
-                    "(capture export --out MODEL.pt2 writes one)"
-                )
-            data = json.loads(archive.read(names[0]))
-    except (zipfile.BadZipFile, ValueError) as e:
-        raise ArtifactError(f"{target} is not a PT2 archive: {e}") from e
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ArtifactError(
-            f"{target}: manifest format {data.get('format') if isinstance(data, dict) else '?'!r}, "
-            f"this capture reads {FORMAT!r}"
-        )
-    return data
+    from capture import compat
 
-
-def _spec_types(tree: Any, out: set[str]) -> None:
-    if isinstance(tree, dict):
-        if isinstance(tree.get("type"), str):
-            out.add(tree["type"])
-        for child in tree.get("children_spec") or ():
-            _spec_types(child, out)
-
-
-def archive_types(path: str | os.PathLike[str]) -> set[str]:
-    """The pytree node types named by the treespecs of every program in a PT2 archive.
-
-    Read from the archive's program JSON (not the manifest), so that an archive whose
-    treespecs name transformers caches loads even when its manifest does not list them.
-    """
-    out: set[str] = set()
-    with zipfile.ZipFile(os.fspath(path)) as archive:
-        for name in archive.namelist():
-            if "/models/" not in name or not name.endswith(".json"):
-                continue
-            graph = json.loads(archive.read(name)).get("graph_module", {})
-            for entry in graph.get("module_call_graph") or ():
-                signature = entry.get("signature") or {}
-                for key in ("in_spec", "out_spec"):
-                    text = signature.get(key)
-                    if text:
-                        loaded = json.loads(text)
-                        _spec_types(loaded[1] if isinstance(loaded, list) else loaded, out)
-    return {t for t in out if not t.startswith(("builtins.", "collections."))}
+    if not DOTTED.match(name):
+        return False
+    tables = compat.serialized_pytree_types()  # None without torch imported: capture check
+    registered = tables is not None and name in tables[0]
+    return registered or name.startswith(_ALLOWED_MODULES)
 
 
 def _register(types: set[str]) -> None:
-    """Registers the pytree node types the programs' treespecs name (allow-listed modules only)."""
-    import torch.utils._pytree as pytree
+    """Registers the pytree node types the programs name (allow-listed modules only)."""
+    import torch.utils._pytree  # noqa: F401 (torch's pytree tables exist once it is imported)
 
+    from capture import compat
     from capture.pytree import nodes
 
-    known = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+    tables = compat.serialized_pytree_types()
+    if tables is None:
+        raise ArtifactError("torch's pytree registry cannot be read: the artifact cannot load")
+    known = tables[0]
     missing = sorted(t for t in types if t not in known)
     if not missing:
         return
@@ -402,58 +353,102 @@ def _register(types: set[str]) -> None:
             raise ArtifactError(f"{name} is not a pytree node type after importing {module}")
 
 
-def load(path: str | os.PathLike[str]) -> Runner:
+def load(
+    path: str | os.PathLike[str], *, device: str | None = None, compiled: bool = False
+) -> Runner:
     """Loads an artifact written by `save` and returns a runner callable like the model.
 
     Works in a fresh process: no capture context is needed, nothing is printed, nothing is
-    unpickled (the archive's weights are raw bytes, its example inputs are left out).
+    unpickled, imported or evaluated from the archive (`read_artifact` checks it all first).
+    Every weight is materialised once (memory-mapped on CPU) and every program uses it.
 
     Args:
         path: The ``.pt2`` written by `ExportResult.save` or ``capture export --out``.
+        device: Where the weights go and the programs run (``cuda``, ``cuda:1``; default
+            ``cpu``): each weight is copied there once, and every program's graph is moved.
+        compiled: Run the AOTInductor builds of an artifact saved with ``aoti=True``
+            (native code from the archive: loading it runs it, so it is asked for, never
+            assumed).
 
     Returns:
         A `Runner`; ``runner.modules[name]`` serves a recorded sub-module.
 
     Raises:
-        ArtifactError: Not a capture artifact, an unknown manifest format, or a pytree type the
-            loader cannot register.
+        ArtifactError: Not a capture artifact, an entry that is not what `save` writes, a pytree
+            type the loader cannot register, a program torch cannot read, or ``compiled``
+            for an artifact without AOTInductor builds.
 
     Example:
         >>> runner = replay.load("model.pt2")  # doctest: +SKIP
         >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
     """
-    import logging
+    art = read_artifact(path)
+    if compiled and not art.manifest.aoti:
+        raise ArtifactError(
+            f"{art.archive.path} holds no AOTInductor builds; save it with aoti=True "
+            "(capture export --aoti) or load it without compiled=True"
+        )
+    _register(art.types)
+    target = device or "cpu"
+    tensors = load_tensors(art.archive, art.slots, target)
+    programs = {name: _program(art, name, tensors[name], target) for name in art.graphs}
+    modules = {name: p.module() for name, p in programs.items()}
+    builds = {n: _compiled(art, n, tensors[n], target) for n in programs} if compiled else {}
+    return Runner(art.manifest, programs, modules, builds)
 
-    from torch.export.pt2_archive._package import load_pt2
 
-    data = read_manifest(path)
-    types = archive_types(path)
-    for entry in data["programs"]:
-        types.update(entry.get("pytree_types", []))
-    _register(types)
+def _program(
+    art: Artifact, name: str, tensors: tuple[dict[str, Any], dict[str, Any]], device: str
+) -> ExportedProgram:
+    from torch.export.passes import move_to_device_pass
+
+    from capture import compat_archive
+
     # torch logs (not prints) its deserialization chatter; keep it off the server's output.
     quiet = logging.getLogger("torch._export.serde.serialize")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        contents = load_pt2(os.fspath(path))
+        program = compat_archive.deserialize_program(art.graphs[name], tensors[0], tensors[1])
+        saved = {
+            s.device
+            for s in (*art.slots[name].weights.values(), *art.slots[name].constants.values())
+        }
+        if saved - {device} or device != "cpu":
+            program = move_to_device_pass(program, device)
+    except ArtifactError:
+        raise
     except Exception as e:
+        text = str(e).strip().splitlines()
         raise ArtifactError(
-            f"cannot load the programs of {os.fspath(path)}: {type(e).__name__}: {e}"
+            f"{art.archive.name(MODELS.format(name))}: torch cannot read this program: "
+            f"{type(e).__name__}: {text[0][:200] if text else ''}"
         ) from e
     finally:
         quiet.setLevel(level)
-    programs = dict(contents.exported_programs)
-    wanted = {e["program"] for e in data["programs"]}
-    absent = sorted(wanted - set(programs))
+    return program  # type: ignore[no-any-return]
+
+
+def _compiled(
+    art: Artifact, name: str, tensors: tuple[dict[str, Any], dict[str, Any]], device: str
+) -> Any:
+    """The AOTInductor build of one program, running on the artifact's own weights."""
+    import torch
+
+    from capture import compat_archive
+
+    index = torch.device(device).index
+    runner = compat_archive.aoti_load(art.archive.path, name, -1 if index is None else index)
+    available = {**tensors[0], **tensors[1]}
+    wanted = list(runner.get_constant_fqns())
+    absent = [fqn for fqn in wanted if fqn not in available]
     if absent:
         raise ArtifactError(
-            f"{os.fspath(path)} lacks the programs {', '.join(absent)} its manifest lists"
+            f"{art.archive.path}: the AOTInductor build of {name} needs {absent[0]}, which its "
+            "program does not hold"
         )
-    compiled = dict(getattr(contents, "aoti_runners", None) or {}) if data.get("aoti") else {}
-    if data.get("aoti") and set(compiled) != set(programs):
-        missing = ", ".join(sorted(set(programs) - set(compiled)))
-        raise ArtifactError(
-            f"{os.fspath(path)} says it holds AOTInductor builds, none for {missing}"
-        )
-    return Runner(data, programs, compiled=compiled)
+    # user_managed: the build reads these very tensors (no copy); they live as long as the runner
+    runner.load_constants(
+        {fqn: available[fqn].detach() for fqn in wanted}, check_full_update=True, user_managed=True
+    )
+    return runner

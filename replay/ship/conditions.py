@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from capture.errors import ReplayError
 
@@ -53,15 +53,30 @@ class ConditionError(ReplayError):
 
 @dataclass(frozen=True)
 class Condition:
-    """One program guard over a call's dims.
+    """One program guard over a call's dims, parsed when made (`parse`).
 
     Attributes:
         expr: The condition over ``d<i>`` (``16*d1 != 80``).
         text: The program's own line, for messages.
+
+    Raises:
+        ConditionError: `expr` is not a condition of the grammar.
+
+    Example:
+        >>> Condition("16*d1 != 80", "16*L['x'].size()[1] != 80").holds([2, 5])
+        False
     """
 
     expr: str
     text: str
+    tree: ast.expr = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tree", parse(self.expr))
+
+    def holds(self, dims: Sequence[int]) -> bool:
+        """Whether the condition holds for a call with these sizes (`holds`)."""
+        return holds(self.tree, dims)
 
 
 def translate(
@@ -99,11 +114,9 @@ def translate(
             skipped.append(line)
             continue
         try:
-            parse(expr)
+            done.append(Condition(expr, line))
         except ConditionError:
             skipped.append(line)
-            continue
-        done.append(Condition(expr, line))
     return done, skipped
 
 

@@ -2,7 +2,8 @@
 
 An artifact (`replay.ship.artifact`) stores one `ProgramGuard` per program in its JSON manifest. The
 runner (`replay.load`) and the drift check (``capture check``) both ask the same two questions
-of a call, so that what ``capture check`` reports as served is exactly what the runner serves:
+of a call, through one function (`route`), so that what ``capture check`` reports as served is
+exactly what the runner serves:
 
 1. **Structure**: does the call have the program's recorded structure? The treespec of
    ``(args, kwargs)`` and, per leaf, its path, kind, dtype, rank and scalar value must be the
@@ -11,24 +12,32 @@ of a call, so that what ``capture check`` reports as served is exactly what the 
 2. **Dims**: is every input size within what the export was checked on? A static dim must have
    its recorded size; a dynamic dim must lie within its recorded ``[min, max]``; dims that were
    equal in every recorded call (one symbol) must be equal; a recorded relation
-   (``mask = past + 1``) must hold.
+   (``mask = past + 1``) must hold; for a program that does not check its own size guards
+   (an ONNX file, `replay.onnx`), those guards must hold too (`conditions`, parsed by
+   `replay.ship.conditions`, never evaluated as code).
+
+The ``.pt2`` runner, the ONNX runner and ``capture check`` (of either) all route with `route`.
 
 Reading a manifest and checking guards needs neither torch nor the model's code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from capture import schema
 from capture.errors import ReplayError
-from capture.pytree.structure import RecordedLeaf
-from replay.ship import conditions as cond
+from replay.ship.conditions import Condition
 
 __all__ = [
     "ProgramGuard",
+    "Axis",
+    "Relation",
+    "route",
+    "CallFacts",
+    "STRUCTURE_DIFFERS",
     "ArtifactError",
     "CallNotServed",
     "LeafFacts",
@@ -92,74 +101,81 @@ def leaf_key(leaves: Iterable[LeafFacts]) -> tuple[tuple[Any, ...], ...]:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
+class Axis:
+    """One tensor axis of a program's inputs, as the export was checked on it.
+
+    Attributes:
+        path: The input's key path (``kwargs['input_ids']``).
+        axis: The axis index.
+        min: Smallest recorded size.
+        max: Largest recorded size.
+        dynamic: Whether the program takes more than one size here (else only `min`).
+        symbol: The shared symbol of axes equal in every recorded call (None: none).
+        narrowed: `min` and `max` are the program's own bounds, tighter than the recorded
+            range (an ONNX file, which does not check them itself: `replay.onnx`).
+    """
+
+    path: str
+    axis: int
+    min: int
+    max: int
+    dynamic: bool
+    symbol: str | None = None
+    narrowed: bool = False
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A recorded relation between symbols: ``symbol == sum(terms) + offset``."""
+
+    symbol: str
+    terms: tuple[str, ...]
+    offset: int
+
+
+STRUCTURE_DIFFERS = "different call structure (arguments, dtypes, ranks or constants)"
+"""The reason `route` gives for a program whose recorded structure is not the call's."""
+
+
+@dataclass(frozen=True)
 class ProgramGuard:
-    """The guards of one program of an artifact (built from its manifest entry).
+    """The guards of one program of an artifact (`replay.ship.manifest.ProgramEntry.guard`).
 
     Attributes:
         module: The sub-module name (``""`` for the model itself, ``encoder``, ...).
         group: The call group name (``decode``, ``prefill``, ``g0``).
         program: The program's name inside the archive.
-        structure_id: The recorded input structure of the group.
         treespec: The recorded treespec of ``(args, kwargs)`` (torch's JSON).
-        leaves: The recorded leaves (the manifest keeps `LEAF_FIELDS`, argument and position
-            of each).
-        axes: One entry per tensor axis, in the order of a call's ``dims``: ``path``,
-            ``axis``, ``min``, ``max``, ``dynamic``, ``symbol`` (and ``narrowed`` where an ONNX
-            file's axis carries its program's tighter range, `replay.onnx.manifest`).
-        relations: ``{"symbol", "terms", "offset"}``: ``symbol == sum(terms) + offset``.
-        rejected: Recorded signatures (``{"dims", "error"}``) the program failed in the
-            export's check: within the ranges, yet not served.
-        conditions: The program's own size guards over the call's dims, for a file that does
-            not check them itself (an ONNX file: `replay.ship.conditions`), each with its
-            parsed tree.
+        leaves: The recorded leaves (their `LEAF_FIELDS` are compared).
+        axes: One per tensor axis, in the order of a call's ``dims``.
+        relations: Recorded relations between the axes' symbols.
+        rejected: Recorded size vectors the program failed in the export's check -> why:
+            within the ranges, yet not served.
+        conditions: The program's own size guards over the call's dims, for a program that
+            does not check them itself (an ONNX file; empty for a ``.pt2`` program, whose
+            module checks them on every call).
     """
 
     module: str
     group: str
     program: str
-    structure_id: str
     treespec: str | None
-    leaves: tuple[RecordedLeaf, ...]
-    axes: list[dict[str, Any]]
-    relations: list[dict[str, Any]] = field(default_factory=list)
-    rejected: dict[tuple[int, ...], str] = field(default_factory=dict)
-    conditions: list[tuple[cond.Condition, Any]] = field(default_factory=list)
-
-    @classmethod
-    def from_manifest(cls, entry: Mapping[str, Any]) -> ProgramGuard:
-        """The guard of a manifest ``programs`` entry."""
-        return cls(
-            module=str(entry.get("module", "")),
-            group=str(entry["group"]),
-            program=str(entry["program"]),
-            structure_id=str(entry["structure_id"]),
-            treespec=entry.get("treespec"),
-            leaves=tuple(
-                RecordedLeaf.from_row({**row, "leaf": i}) for i, row in enumerate(entry["leaves"])
-            ),
-            axes=list(entry["axes"]),
-            relations=list(entry.get("relations", [])),
-            rejected={
-                tuple(int(v) for v in r["dims"]): str(r["error"]) for r in entry.get("rejected", [])
-            },
-            conditions=[
-                (cond.Condition(str(c["expr"]), str(c["text"])), cond.parse(str(c["expr"])))
-                for c in entry.get("conditions", [])
-            ],
-        )
+    leaves: tuple[LeafFacts, ...]
+    axes: tuple[Axis, ...]
+    relations: tuple[Relation, ...] = ()
+    rejected: Mapping[tuple[int, ...], str] = field(default_factory=dict)
+    conditions: tuple[Condition, ...] = ()
 
     @property
     def label(self) -> str:
         """``decode`` or ``encoder.g0``: how messages name the program's group."""
         return f"{self.module}.{self.group}" if self.module else self.group
 
-    def matches(
-        self, treespec: str | None, leaves: Iterable[LeafFacts], structure_id: str = ""
-    ) -> bool:
-        """Tells whether a call structure is the program's recorded structure."""
-        if structure_id and structure_id == self.structure_id:
-            return True
+    def matches(self, treespec: str | None, leaves: Iterable[LeafFacts]) -> bool:
+        """Tells whether a call structure is the program's recorded structure: the same
+        treespec and the same leaves (`LEAF_FIELDS`). Nothing else stands in for them (a
+        structure id names a store's structure, not what the program takes)."""
         if treespec != self.treespec:
             return False
         return leaf_key(leaves) == leaf_key(self.leaves)
@@ -175,8 +191,9 @@ class ProgramGuard:
             None, or a sentence naming the input, the axis, the size and the accepted range.
 
         Example:
-            >>> guard.check([1, 300])  # doctest: +SKIP
-            "kwargs['input_ids'] axis 1 = 300 is outside the recorded range [4, 64]"
+            >>> guard = ProgramGuard("", "g0", "g0", None, (), (Axis("args[0]", 0, 4, 64, True),))
+            >>> guard.check([300])
+            'args[0] axis 0 = 300 is outside the recorded range [4, 64]'
         """
         if len(dims) != len(self.axes):
             return f"the call has {len(dims)} tensor dims, the program {len(self.axes)}"
@@ -185,35 +202,73 @@ class ProgramGuard:
             return f"this recorded signature failed the export's check ({failed})"
         symbols: dict[str, tuple[int, str]] = {}
         for size, ax in zip(dims, self.axes, strict=True):
-            where = f"{ax['path']} axis {ax['axis']}"
-            low, high = int(ax["min"]), int(ax["max"])
-            if not ax.get("dynamic") and size != low:
-                return f"{where} = {size}, the program takes {low} only (static)"
-            if not low <= size <= high:
-                # An ONNX file's axis may be cut to its program's bounds (replay.onnx.manifest)
-                what = "its program's range" if ax.get("narrowed") else "the recorded range"
-                return f"{where} = {size} is outside {what} [{low}, {high}]"
-            symbol = ax.get("symbol")
-            if symbol:
-                seen = symbols.setdefault(symbol, (int(size), where))
+            where = f"{ax.path} axis {ax.axis}"
+            if not ax.dynamic and size != ax.min:
+                return f"{where} = {size}, the program takes {ax.min} only (static)"
+            if not ax.min <= size <= ax.max:
+                what = "its program's range" if ax.narrowed else "the recorded range"
+                return f"{where} = {size} is outside {what} [{ax.min}, {ax.max}]"
+            if ax.symbol:
+                seen = symbols.setdefault(ax.symbol, (int(size), where))
                 if seen[0] != size:
                     return (
                         f"{where} = {size} but {seen[1]} = {seen[0]}: they were equal in "
                         "every recorded call"
                     )
         for rel in self.relations:
-            names = [str(rel["symbol"]), *map(str, rel["terms"])]
+            names = [rel.symbol, *rel.terms]
             if any(n not in symbols for n in names):
                 continue
-            left, where = symbols[names[0]]
-            right = sum(symbols[n][0] for n in names[1:]) + int(rel["offset"])
+            left, where = symbols[rel.symbol]
+            right = sum(symbols[n][0] for n in rel.terms) + rel.offset
             if left != right:
-                expr = " + ".join([*names[1:], str(rel["offset"])])
+                expr = " + ".join([*rel.terms, str(rel.offset)])
                 return (
-                    f"{where} = {left}, but {names[0]} = {expr} held in every recorded call "
+                    f"{where} = {left}, but {rel.symbol} = {expr} held in every recorded call "
                     f"(= {right} here)"
                 )
-        for condition, tree in self.conditions:
-            if not cond.holds(tree, dims):
+        for condition in self.conditions:
+            if not condition.holds(dims):
                 return f"its program's guard {condition.text} does not hold"
         return None
+
+
+CallFacts = tuple[str | None, Sequence[LeafFacts], Sequence[int]]
+"""What routing compares of a call: its treespec, its leaves, its input sizes."""
+
+
+def route(
+    guards: Iterable[ProgramGuard], facts: Callable[[ProgramGuard], CallFacts]
+) -> tuple[ProgramGuard | None, dict[str, str]]:
+    """The program that serves a call, tried in order, and why each one before it did not.
+
+    The one matching rule of an artifact: the runner (`replay.ship.runner.Runner`) routes live
+    calls with it, ``capture check`` (`replay.ship.drift`) recorded signatures, so a signature
+    reported served is one the runner serves.
+
+    Args:
+        guards: The programs' guards, in the order they are tried.
+        facts: A program's guard -> the call's treespec, leaves and sizes as that program
+            sees them (the runner describes a live call with the program's recorded
+            signature; a recorded call has one description for every program).
+
+    Returns:
+        ``(guard, reasons)``: the first guard whose structure matches and whose checks pass
+        (None when none does), and group label -> why each program before it refused.
+
+    Example:
+        >>> guard = ProgramGuard("", "g0", "g0", None, (), (Axis("args[0]", 0, 2, 4, True),))
+        >>> route([guard], lambda g: (None, (), [9]))[1]
+        {'g0': 'args[0] axis 0 = 9 is outside the recorded range [2, 4]'}
+    """
+    reasons: dict[str, str] = {}
+    for guard in guards:
+        treespec, leaves, dims = facts(guard)
+        if not guard.matches(treespec, leaves):
+            reasons[guard.label] = STRUCTURE_DIFFERS
+            continue
+        failed = guard.check(dims)
+        if failed is None:
+            return guard, reasons
+        reasons[guard.label] = failed
+    return None, reasons

@@ -2,35 +2,44 @@
 
 ``model.pt2`` is the artifact `replay.ship.artifact` writes; ``model.onnx`` (or its manifest
 ``model.onnx.json``) is the ONNX set ``export(..., onnx=PATH)`` writes (`replay.onnx`). Both
-manifests describe their programs with the same guard entries (`replay.ship.guards`), so
-``capture check`` and ``capture report`` read either through `read_any_manifest`, without torch.
+manifests parse into the same typed `replay.ship.manifest.Manifest` (the same program entries
+and guards, routed by the one `replay.ship.guards.route`), so ``capture check``, ``capture
+report`` and ``capture summary --artifact`` read either through `read_any_manifest`, as data
+and without torch: a ``.pt2`` checked whole (`replay.ship.artifact.read_artifact`), an ONNX set
+through `replay.onnx.manifest.read_onnx_set`.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from replay.onnx.runner import OnnxRunner
+    from replay.ship.manifest import Manifest
     from replay.ship.runner import Runner
 
 __all__ = ["load", "read_any_manifest"]
 
 
-def load(path: str | os.PathLike[str]) -> Runner | OnnxRunner:
+def load(
+    path: str | os.PathLike[str], *, device: str | None = None, compiled: bool = False
+) -> Runner | OnnxRunner:
     """Loads what ``capture export --out`` wrote and returns a runner callable like the model.
 
     Args:
         path: A ``.pt2`` artifact (`replay.ship.artifact.load`), or the ``onnx=`` path of an
             ONNX set (``model.onnx``, or ``model.onnx.json``; `replay.onnx.runner.load_onnx`).
+        device: Where a ``.pt2``'s weights go and its programs run (default ``cpu``).
+        compiled: Run a ``.pt2``'s AOTInductor builds (`replay.ship.artifact.load`).
 
     Returns:
         A `replay.ship.runner.Runner` or an `replay.onnx.runner.OnnxRunner`: the same contract
         (structure and guards pick the program; `CallNotServed` names the groups tried).
 
     Raises:
-        ArtifactError: Not a capture artifact (see `replay.ship.artifact.load`).
+        ArtifactError: Not a capture artifact (see `replay.ship.artifact.load`), or `device`
+            or `compiled` asked of an ONNX set.
         OnnxFileError: Not a capture ONNX set (see `replay.onnx.runner.load_onnx`).
 
     Example:
@@ -42,29 +51,38 @@ def load(path: str | os.PathLike[str]) -> Runner | OnnxRunner:
     if is_onnx_path(path):
         from replay.onnx.runner import load_onnx
 
+        if compiled or device not in (None, "cpu"):
+            from replay.ship.guards import ArtifactError
+
+            raise ArtifactError(
+                f"{os.fspath(path)} is an ONNX set: it runs on onnxruntime, without device= or "
+                "compiled=; pick its execution providers with "
+                "replay.onnx.runner.load_onnx(path, providers=...)"
+            )
         return load_onnx(path)
     from replay.ship.artifact import load as load_artifact
 
-    return load_artifact(path)
+    return load_artifact(path, device=device, compiled=compiled)
 
 
-def read_any_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of a ``.pt2`` artifact or of an ONNX set (json and zipfile only).
+def read_any_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """The typed manifest of a ``.pt2`` artifact or of an ONNX set, the whole set checked as
+    data first (json and zipfile only: no torch, no onnx).
 
     Raises:
-        ArtifactError: Not a capture artifact.
-        OnnxFileError: Not a capture ONNX set.
+        ArtifactError: Not a capture artifact, or changed or damaged (named).
+        OnnxFileError: Not a capture ONNX set, or changed or damaged (an `ArtifactError` too).
 
     Example:
-        >>> read_any_manifest("model.onnx")["model"]  # doctest: +SKIP
+        >>> read_any_manifest("model.onnx").model  # doctest: +SKIP
         'LlamaForCausalLM'
     """
     from replay.onnx.manifest import is_onnx_path
 
     if is_onnx_path(path):
-        from replay.onnx.manifest import read_manifest
+        from replay.onnx.manifest import read_onnx_set
 
-        return read_manifest(path)
-    from replay.ship.artifact import read_manifest as read_artifact
+        return read_onnx_set(path).manifest
+    from replay.ship.artifact import read_manifest
 
-    return read_artifact(path)
+    return read_manifest(path)

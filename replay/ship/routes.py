@@ -10,27 +10,31 @@ store's summary. Needs neither torch nor the model's code.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from replay.ship.guards import Axis
+    from replay.ship.manifest import Manifest
 
 __all__ = ["routes"]
 
 
-def _ranges(axes: Sequence[Mapping[str, Any]]) -> str:
+def _ranges(axes: Sequence[Axis]) -> str:
     """``input_ids_1 4..4, batch 1..3``: the recorded range of each dynamic symbol."""
     seen: dict[str, str] = {}
     for axis in axes:
-        symbol = axis.get("symbol")
-        if axis.get("dynamic") and symbol and symbol not in seen:
-            low, high = axis.get("min"), axis.get("max")
-            seen[str(symbol)] = f"{symbol} {low}" if low == high else f"{symbol} {low}..{high}"
+        symbol = axis.symbol
+        if axis.dynamic and symbol and symbol not in seen:
+            low, high = axis.min, axis.max
+            seen[symbol] = f"{symbol} {low}" if low == high else f"{symbol} {low}..{high}"
     return ", ".join(seen.values()) or "static"
 
 
-def routes(manifest: Mapping[str, Any], model: Mapping[str, Any]) -> list[dict[str, Any]]:
+def routes(manifest: Manifest, model: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per program entry of the artifact that serves the model's own calls.
 
     Args:
-        manifest: The artifact's manifest.
+        manifest: The artifact's typed manifest (`replay.ship.artifact.read_manifest`).
         model: One model of `Store.summary()` (``groups`` with ``name`` and ``structure_id``).
 
     Returns:
@@ -40,26 +44,35 @@ def routes(manifest: Mapping[str, Any], model: Mapping[str, Any]) -> list[dict[s
         dynamic symbol) and ``fills`` (inputs filled per call, ``;``-joined, or None).
 
     Example:
+        >>> import json
+        >>> from replay.ship.manifest import Manifest
         >>> entry = {"module": "", "group": "g0[x_0<=3]", "program": "g0[x_0<=3]",
-        ...          "structure_id": "s1", "axes": [{"symbol": "x_0", "dynamic": True,
-        ...          "min": 2, "max": 3}], "fills": []}
-        >>> routes({"programs": [entry]}, {"groups": [{"name": "g0", "structure_id": "s1"}]})
+        ...          "model": "m", "structure_id": "s1", "calls": 2, "signatures": 2,
+        ...          "treespec": None, "signature": None, "n_args": 1,
+        ...          "leaves": [{"path": "args[0]", "kind": "tensor", "rank": 1}],
+        ...          "axes": [{"path": "args[0]", "axis": 0, "symbol": "x_0",
+        ...                    "dynamic": True, "min": 2, "max": 3}],
+        ...          "form": {"positional": ["x"], "keywords": []}}
+        >>> text = {"format": "capture-artifact/1", "model": "m", "programs": [entry],
+        ...         "modules": {"": {"model": "m", "complete": True}}}
+        >>> manifest = Manifest.parse(json.dumps(text).encode(), "m.json")
+        >>> routes(manifest, {"groups": [{"name": "g0", "structure_id": "s1"}]})
         ... # doctest: +NORMALIZE_WHITESPACE
         [{'group': 'g0', 'served_as': 'g0[x_0<=3]', 'program': 'g0[x_0<=3]',
           'ranges': 'x_0 2..3', 'fills': None}]
     """
     names = {g["structure_id"]: g["name"] for g in model.get("groups", ())}
     rows = []
-    for entry in manifest.get("programs", ()):
-        if entry.get("module", ""):
+    for entry in manifest.programs:
+        if entry.module:
             continue
-        fills = [str(f.get("text") or f.get("argument")) for f in entry.get("fills") or ()]
+        fills = [fill.text or fill.argument for fill in entry.fills]
         rows.append(
             {
-                "group": names.get(entry.get("structure_id")),
-                "served_as": entry.get("group"),
-                "program": entry.get("program"),
-                "ranges": _ranges(entry.get("axes") or ()),
+                "group": names.get(entry.structure_id),
+                "served_as": entry.group,
+                "program": entry.program,
+                "ranges": _ranges(entry.guard.axes),
                 "fills": "; ".join(fills) or None,
             }
         )

@@ -1,8 +1,10 @@
 """The runner `replay.load` returns: calls an artifact's programs like the original model.
 
-Each call is matched against the programs' recorded structures and guards (`replay.ship.guards`)
-by the `Router` (shared with the ONNX runner, `replay.onnx.runner`), then run on the program that
-accepts it (or its AOTInductor build); see `replay.ship.artifact`.
+Each call is routed with `replay.ship.guards.route` (the rule ``capture check`` uses too): the
+first program whose recorded structure is the call's and whose guards accept its sizes runs it
+(or its AOTInductor build); see `replay.ship.artifact`. The `Router` describes a live call for
+that rule; the ONNX runner (`replay.onnx.runner`) routes through it too, so the ``.pt2``
+runner, the ONNX runner and ``capture check`` answer with one rule.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from replay.ship.fills import Fill, fill_call, fills_of
-from replay.ship.guards import CallNotServed, LeafFacts, ProgramGuard
+from replay.ship.fills import fill_call
+from replay.ship.guards import CallFacts, CallNotServed, LeafFacts, ProgramGuard, route
+from replay.ship.manifest import Manifest, ProgramEntry
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -20,35 +23,37 @@ __all__ = ["Runner", "Router", "Routed"]
 
 
 class Router:
-    """Which program of a set serves a call: its recorded structure, then its guards.
+    """Which entry of a manifest serves a live call: `route` over the entries' guards.
 
-    One answer for every runner (the ``.pt2`` `Runner`, the ONNX runner of `replay.onnx.runner`):
-    the programs are tried in order; the first whose `ProgramGuard` matches the call's
-    structure and accepts its sizes serves it.
-
-    Attributes:
+    Args:
         model: The model's name (for messages).
         module: The sub-module served (``""``: the model itself).
-        entries: The manifest's program entries of that module, in order.
-        guards: Their guards.
-        fills: Per entry, the inputs its program takes and its group's calls lack
-            (`replay.ship.fills`: a group served by another group's program).
+        entries: The manifest's program entries of that module, in the order they are tried.
+
+    Attributes:
+        model: The model's name.
+        module: The sub-module served.
+        entries: The entries, in order.
     """
 
-    def __init__(self, model: str, module: str, entries: Sequence[dict[str, Any]]) -> None:
+    def __init__(self, model: str, module: str, entries: Sequence[ProgramEntry]) -> None:
         self.model = model
         self.module = module
         self.entries = list(entries)
-        self.guards = [ProgramGuard.from_manifest(e) for e in self.entries]
-        self.fills: list[tuple[Fill, ...]] = [
-            fills_of(e, len(g.axes)) for e, g in zip(self.entries, self.guards, strict=True)
-        ]
+        self._by_guard = {id(e.guard): e for e in self.entries}
         self._seen: dict[Any, tuple[str | None, Sequence[LeafFacts], bool]] = {}
 
+    @property
+    def groups(self) -> list[str]:
+        """The groups served, in the order they are tried."""
+        return [e.group for e in self.entries]
+
     def facts(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: dict[str, Any]
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: ProgramEntry
     ) -> tuple[str | None, Sequence[LeafFacts], list[Any]]:
-        """The call's treespec, leaves and tensors (in leaf order: the order of ``dims``)."""
+        """The call's treespec, leaves and tensors (in leaf order: the order of ``dims``),
+        described with the entry's recorded signature (which names positional arguments);
+        cached per call layout."""
         from capture.record.flatten import describe, tensor_key, walk
         from capture.signature import Signature
 
@@ -57,10 +62,10 @@ class Router:
         walk(args, tensors, key)
         walk(kwargs, tensors, key)
         full, _ = tensor_key(key, tensors, devices=False)
-        cache_key = (full, entry.get("signature"))
+        cache_key = (full, entry.signature)
         found = self._seen.get(cache_key)
         if found is None:
-            signature = Signature.loads(entry.get("signature"))
+            signature = Signature.loads(entry.signature)
             st = describe((args, kwargs), list(tensors), signature=signature)
             found = (st.treespec, st.leaves, st.slow)
             self._seen[cache_key] = found
@@ -72,28 +77,35 @@ class Router:
         return treespec, leaves, tensors
 
     def route(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[ProgramGuard, dict[str, Any], tuple[Fill, ...], list[Any]]:
-        """The guard, entry and fills of the program serving the call, and the call's tensors.
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        entries: Sequence[ProgramEntry] | None = None,
+    ) -> tuple[ProgramEntry, list[Any]]:
+        """The entry that serves the call (`replay.ship.guards.route`), and the call's tensors.
+
+        Args:
+            args: The call's positional arguments.
+            kwargs: The call's keyword arguments.
+            entries: Try only these (default: every entry, in order).
 
         Raises:
-            CallNotServed: No program accepts the call; the message names each group and why.
+            CallNotServed: No entry accepts the call; the message names each group and why.
         """
-        reasons: dict[str, str] = {}
-        for guard, entry, fills in zip(self.guards, self.entries, self.fills, strict=True):
-            treespec, leaves, tensors = self.facts(args, kwargs, entry)
-            if not guard.matches(treespec, leaves):
-                reasons[guard.label] = (
-                    "different call structure (arguments, dtypes, ranks or constants)"
-                )
-                continue
-            failed = guard.check([int(s) for t in tensors for s in t.shape])
-            if failed is None:
-                return guard, entry, fills, tensors
-            reasons[guard.label] = failed
+        seen: dict[int, list[Any]] = {}
+
+        def facts(guard: ProgramGuard) -> CallFacts:
+            treespec, leaves, tensors = self.facts(args, kwargs, self._by_guard[id(guard)])
+            seen[id(guard)] = tensors
+            return treespec, leaves, [int(s) for t in tensors for s in t.shape]
+
+        tried = self.entries if entries is None else entries
+        chosen, reasons = route([e.guard for e in tried], facts)
+        if chosen is not None:
+            return self._by_guard[id(chosen)], seen[id(chosen)]
         who = f"{self.model}.{self.module}" if self.module else self.model
-        tried = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
-        raise CallNotServed(f"no program of {who} accepts this call ({tried})", reasons)
+        why = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
+        raise CallNotServed(f"no program of {who} accepts this call ({why})", reasons)
 
 
 class Routed:
@@ -107,7 +119,7 @@ class Routed:
     @property
     def groups(self) -> list[str]:
         """The groups this runner serves, in the order they are tried."""
-        return [g.group for g in self._router.guards]
+        return self._router.groups
 
     def select(self, *args: Any, **kwargs: Any) -> str:
         """The group that would serve this call (nothing runs).
@@ -119,39 +131,52 @@ class Routed:
 
 
 class Runner(Routed):
-    """Calls an artifact's programs like the original model (what `load` returns).
+    """Calls an artifact's programs like the original model (what `replay.load` returns).
+
+    Args:
+        manifest: The artifact's typed manifest.
+        programs: Program name -> its exported program.
+        modules: Program name -> its runnable module (``program.module()``).
+        compiled: Program name -> its AOTInductor build (run instead of the module).
+        module: The sub-module this runner serves.
 
     Attributes:
-        manifest: The artifact's manifest.
-        programs: Program name -> `torch.export.ExportedProgram`.
-        compiled: Program name -> its AOTInductor-compiled form (artifacts saved with
-            ``aoti=True``); when present, calls run it instead of the exported program.
+        manifest: The artifact's typed manifest.
+        programs: Program name -> its `torch.export.ExportedProgram`.
+        compiled: Program name -> its AOTInductor build, for artifacts loaded with
+            ``compiled=True`` (calls then run it instead of the exported program).
         module: The sub-module this runner serves (``""``: the model itself).
         modules: Sub-module name -> its `Runner` (``runner.modules["encoder"]``).
     """
 
     def __init__(
         self,
-        manifest: dict[str, Any],
+        manifest: Manifest,
         programs: Mapping[str, ExportedProgram],
-        module: str = "",
+        modules: Mapping[str, Any],
         compiled: Mapping[str, Any] | None = None,
+        module: str = "",
     ) -> None:
         self.manifest = manifest
         self.programs = dict(programs)
         self.compiled = dict(compiled or {})
         self.module = module
-        entries = [e for e in manifest["programs"] if e.get("module", "") == module]
-        self._router = Router(str(manifest["model"]), module, entries)
-        self._callables: dict[str, Any] = {}
+        self._router = Router(manifest.model, module, manifest.for_module(module))
+        self._runnables = {
+            e.program: self.compiled.get(e.program) or modules[e.program]
+            for e in self._router.entries
+        }
         self.modules: dict[str, Runner] = {}
         if not module:
-            for name in manifest["modules"]:
+            for name in manifest.modules:
                 if name:
-                    self.modules[name] = Runner(manifest, programs, name, compiled)
+                    self.modules[name] = Runner(manifest, programs, modules, compiled, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the program that accepts it.
+
+        A group served by another group's program (`replay.merging`) gets the inputs that
+        program takes and the call lacks, filled by the entry's rules (`replay.ship.fills`).
 
         Returns:
             The program's output, shaped as eager returns it (output dataclasses, caches).
@@ -159,34 +184,23 @@ class Runner(Routed):
         Raises:
             CallNotServed: No program accepts the call (structure or guards).
         """
-        from replay.shapes import CallForm, arrange
+        from replay.shapes import arrange
 
-        guard, entry, fills, tensors = self._router.route(args, kwargs)
-        # A group served by another group's program: the inputs it lacks, filled (fills.py).
-        args, kwargs = fill_call(fills, args, kwargs, [int(s) for t in tensors for s in t.shape])
-        runnable = self._callables.get(guard.program)
-        if runnable is None:
-            runnable = self.compiled.get(guard.program) or self.programs[guard.program].module()
-            self._callables[guard.program] = runnable
-        form = entry["form"]
-        call_form = CallForm(
-            tuple(form["positional"]),
-            tuple(form["keywords"]),
-            tuple(form["extra"]),
-            form.get("var_positional"),
-        )
-        args, kwargs = arrange(call_form, args, kwargs)
+        entry, tensors = self._router.route(args, kwargs)
+        dims = [int(s) for t in tensors for s in t.shape]
+        args, kwargs = fill_call(entry.fills, args, kwargs, dims)
+        args, kwargs = arrange(entry.form, args, kwargs)
         try:
-            return runnable(*args, **kwargs)
+            return self._runnables[entry.program](*args, **kwargs)
         except (AssertionError, RuntimeError, ValueError) as e:
             # torch's own input checks (a guard the recorded ranges did not show): say so
             text = str(e).strip().splitlines()
             reason = f"its program refused the call: {type(e).__name__}: {text[0] if text else ''}"
+            label = entry.guard.label
             raise CallNotServed(
-                f"group {guard.label} of {self.manifest['model']} matched, but {reason}",
-                {guard.label: reason},
+                f"group {label} of {self.manifest.model} matched, but {reason}", {label: reason}
             ) from e
 
     def __repr__(self) -> str:
-        name = self.manifest["model"] + (f".{self.module}" if self.module else "")
+        name = self.manifest.model + (f".{self.module}" if self.module else "")
         return f"Runner({name}, groups={self.groups}, modules={sorted(self.modules)})"

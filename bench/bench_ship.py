@@ -1,0 +1,246 @@
+"""Benchmark of shipping a real-size model: archive, save, load, memory and latency, before/after.
+
+    python bench/bench_ship.py --work DIR [--before CHECKOUT] [--layers 8] [--repeat 5]
+
+A Llama-shaped LlamaForCausalLM of ~0.6 GB (float32, built from a config with random weights,
+nothing downloaded) serves generate() traffic (batches 1-3, left padding, with and without a
+mask: 4 call groups) under a Recorder. Then, for each code tree (``--before``: a checkout of
+the code to compare with, e.g. ``git archive main``; and this checkout), in fresh processes:
+
+1. export + `ExportResult.save` (probes off: the export itself is not what is measured):
+   save time, archive size, bytes of the archive's tensor records;
+2. `replay.load` in a new process: load time, RSS after load split into anonymous memory and
+   file-backed pages (a memory-mapped archive is file-backed), the bytes of every live tensor
+   storage (each distinct storage once), then per program the first call and the median of
+   ``--repeat`` calls on an original generate() call (a forward pre-hook copy), each timed
+   next to an eager call of the same inputs (the machine is shared: pairs see the same load);
+   RSS again after serving (the eager model deleted): a mapped archive's pages are read as
+   the programs touch them, as file-backed memory.
+
+Every number is also a ratio to the model's own weights or to eager latency. Prints Markdown on
+stdout (progress on stderr); the results go to docs/benchmarks.md. Needs ~4x the model in free
+memory for the "before" load (it held one copy per program).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import code_line, load_line, machine_line, md_table  # noqa: E402
+
+# (batch, prompt length): batch 1 drops the all-ones mask, batches 2-3 are left-padded.
+WORKLOAD = ((1, 5), (2, 7), (1, 9), (2, 4), (3, 6))
+
+RECORD = """
+import json, sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import safetensors.torch as st
+import capture
+from fixtures.models import run_generate
+work, layers = sys.argv[1], int(sys.argv[2])
+config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+    num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
+    max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    tie_word_embeddings=False)
+torch.manual_seed(0)
+model = LlamaForCausalLM(config).eval()
+config.save_pretrained(work + "/model")
+st.save_model(model, work + "/model/model.safetensors")
+with capture.Recorder(model, work + "/store", flush_seconds=3600):
+    run_generate(model, json.loads(sys.argv[3]), max_new_tokens=4)
+weights = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+           for t in [*model.parameters(), *model.buffers()]}
+print(json.dumps({"weight_bytes": sum(weights.values()),
+                  "params": sum(p.numel() for p in model.parameters())}))
+"""
+
+EXPORT = """
+import json, sys, time, zipfile, torch, transformers
+import safetensors.torch as st
+import replay, capture
+work, label = sys.argv[1], sys.argv[2]
+config = transformers.AutoConfig.from_pretrained(work + "/model")
+model = transformers.LlamaForCausalLM(config).eval()
+st.load_model(model, work + "/model/model.safetensors")
+t = time.perf_counter()
+result = replay.export(model, work + "/store", probes=0)
+export_s = time.perf_counter() - t
+path = f"{work}/{label}.pt2"
+t = time.perf_counter()
+result.save(path)
+save_s = time.perf_counter() - t
+with zipfile.ZipFile(path) as z:
+    records = sum(i.file_size for i in z.infolist()
+                  if i.filename.split("/")[-1].startswith(("weight_", "tensor_")))
+print(json.dumps({"export_s": export_s, "save_s": save_s, "programs": sorted(result.programs),
+                  "complete": result.complete, "archive_bytes": __import__("os").path.getsize(path),
+                  "record_bytes": records, "capture": capture.__file__}))
+"""
+
+SERVE = """
+import copy, gc, json, os, statistics, sys, time
+def rss():
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key = line.split(":")[0]
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                out[key] = int(line.split()[1]) * 1024
+    return out
+import torch, transformers, replay
+import safetensors.torch as st
+work, label, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
+gc.collect()
+before = rss()
+t = time.perf_counter()
+runner = replay.load(f"{work}/{label}.pt2")
+load_s = time.perf_counter() - t
+gc.collect()
+after = rss()
+seen = {}
+for obj in gc.get_objects():
+    if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type != "meta":
+        s = obj.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+storage_bytes = sum(seen.values())
+config = transformers.AutoConfig.from_pretrained(work + "/model")
+model = transformers.LlamaForCausalLM(config).eval()
+st.load_model(model, work + "/model/model.safetensors")
+calls = {}
+def hook(m, args, kwargs):
+    group = runner.select(*args, **kwargs)
+    calls.setdefault(group, (copy.deepcopy(args), copy.deepcopy(kwargs)))
+handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+from fixtures.models import run_generate
+run_generate(model, json.loads(sys.argv[4]), max_new_tokens=4)
+handle.remove()
+def timed(fn, args, kwargs):
+    a, k = copy.deepcopy(args), copy.deepcopy(kwargs)
+    t = time.perf_counter(); fn(*a, **k); return time.perf_counter() - t
+latency = {}
+with torch.no_grad():
+    for group, (args, kwargs) in sorted(calls.items()):
+        first = timed(runner, args, kwargs)
+        pairs = [(timed(runner, args, kwargs), timed(model, args, kwargs)) for _ in range(repeat)]
+        latency[group] = {"first": first, "steady": statistics.median(p[0] for p in pairs),
+                          "eager": statistics.median(p[1] for p in pairs)}
+del model
+gc.collect()
+print(json.dumps({"load_s": load_s, "rss_before": before, "rss_after": after, "rss_served": rss(),
+                  "storage_bytes": storage_bytes, "latency": latency, "capture": replay.__file__}))
+"""
+
+
+def _run(code: str, tree: Path, *args: str) -> dict[str, Any]:
+    """Runs `code` in a fresh Python whose `capture`/`replay` come from `tree`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
+    done = subprocess.run(
+        # -P: the working directory (this checkout, maybe) must not shadow `tree`'s packages
+        [sys.executable, "-P", "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(f"a benchmark step failed in {tree}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _ratio(n: float, base: float) -> str:
+    return f"{n / base:.2f}x"
+
+
+def main() -> int:
+    """Runs the benchmark once per code tree and prints the Markdown tables."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work", required=True, help="an empty folder with room for ~4 GB")
+    parser.add_argument("--before", help="a checkout of the code to compare with")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=5)
+    options = parser.parse_args()
+    work = Path(options.work)
+    (work / "model").mkdir(parents=True, exist_ok=True)
+    workload = json.dumps(WORKLOAD)
+    recorded = work / "recorded.json"
+    if recorded.exists() and (work / "store").exists():  # a previous run's model and store
+        model = json.loads(recorded.read_text())
+    else:
+        sys.stderr.write("building the model and recording its generate() traffic...\n")
+        model = _run(RECORD, ROOT, str(work), str(options.layers), workload)
+        recorded.write_text(json.dumps(model))
+    trees = ([("before", Path(options.before))] if options.before else []) + [("after", ROOT)]
+    results: dict[str, dict[str, Any]] = {}
+    for label, tree in trees:
+        sys.stderr.write(f"{label}: export and save ({tree})...\n")
+        exported = _run(EXPORT, tree, str(work), label)
+        sys.stderr.write(f"{label}: load and serve in a fresh process...\n")
+        served = _run(SERVE, tree, str(work), label, str(options.repeat), workload)
+        results[label] = {**exported, **served}
+        sys.stderr.write(f"{label}: measured {served['capture']}\n")
+        os.unlink(work / f"{label}.pt2")
+    weights = float(model["weight_bytes"])
+    print(f"### Shipping a {weights / 2**30:.2f} GiB Llama: each weight once (issue 20)\n")
+    print(f"{machine_line(('torch', 'transformers'))}; {code_line(('replay',))}; {load_line()}.")
+    print(
+        f"Model: {options.layers} layers, hidden 1024, {model['params'] / 1e6:.0f} M parameters "
+        f"float32; programs: {', '.join(results['after']['programs'])}.\n"
+    )
+    rows = []
+    for label, r in results.items():
+        grown = r["rss_after"]["VmRSS"] - r["rss_before"]["VmRSS"]
+        anon = r["rss_after"]["RssAnon"] - r["rss_before"]["RssAnon"]
+        file = r["rss_after"]["RssFile"] - r["rss_before"]["RssFile"]
+        served_anon = r["rss_served"]["RssAnon"] - r["rss_before"]["RssAnon"]
+        served_file = r["rss_served"]["RssFile"] - r["rss_before"]["RssFile"]
+        rows.append(
+            [
+                label,
+                f"{_gib(r['archive_bytes'])} ({_ratio(r['archive_bytes'], weights)})",
+                _ratio(r["record_bytes"], weights),
+                f"{r['save_s']:.1f} s",
+                f"{r['load_s']:.1f} s",
+                f"{_gib(grown)} ({_ratio(grown, weights)}): anon {_gib(anon)}, file {_gib(file)}",
+                f"anon {_gib(served_anon)}, file {_gib(served_file)}",
+                _ratio(r["storage_bytes"], weights),
+            ]
+        )
+    headers = ["code", "archive", "tensor records", "save", "load", "RSS growth on load",
+               "RSS growth after serving", "live tensor storages"]  # fmt: skip
+    print(md_table(headers, rows) + "\n")
+    lat_rows = []
+    for label, r in results.items():
+        for group, t in r["latency"].items():
+            lat_rows.append(
+                [
+                    label,
+                    group,
+                    f"{t['first'] * 1e3:.0f} ms ({_ratio(t['first'], t['eager'])})",
+                    f"{t['steady'] * 1e3:.1f} ms ({_ratio(t['steady'], t['eager'])})",
+                    f"{t['eager'] * 1e3:.1f} ms",
+                ]
+            )
+    print(md_table(["code", "program", "first call", "steady (median)", "eager"], lat_rows))
+    print(f"\nRatios: to the model's own weights ({_gib(weights)}) or to eager latency; "
+          f"{time.strftime('%Y-%m-%d')}.")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
