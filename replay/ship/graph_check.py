@@ -212,15 +212,21 @@ def _parse(text: Any, source: str, what: str) -> ast.expr:
     return tree.body
 
 
-def _check_guard(text: Any, source: str) -> None:
-    expr = _parse(text, source, "guard")
-    for node in ast.walk(expr):
-        bad = _guard_node(node)
+def _check_expr(
+    text: Any, source: str, what: str, expected: str, rule: Callable[[ast.AST], str | None]
+) -> None:
+    """Refuses `text` unless every node of its expression passes `rule` (None: allowed)."""
+    for node in ast.walk(_parse(text, source, what)):
+        bad = rule(node)
         if bad:
             raise ArtifactError(
-                f"{source}: the guard {str(text)[:120]!r} is not a size comparison torch.export "
-                f"writes (it names {bad}); the program is not loaded"
+                f"{source}: the {what} {str(text)[:120]!r} is not {expected} "
+                f"(it names {bad}); the program is not loaded"
             )
+
+
+def _check_guard(text: Any, source: str) -> None:
+    _check_expr(text, source, "guard", "a size comparison torch.export writes", _guard_node)
 
 
 def _guard_node(node: ast.AST) -> str | None:
@@ -256,14 +262,7 @@ def _guard_node(node: ast.AST) -> str | None:
 
 
 def _check_sympy(text: Any, source: str) -> None:
-    expr = _parse(text, source, "symbolic expression")
-    for node in ast.walk(expr):
-        bad = _sympy_node(node)
-        if bad:
-            raise ArtifactError(
-                f"{source}: the symbolic expression {str(text)[:120]!r} is not one torch.export "
-                f"writes (it names {bad}); the program is not loaded"
-            )
+    _check_expr(text, source, "symbolic expression", "one torch.export writes", _sympy_node)
 
 
 def _sympy_node(node: ast.AST) -> str | None:
