@@ -62,7 +62,9 @@ def check_table(
 
     A file deleted between the listing and its read (a writer replacing its stats rollup, a
     compaction) means a file that holds its rows appeared meanwhile: the table is listed
-    again (at most `_LISTINGS` times; then the vanished files are left out, unreported).
+    again (at most `_LISTINGS` times; then the vanished files are left out, unreported, and
+    so is a claimed file deleted while its claim was being checked: the rollup claiming it
+    is the one that replaced it, and reading both would count its calls twice).
 
     Stats and structures files are read whole with their check (`read_with_rows`), their rows
     returned. Verdicts and rows of files already checked come from `cache` when the file's
@@ -141,8 +143,9 @@ def _check_once(
     counted = [f for f in good if f.path not in pending]
     # by a compacted file (capture.compact) that provably holds their rows: read it instead
     refused: list[Skip] = []
-    # the last time, a claim that cannot be checked is refused (reported; both files read)
-    replaced = verified_replaced(fs, counted, refused, None if last else vanished)
+    # a claim whose file vanished while it was checked hides that file (it is gone): the last
+    # time too, without listing again; any other claim not proven is refused (both files read)
+    replaced = verified_replaced(fs, counted, refused, set() if last else vanished)
     kept = sorted(f.path for f in counted if f.path not in replaced)
     rows = kept_rows = None
     if small:

@@ -207,8 +207,9 @@ def verified_replaced(
         files: The checked files of one table (from `capture.store.layout.read_footer`).
         refused: Receives one `Skip` per refused claim (path = the claiming file).
         vanished: Receives the claiming file of each claim that could not be checked because
-            a file was deleted meanwhile (a writer replacing its rollup): list again. Without
-            it, such a claim is refused.
+            the claimed file was deleted meanwhile (a writer replacing its rollup deletes the
+            one its new rollup claims): the claimed file is then hidden, as gone, and the
+            caller lists again. Without it (compaction), such a claim is refused.
 
     Returns:
         The paths to hide (readers) or delete as leftovers (compaction).
@@ -231,6 +232,7 @@ def verified_replaced(
                 hidden.add(target.path)
             elif why == VANISHED and vanished is not None:
                 vanished.add(claimant.path)
+                hidden.add(target.path)
             elif refused is not None:
                 refused.append(
                     Skip(
