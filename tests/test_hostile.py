@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from click.testing import CliRunner
+from planted import planted_module
 
 import replay
 from capture import schema
@@ -60,18 +61,10 @@ def store(template: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def evil_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A module in the cwd (and on sys.path) that writes a marker file when imported."""
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    marker = tmp_path / "MARKER"
-    (cwd / f"{EVIL}.py").write_text(
-        f"open({str(marker)!r}, 'w').write('ran')\ndef f():\n    return 0\nclass Thing:\n    pass\n"
-    )
-    monkeypatch.chdir(cwd)
-    monkeypatch.syspath_prepend(str(cwd))
-    before = set(sys.modules)
-    yield marker
-    assert not marker.exists()  # issue 11: nothing from the store ran
-    assert EVIL not in set(sys.modules) - before  # issue 11: nothing from the store imported
+    # issue 11: nothing from the store imported (planted_module checks it on exit)
+    with planted_module(tmp_path, monkeypatch, EVIL, "class Thing:\n    pass\n") as marker:
+        yield marker
+        assert not marker.exists()  # issue 11: nothing from the store ran
 
 
 def _run(store: Path | str, *args: str) -> tuple[int, str, str]:

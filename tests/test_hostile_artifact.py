@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import json
 import pickle
-import sys
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ import pytest
 import torch
 from artifact_files import entries, record_scaled, write_entries
 from click.testing import CliRunner
+from planted import planted_module
 
 import replay
 from capture.cli.main import cli
@@ -41,17 +41,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture
 def marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A marker file planted code would write, and a planted module that writes it on import."""
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    path = tmp_path / "MARKER"
-    (cwd / f"{EVIL}.py").write_text(
-        f"open({str(path)!r}, 'w').write('ran')\ndef f():\n    return 0\n"
-    )
-    monkeypatch.chdir(cwd)
-    monkeypatch.syspath_prepend(str(cwd))
-    before = set(sys.modules)
-    yield path
-    assert EVIL not in set(sys.modules) - before  # issue 25: nothing named by the archive imported
+    # issue 25: nothing named by the archive imported (planted_module checks it on exit)
+    with planted_module(tmp_path, monkeypatch, EVIL) as path:
+        yield path
 
 
 def _tampered(template: Path, target: Path, change: Callable[[dict[str, bytes]], None]) -> Path:
