@@ -210,25 +210,24 @@ def test_a_manifest_of_another_format_is_refused(tmp_path: Path) -> None:
         replay.load(tmp_path / "m.onnx")
 
 
-def test_a_linked_onnx_file_is_refused(linear: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("linked_manifest", "message"),
+    [
+        (False, "missing or not a regular file"),
+        (True, "linear.onnx.json is a link; an ONNX set's manifest"),
+    ],
+    ids=["onnx file", "manifest"],
+)
+def test_a_linked_file_of_the_set_is_refused(
+    linear: Any, tmp_path: Path, linked_manifest: bool, message: str
+) -> None:
     _, _, _, _, target = linear
     for name in os.listdir(target.parent):
-        if name.endswith(".json"):
-            shutil.copy(target.parent / name, tmp_path / name)
-        else:
-            os.symlink(target.parent / name, tmp_path / name)
-    with pytest.raises(OnnxFileError, match="missing or not a regular file"):
-        replay.load(tmp_path / "linear.onnx")
-
-
-def test_a_linked_manifest_is_refused(linear: Any, tmp_path: Path) -> None:
-    _, _, _, _, target = linear
-    for name in os.listdir(target.parent):
-        if name.endswith(".json"):
+        if name.endswith(".json") == linked_manifest:
             os.symlink(target.parent / name, tmp_path / name)
         else:
             shutil.copy(target.parent / name, tmp_path / name)
-    with pytest.raises(OnnxFileError, match="linear.onnx.json is a link; an ONNX set's manifest"):
+    with pytest.raises(OnnxFileError, match=message):
         replay.load(tmp_path / "linear.onnx")
 
 
