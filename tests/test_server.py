@@ -11,7 +11,6 @@ those calls, each once, per worker process.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,10 +20,12 @@ from pathlib import Path
 import pytest
 
 import capture
-from fixtures.server_load import run_server_load
+from fixtures.server_load import booted_after_reload, run_server_load
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_REQUESTS = 4  # well under the 16 answers before the SIGHUP: a worker is recycled first
+MAX_REQUESTS = 12
+RELOAD_AT = 24  # 2 workers x 12: one is recycled first; the 16 answers after leave both new
+# workers under 12, so neither is being replaced when SIGTERM comes with requests in flight
 
 
 # A process whose recorder is stopping when SIGTERM arrives (as gunicorn's master signals a
@@ -68,18 +69,19 @@ def test_every_served_request_is_stored_once_across_reload_recycling_and_shutdow
     tmp_path: Path,
 ) -> None:
     store = tmp_path / "store"
-    load = run_server_load(store, tmp_path / "server", max_requests=MAX_REQUESTS)
+    load = run_server_load(
+        store, tmp_path / "server", max_requests=MAX_REQUESTS, reload_at=RELOAD_AT
+    )
     assert load.returncode == 0, load.stderr[-3000:]
     assert "Traceback" not in load.stderr, load.stderr[-3000:]
     assert "Handling signal: hup" in load.stderr  # the reload happened
     assert len(load.answers) >= 40
     # Recycled: uvicorn ends a worker once it has served max_requests (checked once a second,
-    # so it may serve a few more); reloaded: a worker booted after the SIGHUP answered. Read
-    # from the server's own log, not from how many pids answered (timing decides that).
+    # so it may serve a few more; the load reloads only after that); reloaded: a worker booted
+    # after the SIGHUP answered. Read from the server's own log, not from how many pids
+    # answered (timing decides that).
     assert f"Maximum request limit of {MAX_REQUESTS} exceeded" in load.stderr
-    after_hup = load.stderr.split("Handling signal: hup", 1)[1]
-    booted = {int(pid) for pid in re.findall(r"Booting worker with pid: (\d+)", after_hup)}
-    assert booted & {a["pid"] for a in load.answers}
+    assert booted_after_reload(load.stderr) & {a["pid"] for a in load.answers}
     assert any(a["done"] > load.term_at for a in load.answers)  # answered during the shutdown
     served: Counter[int] = Counter()
     for answer in load.answers:
