@@ -3,8 +3,7 @@
 Random weights, a fixed seed, nothing downloaded: a Llama (what the demo records) and a T5 (the
 encoder-decoder example of recording several modules), and `run_generate`, which serves them a
 `generate()` workload. They live in the installed package so that the demo and every example
-run from a wheel (issue 24: the T5 example imported the repository's ``fixtures``, which is not
-installed); `fixtures.models` re-exports them for the tests and benchmarks. transformers is
+run from a wheel (the repository's ``fixtures`` is not installed); `fixtures.models` re-exports them for the tests and benchmarks. transformers is
 imported only when a model is built.
 
 Example:
