@@ -61,7 +61,7 @@ from capture.store.layout import (
     read_footer,
     read_footers,
 )
-from capture.store.merging import BATCH_FILES, Vanished, collected, group_rows
+from capture.store.merging import BATCH_FILES, Corrupt, Vanished, collected, group_rows
 
 __all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
 
@@ -85,6 +85,9 @@ class CompactResult:
     tables: dict[str, TableResult] = field(default_factory=dict)
     deleted_leftovers: int = 0
     unreadable: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+    """Files left as they are because their values are not a writer's (`capture.store.values`),
+    each with why: ``path (reason)``."""
     refused_claims: list[str] = field(default_factory=list)
     """Files whose ``capture.replaces`` did not check out (nothing was deleted for them)."""
     rolled_back: list[str] = field(default_factory=list)
@@ -142,7 +145,7 @@ def compact(
             for folder, files in _folders(fs, table, listed, result):
                 _compact_folder(fs, table, folder, files, target_rows, result, named)
     seen = sum(t.files_before for t in result.tables.values()) + result.deleted_leftovers
-    if not seen and not result.unreadable:  # as every other command says of such a store
+    if not (seen or result.unreadable or result.corrupt):  # as every other command says
         raise EmptyStore(
             f"the store at {os.fspath(store)} holds no recorded call yet; nothing to compact"
         )
@@ -185,7 +188,9 @@ def _folders(
             for checked in read_footers(fs, chunk, lambda f, p: read_footer(f, p, table)):
                 if isinstance(checked, Skip) and checked.reason == VANISHED:
                     continue  # replaced by a live writer: its successor is for a later run
-                if isinstance(checked, Skip):  # foreign, wrong schema, truncated: left, reported
+                if isinstance(checked, Skip) and checked.corrupt:  # left as it is, reported
+                    result.corrupt.append(f"{checked.path} ({checked.reason})")
+                elif isinstance(checked, Skip):  # foreign, wrong schema, truncated: left, reported
                     result.unreadable.append(checked.path)
                 else:
                     files.append(checked)
@@ -245,6 +250,11 @@ def _compact_folder(
         try:
             counts.rows_after += _merge(fs, table, folder, group)
             counts.files_after += 1
+        except Corrupt as bad:
+            # Its rows are left as they are (nothing recorded is changed): reported, not merged.
+            result.corrupt.append(f"{bad.path} ({bad.reason})")
+            counts.files_after += len(group)
+            counts.rows_after += sum(f.rows for f in group)
         except Vanished as gone:
             # A live writer replaced (or rolled back) a file since it was listed: its rows are
             # in a file this run did not list. Nothing was replaced; the group waits (issue 25).

@@ -28,6 +28,7 @@ from capture import schema
 from capture.errors import StoreNotFound
 from capture.store.files import resolve_store, vanished
 from capture.store.nofollow import LINK_REASON, walk
+from capture.store.values import calls_problem, rows_problem
 
 __all__ = [
     "FileInfo",
@@ -172,6 +173,9 @@ class Skip:
 
     path: str
     reason: str
+    corrupt: bool = False
+    """A capture file whose values no writer writes (`capture.store.values`): readers stop with
+    an error naming it instead of leaving its recorded calls out unseen."""
 
 
 def list_files(
@@ -264,7 +268,15 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
             meta = pq.read_metadata(f)
     except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
         return _unreadable(fs, path, e)
-    return _verdict(meta, path, table, size)
+    verdict = _verdict(meta, path, table, size)
+    if isinstance(verdict, FileInfo) and table == schema.CALLS:
+        try:
+            problem = calls_problem(fs, path, meta)
+        except Exception as e:  # its sizes cannot be read: as unreadable as a truncated file
+            return _unreadable(fs, path, e)
+        if problem is not None:
+            return Skip(path, problem, corrupt=True)
+    return verdict
 
 
 def _unreadable(fs: pafs.FileSystem, path: str, error: Exception) -> Skip:
@@ -308,7 +320,11 @@ def read_with_rows(
             verdict = _verdict(parquet.metadata, path, table, size)
             if isinstance(verdict, Skip):
                 return verdict, None
-            return verdict, parquet.read()
+            rows = parquet.read()
+            problem = rows_problem(table, rows)
+            if problem is not None:
+                return Skip(path, problem, corrupt=True), None
+            return verdict, rows
     except Exception as e:  # truncated, empty, not Parquet, corrupt pages: skipped, said why
         return _unreadable(fs, path, e), None
 

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from capture import schema
-from capture.errors import EmptyStore, QueryError, UnknownModel
+from capture.errors import CorruptStoreFile, EmptyStore, QueryError, UnknownModel
 from capture.store import footer_cache
 from capture.store.checked import check_table
 from capture.store.layout import list_files, open_root
@@ -174,6 +174,12 @@ class StoreReader:
     def _checked_files(self, table: str) -> list[str]:
         """The files of `table` that join its view (`capture.store.checked.check_table`)."""
         found = check_table(self.fs, self.root, table, self._cache)
+        corrupt = next((s for s in found.skipped if s.corrupt), None)
+        if corrupt is not None:
+            raise CorruptStoreFile(
+                f"the store file {corrupt.path} {corrupt.reason}; move it out of the store "
+                "(its calls are then not read) or restore it from a copy"
+            )
         skipped = [SkippedFile(s.path, s.reason) for s in found.skipped]
         self.skipped.extend(skipped)
         for one in skipped:
