@@ -133,6 +133,34 @@ def compact(
         raise CaptureError(f"target_rows={target_rows} must be at least 1")
     fs, root = open_root(store, "nothing to compact")
     result = CompactResult(dry_run=dry_run)
+    try:
+        _compact_tables(fs, root, target_rows, result, dry_run)
+    except OSError as e:
+        # A full disk, a read-only store, no permission: every merged file is written under a
+        # temporary name and renamed only once complete, so the store is as it was (at most a
+        # replaced file not deleted yet, which the next run deletes and readers skip).
+        raise CaptureError(
+            f"cannot compact the store at {os.fspath(store)}: {_os_error(e)}; the store is "
+            "unchanged: free some space or make the store writable, then run it again"
+        ) from None
+    seen = sum(t.files_before for t in result.tables.values()) + result.deleted_leftovers
+    if not (seen or result.unreadable or result.corrupt):  # as every other command says
+        raise EmptyStore(
+            f"the store at {os.fspath(store)} holds no recorded call yet; nothing to compact"
+        )
+    return result
+
+
+def _os_error(e: OSError) -> str:
+    """`e` in one line: what failed, on which file."""
+    what = e.strerror or " ".join(str(e).split())
+    return f"{what} ({e.filename})" if e.filename else what
+
+
+def _compact_tables(
+    fs: pafs.FileSystem, root: str, target_rows: int, result: CompactResult, dry_run: bool
+) -> None:
+    """Every table of the store, under the compaction lock."""
     with CompactionLock(fs, root, dry_run):
         for table in schema.TABLES:
             result.tables[table] = TableResult()
@@ -144,12 +172,6 @@ def compact(
             named = _named_by_rollups(fs, root) if table == schema.CALLS else set()
             for folder, files in _folders(fs, table, listed, result):
                 _compact_folder(fs, table, folder, files, target_rows, result, named)
-    seen = sum(t.files_before for t in result.tables.values()) + result.deleted_leftovers
-    if not (seen or result.unreadable or result.corrupt):  # as every other command says
-        raise EmptyStore(
-            f"the store at {os.fspath(store)} holds no recorded call yet; nothing to compact"
-        )
-    return result
 
 
 # -- files and folders ---------------------------------------------------------------------------

@@ -85,8 +85,12 @@ class CompactionLock:
     def _create(self, note: bytes) -> None:
         if isinstance(self.fs, pafs.LocalFileSystem):
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            with os.fdopen(fd, "wb") as f:
-                f.write(note)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(note)
+            except OSError:  # a full disk: no lock without its note is left behind
+                os.unlink(self.path)
+                raise
             return
         if self.fs.get_file_info(self.path).type != pafs.FileType.NotFound:
             raise FileExistsError(self.path)
