@@ -80,9 +80,18 @@ def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSys
             or nothing is at `store`; one line.
     """
     text = os.fspath(store)
-    try:
+
+    def look() -> tuple[pafs.FileSystem, str, pafs.FileType]:
         fs, root = resolve_store(text)
-        kind = fs.get_file_info(root).type
+        return fs, root, fs.get_file_info(root).type
+
+    try:
+        if "://" in text:  # a remote store answers in bounded time, whatever its client does
+            from capture.store.remote import within
+
+            fs, root, kind = within(text, look)
+        else:
+            fs, root, kind = look()
     except OSError as e:  # unreachable endpoint, access denied, missing bucket (issue 14)
         from capture.store.remote import store_error
 
