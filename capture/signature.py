@@ -2,9 +2,9 @@
 
 The one binder of capture (issue 23): the recorder names the positional leaves of a call and finds
 the optionals it did not pass (`capture.record.flatten`), the seed API aligns calls by argument
-name (`capture.seeds.alignment`), replay decides a program's call form (`replay.shapes`) and
-checks that ``model.forward`` still accepts the recorded calls (`replay.binding`), and the store
-keeps the signature as JSON (the ``signature`` column, read back by
+name (`capture.seeds.alignment`), replay decides a program's call form (`replay.inputs.shapes`) and
+checks that ``model.forward`` still accepts the recorded calls (`replay.pipeline.binding`), and the
+store keeps the signature as JSON (the ``signature`` column, read back by
 `capture.pytree.structure.RecordedStructure`): all of them ask a `Signature`. A parameter's kind
 is ``inspect.Parameter.kind``; binding follows ``inspect.Signature.bind`` (positional arguments
 fill the positional parameters in order, then ``*args``; keywords fill their parameters, then

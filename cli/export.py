@@ -12,11 +12,11 @@ anything was exported (no store, unknown model, a factory that cannot be importe
 forward signature that no longer matches the recordings). Files are written (``--out``) only when
 the export ran, and never on exit 1.
 
-``--out MODEL.pt2`` writes one artifact (`replay.ship.artifact`): every group's program and a JSON
+``--out MODEL.pt2`` writes one artifact (`replay.artifact.writer`): every group's program and a JSON
 manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)``, exported
-by the library (``replay.export(..., modules=True)``, `replay.submodules`). ``replay.load`` serves
-it; ``capture check`` measures new traffic against it. The command's options become one
-`replay.options.ExportOptions`, the object the library builds from its keyword arguments, and
+by the library (``replay.export(..., modules=True)``, `replay.pipeline.submodules`). ``replay.load``
+serves it; ``capture check`` measures new traffic against it. The command's options become one
+`replay.inputs.options.ExportOptions`, the object the library builds from its keyword arguments, and
 take their defaults from it.
 
 Stdout carries the coverage table only: whatever torch prints while exporting (the ONNX
@@ -37,7 +37,7 @@ from typing import Any
 
 import click
 
-from replay.options import ExportOptions
+from replay.inputs.options import ExportOptions
 
 from .fit import Fit, terminal_width, wide_option
 from .main import store_path
@@ -178,7 +178,7 @@ def _render_coverage(
 ) -> None:
     """The coverage per group (table) or per signature (--signatures, other formats); the
     total line goes to stderr after it, as `capture check` writes its own."""
-    from replay.coverage import group_coverage
+    from replay.runtime.coverage import group_coverage
 
     if fmt == "table" and not signatures:
         render(group_coverage(coverage), fmt, headers=headers, fit=Fit(width))
@@ -334,12 +334,12 @@ def export_command(
     if aoti and (out is None or onnx is not None):
         raise click.BadParameter("--aoti needs --out MODEL.pt2", param_hint="'--aoti'")
     if onnx is not None:
-        from replay.exporting import require_onnx
+        from replay.pipeline.exporting import require_onnx
 
         require_onnx()
     module = _build_model(target)
 
-    from replay.exporting import export_with
+    from replay.pipeline.exporting import export_with
 
     # The same object replay.export builds from its keywords; sub-modules (recorded with
     # Recorder(modules=...)) are exported by the library for an artifact.
@@ -368,7 +368,7 @@ def export_command(
             click.echo(f"error: group {prefix}{group}: {error}", err=True)
     written = list(result.onnx.values())
     if onnx is not None and written:
-        from replay.onnx.manifest import manifest_path, weights_path
+        from replay.runtime.ort.manifest import manifest_path, weights_path
 
         written += [weights_path(onnx), manifest_path(onnx)]
     if out is not None and onnx is None and result.programs:
@@ -378,7 +378,7 @@ def export_command(
         click.echo(f"wrote {path}", err=True)
     coverage = result.all_coverage()
     _render_coverage(coverage, fmt, not no_headers, signatures, terminal_width(wide))
-    from replay.coverage import coverage_total
+    from replay.runtime.coverage import coverage_total
 
     if result.complete:  # the sub-modules included
         click.echo(coverage_total(coverage), err=True)

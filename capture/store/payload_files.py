@@ -12,7 +12,7 @@ raw bytes. Reading it runs no code. Tensor names:
 
 - ``in/<leaf>``: the tensor at leaf index ``<leaf>`` of the call's input structure
   (``structures.leaf`` of ``in_structure``); the structure's treespec and scalar leaves rebuild
-  ``(args, kwargs)`` around them (`replay.payload_rows`).
+  ``(args, kwargs)`` around them (`replay.check.payload_rows`).
 - ``out/<i>``: the i-th leaf of torch's pytree flattening of what the model returned.
 
 ``__metadata__`` keys are in `METADATA_KEYS`. Files are written as ``.<name>.tmp`` in their final
