@@ -63,7 +63,14 @@ from capture.store.layout import (
 )
 from capture.store.merging import BATCH_FILES, Corrupt, Vanished, collected, group_rows
 
-__all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
+__all__ = [
+    "compact",
+    "compact_root",
+    "CompactResult",
+    "TableResult",
+    "METADATA_REPLACES",
+    "LOCK_NAME",
+]
 
 DEFAULT_TARGET_ROWS = 1_000_000
 
@@ -132,6 +139,19 @@ def compact(
     if target_rows < 1:
         raise CaptureError(f"target_rows={target_rows} must be at least 1")
     fs, root = open_root(store, "nothing to compact")
+    return compact_root(fs, root, os.fspath(store), target_rows=target_rows, dry_run=dry_run)
+
+
+def compact_root(
+    fs: pafs.FileSystem,
+    root: str,
+    store: str,
+    *,
+    target_rows: int = DEFAULT_TARGET_ROWS,
+    dry_run: bool = False,
+) -> CompactResult:
+    """`compact` on a store already opened: its filesystem and root (`store` names it in
+    messages). What a recording process's upkeep runs (`capture.store.upkeep`)."""
     result = CompactResult(dry_run=dry_run)
     try:
         _compact_tables(fs, root, target_rows, result, dry_run)
@@ -140,14 +160,12 @@ def compact(
         # temporary name and renamed only once complete, so the store is as it was (at most a
         # replaced file not deleted yet, which the next run deletes and readers skip).
         raise CaptureError(
-            f"cannot compact the store at {os.fspath(store)}: {_os_error(e)}; the store is "
+            f"cannot compact the store at {store}: {_os_error(e)}; the store is "
             "unchanged: free some space or make the store writable, then run it again"
         ) from None
     seen = sum(t.files_before for t in result.tables.values()) + result.deleted_leftovers
     if not (seen or result.unreadable or result.corrupt):  # as every other command says
-        raise EmptyStore(
-            f"the store at {os.fspath(store)} holds no recorded call yet; nothing to compact"
-        )
+        raise EmptyStore(f"the store at {store} holds no recorded call yet; nothing to compact")
     return result
 
 
