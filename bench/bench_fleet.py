@@ -333,6 +333,7 @@ def fleet(args: argparse.Namespace, env: dict[str, str]) -> None:
         args.writers, args.flush_s, args.upkeep_s, f"{args.store_dir}/day"
     )
     day_s = time.perf_counter() - t0
+    log(f"  {day} in {day_s:.0f} s")
     shutil.rmtree(f"{args.store_dir}/day", ignore_errors=True)
     log("100,000 flushes")
     rows = fleet_day.hundred_k(raw, f"{args.store_dir}/work-100000", env, args.raw_query)

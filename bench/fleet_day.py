@@ -33,7 +33,7 @@ import bench_fleet as bf
 _DUCKDB = """
 import sys, duckdb
 con = duckdb.connect()
-print(con.sql("SELECT count(*) FROM read_parquet(?)", params=[sys.argv[1]]).fetchone()[0])
+print(con.execute("SELECT count(*) FROM read_parquet(?)", [sys.argv[1]]).fetchone()[0])
 """
 
 
