@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
+from capture.errors import CorruptStoreFile
 from capture.pytree.cachespec import is_cache_argument, is_cache_counter
 from capture.pytree.structure import PRESENT, RecordedLeaf, RecordedStructure
 from capture.store import stats_merge
@@ -255,6 +256,12 @@ def _group(
             axes.append(Axis(r.argument, axis, r.path))
             leaf_of.append(r)
             columns.append(int(r.dim_offset or 0) + axis)
+    if columns and max(columns) >= matrix.shape[1]:
+        raise CorruptStoreFile(
+            f"the structures rows of {structure_id!r} (model {model!r}) place a tensor's sizes "
+            f"at position {max(columns)} of its calls' dims, which hold {matrix.shape[1]}: the "
+            "store's structures and calls files disagree; restore them from a copy"
+        )
     forced_leaves = _batch_matcher(set_batch_dimension_for, structure)
     forced = [ax.axis == 0 and r.leaf in forced_leaves for ax, r in zip(axes, leaf_of, strict=True)]
     sub = matrix[:, columns] if columns else np.zeros((matrix.shape[0], 0), np.int64)
