@@ -174,3 +174,34 @@ def test_a_call_passing_the_old_name_misses_no_parameter() -> None:
         ("input_ids", "tensor"),
         (NEW, "none"),
     ]
+
+
+class Renamed(torch.nn.Module):
+    """Takes its cache as ``cache`` and still accepts ``past_key_values``, as transformers 5.24's
+    models do (its ``deprecate_kwarg`` moves the old keyword to the new parameter)."""
+
+    def forward(self, x: torch.Tensor, cache: Any = None, **kwargs: Any) -> torch.Tensor:
+        cache = kwargs.pop("past_key_values", cache)
+        return x * 2 if cache is None else x + cache.sum(dim=-1, keepdim=True)
+
+
+def _renamed_traffic(model: Renamed, spellings: list[str], sizes: list[tuple[int, int]]) -> None:
+    for spelling in spellings:
+        for b, n in sizes:
+            model(torch.ones(b, 3))  # prefill: no cache passed
+            model(torch.ones(b, 3), **{spelling: torch.ones(b, n)})
+
+
+def test_one_group_per_spelled_argument_on_any_transformers(tmp_path: Path) -> None:
+    model = Renamed()
+    sizes = [(1, 4), (2, 5), (3, 7), (2, 9)]
+    with capture.Recorder(model, tmp_path / "mixed", name="m"):
+        _renamed_traffic(model, [OLD, NEW], sizes)
+    with capture.Recorder(model, tmp_path / "single", name="m"):
+        _renamed_traffic(model, [NEW, NEW], sizes)
+    groups = _groups(tmp_path / "mixed")
+    assert _shape(groups) == _shape(_groups(tmp_path / "single"))
+    assert [(g.name, g.calls, g.signatures, len(g.structure_ids)) for g in groups] == [
+        ("prefill", 8, 3, 1),
+        ("decode", 8, 4, 2),
+    ]
