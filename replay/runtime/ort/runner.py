@@ -149,6 +149,7 @@ class OnnxRunner(Routed):
             CallNotServed: No file accepts the call (structure, ranges, relations, a signature
                 the ONNX check failed), or onnxruntime refused it.
         """
+        kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
         return self._run(entry, args, kwargs, tensors)
 
@@ -180,6 +181,7 @@ class OnnxRunner(Routed):
         mine = [e for e in self._router.entries if e.group == group]
         if not mine:
             raise CallNotServed(f"no ONNX file serves group {group}", {group: "no ONNX file"})
+        kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs, mine)
         return self._run(entry, args, kwargs, tensors)
 
