@@ -37,6 +37,7 @@ from typing import Any
 
 import click
 
+from capture.output_paths import check_file
 from replay.options import ExportOptions
 
 from .fit import Fit, terminal_width, wide_option
@@ -134,6 +135,15 @@ def _build_model(target: str) -> Any:
             f"{target}() returned an object of type {type(model).__name__}, not a torch.nn.Module"
         )
     return model
+
+
+def _weights(module: Any) -> int:
+    """Bytes of the model's parameters and buffers, each storage counted once."""
+    storages: dict[int, int] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def _batch_option(values: tuple[str, ...]) -> bool | list[str | int] | None:
@@ -333,11 +343,15 @@ def export_command(
     onnx = out if out is not None and out.endswith(".onnx") else None
     if aoti and (out is None or onnx is not None):
         raise click.BadParameter("--aoti needs --out MODEL.pt2", param_hint="'--aoti'")
+    if out is not None:  # before the minutes of export: a missing or read-only folder, a full disk
+        check_file(out, option="--out", what="artifact", example="model.pt2")
     if onnx is not None:
         from replay.exporting import require_onnx
 
         require_onnx()
     module = _build_model(target)
+    if out is not None:  # the weights are written once, whatever the number of programs
+        check_file(out, option="--out", what="artifact", example="model.pt2", need=_weights(module))
 
     from replay.exporting import export_with
 

@@ -37,6 +37,7 @@ import torch
 
 from capture import compat, schema
 from capture.errors import ReplayError
+from capture.output_paths import check_file
 from capture.pytree import nodes
 from capture.pytree.cachespec import blocking_reason
 from replay.binding import check_signature
@@ -256,6 +257,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     """
     if options.onnx is not None:
         require_onnx()
+        check_file(options.onnx, what="ONNX set", example="model.onnx")  # before the export
     if options.device is None and isinstance(module, torch.nn.Module):
         first = next(iter(module.parameters()), None)
         if first is not None:

@@ -25,6 +25,7 @@ weights; ``load(path, compiled=True)`` runs them on the artifact's single copy o
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -33,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from capture.output_paths import check_file, write_error, writing
 from replay.ship.archive import (
     AOTI_DIR,
     ARCHIVE_FORMAT,
@@ -120,7 +122,7 @@ def save(
 
     if not isinstance(results, Mapping):
         results = {"": results}
-    target = os.fspath(path)
+    target = check_file(path, what="artifact", example="model.pt2")
     with nodes.register_flattening_functions():  # the manifest and graphs name the cache types
         manifest = manifest_of(results, aoti=aoti)
         wanted = set(manifest.program_names)
@@ -136,7 +138,9 @@ def save(
         graphs = {name: compat_archive.serialize_program(p) for name, p in programs.items()}
         compiled = {name: _compile(name, p) for name, p in programs.items()} if aoti else {}
     folder = os.path.dirname(os.path.abspath(target))
-    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder)
+    prefix = f".{os.path.basename(target)}."
+    with writing(target, what="artifact"):
+        fd, temp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f, PT2ArchiveWriter(f) as writer:
             for name, slots in table.programs.items():
@@ -154,6 +158,10 @@ def save(
         os.umask(mask)
         os.chmod(temp, 0o666 & ~mask)  # as open() would have made it (mkstemp makes it 0600)
         os.replace(temp, target)
+    except OSError as e:  # the disk filled up while writing: one line, no half file left
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise write_error(e, target, what="artifact") from e
     except BaseException:
         if os.path.exists(temp):
             os.unlink(temp)
