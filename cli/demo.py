@@ -276,7 +276,9 @@ def demo_command(
     signature. Takes well under a minute on a laptop CPU. Progress goes to stderr.
 
     Exit status: 0 when the export covers every recorded signature, 3 when it
-    covers only part of them, 1 when the store already holds a demo recording.
+    covers only part of them, 1 when the store already holds a finished demo
+    recording or cannot be written. A demo that did not run to its end (Ctrl-C)
+    is replaced by the next one.
 
     \b
     Example:

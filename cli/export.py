@@ -9,8 +9,9 @@ command only, so ``capture --help`` stays fast.
 Exit status: 0 every recorded signature is covered; 3 the export ran but torch.export rejected
 a group or some signatures are not reproduced (the table says which and why); 1 an error before
 anything was exported (no store, unknown model, a factory that cannot be imported or called, a
-forward signature that no longer matches the recordings). Files are written (``--out``) only when
-the export ran, and never on exit 1.
+forward signature that no longer matches the recordings, an ``--out`` that cannot be written:
+checked before the export, `capture.output_paths`). Files are written (``--out``) only when the
+export ran, and never on exit 1.
 
 ``--out MODEL.pt2`` writes one artifact (`replay.ship.artifact`): every group's program and a JSON
 manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)``, exported
@@ -325,7 +326,8 @@ def export_command(
     not reproduced, or --named-dims could not be honoured (the table is printed
     and --out still written for the programs that exported);
     1 an error before exporting (no store, unknown model, a factory that does
-    not import, a forward signature that no longer matches the recordings),
+    not import, a forward signature that no longer matches the recordings, an
+    --out whose folder is missing, read-only or too full for the weights),
     with nothing written.
 
     \b
