@@ -30,7 +30,7 @@ from pathlib import Path
 CHILD = """
 import json, os, sys, time
 import torch, onnxruntime, replay
-from replay.onnx.runner import load_onnx
+from replay.runtime.ort.runner import load_onnx
 def rss():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
@@ -86,7 +86,7 @@ def main() -> int:
     import replay
     from bench.common import machine_line, md_table
     from fixtures.generate_traffic import record_traffic, tiny_causal
-    from replay.onnx.runner import load_onnx
+    from replay.runtime.ort.runner import load_onnx
 
     hidden = options.hidden
     torch.set_num_threads(options.threads)

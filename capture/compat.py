@@ -114,8 +114,8 @@ def guards_code(program: Any) -> list[str] | None:
     """The input guards of an exported program, as the Python lines ``ep.module()`` checks.
 
     Private API: ``ExportedProgram._guards_code`` (torch 2.13.0). Without it the guards cannot
-    be rewritten (`replay.exporting`), and a program whose inputs are reached through a custom
-    pytree key (a transformers cache) fails every call with NameError.
+    be rewritten (`replay.pipeline.exporting`), and a program whose inputs are reached through a
+    custom pytree key (a transformers cache) fails every call with NameError.
 
     Args:
         program: A ``torch.export.ExportedProgram``.
@@ -354,7 +354,7 @@ def is_constraint_violation(error: BaseException) -> bool:
     (public name, private module) counts too. Only when torch gave neither type anywhere in the
     chain is the message read, for the text ``Constraints violated``: the one text fallback.
     Without it, a cut range would be reported as an unexplained export failure instead of
-    being split into regimes (`replay.regimes`).
+    being split into regimes (`replay.pipeline.regimes`).
 
     Args:
         error: What ``torch.export.export`` raised.
@@ -393,8 +393,8 @@ def violation_names(error: BaseException) -> set[str]:
     """The dim names torch lists in a constraint violation (``Constraints violated (a, b)!``).
 
     torch 2.13 gives these names in the message only (``UserError`` carries the text, no
-    structured list): the one place capture reads them from text. Without it, `replay.bounded`
-    would hint every symbol instead of the violated ones first.
+    structured list): the one place capture reads them from text. Without it,
+    `replay.pipeline.bounded` would hint every symbol instead of the violated ones first.
 
     Args:
         error: A constraint violation (`is_constraint_violation`).

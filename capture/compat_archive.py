@@ -1,7 +1,7 @@
 """The seam for torch's private PT2-archive APIs: serialization, the archive writer, AOTInductor.
 
 The other half of `capture.compat` (split by concept: this one is the artifact's,
-`replay.ship`), under the same rules: each use of a private torch API is one function here,
+`replay.runtime`), under the same rules: each use of a private torch API is one function here,
 naming the API (`PRIVATE_APIS`) and what breaks without it, checked on the torch versions of
 `capture.compat.CHECKED_ON`; `tests/test_compat.py` calls each against the installed torch.
 No torch import at import time.

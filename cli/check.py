@@ -1,18 +1,18 @@
 """`capture check ARTIFACT`: does a saved artifact serve the traffic recorded in the store?
 
-The nightly drift check of the export job. The artifact's manifest (`replay.ship.artifact`, or
-an ONNX set's, `replay.onnx.manifest`: the same guard entries, `replay.ship.loader`) says,
+The nightly drift check of the export job. The artifact's manifest (`replay.runtime.pt2.reader`, or
+an ONNX set's, `replay.runtime.ort.manifest`: the same guard entries, `replay.loader`) says,
 per program, the recorded call structure it takes and the recorded ranges of its dims
-(`replay.ship.guards`); the store says what the model received in the window. Every distinct
+(`replay.runtime.guards`); the store says what the model received in the window. Every distinct
 recorded signature (input structure + sizes) of the window is checked against the programs in
 order, with the same guards as the runner `replay.load` returns, so a signature reported served
 is one the runner serves.
 
 Neither torch nor the model's code is needed: the artifact is checked as data exactly as
 `replay.load` checks it before torch reads anything (a ``.pt2`` by
-`replay.ship.artifact.read_artifact`: every entry, the typed manifest, the payload configs, the
-program graphs; an ONNX set by `replay.onnx.manifest.read_onnx_set`: the typed manifest, every
-file a regular file beside it), so an artifact the runner would refuse is an error here too;
+`replay.runtime.pt2.reader.read_artifact`: every entry, the typed manifest, the payload configs, the
+program graphs; an ONNX set by `replay.runtime.ort.manifest.read_onnx_set`: the typed manifest,
+every file a regular file beside it), so an artifact the runner would refuse is an error here too;
 the store is read through DuckDB.
 
 Exit status: 0 every call of the window is served (or the window is empty, said on stderr);
@@ -144,12 +144,12 @@ def check_command(
       capture --store s3://bucket/prod check model.pt2 --since 2026-11-20 -f json
     """
     import capture
-    from replay.ship.loader import read_any_manifest
+    from replay.loader import read_any_manifest
 
     _refuse_folder(artifact, store_path(ctx))
     manifest = read_any_manifest(artifact)
     moment = parse_since(since)
-    from replay.ship.drift import check_rows
+    from replay.check.drift import check_rows
 
     with capture.open_store(store_path(ctx)) as store:
         rows = check_rows(store, manifest, moment, model)

@@ -198,7 +198,7 @@ def _show_analysis(store: Any, width: int | None) -> None:
 def _export(model: Any, store: Any, signatures: bool, width: int | None) -> bool:
     """Exports the decode step from the store and prints its coverage and the total line."""
     import replay
-    from replay.coverage import coverage_total, group_coverage
+    from replay.runtime.coverage import coverage_total, group_coverage
 
     start = _step(
         4,

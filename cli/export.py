@@ -13,11 +13,11 @@ forward signature that no longer matches the recordings, an ``--out`` that canno
 checked before the export, `capture.output_paths`). Files are written (``--out``) only when the
 export ran, and never on exit 1.
 
-``--out MODEL.pt2`` writes one artifact (`replay.ship.artifact`): every group's program and a JSON
+``--out MODEL.pt2`` writes one artifact (`replay.artifact.writer`): every group's program and a JSON
 manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)``, exported
-by the library (``replay.export(..., modules=True)``, `replay.submodules`). ``replay.load`` serves
-it; ``capture check`` measures new traffic against it. The command's options become one
-`replay.options.ExportOptions`, the object the library builds from its keyword arguments, and
+by the library (``replay.export(..., modules=True)``, `replay.pipeline.submodules`). ``replay.load``
+serves it; ``capture check`` measures new traffic against it. The command's options become one
+`replay.inputs.options.ExportOptions`, the object the library builds from its keyword arguments, and
 take their defaults from it.
 
 Stdout carries the coverage table only: whatever torch prints while exporting (the ONNX
@@ -39,7 +39,7 @@ from typing import Any
 import click
 
 from capture.output_paths import check_file
-from replay.options import ExportOptions
+from replay.inputs.options import ExportOptions
 
 from .fit import Fit, terminal_width, wide_option
 from .main import store_path
@@ -189,7 +189,7 @@ def _render_coverage(
 ) -> None:
     """The coverage per group (table) or per signature (--signatures, other formats); the
     total line goes to stderr after it, as `capture check` writes its own."""
-    from replay.coverage import group_coverage
+    from replay.runtime.coverage import group_coverage
 
     if fmt == "table" and not signatures:
         render(group_coverage(coverage), fmt, headers=headers, fit=Fit(width))
@@ -348,14 +348,14 @@ def export_command(
     if out is not None:  # before the minutes of export: a missing or read-only folder, a full disk
         check_file(out, option="--out", what="artifact", example="model.pt2")
     if onnx is not None:
-        from replay.exporting import require_onnx
+        from replay.pipeline.exporting import require_onnx
 
         require_onnx()
     module = _build_model(target)
     if out is not None:  # the weights are written once, whatever the number of programs
         check_file(out, option="--out", what="artifact", example="model.pt2", need=_weights(module))
 
-    from replay.exporting import export_with
+    from replay.pipeline.exporting import export_with
 
     # The same object replay.export builds from its keywords; sub-modules (recorded with
     # Recorder(modules=...)) are exported by the library for an artifact.
@@ -384,7 +384,7 @@ def export_command(
             click.echo(f"error: group {prefix}{group}: {error}", err=True)
     written = list(result.onnx.values())
     if onnx is not None and written:
-        from replay.onnx.manifest import manifest_path, weights_path
+        from replay.runtime.ort.manifest import manifest_path, weights_path
 
         written += [weights_path(onnx), manifest_path(onnx)]
     if out is not None and onnx is None and result.programs:
@@ -394,7 +394,7 @@ def export_command(
         click.echo(f"wrote {path}", err=True)
     coverage = result.all_coverage()
     _render_coverage(coverage, fmt, not no_headers, signatures, terminal_width(wide))
-    from replay.coverage import coverage_total
+    from replay.runtime.coverage import coverage_total
 
     if result.complete:  # the sub-modules included
         click.echo(coverage_total(coverage), err=True)

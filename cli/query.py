@@ -194,13 +194,13 @@ def summary_command(
     """
     manifest = None
     if artifact is not None:
-        from replay.ship.loader import read_any_manifest
+        from replay.loader import read_any_manifest
 
         manifest = read_any_manifest(artifact)
     with _open_store(ctx) as store:
         data = store.summary(model)
     if manifest is not None:
-        from replay.ship.routes import routes
+        from replay.runtime.routes import routes
 
         for entry in data["models"]:
             if entry["model"] == manifest.model:
@@ -257,7 +257,7 @@ def dims_command(
         )
     check_headers(fmt, no_headers)
     if as_python:
-        from replay.source import dynamic_shapes_source
+        from replay.inputs.source import dynamic_shapes_source
 
         with _open_store(ctx) as store:
             store.check_model(model)

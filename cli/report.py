@@ -2,7 +2,7 @@
 
 Draws with matplotlib (the ``report`` extra), imported when the command runs; never torch.
 ``--artifact`` adds which recorded calls a saved artifact serves, with the same guards as
-`capture check` (`replay.ship.drift`).
+`capture check` (`replay.check.drift`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _write(path: Path, page: str) -> None:
 
 
 def served_rows(store: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
-    """Which recorded calls the artifact at `path` serves (`replay.ship.drift.check_rows`).
+    """Which recorded calls the artifact at `path` serves (`replay.check.drift.check_rows`).
 
     Raises:
         click.ClickException: The file is missing.
@@ -49,8 +49,8 @@ def served_rows(store: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
         raise click.ClickException(
             f"no artifact at {path}; pass the .pt2 (or .onnx) that capture export wrote"
         )
-    from replay.ship.drift import check_rows
-    from replay.ship.loader import read_any_manifest
+    from replay.check.drift import check_rows
+    from replay.loader import read_any_manifest
 
     return path, check_rows(store, read_any_manifest(path), None, None)
 
@@ -100,7 +100,7 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
         if artifact is not None:
             progress.phase(f"checking which recorded calls {artifact} serves")
             served = served_rows(store, artifact)
-        from replay.source import export_plan  # what capture export does; no torch
+        from replay.inputs.source import export_plan  # what capture export does; no torch
 
         page = build_report(store, model, served=served, plan=export_plan, progress=progress.phase)
         progress.phase(f"writing {out}")

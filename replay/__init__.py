@@ -19,21 +19,21 @@ __all__ = [
 ]
 
 _LAZY = {
-    "export_inputs": "replay.inputs",
-    "ExportInputs": "replay.inputs",
-    "export": "replay.exporting",
-    "ExportResult": "replay.result",
-    "ModelInputs": "replay.modelinputs",
-    "all_dynamic_shape_from_inputs": "replay.modelinputs",
-    "load": "replay.ship.loader",
+    "export_inputs": "replay.inputs.builder",
+    "ExportInputs": "replay.inputs.builder",
+    "export": "replay.pipeline.exporting",
+    "ExportResult": "replay.pipeline.result",
+    "ModelInputs": "replay.inputs.modelinputs",
+    "all_dynamic_shape_from_inputs": "replay.inputs.modelinputs",
+    "load": "replay.loader",
 }
 
 if TYPE_CHECKING:
-    from replay.exporting import export
-    from replay.inputs import ExportInputs, export_inputs
-    from replay.modelinputs import ModelInputs, all_dynamic_shape_from_inputs
-    from replay.result import ExportResult
-    from replay.ship.loader import load
+    from replay.inputs.builder import ExportInputs, export_inputs
+    from replay.inputs.modelinputs import ModelInputs, all_dynamic_shape_from_inputs
+    from replay.loader import load
+    from replay.pipeline.exporting import export
+    from replay.pipeline.result import ExportResult
 
 
 def __getattr__(name: str) -> Any:

@@ -27,6 +27,22 @@ ELSEWHERE: dict[tuple[str, ...], str] = {}
 MAX_TOP_LEVEL_MODULES = 12
 MAX_LINES = 500
 
+REPLAY_FLOORS = (
+    ("replay.runtime",),
+    ("replay.runtime.pt2", "replay.runtime.ort"),
+    ("replay.inputs",),
+    ("replay.check",),
+    ("replay.artifact",),
+    ("replay.onnx",),
+    ("replay.pipeline",),
+)
+"""`replay`'s rooms from the bottom floor up: a module may import its own room, a room on a
+lower floor, and a room beside it on its floor never (pt2 and ort each stand alone). The
+runtime is what a server imports, so it is the bottom: nothing of the export job under it."""
+
+MAX_REPLAY_TOP_LEVEL_MODULES = 3
+MAX_ROOM_MODULES = 11
+
 
 def _modules() -> dict[str, Path]:
     """Every module of the three packages: dotted name -> file."""
@@ -140,7 +156,7 @@ def test_the_graph_reader_sees_function_level_and_type_checking_imports() -> Non
     # The guard is only as good as its reader: edges known to exist only inside a function
     # (the CLI imports torch's side lazily) and under TYPE_CHECKING must be found.
     graph = _graph()
-    assert "replay.exporting" in graph["capture.cli.export"]
+    assert "replay.pipeline.exporting" in graph["capture.cli.export"]
     assert "capture.store.reader" in graph["capture.analysis.groups"]
     assert "capture.record.recorder" in graph["capture"]  # through the lazy table
 
@@ -163,6 +179,56 @@ def test_no_import_circle_in_capture_replay_cli() -> None:
 @pytest.mark.parametrize("circle", sorted(ELSEWHERE))
 def test_a_circle_owned_elsewhere_still_exists(circle: tuple[str, ...]) -> None:
     assert list(circle) in _circles(_graph()), f"gone: remove {circle} from ELSEWHERE"
+
+
+def _room(module: str) -> str | None:
+    """The replay room a module stands in (the longest floor name that prefixes it)."""
+    rooms = [r for floor in REPLAY_FLOORS for r in floor]
+    found = [r for r in rooms if module == r or module.startswith(r + ".")]
+    return max(found, key=len) if found else None
+
+
+def _floor(room: str) -> int:
+    return next(i for i, floor in enumerate(REPLAY_FLOORS) if room in floor)
+
+
+def test_every_replay_module_stands_in_a_room_or_at_the_top() -> None:
+    homeless = [
+        m
+        for m in _modules()
+        if m.startswith("replay.") and _room(m) is None and m.count(".") > 1
+    ]
+    assert homeless == []
+
+
+def test_no_arrow_runs_up_between_replay_rooms() -> None:
+    up = []
+    for module, targets in _graph().items():
+        room = _room(module)
+        if room is None:
+            continue  # replay's top level (the package and the loader) may import any room
+        for target in targets:
+            other = _room(target)
+            if other is None:
+                if target.startswith("replay"):
+                    up.append(f"{module} -> {target} (replay's top level)")
+                continue
+            if other != room and _floor(other) >= _floor(room):
+                up.append(f"{module} -> {target}")
+    assert up == []
+
+
+def test_replay_has_a_small_top_level_and_small_rooms() -> None:
+    top = sorted(p.name for p in (ROOT / "replay").glob("*.py"))
+    assert len(top) <= MAX_REPLAY_TOP_LEVEL_MODULES, top
+    big = {
+        str(folder.relative_to(ROOT)): n
+        for folder in sorted((ROOT / "replay").rglob("*"))
+        if folder.is_dir()
+        and (n := len([p for p in folder.glob("*.py") if p.name != "__init__.py"]))
+        > MAX_ROOM_MODULES
+    }
+    assert big == {}
 
 
 def test_capture_has_at_most_twelve_top_level_modules() -> None:

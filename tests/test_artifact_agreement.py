@@ -23,8 +23,8 @@ from click.testing import CliRunner
 import capture
 import replay
 from capture.cli.main import cli
-from replay.coverage import KIND_PAYLOAD, KIND_PROBE, KIND_RECORDED, CoverageRow
-from replay.ship.artifact import CallNotServed
+from replay.runtime.coverage import KIND_PAYLOAD, KIND_PROBE, KIND_RECORDED, CoverageRow
+from replay.runtime.pt2.reader import CallNotServed
 
 pytest.importorskip("safetensors")
 

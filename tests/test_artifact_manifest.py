@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 import replay
 from capture.cli.main import cli
-from replay.ship.artifact import ArtifactError, read_manifest
-from replay.ship.manifest import Manifest
+from replay.runtime.manifest import Manifest
+from replay.runtime.pt2.reader import ArtifactError, read_manifest
 
 MANIFEST = "extra/capture_manifest.json"
 

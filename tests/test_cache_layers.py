@@ -227,8 +227,8 @@ def test_static_cache_fill_level_is_recorded_once_per_cache(tmp_path: Path) -> N
 def test_rebuilt_static_layers_share_the_recorded_fill_level(tmp_path: Path) -> None:
     from capture.analysis.groups import analyze
     from fixtures.generate_traffic import record_traffic, tiny_causal
-    from replay import rebuild as rb
-    from replay import select
+    from replay.inputs import rebuild as rb
+    from replay.inputs import select
 
     model = tiny_causal("llama")
     record_traffic(model, tmp_path, [(2, 6, True)], max_new_tokens=3, cache_implementation="static")
@@ -237,7 +237,7 @@ def test_rebuilt_static_layers_share_the_recorded_fill_level(tmp_path: Path) -> 
         ranges = select.value_ranges(store, decode)
     sizes, found = min(ranges.items())
     cache = rb.rebuild(decode.structure, sizes, found)[1]["past_key_values"]
-    # Only layer 0's level is recorded; every layer is rebuilt with it (replay.patterns).
+    # Only layer 0's level is recorded; every layer is rebuilt with it (replay.inputs.patterns).
     assert [int(layer.cumulative_length) for layer in cache.layers] == [6, 6]
 
 

@@ -16,8 +16,8 @@ from capture.analysis.groups import analyze
 from capture.record.segment import Segment
 from capture.record.tokens import special_token_ids
 from capture.record.value_ranges import DeviceRanges
-from replay import rebuild as rb
-from replay import select
+from replay.inputs import rebuild as rb
+from replay.inputs import select
 
 IMAGE, START, END = 90, 91, 92
 

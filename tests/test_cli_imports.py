@@ -71,7 +71,7 @@ def test_command_help_imports_only_its_module() -> None:
     ids=["query", "summary", "dims", "dims-python", "compact", "report", "buckets"],
 )
 def test_store_commands_do_not_import_torch(store: str, args: list[str], tmp_path: Path) -> None:
-    # The report draws what capture export would do (replay.source), still without torch.
+    # The report draws what capture export would do (replay.inputs.source), still without torch.
     imported = _imported("--store", store, *(a.format(tmp=tmp_path) for a in args))
     assert "torch" not in imported
     assert "transformers" not in imported

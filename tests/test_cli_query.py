@@ -433,7 +433,7 @@ def test_dims_python_conflicts_with_table_options(store: str, extra: list[str]) 
 
 
 def test_dims_python_prints_the_library_source(store: str) -> None:
-    from replay.source import dynamic_shapes_source
+    from replay.inputs.source import dynamic_shapes_source
 
     with capture.open_store(store) as opened:
         expected = dynamic_shapes_source(opened, model="toy")

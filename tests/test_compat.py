@@ -157,7 +157,8 @@ def test_dim_kind_tells_torch_exports_dim_objects_apart() -> None:
     assert compat.dim_kind(2) is None
 
 
-# -- constraint violations and symbolic shapes (replay.regimes, replay.bounded) -----------------
+# -- constraint violations and symbolic shapes (replay.pipeline.regimes, replay.pipeline.bounded)
+# -----------------
 class _Branchy(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * 2 if x.shape[0] > 3 else x + 1
@@ -206,7 +207,7 @@ def test_shape_facts_of_a_static_program_have_no_symbols() -> None:
     assert compat.shape_facts(program) == compat.ShapeFacts(((2, 3),), {}, ())
 
 
-# -- the artifact (replay.ship): PT2 archive layout, program JSON, AOTInductor (issue 20) -----
+# -- the artifact (replay.runtime): PT2 archive layout, program JSON, AOTInductor (issue 20) -----
 
 
 class _Affine(torch.nn.Module):
@@ -234,7 +235,7 @@ def test_every_archive_function_names_its_private_api() -> None:
 def test_the_archive_layout_is_torchs() -> None:
     from torch.export.pt2_archive import constants as c
 
-    from replay.ship import archive as a
+    from replay.runtime.pt2 import archive as a
 
     assert (a.ARCHIVE_FORMAT, a.ARCHIVE_VERSION) == (c.ARCHIVE_FORMAT_PATH, c.ARCHIVE_VERSION_PATH)
     assert (a.MODELS, a.SAMPLE_INPUTS) == (
@@ -255,7 +256,7 @@ def test_the_serialized_dtypes_and_layout_are_torchs() -> None:
     from torch._export.serde import schema
     from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
 
-    from replay.ship.records import DTYPES, STRIDED
+    from replay.runtime.pt2.records import DTYPES, STRIDED
 
     assert {code: name for code, (name, _) in DTYPES.items()} == {
         int(code): str(dtype).removeprefix("torch.")

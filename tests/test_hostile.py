@@ -172,7 +172,7 @@ def test_payload_check_reads_treespecs_with_the_allow_list(
     import pyarrow.fs as pafs
 
     from capture.store.payload_files import list_payloads, read_payload
-    from replay.payload_rows import real_call
+    from replay.check.payload_rows import real_call
 
     model = torch.nn.Linear(4, 2)
     with Recorder(model, tmp_path / "p", flush_seconds=3600, payloads=1.0):

@@ -1,7 +1,7 @@
 """Crafted payload files (issue 25 items 2-3): a payload is data, like the rest of a store.
 
 Each test copies a real store whose 3 sampled calls kept their tensors, plants one hostile thing
-under ``payloads/``, and checks that `replay.export` (through `replay.payload_rows`) answers
+under ``payloads/``, and checks that `replay.export` (through `replay.check.payload_rows`) answers
 with one not-covered row or one warning, never an exception; that nothing outside the store is
 read or deleted through a link; and that nothing ran (a marker file and `sys.modules`).
 """
@@ -28,7 +28,7 @@ import replay
 from capture.cli.main import cli
 from capture.store import nofollow
 from capture.store.payload_files import PayloadError, list_payloads, read_payload
-from replay.payload_rows import payload_rows
+from replay.check.payload_rows import payload_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIL = "hostile_payload_mod"  # a module planted in the working directory by the tests

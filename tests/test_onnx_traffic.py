@@ -21,7 +21,7 @@ import capture
 import replay
 from fixtures.generate_traffic import CallVerdict, check_runner, record_traffic, tiny_causal
 from fixtures.models import tiny_gpt2
-from replay.ship.guards import CallNotServed
+from replay.runtime.guards import CallNotServed
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")

@@ -26,8 +26,8 @@ import replay
 from capture.errors import ReplayError
 from fixtures.models import prompts, run_generate, tiny_gpt2, tiny_llama, tiny_t5
 from fixtures.stores import LLAMA_WORKLOAD
-from replay.ship.artifact import ArtifactError, CallNotServed, read_artifact, read_manifest
-from replay.ship.guards import Axis, ProgramGuard, Relation
+from replay.runtime.guards import Axis, ProgramGuard, Relation
+from replay.runtime.pt2.reader import ArtifactError, CallNotServed, read_artifact, read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = Path(__file__).with_name("serve_artifact.py")
@@ -182,8 +182,8 @@ def test_the_refusal_list_matches_failed_recorded_rows_by_their_sizes() -> None:
     # payloads) of a group made the counts differ and the manifest lost every refusal.
     from types import SimpleNamespace
 
-    from replay.coverage import KIND_PAYLOAD, KIND_PROBE, KIND_RECORDED, CoverageRow
-    from replay.ship.entries import rejected
+    from replay.artifact.entries import rejected
+    from replay.runtime.coverage import KIND_PAYLOAD, KIND_PROBE, KIND_RECORDED, CoverageRow
 
     rows = [
         CoverageRow("g", KIND_PROBE, "p", 0, False, None, "probe failed", sizes=(9, 9)),

@@ -1,14 +1,14 @@
-"""A program's own size guards as data (replay/ship/conditions.py, issue 21): translated over a
+"""A program's own size guards as data (replay/runtime/conditions.py, issue 21): translated over a
 call's dims, parsed against a small grammar, evaluated without eval."""
 
 from __future__ import annotations
 
 import pytest
 
-from replay.ship.checked_json import Fields
-from replay.ship.conditions import ConditionError, holds, parse, translate
-from replay.ship.guards import ArtifactError
-from replay.ship.manifest import ProgramEntry
+from replay.runtime.checked_json import Fields
+from replay.runtime.conditions import ConditionError, holds, parse, translate
+from replay.runtime.guards import ArtifactError
+from replay.runtime.manifest import ProgramEntry
 
 SOURCES = {"L['input_ids']": (0, 2), "L['past_key_values'].key_cache[0]": (2, 4)}
 

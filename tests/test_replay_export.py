@@ -21,7 +21,7 @@ from capture.store_api import Store
 from fixtures.models import run_generate, tiny_llama
 from fixtures.seeds import AddModel, Scenario, scenarios
 from fixtures.stores import record_llama, record_seed_scenarios
-from replay.exporting import COVERAGE_SCHEMA, output_path
+from replay.pipeline.exporting import COVERAGE_SCHEMA, output_path
 
 SEEDS = [s.name for s in scenarios()]
 

@@ -18,9 +18,9 @@ import torch
 
 import capture
 import replay
-from replay.ship.artifact import read_manifest
-from replay.ship.fills import Fill
-from replay.ship.guards import ArtifactError
+from replay.runtime.fills import Fill
+from replay.runtime.guards import ArtifactError
+from replay.runtime.pt2.reader import read_manifest
 
 
 class Masked(torch.nn.Module):

@@ -28,10 +28,10 @@ from capture.analysis.groups import analyze
 from capture.cli.main import cli
 from capture.engines.profiles import build_profiles
 from fixtures.seeds import LinearModel
-from replay.onnx.manifest import read_onnx_set
-from replay.onnx.runner import OnnxRunner, load_onnx
-from replay.onnx.weights import OnnxFileError, external_initializers
-from replay.ship.guards import CallNotServed
+from replay.runtime.guards import CallNotServed
+from replay.runtime.ort.manifest import read_onnx_set
+from replay.runtime.ort.runner import OnnxRunner, load_onnx
+from replay.runtime.ort.weights import OnnxFileError, external_initializers
 
 pytest.importorskip("onnxruntime")
 
@@ -380,7 +380,7 @@ def test_sdpa_is_translated_as_torch_computes_fully_masked_rows(tmp_path: Path) 
 
 
 def test_the_per_group_table_and_total_show_each_target(linear: Any) -> None:
-    from replay.coverage import coverage_total, group_coverage
+    from replay.runtime.coverage import coverage_total, group_coverage
 
     _, result, _, _, _ = linear
     table = group_coverage(result.coverage)

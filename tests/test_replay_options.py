@@ -17,9 +17,9 @@ from click.testing import CliRunner
 import capture
 import replay
 from capture.errors import ReplayError
-from replay.exporting import export
-from replay.inputs import export_inputs
-from replay.options import INTERNAL, ExportOptions
+from replay.inputs.builder import export_inputs
+from replay.inputs.options import INTERNAL, ExportOptions
+from replay.pipeline.exporting import export
 
 # Keywords of the functions that are not options.
 _NOT_OPTIONS = {"module", "store", "model"}

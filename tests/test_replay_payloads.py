@@ -20,7 +20,7 @@ import capture
 import replay
 from capture.store.payload_files import list_payloads
 from fixtures.models import run_generate, tiny_llama
-from replay.payload_rows import payload_rows
+from replay.check.payload_rows import payload_rows
 
 
 class Scaled:
@@ -174,7 +174,7 @@ def test_real_call_rebuilds_the_dynamic_cache(tmp_path: Path) -> None:
     from transformers import DynamicCache
 
     from capture.store.payload_files import read_payload
-    from replay.payload_rows import real_call
+    from replay.check.payload_rows import real_call
 
     model = tiny_llama()
     with capture.Recorder(model, tmp_path, flush_seconds=3600, payloads=1.0):

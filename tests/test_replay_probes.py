@@ -1,7 +1,7 @@
 """Probes and bounded named dims (issue 9): a program called covered must hold inside its range.
 
-Probes are unseen size vectors inside the recorded ranges (`replay.select.probes`), checked like
-the recorded signatures (coverage rows of kind ``probe``). Named dims torch.export rejects are
+Probes are unseen size vectors inside the recorded ranges (`replay.inputs.select.probes`), checked
+like the recorded signatures (coverage rows of kind ``probe``). Named dims torch.export rejects are
 replaced by bounded hints, so the program still refuses sizes beyond the recorded ones.
 """
 
@@ -18,8 +18,8 @@ import torch
 import capture
 import replay
 from capture.store_api import Store
-from replay import select
-from replay.inputs import ExportGroup
+from replay.inputs import select
+from replay.inputs.builder import ExportGroup
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""replay.rebuild: example tensors from recorded metadata, (args, kwargs) from the treespec."""
+"""replay.inputs.rebuild: example tensors from recorded metadata, (args, kwargs) from the
+treespec."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from capture.analysis.groups import Group, analyze
 from capture.errors import ReplayError
 from capture.seeds.strings import string_type
 from capture.store_api import Store
-from replay.rebuild import make_tensor, rebuild
-from replay.select import value_ranges
+from replay.inputs.rebuild import make_tensor, rebuild
+from replay.inputs.select import value_ranges
 
 
 def _group(store: Store, model: str, name: str) -> Group:

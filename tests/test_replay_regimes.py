@@ -16,8 +16,8 @@ import torch
 
 import capture
 import replay
-from replay.cuts import find_cut, verdicts
-from replay.ship.guards import CallNotServed
+from replay.pipeline.cuts import find_cut, verdicts
+from replay.runtime.guards import CallNotServed
 
 
 class Branchy(torch.nn.Module):

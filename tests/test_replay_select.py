@@ -1,4 +1,5 @@
-"""replay.select: representative sizes (every dynamic dim >= 2, relations kept) and value ranges.
+"""replay.inputs.select: representative sizes (every dynamic dim >= 2, relations kept) and value
+ranges.
 
 Groups come from the real analysis (capture.analysis.groups.analyze) of stores recorded with the
 real Recorder: the seed scenarios, tiny-Llama generate() traffic, and small purpose-built models.
@@ -13,7 +14,7 @@ import torch
 import capture
 from capture.analysis.groups import Group, analyze
 from capture.store_api import Store
-from replay.select import representative, signatures, value_ranges
+from replay.inputs.select import representative, signatures, value_ranges
 
 
 def _group(store: Store, model: str, name: str, **options: object) -> Group:

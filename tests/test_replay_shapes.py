@@ -1,4 +1,4 @@
-"""replay.shapes: per-axis specs, the dynamic_shapes structure, call forms.
+"""replay.inputs.shapes: per-axis specs, the dynamic_shapes structure, call forms.
 
 Structures and dims come from real recordings (the seed scenarios and a tiny Llama's generate()
 traffic) analysed by capture.analysis.groups.
@@ -13,8 +13,10 @@ from capture.analysis.groups import Group, analyze
 from capture.errors import ReplayError
 from capture.signature import POSITIONAL_OR_KEYWORD, VAR_KEYWORD, VAR_POSITIONAL, Param, Signature
 from capture.store_api import Store
-from replay import shapes
-from replay.shapes import AxisSpec, CallForm, SymbolRange
+from replay.inputs import shapes
+from replay.inputs.shapes import AxisSpec, SymbolRange
+from replay.runtime import callform
+from replay.runtime.callform import CallForm
 
 
 def _group(store: Store, model: str, name: str) -> Group:
@@ -133,7 +135,7 @@ VAR_KW = Signature((*PARAMS, Param("kwargs", VAR_KEYWORD, False)))
 def test_call_form(
     n_args: int, keywords: list[str], params: Signature, keyword_only: bool, expected: CallForm
 ) -> None:
-    assert shapes.call_form(n_args, keywords, params, keyword_only=keyword_only) == expected
+    assert callform.call_form(n_args, keywords, params, keyword_only=keyword_only) == expected
 
 
 @pytest.mark.parametrize(
@@ -147,12 +149,12 @@ def test_call_form(
 def test_shapes_of_is_a_tuple_for_positional_calls_else_a_dict(
     form: CallForm, args: list[str], kwargs: dict[str, str], expected: object
 ) -> None:
-    assert shapes.shapes_of(form, args, kwargs) == expected
+    assert callform.shapes_of(form, args, kwargs) == expected
 
 
 def test_arrange_moves_positional_arguments_to_keywords() -> None:
-    form = shapes.call_form(1, ["y"], PARAMS, keyword_only=True)
-    assert shapes.arrange(form, ["a"], {"y": "b"}) == ((), {"x": "a", "y": "b"})
+    form = callform.call_form(1, ["y"], PARAMS, keyword_only=True)
+    assert callform.arrange(form, ["a"], {"y": "b"}) == ((), {"x": "a", "y": "b"})
 
 
 def test_keyword_only_refuses_star_args() -> None:
@@ -160,7 +162,7 @@ def test_keyword_only_refuses_star_args() -> None:
         (Param("x", POSITIONAL_OR_KEYWORD, False), Param("rest", VAR_POSITIONAL, False))
     )
     with pytest.raises(ReplayError, match="cannot move to keyword arguments"):
-        shapes.call_form(3, [], params, keyword_only=True)
+        callform.call_form(3, [], params, keyword_only=True)
 
 
 def test_describe_sizes_counts_equal_shapes(seeds: Store) -> None:

@@ -1,4 +1,4 @@
-"""replay.source: dynamic_shapes as Python source, without importing torch."""
+"""replay.inputs.source: dynamic_shapes as Python source, without importing torch."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import replay
 from capture.errors import ReplayError
 from capture.store_api import Store
 from fixtures.stores import record_llama, record_seed_scenarios
-from replay.source import dynamic_shapes_source
+from replay.inputs.source import dynamic_shapes_source
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_the_source_has_the_ranges_export_inputs_builds(store: Store) -> None:
 
 
 def test_hostile_names_stay_identifiers_and_comments() -> None:
-    from replay.source import _comment, _identifier
+    from replay.inputs.source import _comment, _identifier
 
     assert _identifier("import os\nx") == "import_os_x"
     assert _identifier("class") == "class_"
@@ -175,7 +175,7 @@ def test_torch_is_not_imported(root: Path) -> None:
         f"""
         import sys
         import capture
-        from replay.source import dynamic_shapes_source
+        from replay.inputs.source import dynamic_shapes_source
         with capture.open_store({str(root)!r}) as store:
             dynamic_shapes_source(store, "LlamaForCausalLM")
         assert "torch" not in sys.modules, "torch was imported"

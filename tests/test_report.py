@@ -24,7 +24,7 @@ from capture.engines.report_data import served_calls, timeline
 from capture.engines.report_html import build_report
 from capture.store_api import Store
 from fixtures.traffic import record_traffic
-from replay.source import export_plan
+from replay.inputs.source import export_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAFFIC = [((1, 10), 2), ((1, 20), 2), ((2, 30), 3), ((4, 30), 3)]

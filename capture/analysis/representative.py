@@ -1,8 +1,8 @@
 """Which signature of a size matrix a program is exported from: choose one, or synthesize one.
 
-The matrix-level core of representative selection, shared by the store (`replay.select`, one call
-group's distinct signatures with their call counts) and the seed API (`InputObserver`, its stored
-calls). It imports numpy only.
+The matrix-level core of representative selection, shared by the store (`replay.inputs.select`, one
+call group's distinct signatures with their call counts) and the seed API (`InputObserver`, its
+stored calls). It imports numpy only.
 
 The rule, in order (`choose_row`, then `synthesize`):
 

@@ -10,7 +10,7 @@ as its thousands of stats rows. No plotting and no torch here (`capture.engines.
 segment of up to ``flush_seconds`` in stores written before rollups). The first and the last of
 them are placed at those exact times and the others evenly in between, as whole calls: a
 signature seen once or twice a minute is exact, and a bin never holds a fraction of a call
-(issue 24: "0.2 calls" bars). The report says so under the plot. `capture compact` merges the
+("0.2 calls" bars). The report says so under the plot. `capture compact` merges the
 rows of one signature into one, spanning all of them: the calls over time of a compacted store
 are coarser. (Every exact time is in the ``calls`` view; reading it costs a pass over every
 calls file, which the report avoids.)
@@ -19,8 +19,8 @@ calls file, which the report avoids.)
 may not import: the CLI hands `build_report` a function making one per group.
 
 **Served by an artifact.** `served_calls` aggregates, per recorded call group, the rows of
-`replay.ship.drift.check_rows` (one per distinct recorded signature: its input structure, calls, and
-whether a program of the artifact serves it, with the runner's own guards), so the report and
+`replay.check.drift.check_rows` (one per distinct recorded signature: its input structure, calls,
+and whether a program of the artifact serves it, with the runner's own guards), so the report and
 `capture check` give one answer.
 """
 
@@ -135,7 +135,7 @@ def _calls_before(
 
 @dataclass(frozen=True)
 class ExportPlan:
-    """What `capture export` does with one call group (made by `replay.source.export_plan`).
+    """What `capture export` does with one call group (made by `replay.inputs.source.export_plan`).
 
     Attributes:
         source: The group's ``dynamic_shapes`` as Python to paste (bounded named hints).
@@ -166,7 +166,7 @@ def served_calls(groups: Sequence[Group], rows: Sequence[Mapping[str, Any]]) -> 
 
     Args:
         groups: The recorded call groups of one model.
-        rows: `replay.ship.drift.check_rows` for the artifact (every model of the store).
+        rows: `replay.check.drift.check_rows` for the artifact (every model of the store).
 
     Returns:
         One `ServedGroup` per recorded group, in the order of `groups`.

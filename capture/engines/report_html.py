@@ -1,6 +1,6 @@
 """`capture report`: one self-contained HTML page about a store's traffic, with plots.
 
-The page answers "what shapes do I export?" (issue 24). Its first screen shows each model's
+The page answers "what shapes do I export?". Its first screen shows each model's
 call groups and their input shapes, with the symbols' recorded ranges. Then, per symbol, one
 distribution over every group that has it (batch 1 included), with the recorded range,
 p50/p90/p99, each group's exported range, the probes and the chosen buckets drawn on it; per
@@ -13,7 +13,7 @@ style is inline, there is no script. Figures are drawn by `capture.engines.repor
 (matplotlib, imported only there); data comes from `capture.engines.report_data` (the ``stats``
 rows, not the raw calls). What ``capture export`` does with a group comes from `replay`, which
 this package does not import: the caller passes ``plan`` (the CLI passes
-`replay.source.export_plan`).
+`replay.inputs.source.export_plan`).
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ def _model_section(
         f"{model['signatures']:,} distinct signatures, {_esc(_span_of(model))}</p>",
     ]
     blocked = blocked_rows(model["groups"])
-    if blocked:  # issue 22: the calls are recorded; the class keeps them from export
+    if blocked:  # the calls are recorded; the class keeps them from export
         parts += ["<h3>Not exportable</h3>", _table(blocked)]
     if not groups:
         return [*parts, _table(group_rows(model["groups"]))]
@@ -377,9 +377,9 @@ def build_report(
     Args:
         store: An open store.
         model: One model, or None for every model in the store.
-        served: ``(source, rows)`` for an artifact, the rows of `replay.ship.drift.check_rows`:
+        served: ``(source, rows)`` for an artifact, the rows of `replay.check.drift.check_rows`:
             adds which recorded calls it serves (`capture.engines.report_data.served_calls`).
-        plan: What ``capture export`` does with a group (`replay.source.export_plan`): adds
+        plan: What ``capture export`` does with a group (`replay.inputs.source.export_plan`): adds
             the exported ranges, the probes and the ``dynamic_shapes`` to paste.
         progress: Called with a short message before each step (the CLI's progress line).
 
@@ -391,7 +391,7 @@ def build_report(
         CaptureError: matplotlib is not installed.
 
     Example:
-        >>> from replay.source import export_plan  # doctest: +SKIP
+        >>> from replay.inputs.source import export_plan  # doctest: +SKIP
         >>> page = build_report(open_store("capture-store"), plan=export_plan)  # doctest: +SKIP
         >>> Path("report.html").write_text(page)  # doctest: +SKIP
     """

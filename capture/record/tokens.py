@@ -1,4 +1,4 @@
-"""Special token counts: the values of token ids that matter beyond their range (issue 22).
+"""Special token counts: the values of token ids that matter beyond their range.
 
 A vision-language model counts its placeholder tokens: Qwen2-VL's forward requires exactly as
 many ``image_token_id`` tokens in ``input_ids`` as the image features it receives. A value range
@@ -8,7 +8,7 @@ id the model's config names as special (`special_token_ids`): a few integers per
 to the call's ``int_min``/``int_max`` lists after the value ranges (min = max = the count), so
 the store's rollups and signatures carry them unchanged. The structure says where: the token
 leaf's ``value`` column holds ``{"counts": {"<id>": <item index>}}`` (docs/schema.md).
-`replay.tokens` places the counted ids back into a rebuilt ``input_ids``.
+`replay.inputs.tokens` places the counted ids back into a rebuilt ``input_ids``.
 
 Counting costs one Python pass over a decode step's few ids, or one comparison kernel for a
 prefill; models without special ids in their config count nothing.

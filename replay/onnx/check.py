@@ -1,20 +1,21 @@
 """The ONNX check: every ONNX file on the rows its torch program was checked on.
 
 For each coverage row of the torch check (a recorded signature or a probe of a group,
-`replay.checking`), one row of target ``onnx``: fresh inputs of exactly those sizes are rebuilt
-twice as the recorded calls passed them (`replay.exportgroup.ExportGroup.recorded_call`), eager
-runs on one copy, and the group's ONNX file runs on the other **through the runner**
-(`replay.onnx.runner.OnnxRunner.run_group`: the file's guard, the feeds built from the call's
-leaves, the outputs put back into eager's types), so what is checked is what ``replay.load``
-serves. Every output tensor is compared (`replay.checking.compare_outputs`: the same rule,
-``atol + rtol * max|eager|``, over every position).
+`replay.check.checking`), one row of target ``onnx``: fresh inputs of exactly those sizes are
+rebuilt twice as the recorded calls passed them
+(`replay.inputs.exportgroup.ExportGroup.recorded_call`), eager runs on one copy, and the group's
+ONNX file runs on the other **through the runner**
+(`replay.runtime.ort.runner.OnnxRunner.run_group`: the file's guard, the feeds built from the call's
+leaves, the outputs put back into eager's types), so what is checked is what ``replay.load`` serves.
+Every output tensor is compared (`replay.check.checking.compare_outputs`: the same rule, ``atol +
+rtol * max|eager|``, over every position).
 
 No position is exempt: an ONNX file that differs from eager anywhere, even at cache entries
-that later calls mask, is not covered. (Issue 21's 0.07-0.49 differences at left-padded
-positions were a translation that disagrees with torch's attention on fully masked rows; the
-translation is fixed in `replay.onnx.translation`, not excused here.)
+that later calls mask, is not covered. Where a conversion disagrees with torch (attention on
+fully masked rows), the translation is made right in `replay.onnx.translation`, never excused
+here.
 
-Sampled real calls (payloads) are checked by `replay.payload_rows` with the runner as target,
+Sampled real calls (payloads) are checked by `replay.check.payload_rows` with the runner as target,
 against eager and against the outputs production got.
 """
 
@@ -23,12 +24,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from replay.checking import check_call
-from replay.coverage import KIND_PAYLOAD, TARGET_ONNX, TARGET_TORCH, CoverageRow
+from replay.check.checking import check_call
+from replay.runtime.coverage import KIND_PAYLOAD, TARGET_ONNX, TARGET_TORCH, CoverageRow
 
 if TYPE_CHECKING:
-    from replay.exportgroup import ExportGroup
-    from replay.onnx.runner import OnnxRunner
+    from replay.inputs.exportgroup import ExportGroup
+    from replay.runtime.ort.runner import OnnxRunner
 
 __all__ = ["onnx_rows"]
 

@@ -40,13 +40,13 @@ import torch.utils._pytree as pytree
 from capture.errors import ReplayError
 from capture.pytree import cachespec, nodes
 from replay.onnx.translation import translation_table
-from replay.ship.conditions import Condition, translate
+from replay.runtime.conditions import Condition, translate
 
 if TYPE_CHECKING:
     import onnx_ir as ir
     from torch.export import ExportedProgram
 
-    from replay.exportgroup import ExportGroup
+    from replay.inputs.exportgroup import ExportGroup
 
 __all__ = ["Converted", "InputBinding", "OutputBinding", "convert", "output_name"]
 
@@ -272,10 +272,10 @@ def _leaf_of_input(
     ``L[...]`` source the program's guards name the input with.
 
     An example call is rebuilt as the recorded calls pass it and arranged in the program's call
-    form (`replay.shapes.arrange` moves the same tensor objects); the program's flattened call
-    is then matched to the recorded tensors by identity.
+    form (`replay.runtime.callform.arrange` moves the same tensor objects); the program's flattened
+    call is then matched to the recorded tensors by identity.
     """
-    from replay import shapes
+    from replay.runtime import callform
 
     sizes = group.example.sizes
     args, kwargs = group.recorded_call(sizes)
@@ -286,7 +286,7 @@ def _leaf_of_input(
             f"{len(group.structure.tensors)} recorded tensor leaves"
         )
     index = {id(t): i for i, t in enumerate(recorded)}
-    call_args, call_kwargs = shapes.arrange(group.form, args, kwargs)
+    call_args, call_kwargs = callform.arrange(group.form, args, kwargs)
     example_kwargs: dict[str, Any] = dict((program.example_inputs or ((), {}))[1])
     ordered = {k: call_kwargs[k] for k in example_kwargs if k in call_kwargs}
     ordered.update({k: v for k, v in call_kwargs.items() if k not in ordered})
@@ -304,7 +304,7 @@ def _leaf_of_input(
         if isinstance(value, torch.Tensor) and id(value) in index:
             if name is not None:
                 by_name[str(name)] = index[id(value)]
-            # The spelling of replay.exporting's guard rewrite: "L" + keystr of the path.
+            # The spelling of replay.pipeline.exporting's guard rewrite: "L" + keystr of the path.
             by_source["L" + pytree.keystr(tuple(path[1:]))] = index[id(value)]
     return by_name, by_source
 
@@ -312,7 +312,7 @@ def _leaf_of_input(
 def _conditions(
     group: ExportGroup, program: ExportedProgram, sources: dict[str, int]
 ) -> tuple[list[Condition], list[str]]:
-    """The program's guards over the recorded dims (`replay.ship.conditions`)."""
+    """The program's guards over the recorded dims (`replay.runtime.conditions`)."""
     from capture.compat import guards_code
 
     code = guards_code(program)

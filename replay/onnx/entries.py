@@ -1,6 +1,6 @@
-"""What ``onnx=PATH`` writes in its manifest: `replay.ship.entries`, seen from an ONNX set.
+"""What ``onnx=PATH`` writes in its manifest: `replay.artifact.entries`, seen from an ONNX set.
 
-Each entry is the ``.pt2`` artifact's own (`replay.ship.entries.program_entry`: the group's
+Each entry is the ``.pt2`` artifact's own (`replay.artifact.entries.program_entry`: the group's
 recorded structure, guard, call form, fills; ``rejected`` from the group's failed ONNX rows),
 then made what the ONNX file needs checked for it, because the graph checks nothing itself:
 
@@ -10,8 +10,8 @@ then made what the ONNX file needs checked for it, because the graph checks noth
 - the program's own size guards (`Converted.conditions`) travel as the guard's
   ``conditions``, rewritten over the entry's group's dims.
 
-Plus the ONNX fields (`replay.onnx.manifest.OnnxFile`): the file, its input bindings with each
-axis' range, its dim names' ranges, its output names. `write_manifest` writes the set's
+Plus the ONNX fields (`replay.runtime.ort.manifest.OnnxFile`): the file, its input bindings with
+each axis' range, its dim names' ranges, its output names. `write_manifest` writes the set's
 manifest last (temporary name, then renamed).
 """
 
@@ -24,8 +24,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from replay.coverage import TARGET_ONNX
-from replay.onnx.manifest import (
+from replay.artifact.entries import program_entry
+from replay.runtime.conditions import Condition
+from replay.runtime.coverage import TARGET_ONNX
+from replay.runtime.guards import Axis
+from replay.runtime.manifest import Manifest, ModuleEntry, ProgramEntry
+from replay.runtime.ort.manifest import (
     FORMAT,
     OnnxFile,
     OnnxInput,
@@ -34,18 +38,14 @@ from replay.onnx.manifest import (
     manifest_path,
     onnx_versions,
 )
-from replay.onnx.weights import OnnxFileError
-from replay.ship.conditions import Condition
-from replay.ship.entries import program_entry
-from replay.ship.guards import Axis
-from replay.ship.manifest import Manifest, ModuleEntry, ProgramEntry
+from replay.runtime.ort.weights import OnnxFileError
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-    from replay.coverage import CoverageRow
-    from replay.exportgroup import ExportGroup
+    from replay.inputs.exportgroup import ExportGroup
     from replay.onnx.convert import Converted
+    from replay.runtime.coverage import CoverageRow
 
 __all__ = ["onnx_entry", "onnx_manifest", "write_manifest"]
 
@@ -56,8 +56,8 @@ group's dims, the size being ``sum(dims[t] for t in terms) + offset``."""
 
 def _dim_map(group: ExportGroup, owner: ExportGroup) -> DimMap:
     """How each size of the file's call follows from a call of `group`: the same size for the
-    group owning the program; for a group served by it (`replay.merging`), its own sizes, or a
-    filled input's axis (`replay.ship.fills`)."""
+    group owning the program; for a group served by it (`replay.pipeline.merging`), its own sizes,
+    or a filled input's axis (`replay.runtime.fills`)."""
     if group is owner:
         return [((i,), 0) for i in range(owner.structure.width)]
     mine: dict[str, int] = {}
@@ -150,7 +150,7 @@ def onnx_entry(
 
     Raises:
         OnnxFileError: An input of the program that the group neither passes nor fills.
-        ArtifactError: The group cannot be described (`replay.ship.entries.program_entry`).
+        ArtifactError: The group cannot be described (`replay.artifact.entries.program_entry`).
     """
     owner = owner or group
     mapping = _dim_map(group, owner)
@@ -207,7 +207,7 @@ def onnx_manifest(
         model: The model's name in the store.
         entries: One `onnx_entry` per group served.
         module: The export's module entry (store, complete, coverage, errors, notes;
-            `replay.ship.entries.module_entry`).
+            `replay.artifact.entries.module_entry`).
         weights: The shared weights file's name.
         size: Its size in bytes.
     """

@@ -1,16 +1,17 @@
 """``export(..., onnx=PATH)``: convert every checked program, write the set, check it, describe it.
 
-`write_onnx` is what `replay.exporting.export_with` calls after the torch check:
+`write_onnx` is what `replay.pipeline.exporting.export_with` calls after the torch check:
 
 1. every torch program is converted (`replay.onnx.convert`), from the group (or regime) that
-   owns it; a group served by another's program (`replay.merging`) is served by that file, its
-   missing inputs filled as the ``.pt2`` runner fills them; a program whose conversion fails
+   owns it; a group served by another's program (`replay.pipeline.merging`) is served by that file,
+   its missing inputs filled as the ``.pt2`` runner fills them; a program whose conversion fails
    keeps its torch program, and the ONNX rows of the groups it serves say why;
-2. the files are written with one shared weights file (`replay.onnx.weights`):
+2. the files are written with one shared weights file (`replay.runtime.ort.weights`):
    ``PATH`` for one group, ``<stem>.<group>.onnx`` for several, and ``PATH.data``;
-3. the written files are opened as the runner ``replay.load`` gives (`replay.onnx.runner`) and
+3. the written files are opened as the runner ``replay.load`` gives (`replay.runtime.ort.runner`)
+and
    checked on every row of the torch check, then on the sampled real calls
-   (`replay.onnx.check`, `replay.payload_rows`): rows of target ``onnx``;
+   (`replay.onnx.check`, `replay.check.payload_rows`): rows of target ``onnx``;
 4. the manifest ``PATH.json`` is written last (`replay.onnx.entries`), with the signatures
    the ONNX check failed in each file's guard.
 """
@@ -26,22 +27,22 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from capture.pytree import nodes
-from replay.coverage import TARGET_ONNX, CoverageRow
+from replay.artifact.entries import module_entry
+from replay.check.payload_rows import Serve, payload_rows
 from replay.onnx.check import onnx_rows
 from replay.onnx.convert import Converted, convert
 from replay.onnx.entries import onnx_entry, onnx_manifest, write_manifest
-from replay.onnx.manifest import OnnxManifest, manifest_path, weights_path
-from replay.onnx.runner import OnnxRunner, open_set
-from replay.onnx.weights import OnnxFileError, write_models
-from replay.payload_rows import Serve, payload_rows
-from replay.ship.entries import module_entry
-from replay.ship.manifest import ModuleEntry
+from replay.runtime.coverage import TARGET_ONNX, CoverageRow
+from replay.runtime.manifest import ModuleEntry
+from replay.runtime.ort.manifest import OnnxManifest, manifest_path, weights_path
+from replay.runtime.ort.runner import OnnxRunner, open_set
+from replay.runtime.ort.weights import OnnxFileError, write_models
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-    from replay.inputs import ExportInputs
-    from replay.options import ExportOptions
+    from replay.inputs.builder import ExportInputs
+    from replay.inputs.options import ExportOptions
 
 __all__ = ["OnnxOutcome", "write_onnx", "output_path"]
 

@@ -1,0 +1,1 @@
+"""Coverage: every program checked against recorded signatures, probes, payloads; drift."""

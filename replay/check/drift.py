@@ -1,0 +1,96 @@
+"""Which recorded calls a saved artifact serves: one answer for `capture check` and `report`.
+
+The artifact's manifest (`replay.runtime.pt2.reader.read_manifest`, the whole archive checked as
+`replay.load` checks it) says, per program, the recorded call structure it takes and the
+recorded ranges of its dims (`replay.runtime.guards`); the store says what the model received.
+Every distinct recorded signature is routed with the runner's own function
+(`replay.runtime.guards.route`), so a signature reported served is one the runner serves. Needs
+neither torch nor the model's code.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from replay.runtime.manifest import Manifest
+
+__all__ = ["check_rows"]
+
+_CALLS = """
+SELECT in_structure, dims, count(*) AS calls, min(ts) AS first_ts, max(ts) AS last_ts
+FROM calls
+WHERE model = $model AND error IS NULL AND ($since IS NULL OR ts >= $since)
+GROUP BY in_structure, dims
+ORDER BY min(ts), in_structure
+"""
+
+_STRUCTURES = """
+SELECT structure_id, leaf, path, argument, kind, dtype, rank, value, dim_offset, treespec
+FROM structures WHERE model = $model ORDER BY structure_id, leaf
+"""
+
+
+def check_rows(
+    store: Any, manifest: Manifest, since: datetime | None, model: str | None
+) -> list[dict[str, Any]]:
+    """One row per distinct recorded signature of the window, for every module of the artifact.
+
+    Each signature is routed with `replay.runtime.guards.route`, the runner's own rule: the
+    recorded treespec and leaves must be the program's, the sizes within its guards, and the
+    signature not one the export's check failed. The programs themselves were checked to be in
+    the archive when the manifest was read (`replay.runtime.pt2.reader.read_artifact`).
+
+    Args:
+        store: An open `capture.Store`.
+        manifest: The artifact's typed manifest (`replay.runtime.pt2.reader.read_manifest`).
+        since: Only calls at or after this moment (None: every call).
+        model: The model's name in the store when it differs from the artifact's.
+
+    Returns:
+        Rows with ``model, structure, group, signature, calls, served, reason``
+        (``structure``: the recorded input structure id; ``group``: the program serving the
+        signature, or null; ``reason``: why each program refused it).
+
+    Example:
+        >>> rows = check_rows(store, read_manifest("model.pt2"), None, None)  # doctest: +SKIP
+        >>> rows[0]["served"]  # doctest: +SKIP
+        True
+    """
+    from capture.pytree.structure import RecordedStructure
+    from replay.inputs.shapes import describe_sizes
+    from replay.runtime.guards import route
+
+    base = model or manifest.model
+    rows: list[dict[str, Any]] = []
+    for module in manifest.modules:
+        name = f"{base}.{module}" if module else base
+        store.check_model(name)
+        guards = [e.guard for e in manifest.for_module(module)]
+        by_id: dict[str, list[dict[str, Any]]] = {}
+        for row in store.query(_STRUCTURES, {"model": name}).to_pylist():
+            by_id.setdefault(row["structure_id"], []).append(row)
+        structures = {sid: RecordedStructure.from_rows(rows) for sid, rows in by_id.items()}
+        calls = store.query(_CALLS, {"model": name, "since": since}).to_pylist()
+        for call in calls:
+            structure = structures.get(call["in_structure"])
+            treespec = structure.treespec if structure is not None else None
+            leaves = structure.leaves if structure is not None else ()
+            dims = [int(v) for v in call["dims"]]
+            facts = (treespec, leaves, dims)
+            served, reasons = route(guards, lambda _g, f=facts: f)  # type: ignore[misc]
+            rows.append(
+                {
+                    "model": name,
+                    "structure": call["in_structure"],
+                    "group": served.label if served is not None else None,
+                    "signature": describe_sizes(leaves, dims) if leaves else "?",
+                    "calls": int(call["calls"]),
+                    "served": served is not None,
+                    "reason": None
+                    if served
+                    else ("; ".join(f"{k}: {v}" for k, v in reasons.items()) or "no program"),
+                }
+            )
+    return rows

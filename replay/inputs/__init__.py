@@ -1,0 +1,1 @@
+"""From a store to example arguments and dynamic shapes: groups, values, call forms."""

@@ -1,0 +1,89 @@
+"""``replay.load`` and the manifest readers, by file type: a ``.pt2`` artifact or an ONNX set.
+
+``model.pt2`` is the artifact `replay.artifact.writer` writes; ``model.onnx`` (or its manifest
+``model.onnx.json``) is the ONNX set ``export(..., onnx=PATH)`` writes (`replay.onnx`). Both
+manifests parse into the same typed `replay.runtime.manifest.Manifest` (the same program entries
+and guards, routed by the one `replay.runtime.guards.route`), so ``capture check``, ``capture
+report`` and ``capture summary --artifact`` read either through `read_any_manifest`, as data
+and without torch: a ``.pt2`` checked whole (`replay.runtime.pt2.reader.read_artifact`), an ONNX set
+through `replay.runtime.ort.manifest.read_onnx_set`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from replay.runtime.manifest import Manifest
+    from replay.runtime.ort.runner import OnnxRunner
+    from replay.runtime.runner import Runner
+
+__all__ = ["load", "read_any_manifest"]
+
+
+def load(
+    path: str | os.PathLike[str], *, device: str | None = None, compiled: bool = False
+) -> Runner | OnnxRunner:
+    """Loads what ``capture export --out`` wrote and returns a runner callable like the model.
+
+    Args:
+        path: A ``.pt2`` artifact (`replay.runtime.pt2.reader.load`), or the ``onnx=`` path of an
+            ONNX set (``model.onnx``, or ``model.onnx.json``;
+            `replay.runtime.ort.runner.load_onnx`).
+        device: Where a ``.pt2``'s weights go and its programs run (default ``cpu``).
+        compiled: Run a ``.pt2``'s AOTInductor builds (`replay.runtime.pt2.reader.load`).
+
+    Returns:
+        A `replay.runtime.runner.Runner` or an `replay.runtime.ort.runner.OnnxRunner`: the same
+        contract (structure and guards pick the program; `CallNotServed` names the groups tried).
+
+    Raises:
+        ArtifactError: Not a capture artifact (see `replay.runtime.pt2.reader.load`), or `device`
+            or `compiled` asked of an ONNX set.
+        OnnxFileError: Not a capture ONNX set (see `replay.runtime.ort.runner.load_onnx`).
+
+    Example:
+        >>> runner = replay.load("model.onnx")  # doctest: +SKIP
+        >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
+    """
+    from replay.runtime.ort.manifest import is_onnx_path
+
+    if is_onnx_path(path):
+        from replay.runtime.ort.runner import load_onnx
+
+        if compiled or device not in (None, "cpu"):
+            from replay.runtime.guards import ArtifactError
+
+            raise ArtifactError(
+                f"{os.fspath(path)} is an ONNX set: it runs on onnxruntime, without device= or "
+                "compiled=; pick its execution providers with "
+                "replay.runtime.ort.runner.load_onnx(path, providers=...)"
+            )
+        return load_onnx(path)
+    from replay.runtime.pt2.reader import load as load_artifact
+
+    return load_artifact(path, device=device, compiled=compiled)
+
+
+def read_any_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """The typed manifest of a ``.pt2`` artifact or of an ONNX set, the whole set checked as
+    data first (json and zipfile only: no torch, no onnx).
+
+    Raises:
+        ArtifactError: Not a capture artifact, or changed or damaged (named).
+        OnnxFileError: Not a capture ONNX set, or changed or damaged (an `ArtifactError` too).
+
+    Example:
+        >>> read_any_manifest("model.onnx").model  # doctest: +SKIP
+        'LlamaForCausalLM'
+    """
+    from replay.runtime.ort.manifest import is_onnx_path
+
+    if is_onnx_path(path):
+        from replay.runtime.ort.manifest import read_onnx_set
+
+        return read_onnx_set(path).manifest
+    from replay.runtime.pt2.reader import read_manifest
+
+    return read_manifest(path)

@@ -1,0 +1,275 @@
+"""What a saved program accepts: its call structure and the recorded ranges of its dims.
+
+An artifact (`replay.runtime.pt2.reader`) stores one `ProgramGuard` per program in its JSON
+manifest. The runner (`replay.load`) and the drift check (``capture check``) both ask the same two
+questions of a call, through one function (`route`), so that what ``capture check`` reports as
+served is
+exactly what the runner serves:
+
+1. **Structure**: does the call have the program's recorded structure? The treespec of
+   ``(args, kwargs)`` and, per leaf, its path, kind, dtype, rank and scalar value must be the
+   recorded ones (devices and value-range bookkeeping are left out: they do not change what the
+   program computes).
+2. **Dims**: is every input size within what the export was checked on? A static dim must have
+   its recorded size; a dynamic dim must lie within its recorded ``[min, max]``; dims that were
+   equal in every recorded call (one symbol) must be equal; a recorded relation
+   (``mask = past + 1``) must hold; for a program that does not check its own size guards
+   (an ONNX file, `replay.onnx`), those guards must hold too (`conditions`, parsed by
+   `replay.runtime.conditions`, never evaluated as code).
+
+The ``.pt2`` runner, the ONNX runner and ``capture check`` (of either) all route with `route`.
+
+Reading a manifest and checking guards needs neither torch nor the model's code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from capture import schema
+from capture.errors import ReplayError
+from replay.runtime.conditions import Condition
+
+__all__ = [
+    "ProgramGuard",
+    "Axis",
+    "Relation",
+    "route",
+    "CallFacts",
+    "STRUCTURE_DIFFERS",
+    "ArtifactError",
+    "CallNotServed",
+    "LeafFacts",
+    "leaf_key",
+    "LEAF_FIELDS",
+]
+
+
+class ArtifactError(ReplayError):
+    """An artifact cannot be written or read (not a capture artifact, unknown format, ...)."""
+
+
+class CallNotServed(ArtifactError):
+    """No program of the artifact accepts a call; the message names each group tried and why.
+
+    Attributes:
+        reasons: Group label -> the guard that failed (or "different structure").
+    """
+
+    def __init__(self, message: str, reasons: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.reasons = dict(reasons)
+
+
+LEAF_FIELDS = ("path", "kind", "dtype", "rank", "value")
+"""The leaf columns that make a structure, for matching (device and bookkeeping left out)."""
+
+
+_TENSOR = schema.KIND_TENSOR
+
+
+class LeafFacts(Protocol):
+    """The facts of a leaf that matching compares (`LEAF_FIELDS`): a recorded leaf
+    (`capture.pytree.structure.RecordedLeaf`) or a live call's (`capture.record.flatten.Leaf`)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def dtype(self) -> str | None: ...
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def value(self) -> str | None: ...
+
+
+def leaf_key(leaves: Iterable[LeafFacts]) -> tuple[tuple[Any, ...], ...]:
+    """The comparable form of a structure's leaves.
+
+    Example:
+        >>> from capture.pytree.structure import RecordedLeaf
+        >>> leaf_key([RecordedLeaf(0, "args[0]", None, 0, "tensor", dtype="float32", rank=2)])
+        (('args[0]', 'tensor', 'float32', 2, None),)
+    """
+    # A tensor leaf's value is bookkeeping (where its special token counts are),
+    # written only where value ranges were recorded: not part of the structure.
+    return tuple(
+        (leaf.path, leaf.kind, leaf.dtype, leaf.rank, None if leaf.kind == _TENSOR else leaf.value)
+        for leaf in leaves
+    )
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One tensor axis of a program's inputs, as the export was checked on it.
+
+    Attributes:
+        path: The input's key path (``kwargs['input_ids']``).
+        axis: The axis index.
+        min: Smallest recorded size.
+        max: Largest recorded size.
+        dynamic: Whether the program takes more than one size here (else only `min`).
+        symbol: The shared symbol of axes equal in every recorded call (None: none).
+        narrowed: `min` and `max` are the program's own bounds, tighter than the recorded
+            range (an ONNX file, which does not check them itself: `replay.onnx`).
+    """
+
+    path: str
+    axis: int
+    min: int
+    max: int
+    dynamic: bool
+    symbol: str | None = None
+    narrowed: bool = False
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A recorded relation between symbols: ``symbol == sum(terms) + offset``."""
+
+    symbol: str
+    terms: tuple[str, ...]
+    offset: int
+
+
+STRUCTURE_DIFFERS = "different call structure (arguments, dtypes, ranks or constants)"
+"""The reason `route` gives for a program whose recorded structure is not the call's."""
+
+
+@dataclass(frozen=True)
+class ProgramGuard:
+    """The guards of one program of an artifact (`replay.runtime.manifest.ProgramEntry.guard`).
+
+    Attributes:
+        module: The sub-module name (``""`` for the model itself, ``encoder``, ...).
+        group: The call group name (``decode``, ``prefill``, ``g0``).
+        program: The program's name inside the archive.
+        treespec: The recorded treespec of ``(args, kwargs)`` (torch's JSON).
+        leaves: The recorded leaves (their `LEAF_FIELDS` are compared).
+        axes: One per tensor axis, in the order of a call's ``dims``.
+        relations: Recorded relations between the axes' symbols.
+        rejected: Recorded size vectors the program failed in the export's check -> why:
+            within the ranges, yet not served.
+        conditions: The program's own size guards over the call's dims, for a program that
+            does not check them itself (an ONNX file; empty for a ``.pt2`` program, whose
+            module checks them on every call).
+    """
+
+    module: str
+    group: str
+    program: str
+    treespec: str | None
+    leaves: tuple[LeafFacts, ...]
+    axes: tuple[Axis, ...]
+    relations: tuple[Relation, ...] = ()
+    rejected: Mapping[tuple[int, ...], str] = field(default_factory=dict)
+    conditions: tuple[Condition, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``decode`` or ``encoder.g0``: how messages name the program's group."""
+        return f"{self.module}.{self.group}" if self.module else self.group
+
+    def matches(self, treespec: str | None, leaves: Iterable[LeafFacts]) -> bool:
+        """Tells whether a call structure is the program's recorded structure: the same
+        treespec and the same leaves (`LEAF_FIELDS`). Nothing else stands in for them (a
+        structure id names a store's structure, not what the program takes)."""
+        if treespec != self.treespec:
+            return False
+        return leaf_key(leaves) == leaf_key(self.leaves)
+
+    def check(self, dims: Sequence[int]) -> str | None:
+        """None when the sizes are within the guards, else the first guard that fails.
+
+        Args:
+            dims: Every input tensor size of the call, in leaf order then axis order (the
+                store's ``calls.dims``).
+
+        Returns:
+            None, or a sentence naming the input, the axis, the size and the accepted range.
+
+        Example:
+            >>> guard = ProgramGuard("", "g0", "g0", None, (), (Axis("args[0]", 0, 4, 64, True),))
+            >>> guard.check([300])
+            'args[0] axis 0 = 300 is outside the recorded range [4, 64]'
+        """
+        if len(dims) != len(self.axes):
+            return f"the call has {len(dims)} tensor dims, the program {len(self.axes)}"
+        failed = self.rejected.get(tuple(int(v) for v in dims))
+        if failed is not None:
+            return f"this recorded signature failed the export's check ({failed})"
+        symbols: dict[str, tuple[int, str]] = {}
+        for size, ax in zip(dims, self.axes, strict=True):
+            where = f"{ax.path} axis {ax.axis}"
+            if not ax.dynamic and size != ax.min:
+                return f"{where} = {size}, the program takes {ax.min} only (static)"
+            if not ax.min <= size <= ax.max:
+                what = "its program's range" if ax.narrowed else "the recorded range"
+                return f"{where} = {size} is outside {what} [{ax.min}, {ax.max}]"
+            if ax.symbol:
+                seen = symbols.setdefault(ax.symbol, (int(size), where))
+                if seen[0] != size:
+                    return (
+                        f"{where} = {size} but {seen[1]} = {seen[0]}: they were equal in "
+                        "every recorded call"
+                    )
+        for rel in self.relations:
+            names = [rel.symbol, *rel.terms]
+            if any(n not in symbols for n in names):
+                continue
+            left, where = symbols[rel.symbol]
+            right = sum(symbols[n][0] for n in rel.terms) + rel.offset
+            if left != right:
+                expr = " + ".join([*rel.terms, str(rel.offset)])
+                return (
+                    f"{where} = {left}, but {rel.symbol} = {expr} held in every recorded call "
+                    f"(= {right} here)"
+                )
+        for condition in self.conditions:
+            if not condition.holds(dims):
+                return f"its program's guard {condition.text} does not hold"
+        return None
+
+
+CallFacts = tuple[str | None, Sequence[LeafFacts], Sequence[int]]
+"""What routing compares of a call: its treespec, its leaves, its input sizes."""
+
+
+def route(
+    guards: Iterable[ProgramGuard], facts: Callable[[ProgramGuard], CallFacts]
+) -> tuple[ProgramGuard | None, dict[str, str]]:
+    """The program that serves a call, tried in order, and why each one before it did not.
+
+    The one matching rule of an artifact: the runner (`replay.runtime.runner.Runner`) routes live
+    calls with it, ``capture check`` (`replay.check.drift`) recorded signatures, so a signature
+    reported served is one the runner serves.
+
+    Args:
+        guards: The programs' guards, in the order they are tried.
+        facts: A program's guard -> the call's treespec, leaves and sizes as that program
+            sees them (the runner describes a live call with the program's recorded
+            signature; a recorded call has one description for every program).
+
+    Returns:
+        ``(guard, reasons)``: the first guard whose structure matches and whose checks pass
+        (None when none does), and group label -> why each program before it refused.
+
+    Example:
+        >>> guard = ProgramGuard("", "g0", "g0", None, (), (Axis("args[0]", 0, 2, 4, True),))
+        >>> route([guard], lambda g: (None, (), [9]))[1]
+        {'g0': 'args[0] axis 0 = 9 is outside the recorded range [2, 4]'}
+    """
+    reasons: dict[str, str] = {}
+    for guard in guards:
+        treespec, leaves, dims = facts(guard)
+        if not guard.matches(treespec, leaves):
+            reasons[guard.label] = STRUCTURE_DIFFERS
+            continue
+        failed = guard.check(dims)
+        if failed is None:
+            return guard, reasons
+        reasons[guard.label] = failed
+    return None, reasons

@@ -1,0 +1,484 @@
+"""The artifact's manifest, typed: parsed and checked once, by `replay.load` and ``capture check``.
+
+The manifest (``extra/capture_manifest.json`` in the archive) says what the artifact serves:
+per program its call group, recorded input structure, guards (`replay.runtime.guards`) and call
+form; per module (the model ``""`` and each recorded sub-module) the export's coverage table,
+errors and notes; the versions and the store it was exported from. `Manifest.parse` reads it
+into frozen dataclasses, checking every field's type and bounds (`replay.runtime.checked_json`):
+a changed manifest is one `ArtifactError` naming the field, never a traceback, and nothing
+downstream reads the raw JSON again. Unknown fields are ignored (a newer writer may add
+facts an older reader does not need); a change an older reader could misread bumps `FORMAT`.
+Needs no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from capture import schema
+from capture.errors import ReplayError
+from capture.pytree.structure import RecordedLeaf
+from capture.signature import Signature
+from replay.runtime.callform import CallForm
+from replay.runtime.checked_json import NAME, Fields, checked_format, load
+from replay.runtime.conditions import Condition, ConditionError
+from replay.runtime.coverage import CoverageRow
+from replay.runtime.fills import Fill
+from replay.runtime.guards import LEAF_FIELDS, ArtifactError, Axis, ProgramGuard, Relation
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST_CAP",
+    "PROGRAM_NAME",
+    "Manifest",
+    "ModuleEntry",
+    "ProgramEntry",
+]
+
+FORMAT = "capture-artifact/1"
+"""The manifest's ``format``: bumped when a reader could misread a newer manifest."""
+
+MANIFEST_CAP = 64 * 2**20
+"""Largest manifest read (declared size, checked before reading: 64 MiB)."""
+
+PROGRAM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,+=<>\[\]-]{0,199}\Z")
+"""A program or group name: also an archive file name (``models/<program>.json``), so no
+``/``, no leading dot; brackets and comparisons allowed (``prefill[len<=6]``)."""
+
+_MODULE = re.compile(r"(|[A-Za-z_][A-Za-z0-9_.]{0,199})\Z")
+_KINDS = frozenset(
+    {
+        schema.KIND_TENSOR,
+        schema.KIND_NONE,
+        schema.KIND_INT,
+        schema.KIND_FLOAT,
+        schema.KIND_BOOL,
+        schema.KIND_STR,
+        schema.KIND_MISSING,
+        schema.KIND_OPAQUE,
+    }
+)
+_MAX_RANK = 64
+
+
+@dataclass(frozen=True)
+class ProgramEntry:
+    """One program of the artifact: the call group it serves and how calls reach it.
+
+    Attributes:
+        guard: What the program accepts (structure, ranges, refused signatures).
+        model: The recorded model name of its module.
+        structure_id: The recorded input structure (the store's id, for people and reports).
+        calls: Recorded calls of the group.
+        signatures: Distinct recorded signatures of the group.
+        signature: The recorded method's parameters (JSON), used to describe a live call.
+        n_args: Positional arguments of the recorded calls.
+        form: How the program is called (`replay.runtime.callform.CallForm`).
+        pytree_types: Pytree node types the program's treespecs name.
+        fills: Inputs the program takes that the group's calls lack, filled per call (a group
+            served by another group's program, `replay.pipeline.merging`; empty otherwise).
+        first_ts: First recorded call of the group (ISO text), if known.
+        last_ts: Last recorded call of the group (ISO text), if known.
+    """
+
+    guard: ProgramGuard
+    model: str
+    structure_id: str
+    calls: int
+    signatures: int
+    signature: str | None
+    n_args: int
+    form: CallForm
+    pytree_types: tuple[str, ...] = ()
+    fills: tuple[Fill, ...] = ()
+    first_ts: str | None = None
+    last_ts: str | None = None
+
+    @property
+    def program(self) -> str:
+        """The program's name inside the archive."""
+        return self.guard.program
+
+    @property
+    def module(self) -> str:
+        """The sub-module it serves (``""``: the model itself)."""
+        return self.guard.module
+
+    @property
+    def group(self) -> str:
+        """The call group it serves."""
+        return self.guard.group
+
+    def as_dict(self) -> dict[str, Any]:
+        """The entry as the manifest's JSON object."""
+        g = self.guard
+        return {
+            "module": g.module,
+            "group": g.group,
+            "program": g.program,
+            "model": self.model,
+            "structure_id": self.structure_id,
+            "calls": self.calls,
+            "signatures": self.signatures,
+            "treespec": g.treespec,
+            "signature": self.signature,
+            "n_args": self.n_args,
+            "leaves": [
+                {k: getattr(leaf, k) for k in ("argument", "position", *LEAF_FIELDS)}
+                for leaf in g.leaves
+            ],
+            "axes": [_axis_json(a) for a in g.axes],
+            "relations": [
+                {"symbol": r.symbol, "terms": list(r.terms), "offset": r.offset}
+                for r in g.relations
+            ],
+            "form": {
+                "positional": list(self.form.positional),
+                "keywords": list(self.form.keywords),
+                "extra": list(self.form.extra),
+                "var_positional": self.form.var_positional,
+            },
+            "pytree_types": list(self.pytree_types),
+            "rejected": [{"dims": list(d), "error": e} for d, e in g.rejected.items()],
+            "fills": [fill.as_dict() for fill in self.fills],
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            # Only a program that does not check its own size guards (an ONNX file) has any.
+            **({"conditions": [_condition_json(c) for c in g.conditions]} if g.conditions else {}),
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> ProgramEntry:
+        """Reads one ``programs`` item.
+
+        Raises:
+            ArtifactError: A field is missing, of the wrong type or out of bounds.
+        """
+        leaves = tuple(
+            _leaf(i, Fields(item, f"{f.where}.leaves[{i}]"))
+            for i, item in enumerate(f.items("leaves"))
+        )
+        axes = tuple(f.each("axes", _axis))
+        width = sum(leaf.rank or 0 for leaf in leaves if leaf.is_tensor)
+        if width != len(axes):
+            f.fail(f"{f.where}.axes", f"has {len(axes)} axes for {width} recorded tensor dims")
+        rejected: dict[tuple[int, ...], str] = {}
+        for r in f.each("rejected", lambda r: r, optional=True):
+            dims = r.integers("dims", low=0)
+            if len(dims) != len(axes):
+                f.fail(r.where, f"has {len(dims)} dims for {len(axes)} axes")
+            rejected[dims] = r.text("error")
+        signature = f.text("signature", optional=True, max_len=1_000_000)
+        try:
+            Signature.loads(signature)
+        except ReplayError as e:
+            f.fail(f"{f.where}.signature", f"is malformed ({e})")
+        form = f.child("form")
+        guard = ProgramGuard(
+            module=f.text("module", optional=True, pattern=_MODULE) or "",
+            group=f.text("group", pattern=PROGRAM_NAME),
+            program=f.text("program", pattern=PROGRAM_NAME),
+            treespec=f.text("treespec", optional=True, max_len=10_000_000),
+            leaves=leaves,
+            axes=axes,
+            relations=tuple(f.each("relations", _relation, optional=True)),
+            rejected=rejected,
+            conditions=tuple(f.each("conditions", _condition, optional=True)),
+        )
+        return cls(
+            guard=guard,
+            model=f.text("model"),
+            structure_id=f.text("structure_id", max_len=256),
+            calls=f.integer("calls", low=0),
+            signatures=f.integer("signatures", low=0),
+            signature=signature,
+            n_args=f.integer("n_args", low=0, high=100_000),
+            form=CallForm(
+                tuple(form.texts("positional")),
+                tuple(form.texts("keywords")),
+                tuple(form.texts("extra", optional=True)),
+                form.text("var_positional", optional=True),
+            ),
+            pytree_types=tuple(f.texts("pytree_types", optional=True, max_len=512)),
+            fills=tuple(
+                _fill(Fields(item, f"{f.where}.fills[{i}]"), len(axes))
+                for i, item in enumerate(f.items("fills", optional=True, max_items=1024))
+            ),
+            first_ts=f.text("first_ts", optional=True, max_len=64),
+            last_ts=f.text("last_ts", optional=True, max_len=64),
+        )
+
+
+def _axis_json(a: Axis) -> dict[str, Any]:
+    out = {
+        "path": a.path,
+        "axis": a.axis,
+        "min": a.min,
+        "max": a.max,
+        "dynamic": a.dynamic,
+        "symbol": a.symbol,
+    }
+    return {**out, "narrowed": True} if a.narrowed else out
+
+
+def _condition_json(c: Condition) -> dict[str, str]:
+    return {"expr": c.expr, "text": c.text}
+
+
+def _condition(f: Fields) -> Condition:
+    expr = f.text("expr", max_len=2000)
+    try:
+        return Condition(expr, f.text("text", max_len=10_000))
+    except ConditionError as e:
+        f.fail(f"{f.where}.expr", f"is not a size condition capture writes ({str(e)[:200]})")
+
+
+def _fill(f: Fields, width: int) -> Fill:
+    try:
+        return Fill.from_dict(f.raw, width)
+    except ArtifactError as e:
+        f.fail(f.where, f"is not a fill capture writes ({str(e)[:200]})")
+
+
+def _leaf(index: int, leaf: Fields) -> RecordedLeaf:
+    return RecordedLeaf(
+        leaf=index,
+        path=leaf.text("path"),
+        argument=leaf.text("argument", optional=True),
+        position=leaf.integer("position", low=0, optional=True),
+        kind=_kind(leaf),
+        dtype=leaf.text("dtype", optional=True, max_len=64),
+        rank=leaf.integer("rank", low=0, high=_MAX_RANK, optional=True),
+        value=leaf.text("value", optional=True),
+    )
+
+
+def _kind(leaf: Fields) -> str:
+    kind = leaf.text("kind", max_len=32)
+    if kind not in _KINDS:
+        leaf.fail(f"{leaf.where}.kind", f"is {kind!r}, not a recorded leaf kind")
+    return str(kind)
+
+
+def _axis(a: Fields) -> Axis:
+    low, high = a.integer("min", low=0), a.integer("max", low=0)
+    if low > high:
+        a.fail(a.where, f"has min {low} > max {high}")
+    return Axis(
+        path=a.text("path"),
+        axis=a.integer("axis", low=0, high=_MAX_RANK),
+        min=low,
+        max=high,
+        dynamic=a.flag("dynamic"),
+        symbol=a.text("symbol", optional=True, pattern=NAME, max_len=256),
+        narrowed=a.flag("narrowed", optional=True),
+    )
+
+
+def _relation(r: Fields) -> Relation:
+    terms = r.texts("terms", max_len=256)
+    for term in terms:
+        if not NAME.match(term):
+            r.fail(f"{r.where}.terms", f"names {term[:60]!r}, not a symbol")
+    return Relation(
+        symbol=r.text("symbol", pattern=NAME, max_len=256),
+        terms=tuple(terms),
+        offset=r.integer("offset"),
+    )
+
+
+@dataclass(frozen=True)
+class ModuleEntry:
+    """One exported module of the artifact (``""`` the model, ``encoder`` a sub-module).
+
+    Attributes:
+        model: Its recorded model name in the store.
+        store: The store it was exported from (path or URI), if known.
+        first: First recorded call of the export's window (ISO text), if known.
+        last: Last recorded call of the window (ISO text), if known.
+        complete: Every coverage row was covered and every option honoured.
+        coverage: The export's coverage table.
+        errors: Group -> why torch.export rejected it.
+        notes: What was done and why, per group.
+    """
+
+    model: str
+    store: str | None
+    first: str | None
+    last: str | None
+    complete: bool
+    coverage: tuple[CoverageRow, ...] = ()
+    errors: Mapping[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The module as the manifest's JSON object."""
+        return {
+            "model": self.model,
+            "store": self.store,
+            "window": {"first": self.first, "last": self.last},
+            "complete": self.complete,
+            "coverage": [_coverage_json(row) for row in self.coverage],
+            "errors": dict(self.errors),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> ModuleEntry:
+        """Reads one ``modules`` value.
+
+        Raises:
+            ArtifactError: A field is missing, of the wrong type or out of bounds.
+        """
+        window = f.child("window", optional=True)
+        errors = f.child("errors", optional=True)
+        return cls(
+            model=f.text("model"),
+            store=f.text("store", optional=True),
+            first=window.text("first", optional=True, max_len=64),
+            last=window.text("last", optional=True, max_len=64),
+            complete=f.flag("complete"),
+            coverage=tuple(f.each("coverage", _coverage_row, optional=True)),
+            errors={str(k): errors.text(k, max_len=100_000) for k in errors.raw},
+            notes=tuple(f.texts("notes", optional=True, max_len=100_000)),
+        )
+
+
+def _coverage_json(row: CoverageRow) -> dict[str, Any]:
+    out = row.as_dict()
+    diff = out["max_abs_diff"]
+    if diff is not None and not math.isfinite(diff):
+        out["max_abs_diff"] = str(diff)  # "nan", "inf": JSON has no spelling for them
+    return out
+
+
+def _coverage_row(f: Fields) -> CoverageRow:
+    sizes = f.integers("sizes", low=0) if f.raw.get("sizes") is not None else None
+    return CoverageRow(
+        group=f.text("group", optional=True),
+        kind=f.text("kind", max_len=64),
+        signature=f.text("signature", max_len=1_000_000),
+        calls=f.integer("calls", low=0),
+        covered=f.flag("covered"),
+        max_abs_diff=f.number("max_abs_diff", optional=True),
+        error=f.text("error", optional=True, max_len=1_000_000),
+        target=f.text("target", optional=True, max_len=64) or "torch",
+        sizes=sizes,
+    )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """An artifact's manifest, validated (`parse`) or built by `replay.artifact.writer.save`.
+
+    Attributes:
+        model: The model's recorded name.
+        created: When the artifact was written (ISO text).
+        versions: torch / transformers / capture versions of the export.
+        modules: Module name -> its `ModuleEntry` (``""`` always present).
+        programs: One entry per served call group (or regime), in the order the runner tries
+            them; several may name one program (merged groups).
+        aoti: Whether every program also has an AOTInductor build in the archive.
+        format: `FORMAT`.
+    """
+
+    model: str
+    created: str
+    versions: Mapping[str, str | None]
+    modules: Mapping[str, ModuleEntry]
+    programs: tuple[ProgramEntry, ...]
+    aoti: bool = False
+    format: str = FORMAT
+
+    def for_module(self, module: str) -> list[ProgramEntry]:
+        """The entries serving `module`, in order."""
+        return [p for p in self.programs if p.module == module]
+
+    @property
+    def program_names(self) -> list[str]:
+        """Every program of the archive, once, in the order of the entries naming them."""
+        return list(dict.fromkeys(p.program for p in self.programs))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The manifest as JSON-serializable data."""
+        return {
+            "format": self.format,
+            "model": self.model,
+            "created": self.created,
+            "versions": dict(self.versions),
+            "aoti": self.aoti,
+            "modules": {name: m.as_dict() for name, m in self.modules.items()},
+            "programs": [p.as_dict() for p in self.programs],
+        }
+
+    def to_json(self) -> str:
+        """The manifest's text as `save` writes it (strict JSON: no NaN)."""
+        return json.dumps(self.as_dict(), indent=1, allow_nan=False)
+
+    @classmethod
+    def parse(cls, data: bytes, source: str) -> Manifest:
+        """Parses and validates a manifest.
+
+        Args:
+            data: Its bytes (the caller bounds their size, `MANIFEST_CAP`).
+            source: Where they were read (``model.pt2:extra/capture_manifest.json``).
+
+        Returns:
+            The typed manifest.
+
+        Raises:
+            ArtifactError: Not JSON, another `FORMAT`, or a field missing, of the wrong type or
+                out of bounds; a program listed twice, or for a module the manifest lacks.
+
+        Example:
+            >>> Manifest.parse(b'{"format": "capture-artifact/0"}', "m.json")  # doctest: +SKIP
+            Traceback (most recent call last):
+            ArtifactError: m.json: manifest format 'capture-artifact/0', ...
+        """
+        return cls.read(checked_format(load(data, source), FORMAT, source))
+
+    @classmethod
+    def read(cls, f: Fields) -> Manifest:
+        """Reads a parsed manifest's fields (`parse`; an ONNX set's manifest, `replay.onnx`,
+        holds these fields too, under its own format).
+
+        Raises:
+            ArtifactError: See `parse`.
+        """
+        source = f.where
+        versions = f.child("versions", optional=True)
+        modules_raw = f.child("modules")
+        modules = {
+            str(name): ModuleEntry.parse(modules_raw.child(name)) for name in modules_raw.raw
+        }
+        if "" not in modules:
+            f.fail(f"{source}.modules", "lacks the model's own module ('')")
+        for name in modules:
+            if not _MODULE.match(name):
+                f.fail(f"{source}.modules", f"names the module {name[:60]!r}")
+        programs = tuple(f.each("programs", ProgramEntry.parse))
+        # One entry per call group; a program may serve several (a merged group's entry names
+        # the program of the group serving it).
+        seen: set[tuple[str, str]] = set()
+        for i, p in enumerate(programs):
+            if (p.module, p.group) in seen:
+                f.fail(f"{source}.programs[{i}]", f"lists the group {p.guard.label} twice")
+            if p.module not in modules:
+                f.fail(f"{source}.programs[{i}]", f"serves the module {p.module!r}, not listed")
+            seen.add((p.module, p.group))
+        if not programs:
+            f.fail(f"{source}.programs", "is empty")
+        return cls(
+            model=f.text("model"),
+            created=f.text("created", optional=True, max_len=64) or "",
+            versions={str(k): versions.text(k, optional=True, max_len=128) for k in versions.raw},
+            modules=modules,
+            programs=programs,
+            aoti=f.flag("aoti", optional=True),
+            format=f.text("format", max_len=64),
+        )

@@ -1,0 +1,442 @@
+"""The ONNX set's manifest: the artifact's typed manifest (`replay.runtime.manifest`), seen from
+ONNX.
+
+``onnx=model.onnx`` writes ``model.onnx`` (one program) or ``model.<group>.onnx`` (several),
+their shared weights ``model.onnx.data`` (`replay.runtime.ort.weights`) and this manifest,
+``model.onnx.json``, last: its presence says the set is complete. It is the ``.pt2``
+artifact's manifest under its own format (`FORMAT`), read by the same typed code
+(`replay.runtime.manifest.Manifest.read`): ``model``, ``created``, ``versions`` (torch,
+transformers, capture, onnx, onnxscript, onnxruntime), ``modules[""]`` (the store, the export's
+``complete``, its coverage rows, torch and ONNX) and ``programs``: one
+`replay.runtime.manifest.ProgramEntry` per call group (or regime) with its guard
+(`replay.runtime.guards.ProgramGuard`: recorded structure, ranges, relations, ``rejected``: the
+recorded signatures the ONNX check failed). What only an ONNX set has, each read field by field
+too (`OnnxFile`, `OnnxManifest`):
+
+- ``weights``: the shared file's name and size;
+- per program entry ``file``, ``opset``, ``inputs`` (ONNX name, the recorded tensor leaf it
+  takes, dtype, per axis its size or dim name, and ``min`` / ``max``: what an onnxruntime or
+  TensorRT deployment builds its profiles from), ``dims`` (dim name -> recorded ``min`` /
+  ``max``), ``outputs`` (the output treespec, the ONNX name of each output leaf) and
+  ``unchecked_guards``.
+
+An axis whose range torch.export bounded more tightly than the recordings carries the
+program's range (``narrowed``), and the program's own size guards travel as the guard's
+``conditions`` (`replay.runtime.conditions`): the ONNX graph checks none of them, the runner's
+guard does (`replay.onnx.entries` writes them).
+
+`read_onnx_set` reads a set as data, without torch or onnx, as
+`replay.runtime.pt2.reader.read_artifact` reads a ``.pt2``: the manifest (a regular file, not a
+link, its size bounded before it is read) parsed into typed entries, every pytree type it names one
+the loader may register, and every file it names a bare name beside it, a regular file, not a link.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from replay.runtime.checked_json import Fields, checked_format, load
+from replay.runtime.guards import ArtifactError
+from replay.runtime.manifest import MANIFEST_CAP, Manifest, ProgramEntry
+from replay.runtime.ort.weights import OnnxFileError
+
+__all__ = [
+    "FORMAT",
+    "OnnxInput",
+    "OnnxOutputs",
+    "OnnxFile",
+    "OnnxManifest",
+    "manifest_path",
+    "weights_path",
+    "is_onnx_path",
+    "read_onnx_set",
+    "onnx_versions",
+]
+
+FORMAT = "capture-onnx/1"
+"""The manifest's ``format``: bumped when a reader could misread a newer manifest."""
+
+_FILE = re.compile(r"[^./\\\0][^/\\\0]{0,254}\Z")
+"""A bare file name: no directory, not hidden, not ``.`` or ``..``."""
+_DIM = re.compile(r"[A-Za-z0-9_ +*/%(),.-]{1,256}\Z")
+"""A dim name or its expression (``batch``, ``past_key_values_2 + 1``)."""
+
+
+def manifest_path(path: str | os.PathLike[str]) -> str:
+    """The manifest of the ONNX set written for ``onnx=path``.
+
+    Example:
+        >>> manifest_path("out/model.onnx")
+        'out/model.onnx.json'
+    """
+    text = os.fspath(path)
+    return text if text.endswith(".onnx.json") else f"{text}.json"
+
+
+def weights_path(path: str | os.PathLike[str]) -> str:
+    """The shared weights file of the ONNX set written for ``onnx=path``.
+
+    Example:
+        >>> weights_path("out/model.onnx")
+        'out/model.onnx.data'
+    """
+    text = os.fspath(path)
+    return f"{text.removesuffix('.json')}.data"
+
+
+def is_onnx_path(path: str | os.PathLike[str]) -> bool:
+    """Tells whether `path` names an ONNX set (``model.onnx`` or its ``model.onnx.json``).
+
+    Example:
+        >>> is_onnx_path("model.onnx"), is_onnx_path("model.pt2")
+        (True, False)
+    """
+    return os.fspath(path).endswith((".onnx", ".onnx.json"))
+
+
+def onnx_versions() -> dict[str, str | None]:
+    """The versions of what made and runs the files (None: not installed).
+
+    Example:
+        >>> sorted(onnx_versions())
+        ['capture', 'onnx', 'onnxruntime', 'onnxscript', 'torch', 'transformers']
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from capture import __version__
+
+    out: dict[str, str | None] = {"capture": __version__}
+    for name in ("torch", "transformers", "onnx", "onnxscript", "onnxruntime"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def bare_name(f: Fields, key: str) -> str:
+    """A file name field: a bare name (no directory, not hidden), beside the manifest."""
+    name = str(f.text(key, max_len=255))
+    if not _FILE.match(name):
+        f.fail(f"{f.where}.{key}", f"{name[:60]!r} is not a file name beside the manifest")
+    return name
+
+
+@dataclass(frozen=True)
+class OnnxInput:
+    """One input of an ONNX file and the recorded tensor leaf it takes.
+
+    Attributes:
+        name: The ONNX input name.
+        leaf: Index of the tensor among the file's program's tensor leaves.
+        path: The recorded leaf path (``kwargs['input_ids']``) the runner feeds it from.
+        dtype: The recorded dtype.
+        shape: Per axis, its size (static) or its dim name (dynamic).
+        min: Per axis, the smallest size the entry's group sends.
+        max: Per axis, the largest.
+    """
+
+    name: str
+    leaf: int
+    path: str
+    dtype: str
+    shape: tuple[int | str, ...]
+    min: tuple[int, ...]
+    max: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The input as the manifest's JSON object."""
+        return {
+            "name": self.name,
+            "leaf": self.leaf,
+            "path": self.path,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "min": list(self.min),
+            "max": list(self.max),
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> OnnxInput:
+        """Reads one ``inputs`` item.
+
+        Raises:
+            ArtifactError: A field is missing, of the wrong type or out of bounds.
+        """
+        shape: list[int | str] = []
+        for i, size in enumerate(f.items("shape", max_items=64)):
+            if isinstance(size, str) and _DIM.match(size):
+                shape.append(size)
+            elif isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+                shape.append(size)
+            else:
+                f.fail(f"{f.where}.shape[{i}]", "is neither a size nor a dim name")
+        low, high = f.integers("min", low=0), f.integers("max", low=0)
+        if not len(shape) == len(low) == len(high):
+            f.fail(f.where, f"has {len(shape)} axes, {len(low)} minima and {len(high)} maxima")
+        return cls(
+            name=f.text("name", max_len=1024),
+            leaf=f.integer("leaf", low=0, high=1_000_000),
+            path=f.text("path"),
+            dtype=f.text("dtype", max_len=64),
+            shape=tuple(shape),
+            min=low,
+            max=high,
+        )
+
+
+_SCALARS = (type(None), bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class OnnxOutputs:
+    """How a file's outputs become the program's output object.
+
+    Attributes:
+        spec: The program's output treespec (``treespec_dumps`` JSON, parsed by the runner with
+            capture's allow-list parser, `capture.pytree.treespec`).
+        names: Per output leaf, the ONNX output name, or None for a constant leaf.
+        constants: Per output leaf, its value when it is a constant (None otherwise).
+    """
+
+    spec: str
+    names: tuple[str | None, ...]
+    constants: tuple[Any, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The outputs as the manifest's JSON object."""
+        return {"spec": self.spec, "names": list(self.names), "constants": list(self.constants)}
+
+    @classmethod
+    def parse(cls, f: Fields) -> OnnxOutputs:
+        """Reads an entry's ``outputs``.
+
+        Raises:
+            ArtifactError: A field is missing, of the wrong type or out of bounds.
+        """
+        names = f.items("names", max_items=100_000)
+        constants = f.items("constants", max_items=100_000)
+        if len(names) != len(constants):
+            f.fail(f.where, f"has {len(names)} names for {len(constants)} constants")
+        for i, name in enumerate(names):
+            if name is not None and (not isinstance(name, str) or len(name) > 1024):
+                f.fail(f"{f.where}.names[{i}]", "is neither an output name nor null")
+        for i, value in enumerate(constants):
+            if not isinstance(value, _SCALARS) or (isinstance(value, str) and len(value) > 4096):
+                f.fail(f"{f.where}.constants[{i}]", "is not a constant an output can be")
+        return cls(f.text("spec", max_len=10_000_000), tuple(names), tuple(constants))
+
+
+@dataclass(frozen=True)
+class OnnxFile:
+    """What one program entry of an ONNX set says that a ``.pt2`` entry does not.
+
+    Attributes:
+        file: The ONNX file serving the entry (a bare name beside the manifest).
+        inputs: One per ONNX input, in the file's input order.
+        outputs: How its outputs become eager's output object.
+        dims: Dim name -> ``(min, max)`` the entry's group sends.
+        opset: The file's default-domain opset.
+        unchecked_guards: The program's guard lines that could not be translated into
+            conditions (the runner's guard does not check them).
+    """
+
+    file: str
+    inputs: tuple[OnnxInput, ...]
+    outputs: OnnxOutputs
+    dims: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    opset: int | None = None
+    unchecked_guards: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ONNX fields of the entry's JSON object."""
+        return {
+            "file": self.file,
+            "opset": self.opset,
+            "inputs": [i.as_dict() for i in self.inputs],
+            "dims": {k: {"min": low, "max": high} for k, (low, high) in self.dims.items()},
+            "outputs": self.outputs.as_dict(),
+            "unchecked_guards": list(self.unchecked_guards),
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> OnnxFile:
+        """Reads the ONNX fields of one ``programs`` item.
+
+        Raises:
+            ArtifactError: A field is missing, of the wrong type or out of bounds.
+        """
+        dims = f.child("dims", optional=True)
+        ranges = {}
+        for name in dims.raw:
+            if not _DIM.match(str(name)):
+                f.fail(f"{dims.where}", f"names the dim {str(name)[:60]!r}")
+            d = dims.child(name)
+            ranges[str(name)] = (d.integer("min", low=0), d.integer("max", low=0))
+        return cls(
+            file=bare_name(f, "file"),
+            inputs=tuple(f.each("inputs", OnnxInput.parse)),
+            outputs=OnnxOutputs.parse(f.child("outputs")),
+            dims=ranges,
+            opset=f.integer("opset", low=0, high=10_000, optional=True),
+            unchecked_guards=tuple(f.texts("unchecked_guards", optional=True, max_len=10_000)),
+        )
+
+
+@dataclass(frozen=True)
+class OnnxManifest:
+    """An ONNX set's manifest, validated (`parse`) or built by `replay.onnx.entries`.
+
+    Attributes:
+        manifest: The typed manifest every artifact has (its ``programs`` are routed by
+            `replay.runtime.guards.route`, as a ``.pt2``'s are).
+        files: Per entry of ``manifest.programs`` (same order), its `OnnxFile`.
+        weights: The shared weights file's name (beside the manifest).
+        weights_bytes: Its size.
+    """
+
+    manifest: Manifest
+    files: tuple[OnnxFile, ...]
+    weights: str
+    weights_bytes: int = 0
+
+    @property
+    def entries(self) -> list[tuple[ProgramEntry, OnnxFile]]:
+        """Every program entry with its ONNX fields."""
+        return list(zip(self.manifest.programs, self.files, strict=True))
+
+    def program_files(self) -> dict[str, OnnxFile]:
+        """Program name -> the `OnnxFile` of the entry of the group that owns it (its inputs
+        are the file's; a merged group's entry names the same file)."""
+        return {e.program: f for e, f in self.entries if e.program == e.group}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The manifest as JSON-serializable data."""
+        out = self.manifest.as_dict()
+        out.pop("aoti", None)
+        out["weights"] = {"file": self.weights, "bytes": self.weights_bytes}
+        out["programs"] = [{**e.as_dict(), **f.as_dict()} for e, f in self.entries]
+        return out
+
+    def to_json(self) -> str:
+        """The manifest's text (strict JSON: no NaN)."""
+        import json
+
+        return json.dumps(self.as_dict(), indent=1, allow_nan=False)
+
+    @classmethod
+    def parse(cls, data: bytes, source: str) -> OnnxManifest:
+        """Parses and validates an ONNX set's manifest (module docstring).
+
+        Raises:
+            OnnxFileError: Not JSON, another `FORMAT`, a field missing, of the wrong type or
+                out of bounds; entries of one program naming different files, or a program
+                without the entry of the group owning it.
+        """
+        try:
+            f = checked_format(load(data, source), FORMAT, source)
+            manifest = Manifest.read(f)
+            files = tuple(f.each("programs", OnnxFile.parse))
+            weights = f.child("weights")
+            out = cls(
+                manifest,
+                files,
+                bare_name(weights, "file"),
+                weights.integer("bytes", low=0),
+            )
+        except OnnxFileError:
+            raise
+        except ArtifactError as e:
+            raise OnnxFileError(str(e)) from None
+        owners = out.program_files()
+        for i, (entry, file) in enumerate(out.entries):
+            owner = owners.get(entry.program)
+            if owner is None:
+                raise OnnxFileError(
+                    f"{source}.programs[{i}]: group {entry.group} is served by program "
+                    f"{entry.program}, which no entry owns"
+                )
+            if owner.file != file.file:
+                raise OnnxFileError(
+                    f"{source}.programs[{i}]: group {entry.group} names {file.file}, its "
+                    f"program {entry.program} is {owner.file}"
+                )
+        if set(manifest.modules) != {""}:
+            raise OnnxFileError(f"{source}: an ONNX set serves the model itself only")
+        return out
+
+
+def _regular(folder: str, name: str, what: str, source: str) -> str:
+    """`name` in `folder`: a bare name (checked when parsed), a regular file, not a link."""
+    if os.path.basename(name) != name or name in (".", ".."):
+        raise OnnxFileError(f"{source}: {what} {name!r} is not a file name beside the manifest")
+    full = os.path.join(folder, name)
+    if os.path.islink(full) or not os.path.isfile(full):
+        raise OnnxFileError(f"{source}: {what} {name} is missing or not a regular file")
+    return full
+
+
+def _read_bounded(source: str) -> bytes:
+    """The manifest's bytes: a regular file, not a link, at most `MANIFEST_CAP` bytes."""
+    if os.path.islink(source):
+        raise OnnxFileError(f"{source} is a link; an ONNX set's manifest is a regular file")
+    if not os.path.isfile(source):
+        raise OnnxFileError(
+            f"no ONNX manifest at {source}: replay.load takes the path given to onnx= "
+            "(capture export --out MODEL.onnx writes one)"
+        )
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(source, flags)
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MANIFEST_CAP:
+                raise OnnxFileError(
+                    f"{source} holds {size} bytes, more than the {MANIFEST_CAP} a manifest "
+                    "may hold; it is not read"
+                )
+            return f.read(MANIFEST_CAP + 1)
+    except OSError as e:
+        raise OnnxFileError(f"{source} cannot be read: {e.strerror or e}") from None
+
+
+def read_onnx_set(path: str | os.PathLike[str]) -> OnnxManifest:
+    """Reads and checks an ONNX set's manifest and files as data: no torch, no onnx.
+
+    Args:
+        path: The ``onnx=`` path (``model.onnx``) or the manifest itself.
+
+    Returns:
+        The typed manifest, every file it names checked to be a bare name beside it, a
+        regular file, not a link.
+
+    Raises:
+        OnnxFileError: No manifest, a link, too large, not JSON, another format, a field
+            missing, of the wrong type or out of bounds, a pytree type the loader does not
+            register, or a file name that leaves the folder, is missing or is a link.
+
+    Example:
+        >>> read_onnx_set("model.onnx").files[0].file  # doctest: +SKIP
+        'model.decode.onnx'
+    """
+    from replay.runtime.pytree_types import loadable_type
+
+    source = manifest_path(path)
+    parsed = OnnxManifest.parse(_read_bounded(source), source)
+    folder = os.path.dirname(os.path.abspath(source))
+    _regular(folder, parsed.weights, "weights file", source)
+    for file in {f.file for f in parsed.files}:
+        _regular(folder, file, "ONNX file", source)
+    for entry in parsed.manifest.programs:
+        for name in entry.pytree_types:
+            if not loadable_type(name):
+                raise OnnxFileError(
+                    f"{source}: program {entry.program} names the pytree type {name[:200]}, "
+                    "which the loader does not register (only transformers.* types are, and "
+                    "those registered in the loading process)"
+                )
+    return parsed

@@ -1,0 +1,367 @@
+"""The runner ``replay.load`` returns for an ONNX set: onnxruntime sessions behind the guards.
+
+Same contract as the ``.pt2`` runner (`replay.runtime.runner.Runner`): called like the model, it
+picks the file whose recorded structure matches the call and whose guards accept its sizes
+with the same rule (`replay.runtime.guards.route`, through the same `replay.runtime.runner.Router`),
+over the typed entries of its manifest (`replay.runtime.ort.manifest`: recorded ranges, cut to the
+program's bounds where torch.export bounded a dim, equal dims, relations, the program's own
+size guards, and the signatures the ONNX check failed), builds the feeds and returns eager's
+types:
+
+- **feeds**: the call's tensors in recorded leaf order (the order of ``dims``: a
+  ``DynamicCache`` flattened by capture's registrations, a sliding window's shape-only
+  ``seen_tokens`` leaf included) give each ONNX input the leaf the manifest binds it to; an
+  optional argument the call omits is simply not an input of its group's file;
+- **outputs**: the ONNX outputs (and the program's constant outputs) are put back into the
+  program's output treespec, parsed by `capture.pytree.treespec` (a ``CausalLMOutputWithPast``
+  holding a ``DynamicCache``).
+
+As with the ``.pt2`` runner, an input cache is not grown in place: the new cache is in the
+output. Sessions use onnxruntime's CPU execution provider unless `load_onnx` is given others.
+
+**Weights shared across sessions**: the weights file is memory-mapped once and every external
+initializer of every file is handed to its session as an ``OrtValue`` over that map
+(``SessionOptions.add_initializer``), with onnxruntime's weight prepacking off (it would give
+each session a packed copy again: onnxruntime's shared prepacked-weights container is not in
+its Python API): the sessions of a 4-group model hold one copy of the weights, paged in from
+the file, instead of four (docs/benchmarks.md measures memory and latency both ways).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from replay.runtime.fills import fill_call
+from replay.runtime.guards import CallNotServed
+from replay.runtime.manifest import ProgramEntry
+from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, read_onnx_set
+from replay.runtime.ort.weights import OnnxFileError, external_initializers
+from replay.runtime.runner import Routed, Router
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["OnnxRunner", "OnnxProgram", "load_onnx", "open_set", "CPU"]
+
+CPU = ("CPUExecutionProvider",)
+"""The execution providers a runner uses by default."""
+
+_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
+"""ONNX element type -> bytes per element (float, uint8, int8, uint16, int16, int32, int64,
+bool, float16, double, uint32, uint64, bfloat16)."""
+
+
+class OnnxProgram:
+    """One ONNX file of a set: its session and how a call's tensors feed it.
+
+    Attributes:
+        name: The program's name (the group that owns the file).
+        file: The ONNX fields of the owning group's entry (the file's inputs and outputs:
+            every entry the file serves names them).
+        session: Its ``onnxruntime.InferenceSession``.
+    """
+
+    def __init__(self, name: str, file: OnnxFile, session: Any) -> None:
+        self.name = name
+        self.file = file
+        self.session = session
+        self._inputs = [(i.name, i.path) for i in file.inputs]
+        self._names = list(file.outputs.names)
+        self._constants = list(file.outputs.constants)
+        self._fetch = [n for n in self._names if n is not None]
+        self._spec: Any = None
+
+    def _treespec(self) -> Any:
+        if self._spec is None:
+            from capture.pytree.treespec import parse, to_treespec
+
+            source = f"the outputs of {self.file.file}"
+            self._spec = to_treespec(parse(self.file.outputs.spec, source), source)
+        return self._spec
+
+    def run(self, tensors: Mapping[str, Any]) -> Any:
+        """Runs the file on a call's tensors, by their recorded leaf path.
+
+        Returns:
+            The output, in the program's output structure (eager's types).
+
+        Raises:
+            CallNotServed: The call lacks an input of the file, or onnxruntime refused it.
+        """
+        import onnxruntime as ort
+        import torch.utils._pytree as pytree
+        from torch.utils.dlpack import from_dlpack
+
+        feeds = {}
+        label = self.name
+        for name, path in self._inputs:
+            t = tensors.get(path)
+            if t is None:
+                reason = f"the call has no {path} for the file's input {name}"
+                raise CallNotServed(f"program {label}: {reason}", {label: reason})
+            feeds[name] = ort.OrtValue.from_dlpack(t.detach().cpu().contiguous())
+        try:
+            got = self.session.run_with_ort_values(self._fetch, feeds)
+        except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
+            text = str(e).strip().splitlines()
+            reason = f"onnxruntime refused the call: {type(e).__name__}: {text[0] if text else ''}"
+            raise CallNotServed(f"group {label} matched, but {reason}", {label: reason}) from e
+        values = iter(got)
+        leaves = [
+            from_dlpack(next(values)) if name is not None else constant
+            for name, constant in zip(self._names, self._constants, strict=True)
+        ]
+        return pytree.tree_unflatten(leaves, self._treespec())
+
+
+class OnnxRunner(Routed):
+    """Calls an ONNX set like the original model (what ``replay.load("model.onnx")`` returns).
+
+    Attributes:
+        manifest: The set's typed manifest (`replay.runtime.ort.manifest.OnnxManifest`).
+        programs: Program name (the group that owns the file) -> its `OnnxProgram`.
+        modules: Always empty (sub-modules are exported to ``.pt2`` artifacts only).
+        module: Always ``""``.
+    """
+
+    def __init__(
+        self,
+        manifest: OnnxManifest,
+        programs: dict[str, OnnxProgram],
+        keep: Sequence[Any] = (),
+    ) -> None:
+        self.manifest = manifest
+        self.programs = programs
+        self.module = ""
+        self.modules: dict[str, OnnxRunner] = {}
+        self._router = Router(manifest.manifest.model, "", manifest.manifest.programs)
+        self._keep = list(keep)  # the weights map and OrtValues the sessions read
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the call on the ONNX file that accepts it.
+
+        Returns:
+            The output, shaped as eager returns it (output dataclasses, caches).
+
+        Raises:
+            CallNotServed: No file accepts the call (structure, ranges, relations, a signature
+                the ONNX check failed), or onnxruntime refused it.
+        """
+        entry, tensors = self._router.route(args, kwargs)
+        return self._run(entry, args, kwargs, tensors)
+
+    def _run(
+        self,
+        entry: ProgramEntry,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        tensors: Sequence[Any],
+    ) -> Any:
+        """Runs a call the entry's guard accepted on the entry's file."""
+        leaves: Sequence[Any] = entry.guard.leaves  # the call matched them: paths, kinds, ranks
+        if entry.fills:
+            # A group served by another group's program: the inputs it lacks, filled as the
+            # .pt2 runner fills them; the filled call is the owner's, read again by path.
+            dims = [int(s) for t in tensors for s in t.shape]
+            args, kwargs = fill_call(entry.fills, args, kwargs, dims)
+            _, leaves, tensors = self._router.facts(args, kwargs, entry)
+        paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
+        return self.programs[entry.program].run(dict(zip(paths, tensors, strict=True)))
+
+    def run_group(self, group: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Runs the call on one group's entry, behind that entry's guard only (the ONNX check
+        runs each coverage row on its own group this way).
+
+        Raises:
+            CallNotServed: The group's guard refuses the call, or onnxruntime does.
+        """
+        mine = [e for e in self._router.entries if e.group == group]
+        if not mine:
+            raise CallNotServed(f"no ONNX file serves group {group}", {group: "no ONNX file"})
+        entry, tensors = self._router.route(args, kwargs, mine)
+        return self._run(entry, args, kwargs, tensors)
+
+    def __repr__(self) -> str:
+        return f"OnnxRunner({self.manifest.manifest.model}, groups={self.groups})"
+
+
+_ALLOWED_MODULES = ("transformers.",)
+"""Modules a manifest may ask the loader to import (for the output classes they register)."""
+
+
+def _register_types(types: set[str]) -> None:
+    """Makes the types the output treespecs name known to torch's pytree: capture's cache
+    registrations (held for the life of the process: every call unflattens with them) and
+    transformers' output classes (registered when their module is imported: allow-listed
+    modules only). Anything else must be registered by the caller; parsing the treespec then
+    says which (`capture.pytree.treespec`)."""
+    import importlib
+
+    from capture.pytree import nodes
+
+    wanted = sorted(t for t in types if t.startswith(_ALLOWED_MODULES))
+    if wanted:
+        nodes.acquire()
+    for name in wanted:
+        module = name.rpartition(".")[0]
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise OnnxFileError(f"the ONNX set's outputs need {module}: {e}") from e
+
+
+def _shared_initializers(
+    folder: str, weights: str, files: Sequence[str]
+) -> tuple[dict[str, list[tuple[str, Any]]], list[Any]]:
+    """File -> its ``(initializer name, OrtValue)`` over one read-only map of the weights file.
+
+    Returns also what must outlive the sessions (the map, the OrtValues).
+    """
+    import numpy as np
+    import onnxruntime as ort
+
+    location = os.path.join(folder, weights)
+    if os.path.getsize(location) == 0:  # no tensor above INLINE_BYTES: nothing to share
+        for file in files:
+            external_initializers(os.path.join(folder, file), weights)
+        return {}, []
+    mapped = np.memmap(location, dtype=np.uint8, mode="r")
+    values: dict[tuple[int, int, int, tuple[int, ...]], Any] = {}
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for file in files:
+        pairs = []
+        for init in external_initializers(os.path.join(folder, file), weights):
+            key = (init.offset, init.length, init.data_type, init.dims)
+            value = values.get(key)
+            if value is None:
+                value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    _view(mapped, init.offset, init.length, init.data_type, init.dims, file),
+                    init.data_type,
+                )
+                values[key] = value
+            pairs.append((init.name, value))
+        out[file] = pairs
+    return out, [mapped, *values.values()]
+
+
+def _view(
+    mapped: np.ndarray, offset: int, length: int, data_type: int, dims: tuple[int, ...], file: str
+) -> np.ndarray:
+    """Bytes of the weights file as an array of the element size (onnxruntime reinterprets)."""
+    import numpy as np
+
+    size = _ITEMSIZE.get(data_type)
+    count = 1
+    for d in dims:
+        count *= d
+    if size is None or count * size != length:
+        raise OnnxFileError(
+            f"{file}: an initializer of type {data_type} and shape {list(dims)} does not fit "
+            f"its {length} bytes"
+        )
+    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[size]
+    return mapped[offset : offset + length].view(kind).reshape(dims)
+
+
+def load_onnx(
+    path: str | os.PathLike[str],
+    *,
+    share_weights: bool = True,
+    providers: Sequence[str] = CPU,
+    threads: int | None = None,
+) -> OnnxRunner:
+    """Loads the ONNX set written by ``replay.export(..., onnx=path)`` as a runner.
+
+    Args:
+        path: The path given to ``onnx=`` (``model.onnx``) or its manifest ``model.onnx.json``.
+        share_weights: Give every session the same memory-mapped weights, unpacked (module
+            docstring); False lets each session load (and prepack) its own copy.
+        providers: onnxruntime execution providers (default: CPU).
+        threads: onnxruntime's intra-op threads per session (default: its own, one per core).
+
+    Returns:
+        An `OnnxRunner`.
+
+    Raises:
+        OnnxFileError: No manifest, a malformed one, a file it names that is missing, a link
+            or not ONNX, or weights referenced outside the set's weights file.
+        ReplayError: onnxruntime is not installed.
+
+    Example:
+        >>> runner = replay.load("model.onnx")  # doctest: +SKIP
+        >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
+    """
+    manifest = read_onnx_set(path)
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    return open_set(
+        manifest, folder, share_weights=share_weights, providers=providers, threads=threads
+    )
+
+
+def open_set(
+    manifest: OnnxManifest,
+    folder: str,
+    *,
+    share_weights: bool = True,
+    providers: Sequence[str] = CPU,
+    threads: int | None = None,
+) -> OnnxRunner:
+    """A runner over the ONNX files of `manifest` in `folder` (`load_onnx` without reading the
+    manifest: the export's check opens the files it just wrote this way, before its manifest).
+
+    Raises:
+        OnnxFileError: See `load_onnx`.
+        ReplayError: onnxruntime is not installed.
+    """
+    from capture.errors import ReplayError
+
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise ReplayError(
+            "running ONNX files needs onnxruntime; run `pip install capture[onnx]`"
+        ) from e
+    weights = manifest.weights
+    owners = manifest.program_files()
+    missing = set(manifest.manifest.program_names) - set(owners)
+    if missing:
+        raise OnnxFileError(
+            f"the manifest serves groups with programs it has no file of: {sorted(missing)}"
+        )
+    files = [f.file for f in owners.values()]
+    types: set[str] = set()
+    for entry in manifest.manifest.programs:
+        types.update(entry.pytree_types)
+    _register_types(types)
+    shared: dict[str, list[tuple[str, Any]]] = {}
+    keep: list[Any] = []
+    if share_weights:
+        shared, keep = _shared_initializers(folder, weights, files)
+    else:
+        for file in files:  # the same checks, without sharing
+            external_initializers(os.path.join(folder, file), weights)
+    programs: dict[str, OnnxProgram] = {}
+    for name, owned in owners.items():
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # onnxruntime's warnings are not the caller's output
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        if share_weights:
+            # Prepacking copies a weight into a per-session layout: with shared initializers
+            # every session would hold its own packed copy (measured: more memory than no
+            # sharing at all), and the Python API has no shared prepacked-weights container.
+            options.add_session_config_entry("session.disable_prepacking", "1")
+        for initializer, value in shared.get(owned.file, []):
+            options.add_initializer(initializer, value)
+        try:
+            session = ort.InferenceSession(
+                os.path.join(folder, owned.file), options, providers=list(providers)
+            )
+        except Exception as e:  # onnxruntime's own load errors: one clear line
+            raise OnnxFileError(
+                f"onnxruntime cannot load {owned.file}: {type(e).__name__}: {e}"
+            ) from e
+        programs[name] = OnnxProgram(name, owned, session)
+    return OnnxRunner(manifest, programs, keep)

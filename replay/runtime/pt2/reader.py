@@ -1,0 +1,296 @@
+"""Reading an artifact as data: the PT2 archive `replay.artifact.writer.save` writes.
+
+`save` writes torch's PT2 archive layout (`replay.runtime.pt2.archive` lists its entries) with the
+program of every call group of the model and of each recorded sub-module (``encoder``): each
+program's graph as torch's JSON, every parameter, buffer and constant ONCE however many
+programs use it (`replay.runtime.pt2.weights`), and the manifest (`replay.runtime.manifest`): per
+program its recorded input structure and guards, per module the coverage table, the versions and the
+store it was exported from. Example inputs are not shipped (torch would pickle them).
+
+`load` reads it back in any process, without a capture context, and never unpickles, imports
+or evaluates anything the archive names: `read_artifact` checks every entry against what
+`save` writes (`replay.runtime.pt2.archive`), parses the manifest and the payload configs into typed
+objects with bounded sizes, and checks every string of the program graphs that torch would run
+as code (`replay.runtime.pt2.graph_check`), all before torch reads a byte; the weights are then
+memory-mapped once (`replay.runtime.pt2.weights.load_tensors`) and torch deserializes only the
+graphs, around those tensors. The pytree types the programs name are registered (transformers caches
+through `capture.pytree.nodes`, other ``transformers.*`` types by importing their module,
+nothing else). The result is a `replay.runtime.runner.Runner`: called like the model, it routes
+the call to the program whose structure and guards accept it (`replay.runtime.guards.route`).
+
+An artifact saved with ``aoti=True`` also holds AOTInductor builds, compiled without their
+weights; ``load(path, compiled=True)`` runs them on the artifact's single copy of the weights
+(``user_managed`` constants). A build is native code: loading it runs it, so it is opt-in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from replay.runtime.guards import ArtifactError, CallNotServed
+from replay.runtime.manifest import FORMAT, MANIFEST_CAP, Manifest
+from replay.runtime.pt2.archive import (
+    ARCHIVE_FORMAT,
+    ARCHIVE_VERSION,
+    BYTEORDER,
+    CONFIG_CAP,
+    CONSTANT_PREFIX,
+    CONSTANTS_CONFIG,
+    CONSTANTS_DIR,
+    MANIFEST,
+    MODELS,
+    PROGRAM_CAP,
+    SAMPLE_INPUTS,
+    SERIALIZATION_ID,
+    WEIGHT_PREFIX,
+    WEIGHTS_CONFIG,
+    WEIGHTS_DIR,
+    ZIP_VERSION,
+    Archive,
+)
+from replay.runtime.pt2.graph_check import check_program, spec_types
+from replay.runtime.pt2.records import check_extent, parse_config
+from replay.runtime.pt2.weights import ProgramSlots, load_tensors
+from replay.runtime.pytree_types import ALLOWED_MODULES, loadable_type, register_types
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+from replay.runtime.runner import Runner
+
+__all__ = [
+    "ArtifactError",
+    "CallNotServed",
+    "Runner",
+    "Artifact",
+    "load",
+    "read_artifact",
+    "read_manifest",
+    "MANIFEST",
+    "FORMAT",
+]
+
+
+@dataclass
+class Artifact:
+    """An artifact read as data (`read_artifact`): nothing of it has run.
+
+    Attributes:
+        archive: The checked archive.
+        manifest: The typed manifest.
+        slots: Program name -> where its tensors are (its payload configs).
+        graphs: Program name -> its checked graph JSON (bytes).
+        types: Pytree node types the graphs and the manifest name.
+    """
+
+    archive: Archive
+    manifest: Manifest
+    slots: dict[str, ProgramSlots] = field(default_factory=dict)
+    graphs: dict[str, bytes] = field(default_factory=dict)
+    types: set[str] = field(default_factory=set)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every tensor record in the archive (each stored once)."""
+        return sum(e.size for n, e in self.archive.entries.items() if Archive.is_record(n))
+
+
+def read_artifact(
+    path: str | os.PathLike[str], known_type: Callable[[str], bool] | None = None
+) -> Artifact:
+    """Reads and checks a whole artifact without torch: what `load` and ``capture check`` read.
+
+    Args:
+        path: The ``.pt2``.
+        known_type: Which pytree types the graphs may name (default: any dotted name; `load`
+            allows the types registered in its process and ``transformers.*``).
+
+    Returns:
+        The `Artifact`.
+
+    Raises:
+        ArtifactError: No file, not an artifact, another manifest format, or any entry that is
+            not what `save` writes (named): one line, never a traceback.
+    """
+    archive = Archive.open(path)
+    if MANIFEST not in archive.entries:
+        raise ArtifactError(
+            f"{archive.path} holds no {MANIFEST.rpartition('/')[2]}: not written by "
+            "ExportResult.save (capture export --out MODEL.pt2 writes one)"
+        )
+    archive.check_small_files()
+    manifest = Manifest.parse(archive.read(MANIFEST, MANIFEST_CAP), archive.name(MANIFEST))
+    known = known_type or loadable_type
+    fixed = {ARCHIVE_FORMAT, ARCHIVE_VERSION, BYTEORDER, ZIP_VERSION, SERIALIZATION_ID, MANIFEST}
+    names = manifest.program_names
+    for p in names:
+        fixed |= {MODELS.format(p), SAMPLE_INPUTS.format(p)}
+        fixed |= {WEIGHTS_CONFIG.format(p), CONSTANTS_CONFIG.format(p)}
+    aoti = names if manifest.aoti else []
+    # Unknown entries are refused by name before any config or graph is read.
+    archive.check_layout(fixed | {n for n in archive.entries if Archive.is_record(n)}, aoti)
+    art = Artifact(archive, manifest)
+    for entry in manifest.programs:
+        for name in entry.pytree_types:
+            if not known(name):
+                raise ArtifactError(
+                    f"{archive.name(MANIFEST)}: program {entry.program} names the pytree type "
+                    f"{name[:200]}, which the loader does not register (only "
+                    f"{', '.join(ALLOWED_MODULES)} types are, and those registered in the "
+                    "loading process)"
+                )
+        art.types.update(entry.pytree_types)
+    records: set[str] = set()
+    for p in names:
+        if archive.entries[SAMPLE_INPUTS.format(p)].size:
+            raise ArtifactError(
+                f"{archive.name(SAMPLE_INPUTS.format(p))} is not empty: capture never ships "
+                "example inputs (torch would unpickle them)"
+            )
+        art.slots[p] = _slots(archive, p, records)
+        inner = MODELS.format(p)
+        graph = archive.read(inner, PROGRAM_CAP)
+        art.types |= spec_types(check_program(graph, archive.name(inner), known))
+        art.graphs[p] = graph
+    # Every record is named by a config, every named record exists.
+    archive.check_layout(fixed | records, aoti)
+    return art
+
+
+def _slots(archive: Archive, program: str, records: set[str]) -> ProgramSlots:
+    """A program's payload configs, each tensor checked to lie within its record (whose
+    names are added to `records`)."""
+    slots = ProgramSlots()
+    for table, config, folder, prefix in (
+        (slots.weights, WEIGHTS_CONFIG, WEIGHTS_DIR, WEIGHT_PREFIX),
+        (slots.constants, CONSTANTS_CONFIG, CONSTANTS_DIR, CONSTANT_PREFIX),
+    ):
+        inner = config.format(program)
+        table.update(parse_config(archive.read(inner, CONFIG_CAP), archive.name(inner), prefix))
+        for name, slot in table.items():
+            record = f"{folder}{slot.record}"
+            found = archive.entries.get(record)
+            if found is None:
+                raise ArtifactError(
+                    f"{archive.path} lacks {archive.root}/{record} ({name} of {program})"
+                )
+            check_extent(slot, found.size, f"{archive.name(record)} ({name} of {program})")
+            records.add(record)
+    return slots
+
+
+def read_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """The typed manifest of an artifact, the whole artifact checked (`read_artifact`).
+
+    Raises:
+        ArtifactError: See `read_artifact`.
+
+    Example:
+        >>> read_manifest("model.pt2").model  # doctest: +SKIP
+        'LlamaForCausalLM'
+    """
+    return read_artifact(path).manifest
+
+
+def load(
+    path: str | os.PathLike[str], *, device: str | None = None, compiled: bool = False
+) -> Runner:
+    """Loads an artifact written by `save` and returns a runner callable like the model.
+
+    Works in a fresh process: no capture context is needed, nothing is printed, nothing is
+    unpickled, imported or evaluated from the archive (`read_artifact` checks it all first).
+    Every weight is materialised once (memory-mapped on CPU) and every program uses it.
+
+    Args:
+        path: The ``.pt2`` written by `ExportResult.save` or ``capture export --out``.
+        device: Where the weights go and the programs run (``cuda``, ``cuda:1``; default
+            ``cpu``): each weight is copied there once, and every program's graph is moved.
+        compiled: Run the AOTInductor builds of an artifact saved with ``aoti=True``
+            (native code from the archive: loading it runs it, so it is asked for, never
+            assumed).
+
+    Returns:
+        A `Runner`; ``runner.modules[name]`` serves a recorded sub-module.
+
+    Raises:
+        ArtifactError: Not a capture artifact, an entry that is not what `save` writes, a pytree
+            type the loader cannot register, a program torch cannot read, or ``compiled``
+            for an artifact without AOTInductor builds.
+
+    Example:
+        >>> runner = replay.load("model.pt2")  # doctest: +SKIP
+        >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
+    """
+    art = read_artifact(path)
+    if compiled and not art.manifest.aoti:
+        raise ArtifactError(
+            f"{art.archive.path} holds no AOTInductor builds; save it with aoti=True "
+            "(capture export --aoti) or load it without compiled=True"
+        )
+    register_types(art.types)
+    target = device or "cpu"
+    tensors = load_tensors(art.archive, art.slots, target)
+    programs = {name: _program(art, name, tensors[name], target) for name in art.graphs}
+    modules = {name: p.module() for name, p in programs.items()}
+    builds = {n: _compiled(art, n, tensors[n], target) for n in programs} if compiled else {}
+    return Runner(art.manifest, programs, modules, builds)
+
+
+def _program(
+    art: Artifact, name: str, tensors: tuple[dict[str, Any], dict[str, Any]], device: str
+) -> ExportedProgram:
+    from torch.export.passes import move_to_device_pass
+
+    from capture import compat_archive
+
+    # torch logs (not prints) its deserialization chatter; keep it off the server's output.
+    quiet = logging.getLogger("torch._export.serde.serialize")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        program = compat_archive.deserialize_program(art.graphs[name], tensors[0], tensors[1])
+        saved = {
+            s.device
+            for s in (*art.slots[name].weights.values(), *art.slots[name].constants.values())
+        }
+        if saved - {device} or device != "cpu":
+            program = move_to_device_pass(program, device)
+    except ArtifactError:
+        raise
+    except Exception as e:
+        text = str(e).strip().splitlines()
+        raise ArtifactError(
+            f"{art.archive.name(MODELS.format(name))}: torch cannot read this program: "
+            f"{type(e).__name__}: {text[0][:200] if text else ''}"
+        ) from e
+    finally:
+        quiet.setLevel(level)
+    return program  # type: ignore[no-any-return]
+
+
+def _compiled(
+    art: Artifact, name: str, tensors: tuple[dict[str, Any], dict[str, Any]], device: str
+) -> Any:
+    """The AOTInductor build of one program, running on the artifact's own weights."""
+    import torch
+
+    from capture import compat_archive
+
+    index = torch.device(device).index
+    runner = compat_archive.aoti_load(art.archive.path, name, -1 if index is None else index)
+    available = {**tensors[0], **tensors[1]}
+    wanted = list(runner.get_constant_fqns())
+    absent = [fqn for fqn in wanted if fqn not in available]
+    if absent:
+        raise ArtifactError(
+            f"{art.archive.path}: the AOTInductor build of {name} needs {absent[0]}, which its "
+            "program does not hold"
+        )
+    # user_managed: the build reads these very tensors (no copy); they live as long as the runner
+    runner.load_constants(
+        {fqn: available[fqn].detach() for fqn in wanted}, check_full_update=True, user_managed=True
+    )
+    return runner

@@ -1,0 +1,206 @@
+"""The runner `replay.load` returns: calls an artifact's programs like the original model.
+
+Each call is routed with `replay.runtime.guards.route` (the rule ``capture check`` uses too): the
+first program whose recorded structure is the call's and whose guards accept its sizes runs it
+(or its AOTInductor build); see `replay.runtime.pt2.reader`. The `Router` describes a live call for
+that rule; the ONNX runner (`replay.runtime.ort.runner`) routes through it too, so the ``.pt2``
+runner, the ONNX runner and ``capture check`` answer with one rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from replay.runtime.fills import fill_call
+from replay.runtime.guards import CallFacts, CallNotServed, LeafFacts, ProgramGuard, route
+from replay.runtime.manifest import Manifest, ProgramEntry
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+__all__ = ["Runner", "Router", "Routed"]
+
+
+class Router:
+    """Which entry of a manifest serves a live call: `route` over the entries' guards.
+
+    Args:
+        model: The model's name (for messages).
+        module: The sub-module served (``""``: the model itself).
+        entries: The manifest's program entries of that module, in the order they are tried.
+
+    Attributes:
+        model: The model's name.
+        module: The sub-module served.
+        entries: The entries, in order.
+    """
+
+    def __init__(self, model: str, module: str, entries: Sequence[ProgramEntry]) -> None:
+        self.model = model
+        self.module = module
+        self.entries = list(entries)
+        self._by_guard = {id(e.guard): e for e in self.entries}
+        self._seen: dict[Any, tuple[str | None, Sequence[LeafFacts], bool]] = {}
+
+    @property
+    def groups(self) -> list[str]:
+        """The groups served, in the order they are tried."""
+        return [e.group for e in self.entries]
+
+    def facts(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: ProgramEntry
+    ) -> tuple[str | None, Sequence[LeafFacts], list[Any]]:
+        """The call's treespec, leaves and tensors (in leaf order: the order of ``dims``),
+        described with the entry's recorded signature (which names positional arguments);
+        cached per call layout."""
+        from capture.record.flatten import describe, tensor_key, walk
+        from capture.signature import Signature
+
+        tensors: list[Any] = []
+        key: list[Any] = [len(args)]
+        walk(args, tensors, key)
+        walk(kwargs, tensors, key)
+        full, _ = tensor_key(key, tensors, devices=False)
+        cache_key = (full, entry.signature)
+        found = self._seen.get(cache_key)
+        if found is None:
+            signature = Signature.loads(entry.signature)
+            st = describe((args, kwargs), list(tensors), signature=signature)
+            found = (st.treespec, st.leaves, st.slow)
+            self._seen[cache_key] = found
+        treespec, leaves, slow = found
+        if slow:
+            import torch.utils._pytree as pytree
+
+            tensors = [t for t in pytree.tree_leaves((args, kwargs)) if hasattr(t, "shape")]
+        return treespec, leaves, tensors
+
+    def route(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        entries: Sequence[ProgramEntry] | None = None,
+    ) -> tuple[ProgramEntry, list[Any]]:
+        """The entry that serves the call (`replay.runtime.guards.route`), and the call's tensors.
+
+        Args:
+            args: The call's positional arguments.
+            kwargs: The call's keyword arguments.
+            entries: Try only these (default: every entry, in order).
+
+        Raises:
+            CallNotServed: No entry accepts the call; the message names each group and why.
+        """
+        seen: dict[int, list[Any]] = {}
+
+        def facts(guard: ProgramGuard) -> CallFacts:
+            treespec, leaves, tensors = self.facts(args, kwargs, self._by_guard[id(guard)])
+            seen[id(guard)] = tensors
+            return treespec, leaves, [int(s) for t in tensors for s in t.shape]
+
+        tried = self.entries if entries is None else entries
+        chosen, reasons = route([e.guard for e in tried], facts)
+        if chosen is not None:
+            return self._by_guard[id(chosen)], seen[id(chosen)]
+        who = f"{self.model}.{self.module}" if self.module else self.model
+        why = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
+        raise CallNotServed(f"no program of {who} accepts this call ({why})", reasons)
+
+
+class Routed:
+    """What every runner answers through its `Router`: its groups, and which one serves a call.
+
+    Subclasses set ``self._router``.
+    """
+
+    _router: Router
+
+    @property
+    def groups(self) -> list[str]:
+        """The groups this runner serves, in the order they are tried."""
+        return self._router.groups
+
+    def select(self, *args: Any, **kwargs: Any) -> str:
+        """The group that would serve this call (nothing runs).
+
+        Raises:
+            CallNotServed: No group accepts the call; the message names each group and why.
+        """
+        return self._router.route(args, kwargs)[0].group
+
+
+class Runner(Routed):
+    """Calls an artifact's programs like the original model (what `replay.load` returns).
+
+    Args:
+        manifest: The artifact's typed manifest.
+        programs: Program name -> its exported program.
+        modules: Program name -> its runnable module (``program.module()``).
+        compiled: Program name -> its AOTInductor build (run instead of the module).
+        module: The sub-module this runner serves.
+
+    Attributes:
+        manifest: The artifact's typed manifest.
+        programs: Program name -> its `torch.export.ExportedProgram`.
+        compiled: Program name -> its AOTInductor build, for artifacts loaded with
+            ``compiled=True`` (calls then run it instead of the exported program).
+        module: The sub-module this runner serves (``""``: the model itself).
+        modules: Sub-module name -> its `Runner` (``runner.modules["encoder"]``).
+    """
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        programs: Mapping[str, ExportedProgram],
+        modules: Mapping[str, Any],
+        compiled: Mapping[str, Any] | None = None,
+        module: str = "",
+    ) -> None:
+        self.manifest = manifest
+        self.programs = dict(programs)
+        self.compiled = dict(compiled or {})
+        self.module = module
+        self._router = Router(manifest.model, module, manifest.for_module(module))
+        self._runnables = {
+            e.program: self.compiled.get(e.program) or modules[e.program]
+            for e in self._router.entries
+        }
+        self.modules: dict[str, Runner] = {}
+        if not module:
+            for name in manifest.modules:
+                if name:
+                    self.modules[name] = Runner(manifest, programs, modules, compiled, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the call on the program that accepts it.
+
+        A group served by another group's program (`replay.pipeline.merging`) gets the inputs that
+        program takes and the call lacks, filled by the entry's rules (`replay.runtime.fills`).
+
+        Returns:
+            The program's output, shaped as eager returns it (output dataclasses, caches).
+
+        Raises:
+            CallNotServed: No program accepts the call (structure or guards).
+        """
+        from replay.runtime.callform import arrange
+
+        entry, tensors = self._router.route(args, kwargs)
+        dims = [int(s) for t in tensors for s in t.shape]
+        args, kwargs = fill_call(entry.fills, args, kwargs, dims)
+        args, kwargs = arrange(entry.form, args, kwargs)
+        try:
+            return self._runnables[entry.program](*args, **kwargs)
+        except (AssertionError, RuntimeError, ValueError) as e:
+            # torch's own input checks (a guard the recorded ranges did not show): say so
+            text = str(e).strip().splitlines()
+            reason = f"its program refused the call: {type(e).__name__}: {text[0] if text else ''}"
+            label = entry.guard.label
+            raise CallNotServed(
+                f"group {label} of {self.manifest.model} matched, but {reason}", {label: reason}
+            ) from e
+
+    def __repr__(self) -> str:
+        name = self.manifest.model + (f".{self.module}" if self.module else "")
+        return f"Runner({name}, groups={self.groups}, modules={sorted(self.modules)})"
