@@ -37,6 +37,7 @@ import torch
 
 from capture import compat, schema
 from capture.errors import ReplayError
+from capture.output_paths import check_file
 from capture.pytree import nodes
 from capture.pytree.cachespec import blocking_reason
 from replay.check.checking import coverage_rows
@@ -48,6 +49,7 @@ from replay.pipeline.binding import check_signature
 from replay.pipeline.bounded import export_bounded, export_unbounded
 from replay.pipeline.guard_sources import fix_guard_sources
 from replay.pipeline.merging import merge
+from replay.pipeline.model_match import eager_failure
 from replay.pipeline.regimes import export_regimes
 from replay.pipeline.result import ExportResult
 from replay.pipeline.submodules import recorded_submodules, submodule
@@ -263,6 +265,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     """
     if options.onnx is not None:
         require_onnx()
+        check_file(options.onnx, what="ONNX set", example="model.onnx")  # before the export
     if options.device is None and isinstance(module, torch.nn.Module):
         first = next(iter(module.parameters()), None)
         if first is not None:
@@ -298,6 +301,13 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             made[index] = [group]
             notes.extend(f"{group.name}: {note}" for note in group.notes)
             rows.extend(proof)
+            continue
+        failure = eager_failure(module, group)
+        if failure is not None:  # not the recorded model: torch.export would fail deep inside
+            errors[group.name] = failure
+            logger.warning("group %s not exported: %s", group.name, failure)
+            rows.extend(coverage_rows(module, group, None, failure, atol, rtol, options.probes))
+            made[index] = [group]
             continue
         made[index] = []
         for done in export_regimes(
