@@ -232,3 +232,29 @@ def group_facts(group: Group) -> GroupFacts:
             for t in expr.terms:
                 symbols.setdefault(t, SymbolFacts(t, 0, None, None, None, 0, calls))
     return GroupFacts(group.name, symbols, axes, notes)
+
+
+def divisibility_conditions(group: Group) -> list[tuple[str, str]]:
+    """The group's trusted divisors as size conditions over a call's dims, for the router.
+
+    A program exported with a ``ShapesSpec`` asserts its ``assumptions`` itself; the artifact's
+    guard (`replay.runtime.guards.ProgramGuard.conditions`) carries them too, so that a call
+    outside them is routed elsewhere (or refused with the reason) instead of failing inside
+    the program. Each is ``(expr over d<i>, text)``: ``d<i>`` is the first dim of the call
+    (leaf then axis order, as ``calls.dims``) that carries the symbol
+    (`replay.runtime.conditions` parses it as data).
+
+    Example:
+        >>> divisibility_conditions(prefill)  # doctest: +SKIP
+        [('d1 % 8 == 0', 'input_ids_1 % 8 == 0 (every recorded size is a multiple of 8)')]
+    """
+    facts = group_facts(group)
+    first = {}
+    for j, d in enumerate(group.dims):
+        if d.dynamic and d.symbol is not None:
+            first.setdefault(d.symbol, j)
+    return [
+        (f"d{first[name]} % {k} == 0", f"{name} % {k} == 0 (every recorded size is a multiple of {k})")
+        for name, k in facts.assumptions.items()
+        if name in first
+    ]
