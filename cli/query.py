@@ -227,9 +227,9 @@ def summary_command(
     "--spec",
     type=click.Choice(["dims", "shapes"]),
     default="dims",
-    show_default=True,
     help="With --python: torch.export.Dim objects (dims), or torch's ShapesSpec (shapes, "
-    "torch >= 2.14) with recorded ranges, optimization hints and divisibility assumptions.",
+    "torch >= 2.14) with recorded ranges, optimization hints and divisibility assumptions. "
+    "Default: dims.",
 )
 @format_option()
 @no_headers_option
