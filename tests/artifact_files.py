@@ -67,7 +67,7 @@ def reseal(content: dict[str, bytes]) -> None:
 
     try:
         manifest = json.loads(content[MANIFEST])
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, RecursionError):
         return
     if not isinstance(manifest, dict) or not isinstance(manifest.get("digests"), dict):
         return
