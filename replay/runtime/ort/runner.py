@@ -198,10 +198,10 @@ def _register_types(types: set[str]) -> None:
     says which (`capture.pytree.treespec`)."""
     import importlib
 
-    from capture.pytree import nodes
-
     wanted = sorted(t for t in types if t.startswith(_ALLOWED_MODULES))
-    if wanted:
+    if wanted:  # capture's cache registrations import torch: only when a type needs them
+        from capture.pytree import nodes
+
         nodes.acquire()
     for name in wanted:
         module = name.rpartition(".")[0]
