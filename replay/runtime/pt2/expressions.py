@@ -141,7 +141,7 @@ def _check_expr(
     the bounds (module docstring)."""
     tree = _parse(text, source, what)
     for node in _walk(tree):
-        bad = rule(node) or _unbounded(node)
+        bad = _unbounded(node) or rule(node)
         if bad:
             raise ArtifactError(
                 f"{source}: the {what} {str(text)[:120]!r} is not {expected} "
