@@ -8,6 +8,7 @@ command group (`cli.main.CaptureGroup`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -202,15 +203,19 @@ def summary_command(
     if manifest is not None:
         from replay.runtime.routes import routes
 
-        for entry in data["models"]:
-            if entry["model"] == manifest.model:
-                entry["programs"] = routes(manifest, entry)
+        models = tuple(
+            dataclasses.replace(m, programs=tuple(routes(manifest, m)))
+            if m.model == manifest.model
+            else m
+            for m in data.models
+        )
+        data = dataclasses.replace(data, models=models)
     if fmt == "table":
         from .summary_table import summary_report
 
         write_text(summary_report(data, terminal_width(wide)))
     else:
-        render_document(data, fmt)
+        render_document(data.to_json(), fmt)
 
 
 @click.command("dims")

@@ -80,7 +80,7 @@ _CMP = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _ARITH = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
 _UNARY = (ast.USub, ast.UAdd, ast.Not)
 
-_STR_CONST = re.compile(r"[A-Za-z0-9_.+\-]{0,%d}\Z" % MAX_DIGITS)
+_STR_CONST = re.compile(rf"[A-Za-z0-9_.+\-]{{0,{MAX_DIGITS}}}\Z")
 _SYMPY_SYMBOL = re.compile(r"[a-z]{1,8}[0-9]{1,12}\Z")  # torch's symbols: s0, u3, zuf1
 _POWERS = frozenset({"Pow", "PowByNatural", "FloatPow", "LShift", "RShift"})
 _LITERALS = frozenset({"Integer", "Float", "Rational"})
