@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from capture import schema
 from capture.errors import ReplayError
 from replay.runtime.conditions import Condition
+from replay.runtime.structure_diff import LeafFacts, structure_difference
 
 __all__ = [
     "ProgramGuard",
@@ -55,7 +56,8 @@ class CallNotServed(ArtifactError):
     """No program of the artifact accepts a call; the message names each group tried and why.
 
     Attributes:
-        reasons: Group label -> the guard that failed (or "different structure").
+        reasons: Group label -> the guard that failed, or "different call structure: " and
+            the inputs that differ, by key path (`replay.runtime.structure_diff`).
     """
 
     def __init__(self, message: str, reasons: Mapping[str, str]) -> None:
@@ -68,22 +70,6 @@ LEAF_FIELDS = ("path", "kind", "dtype", "rank", "value")
 
 
 _TENSOR = schema.KIND_TENSOR
-
-
-class LeafFacts(Protocol):
-    """The facts of a leaf that matching compares (`LEAF_FIELDS`): a recorded leaf
-    (`capture.pytree.structure.RecordedLeaf`) or a live call's (`capture.record.flatten.Leaf`)."""
-
-    @property
-    def path(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def dtype(self) -> str | None: ...
-    @property
-    def rank(self) -> int | None: ...
-    @property
-    def value(self) -> str | None: ...
 
 
 def leaf_key(leaves: Iterable[LeafFacts]) -> tuple[tuple[Any, ...], ...]:
@@ -135,8 +121,9 @@ class Relation:
     offset: int
 
 
-STRUCTURE_DIFFERS = "different call structure (arguments, dtypes, ranks or constants)"
-"""The reason `route` gives for a program whose recorded structure is not the call's."""
+STRUCTURE_DIFFERS = "different call structure"
+"""How `route`'s reason for a program whose recorded structure is not the call's begins; what
+differs follows, by key path (`replay.runtime.structure_diff`)."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +226,9 @@ CallFacts = tuple[str | None, Sequence[LeafFacts], Sequence[int]]
 
 
 def route(
-    guards: Iterable[ProgramGuard], facts: Callable[[ProgramGuard], CallFacts]
+    guards: Iterable[ProgramGuard],
+    facts: Callable[[ProgramGuard], CallFacts],
+    distances: dict[str, int] | None = None,
 ) -> tuple[ProgramGuard | None, dict[str, str]]:
     """The program that serves a call, tried in order, and why each one before it did not.
 
@@ -252,6 +241,9 @@ def route(
         facts: A program's guard -> the call's treespec, leaves and sizes as that program
             sees them (the runner describes a live call with the program's recorded
             signature; a recorded call has one description for every program).
+        distances: Filled, when given, with group label -> how many inputs of the call differ
+            from the program's recorded structure (0: the structure matched, a guard failed),
+            for naming the group that came closest.
 
     Returns:
         ``(guard, reasons)``: the first guard whose structure matches and whose checks pass
@@ -266,10 +258,15 @@ def route(
     for guard in guards:
         treespec, leaves, dims = facts(guard)
         if not guard.matches(treespec, leaves):
-            reasons[guard.label] = STRUCTURE_DIFFERS
+            count, what = structure_difference(guard.treespec, guard.leaves, treespec, leaves)
+            reasons[guard.label] = f"{STRUCTURE_DIFFERS}: {what}" if what else STRUCTURE_DIFFERS
+            if distances is not None:
+                distances[guard.label] = max(count, 1)
             continue
         failed = guard.check(dims)
         if failed is None:
             return guard, reasons
         reasons[guard.label] = failed
+        if distances is not None:
+            distances[guard.label] = 0
     return None, reasons
