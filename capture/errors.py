@@ -7,6 +7,7 @@ __all__ = [
     "StoreNotFound",
     "EmptyStore",
     "SchemaMismatch",
+    "CorruptStoreFile",
     "UnknownModel",
     "QueryError",
     "ObservationMismatch",
@@ -29,6 +30,11 @@ class EmptyStore(CaptureError):
 
 class SchemaMismatch(CaptureError):
     """A store file was written with a schema version this library cannot read."""
+
+
+class CorruptStoreFile(CaptureError):
+    """A capture file of the store holds values no writer writes (nulls among sizes, negative
+    counts or offsets): its rows cannot be read as recorded calls, and are not silently dropped."""
 
 
 class UnknownModel(CaptureError):

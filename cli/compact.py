@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from capture.errors import CaptureError
 from capture.output_paths import check_folder
 
 from .main import store_path
@@ -76,6 +77,14 @@ def compact_command(ctx: click.Context, target_rows: int, dry_run: bool) -> None
         )
     for path in result.unreadable:
         lines.append(f"  left alone (unreadable): {path}")
+    for path in result.corrupt:
+        lines.append(f"  left alone (corrupt): {path}")
     for claim in result.refused_claims:
         lines.append(f"  nothing deleted for: {claim}")
     write_text("\n".join(lines) + "\n")
+    if result.corrupt:  # everything else was compacted; these need a person
+        more = f" and {len(result.corrupt) - 1} more" if len(result.corrupt) > 1 else ""
+        raise CaptureError(
+            f"left {result.corrupt[0]}{more} as it is: move such a file out of the store or "
+            "restore it from a copy"
+        )

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from capture.cli.demo import DEMO_MODEL, EXPORT_GROUP, INCOMPLETE, MAX_NEW_TOKENS, WORKLOAD
 from capture.cli.main import cli
 from capture.store_api import open_store
+from fixtures.names import LLAMA_CACHE
 
 
 @dataclass(frozen=True)
@@ -63,19 +64,19 @@ def test_demo_prints_the_summary_then_the_dims_then_the_export(demo: DemoRun) ->
 
 
 def test_demo_finds_the_mask_length_relation(demo: DemoRun) -> None:
-    assert "  decode  attention_mask_1 = past_key_values_2 + 1\n" in demo.stdout
+    assert f"  decode  attention_mask_1 = {LLAMA_CACHE}_2 + 1\n" in demo.stdout
 
 
 def test_demo_covers_every_recorded_decode_signature(demo: DemoRun) -> None:
     # The decode group: a cache holding tensors and an attention mask (padded batches).
-    sql = """
+    sql = f"""
         SELECT count(*) AS signatures, sum(calls)::BIGINT AS calls FROM signatures
         WHERE in_structure IN (
             SELECT structure_id FROM structures
             WHERE path = 'kwargs[''attention_mask'']' AND kind = 'tensor'
             INTERSECT
             SELECT structure_id FROM structures
-            WHERE path = 'kwargs[''past_key_values''].key_cache[0]' AND kind = 'tensor')
+            WHERE path = 'kwargs[''{LLAMA_CACHE}''].key_cache[0]' AND kind = 'tensor')
     """
     with open_store(demo.store) as store:
         (row,) = store.query(sql).to_pylist()

@@ -15,9 +15,11 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from capture.output_paths import check_file, write_error, writing
+from replay.runtime.digests import digest_bytes, digest_file
 from replay.runtime.guards import ArtifactError
 from replay.runtime.pt2.archive import (
     AOTI_DIR,
@@ -91,6 +93,7 @@ def save(
             table.add(name, program)
         graphs = {name: compat_archive.serialize_program(p) for name, p in programs.items()}
         compiled = {name: _compile(name, p) for name, p in programs.items()} if aoti else {}
+    manifest = replace(manifest, digests=_digests(table, graphs, compiled))
     folder = os.path.dirname(os.path.abspath(target))
     prefix = f".{os.path.basename(target)}."
     with writing(target, what="artifact"):
@@ -121,6 +124,27 @@ def save(
             os.unlink(temp)
         raise
     return target
+
+
+def _digests(
+    table: WeightTable, graphs: Mapping[str, bytes], compiled: Mapping[str, list[str]]
+) -> dict[str, str]:
+    """The digest of every entry `save` writes but the manifest and torch's format markers
+    (`replay.runtime.digests`)."""
+    from replay.runtime.pt2.weights import storage_bytes
+
+    out = {}
+    for name, slots in table.programs.items():
+        out[MODELS.format(name)] = digest_bytes(graphs[name])
+        out[SAMPLE_INPUTS.format(name)] = digest_bytes(b"")
+        out[WEIGHTS_CONFIG.format(name)] = digest_bytes(config_json(slots.weights).encode())
+        out[CONSTANTS_CONFIG.format(name)] = digest_bytes(config_json(slots.constants).encode())
+    for record in table.records:
+        out[record.name] = digest_bytes(storage_bytes(record.storage))
+    for name, files in compiled.items():
+        for file in files:
+            out[f"{AOTI_DIR}{name}/{os.path.basename(file)}"] = digest_file(file)
+    return out
 
 
 def _compile(name: str, program: ExportedProgram) -> list[str]:

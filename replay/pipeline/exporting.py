@@ -50,7 +50,7 @@ from replay.pipeline.bounded import export_bounded, export_unbounded
 from replay.pipeline.guard_sources import fix_guard_sources
 from replay.pipeline.merging import merge
 from replay.pipeline.model_match import eager_failure
-from replay.pipeline.regimes import export_regimes
+from replay.pipeline.regimes import Exported, export_regimes
 from replay.pipeline.result import ExportResult
 from replay.pipeline.submodules import recorded_submodules, submodule
 from replay.runtime.coverage import (
@@ -160,6 +160,7 @@ def export(
     max_payload_bytes: int = ExportOptions.max_payload_bytes,
     max_regimes: int = ExportOptions.max_regimes,
     merge: bool = ExportOptions.merge,
+    spec: str = ExportOptions.spec,
 ) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
@@ -210,6 +211,13 @@ def export(
             ``attention_mask``) with the program of a group that passes it, the input
             filled, where the check proves it on the group's own signatures, probes and
             payloads (`replay.pipeline.merging`); False: one program per group.
+        spec: ``"dims"`` (default): ``torch.export.Dim`` shapes, with the retries and regimes
+            above; ``"shapes"``: torch's ``ShapesSpec`` learned from the store (torch >= 2.14,
+            `replay.inputs.specs.shapesspec`): every dynamic size unbacked, so a group is never
+            split and 0 or 1 is never specialized (the notes name the dims recorded there),
+            trusted divisors as ``assumptions`` (checked by the program and by the router of
+            a saved artifact). A group torch rejects in this form is reported, never retried
+            in the ``Dim`` form.
 
     Returns:
         An `ExportResult`.
@@ -217,7 +225,8 @@ def export(
     Raises:
         StoreNotFound, EmptyStore, UnknownModel: The store or model cannot be found.
         ReplayError: ``model.forward`` no longer matches the recordings, the recordings cannot
-            be rebuilt, or ``onnx`` is asked without the ONNX dependencies.
+            be rebuilt, ``onnx`` is asked without the ONNX dependencies, or ``spec="shapes"``
+            on a torch without ``ShapesSpec``.
 
     Example:
         >>> result = export(model, "capture-store")  # doctest: +SKIP
@@ -243,6 +252,7 @@ def export(
         max_payload_bytes=max_payload_bytes,
         max_regimes=max_regimes,
         merge=merge,
+        spec=spec,
     )
     return export_with(module, store, model, options)
 
@@ -310,13 +320,18 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             made[index] = [group]
             continue
         made[index] = []
-        for done in export_regimes(
-            group,
-            options,
-            inputs.analysed,
-            lambda g: _export_group(module, g, options.strict),
-            lambda g, e: _retry(module, g, e, options),
-        ):
+        if options.spec == "shapes":  # unbacked sizes: torch cuts no range, nothing to retry
+            program, failure = _export_group(module, group, options.strict)
+            outcomes = [Exported(group, program, failure)]
+        else:
+            outcomes = export_regimes(
+                group,
+                options,
+                inputs.analysed,
+                lambda g: _export_group(module, g, options.strict),
+                lambda g, e: _retry(module, g, e, options),
+            )
+        for done in outcomes:
             group = done.group
             group.notes.extend(merged)  # why no other group's program serves it
             made[index].append(group)
