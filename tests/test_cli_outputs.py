@@ -155,6 +155,7 @@ def test_store_writer_on_a_read_only_store(name: str, store_copy: Path) -> None:
     with read_only(store_copy):
         line = _one_error_line(_invoke(["--store", str(store_copy), *STORE_WRITERS[name]]))
     assert line.startswith(f"Error: --store {store_copy}: the folder {store_copy} is not writable")
+    assert line.endswith("); make it writable first")
     assert sorted(p.relative_to(store_copy) for p in store_copy.rglob("*")) == before
 
 
@@ -249,3 +250,14 @@ def test_report_write_on_a_read_only_filesystem_is_one_error(tmp_path: Path) -> 
         f"--out {out}/r.html: {out} is on a read-only filesystem; write the page elsewhere"
     )
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", sorted(STORE_WRITERS))
+def test_store_writer_on_a_full_filesystem(name: str, llama_root: Path, tmp_path: Path) -> None:
+    with full_filesystem(tmp_path / "full", content=llama_root) as store:
+        before = sorted(p.relative_to(store) for p in store.rglob("*"))
+        line = _one_error_line(_invoke(["--store", str(store), *STORE_WRITERS[name]]))
+        assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
+    assert line == (
+        f"Error: --store {store}: no space left on the filesystem of {store}; free some space first"
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,8 +74,14 @@ def read_only(folder: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def full_filesystem(folder: Path, size_kib: int = 1024, fill: bool = True) -> Iterator[Path]:
-    """Mounts a tmpfs of `size_kib` KiB on `folder` and (`fill`) fills it; yields the folder.
+def full_filesystem(
+    folder: Path,
+    size_kib: int = 1024,
+    fill: bool = True,
+    content: Path | None = None,
+) -> Iterator[Path]:
+    """Mounts a tmpfs of `size_kib` KiB on `folder`, copies `content` (a folder) into it, and
+    (`fill`) fills the rest; yields the folder.
 
     Raises:
         pytest.skip.Exception: Mounting is not allowed here (not root, or no CAP_SYS_ADMIN).
@@ -89,6 +96,8 @@ def full_filesystem(folder: Path, size_kib: int = 1024, fill: bool = True) -> It
     if done.returncode != 0:
         pytest.skip(f"a full filesystem needs a tmpfs mount, refused here: {done.stderr.strip()}")
     try:
+        if content is not None:
+            shutil.copytree(content, folder, dirs_exist_ok=True)
         if not fill:
             yield folder
             return
