@@ -40,6 +40,10 @@ _FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?\Z"
 _DIMS_IDS = ("structure_id", "leaf", "argument")
 """What a script joins `capture dims` on, not what a person reads (the path says it all)."""
 
+_DIMS_LAST = ("dynamic", "calls", "distinct")
+"""Left out first on a narrow terminal, before a group, symbol or expression is shortened:
+``dynamic`` says what ``symbol`` does (null: static), ``calls`` is the group's count."""
+
 _PATHS = ("path",)
 """Columns of key paths: shortened on a terminal, they keep their end (``…_cache[0]``)."""
 
@@ -284,5 +288,5 @@ def dims_command(
     with _open_store(ctx) as store:
         table = store.dims(model)
     hide = _DIMS_IDS + constant_columns(table, ["model"])
-    fit = Fit(terminal_width(wide), hide=hide, keep_end=_PATHS)
+    fit = Fit(terminal_width(wide), hide=hide, keep_end=_PATHS, drop_first=_DIMS_LAST)
     render(table, fmt, headers=not no_headers, fit=fit)

@@ -312,11 +312,11 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             notes.extend(f"{group.name}: {note}" for note in group.notes)
             rows.extend(proof)
             continue
-        failure = eager_failure(module, group)
-        if failure is not None:  # not the recorded model: torch.export would fail deep inside
-            errors[group.name] = failure
-            logger.warning("group %s not exported: %s", group.name, failure)
-            rows.extend(coverage_rows(module, group, None, failure, atol, rtol, options.probes))
+        refused = eager_failure(module, group)
+        if refused is not None:  # not the recorded model: torch.export would fail deep inside
+            errors[group.name] = refused
+            logger.warning("group %s not exported: %s", group.name, refused)
+            rows.extend(coverage_rows(module, group, None, refused, atol, rtol, options.probes))
             made[index] = [group]
             continue
         made[index] = []

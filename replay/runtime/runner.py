@@ -111,12 +111,16 @@ class Router:
             return treespec, leaves, [int(s) for t in tensors for s in t.shape]
 
         tried = self.entries if entries is None else entries
-        chosen, reasons = route([e.guard for e in tried], facts)
+        distances: dict[str, int] = {}
+        chosen, reasons = route([e.guard for e in tried], facts, distances)
         if chosen is not None:
             return self._by_guard[id(chosen)], seen[id(chosen)]
         who = f"{self.model}.{self.module}" if self.module else self.model
         why = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
-        raise CallNotServed(f"no program of {who} accepts this call ({why})", reasons)
+        closest = ""
+        if len(distances) > 1:  # the first group tried among the fewest differing inputs
+            closest = f"; closest: group {min(distances, key=lambda k: distances[k])}"
+        raise CallNotServed(f"no program of {who} accepts this call ({why}){closest}", reasons)
 
 
 class Routed:
