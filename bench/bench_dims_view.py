@@ -71,6 +71,7 @@ with capture.open_store(store) as s:
     if which == "by hand":
         import duckdb
         con = duckdb.connect()
+        con.execute("SET enable_progress_bar = false")
         con.register("leaf_rows", s.query("SELECT * FROM structures"))
         files = s.files["calls"]
         run = lambda: con.execute(sys.argv[3], {"files": files}).to_arrow_table()

@@ -33,6 +33,7 @@ import bench_fleet as bf
 _DUCKDB = """
 import sys, duckdb
 con = duckdb.connect()
+con.execute('SET enable_progress_bar = false')
 print(con.execute("SELECT count(*) FROM read_parquet(?)", [sys.argv[1]]).fetchone()[0])
 """
 
