@@ -12,6 +12,7 @@ __all__ = [
     "QueryError",
     "ObservationMismatch",
     "ReplayError",
+    "OutputNotWritable",
 ]
 
 
@@ -54,3 +55,8 @@ class ObservationMismatch(CaptureError):
 
 class ReplayError(CaptureError):
     """Recorded metadata cannot be turned into export arguments."""
+
+
+class OutputNotWritable(CaptureError):
+    """A file or folder to write cannot be written there (a missing or read-only folder, a
+    full filesystem); the message names the path and the fix."""

@@ -160,11 +160,14 @@ def _list_local(
     return out
 
 
-def _schema_problem(found: pa.Schema, table: str) -> str | None:
-    """Why `found` is not the schema of `table` (None when it is, extra columns allowed)."""
+def _schema_problem(found: pa.Schema, table: str, version: int) -> str | None:
+    """Why `found` is not the schema of `table` in a file of store `version` (None when it is,
+    extra columns allowed, columns added after `version` optional: `schema.ADDED_IN`)."""
     expected = schema.SCHEMAS[table]
     for field in expected:
         index = found.get_field_index(field.name)
+        if index < 0 and schema.ADDED_IN.get((table, field.name), 0) > version:
+            continue
         if index < 0:
             return f"not a {table} file of this store: it has no column {field.name!r}"
         if not found.field(index).type.equals(field.type):
@@ -230,7 +233,7 @@ def read_with_rows(
 
     A small file (stats, structures: a few rows per segment) is fetched once, its footer
     checked and its rows decoded from the same bytes, instead of a footer read now and a
-    second read of the whole file by DuckDB later (issue 14). Rows are decoded only after
+    second read of the whole file by DuckDB later. Rows are decoded only after
     the footer passed (bombs, foreign and wrong-schema files are never decoded).
 
     Args:
@@ -247,7 +250,7 @@ def read_with_rows(
     try:
         with fs.open_input_file(path) as f:
             size = int(f.size())
-            # Python bytes, not an Arrow buffer: freed at once (the pool kept them, issue 14)
+            # Python bytes, not an Arrow buffer: freed at once (the pool kept them)
             source = pa.BufferReader(f.read()) if size <= _ONE_READ else f
             parquet = pq.ParquetFile(source)
             verdict = _verdict(parquet.metadata, path, table, size)
@@ -281,7 +284,7 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
     except ValueError:
         return Skip(path, f"capture.schema_version {version[:20]!r} is not a number")
     if number > schema.SCHEMA_VERSION:
-        # Skipped, not an error: one planted file must not make the store unreadable (issue 11).
+        # Skipped, not an error: one planted file must not make the store unreadable.
         return Skip(
             path,
             f"written with store schema v{number}, this library reads up to "
@@ -292,7 +295,7 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
         return Skip(path, f"a {kind[:20]!r} file in the {table!r} folder")
     try:
         found = meta.schema.to_arrow_schema()
-        problem = _schema_problem(found, table)
+        problem = _schema_problem(found, table, number)
     except Exception as e:  # a schema arrow cannot map
         problem = f"its schema cannot be read ({type(e).__name__})"
     if problem:
@@ -334,7 +337,7 @@ def read_footers(
 ) -> list[T]:
     """`read(fs, path)` (e.g. `read_footer`) for every path, in order, many at a time.
 
-    A store of 100,000 files read one footer after the other took minutes (issue 14); pyarrow
+    A store of 100,000 files read one footer after the other took minutes; pyarrow
     releases the GIL while it reads, so a thread pool overlaps the reads (and the round trips
     of an object store). An exception raised by `read` is raised here.
     """

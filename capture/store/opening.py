@@ -42,7 +42,7 @@ def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSys
             fs, root, kind = within(text, look)
         else:
             fs, root, kind = look()
-    except OSError as e:  # unreachable endpoint, access denied, missing bucket (issue 14)
+    except OSError as e:  # unreachable endpoint, access denied, missing bucket
         from capture.store.remote import store_error
 
         raise store_error(text, e) from None

@@ -127,7 +127,7 @@ class StoreReader:
         The stats and structures views read rows held in memory (read with the files' checks);
         the views over the calls files (`calls`, `leaves`, `dims`) are made only for a query
         that names one (`capture.store.views.needs_calls`): binding a view over 100,000 files
-        costs seconds, and `summary` never reads a call (issue 14). Adding them later
+        costs seconds, and `summary` never reads a call. Adding them later
         reconnects (temporary tables a user made in the store's session before are gone then).
         """
         self._with_calls = with_calls
@@ -152,7 +152,7 @@ class StoreReader:
         Hand them to an engine that does not know ``capture.replaces`` (Spark, Trino). The
         calls files are checked the first time they are needed (this, or SQL over ``calls``,
         ``leaves`` or ``dims``): `summary` and `dims` read stats only, and at 100,000 calls
-        files the check costs a minute (issue 14).
+        files the check costs a minute.
         """
         self._check_calls()
         return self._files
@@ -202,7 +202,7 @@ class StoreReader:
         return found.kept
 
     def _lock_down(self) -> None:
-        """From here on SQL reads the store's files and nothing else (issue 11).
+        """From here on SQL reads the store's files and nothing else.
 
         No other file, directory or URL is read or written (``read_csv``, ``COPY ... TO``,
         ``ATTACH``, ``glob``), no extension is installed or loaded, and no setting changes.
@@ -234,8 +234,8 @@ class StoreReader:
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_empty")
             elif table != schema.CALLS:
                 # Read with their checks (`_checked_files`): every query would fetch each
-                # small file again (on an object store a round trip each), issue 14.
-                self.con.register(f"_{table}_rows", self._rows[table])
+                # small file again (on an object store a round trip each).
+                self.con.register(f"_{table}_rows", _with_columns(self._rows[table], base))
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
             elif local:
                 # The `model` column of a file is the recorded name; its `model=` folder is a
@@ -344,14 +344,14 @@ class StoreReader:
             try:
                 if stale:
                     # A compaction replaced (then deleted) files listed before: the files
-                    # that replaced them hold their rows; list again (issues 14, 25).
+                    # that replaced them hold their rows; list again.
                     self.con.close()
                     self._list_files(with_calls=self._with_calls)
                     self._connect(self._with_calls)
                     stale = False
                 if bind and not self._with_calls:
                     # Bound inside the retry: binding reads the calls files' footers, and a
-                    # compaction may delete one meanwhile (issue 25: `No files found`).
+                    # compaction may delete one meanwhile (`No files found`).
                     self._reconnect(with_calls=True)
                 relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
                 if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
@@ -427,3 +427,12 @@ class StoreReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _with_columns(rows: pa.Table, base: pa.Schema) -> pa.Table:
+    """`rows` with every column of `base`: a column later store versions added (`schema.ADDED_IN`)
+    is null on rows read from files of an older version."""
+    for field in base:
+        if field.name not in rows.column_names:
+            rows = rows.append_column(field, pa.nulls(len(rows), field.type))
+    return rows
