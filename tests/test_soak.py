@@ -81,6 +81,15 @@ def test_soak_on_a_local_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.slow
+def test_soak_with_writers_compacting_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every writer process also runs the store's upkeep (capture.store.upkeep) every ~2 s,
+    # beside the compaction loop: they take turns under the one lock
+    _soak(str(tmp_path / "store"), tmp_path, monkeypatch, env={"CAPTURE_AUTO_COMPACT": "2"})
+
+
+@pytest.mark.slow
 def test_soak_on_s3(
     s3_server: S3Server, s3_env: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
