@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from capture.cli.demo import DEMO_MODEL, EXPORT_GROUP, MAX_NEW_TOKENS, WORKLOAD
+from capture.cli.demo import DEMO_MODEL, EXPORT_GROUP, INCOMPLETE, MAX_NEW_TOKENS, WORKLOAD
 from capture.cli.main import cli
 from capture.store_api import open_store
 from fixtures.names import LLAMA_CACHE
@@ -150,3 +153,39 @@ def test_demo_help_imports_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "False\n"
+
+
+@pytest.mark.slow  # two demos, one of them a real process
+def test_demo_interrupted_during_its_export_is_replaced_by_the_next(tmp_path: Path) -> None:
+    # issue 30: Ctrl-C once the recording was done (during the export) left a recording the
+    # next demo refused ("already holds a tiny-llama recording"), against docs/cli.md.
+    store = tmp_path / "store"
+    with subprocess.Popen(
+        [sys.executable, "-m", "capture.cli", "demo", "--store", str(store)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as first:
+        assert first.stderr is not None
+        seen = []
+        for line in first.stderr:
+            seen.append(line)
+            if line.startswith("[4/4] exporting"):
+                break
+        first.send_signal(signal.SIGINT)
+        rest = first.stderr.read()
+        assert first.wait(timeout=120) == 130, "".join(seen) + rest
+    assert rest.endswith("Error: interrupted (Ctrl-C)\n"), rest
+    assert "Traceback" not in rest
+
+    again = CliRunner(env={"CAPTURE_STORE": None}).invoke(
+        cli, ["demo", "--store", str(store)], prog_name="capture"
+    )
+    assert again.exit_code == 0, again.output
+    assert again.stderr.startswith(
+        f"note: replacing the recording of an interrupted demo in {store}\n"
+    )
+    with open_store(store) as opened:  # one demo's calls, not two
+        calls = opened.query("SELECT count(*) AS n FROM calls").column("n").to_pylist()
+    assert calls == [len(WORKLOAD) * MAX_NEW_TOKENS]
+    assert not (store / INCOMPLETE).exists()

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
+from capture.errors import CorruptStoreFile
 from capture.pytree.cachespec import is_cache_argument, is_cache_counter
 from capture.pytree.structure import PRESENT, RecordedLeaf, RecordedStructure
 from capture.renames import RENAMED, spelling_key
@@ -214,7 +215,7 @@ def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
 def _name_groups(groups: list[Group]) -> None:
     """Assigns `Group.name` in place (groups are already sorted, largest first)."""
     statuses = [g.structure.argument_status() for g in groups]
-    # A static cache's fill levels are tensors before its first update: not state (issue 22).
+    # A static cache's fill levels are tensors before its first update: not state.
     holding = [
         {leaf.argument for leaf in g.structure.tensors if not is_cache_counter(leaf.path)}
         for g in groups
@@ -267,6 +268,12 @@ def _group(
             axes.append(Axis(r.argument, axis, r.path))
             leaf_of.append(r)
             columns.append(int(r.dim_offset or 0) + axis)
+    if columns and max(columns) >= matrix.shape[1]:
+        raise CorruptStoreFile(
+            f"the structures rows of {structure_id!r} (model {model!r}) place a tensor's sizes "
+            f"at position {max(columns)} of its calls' dims, which hold {matrix.shape[1]}: the "
+            "store's structures and calls files disagree; restore them from a copy"
+        )
     forced_leaves = _batch_matcher(set_batch_dimension_for, structure)
     forced = [ax.axis == 0 and r.leaf in forced_leaves for ax, r in zip(axes, leaf_of, strict=True)]
     sub = matrix[:, columns] if columns else np.zeros((matrix.shape[0], 0), np.int64)
