@@ -4,8 +4,9 @@ The artifact's manifest (`replay.runtime.pt2.reader.read_manifest`, the whole ar
 `replay.load` checks it) says, per program, the recorded call structure it takes and the
 recorded ranges of its dims (`replay.runtime.guards`); the store says what the model received.
 Every distinct recorded signature is routed with the runner's own function
-(`replay.runtime.guards.route`), so a signature reported served is one the runner serves. Needs
-neither torch nor the model's code.
+(`replay.runtime.guards.route`), so a signature reported served is one the runner serves; a call
+that spelled a renamed argument the other way (`capture.renames`) is routed as its structure
+spelled the program's way, as the runner passes it. Needs neither torch nor the model's code.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def check_rows(
         True
     """
     from capture.pytree.structure import RecordedStructure
+    from capture.renames import spelling_key
     from replay.inputs.shapes import describe_sizes
     from replay.runtime.guards import route
 
@@ -102,14 +104,25 @@ def check_rows(
         for row in store.query(_STRUCTURES, {"model": name}).to_pylist():
             by_id.setdefault(row["structure_id"], []).append(row)
         structures = {sid: RecordedStructure.from_rows(rows) for sid, rows in by_id.items()}
+        keys = {sid: spelling_key(rows) for sid, rows in by_id.items()}
+        spelled: dict[tuple[Any, ...], list[str]] = {}
+        for sid, key in keys.items():
+            spelled.setdefault(key, []).append(sid)
         calls = store.query(_CALLS, {"model": name, "since": since}).to_pylist()
         for call in calls:
-            structure = structures.get(call["in_structure"])
-            treespec = structure.treespec if structure is not None else None
+            own = call["in_structure"]
+            structure = structures.get(own)
             leaves = structure.leaves if structure is not None else ()
             dims = [int(v) for v in call["dims"]]
-            facts = (treespec, leaves, dims)
-            served, reasons = route(guards, lambda _g, f=facts: f)  # type: ignore[misc]
+            twins = [s for s in spelled.get(keys.get(own, ()), ()) if s != own]
+            served, reasons = None, {}
+            for sid in [own, *twins]:  # its own spelling first, then the other ones
+                twin = structures.get(sid)
+                facts = (twin.treespec if twin else None, twin.leaves if twin else (), dims)
+                served, why = route(guards, lambda _g, f=facts: f)  # type: ignore[misc]
+                reasons = reasons or why
+                if served is not None:
+                    break
             rows.append(
                 DriftRow(
                     model=name,
