@@ -497,4 +497,3 @@ class Manifest:
             format=f.text("format", max_len=64),
             digests={str(k): str(v) for k, v in digests.raw.items()},
         )
-

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 from replay.runtime.fills import fill_call
 from replay.runtime.guards import CallNotServed
 from replay.runtime.manifest import ProgramEntry
-from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, manifest_path, read_onnx_set
 from replay.runtime.ort.checks import ITEMSIZE, external_initializers
+from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, manifest_path, read_onnx_set
 from replay.runtime.ort.weights import OnnxFileError
 from replay.runtime.runner import Routed, Router
 
@@ -49,7 +49,6 @@ __all__ = ["OnnxRunner", "OnnxProgram", "OpenedSet", "load_onnx", "open_onnx", "
 
 CPU = ("CPUExecutionProvider",)
 """The execution providers a runner uses by default."""
-
 
 
 class OnnxProgram:
@@ -352,7 +351,9 @@ def open_onnx(
 
     manifest = read_onnx_set(path)
     folder = os.path.dirname(os.path.abspath(manifest_path(path)))
-    names = sorted({f.file for f in manifest.files}) + ([manifest.weights] if verify_weights else [])
+    names = sorted({f.file for f in manifest.files}) + (
+        [manifest.weights] if verify_weights else []
+    )
     for name in names:
         full = os.path.join(folder, name)
         check_digest(manifest.manifest.digests.get(name), digest_file(full), full)

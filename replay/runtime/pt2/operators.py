@@ -5,9 +5,10 @@ torch resolves and calls. The graph check (`replay.runtime.pt2.graph_check`) acc
 only when `op_kind` knows it:
 
 - ``aten`` overloads of `replay.runtime.pt2.op_table`, generated from torch's own operator
-  metadata by ``tools/allowed_ops.py`` (its docstring says how: the core ATen set, the ``pointwise`` tag, the
-  composites torch.export keeps, the few others real transformers exports emit, minus anything
-  that writes an argument, touches a file, prints or reads the environment);
+  metadata by ``tools/allowed_ops.py`` (its docstring says how: the core ATen set, the
+  ``pointwise`` tag, the composites torch.export keeps, the few others real transformers
+  exports emit, minus anything that writes an argument, touches a file, prints or reads the
+  environment);
 - in-place overloads (``masked_fill_``, ``index_copy_``, ``copy_``): they may write only a
   buffer of the program, an input, or a tensor the program made; never a parameter or a
   constant (the graph check follows views back to the tensor they alias, `VIEW_OPS`);

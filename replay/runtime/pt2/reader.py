@@ -53,9 +53,9 @@ from replay.runtime.pt2.archive import (
     Archive,
 )
 from replay.runtime.pt2.graph_check import check_program, spec_types
+from replay.runtime.pt2.operators import AllowOps
 from replay.runtime.pt2.records import check_extent, parse_config
 from replay.runtime.pt2.weights import ProgramSlots, load_tensors
-from replay.runtime.pt2.operators import AllowOps
 from replay.runtime.pytree_types import ALLOWED_MODULES, loadable_type, register_types
 from replay.runtime.validate import check_digest, digest_bytes, digest_file
 
