@@ -25,9 +25,8 @@ name. Needs no torch.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
-from replay.runtime.guards import ArtifactError
+from replay.runtime.allowed import AllowOps, allow_ops
 from replay.runtime.pt2.op_table import ALLOWED_OPS, INPLACE_OPS, VIEW_OPS
 
 __all__ = [
@@ -43,7 +42,6 @@ __all__ = [
     "check_op",
 ]
 
-AllowOps = frozenset[str]
 """Caller-named namespaces (``mylib``) and operators (``mylib.op``) beyond the tables."""
 
 TORCH_CALLABLES = frozenset(
@@ -69,28 +67,6 @@ HIGHER_ORDER_OPS = frozenset(
 top graph is)."""
 
 _MATH = re.compile(r"[a-z][a-z0-9]*\Z")
-
-
-def allow_ops(names: Iterable[str] | None) -> AllowOps:
-    """The caller's extra namespaces/operators, normalised (``mylib::op`` -> ``mylib.op``).
-
-    Raises:
-        ArtifactError: A name that is not ``namespace`` or ``namespace.op``.
-
-    Example:
-        >>> sorted(allow_ops(["mylib", "other::fused"]))
-        ['mylib', 'other.fused']
-    """
-    out = set()
-    for name in names or ():
-        text = str(name).replace("::", ".")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", text):
-            raise ArtifactError(
-                f"allow_ops: {str(name)[:80]!r} is not an operator namespace (mylib) or one "
-                "operator (mylib.op)"
-            )
-        out.add(text)
-    return frozenset(out)
 
 
 def op_kind(target: str, allowed: AllowOps = frozenset()) -> str | None:
