@@ -112,7 +112,7 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
     multiple=True,
     help="An operator namespace (or namespace.op; an ONNX domain for an ONNX set) the "
     "programs may call beyond the model's math, as replay.load(path, allow_ops=[...]) "
-    "allows it. Repeat for several.",
+    "allows it. Repeat for several. Default: none (the model's math only).",
 )
 @format_option()
 @no_headers_option
