@@ -15,7 +15,8 @@ data, reviewed in the diff. The list is derived from torch's own operator metada
   except the in-place form (``self`` written, nothing else) of an allowed functional
   operator: those go to the in-place table, and the graph check lets them write only the
   program's buffers, its inputs or tensors the program made itself;
-- minus `DENIED`: anything that touches a file, prints or reads the environment.
+- minus `DENIED`: anything that touches a file, prints or reads the environment;
+- plus `NEWER`: what newer torch releases add by the same rules.
 
 The view table lists the overloads whose result aliases their ``self`` (``view``, ``slice``,
 ``transpose``), so the graph check can follow a view back to the tensor it writes.
@@ -44,6 +45,10 @@ _scaled_dot_product_flash_attention.default _scaled_dot_product_flash_attention_
 _scaled_dot_product_efficient_attention.default _scaled_dot_product_cudnn_attention.default
 _enable_grad.default _disable_grad.default _set_grad_enabled.default unflatten.int
 """.split()
+
+NEWER = ("linalg_vector_norm.default", "_philox_randint.default")
+"""Pure operators newer torch releases derive by the same rules (torch 2.15 checked), kept in
+the table so that one table serves every torch capture supports."""
 
 DENIED = frozenset(
     {"from_file", "_print", "save", "set_", "record_stream", "_nested_tensor_from_mask"}
@@ -131,7 +136,7 @@ def table() -> tuple[list[str], list[str], list[str]]:
         o = _overload(f"{op}_.{overload}")
         if o is not None and _writes(o) == [0] and op + "_" not in DENIED:
             inplace.add(f"{op}_.{overload}")
-    return sorted(pure), sorted(inplace), sorted(views - inplace)
+    return sorted(pure | set(NEWER)), sorted(inplace), sorted(views - inplace)
 
 
 def _block(names: list[str]) -> str:
