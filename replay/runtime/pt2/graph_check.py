@@ -9,8 +9,10 @@ are resolved as attributes of ``torch``, ``operator`` and ``math`` and then call
 program JSON could run anything through any of them. `check_program` parses every such string
 with our own grammar (Python's `ast`, node by node against an allow-list) and refuses, with
 one `ArtifactError` naming the entry and the string, anything that is not what torch.export
-writes: arithmetic on sizes, comparisons, ``L[...].size()[i]``, sympy constructors, torch
-operators. Needs no torch.
+writes: arithmetic on sizes, comparisons, ``L[...].size()[i]``, sympy constructors, bounded
+(`replay.runtime.pt2.expressions`). Every node target must be an operator of the model's math
+(`replay.runtime.pt2.operators`), and an in-place node may write only a buffer, an input or a
+tensor the program made, never a parameter or a constant. Needs no torch.
 """
 
 from __future__ import annotations
