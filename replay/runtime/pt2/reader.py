@@ -25,11 +25,10 @@ weights; ``load(path, compiled=True)`` runs them on the artifact's single copy o
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replay.runtime.guards import ArtifactError, CallNotServed
 from replay.runtime.manifest import FORMAT, MANIFEST_CAP, Manifest
@@ -57,8 +56,7 @@ from replay.runtime.pt2.records import check_extent, parse_config
 from replay.runtime.pt2.weights import ProgramSlots, load_tensors
 from replay.runtime.pytree_types import ALLOWED_MODULES, loadable_type, register_types
 
-if TYPE_CHECKING:
-    from torch.export import ExportedProgram
+from replay.runtime.pt2.program import Program, build_program
 from replay.runtime.runner import Runner
 
 __all__ = [
@@ -83,6 +81,7 @@ class Artifact:
         manifest: The typed manifest.
         slots: Program name -> where its tensors are (its payload configs).
         graphs: Program name -> its checked graph JSON (bytes).
+        trees: Program name -> that JSON, parsed.
         types: Pytree node types the graphs and the manifest name.
     """
 
@@ -90,6 +89,7 @@ class Artifact:
     manifest: Manifest
     slots: dict[str, ProgramSlots] = field(default_factory=dict)
     graphs: dict[str, bytes] = field(default_factory=dict)
+    trees: dict[str, dict[str, Any]] = field(default_factory=dict)
     types: set[str] = field(default_factory=set)
 
     @property
@@ -153,8 +153,10 @@ def read_artifact(
         art.slots[p] = _slots(archive, p, records)
         inner = MODELS.format(p)
         graph = archive.read(inner, PROGRAM_CAP)
-        art.types |= spec_types(check_program(graph, archive.name(inner), known))
+        tree = check_program(graph, archive.name(inner), known)
+        art.types |= spec_types(tree)
         art.graphs[p] = graph
+        art.trees[p] = tree
     # Every record is named by a config, every named record exists.
     archive.check_layout(fixed | records, aoti)
     return art
@@ -241,34 +243,24 @@ def load(
 
 def _program(
     art: Artifact, name: str, tensors: tuple[dict[str, Any], dict[str, Any]], device: str
-) -> ExportedProgram:
-    from torch.export.passes import move_to_device_pass
-
-    from capture import compat_archive
-
-    # torch logs (not prints) its deserialization chatter; keep it off the server's output.
-    quiet = logging.getLogger("torch._export.serde.serialize")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+) -> Program:
+    """One program, built from its checked graph JSON around the artifact's tensors
+    (`replay.runtime.pt2.program`); its device arguments moved when the weights were."""
+    saved = {
+        s.device for s in (*art.slots[name].weights.values(), *art.slots[name].constants.values())
+    }
+    moved = device if saved - {device} or device != "cpu" else None
+    source = art.archive.name(MODELS.format(name))
     try:
-        program = compat_archive.deserialize_program(art.graphs[name], tensors[0], tensors[1])
-        saved = {
-            s.device
-            for s in (*art.slots[name].weights.values(), *art.slots[name].constants.values())
-        }
-        if saved - {device} or device != "cpu":
-            program = move_to_device_pass(program, device)
+        return build_program(name, art.trees[name], tensors[0], tensors[1], moved, source)
     except ArtifactError:
         raise
-    except Exception as e:
+    except Exception as e:  # torch refusing a node (an operator's signature, a treespec)
         text = str(e).strip().splitlines()
         raise ArtifactError(
-            f"{art.archive.name(MODELS.format(name))}: torch cannot read this program: "
+            f"{source}: torch cannot build this program: "
             f"{type(e).__name__}: {text[0][:200] if text else ''}"
         ) from e
-    finally:
-        quiet.setLevel(level)
-    return program  # type: ignore[no-any-return]
 
 
 def _compiled(
