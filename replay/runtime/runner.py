@@ -17,7 +17,7 @@ from replay.runtime.guards import CallFacts, CallNotServed, LeafFacts, ProgramGu
 from replay.runtime.manifest import Manifest, ProgramEntry
 
 if TYPE_CHECKING:
-    from torch.export import ExportedProgram
+    from replay.runtime.pt2.program import Program
 
 __all__ = ["Runner", "Router", "Routed"]
 
@@ -135,14 +135,15 @@ class Runner(Routed):
 
     Args:
         manifest: The artifact's typed manifest.
-        programs: Program name -> its exported program.
-        modules: Program name -> its runnable module (``program.module()``).
+        programs: Program name -> its `replay.runtime.pt2.program.Program`.
+        modules: Program name -> what runs it (``program.module()``: the program itself).
         compiled: Program name -> its AOTInductor build (run instead of the module).
         module: The sub-module this runner serves.
 
     Attributes:
         manifest: The artifact's typed manifest.
-        programs: Program name -> its `torch.export.ExportedProgram`.
+        programs: Program name -> its `replay.runtime.pt2.program.Program` (its graph module,
+            ``state_dict`` and ``constants``: the artifact's tensors).
         compiled: Program name -> its AOTInductor build, for artifacts loaded with
             ``compiled=True`` (calls then run it instead of the exported program).
         module: The sub-module this runner serves (``""``: the model itself).
@@ -152,7 +153,7 @@ class Runner(Routed):
     def __init__(
         self,
         manifest: Manifest,
-        programs: Mapping[str, ExportedProgram],
+        programs: Mapping[str, Program],
         modules: Mapping[str, Any],
         compiled: Mapping[str, Any] | None = None,
         module: str = "",

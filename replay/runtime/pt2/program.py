@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from replay.runtime.guards import ArtifactError
+from replay.runtime.pt2.shape_checks import ShapeChecks
 
 __all__ = ["Program", "build_program", "resolve_target"]
 
@@ -223,8 +224,10 @@ class _Builder:
             if self.device is not None:
                 return self.device
             index = value.get("index")
-            return torch.device(value["type"], index) if index is not None else torch.device(
-                value["type"]
+            return (
+                torch.device(value["type"], index)
+                if index is not None
+                else torch.device(value["type"])
             )
         if kind == "as_tensors":
             return [self.ref(names, v["name"]) for v in value]
@@ -282,8 +285,9 @@ class Program:
     """One program of an artifact, runnable: its graph, its tensors, and its call structure.
 
     Called like the exported program's module (``ExportedProgram.module()``): the call is
-    flattened by the program's input treespec, its constant inputs are compared with the
-    values export saw, the graph runs on the artifact's tensors and the call's, buffer
+    flattened by the program's input treespec, its sizes checked as torch's module checks them
+    (`replay.runtime.pt2.shape_checks`), its constant inputs compared with the values export
+    saw, the graph runs on the artifact's tensors and the call's, buffer
     mutations are written back, and the output is rebuilt by the output treespec.
 
     Attributes:
@@ -305,6 +309,8 @@ class Program:
         user_outputs: list[int],
         in_spec: Any,
         out_spec: Any,
+        single: bool,
+        shapes: ShapeChecks,
     ) -> None:
         self.name = name
         self.graph_module = graph_module
@@ -316,6 +322,8 @@ class Program:
         self._user_outputs = user_outputs
         self._in_spec = in_spec
         self._out_spec = out_spec
+        self._single = single  # the graph returns one tensor, not a tuple
+        self._shapes = shapes
         keys = in_spec.child(1).context if in_spec.num_children == 2 else None
         self._keys = list(keys) if isinstance(keys, list) else None
 
@@ -339,9 +347,18 @@ class Program:
                     f"not {sorted(kwargs)}"
                 )
             kwargs = {k: kwargs[k] for k in self._keys}
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        paths = None
+        if self._shapes.needs_paths():
+            with_paths, spec = pytree.tree_flatten_with_path((args, kwargs))
+            paths = [p for p, _ in with_paths]
+            flat = [v for _, v in with_paths]
+        else:
+            flat, spec = pytree.tree_flatten((args, kwargs))
         if spec != self._in_spec:
             raise ValueError(f"the call's structure is not the one program {self.name} takes")
+        refused = self._shapes.check(flat, paths)
+        if refused is not None:
+            raise ValueError(f"program {self.name} was not traced for this call: {refused}")
         for index, what, expected in self._checks:
             if flat[index] != expected:
                 raise ValueError(
@@ -350,6 +367,8 @@ class Program:
                 )
         values = [flat[src] if tensor is None else tensor for src, tensor in self._feeds]
         out = self.graph_module(*values)
+        if self._single:
+            out = (out,)
         for index, target in self._writes:
             target.copy_(out[index])
         return pytree.tree_unflatten([out[i] for i in self._user_outputs], self._out_spec)
@@ -392,6 +411,7 @@ def build_program(
     checks: list[tuple[int, str, Any]] = []
     user = 0
     spec_names: list[str] = []
+    user_names: list[str | None] = []
     for spec in signature["input_specs"]:
         kind, value = _one(spec)
         if kind == "parameter":
@@ -408,12 +428,14 @@ def build_program(
             feeds.append((user, None))
             arg_kind, arg = _one(value["arg"])
             spec_names.append(arg.get("name", "") if isinstance(arg, dict) else f"arg{user}")
+            user_names.append(arg["name"] if arg_kind == "as_tensor" else None)
             user += 1
         elif kind == "constant_input":
             const_kind, const = _one(value["value"])
             checks.append((user, value["name"], None if const_kind == "as_none" else const))
             feeds.append((user, None))
             spec_names.append(value["name"])
+            user_names.append(None)
             user += 1
         else:
             raise builder.fail(f"an input of kind {kind[:40]} is not one the loader runs")
@@ -440,24 +462,11 @@ def build_program(
     out_spec = pytree.treespec_loads(top["out_spec"])
     if in_spec.num_leaves != user:
         raise builder.fail("the input treespec does not match the program's inputs")
-    # graph_module returns a tuple, or one tensor for a single-tensor return
-    if gm_tree["graph"].get("is_single_tensor_return"):
-        graph_module = _Tupled(graph_module)
     return Program(
         name, graph_module, state_dict, constants, feeds, checks, writes, user_outputs,
-        in_spec, out_spec,
+        in_spec, out_spec, bool(gm_tree["graph"].get("is_single_tensor_return")),
+        ShapeChecks(tree, user_names),
     )  # fmt: skip
-
-
-class _Tupled:
-    """A graph module with one tensor output, returning it in a tuple (like the others)."""
-
-    def __init__(self, graph_module: Any) -> None:
-        self.graph = graph_module.graph
-        self._run = graph_module
-
-    def __call__(self, *values: Any) -> tuple[Any, ...]:
-        return (self._run(*values),)
 
 
 def _tensor(table: dict[str, Any], name: str, builder: _Builder) -> Any:

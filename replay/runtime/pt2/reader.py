@@ -7,16 +7,19 @@ programs use it (`replay.runtime.pt2.weights`), and the manifest (`replay.runtim
 program its recorded input structure and guards, per module the coverage table, the versions and the
 store it was exported from. Example inputs are not shipped (torch would pickle them).
 
-`load` reads it back in any process, without a capture context, and never unpickles, imports
-or evaluates anything the archive names: `read_artifact` checks every entry against what
-`save` writes (`replay.runtime.pt2.archive`), parses the manifest and the payload configs into typed
+`load` reads it back in any process, without a capture context, and never unpickles, imports or
+evaluates anything the archive names: `read_artifact` checks every entry against what `save`
+writes (`replay.runtime.pt2.archive`), parses the manifest and the payload configs into typed
 objects with bounded sizes, and checks every string of the program graphs that torch would run
 as code (`replay.runtime.pt2.graph_check`), all before torch reads a byte; the weights are then
-memory-mapped once (`replay.runtime.pt2.weights.load_tensors`) and torch deserializes only the
-graphs, around those tensors. The pytree types the programs name are registered (transformers caches
-through `capture.pytree.nodes`, other ``transformers.*`` types by importing their module,
-nothing else). The result is a `replay.runtime.runner.Runner`: called like the model, it routes
-the call to the program whose structure and guards accept it (`replay.runtime.guards.route`).
+memory-mapped once (`replay.runtime.pt2.weights.load_tensors`) and each program's graph is built
+from its checked JSON around those tensors (`replay.runtime.pt2.program`: torch's own
+deserializer, with its ShapeEnv, sympy and fake tensors, is not needed to run a graph; its input
+checks are read from the JSON, `replay.runtime.pt2.shape_checks`). The pytree types the programs
+name are registered (transformers caches through `capture.pytree.nodes`, other
+``transformers.*`` types by importing their module, nothing else). The result is a
+`replay.runtime.runner.Runner`: called like the model, it routes the call to the program whose
+structure and guards accept it (`replay.runtime.guards.route`).
 
 An artifact saved with ``aoti=True`` also holds AOTInductor builds, compiled without their
 weights; ``load(path, compiled=True)`` runs them on the artifact's single copy of the weights
@@ -52,11 +55,10 @@ from replay.runtime.pt2.archive import (
     Archive,
 )
 from replay.runtime.pt2.graph_check import check_program, spec_types
+from replay.runtime.pt2.program import Program, build_program
 from replay.runtime.pt2.records import check_extent, parse_config
 from replay.runtime.pt2.weights import ProgramSlots, load_tensors
 from replay.runtime.pytree_types import ALLOWED_MODULES, loadable_type, register_types
-
-from replay.runtime.pt2.program import Program, build_program
 from replay.runtime.runner import Runner
 
 __all__ = [
