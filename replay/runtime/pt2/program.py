@@ -99,7 +99,7 @@ class _Builder:
         self.subgraphs = 0
 
     def fail(self, what: str) -> ArtifactError:
-        return ArtifactError(f"{self.source}: {what}")
+        return ArtifactError(f"{self.source}: torch cannot read this program: {what}")
 
     def graph(self, tree: Mapping[str, Any], inputs: list[str] | None = None) -> Any:
         """The fx graph of a serialized graph; `inputs` names its placeholders."""
@@ -150,7 +150,10 @@ class _Builder:
         return inner  # as_int, as_float, as_bool
 
     def node(self, graph: Any, node: Mapping[str, Any], names: dict[str, Any]) -> None:
-        target = resolve_target(node["target"])
+        try:
+            target = resolve_target(node["target"])
+        except ArtifactError as e:
+            raise self.fail(str(e)) from None
         args: list[Any] = []
         kwargs: dict[str, Any] = {}
         for named in node["inputs"]:
@@ -250,7 +253,10 @@ class _Builder:
         if kind == "as_string_to_argument":
             return {k: self.value(v, names, graph) for k, v in value.items()}
         if kind == "as_operator":
-            return resolve_target(value)
+            try:
+                return resolve_target(value)
+            except ArtifactError as e:
+                raise self.fail(str(e)) from None
         if kind == "as_graph":
             import torch.fx as fx
 

@@ -374,7 +374,7 @@ def _program(
     except Exception as e:  # torch refusing a node (an operator's signature, a treespec)
         text = str(e).strip().splitlines()
         raise ArtifactError(
-            f"{source}: torch cannot build this program: "
+            f"{source}: torch cannot read this program: "
             f"{type(e).__name__}: {text[0][:200] if text else ''}"
         ) from e
 
