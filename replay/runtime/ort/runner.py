@@ -51,7 +51,6 @@ CPU = ("CPUExecutionProvider",)
 """The execution providers a runner uses by default."""
 
 
-
 class OnnxProgram:
     """One ONNX file of a set: its session and how a call's tensors feed it.
 
@@ -89,10 +88,13 @@ class OnnxProgram:
         Raises:
             CallNotServed: The call lacks an input of the file, or onnxruntime refused it.
         """
-        import onnxruntime as ort
+        import torch
         import torch.utils._pytree as pytree
-        from torch.utils.dlpack import from_dlpack
+        from onnxruntime.capi import _pybind_state as C
 
+        # onnxruntime's own C-level calls (what its Python wrappers do, minus a Python
+        # object per value and the checks the C side repeats): one OrtValue per input over
+        # the tensor's memory, one tensor per output over onnxruntime's (DLPack, no copy).
         feeds = {}
         label = self.name
         for name, path in self._inputs:
@@ -100,16 +102,18 @@ class OnnxProgram:
             if t is None:
                 reason = f"the call has no {path} for the file's input {name}"
                 raise CallNotServed(f"program {label}: {reason}", {label: reason})
-            feeds[name] = ort.OrtValue.from_dlpack(t.detach().cpu().contiguous())
+            if t.requires_grad or not t.is_contiguous() or t.device.type != "cpu":
+                t = t.detach().cpu().contiguous()
+            feeds[name] = C.OrtValue.from_dlpack(t)
         try:
-            got = self.session.run_with_ort_values(self._fetch, feeds)
+            got = self.session._sess.run_with_ort_values(feeds, self._fetch, None)
         except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
             text = str(e).strip().splitlines()
             reason = f"onnxruntime refused the call: {type(e).__name__}: {text[0] if text else ''}"
             raise CallNotServed(f"group {label} matched, but {reason}", {label: reason}) from e
-        values = iter(got)
+        values = iter(got.to_dlpacks(torch._C._from_dlpack))
         leaves = [
-            from_dlpack(next(values)) if name is not None else constant
+            next(values) if name is not None else constant
             for name, constant in zip(self._names, self._constants, strict=True)
         ]
         return pytree.tree_unflatten(leaves, self._treespec())
@@ -354,7 +358,9 @@ def open_onnx(
 
     manifest = read_onnx_set(path)
     folder = os.path.dirname(os.path.abspath(manifest_path(path)))
-    names = sorted({f.file for f in manifest.files}) + ([manifest.weights] if verify_weights else [])
+    names = sorted({f.file for f in manifest.files}) + (
+        [manifest.weights] if verify_weights else []
+    )
     for name in names:
         full = os.path.join(folder, name)
         check_digest(manifest.manifest.digests.get(name), digest_file(full), full)
