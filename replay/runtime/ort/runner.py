@@ -174,6 +174,24 @@ class OnnxRunner(Routed):
         paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
         return self.programs[entry.program].run(dict(zip(paths, tensors, strict=True)))
 
+    def feeds(self, *args: Any, **kwargs: Any) -> tuple[OnnxProgram, dict[str, Any]]:
+        """The file a call runs on and the tensors its inputs get (nothing runs): what a bare
+        ``onnxruntime.InferenceSession`` of the same file would be fed (bench/bench_onnx.py).
+
+        Raises:
+            CallNotServed: No file accepts the call.
+        """
+        entry, tensors = self._router.route(args, kwargs)
+        leaves: Sequence[Any] = entry.guard.leaves
+        if entry.fills:
+            dims = [int(s) for t in tensors for s in t.shape]
+            args, kwargs = fill_call(entry.fills, args, kwargs, dims)
+            _, leaves, tensors = self._router.facts(args, kwargs, entry)
+        paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
+        by_path = dict(zip(paths, tensors, strict=True))
+        program = self.programs[entry.program]
+        return program, {i.name: by_path[i.path] for i in program.file.inputs}
+
     def run_group(self, group: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Runs the call on one group's entry, behind that entry's guard only (the ONNX check
         runs each coverage row on its own group this way).
