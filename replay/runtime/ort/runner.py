@@ -104,7 +104,7 @@ class OnnxProgram:
                 raise CallNotServed(f"program {label}: {reason}", {label: reason})
             if t.requires_grad or not t.is_contiguous() or t.device.type != "cpu":
                 t = t.detach().cpu().contiguous()
-            feeds[name] = C.OrtValue.from_dlpack(t)
+            feeds[name] = C.OrtValue.from_dlpack(t.__dlpack__())
         try:
             got = self.session._sess.run_with_ort_values(feeds, self._fetch, None)
         except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
