@@ -3,10 +3,11 @@
     python bench/bench_ship.py --work DIR [--before CHECKOUT] [--layers 8] [--repeat 5]
                                [--rounds 3] [--keep]
 
-A Llama-shaped LlamaForCausalLM (``--layers 19``: 1.04 GiB; float32, built from a config with random weights,
-nothing downloaded) serves generate() traffic (batches 1-3, left padding, with and without a
-mask: 4 call groups) under a Recorder. Then, for each code tree (``--before``: a checkout of
-the code to compare with, e.g. ``git archive main``; and this checkout), in fresh processes:
+A Llama-shaped LlamaForCausalLM (``--layers 19``: 1.04 GiB; float32, built from a config with
+random weights, nothing downloaded) serves generate() traffic (batches 1-3, left padding, with
+and without a mask: 4 call groups) under a Recorder. Then, for each code tree (``--before``: a
+checkout of the code to compare with, e.g. ``git archive main``; and this checkout), in fresh
+processes:
 
 1. export + `ExportResult.save` (probes off: the export itself is not what is measured):
    save time, archive size, bytes of the archive's tensor records (``--keep``: kept in
@@ -156,25 +157,25 @@ work = sys.argv[1]
 config = transformers.AutoConfig.from_pretrained(work + "/model")
 model = transformers.LlamaForCausalLM(config).eval()
 st.load_model(model, work + "/model/model.safetensors")
-seen = []
-def hook(m, args, kwargs):
-    if not seen:
-        seen.append(kwargs)
+tensors, recipe, seen = {}, {}, []
+def hook(m, args, kwargs):  # read at call time: generate() grows the cache in place after it
+    if seen:
+        return
+    seen.append(list(kwargs))  # the order matters: it is part of the call's structure
+    for name, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            tensors[name] = value.detach().clone().contiguous()
+        elif isinstance(value, transformers.DynamicCache):
+            assert value.get_seq_length() == 0, "the first call of generate() has an empty cache"
+            recipe[name] = {"empty_cache": True}
+        else:
+            recipe[name] = {"value": value}
 model.register_forward_pre_hook(hook, with_kwargs=True)
 run_generate(model, json.loads(sys.argv[2])[:1], max_new_tokens=1)
-tensors, recipe = {}, {}
-for name, value in seen[0].items():
-    if isinstance(value, torch.Tensor):
-        tensors[name] = value.contiguous()
-    elif isinstance(value, transformers.DynamicCache):
-        assert value.get_seq_length() == 0, "the first call of generate() has an empty cache"
-        recipe[name] = {"empty_cache": True}
-    else:
-        recipe[name] = {"value": value}
 st.save_file(tensors, work + "/first_call.safetensors")
 with open(work + "/first_call.json", "w") as f:
-    json.dump(recipe, f)
-print(json.dumps({"names": sorted(seen[0])}))
+    json.dump({"order": seen[0], "values": recipe}, f)
+print(json.dumps({"names": seen[0]}))
 """
 
 COLD = """
@@ -183,11 +184,18 @@ import safetensors.torch as st
 work, kind, path = sys.argv[1], sys.argv[2], sys.argv[3]
 config = transformers.AutoConfig.from_pretrained(work + "/model")
 def first_call():
-    kwargs = dict(st.load_file(work + "/first_call.safetensors"))
+    tensors = st.load_file(work + "/first_call.safetensors")
     with open(work + "/first_call.json") as f:
-        for name, how in json.load(f).items():
-            empty = "empty_cache" in how
-            kwargs[name] = transformers.DynamicCache(config=config) if empty else how["value"]
+        saved = json.load(f)
+    kwargs = {}
+    for name in saved["order"]:
+        how = saved["values"].get(name)
+        if how is None:
+            kwargs[name] = tensors[name]
+        elif "empty_cache" in how:
+            kwargs[name] = transformers.DynamicCache(config=config)
+        else:
+            kwargs[name] = how["value"]
     return kwargs
 kwargs = first_call()
 with torch.no_grad():

@@ -24,6 +24,7 @@ Reading a manifest and checking guards needs neither torch nor the model's code.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -179,7 +180,11 @@ class ProgramGuard:
         structure id names a store's structure, not what the program takes)."""
         if treespec != self.treespec:
             return False
-        return leaf_key(leaves) == leaf_key(self.leaves)
+        return leaf_key(leaves) == self._leaf_key
+
+    @functools.cached_property
+    def _leaf_key(self) -> tuple[tuple[Any, ...], ...]:
+        return leaf_key(self.leaves)
 
     def check(self, dims: Sequence[int]) -> str | None:
         """None when the sizes are within the guards, else the first guard that fails.
