@@ -12,15 +12,12 @@ renamed argument the other way (``past_key_values`` for a program exported with 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from capture.renames import respell
 from replay.runtime.fills import fill_call
 from replay.runtime.guards import CallFacts, CallNotServed, LeafFacts, ProgramGuard, route
 from replay.runtime.manifest import Manifest, ProgramEntry
-
-if TYPE_CHECKING:
-    from replay.runtime.pt2.program import Program
 
 __all__ = ["Runner", "Router", "Routed"]
 
@@ -164,7 +161,7 @@ class Runner(Routed):
     def __init__(
         self,
         manifest: Manifest,
-        programs: Mapping[str, Program],
+        programs: Mapping[str, Any],
         modules: Mapping[str, Any],
         compiled: Mapping[str, Any] | None = None,
         module: str = "",
