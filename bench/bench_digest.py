@@ -4,7 +4,7 @@
 
 Hashes one buffer of `--mib` MiB of random bytes in memory with SHA-256 and BLAKE2b (hashlib,
 the digests a manifest could record), and the same bytes written to a file and read back by
-`replay.runtime.validate.digest_file` (page cache warm: the second of two reads; cold reads
+`replay.runtime.digests.digest_file` (page cache warm: the second of two reads; cold reads
 add the disk's own throughput). Reports the best of `--repeat` runs as seconds per GiB.
 Prints one Markdown section on stdout; progress goes to stderr.
 """
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    from replay.runtime.validate import digest_file
+    from replay.runtime.digests import digest_file
 
     data = os.urandom(args.mib * 2**20)
     gib = len(data) / 2**30
@@ -58,8 +58,7 @@ def main() -> None:
     for what, per_gib in rows:
         print(f"| {what} | {per_gib:.2f} |")
     print(
-        f"\nsha256 / blake2b: {rows[0][1] / rows[1][1]:.2f}× "
-        "(below 1: sha256 is the faster here)."
+        f"\nsha256 / blake2b: {rows[0][1] / rows[1][1]:.2f}× (below 1: sha256 is the faster here)."
     )
 
 

@@ -9,7 +9,7 @@ order, with the same guards as the runner `replay.load` returns, so a signature 
 is one the runner serves.
 
 The model's code is not needed: the artifact is validated by the loader's own validation
-(`replay.runtime.validate.validate`), in full but without running a program: every file
+(`replay.validation.validate`), in full but without running a program: every file
 against the manifest's digests, the weights included, the operators the programs call, and
 everything `replay.load` reads (torch deserializes a ``.pt2``'s programs, onnxruntime opens an
 ONNX set's sessions), so an artifact the runner would refuse is an error here too, with the same
@@ -156,7 +156,7 @@ def check_command(
       capture --store s3://bucket/prod check model.pt2 --since 2026-11-20 -f json
     """
     import capture
-    from replay.runtime.validate import validate
+    from replay.validation import validate
 
     _refuse_folder(artifact, store_path(ctx))
     manifest = validate(artifact, allow_ops=allow_ops, verify_weights=True).manifest

@@ -34,7 +34,7 @@ def load(
 ) -> Runner | OnnxRunner:
     """Loads what ``capture export --out`` wrote and returns a runner callable like the model.
 
-    The artifact is validated in full first (`replay.runtime.validate.validate`, what
+    The artifact is validated in full first (`replay.validation.validate`, what
     ``capture check`` runs): its files against the manifest's digests, its programs' operators
     against the model's math, and everything the loader reads, as data.
 
@@ -60,14 +60,14 @@ def load(
 
     Raises:
         ArtifactError: Not a capture artifact, a changed one, or one the loader refuses (see
-            `replay.runtime.validate.validate`), or `device` or `compiled` asked of an ONNX set.
+            `replay.validation.validate`), or `device` or `compiled` asked of an ONNX set.
         OnnxFileError: Not a capture ONNX set (an `ArtifactError` too).
 
     Example:
         >>> runner = replay.load("model.onnx")  # doctest: +SKIP
         >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
     """
-    from replay.runtime.validate import validate
+    from replay.validation import validate
 
     checked = validate(
         path,

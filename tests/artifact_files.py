@@ -62,8 +62,8 @@ def reseal(content: dict[str, bytes]) -> None:
     checks behind the digests are what the edit meets."""
     import json
 
+    from replay.runtime.digests import digest_bytes
     from replay.runtime.pt2.archive import MANIFEST
-    from replay.runtime.validate import digest_bytes
 
     try:
         manifest = json.loads(content[MANIFEST])

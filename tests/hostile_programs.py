@@ -191,7 +191,7 @@ def write_raw(path: Path, content: dict[str, bytes], options: dict[str, Any]) ->
             for name, data in content.items():
                 info = zipfile.ZipInfo(f"{root}/{name}")
                 if name == options.get("link"):
-                    info.external_attr = (0o120777 << 16)
+                    info.external_attr = 0o120777 << 16
                 z.writestr(info, data, compress_type=zipfile.ZIP_STORED)
         if not options.get("misaligned"):
             break

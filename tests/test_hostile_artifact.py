@@ -228,7 +228,10 @@ HOSTILE: dict[str, tuple[Callable[[Path], Any], str]] = {
     "node name": (_graph("name", lambda m: "x = exec('1') or y"), "the name"),
     "argument names": (_graph("forward_arg_names", lambda m: ["a=exec('1')"]), "the name"),
     # deserialize_operator resolves torch.* attributes, then the graph calls them
-    "call target": (_graph("target", lambda m: "torch.hub.load"), "not an operator an artifact may call"),
+    "call target": (
+        _graph("target", lambda m: "torch.hub.load"),
+        "not an operator an artifact may call",
+    ),
     # torch's treespec_loads imports a defaultdict's factory module
     "defaultdict factory": (_graph("in_spec", _defaultdict_spec), "defaultdict factory"),
     "manifest pytree type": (_manifest_types, "names the pytree type"),

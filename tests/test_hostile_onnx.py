@@ -24,7 +24,7 @@ from verdicts import both
 import capture
 import replay
 from fixtures.seeds import LinearModel
-from replay.runtime.validate import digest_file
+from replay.runtime.digests import digest_file
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

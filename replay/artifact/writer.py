@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from capture.output_paths import check_file, write_error, writing
+from replay.runtime.digests import digest_bytes, digest_file
 from replay.runtime.guards import ArtifactError
 from replay.runtime.pt2.archive import (
     AOTI_DIR,
@@ -30,7 +31,6 @@ from replay.runtime.pt2.archive import (
 )
 from replay.runtime.pt2.records import config_json
 from replay.runtime.pt2.weights import WeightTable
-from replay.runtime.validate import digest_bytes, digest_file
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -133,7 +133,7 @@ def _digests(
     table: WeightTable, graphs: Mapping[str, bytes], compiled: Mapping[str, list[str]]
 ) -> dict[str, str]:
     """The digest of every entry `save` writes but the manifest and torch's format markers
-    (`replay.runtime.validate`)."""
+    (`replay.runtime.digests`)."""
     from replay.runtime.pt2.weights import storage_bytes
 
     out = {}

@@ -228,14 +228,14 @@ def write_manifest(path: str | os.PathLike[str], manifest: OnnxManifest) -> str:
     Args:
         path: The ``onnx=`` path.
         manifest: The set's manifest (`onnx_manifest`); the digest of every file it names is
-            added (`replay.runtime.validate`).
+            added (`replay.runtime.digests`).
 
     Returns:
         The manifest's path.
     """
     from dataclasses import replace
 
-    from replay.runtime.validate import digest_file
+    from replay.runtime.digests import digest_file
 
     target = manifest_path(path)
     folder, name = os.path.split(target)

@@ -28,9 +28,9 @@ from replay.runtime.callform import CallForm
 from replay.runtime.checked_json import NAME, Fields, checked_format, load
 from replay.runtime.conditions import Condition, ConditionError
 from replay.runtime.coverage import CoverageRow
+from replay.runtime.digests import DIGEST, older
 from replay.runtime.fills import Fill
 from replay.runtime.guards import LEAF_FIELDS, ArtifactError, Axis, ProgramGuard, Relation
-from replay.runtime.validate import DIGEST, older
 
 __all__ = [
     "FORMAT",
@@ -390,7 +390,7 @@ class Manifest:
         digests: File name -> its ``sha256:<hex>`` digest, for every file the manifest
             describes (in a ``.pt2``: every entry but the manifest and torch's format markers;
             in an ONNX set: every model file and the weights file), checked by
-            `replay.runtime.validate`.
+            `replay.runtime.digests`.
     """
 
     model: str
@@ -497,4 +497,3 @@ class Manifest:
             format=f.text("format", max_len=64),
             digests={str(k): str(v) for k, v in digests.raw.items()},
         )
-

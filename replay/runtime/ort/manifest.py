@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replay.runtime.checked_json import Fields, checked_format, load
+from replay.runtime.digests import older
 from replay.runtime.guards import ArtifactError
 from replay.runtime.manifest import MANIFEST_CAP, Manifest, ProgramEntry
 from replay.runtime.ort.weights import OnnxFileError
-from replay.runtime.validate import older
 
 __all__ = [
     "FORMAT",
@@ -426,7 +426,7 @@ def read_onnx_set(path: str | os.PathLike[str]) -> OnnxManifest:
         >>> read_onnx_set("model.onnx").files[0].file  # doctest: +SKIP
         'model.decode.onnx'
     """
-    from replay.runtime.pytree_types import loadable_type
+    from replay.runtime.allowed import loadable_type
 
     source = manifest_path(path)
     parsed = OnnxManifest.parse(_read_bounded(source), source)

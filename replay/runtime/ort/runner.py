@@ -298,7 +298,7 @@ def load_onnx(
     verify_weights: bool = False,
 ) -> OnnxRunner:
     """Loads the ONNX set written by ``replay.export(..., onnx=path)`` as a runner, validated
-    in full first (`replay.runtime.validate.validate`, what ``capture check`` runs).
+    in full first (`replay.validation.validate`, what ``capture check`` runs).
 
     Args:
         path: The path given to ``onnx=`` (``model.onnx``) or its manifest ``model.onnx.json``.
@@ -324,17 +324,17 @@ def load_onnx(
         >>> runner = replay.load("model.onnx")  # doctest: +SKIP
         >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
     """
-    from replay.runtime.validate import validate
+    from replay.runtime.allowed import allow_ops as allowed_ops
 
-    checked = validate(
+    opened = open_onnx(
         path,
-        allow_ops=allow_ops,
+        allowed=allowed_ops(allow_ops),
         verify_weights=verify_weights,
         share_weights=share_weights,
         providers=providers,
         threads=threads,
     )
-    return checked.runner()  # type: ignore[return-value]
+    return opened.runner()
 
 
 @dataclass
@@ -363,7 +363,7 @@ def open_onnx(
     providers: Sequence[str] = CPU,
     threads: int | None = None,
 ) -> OpenedSet:
-    """Validates and opens an ONNX set: `replay.runtime.validate.validate` for a set.
+    """Validates and opens an ONNX set: `replay.validation.validate` for a set.
 
     The manifest and its files are read as data (`read_onnx_set`), every model file (and with
     `verify_weights` the weights file) hashed against the manifest's digest, then `open_set`
@@ -372,7 +372,7 @@ def open_onnx(
     Raises:
         OnnxFileError: See `load_onnx`.
     """
-    from replay.runtime.validate import check_digest, digest_file
+    from replay.runtime.digests import check_digest, digest_file
 
     manifest = read_onnx_set(path)
     folder = os.path.dirname(os.path.abspath(manifest_path(path)))

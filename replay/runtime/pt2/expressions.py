@@ -205,8 +205,10 @@ def _small_literal(node: ast.AST) -> bool:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         return _small_literal(node.operand)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        return node.func.id in _LITERALS and bool(node.args) and all(
-            _small_literal(a) for a in node.args
+        return (
+            node.func.id in _LITERALS
+            and bool(node.args)
+            and all(_small_literal(a) for a in node.args)
         )
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         try:
@@ -224,8 +226,8 @@ def _small_literal(node: ast.AST) -> bool:
 def _is_power(node: ast.AST) -> bool:
     if isinstance(node, ast.BinOp):
         return isinstance(node.op, (ast.Pow, ast.LShift))
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
-        node.func.id in _POWERS
+    return (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (node.func.id in _POWERS)
     )
 
 
@@ -283,5 +285,3 @@ def _sympy_node(node: ast.AST) -> str | None:
     if isinstance(node, (ast.keyword, ast.Load, *_CMP, *_ARITH, *_UNARY, ast.And, ast.Or)):
         return None
     return type(node).__name__
-
-

@@ -20,10 +20,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from replay.runtime.allowed import AllowOps
 from replay.runtime.checked_json import NAME, load
 from replay.runtime.guards import ArtifactError
 from replay.runtime.pt2.expressions import check_guard, check_sympy, refuse
-from replay.runtime.pt2.operators import AllowOps, op_kind
+from replay.runtime.pt2.operators import op_kind
 
 __all__ = ["check_program", "spec_types", "BUILTIN_SPEC_TYPES"]
 

@@ -5,9 +5,10 @@ torch resolves and calls. The graph check (`replay.runtime.pt2.graph_check`) acc
 only when `op_kind` knows it:
 
 - ``aten`` overloads of `replay.runtime.pt2.op_table`, generated from torch's own operator
-  metadata by ``tools/allowed_ops.py`` (its docstring says how: the core ATen set, the ``pointwise`` tag, the
-  composites torch.export keeps, the few others real transformers exports emit, minus anything
-  that writes an argument, touches a file, prints or reads the environment);
+  metadata by ``tools/allowed_ops.py`` (its docstring says how: the core ATen set, the
+  ``pointwise`` tag, the composites torch.export keeps, the few others real transformers
+  exports emit, minus anything that writes an argument, touches a file, prints or reads the
+  environment);
 - in-place overloads (``masked_fill_``, ``index_copy_``, ``copy_``): they may write only a
   buffer of the program, an input, or a tensor the program made; never a parameter or a
   constant (the graph check follows views back to the tensor they alias, `VIEW_OPS`);
@@ -24,9 +25,8 @@ name. Needs no torch.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
-from replay.runtime.guards import ArtifactError
+from replay.runtime.allowed import AllowOps, allow_ops
 from replay.runtime.pt2.op_table import ALLOWED_OPS, INPLACE_OPS, VIEW_OPS
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
     "check_op",
 ]
 
-AllowOps = frozenset[str]
 """Caller-named namespaces (``mylib``) and operators (``mylib.op``) beyond the tables."""
 
 TORCH_CALLABLES = frozenset(
@@ -68,28 +67,6 @@ HIGHER_ORDER_OPS = frozenset(
 top graph is)."""
 
 _MATH = re.compile(r"[a-z][a-z0-9]*\Z")
-
-
-def allow_ops(names: Iterable[str] | None) -> AllowOps:
-    """The caller's extra namespaces/operators, normalised (``mylib::op`` -> ``mylib.op``).
-
-    Raises:
-        ArtifactError: A name that is not ``namespace`` or ``namespace.op``.
-
-    Example:
-        >>> sorted(allow_ops(["mylib", "other::fused"]))
-        ['mylib', 'other.fused']
-    """
-    out = set()
-    for name in names or ():
-        text = str(name).replace("::", ".")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", text):
-            raise ArtifactError(
-                f"allow_ops: {str(name)[:80]!r} is not an operator namespace (mylib) or one "
-                "operator (mylib.op)"
-            )
-        out.add(text)
-    return frozenset(out)
 
 
 def op_kind(target: str, allowed: AllowOps = frozenset()) -> str | None:

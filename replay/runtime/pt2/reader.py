@@ -33,6 +33,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from replay.runtime.allowed import ALLOWED_MODULES, AllowOps, loadable_type, register_types
+from replay.runtime.allowed import allow_ops as allowed_ops
+from replay.runtime.digests import check_digest, digest_bytes, digest_file
 from replay.runtime.guards import ArtifactError, CallNotServed
 from replay.runtime.manifest import FORMAT, MANIFEST_CAP, Manifest
 from replay.runtime.pt2.archive import (
@@ -55,13 +58,10 @@ from replay.runtime.pt2.archive import (
     Archive,
 )
 from replay.runtime.pt2.graph_check import check_program, spec_types
-from replay.runtime.pt2.operators import AllowOps
 from replay.runtime.pt2.program import Program, build_program
 from replay.runtime.pt2.records import check_extent, parse_config
 from replay.runtime.pt2.weights import ProgramSlots, load_tensors
-from replay.runtime.pytree_types import ALLOWED_MODULES, loadable_type, register_types
 from replay.runtime.runner import Runner
-from replay.runtime.validate import check_digest, digest_bytes, digest_file
 
 __all__ = [
     "ArtifactError",
@@ -117,7 +117,7 @@ def read_artifact(
     allowed: AllowOps = frozenset(),
 ) -> Artifact:
     """Reads and checks a whole artifact without torch (the first part of
-    `replay.runtime.validate.validate`): every entry, the manifest, the payload configs and the
+    `replay.validation.validate`): every entry, the manifest, the payload configs and the
     program graphs, each graph and config verified against its digest.
 
     Args:
@@ -257,7 +257,7 @@ def open_artifact(
     allowed: AllowOps = frozenset(),
     verify_weights: bool = False,
 ) -> Opened:
-    """Validates and opens an artifact: `replay.runtime.validate.validate` for a ``.pt2``.
+    """Validates and opens an artifact: `replay.validation.validate` for a ``.pt2``.
 
     `read_artifact` checks it as data; the weight records are hashed against the manifest
     (`verify_weights`), mapped once and placed (`replay.runtime.pt2.weights.load_tensors`);
@@ -321,7 +321,7 @@ def load(
 
     Works in a fresh process: no capture context is needed, nothing is printed, nothing is
     unpickled, imported or evaluated from the archive (`read_artifact` checks it all first,
-    `replay.runtime.validate.validate`: what ``capture check`` runs too). Every weight is
+    `replay.validation.validate`: what ``capture check`` runs too). Every weight is
     materialised once (memory-mapped on CPU) and every program uses it.
 
     Args:
@@ -349,12 +349,14 @@ def load(
         >>> runner = replay.load("model.pt2")  # doctest: +SKIP
         >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
     """
-    from replay.runtime.validate import validate
-
-    checked = validate(
-        path, device=device, compiled=compiled, allow_ops=allow_ops, verify_weights=verify_weights
+    opened = open_artifact(
+        path,
+        device=device,
+        compiled=compiled,
+        allowed=allowed_ops(allow_ops),
+        verify_weights=verify_weights,
     )
-    return checked.runner()  # type: ignore[return-value]
+    return opened.runner()
 
 
 def _program(
