@@ -28,6 +28,7 @@ Reading a manifest and checking guards needs neither torch nor the model's code.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -317,7 +318,11 @@ class ProgramGuard:
         structure id names a store's structure, not what the program takes)."""
         if treespec != self.treespec:
             return False
-        return leaf_key(leaves) == leaf_key(self.leaves)
+        return leaf_key(leaves) == self._leaf_key
+
+    @functools.cached_property
+    def _leaf_key(self) -> tuple[tuple[Any, ...], ...]:
+        return leaf_key(self.leaves)
 
     def check(self, dims: Sequence[int]) -> str | None:
         """None when the sizes are within the guards, else the first guard that fails.
@@ -339,28 +344,31 @@ class ProgramGuard:
         failed = self.rejected.get(tuple(int(v) for v in dims))
         if failed is not None:
             return f"this recorded signature failed the export's check ({failed})"
-        symbols: dict[str, tuple[int, str]] = {}
+        symbols: dict[str, tuple[int, Axis]] = {}
         for size, ax in zip(dims, self.axes, strict=True):
-            where = f"{ax.path} axis {ax.axis}"
             if not ax.dynamic and size != ax.min:
+                where = f"{ax.path} axis {ax.axis}"
                 return f"{where} = {size}, the program takes {ax.min} only (static)"
             if not ax.min <= size <= ax.max:
+                where = f"{ax.path} axis {ax.axis}"
                 what = "its program's range" if ax.narrowed else "the recorded range"
                 return f"{where} = {size} is outside {what} [{ax.min}, {ax.max}]"
             if ax.symbol:
-                seen = symbols.setdefault(ax.symbol, (int(size), where))
+                seen = symbols.setdefault(ax.symbol, (int(size), ax))
                 if seen[0] != size:
+                    first = seen[1]
                     return (
-                        f"{where} = {size} but {seen[1]} = {seen[0]}: they were equal in "
-                        "every recorded call"
+                        f"{ax.path} axis {ax.axis} = {size} but {first.path} axis {first.axis} = "
+                        f"{seen[0]}: they were equal in every recorded call"
                     )
         for rel in self.relations:
             names = [rel.symbol, *rel.terms]
             if any(n not in symbols for n in names):
                 continue
-            left, where = symbols[rel.symbol]
+            left, at = symbols[rel.symbol]
             right = sum(symbols[n][0] for n in rel.terms) + rel.offset
             if left != right:
+                where = f"{at.path} axis {at.axis}"
                 expr = " + ".join([*rel.terms, str(rel.offset)])
                 return (
                     f"{where} = {left}, but {rel.symbol} = {expr} held in every recorded call "

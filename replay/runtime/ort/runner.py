@@ -88,10 +88,13 @@ class OnnxProgram:
         Raises:
             CallNotServed: The call lacks an input of the file, or onnxruntime refused it.
         """
-        import onnxruntime as ort
+        import torch
         import torch.utils._pytree as pytree
-        from torch.utils.dlpack import from_dlpack
+        from onnxruntime.capi import _pybind_state as C
 
+        # onnxruntime's own C-level calls (what its Python wrappers do, minus a Python
+        # object per value and the checks the C side repeats): one OrtValue per input over
+        # the tensor's memory, one tensor per output over onnxruntime's (DLPack, no copy).
         feeds = {}
         label = self.name
         for name, path in self._inputs:
@@ -99,16 +102,18 @@ class OnnxProgram:
             if t is None:
                 reason = f"the call has no {path} for the file's input {name}"
                 raise CallNotServed(f"program {label}: {reason}", {label: reason})
-            feeds[name] = ort.OrtValue.from_dlpack(t.detach().cpu().contiguous())
+            if t.requires_grad or not t.is_contiguous() or t.device.type != "cpu":
+                t = t.detach().cpu().contiguous()
+            feeds[name] = C.OrtValue.from_dlpack(t.__dlpack__())
         try:
-            got = self.session.run_with_ort_values(self._fetch, feeds)
+            got = self.session._sess.run_with_ort_values(feeds, self._fetch, None)
         except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
             text = str(e).strip().splitlines()
             reason = f"onnxruntime refused the call: {type(e).__name__}: {text[0] if text else ''}"
             raise CallNotServed(f"group {label} matched, but {reason}", {label: reason}) from e
-        values = iter(got)
+        values = iter(got.to_dlpacks(torch._C._from_dlpack))
         leaves = [
-            from_dlpack(next(values)) if name is not None else constant
+            next(values) if name is not None else constant
             for name, constant in zip(self._names, self._constants, strict=True)
         ]
         return pytree.tree_unflatten(leaves, self._treespec())
@@ -168,6 +173,24 @@ class OnnxRunner(Routed):
             _, leaves, tensors = self._router.facts(args, kwargs, entry)
         paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
         return self.programs[entry.program].run(dict(zip(paths, tensors, strict=True)))
+
+    def feeds(self, *args: Any, **kwargs: Any) -> tuple[OnnxProgram, dict[str, Any]]:
+        """The file a call runs on and the tensors its inputs get (nothing runs): what a bare
+        ``onnxruntime.InferenceSession`` of the same file would be fed (bench/bench_onnx.py).
+
+        Raises:
+            CallNotServed: No file accepts the call.
+        """
+        entry, tensors = self._router.route(args, kwargs)
+        leaves: Sequence[Any] = entry.guard.leaves
+        if entry.fills:
+            dims = [int(s) for t in tensors for s in t.shape]
+            args, kwargs = fill_call(entry.fills, args, kwargs, dims)
+            _, leaves, tensors = self._router.facts(args, kwargs, entry)
+        paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
+        by_path = dict(zip(paths, tensors, strict=True))
+        program = self.programs[entry.program]
+        return program, {i.name: by_path[i.path] for i in program.file.inputs}
 
     def run_group(self, group: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Runs the call on one group's entry, behind that entry's guard only (the ONNX check

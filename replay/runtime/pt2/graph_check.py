@@ -99,6 +99,7 @@ comparison torch.export writes (it names __import__); the program is not loaded
     if not isinstance(tree, dict):
         raise ArtifactError(f"{source} is not a program: a JSON object was expected")
     stack: list[tuple[str | None, Any]] = [(None, tree)]
+    checked: set[tuple[str | None, str]] = set()  # a graph repeats each size thousands of times
     while stack:
         key, value = stack.pop()
         if isinstance(value, dict):
@@ -120,8 +121,9 @@ comparison torch.export writes (it names __import__); the program is not loaded
                     _require(isinstance(name, str) and NAME.match(name), source, "name", name)
             else:
                 stack.extend((key, item) for item in value)
-        elif isinstance(value, str):
+        elif isinstance(value, str) and (key, value) not in checked:
             _check_string(key, value, source, known_type, allowed)
+            checked.add((key, value))
     _check_writes(tree, source, allowed)
     return tree
 
