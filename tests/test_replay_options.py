@@ -35,6 +35,8 @@ _EXPORT_ONLY = {
     "max_payload_bytes",
     "max_regimes",
     "merge",
+    "time_budget",
+    "max_static",
 }
 
 

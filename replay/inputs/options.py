@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from capture.errors import ReplayError
 from capture.store.payload_format import DEFAULT_MAX_CALL_BYTES
 
 if TYPE_CHECKING:
@@ -33,11 +34,16 @@ __all__ = [
     "ExportOptions",
     "batch_option",
     "DEFAULT_SEED",
+    "DEFAULT_TIME_BUDGET",
     "INTERNAL",
 ]
 
 DEFAULT_SEED = 0
 """Seed of the rebuilt example tensors (also the default of `replay.inputs.rebuild.rebuild`)."""
+
+DEFAULT_TIME_BUDGET = 300.0
+"""Seconds of torch.export per call group by default: a few times what the largest models of
+the test suite need, so only an export stuck in torch's shape analysis reaches it."""
 
 BatchOption = bool | tuple[str | int, ...] | None
 
@@ -89,6 +95,11 @@ class ExportOptions:
         merge: Serve a group that lacks an optional input with another group's program, the
             input filled, where the check proves it on the group's own signatures
             (`replay.pipeline.merging`); False: one program per group.
+        time_budget: Seconds of torch.export per call group (its dynamic exports, retries and
+            regimes get half, the static fallback the rest; `replay.pipeline.budget.child`); None:
+            no bound.
+        max_static: Most static programs per group for the recorded signatures its dynamic
+            program does not serve (`replay.pipeline.budget.static`); 0: no static fallback.
     """
 
     set_batch_dimension_for: BatchOption = None
@@ -112,6 +123,8 @@ class ExportOptions:
     max_payload_bytes: int = DEFAULT_MAX_CALL_BYTES
     max_regimes: int = 4
     merge: bool = True
+    time_budget: float | None = DEFAULT_TIME_BUDGET
+    max_static: int = 16
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:
@@ -136,6 +149,11 @@ class ExportOptions:
             options["groups"] = tuple(options["groups"])
         if "value_if_missing" in options:
             options["value_if_missing"] = dict(options["value_if_missing"] or {})
+        budget = options.get("time_budget")
+        if budget is not None and not budget > 0:
+            raise ReplayError(
+                f"time_budget={budget!r}: give a number of seconds above 0, or None for no bound"
+            )
         return cls(**options)
 
 

@@ -35,9 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from capture import compat, schema
+from capture import schema
 from capture.errors import ReplayError
-from capture.pytree import nodes
 from capture.pytree.cachespec import blocking_reason
 from replay.check.checking import coverage_rows
 from replay.check.payload_rows import payload_rows
@@ -45,10 +44,8 @@ from replay.inputs.builder import ExportGroup, inputs_for
 from replay.inputs.options import ExportOptions
 from replay.onnx.target import output_path, write_onnx
 from replay.pipeline.binding import check_signature
-from replay.pipeline.bounded import export_bounded, export_unbounded
-from replay.pipeline.guard_sources import fix_guard_sources
+from replay.pipeline.chain import Budget, exported_with_fallback, failure
 from replay.pipeline.merging import merge
-from replay.pipeline.regimes import export_regimes
 from replay.pipeline.result import ExportResult
 from replay.pipeline.submodules import recorded_submodules, submodule
 from replay.runtime.coverage import (
@@ -77,7 +74,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ONNX_HINT = "pip install capture[onnx]"
-_TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
 
 
 def require_onnx() -> None:
@@ -96,34 +92,6 @@ def require_onnx() -> None:
         raise ReplayError(
             f"ONNX export needs {' and '.join(missing)}, which are not installed; run `{ONNX_HINT}`"
         )
-
-
-def _export_group(
-    model: Any, group: ExportGroup, strict: bool
-) -> tuple[ExportedProgram | None, BaseException | None]:
-    """(program, None) or (None, the error torch.export raised)."""
-    try:
-        with nodes.register_flattening_functions():
-            program = torch.export.export(
-                group.module(model),
-                group.args,
-                kwargs=group.kwargs,
-                dynamic_shapes=group.dynamic_shapes,
-                strict=strict,
-            )
-    except Exception as e:  # torch.export rejected this group: reported, the others go on
-        return None, e
-    fix_guard_sources(program)
-    return program, None
-
-
-def _summary(e: BaseException) -> str:
-    """``Type: first line`` plus the first ``- ...`` detail line torch gives, if any."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    first = (lines[0] if lines else "").replace(_TORCH_LOGS_HINT, "").strip()
-    text = f"{type(e).__name__}: {first}".rstrip(": ")
-    detail = next((line for line in lines[1:] if line.startswith("- ")), None)
-    return f"{text} {detail}" if detail else text
 
 
 def _absent(group: ExportGroup) -> int:
@@ -158,6 +126,8 @@ def export(
     max_payload_bytes: int = ExportOptions.max_payload_bytes,
     max_regimes: int = ExportOptions.max_regimes,
     merge: bool = ExportOptions.merge,
+    time_budget: float | None = ExportOptions.time_budget,
+    max_static: int = ExportOptions.max_static,
 ) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
@@ -208,6 +178,15 @@ def export(
             ``attention_mask``) with the program of a group that passes it, the input
             filled, where the check proves it on the group's own signatures, probes and
             payloads (`replay.pipeline.merging`); False: one program per group.
+        time_budget: Seconds of torch.export per call group (default 300; None: no bound).
+            Each export runs in a child process stopped at the deadline
+            (`replay.pipeline.budget.child`): the dynamic exports (plain, bounded retries,
+            regimes) may use half of the budget, the static fallback the rest. A group past
+            it has the error ``torch.export ran past the time budget`` and its notes say
+            what served its signatures instead.
+        max_static: Most static programs per group, one per recorded signature its dynamic
+            program does not serve (past the budget, or cut where regimes cannot serve),
+            most calls first (`replay.pipeline.budget.static`); 0: no static fallback.
 
     Returns:
         An `ExportResult`.
@@ -241,6 +220,8 @@ def export(
         max_payload_bytes=max_payload_bytes,
         max_regimes=max_regimes,
         merge=merge,
+        time_budget=time_budget,
+        max_static=max_static,
     )
     return export_with(module, store, model, options)
 
@@ -300,12 +281,9 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             rows.extend(proof)
             continue
         made[index] = []
-        for done in export_regimes(
-            group,
-            options,
-            inputs.analysed,
-            lambda g: _export_group(module, g, options.strict),
-            lambda g, e: _retry(module, g, e, options),
+        budget = Budget(options.time_budget)
+        for done, group_rows in exported_with_fallback(
+            module, group, options, inputs.analysed, budget
         ):
             group = done.group
             group.notes.extend(merged)  # why no other group's program serves it
@@ -314,23 +292,12 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
                 not_honoured[group.name] = done.not_honoured
             notes.extend(f"{group.name}: {note}" for note in group.notes)
             if done.error is not None and done.program is None:
-                errors[group.name] = f"torch.export failed: {_summary(done.error)}"
+                errors[group.name] = failure(done.error)
                 logger.warning("export of group %s failed: %s", group.name, errors[group.name])
             if done.program is not None:
                 programs[group.name] = done.program
                 served.append((group, done.program))
-            with nodes.register_flattening_functions():
-                rows.extend(
-                    coverage_rows(
-                        module,
-                        group,
-                        done.program,
-                        errors.get(group.name),
-                        atol,
-                        rtol,
-                        options.probes,
-                    )
-                )
+            rows.extend(group_rows)
     inputs.groups[:] = [g for index in range(len(groups)) for g in made[index]]
     found, payload_notes = payload_rows(
         module,
@@ -386,28 +353,3 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             )
         result.complete = complete and all(m.complete for m in result.modules.values())
     return result
-
-
-def _retry(
-    module: Any, group: ExportGroup, error: BaseException, options: ExportOptions
-) -> tuple[ExportGroup, ExportedProgram | None, BaseException | None, str | None]:
-    """The retries of a group whose named dims torch.export rejected (`replay.pipeline.bounded`).
-
-    Returns:
-        ``(group exported, program, error, why named dims are not honoured)``; the group and
-        `error` unchanged without named dims.
-    """
-
-    def attempt(g: ExportGroup) -> tuple[ExportedProgram | None, BaseException | None]:
-        return _export_group(module, g, options.strict)
-
-    if not options.named_dims or group.analysis is None:
-        return group, None, error, None
-    # torch.export could not prove a guard within the named ranges (e.g. the Min(...) stride
-    # guard of repeat_kv's reshape on torch 2.13): bounded hints keep the recorded ranges and
-    # let torch check the guard at run time.
-    bounded, program, failure = export_bounded(group, error, attempt, _summary)
-    if program is None and failure is not None and compat.is_constraint_violation(failure):
-        # No bounded form was accepted: reported as not honoured, never silently.
-        return export_unbounded(bounded, failure, attempt, _summary)
-    return bounded, program, failure, None
