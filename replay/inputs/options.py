@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_SEED",
     "DEFAULT_TIME_BUDGET",
     "INTERNAL",
+    "SPECS",
 ]
 
 DEFAULT_SEED = 0
@@ -100,6 +101,9 @@ class ExportOptions:
             no bound.
         max_static: Most static programs per group for the recorded signatures its dynamic
             program does not serve (`replay.pipeline.budget.static`); 0: no static fallback.
+        spec: ``"dims"``: ``dynamic_shapes`` of ``torch.export.Dim`` objects; ``"shapes"``:
+            torch's ``ShapesSpec`` (torch >= 2.14) learned from the store
+            (`replay.inputs.specs.shapesspec`).
     """
 
     set_batch_dimension_for: BatchOption = None
@@ -125,6 +129,7 @@ class ExportOptions:
     merge: bool = True
     time_budget: float | None = DEFAULT_TIME_BUDGET
     max_static: int = 16
+    spec: str = "dims"
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:
@@ -133,6 +138,7 @@ class ExportOptions:
 
         Raises:
             TypeError: An unknown option, or one set by the pipeline only (`INTERNAL`).
+            ValueError: ``spec`` is not ``"dims"`` or ``"shapes"``.
 
         Example:
             >>> ExportOptions.of(named_dims=True, groups=["decode"]).groups
@@ -141,6 +147,8 @@ class ExportOptions:
         internal = sorted(set(options) & set(INTERNAL))
         if internal:
             raise TypeError(f"{', '.join(internal)}: set by the replay itself, not an option")
+        if options.get("spec", "dims") not in SPECS:
+            raise ValueError(f"spec={options['spec']!r}: one of {', '.join(map(repr, SPECS))}")
         if options.get("onnx") is not None:
             options["onnx"] = os.fspath(options["onnx"])
         if "set_batch_dimension_for" in options:
@@ -156,6 +164,9 @@ class ExportOptions:
             )
         return cls(**options)
 
+
+SPECS = ("dims", "shapes")
+"""The forms of ``dynamic_shapes`` an export can use (`ExportOptions.spec`)."""
 
 INTERNAL = ("hinted", "floor", "auto")
 """Fields of `ExportOptions` the pipeline sets (the `replay.pipeline.bounded` retry,

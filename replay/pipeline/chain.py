@@ -109,6 +109,26 @@ def _checked(module: Any, done: Exported, options: ExportOptions) -> list[Covera
         )
 
 
+def _dynamic(
+    module: Any,
+    group: ExportGroup,
+    options: ExportOptions,
+    analysed: list[Any],
+    budget: Budget,
+) -> list[Exported]:
+    """The group's dynamic exports: plain, then its retries and regimes (``spec="dims"``)."""
+    if options.spec == "shapes":  # unbacked sizes: torch cuts no range, nothing to retry
+        program, error = _export_group(module, group, options.strict, budget.dynamic)
+        return [Exported(group, program, error)]
+    return export_regimes(
+        group,
+        options,
+        analysed,
+        lambda g: _export_group(module, g, options.strict, budget.dynamic),
+        lambda g, e: _retry(module, g, e, options, budget.dynamic),
+    )
+
+
 def exported_with_fallback(
     module: Any,
     group: ExportGroup,
@@ -121,13 +141,7 @@ def exported_with_fallback(
     (`replay.pipeline.budget.static`), standing before the part they fell out of."""
     out: list[tuple[Exported, list[CoverageRow]]] = []
     why_in_process = in_process_reason() if budget.seconds is not None else None
-    for done in export_regimes(
-        group,
-        options,
-        analysed,
-        lambda g: _export_group(module, g, options.strict, budget.dynamic),
-        lambda g, e: _retry(module, g, e, options, budget.dynamic),
-    ):
+    for done in _dynamic(module, group, options, analysed, budget):
         if why_in_process is not None:
             done.group.notes.append(f"time budget not enforced: {why_in_process}")
         rows = _checked(module, done, options)

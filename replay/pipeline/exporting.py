@@ -37,6 +37,7 @@ import torch
 
 from capture import schema
 from capture.errors import ReplayError
+from capture.output_paths import check_file
 from capture.pytree.cachespec import blocking_reason
 from replay.check.checking import coverage_rows
 from replay.check.payload_rows import payload_rows
@@ -46,6 +47,7 @@ from replay.onnx.target import output_path, write_onnx
 from replay.pipeline.binding import check_signature
 from replay.pipeline.chain import Budget, exported_with_fallback, failure
 from replay.pipeline.merging import merge
+from replay.pipeline.model_match import eager_failure
 from replay.pipeline.result import ExportResult
 from replay.pipeline.submodules import recorded_submodules, submodule
 from replay.runtime.coverage import (
@@ -128,6 +130,7 @@ def export(
     merge: bool = ExportOptions.merge,
     time_budget: float | None = ExportOptions.time_budget,
     max_static: int = ExportOptions.max_static,
+    spec: str = ExportOptions.spec,
 ) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
@@ -187,6 +190,13 @@ def export(
         max_static: Most static programs per group, one per recorded signature its dynamic
             program does not serve (past the budget, or cut where regimes cannot serve),
             most calls first (`replay.pipeline.budget.static`); 0: no static fallback.
+        spec: ``"dims"`` (default): ``torch.export.Dim`` shapes, with the retries and regimes
+            above; ``"shapes"``: torch's ``ShapesSpec`` learned from the store (torch >= 2.14,
+            `replay.inputs.specs.shapesspec`): every dynamic size unbacked, so a group is never
+            split and 0 or 1 is never specialized (the notes name the dims recorded there),
+            trusted divisors as ``assumptions`` (checked by the program and by the router of
+            a saved artifact). A group torch rejects in this form is reported, never retried
+            in the ``Dim`` form.
 
     Returns:
         An `ExportResult`.
@@ -194,7 +204,8 @@ def export(
     Raises:
         StoreNotFound, EmptyStore, UnknownModel: The store or model cannot be found.
         ReplayError: ``model.forward`` no longer matches the recordings, the recordings cannot
-            be rebuilt, or ``onnx`` is asked without the ONNX dependencies.
+            be rebuilt, ``onnx`` is asked without the ONNX dependencies, or ``spec="shapes"``
+            on a torch without ``ShapesSpec``.
 
     Example:
         >>> result = export(model, "capture-store")  # doctest: +SKIP
@@ -222,6 +233,7 @@ def export(
         merge=merge,
         time_budget=time_budget,
         max_static=max_static,
+        spec=spec,
     )
     return export_with(module, store, model, options)
 
@@ -244,6 +256,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     """
     if options.onnx is not None:
         require_onnx()
+        check_file(options.onnx, what="ONNX set", example="model.onnx")  # before the export
     if options.device is None and isinstance(module, torch.nn.Module):
         first = next(iter(module.parameters()), None)
         if first is not None:
@@ -267,7 +280,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         group = groups[index]
         blocked = blocking_reason(group.structure)
         if blocked is not None:
-            # Issues 9, 22: a class we cannot rebuild exactly is never called covered; the
+            # A class we cannot rebuild exactly is never called covered; the
             # reason names it (a refused cache layer, or any other opaque leaf).
             errors[group.name] = blocked
             rows.extend(coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
@@ -279,6 +292,13 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             made[index] = [group]
             notes.extend(f"{group.name}: {note}" for note in group.notes)
             rows.extend(proof)
+            continue
+        mismatch = eager_failure(module, group)
+        if mismatch is not None:  # not the recorded model: torch.export would fail deep inside
+            errors[group.name] = mismatch
+            logger.warning("group %s not exported: %s", group.name, mismatch)
+            rows.extend(coverage_rows(module, group, None, mismatch, atol, rtol, options.probes))
+            made[index] = [group]
             continue
         made[index] = []
         budget = Budget(options.time_budget)
@@ -316,7 +336,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
     if options.onnx is not None:
-        # Issue 21: every ONNX file is checked on the same rows; its rows count in `complete`.
+        # Every ONNX file is checked on the same rows; its rows count in `complete`.
         outcome = write_onnx(
             module,
             store,
