@@ -286,9 +286,9 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             rows.extend(coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
             made[index] = [group]
             continue
-        merged = merge(module, group, served, options, store, inputs) if options.merge else []
-        if isinstance(merged, tuple):
-            group, proof = merged
+        merged = merge(module, group, served, options, store, inputs) if options.merge else None
+        if merged is not None and merged.group is not None:
+            group, proof = merged.group, merged.rows
             made[index] = [group]
             notes.extend(f"{group.name}: {note}" for note in group.notes)
             rows.extend(proof)
@@ -306,7 +306,8 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             module, group, options, inputs.analysed, budget
         ):
             group = done.group
-            group.notes.extend(merged)  # why no other group's program serves it
+            # why no other group's program serves it
+            group.notes.extend(merged.reasons if merged is not None else ())
             made[index].append(group)
             if done.not_honoured is not None:
                 not_honoured[group.name] = done.not_honoured
