@@ -490,7 +490,7 @@ def shape_facts(program: Any) -> ShapeFacts | None:
         ranges[symbol] = (int(bounds.lower), None if isinstance(upper, IntInfinity) else int(upper))
     shipped = program.graph_module.meta.get(SHIPPED_GUARDS)
     if shipped is not None:  # a program read back from torch's serialization
-        return ShapeFacts(tuple(inputs), ranges, tuple(shipped)) if ranges else None
+        return ShapeFacts(tuple(inputs), ranges, tuple(shipped))
     if env is None:
         return ShapeFacts(tuple(inputs), ranges, ()) if ranges else None
     replacements = dict(env.replacements)

@@ -1,22 +1,36 @@
-"""One call group through the export strategies, within its time budget.
+"""One call group through one chain of export strategies, to an immutable outcome.
 
-`exported_with_fallback` runs a group through, in order: the plain torch.export of its example
-and dynamic shapes; the bounded named-dims retries (`replay.pipeline.bounded`); the split into
-regimes where torch.export cuts its recorded range (`replay.pipeline.regimes`); then, for the
-recorded signatures no dynamic program serves (past the time budget, or cut where regimes cannot
-serve), one static program per signature (`replay.pipeline.budget.static`). Every torch.export
-runs under the group's deadline (`replay.pipeline.budget.child`). Each part comes back with its
-coverage rows, checked on the recorded signatures and probes.
+`export_group` takes a group through, in order, stopping at the first that decides it:
+
+1. **refused**: a recorded class that cannot be rebuilt exactly (`capture.pytree.cachespec`);
+2. **merged**: served by another group's program with an input filled, where the check proves
+   it (`replay.pipeline.merging`; the reasons it is not are kept for the notes);
+3. **refused**: the model is not the recorded one (`replay.pipeline.model_match`);
+4. **dynamic**: the plain torch.export of the group's example and dynamic shapes, its bounded
+   named-dims retries (`replay.pipeline.bounded`) and its split into regimes where torch.export
+   cuts its recorded range (`replay.pipeline.regimes`), within half the group's time budget;
+5. **static**: the recorded signatures no dynamic program serves (past the budget, or cut
+   where regimes cannot serve) get one static program each (`replay.pipeline.budget.static`),
+   within the rest of the budget.
+
+Every torch.export runs under the group's deadline (`replay.pipeline.budget.child`). The outcome
+is a tuple of frozen `Part`: a program or a refusal, its coverage rows (checked on the recorded
+signatures and probes) and its group with every note; nothing given to the chain is changed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from capture import compat
 from capture.pytree import nodes
+from capture.pytree.cachespec import blocking_reason
 from replay.check.checking import coverage_rows
 from replay.inputs.options import ExportOptions
 from replay.pipeline.bounded import export_bounded, export_unbounded
@@ -28,15 +42,19 @@ from replay.pipeline.budget.child import (
 )
 from replay.pipeline.budget.static import export_static
 from replay.pipeline.guard_sources import fix_guard_sources
+from replay.pipeline.merging import Merged, merge
+from replay.pipeline.model_match import eager_failure
 from replay.pipeline.regimes import Exported, export_regimes
 from replay.runtime.coverage import KIND_RECORDED, CoverageRow
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-    from replay.inputs.exportgroup import ExportGroup
+    from replay.inputs.exportgroup import ExportGroup, ExportInputs
 
-__all__ = ["Budget", "DYNAMIC_SHARE", "exported_with_fallback", "failure", "summary"]
+__all__ = ["Budget", "DYNAMIC_SHARE", "Job", "Part", "export_group", "failure", "summary"]
+
+logger = logging.getLogger(__name__)
 
 _TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
 
@@ -100,87 +118,151 @@ def failure(error: BaseException) -> str:
     return f"torch.export failed: {summary(error)}"
 
 
-def _checked(module: Any, done: Exported, options: ExportOptions) -> list[CoverageRow]:
-    """The coverage rows of one exported group (its error when it has no program)."""
+@dataclass(frozen=True)
+class Part:
+    """One program of a group's outcome, or one refusal.
+
+    Attributes:
+        group: The group (or regime, or static signature) it serves, with every note.
+        program: Its `torch.export.ExportedProgram`; None for a refusal, and for a group
+            served by another group's program (``group.served_by``).
+        error: Why it has no program (a refusal), or None.
+        rows: Its coverage rows.
+        not_honoured: An option asked for that its program does not honour, and why.
+    """
+
+    group: ExportGroup
+    program: ExportedProgram | None
+    error: str | None
+    rows: tuple[CoverageRow, ...]
+    not_honoured: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every group of one export shares: the model, the store, its inputs, the options."""
+
+    module: Any
+    store: Any
+    inputs: ExportInputs
+    options: ExportOptions
+
+
+Served = Sequence[tuple["ExportGroup", "ExportedProgram"]]
+"""``(group, program)`` of every program made so far (the candidates of `merge`)."""
+
+
+def export_group(job: Job, group: ExportGroup, served: Served) -> tuple[Part, ...]:
+    """One group through the chain (module docstring): its parts, static programs first.
+
+    Example:
+        >>> parts = export_group(job, inputs.group("prefill"), served=())  # doctest: +SKIP
+        >>> [(p.group.name, p.program is not None) for p in parts]  # doctest: +SKIP
+        [('prefill[input_ids_1<=4]', True), ('prefill[input_ids_1>=5]', True)]
+    """
+    blocked = blocking_reason(group.structure)
+    if blocked is not None:  # a class we cannot rebuild exactly is never called covered
+        return (_refused(job, group, blocked, probes=0),)
+    merged = (
+        merge(job.module, group, served, job.options, job.store, job.inputs)
+        if job.options.merge
+        else Merged(None)
+    )
+    if merged.group is not None:
+        return (Part(merged.group, None, None, merged.rows),)
+    mismatch = eager_failure(job.module, group)
+    if mismatch is not None:  # not the recorded model: torch.export would fail deep inside
+        return (_refused(job, group, mismatch, probes=job.options.probes),)
+    budget = Budget(job.options.time_budget)
+    return tuple(
+        part
+        for done in _dynamic(job, group, budget)
+        for part in _with_fallback(job, _noted(done, merged.reasons, budget), budget)
+    )
+
+
+def _refused(job: Job, group: ExportGroup, why: str, probes: int) -> Part:
+    logger.warning("group %s not exported: %s", group.name, why)
+    options = job.options
+    rows = coverage_rows(job.module, group, None, why, options.atol, options.rtol, probes)
+    return Part(group, None, why, tuple(rows))
+
+
+def _noted(done: Exported, reasons: Sequence[str], budget: Budget) -> Exported:
+    """`done` with why no other group's program serves it, and an unbounded budget said."""
+    why = in_process_reason() if budget.seconds is not None else None
+    extra = [*reasons, *([f"time budget not enforced: {why}"] if why else [])]
+    if not extra:
+        return done
+    group = dataclasses.replace(done.group, notes=[*done.group.notes, *extra])
+    return Exported(group, done.program, done.error, done.not_honoured)
+
+
+def _part(job: Job, done: Exported, notes: Sequence[str] = ()) -> Part:
+    """`done` checked: its coverage rows, its error when it has no program."""
     error = failure(done.error) if done.error is not None and done.program is None else None
+    if error is not None:
+        logger.warning("export of group %s failed: %s", done.group.name, error)
+    group = dataclasses.replace(done.group, notes=[*done.group.notes, *notes])
+    options = job.options
     with nodes.register_flattening_functions():
-        return coverage_rows(
-            module, done.group, done.program, error, options.atol, options.rtol, options.probes
+        rows = coverage_rows(
+            job.module, group, done.program, error, options.atol, options.rtol, options.probes
         )
+    return Part(group, done.program, error, tuple(rows), done.not_honoured)
 
 
-def _dynamic(
-    module: Any,
-    group: ExportGroup,
-    options: ExportOptions,
-    analysed: list[Any],
-    budget: Budget,
-) -> list[Exported]:
+def _dynamic(job: Job, group: ExportGroup, budget: Budget) -> list[Exported]:
     """The group's dynamic exports: plain, then its retries and regimes (``spec="dims"``)."""
+    module, options = job.module, job.options
     if options.spec == "shapes":  # unbacked sizes: torch cuts no range, nothing to retry
         program, error = _export_group(module, group, options.strict, budget.dynamic)
         return [Exported(group, program, error)]
     return export_regimes(
         group,
         options,
-        analysed,
+        job.inputs.analysed,
         lambda g: _export_group(module, g, options.strict, budget.dynamic),
         lambda g, e: _retry(module, g, e, options, budget.dynamic),
     )
 
 
-def exported_with_fallback(
-    module: Any,
-    group: ExportGroup,
-    options: ExportOptions,
-    analysed: list[Any],
-    budget: Budget,
-) -> list[tuple[Exported, list[CoverageRow]]]:
-    """The group exported (regimes, retries) within its budget, each part with its coverage
-    rows; the recorded signatures no dynamic program serves get static programs
-    (`replay.pipeline.budget.static`), standing before the part they fell out of."""
-    out: list[tuple[Exported, list[CoverageRow]]] = []
-    why_in_process = in_process_reason() if budget.seconds is not None else None
-    for done in _dynamic(module, group, options, analysed, budget):
-        if why_in_process is not None:
-            done.group.notes.append(f"time budget not enforced: {why_in_process}")
-        rows = _checked(module, done, options)
-        unserved = [r.sizes for r in rows if r.kind == KIND_RECORDED and not r.covered and r.sizes]
-        if not unserved or options.max_static <= 0:
-            out.append((done, rows))
+def _unserved(part: Part) -> list[tuple[int, ...]]:
+    return [r.sizes for r in part.rows if r.kind == KIND_RECORDED and not r.covered and r.sizes]
+
+
+def _with_fallback(job: Job, done: Exported, budget: Budget) -> list[Part]:
+    """`done` checked; the recorded signatures its program does not serve get static
+    programs (`replay.pipeline.budget.static`), standing before it."""
+    part = _part(job, done)
+    unserved = _unserved(part)
+    if not unserved or job.options.max_static <= 0:
+        return [part]
+    why = part.error or "its program does not serve them"
+    fallback = export_static(
+        done.group,
+        unserved,
+        why,
+        job.options,
+        job.inputs.analysed,
+        lambda g: _export_group(job.module, g, job.options.strict, budget.static),
+    )
+    statics, dropped = [], []
+    for static in fallback.exported:
+        note = f"a static program for one recorded signature of {done.group.name} ({why})"
+        checked = _part(job, static, [note])
+        failed = next((r for r in checked.rows if not r.covered), None)
+        if failed is None:
+            statics.append(checked)
             continue
-        why = (
-            failure(done.error)
-            if done.program is None and done.error is not None
-            else "its program does not serve them"
+        dropped.append(
+            f"the static program {static.group.name} is not kept: it does not reproduce "
+            f"{failed.signature} ({failed.error})"
         )
-        fallback = export_static(
-            done.group,
-            unserved,
-            why,
-            options,
-            analysed,
-            lambda g: _export_group(module, g, options.strict, budget.static),
-        )
-        done.group.notes.extend(fallback.notes)
-        covered: set[tuple[int, ...]] = set()
-        for static in fallback.exported:
-            static_rows = _checked(module, static, options)
-            failed = next((r for r in static_rows if not r.covered), None)
-            if failed is not None:
-                done.group.notes.append(
-                    f"the static program {static.group.name} is not kept: it does not reproduce "
-                    f"{failed.signature} ({failed.error})"
-                )
-                continue
-            static.group.notes.append(
-                f"a static program for one recorded signature of {done.group.name} ({why})"
-            )
-            covered |= {r.sizes for r in static_rows if r.kind == KIND_RECORDED and r.sizes}
-            out.append((static, static_rows))
-        kept = [r for r in rows if not (r.kind == KIND_RECORDED and r.sizes in covered)]
-        out.append((done, kept))
-    return out
+    covered = {r.sizes for p in statics for r in p.rows if r.kind == KIND_RECORDED}
+    kept = tuple(r for r in part.rows if not (r.kind == KIND_RECORDED and r.sizes in covered))
+    group = dataclasses.replace(part.group, notes=[*part.group.notes, *fallback.notes, *dropped])
+    return [*statics, dataclasses.replace(part, group=group, rows=kept)]
 
 
 def _retry(

@@ -38,28 +38,23 @@ import torch
 from capture import schema
 from capture.errors import ReplayError
 from capture.output_paths import check_file
-from capture.pytree.cachespec import blocking_reason
-from replay.check.checking import coverage_rows
 from replay.check.payload_rows import payload_rows
 from replay.inputs.builder import ExportGroup, inputs_for
 from replay.inputs.options import ExportOptions
 from replay.onnx.target import output_path, write_onnx
 from replay.pipeline.binding import check_signature
-from replay.pipeline.chain import Budget, exported_with_fallback, failure
-from replay.pipeline.merging import merge
-from replay.pipeline.model_match import eager_failure
+from replay.pipeline.chain import Job, Part, export_group
 from replay.pipeline.result import ExportResult
 from replay.pipeline.submodules import recorded_submodules, submodule
 from replay.runtime.coverage import (
     COVERAGE_SCHEMA,
     KIND_PROBE,
     KIND_RECORDED,
-    CoverageRow,
     coverage_table,
 )
 
 if TYPE_CHECKING:
-    from torch.export import ExportedProgram
+    pass
 
 __all__ = [
     "ExportResult",
@@ -94,6 +89,23 @@ def require_onnx() -> None:
         raise ReplayError(
             f"ONNX export needs {' and '.join(missing)}, which are not installed; run `{ONNX_HINT}`"
         )
+
+
+def _export_groups(job: Job) -> list[tuple[int, Part]]:
+    """Every group through the chain (`replay.pipeline.chain.export_group`), each part with
+    its group's index, in the order exported: groups that pass more inputs first, so that a
+    group lacking one may be served by their program (`replay.pipeline.merging`)."""
+    groups = list(job.inputs.groups)
+    order = sorted(range(len(groups)), key=lambda i: (_absent(groups[i]), i))
+    parts: list[tuple[int, Part]] = []
+    for index in order:
+        served = [(p.group, p.program) for _, p in parts if p.program is not None]
+        parts += [(index, part) for part in export_group(job, groups[index], served)]
+    return parts
+
+
+def _place(indexed: tuple[int, Part]) -> int:
+    return indexed[0]
 
 
 def _absent(group: ExportGroup) -> int:
@@ -254,88 +266,63 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         StoreNotFound, EmptyStore, UnknownModel: The store or model cannot be found.
         ReplayError: See `export`.
     """
+    options = _prepared(module, options)
+    inputs = inputs_for(store, model, options, module=module)
+    check_signature(module, inputs.groups)
+    parts = _export_groups(Job(module, store, inputs, options))
+    # The groups as exported: regimes and static programs in their group's place.
+    inputs = dataclasses.replace(inputs, groups=[p.group for _, p in sorted(parts, key=_place)])
+    result = _result(Job(module, store, inputs, options), [p for _, p in parts])
+    if options.modules:
+        # Every group of each recorded sub-module, with the model's options; no ONNX.
+        sub_options = dataclasses.replace(options, groups=None, onnx=None, modules=False)
+        for name in recorded_submodules(store, inputs.model):
+            result.modules[name] = export_with(
+                submodule(module, name), store, f"{inputs.model}.{name}", sub_options
+            )
+        result.complete = result.complete and all(m.complete for m in result.modules.values())
+    return result
+
+
+def _prepared(module: Any, options: ExportOptions) -> ExportOptions:
+    """The options checked before any work (the ONNX extra and path), with the model's device
+    when none is given."""
     if options.onnx is not None:
         require_onnx()
         check_file(options.onnx, what="ONNX set", example="model.onnx")  # before the export
     if options.device is None and isinstance(module, torch.nn.Module):
         first = next(iter(module.parameters()), None)
         if first is not None:
-            options = dataclasses.replace(options, device=str(first.device))
-    inputs = inputs_for(store, model, options, module=module)
-    check_signature(module, inputs.groups)
-    atol, rtol = options.atol, options.rtol
-    programs: dict[str, ExportedProgram] = {}
-    errors: dict[str, str] = {}
-    notes: list[str] = []
-    rows: list[CoverageRow] = []
-    onnx_files: dict[str, str] = {}
-    not_honoured: dict[str, str] = {}
-    # Groups that pass more inputs first: a group lacking one may then be served by their
-    # program, the input filled, where the check proves it (`replay.pipeline.merging`).
-    groups = list(inputs.groups)
-    order = sorted(range(len(groups)), key=lambda i: (_absent(groups[i]), i))
-    made: dict[int, list[ExportGroup]] = {}
-    served: list[tuple[ExportGroup, ExportedProgram]] = []
-    for index in order:
-        group = groups[index]
-        blocked = blocking_reason(group.structure)
-        if blocked is not None:
-            # A class we cannot rebuild exactly is never called covered; the
-            # reason names it (a refused cache layer, or any other opaque leaf).
-            errors[group.name] = blocked
-            rows.extend(coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
-            made[index] = [group]
-            continue
-        merged = merge(module, group, served, options, store, inputs) if options.merge else None
-        if merged is not None and merged.group is not None:
-            group, proof = merged.group, merged.rows
-            made[index] = [group]
-            notes.extend(f"{group.name}: {note}" for note in group.notes)
-            rows.extend(proof)
-            continue
-        mismatch = eager_failure(module, group)
-        if mismatch is not None:  # not the recorded model: torch.export would fail deep inside
-            errors[group.name] = mismatch
-            logger.warning("group %s not exported: %s", group.name, mismatch)
-            rows.extend(coverage_rows(module, group, None, mismatch, atol, rtol, options.probes))
-            made[index] = [group]
-            continue
-        made[index] = []
-        budget = Budget(options.time_budget)
-        for done, group_rows in exported_with_fallback(
-            module, group, options, inputs.analysed, budget
-        ):
-            group = done.group
-            # why no other group's program serves it
-            group.notes.extend(merged.reasons if merged is not None else ())
-            made[index].append(group)
-            if done.not_honoured is not None:
-                not_honoured[group.name] = done.not_honoured
-            notes.extend(f"{group.name}: {note}" for note in group.notes)
-            if done.error is not None and done.program is None:
-                errors[group.name] = failure(done.error)
-                logger.warning("export of group %s failed: %s", group.name, errors[group.name])
-            if done.program is not None:
-                programs[group.name] = done.program
-                served.append((group, done.program))
-            rows.extend(group_rows)
-    inputs.groups[:] = [g for index in range(len(groups)) for g in made[index]]
+            return dataclasses.replace(options, device=str(first.device))
+    return options
+
+
+def _result(job: Job, parts: list[Part]) -> ExportResult:
+    """The result of the exported parts: their programs, errors and notes, their rows and
+    those of the sampled real calls (and of the ONNX files, with ``onnx=``)."""
+    module, store, inputs, options = job.module, job.store, job.inputs, job.options
+    programs = {p.group.name: p.program for p in parts if p.program is not None}
+    errors = {p.group.name: p.error for p in parts if p.error is not None}
+    not_honoured = {p.group.name: p.not_honoured for p in parts if p.not_honoured is not None}
+    notes = [f"{p.group.name}: {note}" for p in parts for note in p.group.notes]
+    rows = [row for p in parts for row in p.rows]
     found, payload_notes = payload_rows(
         module,
         store,
         inputs,
         programs,
         errors,
-        atol=atol,
-        rtol=rtol,
+        atol=options.atol,
+        rtol=options.rtol,
         limit=options.max_payloads,
         max_bytes=options.max_payload_bytes,
         device=options.device,
     )
-    rows.extend(found)
-    notes.extend(payload_notes)
+    rows += found
+    notes += payload_notes
     complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
+    onnx_files: dict[str, str] = {}
     if options.onnx is not None:
         # Every ONNX file is checked on the same rows; its rows count in `complete`.
         outcome = write_onnx(
@@ -350,13 +337,12 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             source=source,
         )
         onnx_files = outcome.files
-        rows.extend(outcome.rows)
-        notes.extend(outcome.notes)
+        rows += outcome.rows
+        notes += outcome.notes
         complete = complete and all(r.covered for r in outcome.rows)
-    coverage = coverage_table(rows)
-    result = ExportResult(
+    return ExportResult(
         programs,
-        coverage,
+        coverage_table(rows),
         notes,
         complete,
         inputs,
@@ -365,12 +351,3 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         not_honoured=not_honoured,
         source=source,
     )
-    if options.modules:
-        # Every group of each recorded sub-module, with the model's options; no ONNX.
-        sub_options = dataclasses.replace(options, groups=None, onnx=None, modules=False)
-        for name in recorded_submodules(store, inputs.model):
-            result.modules[name] = export_with(
-                submodule(module, name), store, f"{inputs.model}.{name}", sub_options
-            )
-        result.complete = complete and all(m.complete for m in result.modules.values())
-    return result

@@ -186,7 +186,7 @@ def _child(
             graph = compat_archive.serialize_program(program)
         shared, extra = _tensors(program, module)
         facts = shape_facts(program)
-        header = {**shared, "guards": [_encode(g) for g in facts.guards] if facts else []}
+        header = {**shared, "guards": [_encode(g) for g in facts.guards] if facts else None}
         send.send_bytes(_PROGRAM + _framed(json.dumps(header).encode()) + _framed(graph) + extra)
     except Exception as e:  # noqa: BLE001 - every failure goes back to the parent as data
         text = {
@@ -276,7 +276,8 @@ def _answer(
     with nodes.register_flattening_functions():
         program = compat_archive.deserialize_program(graph, tables["state"], tables["const"])
         program.example_inputs = (args, kwargs)
-    _ship_guards(program, guards)
+    if guards is not None:
+        _ship_guards(program, guards)
     return program, None
 
 
