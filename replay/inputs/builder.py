@@ -265,7 +265,7 @@ def build_group(
         group,
         options,
         example.symbols,
-        lambda specs: shapes.materialize(specs, options.hinted, options.floor, options.auto),
+        shapes.materialize,
         added=list(added),
         call=(len(args), list(kwargs_)),
     )

@@ -8,11 +8,11 @@ turn them into one `ExportOptions` with `ExportOptions.of` (the one conversion a
 here too), and ``capture dims --python`` builds one for its three options. A new option goes
 into `ExportOptions` first. The pipeline: analysis (``set_batch_dimension_for``) ->
 representative example -> per-group shapes (`replay.inputs.groupshapes`, ``named_dims``,
-``keyword_only``, ``hinted``/``floor``) -> rebuilt arguments (``seed``, ``device``,
+``keyword_only``; a retry's `ShapeRetry`) -> rebuilt arguments (``seed``, ``device``,
 ``fill_missing``) -> export and check (``modules``: the recorded sub-modules too). A retry
-changes one option with `dataclasses.replace` and runs the same step again
-(`replay.pipeline.bounded`: named Dims rejected by torch.export become bounded ``Dim.DYNAMIC``
-hints) instead of a parallel path.
+reshapes a group with a `ShapeRetry` and runs the same step again (`replay.pipeline.bounded`:
+named Dims rejected by torch.export become bounded ``Dim.DYNAMIC`` hints) instead of a parallel
+path; the options stay the caller's.
 
 This module imports no torch (``capture dims --python`` builds options too).
 """
@@ -35,7 +35,7 @@ __all__ = [
     "batch_option",
     "DEFAULT_SEED",
     "DEFAULT_TIME_BUDGET",
-    "INTERNAL",
+    "ShapeRetry",
     "SPECS",
 ]
 
@@ -71,11 +71,6 @@ class ExportOptions:
             dynamic even when it never varied.
         named_dims: Named ``Dim(symbol, min=, max=)`` instead of ``Dim.DYNAMIC``.
         keyword_only: Pass positional arguments by keyword.
-        hinted: With `named_dims`, the symbols given as bounded ``Dim.DYNAMIC(min=, max=)``
-            hints instead (set by the `replay.pipeline.bounded` retry, not by users).
-        floor: Raise the min of the hinted symbols to this (the same retry).
-        auto: ``Dim.AUTO`` on every dynamic axis (set by `replay.pipeline.regimes` to learn where
-            torch.export cuts a group's range, not by users).
         value_if_missing: Name -> tensor given where that argument is missing (fill_missing).
         fill_missing: Give every program the tensor arguments some group of the model passes.
         seed: Seed of the example tensors.
@@ -109,9 +104,6 @@ class ExportOptions:
     set_batch_dimension_for: BatchOption = None
     named_dims: bool = False
     keyword_only: bool = False
-    hinted: tuple[str, ...] = ()
-    floor: int = 0
-    auto: bool = False
     value_if_missing: Mapping[str, torch.Tensor] = field(default_factory=dict)
     fill_missing: bool = False
     seed: int = DEFAULT_SEED
@@ -137,16 +129,13 @@ class ExportOptions:
         None mappings empty).
 
         Raises:
-            TypeError: An unknown option, or one set by the pipeline only (`INTERNAL`).
+            TypeError: An unknown option (the pipeline's own retry state is `ShapeRetry`).
             ValueError: ``spec`` is not ``"dims"`` or ``"shapes"``.
 
         Example:
             >>> ExportOptions.of(named_dims=True, groups=["decode"]).groups
             ('decode',)
         """
-        internal = sorted(set(options) & set(INTERNAL))
-        if internal:
-            raise TypeError(f"{', '.join(internal)}: set by the replay itself, not an option")
         if options.get("spec", "dims") not in SPECS:
             raise ValueError(f"spec={options['spec']!r}: one of {', '.join(map(repr, SPECS))}")
         if options.get("onnx") is not None:
@@ -168,6 +157,27 @@ class ExportOptions:
 SPECS = ("dims", "shapes")
 """The forms of ``dynamic_shapes`` an export can use (`ExportOptions.spec`)."""
 
-INTERNAL = ("hinted", "floor", "auto")
-"""Fields of `ExportOptions` the pipeline sets (the `replay.pipeline.bounded` retry,
-`replay.pipeline.regimes`' probe of torch's cuts), never a caller."""
+
+@dataclass(frozen=True)
+class ShapeRetry:
+    """How a retry reshapes a group's ``dynamic_shapes``: the pipeline's own state, never an
+    option (`replay.inputs.exportgroup.ExportGroup.reshaped`).
+
+    Attributes:
+        hinted: With ``named_dims``, the symbols given as bounded ``Dim.DYNAMIC(min=, max=)``
+            hints instead (the `replay.pipeline.bounded` retry).
+        floor: Raise the min of the hinted symbols to this (the same retry).
+        unbounded: Every dynamic axis ``Dim.DYNAMIC``, whatever ``named_dims`` asks (the
+            retry of last resort, reported as not honoured).
+        auto: ``Dim.AUTO`` on every dynamic axis (`replay.pipeline.regimes`, to learn where
+            torch.export cuts a group's range).
+
+    Example:
+        >>> ShapeRetry(hinted=("seq",), floor=2).auto
+        False
+    """
+
+    hinted: tuple[str, ...] = ()
+    floor: int = 0
+    unbounded: bool = False
+    auto: bool = False
