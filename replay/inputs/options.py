@@ -19,10 +19,12 @@ This module imports no torch (``capture dims --python`` builds options too).
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from capture.errors import ReplayError
 from capture.store.payload_format import DEFAULT_MAX_CALL_BYTES
@@ -36,6 +38,9 @@ __all__ = [
     "DEFAULT_SEED",
     "DEFAULT_TIME_BUDGET",
     "ShapeRetry",
+    "EXPORT_ONLY",
+    "INPUT_OPTIONS",
+    "takes_options",
     "SPECS",
 ]
 
@@ -153,6 +158,24 @@ class ExportOptions:
             )
         return cls(**options)
 
+    @classmethod
+    def of_inputs(cls, **options: Any) -> ExportOptions:
+        """`of` for `replay.export_inputs`: the options that shape the inputs only.
+
+        Raises:
+            TypeError: An option of `replay.export` only (`EXPORT_ONLY`), or an unknown one.
+
+        Example:
+            >>> ExportOptions.of_inputs(probes=0)
+            Traceback (most recent call last):
+            ...
+            TypeError: probes: an option of replay.export, not of export_inputs
+        """
+        only = sorted(set(options) & set(EXPORT_ONLY))
+        if only:
+            raise TypeError(f"{', '.join(only)}: an option of replay.export, not of export_inputs")
+        return cls.of(**options)
+
 
 SPECS = ("dims", "shapes")
 """The forms of ``dynamic_shapes`` an export can use (`ExportOptions.spec`)."""
@@ -181,3 +204,60 @@ class ShapeRetry:
     floor: int = 0
     unbounded: bool = False
     auto: bool = False
+
+
+EXPORT_ONLY = (
+    "onnx",
+    "modules",
+    "strict",
+    "atol",
+    "rtol",
+    "probes",
+    "max_payloads",
+    "max_payload_bytes",
+    "max_regimes",
+    "merge",
+    "time_budget",
+    "max_static",
+)
+"""Options only `replay.export` takes: the inputs are the same whatever the check does."""
+
+INPUT_OPTIONS = tuple(
+    f.name for f in dataclasses.fields(ExportOptions) if f.name not in EXPORT_ONLY
+)
+"""The options `replay.export_inputs` takes."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def takes_options(names: Iterable[str]) -> Callable[[_F], _F]:
+    """Gives a function that takes ``**options`` the signature of one keyword per option of
+    `names`, with `ExportOptions`' defaults and types (a mapping default: None): what
+    ``help()``, ``inspect.signature`` and editors show, derived from the dataclass instead of
+    restated by hand.
+
+    Example:
+        >>> @takes_options(["probes"])
+        ... def check(store, **options): ...
+        >>> inspect.signature(check)
+        <Signature (store, *, probes: 'int' = 4)>
+    """
+    fields = {f.name: f for f in dataclasses.fields(ExportOptions)}
+    chosen = [fields[name] for name in names]
+
+    def decorate(fn: _F) -> _F:
+        signature = inspect.signature(fn)
+        params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        params += [
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None if f.default is dataclasses.MISSING else f.default,
+                annotation=f.type,
+            )
+            for f in chosen
+        ]
+        fn.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        return fn
+
+    return decorate

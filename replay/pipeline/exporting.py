@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,7 +38,7 @@ from capture.errors import ReplayError
 from capture.output_paths import check_file
 from replay.check.payload_rows import payload_rows
 from replay.inputs.builder import ExportGroup, inputs_for
-from replay.inputs.options import ExportOptions
+from replay.inputs.options import ExportOptions, takes_options
 from replay.onnx.target import output_path, write_onnx
 from replay.pipeline.binding import check_signature
 from replay.pipeline.chain import Job, Part, export_group
@@ -115,35 +113,8 @@ def _absent(group: ExportGroup) -> int:
     )
 
 
-def export(
-    module: Any,
-    store: Any,
-    model: str | None = None,
-    *,
-    groups: Iterable[str] | None = ExportOptions.groups,
-    onnx: str | os.PathLike[str] | None = ExportOptions.onnx,
-    modules: bool = ExportOptions.modules,
-    strict: bool = ExportOptions.strict,
-    atol: float = ExportOptions.atol,
-    rtol: float = ExportOptions.rtol,
-    set_batch_dimension_for: bool | Iterable[str | int] | None = (
-        ExportOptions.set_batch_dimension_for
-    ),
-    named_dims: bool = ExportOptions.named_dims,
-    keyword_only: bool = ExportOptions.keyword_only,
-    value_if_missing: Mapping[str, torch.Tensor] | None = None,
-    fill_missing: bool = ExportOptions.fill_missing,
-    seed: int = ExportOptions.seed,
-    device: str | None = ExportOptions.device,
-    probes: int = ExportOptions.probes,
-    max_payloads: int = ExportOptions.max_payloads,
-    max_payload_bytes: int = ExportOptions.max_payload_bytes,
-    max_regimes: int = ExportOptions.max_regimes,
-    merge: bool = ExportOptions.merge,
-    time_budget: float | None = ExportOptions.time_budget,
-    max_static: int = ExportOptions.max_static,
-    spec: str = ExportOptions.spec,
-) -> ExportResult:
+@takes_options(field.name for field in dataclasses.fields(ExportOptions))
+def export(module: Any, store: Any, model: str | None = None, **options: Any) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
     Besides the recorded signatures, up to `probes` unseen size vectors per group inside the
@@ -224,30 +195,7 @@ def export(
         >>> result.complete, result.coverage.column("covered").to_pylist()  # doctest: +SKIP
         (True, [True, True, True])
     """
-    options = ExportOptions.of(
-        groups=groups,
-        onnx=onnx,
-        modules=modules,
-        strict=strict,
-        atol=atol,
-        rtol=rtol,
-        set_batch_dimension_for=set_batch_dimension_for,
-        named_dims=named_dims,
-        keyword_only=keyword_only,
-        value_if_missing=value_if_missing,
-        fill_missing=fill_missing,
-        seed=seed,
-        device=device,
-        probes=probes,
-        max_payloads=max_payloads,
-        max_payload_bytes=max_payload_bytes,
-        max_regimes=max_regimes,
-        merge=merge,
-        time_budget=time_budget,
-        max_static=max_static,
-        spec=spec,
-    )
-    return export_with(module, store, model, options)
+    return export_with(module, store, model, ExportOptions.of(**options))
 
 
 def export_with(module: Any, store: Any, model: str | None, options: ExportOptions) -> ExportResult:
