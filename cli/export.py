@@ -272,6 +272,25 @@ def _render_coverage(
     "check proves it on the group's own signatures. Default: --merge.",
 )
 @click.option(
+    "--time-budget",
+    type=click.FloatRange(min=0),
+    default=ExportOptions.time_budget,
+    metavar="SECONDS",
+    help="Seconds of torch.export per call group; each export runs in a child process stopped "
+    "at the deadline. The dynamic exports (plain, retries, regimes) may use half; the recorded "
+    "signatures they do not serve get one static program each, most calls first, in the rest. "
+    "A group past it is named on stderr with what served it instead; 0 for no bound. "
+    f"Default: {ExportOptions.time_budget:g}.",
+)
+@click.option(
+    "--max-static",
+    type=click.IntRange(min=0),
+    default=ExportOptions.max_static,
+    help="Most static programs per group, one per recorded signature its dynamic program does "
+    "not serve (past the time budget, or cut where regimes cannot serve), most calls first; "
+    f"0: none. Default: {ExportOptions.max_static}.",
+)
+@click.option(
     "--keyword-only",
     is_flag=True,
     default=ExportOptions.keyword_only,
@@ -302,6 +321,8 @@ def export_command(
     probes: int,
     max_regimes: int,
     merge: bool,
+    time_budget: float,
+    max_static: int,
     signatures: bool,
     fmt: str,
     no_headers: bool,
@@ -366,6 +387,8 @@ def export_command(
         probes=probes,
         max_regimes=max_regimes,
         merge=merge,
+        time_budget=time_budget or None,
+        max_static=max_static,
         groups=groups or None,
         onnx=onnx,
         modules=out is not None and onnx is None,

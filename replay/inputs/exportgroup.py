@@ -23,7 +23,7 @@ from capture.signature import POSITIONAL_OR_KEYWORD, Param, Signature
 from replay.inputs import rebuild as rb
 from replay.inputs import select, shapes, tokens
 from replay.inputs.groupshapes import group_shapes
-from replay.inputs.options import ExportOptions
+from replay.inputs.options import ExportOptions, ShapeRetry
 from replay.runtime import callform
 from replay.runtime.fills import Fill, fill_call
 
@@ -75,7 +75,9 @@ class ExportGroup:
     seed: int = rb.DEFAULT_SEED
     device: str | None = None
     options: ExportOptions = field(repr=False, default_factory=ExportOptions)
-    """The options the group was built with (`reshaped` replaces one)."""
+    """The options the group was built with."""
+    retry: ShapeRetry = field(repr=False, default_factory=ShapeRetry)
+    """How a retry reshaped its ``dynamic_shapes`` (`reshaped`); the default: not reshaped."""
     served_by: str | None = None
     """The group whose program serves this one (`replay.pipeline.merging`), or None: its own."""
     fills: tuple[Fill, ...] = ()
@@ -139,24 +141,27 @@ class ExportGroup:
             device=self.device,
         )
 
-    def reshaped(self, options: ExportOptions) -> ExportGroup:
-        """A copy whose ``dynamic_shapes`` are built again with `options` (same example
-        arguments and call form, own notes list): how `replay.pipeline.bounded` retries an export.
+    def reshaped(self, retry: ShapeRetry) -> ExportGroup:
+        """A copy whose ``dynamic_shapes`` are built again the way `retry` says (same options,
+        example arguments and call form, own notes list): how `replay.pipeline.bounded` and
+        `replay.pipeline.regimes` retry an export.
 
         Raises:
             ReplayError: The group was not built from an analysis.
 
         Example:
-            >>> hinted = group.reshaped(dataclasses.replace(group.options, hinted=("seq",)))
-            ... # doctest: +SKIP
+            >>> hinted = group.reshaped(ShapeRetry(hinted=("seq",)))  # doctest: +SKIP
         """
         if self.analysis is None:
             raise ReplayError(f"group {self.name} was not built from an analysis")
+        options = self.options
+        if retry.unbounded:
+            options = dataclasses.replace(options, named_dims=False)
         shaped = group_shapes(
             self.analysis,
             options,
             self.example.symbols,
-            lambda specs: shapes.materialize(specs, options.hinted, options.floor, options.auto),
+            lambda specs: shapes.materialize(specs, retry.hinted, retry.floor, retry.auto),
             added=list(self.added),
             form=self.form,
         )
@@ -164,7 +169,7 @@ class ExportGroup:
             self,
             dynamic_shapes=shaped.dynamic_shapes,
             notes=list(self.notes),
-            options=options,
+            retry=retry,
         )
 
     def program_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
