@@ -402,8 +402,13 @@ def _rename_dims(model: ir.Model, renames: dict[str, str]) -> None:
         shape = value.shape
         if shape is None:
             continue
-        dims = [d if isinstance(d, int) else ir.SymbolicDim(rename(str(d.value))) for d in shape]
-        if any(not isinstance(d, int) for d in shape):
+        # An unnamed dim (value None) stays unnamed: spelled "None", every unknown dim of the
+        # graph would be one name, which onnxruntime takes as one size (its buffer reuse fails).
+        dims = [
+            d if isinstance(d, int) or d.value is None else ir.SymbolicDim(rename(str(d.value)))
+            for d in shape
+        ]
+        if any(not isinstance(d, int) and d.value is not None for d in shape):
             value.shape = ir.Shape(dims)
 
 
