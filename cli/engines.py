@@ -121,7 +121,7 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
         f"({_percent(padding, work)} of the {work:,} useful; {padding / calls:.4g} per call)",
     ]
     if summary["measures"] != BATCH:
-        # vLLM's and SGLang's CUDA-graph sizes are batch sizes (issue 24): no flags for lengths.
+        # vLLM's and SGLang's CUDA-graph sizes are batch sizes: no flags for lengths.
         lines += [
             "",
             f"{summary['symbol']} is a {summary['measures']}: vLLM's and SGLang's capture sizes "

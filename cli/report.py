@@ -24,7 +24,7 @@ def check_out(out: str) -> Path:
     """The page's path, checked before any work: its folder exists and it is not a folder.
 
     Raises:
-        click.ClickException: `out` is a folder, or its folder does not exist (issue 24: a
+        click.ClickException: `out` is a folder, or its folder does not exist (a
             31-line traceback and a ``.tmp`` file left behind, after the whole report was drawn).
 
     Example:

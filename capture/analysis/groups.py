@@ -202,7 +202,7 @@ def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
 def _name_groups(groups: list[Group]) -> None:
     """Assigns `Group.name` in place (groups are already sorted, largest first)."""
     statuses = [g.structure.argument_status() for g in groups]
-    # A static cache's fill levels are tensors before its first update: not state (issue 22).
+    # A static cache's fill levels are tensors before its first update: not state.
     holding = [
         {leaf.argument for leaf in g.structure.tensors if not is_cache_counter(leaf.path)}
         for g in groups

@@ -17,7 +17,7 @@ hull trick), so the cost is ``O(budget x distinct sizes)`` with exact integer ar
 
 The distribution is `capture.analysis.symbol_sizes.symbol_sizes`: every group that has one of the
 symbol's dims, including those where it never varied (a group whose batch was always 1 counts
-its calls at 1, issue 24; the result names the groups it counted), from the groups' distinct
+its calls at 1; the result names the groups it counted), from the groups' distinct
 signatures and call counts (the ``stats`` rows), never from the raw calls. Imports pyarrow only
 (numpy through the analysis), never torch or duckdb.
 """

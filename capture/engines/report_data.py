@@ -10,7 +10,7 @@ as its thousands of stats rows. No plotting and no torch here (`capture.engines.
 segment of up to ``flush_seconds`` in stores written before rollups). The first and the last of
 them are placed at those exact times and the others evenly in between, as whole calls: a
 signature seen once or twice a minute is exact, and a bin never holds a fraction of a call
-(issue 24: "0.2 calls" bars). The report says so under the plot. `capture compact` merges the
+("0.2 calls" bars). The report says so under the plot. `capture compact` merges the
 rows of one signature into one, spanning all of them: the calls over time of a compacted store
 are coarser. (Every exact time is in the ``calls`` view; reading it costs a pass over every
 calls file, which the report avoids.)

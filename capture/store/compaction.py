@@ -181,7 +181,7 @@ def _folders(
         paths = by_folder.pop(folder)
         for start in range(0, len(paths), BATCH_FILES):
             chunk = paths[start : start + BATCH_FILES]
-            # Many footers at once (issue 14); each is checked against the schema (issue 11).
+            # Many footers at once; each is checked against the schema.
             for checked in read_footers(fs, chunk, lambda f, p: read_footer(f, p, table)):
                 if isinstance(checked, Skip) and checked.reason == VANISHED:
                     continue  # replaced by a live writer: its successor is for a later run
@@ -247,7 +247,7 @@ def _compact_folder(
             counts.files_after += 1
         except Vanished as gone:
             # A live writer replaced (or rolled back) a file since it was listed: its rows are
-            # in a file this run did not list. Nothing was replaced; the group waits (issue 25).
+            # in a file this run did not list. Nothing was replaced; the group waits.
             result.left.append(f"{folder}: {gone.path} was deleted meanwhile")
             counts.files_after += len(group)
             counts.rows_after += sum(f.rows for f in group)
@@ -258,7 +258,7 @@ def _settled_rollups(fs: pafs.FileSystem, files: list[_File], result: CompactRes
 
     Left alone: a writer's open rollup younger than `schema.ROLLUP_GRACE_S` (its writer may
     still replace it), any rollup whose segment has not committed yet while it is that young
-    (its writer is writing the calls), and files deleted since they were listed (issue 25: a
+    (its writer is writing the calls), and files deleted since they were listed (a
     gone file was taken for an old one, then read). An uncommitted rollup older than that
     belongs to a writer that died between its rollup and its calls files: its calls files
     that landed (hidden from readers) and then the rollup are deleted.
@@ -280,7 +280,7 @@ def _young_rollups(fs: pafs.FileSystem, files: list[_File]) -> tuple[set[str], s
     A writer may still replace a young open rollup with a successor holding its rows: merged
     now, those rows would be counted twice. A writer never replaces a rollup older than
     `schema.ROLLUP_CONTINUE_S` (half the grace), so an older one is safe to merge. A file no
-    longer there was replaced since it was listed (issue 25): skipped, never read.
+    longer there was replaced since it was listed: skipped, never read.
     """
     if not files:
         return set(), set()

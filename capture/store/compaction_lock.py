@@ -27,7 +27,7 @@ STALE_LOCK_S = float(os.environ.get("CAPTURE_COMPACT_LOCK_TTL", str(6 * 3600)))
 def _stale(note: bytes) -> str | None:
     """Why the lock holding `note` is stale (its process is dead, or it is too old), or None.
 
-    A lock of this host is stale when its pid no longer runs (a SIGKILLed compaction, issue 14);
+    A lock of this host is stale when its pid no longer runs (a SIGKILLed compaction);
     another host's pid cannot be checked, so its lock is stale only after `STALE_LOCK_S`.
     An unreadable note (empty: killed while writing it) is stale once a minute old.
     """

@@ -1,7 +1,7 @@
 """A reader's cache of checked store files: each file's verdict and the rows of small files.
 
 Opening a store checks every file (`capture.store.layout.read_footer`) and reads the rows of the
-small stats and structures files; at 100,000 files that is minutes, every time (issue 14).
+small stats and structures files; at 100,000 files that is minutes, every time.
 Store files are never written again under the same name, so what a check found stays true as
 long as the file is the same file. The cache keeps, per table, the verdict of each file
 (`FileInfo` or `Skip`) under its *stamp* (`capture.store.layout.list_files`: size and modification

@@ -82,7 +82,7 @@ def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSys
     try:
         fs, root = resolve_store(text)
         kind = fs.get_file_info(root).type
-    except OSError as e:  # unreachable endpoint, access denied, missing bucket (issue 14)
+    except OSError as e:  # unreachable endpoint, access denied, missing bucket
         from capture.store.remote import store_error
 
         raise store_error(text, e) from None
@@ -285,7 +285,7 @@ def read_with_rows(
 
     A small file (stats, structures: a few rows per segment) is fetched once, its footer
     checked and its rows decoded from the same bytes, instead of a footer read now and a
-    second read of the whole file by DuckDB later (issue 14). Rows are decoded only after
+    second read of the whole file by DuckDB later. Rows are decoded only after
     the footer passed (bombs, foreign and wrong-schema files are never decoded).
 
     Args:
@@ -302,7 +302,7 @@ def read_with_rows(
     try:
         with fs.open_input_file(path) as f:
             size = int(f.size())
-            # Python bytes, not an Arrow buffer: freed at once (the pool kept them, issue 14)
+            # Python bytes, not an Arrow buffer: freed at once (the pool kept them)
             source = pa.BufferReader(f.read()) if size <= _ONE_READ else f
             parquet = pq.ParquetFile(source)
             verdict = _verdict(parquet.metadata, path, table, size)
@@ -332,7 +332,7 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
     except ValueError:
         return Skip(path, f"capture.schema_version {version[:20]!r} is not a number")
     if number > schema.SCHEMA_VERSION:
-        # Skipped, not an error: one planted file must not make the store unreadable (issue 11).
+        # Skipped, not an error: one planted file must not make the store unreadable.
         return Skip(
             path,
             f"written with store schema v{number}, this library reads up to "
@@ -385,7 +385,7 @@ def read_footers(
 ) -> list[T]:
     """`read(fs, path)` (e.g. `read_footer`) for every path, in order, many at a time.
 
-    A store of 100,000 files read one footer after the other took minutes (issue 14); pyarrow
+    A store of 100,000 files read one footer after the other took minutes; pyarrow
     releases the GIL while it reads, so a thread pool overlaps the reads (and the round trips
     of an object store). An exception raised by `read` is raised here.
     """

@@ -1,8 +1,8 @@
 """The rows of many store files as one: calls regrouped, stats merged, structures deduplicated.
 
 What `capture.compact` writes in place of a folder's small files, read in bounded batches: the
-memory a merge needs is one batch plus the merged rows, whatever the number of files (issue 14).
-A source file deleted meanwhile raises `Vanished` (decided from facts, issue 25). Imports pyarrow
+memory a merge needs is one batch plus the merged rows, whatever the number of files.
+A source file deleted meanwhile raises `Vanished` (decided from facts). Imports pyarrow
 (and duckdb to merge stats rows), never torch.
 """
 
@@ -38,10 +38,10 @@ def collected(files: int) -> None:
     schema was looked at is freed only by the cyclic collector; read by a pool's threads they
     outlive the young collections and pile up in the oldest generation, which Python collects
     only once it has grown by a quarter: about 30 KB a file left for later, 3.6 GB of the peak
-    when compacting 100,000 files (issue 14). Collected after every batch, a compaction holds
+    when compacting 100,000 files. Collected after every batch, a compaction holds
     one batch's worth, whatever the number of files. A batch of fewer than `_COLLECT_FROM`
     files leaves a few MB at most: not worth a collection, which cost a compaction beside
-    live writers (every few seconds, a few dozen files) half its time (issue 25).
+    live writers (every few seconds, a few dozen files) half its time.
     """
     if files >= _COLLECT_FROM:
         gc.collect()
@@ -106,7 +106,7 @@ def _read(fs: pafs.FileSystem, path: str, table: str) -> pa.Table:
 BATCH_FILES = 1_000
 """Files read at once (by a thread pool) and merged into the running result: the memory a
 merge needs is bounded by one batch plus the merged rows, whatever the number of files; all of
-100,000 stats files at once ran DuckDB out of memory (issue 14)."""
+100,000 stats files at once ran DuckDB out of memory."""
 
 
 def _batches(

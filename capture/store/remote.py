@@ -2,7 +2,7 @@
 
 pyarrow's S3 client retries a silent or unreachable endpoint for minutes by default (measured:
 99 s against a socket that accepts and never answers); a command must fail in seconds with one
-line instead (issue 14). Imports pyarrow only.
+line instead. Imports pyarrow only.
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ def payload_rows(
     Returns:
         (rows, notes); no rows when the store holds no payloads of the model. A payload that
         cannot be read (malformed, over a cap, a link) is one not-covered row (or, for a
-        link, which is never followed, one warning), never an exception (issue 25).
+        link, which is never followed, one warning), never an exception.
     """
     from capture.store.files import resolve_store
     from capture.store.reader import StoreReader

@@ -286,7 +286,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         group = groups[index]
         blocked = blocking_reason(group.structure)
         if blocked is not None:
-            # Issues 9, 22: a class we cannot rebuild exactly is never called covered; the
+            # A class we cannot rebuild exactly is never called covered; the
             # reason names it (a refused cache layer, or any other opaque leaf).
             errors[group.name] = blocked
             rows.extend(coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
@@ -349,7 +349,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
     if options.onnx is not None:
-        # Issue 21: every ONNX file is checked on the same rows; its rows count in `complete`.
+        # Every ONNX file is checked on the same rows; its rows count in `complete`.
         outcome = write_onnx(
             module,
             store,
