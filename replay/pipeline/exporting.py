@@ -43,7 +43,7 @@ from replay.check.checking import coverage_rows
 from replay.check.payload_rows import payload_rows
 from replay.inputs.builder import ExportGroup, inputs_for
 from replay.inputs.options import ExportOptions
-from replay.onnx.target import output_path, write_onnx
+from replay.onnx.target import OnnxPart, output_path, write_onnx
 from replay.pipeline.binding import check_signature
 from replay.pipeline.bounded import export_bounded, export_unbounded
 from replay.pipeline.guard_sources import fix_guard_sources
@@ -348,8 +348,29 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     notes.extend(payload_notes)
     complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
+    modules: dict[str, ExportResult] = {}
+    if options.modules:
+        # Every group of each recorded sub-module, with the model's options; their ONNX files
+        # (with onnx=) join the model's set below.
+        sub_options = dataclasses.replace(options, groups=None, onnx=None, modules=False)
+        for name in recorded_submodules(store, inputs.model):
+            modules[name] = export_with(
+                submodule(module, name), store, f"{inputs.model}.{name}", sub_options
+            )
     if options.onnx is not None:
         # Every ONNX file is checked on the same rows; its rows count in `complete`.
+        parts = [
+            OnnxPart(
+                name,
+                submodule(module, name),
+                sub.inputs,
+                sub.programs,
+                sub.errors,
+                CoverageRow.from_table(sub.coverage),
+                sub.complete,
+            )
+            for name, sub in modules.items()
+        ]
         outcome = write_onnx(
             module,
             store,
@@ -360,11 +381,19 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             options,
             complete_torch=complete,
             source=source,
+            submodules=parts,
         )
         onnx_files = outcome.files
         rows.extend(outcome.rows)
         notes.extend(outcome.notes)
         complete = complete and all(r.covered for r in outcome.rows)
+        for part in parts:
+            sub = modules[part.name]
+            done = part.outcome
+            sub.coverage = coverage_table([*part.torch_rows, *done.rows])
+            sub.onnx = done.files
+            sub.notes.extend(done.notes)
+            sub.complete = sub.complete and all(r.covered for r in done.rows)
     coverage = coverage_table(rows)
     result = ExportResult(
         programs,
@@ -376,15 +405,9 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         onnx_files,
         not_honoured=not_honoured,
         source=source,
+        modules=modules,
     )
-    if options.modules:
-        # Every group of each recorded sub-module, with the model's options; no ONNX.
-        sub_options = dataclasses.replace(options, groups=None, onnx=None, modules=False)
-        for name in recorded_submodules(store, inputs.model):
-            result.modules[name] = export_with(
-                submodule(module, name), store, f"{inputs.model}.{name}", sub_options
-            )
-        result.complete = complete and all(m.complete for m in result.modules.values())
+    result.complete = complete and all(m.complete for m in modules.values())
     return result
 
 

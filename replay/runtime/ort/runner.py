@@ -38,6 +38,7 @@ from replay.runtime.guards import CallNotServed
 from replay.runtime.manifest import ProgramEntry
 from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, read_onnx_set
 from replay.runtime.ort.weights import OnnxFileError, external_initializers
+from replay.runtime.pytree_types import register_types
 from replay.runtime.runner import Routed, Router
 
 if TYPE_CHECKING:
@@ -121,9 +122,11 @@ class OnnxRunner(Routed):
 
     Attributes:
         manifest: The set's typed manifest (`replay.runtime.ort.manifest.OnnxManifest`).
-        programs: Program name (the group that owns the file) -> its `OnnxProgram`.
-        modules: Always empty (sub-modules are exported to ``.pt2`` artifacts only).
-        module: Always ``""``.
+        programs: Program name (the group that owns the file; ``encoder.g0`` for a
+            sub-module's) -> its `OnnxProgram`.
+        module: The sub-module this runner serves (``""``: the model itself).
+        modules: Sub-module name -> its `OnnxRunner` (``runner.modules["encoder"]``), as the
+            ``.pt2`` runner has them.
     """
 
     def __init__(
@@ -131,13 +134,20 @@ class OnnxRunner(Routed):
         manifest: OnnxManifest,
         programs: dict[str, OnnxProgram],
         keep: Sequence[Any] = (),
+        module: str = "",
     ) -> None:
         self.manifest = manifest
         self.programs = programs
-        self.module = ""
+        self.module = module
         self.modules: dict[str, OnnxRunner] = {}
-        self._router = Router(manifest.manifest.model, "", manifest.manifest.programs)
+        self._router = Router(
+            manifest.manifest.model, module, manifest.manifest.for_module(module)
+        )
         self._keep = list(keep)  # the weights map and OrtValues the sessions read
+        if not module:
+            for name in manifest.manifest.modules:
+                if name:
+                    self.modules[name] = OnnxRunner(manifest, programs, keep, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the ONNX file that accepts it.
@@ -184,32 +194,8 @@ class OnnxRunner(Routed):
         return self._run(entry, args, kwargs, tensors)
 
     def __repr__(self) -> str:
-        return f"OnnxRunner({self.manifest.manifest.model}, groups={self.groups})"
-
-
-_ALLOWED_MODULES = ("transformers.",)
-"""Modules a manifest may ask the loader to import (for the output classes they register)."""
-
-
-def _register_types(types: set[str]) -> None:
-    """Makes the types the output treespecs name known to torch's pytree: capture's cache
-    registrations (held for the life of the process: every call unflattens with them) and
-    transformers' output classes (registered when their module is imported: allow-listed
-    modules only). Anything else must be registered by the caller; parsing the treespec then
-    says which (`capture.pytree.treespec`)."""
-    import importlib
-
-    from capture.pytree import nodes
-
-    wanted = sorted(t for t in types if t.startswith(_ALLOWED_MODULES))
-    if wanted:
-        nodes.acquire()
-    for name in wanted:
-        module = name.rpartition(".")[0]
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise OnnxFileError(f"the ONNX set's outputs need {module}: {e}") from e
+        name = self.manifest.manifest.model + (f".{self.module}" if self.module else "")
+        return f"OnnxRunner({name}, groups={self.groups}, modules={sorted(self.modules)})"
 
 
 def _shared_initializers(
@@ -334,7 +320,7 @@ def open_set(
     types: set[str] = set()
     for entry in manifest.manifest.programs:
         types.update(entry.pytree_types)
-    _register_types(types)
+    register_types(types)  # the loader's one table (`replay.runtime.pytree_types`)
     shared: dict[str, list[tuple[str, Any]]] = {}
     keep: list[Any] = []
     if share_weights:
