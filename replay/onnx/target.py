@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from replay.inputs.builder import ExportInputs
     from replay.inputs.options import ExportOptions
 
-__all__ = ["OnnxOutcome", "OnnxPart", "write_onnx", "output_path"]
+__all__ = ["OnnxOutcome", "OnnxPart", "refusal", "write_onnx", "output_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,13 @@ def write_onnx(
     parts = [model, *submodules]
     converted: dict[str, dict[str, Converted]] = {}  # part -> program name -> its ONNX model
     for part in parts:
-        converted[part.name] = _convert_part(part)
+        refused = refusal(part.module, part.inputs)
+        if refused is not None:
+            for group in part.inputs.groups:
+                part.outcome.errors[group.name] = f"ONNX export refused: {refused}"
+            logger.warning("ONNX export of %s refused: %s", part.inputs.model, refused)
+            model.outcome.notes.append(f"onnx: {part.inputs.model} refused: {refused}")
+        converted[part.name] = {} if refused is not None else _convert_part(part)
     labels = [part.label(n) for part in parts for n in converted[part.name]]
     several = len(labels) > 1
     files = {label: output_path(path, label, several) for label in labels}
@@ -204,9 +210,15 @@ def write_onnx(
         try:
             runner = open_set(draft, os.path.dirname(path))
         except OnnxFileError as e:
+            # A file onnxruntime cannot load is never left behind as a set: without its
+            # manifest nothing names the files, and they are removed.
+            _remove([*files.values(), weights])
+            model.outcome.notes.append(f"onnx: not written: {e}")
             for part in parts:
-                for name in converted[part.name]:
-                    part.outcome.errors[name] = str(e)
+                part.outcome.files.clear()
+                for group in part.inputs.groups:
+                    part.outcome.errors[group.name] = f"ONNX set not written: {e}"
+            labels = []
     for part in parts:
         served = runner if runner is None or not part.name else runner.modules.get(part.name)
         _check_part(part, store, served, options)
@@ -227,6 +239,46 @@ def write_onnx(
     final = _manifest(parts, converted, files, weights, size, entries)
     model.outcome.manifest = write_manifest(path, final)
     return model.outcome
+
+
+_NO_CPU_KERNELS = ("bfloat16",)
+"""Dtypes onnxruntime's CPU execution provider has no arithmetic kernels for (Mul, MatMul,
+Softmax: a session over such a graph fails to load with NOT_IMPLEMENTED)."""
+
+
+def refusal(module: Any, inputs: ExportInputs) -> str | None:
+    """Why the module's ONNX files could not be served by onnxruntime on CPU, or None.
+
+    A model whose weights or recorded tensors are bfloat16: onnxruntime's CPU provider has no
+    bfloat16 kernels, so such a file cannot even be opened; the export says so instead of
+    writing it (the torch target serves the model as it is).
+    """
+    import torch
+
+    dtypes = {
+        str(t.dtype).removeprefix("torch.")
+        for t in module.state_dict().values()
+        if isinstance(t, torch.Tensor)
+    }
+    for group in inputs.groups:
+        dtypes.update(str(leaf.dtype) for leaf in group.structure.tensors)
+    bad = sorted(d for d in dtypes if d in _NO_CPU_KERNELS)
+    if not bad:
+        return None
+    return (
+        f"the model computes in {', '.join(bad)}, for which onnxruntime's CPU execution provider "
+        "has no kernels (a session over the file fails with NOT_IMPLEMENTED), so no ONNX "
+        "file is written; serve it with the torch target (the .pt2 runs bfloat16), or record "
+        "and export a float32 model for ONNX"
+    )
+
+
+def _remove(paths: Sequence[str]) -> None:
+    for name in paths:
+        try:
+            os.remove(name)
+        except FileNotFoundError:
+            pass
 
 
 def _convert_part(part: OnnxPart) -> dict[str, Converted]:
@@ -261,8 +313,9 @@ def _check_part(
         for group in part.inputs.groups:
             error = outcome.errors.get(group.name)
             outcome.rows.extend(
-                onnx_rows(part.module, group, part.torch_rows, runner, error, options.atol,
-                          options.rtol)
+                onnx_rows(
+                    part.module, group, part.torch_rows, runner, error, options.atol, options.rtol
+                )
             )
         serve: dict[str, Serve] = {}
         if runner is not None:

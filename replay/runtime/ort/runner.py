@@ -140,9 +140,7 @@ class OnnxRunner(Routed):
         self.programs = programs
         self.module = module
         self.modules: dict[str, OnnxRunner] = {}
-        self._router = Router(
-            manifest.manifest.model, module, manifest.manifest.for_module(module)
-        )
+        self._router = Router(manifest.manifest.model, module, manifest.manifest.for_module(module))
         self._keep = list(keep)  # the weights map and OrtValues the sessions read
         if not module:
             for name in manifest.manifest.modules:
