@@ -34,6 +34,7 @@ class Whisper:
     def __init__(self, root: Path) -> None:
         self.model = tiny_whisper()
         self.originals = record_whisper(self.model, root / "store", [1, 2, 3])
+        (root / "out").mkdir()
         self.result = replay.export(
             self.model, root / "store", modules=True, onnx=root / "out" / "whisper.onnx"
         )
