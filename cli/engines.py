@@ -159,7 +159,9 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
     metavar="NAME",
     default=None,
     help="The shared symbol to size (batch, input_ids_1, past_key_values_2, ... as the symbol "
-    "column of `capture dims` names them). Default: the only one, when the calls have one.",
+    "column of `capture dims` names them). Default: the only one; when the calls have "
+    "several, their batch symbol (the sizes CUDA graphs are captured for), named on the "
+    "output's first line.",
 )
 @click.option(
     "--budget",

@@ -223,6 +223,14 @@ def summary_command(
     help="Print the dynamic_shapes for torch.export as Python source to paste, instead of the "
     "table (not combinable with -f or --no-headers). Default: off.",
 )
+@click.option(
+    "--spec",
+    type=click.Choice(["dims", "shapes"]),
+    default="dims",
+    help="With --python: torch.export.Dim objects (dims), or torch's ShapesSpec (shapes, "
+    "torch >= 2.14) with recorded ranges, optimization hints and divisibility assumptions. "
+    "Default: dims.",
+)
 @format_option()
 @no_headers_option
 @wide_option
@@ -231,6 +239,7 @@ def dims_command(
     ctx: click.Context,
     model: str | None,
     as_python: bool,
+    spec: str,
     fmt: str,
     no_headers: bool,
     wide: bool,
@@ -249,6 +258,7 @@ def dims_command(
       capture dims
       capture dims --model LlamaForCausalLM -f csv
       capture dims --python
+      capture dims --python --spec shapes
     """
     explicit_format = ctx.get_parameter_source("fmt") is not click.core.ParameterSource.DEFAULT
     if as_python and (explicit_format or no_headers):
@@ -256,12 +266,14 @@ def dims_command(
             "--python prints Python source; it takes neither -f/--format nor --no-headers"
         )
     check_headers(fmt, no_headers)
+    if spec != "dims" and not as_python:
+        raise click.UsageError("--spec chooses the form of --python; pass --python too")
     if as_python:
         from replay.inputs.source import dynamic_shapes_source
 
         with _open_store(ctx) as store:
             store.check_model(model)
-            source = dynamic_shapes_source(store, model=model)
+            source = dynamic_shapes_source(store, model=model, spec=spec)
         write_text(source)
         return
     with _open_store(ctx) as store:

@@ -16,6 +16,7 @@ __all__ = [
     "ModelInputs",
     "all_dynamic_shape_from_inputs",
     "load",
+    "additional_inputs",
 ]
 
 _LAZY = {
@@ -26,11 +27,13 @@ _LAZY = {
     "ModelInputs": "replay.inputs.modelinputs",
     "all_dynamic_shape_from_inputs": "replay.inputs.modelinputs",
     "load": "replay.loader",
+    "additional_inputs": "replay.inputs.specs.additional",
 }
 
 if TYPE_CHECKING:
     from replay.inputs.builder import ExportInputs, export_inputs
     from replay.inputs.modelinputs import ModelInputs, all_dynamic_shape_from_inputs
+    from replay.inputs.specs.additional import additional_inputs
     from replay.loader import load
     from replay.pipeline.exporting import export
     from replay.pipeline.result import ExportResult

@@ -26,8 +26,8 @@ from capture.errors import CaptureError
 from capture.pytree import outputs
 from fixtures.families import guidance_calls, record_calls, tiny_unet
 from fixtures.generate_traffic import serve_originals
+from replay.runtime.allowed import loadable_type, register_types
 from replay.runtime.guards import ArtifactError
-from replay.runtime.pytree_types import loadable_type, register_types
 
 pytest.importorskip("diffusers")
 

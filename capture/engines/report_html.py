@@ -216,7 +216,7 @@ def _symbols_section(views: Sequence[SymbolView], planned: bool) -> list[str]:
             else ""
         )
         + "and the buckets (dashed: the sizes that pad the recorded calls least, as <code>"
-        "capture buckets --budget 4</code> chooses them).</p>",
+        "capture buckets --symbol SYMBOL --budget 4</code> chooses them).</p>",
         _table(_symbol_rows(views), ids=("symbol",)),
     ]
     for v in views:

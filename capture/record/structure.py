@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 
 from capture.pytree import nodes
 from capture.record import tokens
+from capture.renames import same_argument
 from capture.schema import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -32,7 +33,7 @@ from capture.schema import (
     KIND_OPAQUE,
     KIND_STR,
     KIND_TENSOR,
-    SCHEMA_VERSION,
+    STRUCTURE_ID_VERSION,
 )
 from capture.signature import Signature
 
@@ -183,16 +184,21 @@ def _argument_names(leaves: list[Leaf], signature: Signature) -> list[Leaf]:
 
 
 def _missing(signature: Signature, n_args: int, kwargs: dict[str, Any]) -> list[Leaf]:
-    """Optional parameters the caller did not pass (distinct from an explicit None)."""
+    """Optional parameters the caller did not pass (distinct from an explicit None).
+
+    A keyword passed under a renamed argument's other spelling (`capture.renames`) passes the
+    parameter: a model declaring ``cache`` called with ``past_key_values=`` misses no cache.
+    """
+    passed = [same_argument(k, signature.keyword_names) or k for k in kwargs]
     return [
         Leaf(f"kwargs['{p.name}']", p.name, None, KIND_MISSING, "missing")
-        for p in signature.missing(n_args, kwargs)
+        for p in signature.missing(n_args, passed)
     ]
 
 
 def _structure_id(leaves: list[Leaf], treespec: str | None) -> str:
     payload = json.dumps(
-        [SCHEMA_VERSION, [list(leaf.__dict__.values()) for leaf in leaves], treespec],
+        [STRUCTURE_ID_VERSION, [list(leaf.__dict__.values()) for leaf in leaves], treespec],
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -53,6 +53,7 @@ import pyarrow.fs as pafs
 
 from capture import schema
 from capture.record.segment import CallRecord, Segment, StatsRollup, structure_table
+from capture.store import upkeep
 from capture.store.files import model_folder, resolve_store, safe_name, write_parquet
 from capture.store.layout import METADATA_REPLACES, METADATA_REPLACES_ROWS
 
@@ -347,6 +348,10 @@ class StoreWriter:
         for path in staged.calls:
             self._written(path)
         self.written_calls += len(segment)
+        try:  # the store's background compaction, when due (capture.store.upkeep)
+            upkeep.after_flush(self.fs, self.root)
+        except Exception as e:  # a bad CAPTURE_AUTO_COMPACT: said once, recording goes on
+            self._fail("upkeep", f"starting the background compaction of {self.root} ({e})")
 
     def _write_stats(self, segment: Segment | None) -> None:
         """Rewrites the rollup with no new segment (`segment` None: to mark it closed)."""

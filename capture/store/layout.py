@@ -28,6 +28,7 @@ from capture import schema
 from capture.errors import StoreNotFound
 from capture.store.files import resolve_store, vanished
 from capture.store.nofollow import LINK_REASON, walk
+from capture.store.values import calls_problem, rows_problem
 
 __all__ = [
     "FileInfo",
@@ -79,9 +80,18 @@ def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSys
             or nothing is at `store`; one line.
     """
     text = os.fspath(store)
-    try:
+
+    def look() -> tuple[pafs.FileSystem, str, pafs.FileType]:
         fs, root = resolve_store(text)
-        kind = fs.get_file_info(root).type
+        return fs, root, fs.get_file_info(root).type
+
+    try:
+        if "://" in text:  # a remote store answers in bounded time, whatever its client does
+            from capture.store.remote import within
+
+            fs, root, kind = within(text, look)
+        else:
+            fs, root, kind = look()
     except OSError as e:  # unreachable endpoint, access denied, missing bucket
         from capture.store.remote import store_error
 
@@ -172,6 +182,9 @@ class Skip:
 
     path: str
     reason: str
+    corrupt: bool = False
+    """A capture file whose values no writer writes (`capture.store.values`): readers stop with
+    an error naming it instead of leaving its recorded calls out unseen."""
 
 
 def list_files(
@@ -223,11 +236,14 @@ def _list_local(
     return out
 
 
-def _schema_problem(found: pa.Schema, table: str) -> str | None:
-    """Why `found` is not the schema of `table` (None when it is, extra columns allowed)."""
+def _schema_problem(found: pa.Schema, table: str, version: int) -> str | None:
+    """Why `found` is not the schema of `table` in a file of store `version` (None when it is,
+    extra columns allowed, columns added after `version` optional: `schema.ADDED_IN`)."""
     expected = schema.SCHEMAS[table]
     for field in expected:
         index = found.get_field_index(field.name)
+        if index < 0 and schema.ADDED_IN.get((table, field.name), 0) > version:
+            continue
         if index < 0:
             return f"not a {table} file of this store: it has no column {field.name!r}"
         if not found.field(index).type.equals(field.type):
@@ -264,7 +280,15 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
             meta = pq.read_metadata(f)
     except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
         return _unreadable(fs, path, e)
-    return _verdict(meta, path, table, size)
+    verdict = _verdict(meta, path, table, size)
+    if isinstance(verdict, FileInfo) and table == schema.CALLS:
+        try:
+            problem = calls_problem(fs, path, meta)
+        except Exception as e:  # its sizes cannot be read: as unreadable as a truncated file
+            return _unreadable(fs, path, e)
+        if problem is not None:
+            return Skip(path, problem, corrupt=True)
+    return verdict
 
 
 def _unreadable(fs: pafs.FileSystem, path: str, error: Exception) -> Skip:
@@ -308,7 +332,11 @@ def read_with_rows(
             verdict = _verdict(parquet.metadata, path, table, size)
             if isinstance(verdict, Skip):
                 return verdict, None
-            return verdict, parquet.read()
+            rows = parquet.read()
+            problem = rows_problem(table, rows)
+            if problem is not None:
+                return Skip(path, problem, corrupt=True), None
+            return verdict, rows
     except Exception as e:  # truncated, empty, not Parquet, corrupt pages: skipped, said why
         return _unreadable(fs, path, e), None
 
@@ -343,7 +371,7 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
         return Skip(path, f"a {kind[:20]!r} file in the {table!r} folder")
     try:
         found = meta.schema.to_arrow_schema()
-        problem = _schema_problem(found, table)
+        problem = _schema_problem(found, table, number)
     except Exception as e:  # a schema arrow cannot map
         problem = f"its schema cannot be read ({type(e).__name__})"
     if problem:

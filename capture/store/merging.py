@@ -23,8 +23,9 @@ from capture import schema
 from capture.store.files import vanished
 from capture.store.layout import FileInfo, read_footers
 from capture.store.stats_merge import SIGNATURE_MERGE
+from capture.store.values import CORRUPT, rows_problem
 
-__all__ = ["BATCH_FILES", "Vanished", "collected", "group_rows", "merge_stats"]
+__all__ = ["BATCH_FILES", "Corrupt", "Vanished", "collected", "group_rows", "merge_stats"]
 
 
 _COLLECT_FROM = 256
@@ -87,11 +88,20 @@ class Vanished(Exception):
         self.path = path
 
 
+class Corrupt(Exception):
+    """A file of a merge holds values no writer writes (`capture.store.values`)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path} {reason}")
+        self.path, self.reason = path, reason
+
+
 def _read(fs: pafs.FileSystem, path: str, table: str) -> pa.Table:
     """The rows of one store file, in `table`'s schema.
 
     Raises:
         Vanished: The file is gone (decided by `capture.store.files.vanished`, not a message).
+        Corrupt: Its values are not a writer's (nulls among sizes, negative counts, ...).
     """
     try:
         with fs.open_input_file(path) as src:
@@ -100,7 +110,13 @@ def _read(fs: pafs.FileSystem, path: str, table: str) -> pa.Table:
         if vanished(fs, path, e):
             raise Vanished(path) from e
         raise
-    return rows.select(schema.SCHEMAS[table].names).cast(schema.SCHEMAS[table])
+    problem = rows_problem(table, rows)
+    if problem is None:
+        try:
+            return rows.select(schema.SCHEMAS[table].names).cast(schema.SCHEMAS[table])
+        except (pa.ArrowInvalid, ValueError) as e:  # a null where the schema allows none
+            problem = f"{CORRUPT}: {' '.join(str(e).split())[:120]}"
+    raise Corrupt(path, problem)
 
 
 BATCH_FILES = 1_000

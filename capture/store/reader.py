@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from capture import schema
-from capture.errors import EmptyStore, QueryError, UnknownModel
+from capture.errors import CorruptStoreFile, EmptyStore, QueryError, UnknownModel
 from capture.store import footer_cache
 from capture.store.checked import check_table
 from capture.store.layout import list_files, open_root
@@ -135,10 +135,9 @@ class StoreReader:
             self.con = duckdb.connect()
         else:
             self.con = duckdb.connect(config=_NO_EXTENSION_LOADING)
-        # Every query over the views reads the footer of each file again; store files never
-        # change once written, so DuckDB may keep them (summary of 1,000 small
-        # files 4.8-6.8 s -> 3.0-3.6 s).
-        self.con.execute("SET parquet_metadata_cache = true")
+        # DuckDB's parquet_metadata_cache stays off: it keeps every footer read, with no bound
+        # (2.9 GiB over 100,000 files); the stats and structures rows are in memory already,
+        # and a store kept compacted (capture.store.upkeep) has few calls files to read.
         self._create_views(with_calls)
         if not self.unsafe_sql:
             self._lock_down()
@@ -174,6 +173,12 @@ class StoreReader:
     def _checked_files(self, table: str) -> list[str]:
         """The files of `table` that join its view (`capture.store.checked.check_table`)."""
         found = check_table(self.fs, self.root, table, self._cache)
+        corrupt = next((s for s in found.skipped if s.corrupt), None)
+        if corrupt is not None:
+            raise CorruptStoreFile(
+                f"the store file {corrupt.path} {corrupt.reason}; move it out of the store "
+                "(its calls are then not read) or restore it from a copy"
+            )
         skipped = [SkippedFile(s.path, s.reason) for s in found.skipped]
         self.skipped.extend(skipped)
         for one in skipped:
@@ -227,7 +232,7 @@ class StoreReader:
             elif table != schema.CALLS:
                 # Read with their checks (`_checked_files`): every query would fetch each
                 # small file again (on an object store a round trip each).
-                self.con.register(f"_{table}_rows", self._rows[table])
+                self.con.register(f"_{table}_rows", _with_columns(self._rows[table], base))
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
             elif local:
                 # The `model` column of a file is the recorded name; its `model=` folder is a
@@ -419,3 +424,12 @@ class StoreReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _with_columns(rows: pa.Table, base: pa.Schema) -> pa.Table:
+    """`rows` with every column of `base`: a column later store versions added (`schema.ADDED_IN`)
+    is null on rows read from files of an older version."""
+    for field in base:
+        if field.name not in rows.column_names:
+            rows = rows.append_column(field, pa.nulls(len(rows), field.type))
+    return rows

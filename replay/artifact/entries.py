@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from replay.runtime.conditions import Condition
 from replay.runtime.coverage import KIND_RECORDED, TARGET_TORCH, CoverageRow
 from replay.runtime.guards import ArtifactError, Axis, ProgramGuard, Relation
 from replay.runtime.manifest import PROGRAM_NAME, Manifest, ModuleEntry, ProgramEntry
@@ -136,6 +137,16 @@ def rejected(
     }
 
 
+def _assumptions(group: ExportGroup) -> tuple[Condition, ...]:
+    """A ``ShapesSpec`` program's divisibility assumptions as guard conditions (the router
+    then refuses a call outside them with the reason, before the program's own assert)."""
+    from replay.inputs.specs.facts import divisibility_conditions
+
+    if group.options.spec != "shapes" or group.analysis is None:
+        return ()
+    return tuple(Condition(e, t) for e, t in divisibility_conditions(group.analysis))
+
+
 def program_entry(
     module: str,
     group: ExportGroup,
@@ -180,6 +191,7 @@ def program_entry(
         axes=_axes(group),
         relations=tuple(Relation(r.symbol, tuple(r.terms), int(r.offset)) for r in group.relations),
         rejected=rejected(group, coverage, target),
+        conditions=_assumptions(group),
     )
     form = group.form
     return ProgramEntry(

@@ -287,6 +287,9 @@ def build_group(
     absent = [a for a in structure.arguments_of([schema.KIND_MISSING]) if a not in added]
     if absent:
         notes.append(f"not passed (missing in the recorded calls): {', '.join(map(str, absent))}")
+    dynamic_shapes = shaped.dynamic_shapes
+    if options.spec == "shapes":
+        dynamic_shapes = _shapes_spec(group, options, list(added), form, notes)
     return ExportGroup(
         name=group.name,
         model=group.model,
@@ -295,7 +298,7 @@ def build_group(
         signatures=group.signatures,
         args=args,
         kwargs=kwargs_,
-        dynamic_shapes=shaped.dynamic_shapes,
+        dynamic_shapes=dynamic_shapes,
         notes=notes,
         dims=list(group.dims),
         relations=list(group.relations),
@@ -309,6 +312,25 @@ def build_group(
         device=options.device,
         options=options,
     )
+
+
+def _shapes_spec(
+    group: Group, options: ExportOptions, added: list[str], form: Any, notes: list[str]
+) -> Any:
+    """The group's ``ShapesSpec`` (`replay.inputs.specs.shapesspec`), its decisions noted."""
+    from replay.inputs.specs import shapesspec
+    from replay.inputs.specs.facts import group_facts
+
+    shapesspec.require()
+    facts = group_facts(group)
+    notes.extend(facts.notes)
+    for name, k in facts.assumptions.items():
+        notes.append(f"ShapesSpec assumption {name} % {k} == 0: every recorded size is a multiple")
+    for name, small in facts.small.items():
+        sizes = " and ".join(map(str, small))
+        notes.append(f"{name} recorded at {sizes}: kept dynamic (ShapesSpec sizes are unbacked)")
+    tree = shapesspec.spec_tree(group, options, facts, added=added, form=form)
+    return shapesspec.shapes_spec(tree, facts)
 
 
 # The keyword defaults are `ExportOptions`' (the one place an option and its default are
@@ -328,6 +350,7 @@ def export_inputs(
     device: str | None = ExportOptions.device,
     module: Any = None,
     groups: Iterable[str] | None = ExportOptions.groups,
+    spec: str = ExportOptions.spec,
 ) -> ExportInputs:
     """Export arguments and dynamic shapes for every call group of a recorded model.
 
@@ -346,6 +369,10 @@ def export_inputs(
         device: Device of the example tensors (default: recorded device if available, else CPU).
         module: The model object, used only to pick the store model by class name.
         groups: Only these call groups (default: all of them).
+        spec: ``"dims"`` (default): ``dynamic_shapes`` of ``torch.export.Dim`` objects;
+            ``"shapes"``: torch's ``ShapesSpec`` learned from the store (torch >= 2.14;
+            `replay.inputs.specs.shapesspec`): recorded ranges, the most called size as
+            ``optimization_hint``, trusted divisors as ``assumptions``.
 
     Returns:
         An `ExportInputs`.
@@ -368,6 +395,7 @@ def export_inputs(
         seed=seed,
         device=device,
         groups=groups,
+        spec=spec,
     )
     return inputs_for(store, model, options, module=module)
 

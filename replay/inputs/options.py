@@ -34,6 +34,7 @@ __all__ = [
     "batch_option",
     "DEFAULT_SEED",
     "INTERNAL",
+    "SPECS",
 ]
 
 DEFAULT_SEED = 0
@@ -89,6 +90,9 @@ class ExportOptions:
         merge: Serve a group that lacks an optional input with another group's program, the
             input filled, where the check proves it on the group's own signatures
             (`replay.pipeline.merging`); False: one program per group.
+        spec: ``"dims"``: ``dynamic_shapes`` of ``torch.export.Dim`` objects; ``"shapes"``:
+            torch's ``ShapesSpec`` (torch >= 2.14) learned from the store
+            (`replay.inputs.specs.shapesspec`).
     """
 
     set_batch_dimension_for: BatchOption = None
@@ -112,6 +116,7 @@ class ExportOptions:
     max_payload_bytes: int = DEFAULT_MAX_CALL_BYTES
     max_regimes: int = 4
     merge: bool = True
+    spec: str = "dims"
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:
@@ -120,6 +125,7 @@ class ExportOptions:
 
         Raises:
             TypeError: An unknown option, or one set by the pipeline only (`INTERNAL`).
+            ValueError: ``spec`` is not ``"dims"`` or ``"shapes"``.
 
         Example:
             >>> ExportOptions.of(named_dims=True, groups=["decode"]).groups
@@ -128,6 +134,8 @@ class ExportOptions:
         internal = sorted(set(options) & set(INTERNAL))
         if internal:
             raise TypeError(f"{', '.join(internal)}: set by the replay itself, not an option")
+        if options.get("spec", "dims") not in SPECS:
+            raise ValueError(f"spec={options['spec']!r}: one of {', '.join(map(repr, SPECS))}")
         if options.get("onnx") is not None:
             options["onnx"] = os.fspath(options["onnx"])
         if "set_batch_dimension_for" in options:
@@ -138,6 +146,9 @@ class ExportOptions:
             options["value_if_missing"] = dict(options["value_if_missing"] or {})
         return cls(**options)
 
+
+SPECS = ("dims", "shapes")
+"""The forms of ``dynamic_shapes`` an export can use (`ExportOptions.spec`)."""
 
 INTERNAL = ("hinted", "floor", "auto")
 """Fields of `ExportOptions` the pipeline sets (the `replay.pipeline.bounded` retry,

@@ -199,6 +199,7 @@ def dynamic_shapes_source(
     named_dims: bool = True,
     set_batch_dimension_for: bool | Iterable[str | int] | None = None,
     keyword_only: bool = False,
+    spec: str = "dims",
 ) -> str:
     """Python source defining the ``dynamic_shapes`` of the recorded calls, for torch.export.
 
@@ -209,6 +210,10 @@ def dynamic_shapes_source(
         named_dims: Named Dims with ranges (default) instead of ``Dim.DYNAMIC``.
         set_batch_dimension_for: See `replay.export_inputs`.
         keyword_only: See `replay.export_inputs`.
+        spec: ``"dims"``: ``Dim`` objects (the default); ``"shapes"``: torch's ``ShapesSpec``
+            (torch >= 2.14) with ranges, optimization hints and divisibility assumptions
+            learned from the store (`replay.inputs.specs.shapesspec`), one ``shapes_spec``
+            per group, ``shapes_spec`` naming the largest group's.
 
     Returns:
         The source text (no trailing newline).
@@ -234,6 +239,7 @@ def dynamic_shapes_source(
         set_batch_dimension_for=set_batch_dimension_for,
         named_dims=named_dims,
         keyword_only=keyword_only,
+        spec=spec,
     )
     groups = analyze(store, model, set_batch_dimension_for=options.set_batch_dimension_for)
     if group is not None:
@@ -248,6 +254,8 @@ def dynamic_shapes_source(
         options_text += f", set_batch_dimension_for={set_batch_dimension_for!r}"
     if keyword_only:
         options_text += ", keyword_only=True"
+    if spec == "shapes":
+        return _shapes_source(groups, models, options, options_text)
     sections = ["from torch.export import Dim"]
     if named_dims:
         sections[0] += "\n\n" + _HINTS
@@ -262,6 +270,44 @@ def dynamic_shapes_source(
         sections.append("\n".join(lines))
     if len(groups) > 1 and len(models) == 1:
         sections.append(f"dynamic_shapes = dynamic_shapes_{_identifier(groups[0].name)}")
+    return "\n\n".join(sections)
+
+
+_SHAPES_HEADER = """\
+# torch's ShapesSpec (torch >= 2.14): every size below is unbacked, never specialized (0 and 1
+# included); min/max are the recorded ranges, optimization_hint the size most calls had, and
+# each assumption a divisor every recorded size shares (export checks it at run time)."""
+
+
+def _shapes_source(
+    groups: list[Group], models: list[str], options: ExportOptions, options_text: str
+) -> str:
+    from replay.inputs.specs import shapesspec
+    from replay.inputs.specs.facts import group_facts
+
+    sections = [shapesspec.IMPORT_LINE + "\n\n" + _SHAPES_HEADER]
+    for g in groups:
+        if len(groups) == 1:
+            variable = "shapes_spec"
+        elif len(models) == 1:
+            variable = f"shapes_spec_{_identifier(g.name)}"
+        else:
+            variable = f"shapes_spec_{_identifier(g.model)}_{_identifier(g.name)}"
+        facts = group_facts(g)
+        tree = shapesspec.spec_tree(g, options, facts)
+        lines = [
+            _comment(
+                f"{g.model}, group {g.name}: {g.calls} calls, {g.signatures} distinct signatures"
+            ),
+            *(_comment(note) for note in facts.notes),
+            _comment(f"g = replay.export_inputs(store, {g.model!r}{options_text})")
+            + f".group({g.name!r})",
+            f"# torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes={variable})",
+            *shapesspec.source_lines(tree, facts, variable),
+        ]
+        sections.append("\n".join(lines))
+    if len(groups) > 1 and len(models) == 1:
+        sections.append(f"shapes_spec = shapes_spec_{_identifier(groups[0].name)}")
     return "\n\n".join(sections)
 
 

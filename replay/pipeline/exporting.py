@@ -37,6 +37,7 @@ import torch
 
 from capture import compat, schema
 from capture.errors import ReplayError
+from capture.output_paths import check_file
 from capture.pytree import nodes
 from capture.pytree.cachespec import blocking_reason
 from replay.check.checking import coverage_rows
@@ -48,7 +49,8 @@ from replay.pipeline.binding import check_signature
 from replay.pipeline.bounded import export_bounded, export_unbounded
 from replay.pipeline.guard_sources import fix_guard_sources
 from replay.pipeline.merging import merge
-from replay.pipeline.regimes import export_regimes
+from replay.pipeline.model_match import eager_failure
+from replay.pipeline.regimes import Exported, export_regimes
 from replay.pipeline.result import ExportResult
 from replay.pipeline.submodules import recorded_submodules, submodule
 from replay.runtime.coverage import (
@@ -158,6 +160,7 @@ def export(
     max_payload_bytes: int = ExportOptions.max_payload_bytes,
     max_regimes: int = ExportOptions.max_regimes,
     merge: bool = ExportOptions.merge,
+    spec: str = ExportOptions.spec,
 ) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
@@ -208,6 +211,13 @@ def export(
             ``attention_mask``) with the program of a group that passes it, the input
             filled, where the check proves it on the group's own signatures, probes and
             payloads (`replay.pipeline.merging`); False: one program per group.
+        spec: ``"dims"`` (default): ``torch.export.Dim`` shapes, with the retries and regimes
+            above; ``"shapes"``: torch's ``ShapesSpec`` learned from the store (torch >= 2.14,
+            `replay.inputs.specs.shapesspec`): every dynamic size unbacked, so a group is never
+            split and 0 or 1 is never specialized (the notes name the dims recorded there),
+            trusted divisors as ``assumptions`` (checked by the program and by the router of
+            a saved artifact). A group torch rejects in this form is reported, never retried
+            in the ``Dim`` form.
 
     Returns:
         An `ExportResult`.
@@ -215,7 +225,8 @@ def export(
     Raises:
         StoreNotFound, EmptyStore, UnknownModel: The store or model cannot be found.
         ReplayError: ``model.forward`` no longer matches the recordings, the recordings cannot
-            be rebuilt, or ``onnx`` is asked without the ONNX dependencies.
+            be rebuilt, ``onnx`` is asked without the ONNX dependencies, or ``spec="shapes"``
+            on a torch without ``ShapesSpec``.
 
     Example:
         >>> result = export(model, "capture-store")  # doctest: +SKIP
@@ -241,6 +252,7 @@ def export(
         max_payload_bytes=max_payload_bytes,
         max_regimes=max_regimes,
         merge=merge,
+        spec=spec,
     )
     return export_with(module, store, model, options)
 
@@ -263,6 +275,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     """
     if options.onnx is not None:
         require_onnx()
+        check_file(options.onnx, what="ONNX set", example="model.onnx")  # before the export
     if options.device is None and isinstance(module, torch.nn.Module):
         first = next(iter(module.parameters()), None)
         if first is not None:
@@ -299,14 +312,26 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             notes.extend(f"{group.name}: {note}" for note in group.notes)
             rows.extend(proof)
             continue
+        failure = eager_failure(module, group)
+        if failure is not None:  # not the recorded model: torch.export would fail deep inside
+            errors[group.name] = failure
+            logger.warning("group %s not exported: %s", group.name, failure)
+            rows.extend(coverage_rows(module, group, None, failure, atol, rtol, options.probes))
+            made[index] = [group]
+            continue
         made[index] = []
-        for done in export_regimes(
-            group,
-            options,
-            inputs.analysed,
-            lambda g: _export_group(module, g, options.strict),
-            lambda g, e: _retry(module, g, e, options),
-        ):
+        if options.spec == "shapes":  # unbacked sizes: torch cuts no range, nothing to retry
+            program, failure = _export_group(module, group, options.strict)
+            outcomes = [Exported(group, program, failure)]
+        else:
+            outcomes = export_regimes(
+                group,
+                options,
+                inputs.analysed,
+                lambda g: _export_group(module, g, options.strict),
+                lambda g, e: _retry(module, g, e, options),
+            )
+        for done in outcomes:
             group = done.group
             group.notes.extend(merged)  # why no other group's program serves it
             made[index].append(group)
