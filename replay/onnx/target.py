@@ -14,6 +14,12 @@ and
    (`replay.onnx.check`, `replay.check.payload_rows`): rows of target ``onnx``;
 4. the manifest ``PATH.json`` is written last (`replay.onnx.entries`), with the signatures
    the ONNX check failed in each file's guard.
+
+The recorded sub-modules exported with the model (``modules=True``) join the same set
+(`OnnxPart`): their files are ``<stem>.<module>.<group>.onnx``, the weights file and the
+manifest are shared, and ``replay.load(PATH).modules[name]`` serves them. A model onnxruntime
+cannot serve on CPU (bfloat16: `refusal`) gets no file, and a set whose files onnxruntime
+cannot open is removed: nothing ``replay.load`` finds is unloadable.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ from replay.onnx.check import onnx_rows
 from replay.onnx.convert import Converted, convert
 from replay.onnx.entries import onnx_entry, onnx_manifest, write_manifest
 from replay.runtime.coverage import TARGET_ONNX, CoverageRow
-from replay.runtime.manifest import ModuleEntry
-from replay.runtime.ort.manifest import OnnxManifest, manifest_path, weights_path
+from replay.runtime.manifest import ModuleEntry, ProgramEntry
+from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, manifest_path, weights_path
 from replay.runtime.ort.runner import OnnxRunner, open_set
 from replay.runtime.ort.weights import OnnxFileError, write_models
 
@@ -346,7 +352,7 @@ def _manifest(
     modules: Mapping[str, ModuleEntry],
 ) -> OnnxManifest:
     """The set's manifest (the draft the check opens has no rows, so no ``rejected`` yet)."""
-    entries = []
+    entries: list[tuple[ProgramEntry, OnnxFile]] = []
     for part in parts:
         mine = converted[part.name]
         owners = {g.name: g for g in part.inputs.groups if g.name in mine}

@@ -414,11 +414,11 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         complete = complete and all(r.covered for r in outcome.rows)
         for part in parts:
             sub = modules[part.name]
-            done = part.outcome
-            sub.coverage = coverage_table([*part.torch_rows, *done.rows])
-            sub.onnx = done.files
-            sub.notes.extend(done.notes)
-            sub.complete = sub.complete and all(r.covered for r in done.rows)
+            written = part.outcome
+            sub.coverage = coverage_table([*part.torch_rows, *written.rows])
+            sub.onnx = written.files
+            sub.notes.extend(written.notes)
+            sub.complete = sub.complete and all(r.covered for r in written.rows)
     coverage = coverage_table(rows)
     result = ExportResult(
         programs,
