@@ -134,3 +134,35 @@ def test_capture_check_serves_what_load_serves(served: Served, artifact: str) ->
     )
     assert done.returncode == 0, done.stderr
     assert "served: 6 of 6 recorded signatures, 6 of 6 calls" in done.stderr
+
+
+FRESH = """
+import sys
+
+import torch
+import torch.utils._pytree as pytree
+
+import replay
+
+assert "diffusers" not in sys.modules
+runner = replay.load(sys.argv[1])
+context = torch.randn(4, 7, 16)
+out = runner(torch.randn(4, 4, 8, 8), torch.full((4,), 7), encoder_hidden_states=context)
+print(type(out).__name__, *[pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(out)[0]])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("artifact", ["unet.pt2", "unet.onnx"])
+def test_a_fresh_process_loads_the_output_class_the_artifact_names(
+    served: Served, artifact: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH, str(served.root / artifact)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    # diffusers imported by the loader (a BaseOutput subclass), its leaves named by capture
+    assert done.stdout.split() == ["UNet2DConditionOutput", "['sample']"]
