@@ -114,3 +114,20 @@ def test_a_bfloat16_llama_is_refused_for_onnx_and_served_by_torch(tmp_path: Path
     result.save(tmp_path / "llama.pt2")
     verdicts = serve_originals(model, replay.load(tmp_path / "llama.pt2"), copy.deepcopy(originals))
     assert verdicts and all(v.correct for v in verdicts)
+
+
+def test_renaming_torch_s_dims_leaves_an_unnamed_dim_unnamed() -> None:
+    import onnx_ir as ir
+
+    from replay.onnx.convert import _rename_dims
+
+    x = ir.Value(name="x", shape=ir.Shape([ir.SymbolicDim("s1"), ir.SymbolicDim(None)]))
+    node = ir.Node("", "Identity", [x], num_outputs=1)
+    y = node.outputs[0]
+    y.shape = ir.Shape([ir.SymbolicDim(None), ir.SymbolicDim("s1 + 1"), 4])
+    model = ir.Model(ir.Graph([x], [y], nodes=[node], opset_imports={"": 18}), ir_version=10)
+    _rename_dims(model, {"s1": "batch"})
+    # An unnamed dim spelled "None" would make every unknown dim of the graph one size to
+    # onnxruntime (a UNet's Transpose then failed to reuse a buffer).
+    assert [d.value if not isinstance(d, int) else d for d in x.shape] == ["batch", None]
+    assert [d.value if not isinstance(d, int) else d for d in y.shape] == [None, "batch + 1", 4]
