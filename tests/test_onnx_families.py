@@ -38,7 +38,12 @@ class Whisper:
         self.result = replay.export(
             self.model, root / "store", modules=True, onnx=root / "out" / "whisper.onnx"
         )
-        self.runner = replay.load(root / "out" / "whisper.onnx")
+        self.result.save(root / "whisper.pt2")
+        self.runners = {
+            "onnx": replay.load(root / "out" / "whisper.onnx"),
+            "pt2": replay.load(root / "whisper.pt2"),
+        }
+        self.runner = self.runners["onnx"]
         self.root = root
 
 
@@ -66,10 +71,14 @@ def test_the_whisper_set_holds_the_encoder_and_the_decoder(whisper: Whisper) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("target", ["onnx", "pt2"])
 @pytest.mark.parametrize("module", ["", "encoder"])
-def test_every_original_whisper_call_is_served_right(whisper: Whisper, module: str) -> None:
+def test_every_original_whisper_call_is_served_right(
+    whisper: Whisper, module: str, target: str
+) -> None:
     model = whisper.model.get_encoder() if module else whisper.model
-    runner = whisper.runner.modules[module] if module else whisper.runner
+    loaded = whisper.runners[target]
+    runner = loaded.modules[module] if module else loaded
     verdicts = serve_originals(model, runner, whisper.originals[module])
     wanted = {"": {"prefill": 3, "decode": 9}, "encoder": {"g0": 3}}[module]
     served: dict[str, int] = {}
