@@ -15,7 +15,8 @@ export ran, and never on exit 1.
 
 ``--out MODEL.pt2`` writes one artifact (`replay.artifact.writer`): every group's program and a JSON
 manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)``, exported
-by the library (``replay.export(..., modules=True)``, `replay.pipeline.submodules`). ``replay.load``
+by the library (``replay.export(..., modules=True)``, `replay.pipeline.submodules`); ``--out
+MODEL.onnx`` writes the ONNX set with the same sub-modules (`replay.onnx.target`). ``replay.load``
 serves it; ``capture check`` measures new traffic against it. The command's options become one
 `replay.inputs.options.ExportOptions`, the object the library builds from its keyword arguments, and
 take their defaults from it.
@@ -220,7 +221,8 @@ def _render_coverage(
     default=None,
     help="Write the programs: PATH.pt2, one artifact holding every group's (and recorded "
     "sub-module's) program and a manifest, served by replay.load; or PATH.onnx (needs "
-    "capture[onnx]): one ONNX file per group (PATH-stem.GROUP.onnx when there are several), "
+    "capture[onnx]): one ONNX file per group and recorded sub-module's group "
+    "(PATH-stem.GROUP.onnx, PATH-stem.SUB.GROUP.onnx when there are several), "
     "their shared weights PATH.data and a manifest PATH.json, every file checked with "
     "onnxruntime (coverage rows of target onnx) and served by replay.load(PATH). "
     "Default: nothing written.",
@@ -379,7 +381,7 @@ def export_command(
     from replay.pipeline.exporting import export_with
 
     # The same object replay.export builds from its keywords; sub-modules (recorded with
-    # Recorder(modules=...)) are exported by the library for an artifact.
+    # Recorder(modules=...)) are exported by the library for an artifact or an ONNX set.
     options = ExportOptions.of(
         set_batch_dimension_for=_batch_option(batch),
         named_dims=named_dims,
@@ -391,7 +393,7 @@ def export_command(
         max_static=max_static,
         groups=groups or None,
         onnx=onnx,
-        modules=out is not None and onnx is None,
+        modules=out is not None,
     )
     with Progress("export") as progress, stdout_to_stderr():  # progress: only on a terminal
         progress.phase("exporting each call group and checking every recorded signature")
@@ -405,7 +407,7 @@ def export_command(
     for prefix, errors in [("", result.errors)] + [(f"{s}.", r.errors) for s, r in subs.items()]:
         for group, error in errors.items():
             click.echo(f"error: group {prefix}{group}: {error}", err=True)
-    written = list(result.onnx.values())
+    written = [*result.onnx.values(), *(f for r in subs.values() for f in r.onnx.values())]
     if onnx is not None and written:
         from replay.runtime.ort.manifest import manifest_path, weights_path
 

@@ -124,9 +124,11 @@ class OnnxRunner(Routed):
 
     Attributes:
         manifest: The set's typed manifest (`replay.runtime.ort.manifest.OnnxManifest`).
-        programs: Program name (the group that owns the file) -> its `OnnxProgram`.
-        modules: Always empty (sub-modules are exported to ``.pt2`` artifacts only).
-        module: Always ``""``.
+        programs: Program name (the group that owns the file; ``encoder.g0`` for a
+            sub-module's) -> its `OnnxProgram`.
+        module: The sub-module this runner serves (``""``: the model itself).
+        modules: Sub-module name -> its `OnnxRunner` (``runner.modules["encoder"]``), as the
+            ``.pt2`` runner has them.
     """
 
     def __init__(
@@ -134,13 +136,18 @@ class OnnxRunner(Routed):
         manifest: OnnxManifest,
         programs: dict[str, OnnxProgram],
         keep: Sequence[Any] = (),
+        module: str = "",
     ) -> None:
         self.manifest = manifest
         self.programs = programs
-        self.module = ""
+        self.module = module
         self.modules: dict[str, OnnxRunner] = {}
-        self._router = Router(manifest.manifest.model, "", manifest.manifest.programs)
+        self._router = Router(manifest.manifest.model, module, manifest.manifest.for_module(module))
         self._keep = list(keep)  # the weights map and OrtValues the sessions read
+        if not module:
+            for name in manifest.manifest.modules:
+                if name:
+                    self.modules[name] = OnnxRunner(manifest, programs, keep, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the ONNX file that accepts it.
@@ -207,32 +214,24 @@ class OnnxRunner(Routed):
         return self._run(entry, args, kwargs, tensors)
 
     def __repr__(self) -> str:
-        return f"OnnxRunner({self.manifest.manifest.model}, groups={self.groups})"
-
-
-_ALLOWED_MODULES = ("transformers.",)
-"""Modules a manifest may ask the loader to import (for the output classes they register)."""
+        name = self.manifest.manifest.model + (f".{self.module}" if self.module else "")
+        return f"OnnxRunner({name}, groups={self.groups}, modules={sorted(self.modules)})"
 
 
 def _register_types(types: set[str]) -> None:
-    """Makes the types the output treespecs name known to torch's pytree: capture's cache
-    registrations (held for the life of the process: every call unflattens with them) and
-    transformers' output classes (registered when their module is imported: allow-listed
-    modules only). Anything else must be registered by the caller; parsing the treespec then
-    says which (`capture.pytree.treespec`)."""
-    import importlib
+    """Makes the types the output treespecs name known to torch's pytree, by the loader's one
+    table (`replay.runtime.allowed`): capture's cache registrations (held for the life of the
+    process: every call unflattens with them), transformers' output classes (registered when
+    their module is imported) and diffusers' (`capture.pytree.outputs`). Anything else must be
+    registered by the caller; parsing the treespec then says which
+    (`capture.pytree.treespec`)."""
+    from replay.runtime.allowed import ALLOWED_MODULES
 
-    wanted = sorted(t for t in types if t.startswith(_ALLOWED_MODULES))
-    if wanted:  # capture's cache registrations import torch: only when a type needs them
-        from capture.pytree import nodes
+    wanted = {t for t in types if t.startswith(ALLOWED_MODULES)}
+    if wanted:  # capture's registrations import torch: only when a type needs them
+        from replay.runtime.allowed import register_types
 
-        nodes.acquire()
-    for name in wanted:
-        module = name.rpartition(".")[0]
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise OnnxFileError(f"the ONNX set's outputs need {module}: {e}") from e
+        register_types(wanted)
 
 
 def _shared_initializers(
