@@ -107,3 +107,26 @@ def test_cli_prints_hints_torch_applies(store: Path) -> None:
 def test_not_a_hints_document_names_the_fix() -> None:
     with pytest.raises(ReplayError, match="capture compile-hints"):
         CompileHints.from_json(json.dumps({"format": "other"}))
+
+
+LLAMA_RECORDED = [(2, 5), (3, 8), (1, 6), (4, 9)]
+LLAMA_INSIDE = [(3, 6), (2, 7), (4, 5)]
+"""New (batch, prompt length) pairs inside the recorded ranges of their groups (generate()
+calls batch 1 without a mask: its groups hold prompt length 6 only)."""
+
+
+@pytest.mark.slow
+def test_llama_generate_compiles_once_per_group_with_hints(tmp_path: Path) -> None:
+    from fixtures.compile_traffic import compiled_generate
+    from fixtures.models import run_generate, tiny_llama
+
+    model = tiny_llama(0)
+    with capture.Recorder(model, tmp_path, name="llama"):
+        run_generate(model, LLAMA_RECORDED, max_new_tokens=3)
+    hints = replay.compile_hints(tmp_path)
+    groups = len(hints.groups)
+    with_hints = compiled_generate(model, [LLAMA_RECORDED, LLAMA_INSIDE], hints)
+    without = compiled_generate(model, [LLAMA_RECORDED, LLAMA_INSIDE])
+    assert with_hints.graphs[0] <= groups
+    assert with_hints.graphs[1] == with_hints.graphs[0]  # nothing new inside the ranges
+    assert without.graphs[-1] > with_hints.graphs[-1]
