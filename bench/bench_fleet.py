@@ -5,6 +5,8 @@
     python bench/bench_fleet.py --no-s3              # local only
     python bench/bench_fleet.py --baseline /tmp/base # also the summary of a checkout before
     python bench/bench_fleet.py --reuse              # keep and reuse stores already generated
+    python bench/bench_fleet.py --fleet              # a simulated day of N writers, and the
+                                                     # first SQL on 100,000 flushes (fleet_day.py)
 
 Prints one Markdown section on stdout (progress goes to stderr).
 
@@ -233,10 +235,21 @@ def main() -> None:
     parser.add_argument("--baseline-max", type=int, default=10_000, help="largest store for it")
     parser.add_argument("--reuse", action="store_true", help="reuse and keep generated stores")
     parser.add_argument("--s3-baseline-max", type=int, default=1_000, help="largest S3 store")
+    parser.add_argument("--fleet", action="store_true", help="the fleet sections only")
+    parser.add_argument("--writers", type=int, default=10, help="--fleet: writer processes")
+    parser.add_argument("--flush-s", type=float, default=60.0, help="--fleet: seconds per flush")
+    parser.add_argument("--upkeep-s", type=float, default=900.0, help="--fleet: upkeep interval")
+    parser.add_argument(
+        "--store-dir", default="/work/fleet-bench-store", help="--fleet: where stores are kept"
+    )
+    parser.add_argument("--raw-query", action="store_true", help="--fleet: capture on raw files")
     args = parser.parse_args()
     rows: list[list[Any]] = []
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if args.fleet:
+        fleet(args, env)
+        return
     for layout in args.layouts:
         old = layout == "per flush"
         for n in args.sizes:
@@ -302,6 +315,55 @@ def main() -> None:
             rows,
         )
     )
+
+
+def fleet(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """The fleet sections (`fleet_day`): files after a simulated day, first SQL on 100k flushes."""
+    import fleet_day
+
+    os.makedirs(args.store_dir, exist_ok=True)
+    raw = f"{args.store_dir}/raw-100000"
+    if not os.path.exists(raw):
+        log(f"generating 100,000 flushes at {raw} (kept for later runs)")
+        generate(f"{raw}.tmp", 100_000)
+        os.rename(f"{raw}.tmp", raw)
+    log(f"a simulated day: {args.writers} writers, a flush every {args.flush_s:g} s")
+    t0 = time.perf_counter()
+    day = fleet_day.simulated_day(
+        args.writers, args.flush_s, args.upkeep_s, f"{args.store_dir}/day"
+    )
+    day_s = time.perf_counter() - t0
+    log(f"  {day} in {day_s:.0f} s")
+    shutil.rmtree(f"{args.store_dir}/day", ignore_errors=True)
+    log("100,000 flushes")
+    rows = fleet_day.hundred_k(raw, f"{args.store_dir}/work-100000", env, args.raw_query)
+    print(f"### A fleet's store without an operator ({args.label})\n")
+    print(f"- Machine: {machine_line(('pyarrow', 'duckdb'))}")
+    print(f"- Load: {load_line()}\n")
+    files, without = day["files"], day["without"]
+    print(
+        f"A simulated day: {args.writers} writers, a flush every {args.flush_s:g} s "
+        f"({day['flushes']:,} calls files of {CALLS_PER_FILE} calls), the recorders' upkeep "
+        f"every {args.upkeep_s:g} s ({day['turns']} compactions, {day['compact_s']:.0f} s "
+        f"in all; simulated in {day_s:.0f} s).\n"
+    )
+    print(
+        md_table(
+            ["table", "files at the end of the day", "most files at any time", "without upkeep"],
+            [
+                [
+                    t,
+                    f"{files[t]:,}",
+                    "" if t != "calls" else f"{day['most']:,} (all tables)",
+                    f"{without[t]:,}",
+                ]
+                for t in ("calls", "stats", "structures")
+            ],
+        )
+    )
+    print()
+    print("100,000 flushes (1,000,000 calls), each step a fresh process:\n")
+    print(md_table(["step", "wall (s)", "peak RSS (MiB)", "result"], rows))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from capture.errors import (
     CaptureError,
     EmptyStore,
     ObservationMismatch,
+    OutputNotWritable,
     QueryError,
     ReplayError,
     SchemaMismatch,
@@ -42,6 +43,7 @@ __all__ = [
     "QueryError",
     "ObservationMismatch",
     "ReplayError",
+    "OutputNotWritable",
 ]
 
 _LAZY = {

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "TESTED",
     "CHECKED_ON",
     "PRIVATE_APIS",
     "guards_code",
@@ -58,8 +59,18 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CHECKED_ON = ("2.13.0",)
-"""torch versions every entry of this module was checked on."""
+TESTED = (
+    ("2.13.0", "5.23.0"),
+    ("2.15.0", "5.24.0"),
+)
+"""The (torch, transformers) pairs `.ci/run` installs and runs the tests on, oldest first: the
+oldest with the fast and the slow suites, the newest with the fast suite. ``pyproject.toml``
+declares the range they bound (`tests/test_compat.py` checks both), and `.ci/run` reads this
+table (with ``ast``, without importing capture), so a pair is added here and nowhere else."""
+
+CHECKED_ON = tuple(torch for torch, _ in TESTED)
+"""torch versions every entry of this module was checked on: those of `TESTED`, on which
+`tests/test_compat.py` exercises each entry (and fails on a torch that is not one of them)."""
 
 PRIVATE_APIS = {
     "guards_code": "torch.export.ExportedProgram._guards_code",

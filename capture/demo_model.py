@@ -3,9 +3,9 @@
 Random weights, a fixed seed, nothing downloaded: a Llama (what the demo records) and a T5 (the
 encoder-decoder example of recording several modules), and `run_generate`, which serves them a
 `generate()` workload. They live in the installed package so that the demo and every example
-run from a wheel (issue 24: the T5 example imported the repository's ``fixtures``, which is not
-installed); `fixtures.models` re-exports them for the tests and benchmarks. transformers is
-imported only when a model is built.
+run from a wheel (the repository's ``fixtures`` is not installed); `fixtures.models`
+re-exports them for the tests and benchmarks. transformers is imported only when a model is
+built.
 
 Example:
     >>> from capture.demo_model import run_generate, tiny_t5  # doctest: +SKIP

@@ -7,10 +7,12 @@ __all__ = [
     "StoreNotFound",
     "EmptyStore",
     "SchemaMismatch",
+    "CorruptStoreFile",
     "UnknownModel",
     "QueryError",
     "ObservationMismatch",
     "ReplayError",
+    "OutputNotWritable",
 ]
 
 
@@ -28,6 +30,11 @@ class EmptyStore(CaptureError):
 
 class SchemaMismatch(CaptureError):
     """A store file was written with a schema version this library cannot read."""
+
+
+class CorruptStoreFile(CaptureError):
+    """A capture file of the store holds values no writer writes (nulls among sizes, negative
+    counts or offsets): its rows cannot be read as recorded calls, and are not silently dropped."""
 
 
 class UnknownModel(CaptureError):
@@ -48,3 +55,8 @@ class ObservationMismatch(CaptureError):
 
 class ReplayError(CaptureError):
     """Recorded metadata cannot be turned into export arguments."""
+
+
+class OutputNotWritable(CaptureError):
+    """A file or folder to write cannot be written there (a missing or read-only folder, a
+    full filesystem); the message names the path and the fix."""

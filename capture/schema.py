@@ -30,7 +30,7 @@ METADATA_SEGMENT_CALLS = b"capture.segment_calls"
 """A writer's rollup only: JSON ``{"YYYY-MM-DD": rows}``, the calls files of the segment it adds
 (named like the rollup, in ``calls/model=<m>/date=<day>/``). The rollup is written *before* them
 and counts only once every one of them exists (`capture.store.commits`): a writer killed in
-between leaves its previous rollup counting, and the segment's calls hidden (issue 25)."""
+between leaves its previous rollup counting, and the segment's calls hidden."""
 
 ROLLUP_CONTINUE_S = 300.0
 """A writer replaces its open rollup only when it wrote it less than this many seconds ago (by

@@ -1,6 +1,6 @@
 """Which parameter is positional and its name: a method's signature, and how a call binds to it.
 
-The one binder of capture (issue 23): the recorder names the positional leaves of a call and finds
+The one binder of capture: the recorder names the positional leaves of a call and finds
 the optionals it did not pass (`capture.record.flatten`), the seed API aligns calls by argument
 name (`capture.seeds.alignment`), replay decides a program's call form (`replay.inputs.shapes`) and
 checks that ``model.forward`` still accepts the recorded calls (`replay.pipeline.binding`), and the
@@ -125,7 +125,7 @@ class Signature:
         """The signature stored as JSON (`dumps`); empty when none was recorded.
 
         Raises:
-            ReplayError: The stored signature is malformed (one line, not a traceback: issue 11).
+            ReplayError: The stored signature is malformed (one line, not a traceback).
 
         Example:
             >>> Signature.loads('[{"name": "x", "kind": "VAR_KEYWORD", "has_default": false}]')

@@ -61,11 +61,11 @@ class Store(StoreReader):
 
         return profiles_table(self, model, **options)
 
-    def buckets(self, symbol: str, budget: int, **options: Any) -> pa.Table:
+    def buckets(self, symbol: str | None, budget: int, **options: Any) -> pa.Table:
         """The `budget` sizes of a shared symbol that minimise padding over the recorded calls.
 
-        See `capture.engines.buckets.buckets_table` for the columns and options (``model``,
-        ``group``).
+        See `capture.engines.buckets.buckets_table` for the columns, the symbol chosen when
+        `symbol` is None, and the options (``model``, ``group``).
         """
         from capture.engines.buckets import buckets_table
 

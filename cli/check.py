@@ -8,12 +8,12 @@ recorded signature (input structure + sizes) of the window is checked against th
 order, with the same guards as the runner `replay.load` returns, so a signature reported served
 is one the runner serves.
 
-Neither torch nor the model's code is needed: the artifact is checked as data exactly as
-`replay.load` checks it before torch reads anything (a ``.pt2`` by
-`replay.runtime.pt2.reader.read_artifact`: every entry, the typed manifest, the payload configs, the
-program graphs; an ONNX set by `replay.runtime.ort.manifest.read_onnx_set`: the typed manifest,
-every file a regular file beside it), so an artifact the runner would refuse is an error here too;
-the store is read through DuckDB.
+The model's code is not needed: the artifact is validated by the loader's own validation
+(`replay.validation.validate`), in full but without running a program: every file
+against the manifest's digests, the weights included, the operators the programs call, and
+everything `replay.load` reads (torch deserializes a ``.pt2``'s programs, onnxruntime opens an
+ONNX set's sessions), so an artifact the runner would refuse is an error here too, with the same
+message; the store is read through DuckDB.
 
 Exit status: 0 every call of the window is served (or the window is empty, said on stderr);
 3 some calls are not served (the table says which and why); 1 an error (no artifact, not an
@@ -105,6 +105,15 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
     help="The model's name in the store, when it differs from the artifact's (sub-modules "
     "are NAME.<sub-module>). Default: the name in the artifact's manifest.",
 )
+@click.option(
+    "--allow-ops",
+    "allow_ops",
+    metavar="NAMESPACE",
+    multiple=True,
+    help="An operator namespace (or namespace.op; an ONNX domain for an ONNX set) the "
+    "programs may call beyond the model's math, as replay.load(path, allow_ops=[...]) "
+    "allows it. Repeat for several.",
+)
 @format_option()
 @no_headers_option
 @wide_option
@@ -114,6 +123,7 @@ def check_command(
     artifact: str,
     since: str | None,
     model: str | None,
+    allow_ops: tuple[str, ...],
     fmt: str,
     no_headers: bool,
     wide: bool,
@@ -122,14 +132,16 @@ def check_command(
 
     ARTIFACT is what `capture export --out` wrote: a .pt2 artifact (or
     ExportResult.save's), or the PATH.onnx of an ONNX set (its PATH.onnx.json
-    manifest is read). It is checked as replay.load checks it (every entry,
-    the manifest, the programs or files present), so an artifact the runner
-    would refuse is an error here too. Every distinct recorded signature (call
+    manifest is read). It is validated by replay.load's own validation, in
+    full but without running a program (every file against the manifest's
+    digests, weights included; the operators the programs call; every entry,
+    the manifest, the programs read by torch or opened by onnxruntime), so an
+    artifact the runner would refuse is an error here too. Every distinct recorded signature (call
     structure and sizes) of the window is routed as the runner routes it: the
     recorded structure, every dim within the range the export was checked on,
     not a signature the export's check failed. One row per signature (model,
     group serving it, signature, calls, served, reason) goes to stdout; the
-    totals go to stderr. Neither torch nor the model's code is needed.
+    totals go to stderr. The model's code is not needed.
 
     Exit status: 0 every call of the window is served (an empty window says so
     on stderr); 3 some calls are not served (rows with served=false say why:
@@ -144,10 +156,10 @@ def check_command(
       capture --store s3://bucket/prod check model.pt2 --since 2026-11-20 -f json
     """
     import capture
-    from replay.loader import read_any_manifest
+    from replay.validation import validate
 
     _refuse_folder(artifact, store_path(ctx))
-    manifest = read_any_manifest(artifact)
+    manifest = validate(artifact, allow_ops=allow_ops, verify_weights=True).manifest
     moment = parse_since(since)
     from replay.check.drift import check_rows
 

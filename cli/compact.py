@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import click
 
+from capture.errors import CaptureError
+from capture.output_paths import check_folder
+
 from .main import store_path
 from .output import write_text
 from .progress import Progress
@@ -49,6 +52,8 @@ def compact_command(ctx: click.Context, target_rows: int, dry_run: bool) -> None
     """
     from capture.store.compaction import compact
 
+    if not dry_run:  # a read-only or full store: one line before any file is read
+        check_folder(store_path(ctx), option="--store", created=False)
     with Progress("compact") as progress:  # on stderr, only when it is a terminal
         progress.phase("merging small files" if not dry_run else "listing files")
         result = compact(store_path(ctx), target_rows=target_rows, dry_run=dry_run)
@@ -72,6 +77,14 @@ def compact_command(ctx: click.Context, target_rows: int, dry_run: bool) -> None
         )
     for path in result.unreadable:
         lines.append(f"  left alone (unreadable): {path}")
+    for path in result.corrupt:
+        lines.append(f"  left alone (corrupt): {path}")
     for claim in result.refused_claims:
         lines.append(f"  nothing deleted for: {claim}")
     write_text("\n".join(lines) + "\n")
+    if result.corrupt:  # everything else was compacted; these need a person
+        more = f" and {len(result.corrupt) - 1} more" if len(result.corrupt) > 1 else ""
+        raise CaptureError(
+            f"left {result.corrupt[0]}{more} as it is: move such a file out of the store or "
+            "restore it from a copy"
+        )

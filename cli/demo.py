@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from capture.output_paths import check_folder
+
 from .fit import Fit, terminal_width, wide_option
 from .main import store_path
 from .output import table_text, write_text
@@ -71,7 +73,9 @@ def _section(title: str, note: str, body: str) -> None:
 
 
 INCOMPLETE = ".demo-incomplete"
-"""Marker file an interrupted demo leaves in its store: the next demo replaces that recording."""
+"""Marker file a demo keeps in its store until it has run to its end: a demo interrupted (Ctrl-C)
+or failed at any step, the export included, leaves it, and the next demo replaces that
+recording."""
 
 
 def _remove_interrupted(store: str) -> None:
@@ -272,7 +276,9 @@ def demo_command(
     signature. Takes well under a minute on a laptop CPU. Progress goes to stderr.
 
     Exit status: 0 when the export covers every recorded signature, 3 when it
-    covers only part of them, 1 when the store already holds a demo recording.
+    covers only part of them, 1 when the store already holds a finished demo
+    recording or cannot be written. A demo that did not run to its end (Ctrl-C)
+    is replaced by the next one.
 
     \b
     Example:
@@ -281,10 +287,12 @@ def demo_command(
       capture --store /tmp/capture-demo summary
     """
     store = _resolve_store(ctx, store_option)
+    check_folder(store, option="--store", what="store")  # read-only, full: before any work
     _check_store(store)
-    _mark(store, incomplete=True)  # left behind by Ctrl-C: the next demo replaces the recording
+    # Until the demo has run to its end (analysis and export included), the marker says the
+    # recording is unfinished: after Ctrl-C or a failure, the next demo replaces it.
+    _mark(store, incomplete=True)
     model = _record(store)
-    _mark(store, incomplete=False)
 
     from capture.store_api import open_store
 
@@ -292,6 +300,7 @@ def demo_command(
     with open_store(store) as opened:
         _show_analysis(opened, width)
         complete = _export(model, opened, signatures, width)
+    _mark(store, incomplete=False)
     _next_steps(store)
     if not complete:
         ctx.exit(EXIT_PARTIAL)

@@ -121,7 +121,7 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
         f"({_percent(padding, work)} of the {work:,} useful; {padding / calls:.4g} per call)",
     ]
     if summary["measures"] != BATCH:
-        # vLLM's and SGLang's CUDA-graph sizes are batch sizes (issue 24): no flags for lengths.
+        # vLLM's and SGLang's CUDA-graph sizes are batch sizes: no flags for lengths.
         lines += [
             "",
             f"{summary['symbol']} is a {summary['measures']}: vLLM's and SGLang's capture sizes "
@@ -159,7 +159,9 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
     metavar="NAME",
     default=None,
     help="The shared symbol to size (batch, input_ids_1, past_key_values_2, ... as the symbol "
-    "column of `capture dims` names them). Default: the only one, when the calls have one.",
+    "column of `capture dims` names them). Default: the only one; when the calls have "
+    "several, their batch symbol (the sizes CUDA graphs are captured for), named on the "
+    "output's first line.",
 )
 @click.option(
     "--budget",

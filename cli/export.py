@@ -9,8 +9,9 @@ command only, so ``capture --help`` stays fast.
 Exit status: 0 every recorded signature is covered; 3 the export ran but torch.export rejected
 a group or some signatures are not reproduced (the table says which and why); 1 an error before
 anything was exported (no store, unknown model, a factory that cannot be imported or called, a
-forward signature that no longer matches the recordings). Files are written (``--out``) only when
-the export ran, and never on exit 1.
+forward signature that no longer matches the recordings, an ``--out`` that cannot be written:
+checked before the export, `capture.output_paths`). Files are written (``--out``) only when the
+export ran, and never on exit 1.
 
 ``--out MODEL.pt2`` writes one artifact (`replay.artifact.writer`): every group's program and a JSON
 manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)``, exported
@@ -37,6 +38,7 @@ from typing import Any
 
 import click
 
+from capture.output_paths import check_file
 from replay.inputs.options import ExportOptions
 
 from .fit import Fit, terminal_width, wide_option
@@ -134,6 +136,15 @@ def _build_model(target: str) -> Any:
             f"{target}() returned an object of type {type(model).__name__}, not a torch.nn.Module"
         )
     return model
+
+
+def _weights(module: Any) -> int:
+    """Bytes of the model's parameters and buffers, each storage counted once."""
+    storages: dict[int, int] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def _batch_option(values: tuple[str, ...]) -> bool | list[str | int] | None:
@@ -315,7 +326,8 @@ def export_command(
     not reproduced, or --named-dims could not be honoured (the table is printed
     and --out still written for the programs that exported);
     1 an error before exporting (no store, unknown model, a factory that does
-    not import, a forward signature that no longer matches the recordings),
+    not import, a forward signature that no longer matches the recordings, an
+    --out whose folder is missing, read-only or too full for the weights),
     with nothing written.
 
     \b
@@ -333,11 +345,15 @@ def export_command(
     onnx = out if out is not None and out.endswith(".onnx") else None
     if aoti and (out is None or onnx is not None):
         raise click.BadParameter("--aoti needs --out MODEL.pt2", param_hint="'--aoti'")
+    if out is not None:  # before the minutes of export: a missing or read-only folder, a full disk
+        check_file(out, option="--out", what="artifact", example="model.pt2")
     if onnx is not None:
         from replay.pipeline.exporting import require_onnx
 
         require_onnx()
     module = _build_model(target)
+    if out is not None:  # the weights are written once, whatever the number of programs
+        check_file(out, option="--out", what="artifact", example="model.pt2", need=_weights(module))
 
     from replay.pipeline.exporting import export_with
 

@@ -1,4 +1,4 @@
-"""A table on a terminal fits its width, as duckdb's, gh's and kubectl's tables do (issue 24).
+"""A table on a terminal fits its width, as duckdb's, gh's and kubectl's tables do.
 
 Only the ``table`` format of a command whose stdout is a terminal is fitted, and only with
 `--wide` off; piped or redirected output, and every other format, carry every column in full

@@ -237,7 +237,7 @@ class CaptureGroup(click.Group):
         """Runs the command line; in standalone mode every error is one ``Error:`` line.
 
         click shows a usage error as three lines (usage, a hint, the error); here it is one
-        line naming the help to read (issue 11), with click's exit status 2.
+        line naming the help to read, with click's exit status 2.
         """
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)

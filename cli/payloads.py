@@ -12,6 +12,8 @@ from typing import Any
 import click
 import pyarrow as pa
 
+from capture.output_paths import check_folder
+
 from .fit import Fit, terminal_width, wide_option
 from .main import store_path
 from .output import format_option, no_headers_option, render
@@ -87,6 +89,8 @@ def payloads_command(
     if delete_before is None and not delete_all:
         files = list_payloads(store, model)
     else:
+        if not dry_run:  # a read-only store: one line before any file is listed
+            check_folder(store, option="--store", created=False)
         before = delete_before.date() if delete_before is not None else None
         files = delete_payloads(store, before=before, model=model, dry_run=dry_run)
         verb = "would delete" if dry_run else "deleted"

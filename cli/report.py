@@ -7,54 +7,36 @@ Draws with matplotlib (the ``report`` extra), imported when the command runs; ne
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
 import click
 
+from capture.errors import OutputNotWritable
+from capture.output_paths import check_file, writing
+
 from .main import store_path
 from .options import model_option
 from .progress import Progress
 
-__all__ = ["report_command", "served_rows", "check_out"]
-
-
-def check_out(out: str) -> Path:
-    """The page's path, checked before any work: its folder exists and it is not a folder.
-
-    Raises:
-        click.ClickException: `out` is a folder, or its folder does not exist (issue 24: a
-            31-line traceback and a ``.tmp`` file left behind, after the whole report was drawn).
-
-    Example:
-        >>> check_out("report.html").name
-        'report.html'
-    """
-    path = Path(out)
-    if path.is_dir():
-        raise click.ClickException(
-            f"--out {out} is a folder; name the page to write, e.g. --out {path / 'report.html'}"
-        )
-    folder = path.parent
-    if not folder.is_dir():
-        what = f"{folder} is a file" if folder.exists() else f"the folder {folder} does not exist"
-        raise click.ClickException(
-            f"--out {out}: {what}; create the folder first or write the page elsewhere"
-        )
-    return path
+__all__ = ["report_command", "served_rows"]
 
 
 def _write(path: Path, page: str) -> None:
     """Writes `page` to a hidden temporary file beside `path`, then renames it: a reader never
-    sees half a page, and nothing is left behind when writing fails."""
+    sees half a page, and nothing is left behind when writing fails (`writing` says why in one
+    line; removing the temporary file on a read-only filesystem fails too, silently)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise click.ClickException(f"cannot write {path}: {e.strerror or e}") from e
+        with writing(path, option="--out", what="page"):
+            tmp.write_text(page, encoding="utf-8")
+            os.replace(tmp, path)
+    except OutputNotWritable:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def served_rows(store: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
@@ -111,7 +93,7 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
     from capture.engines.report_html import build_report, require_matplotlib
     from capture.store_api import open_store
 
-    path = check_out(out)
+    path = Path(check_file(out, option="--out", what="page", example="report.html"))
     require_matplotlib()
     with Progress("report") as progress, open_store(store_path(ctx)) as store:
         served = None

@@ -12,6 +12,7 @@ through `replay.runtime.ort.manifest.read_onnx_set`.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,9 +24,18 @@ __all__ = ["load", "read_any_manifest"]
 
 
 def load(
-    path: str | os.PathLike[str], *, device: str | None = None, compiled: bool = False
+    path: str | os.PathLike[str],
+    *,
+    device: str | None = None,
+    compiled: bool = False,
+    allow_ops: Iterable[str] | None = None,
+    verify_weights: bool = False,
 ) -> Runner | OnnxRunner:
     """Loads what ``capture export --out`` wrote and returns a runner callable like the model.
+
+    The artifact is validated in full first (`replay.validation.validate`, what
+    ``capture check`` runs): its files against the manifest's digests, its programs' operators
+    against the model's math, and everything the loader reads, as data.
 
     Args:
         path: A ``.pt2`` artifact (`replay.runtime.pt2.reader.load`), or the ``onnx=`` path of an
@@ -33,37 +43,31 @@ def load(
             `replay.runtime.ort.runner.load_onnx`).
         device: Where a ``.pt2``'s weights go and its programs run (default ``cpu``).
         compiled: Run a ``.pt2``'s AOTInductor builds (`replay.runtime.pt2.reader.load`).
+        allow_ops: Operator namespaces (``mylib``) or operators (``mylib.op``) the programs
+            may call beyond the model's math (`replay.runtime.pt2.operators`; ONNX domains for
+            an ONNX set, `replay.runtime.ort.checks`).
+        verify_weights: Also hash the weights against the manifest (the graphs and model
+            files always are): docs/benchmarks.md says what it costs per GiB.
 
     Returns:
         A `replay.runtime.runner.Runner` or an `replay.runtime.ort.runner.OnnxRunner`: the same
         contract (structure and guards pick the program; `CallNotServed` names the groups tried).
 
     Raises:
-        ArtifactError: Not a capture artifact (see `replay.runtime.pt2.reader.load`), or `device`
-            or `compiled` asked of an ONNX set.
-        OnnxFileError: Not a capture ONNX set (see `replay.runtime.ort.runner.load_onnx`).
+        ArtifactError: Not a capture artifact, a changed one, or one the loader refuses (see
+            `replay.validation.validate`), or `device` or `compiled` asked of an ONNX set.
+        OnnxFileError: Not a capture ONNX set (an `ArtifactError` too).
 
     Example:
         >>> runner = replay.load("model.onnx")  # doctest: +SKIP
         >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
     """
-    from replay.runtime.ort.manifest import is_onnx_path
+    from replay.validation import validate
 
-    if is_onnx_path(path):
-        from replay.runtime.ort.runner import load_onnx
-
-        if compiled or device not in (None, "cpu"):
-            from replay.runtime.guards import ArtifactError
-
-            raise ArtifactError(
-                f"{os.fspath(path)} is an ONNX set: it runs on onnxruntime, without device= or "
-                "compiled=; pick its execution providers with "
-                "replay.runtime.ort.runner.load_onnx(path, providers=...)"
-            )
-        return load_onnx(path)
-    from replay.runtime.pt2.reader import load as load_artifact
-
-    return load_artifact(path, device=device, compiled=compiled)
+    checked = validate(
+        path, device=device, compiled=compiled, allow_ops=allow_ops, verify_weights=verify_weights
+    )
+    return checked.runner()
 
 
 def read_any_manifest(path: str | os.PathLike[str]) -> Manifest:

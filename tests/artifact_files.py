@@ -16,7 +16,7 @@ from torch.export.pt2_archive import PT2ArchiveWriter
 import capture
 import replay
 
-__all__ = ["Scaled", "record_scaled", "entries", "write_entries"]
+__all__ = ["Scaled", "record_scaled", "entries", "write_entries", "reseal"]
 
 _WRITER_MADE = {".data/version", ".data/serialization_id", "byteorder"}
 
@@ -56,8 +56,34 @@ def entries(path: Path) -> dict[str, bytes]:
         return {n[len(root) + 1 :]: z.read(n) for n in z.namelist()}
 
 
-def write_entries(path: Path, content: dict[str, bytes]) -> Path:
-    """Writes entries as `save` does (torch's PT2 writer adds its own format records)."""
+def reseal(content: dict[str, bytes]) -> None:
+    """Rewrites the manifest's digests to describe `content` as it now is: what an attacker who
+    edits the archive also does (a digest identifies a file; it is not a signature), so the
+    checks behind the digests are what the edit meets."""
+    import json
+
+    from replay.runtime.digests import digest_bytes
+    from replay.runtime.pt2.archive import MANIFEST
+
+    try:
+        manifest = json.loads(content[MANIFEST])
+    except (KeyError, ValueError, RecursionError):
+        return
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("digests"), dict):
+        return
+    markers = {"archive_format", "archive_version", MANIFEST, *_WRITER_MADE}
+    manifest["digests"] = {
+        name: digest_bytes(data) for name, data in content.items() if name not in markers
+    }
+    content[MANIFEST] = json.dumps(manifest).encode()
+
+
+def write_entries(path: Path, content: dict[str, bytes], *, sealed: bool = True) -> Path:
+    """Writes entries as `save` does (torch's PT2 writer adds its own format records), the
+    manifest's digests rewritten to describe them (`reseal`) unless `sealed` is False."""
+    if sealed:
+        content = dict(content)
+        reseal(content)
     with open(path, "wb") as f, PT2ArchiveWriter(f) as writer:
         for name, data in content.items():
             if name not in _WRITER_MADE:

@@ -25,7 +25,8 @@ ELSEWHERE: dict[tuple[str, ...], str] = {}
 (`test_a_circle_owned_elsewhere_still_exists` fails once it is gone: delete its entry then)."""
 
 MAX_TOP_LEVEL_MODULES = 12
-MAX_LINES = 500
+MAX_LINES = 800
+"""STYLE.md's hard cap. Modules are split where they hold two concepts, not at a line count."""
 
 REPLAY_FLOORS = (
     ("replay.runtime",),
@@ -194,9 +195,7 @@ def _floor(room: str) -> int:
 
 def test_every_replay_module_stands_in_a_room_or_at_the_top() -> None:
     homeless = [
-        m
-        for m in _modules()
-        if m.startswith("replay.") and _room(m) is None and m.count(".") > 1
+        m for m in _modules() if m.startswith("replay.") and _room(m) is None and m.count(".") > 1
     ]
     assert homeless == []
 
@@ -237,7 +236,7 @@ def test_capture_has_at_most_twelve_top_level_modules() -> None:
 
 
 @pytest.mark.parametrize("package", sorted(PACKAGES))
-def test_no_module_over_500_lines(package: str) -> None:
+def test_no_module_over_the_hard_cap(package: str) -> None:
     long = {
         str(path.relative_to(ROOT)): n
         for path in sorted(PACKAGES[package].rglob("*.py"))

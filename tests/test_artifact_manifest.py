@@ -33,7 +33,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _with_manifest(template: Path, target: Path, text: bytes) -> Path:
     content = entries(template)
     content[MANIFEST] = text
-    return write_entries(target, content)
+    return write_entries(target, content, sealed=False)  # the files are the same
 
 
 def _set(path: str, value: Any) -> Callable[[Any], None]:
@@ -102,7 +102,10 @@ TAMPERED: dict[str, tuple[Callable[[Any], None] | bytes, str]] = {
     "coverage a string": (_set("modules..coverage", "x"), "coverage must be a list"),
     "coverage calls": (_set("modules..coverage.0.calls", -1), "calls = -1 is outside"),
     "format missing": (_set("format", _DROP), "manifest format 'None'"),
-    "format newer": (_set("format", "capture-artifact/2"), "this capture reads"),
+    "format newer": (_set("format", "capture-artifact/3"), "this capture reads"),
+    "format older": (_set("format", "capture-artifact/1"), "written by an older capture"),
+    "digests missing": (_set("digests", _DROP), ".digests is missing"),
+    "digest not sha256": (_set("digests", {"models/g0.json": "md5:00"}), "not a sha256 digest"),
     "model a number": (_set("model", 7), ".model must be a string, not a number"),
     "a list": (b"[1, 2]", "manifest format 'None'"),
     "Infinity": (b'{"format": "capture-artifact/1", "model": Infinity}', "is not valid JSON"),

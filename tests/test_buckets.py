@@ -10,10 +10,14 @@ import itertools
 import json
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import torch
+from click.testing import CliRunner
 
 import capture
+from capture.cli.main import cli
 from capture.engines.buckets import (
     METADATA_BUCKETS,
     NoSuchSymbol,
@@ -130,3 +134,35 @@ def test_llama_fixture_batch_over_groups(llama: Store) -> None:
         [3],
     )
     assert table.to_pylist()[0]["smallest"] == 1
+
+
+def test_without_a_symbol_the_batch_symbol_is_sized(store: Store) -> None:
+    # issue 30: `capture buckets --budget 4`, the first example of its --help, needed --symbol
+    chosen = store.buckets(None, 3)
+    assert json.loads(chosen.schema.metadata[METADATA_BUCKETS])["symbol"] == "batch"
+    assert chosen == store.buckets("batch", 3)
+
+
+class TwoLengths(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a.sum() + b.sum()
+
+
+def test_without_a_symbol_and_no_batch_symbol_names_them(tmp_path: Path) -> None:
+    model = TwoLengths()
+    with capture.Recorder(model, tmp_path, name="two", flush_seconds=3600), torch.no_grad():
+        for n, m in [(3, 5), (4, 9), (6, 2)]:
+            model(torch.zeros(1, n), torch.zeros(1, m))
+    with capture.open_store(tmp_path) as opened, pytest.raises(NoSuchSymbol) as caught:
+        opened.buckets(None, 2)
+    assert str(caught.value) == (
+        "the calls have 2 symbols (a_1, b_1) and no batch symbol; pass --symbol with one of "
+        "them (see `capture dims`)"
+    )
+
+
+def test_cli_buckets_without_a_symbol_on_the_llama_store(llama_root: Path) -> None:
+    result = CliRunner().invoke(cli, ["--store", str(llama_root), "buckets", "--budget", "4"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("LlamaForCausalLM, symbol batch (batch size; groups ")
+    assert result.stderr == ""

@@ -206,6 +206,7 @@ def test_a_cache_with_an_unknown_layer_is_recorded_and_reported(tmp_path: Path) 
 
 def test_static_cache_fill_level_is_recorded_once_per_cache(tmp_path: Path) -> None:
     from fixtures.generate_traffic import record_traffic, tiny_causal
+    from fixtures.names import LLAMA_CACHE
 
     model = tiny_causal("llama")
     record_traffic(model, tmp_path, [(2, 6, True)], max_new_tokens=3, cache_implementation="static")
@@ -221,12 +222,13 @@ def test_static_cache_fill_level_is_recorded_once_per_cache(tmp_path: Path) -> N
         ).to_pylist()
     # issue 22: the fill level of each call, read where it lives; layer 0's only (all alike).
     assert [(r["lo"], r["hi"]) for r in rows] == [(0, 0), (6, 6), (7, 7)]
-    assert {r["path"] for r in rows} == {"kwargs['past_key_values'].cumulative_length[0]"}
+    assert {r["path"] for r in rows} == {f"kwargs['{LLAMA_CACHE}'].cumulative_length[0]"}
 
 
 def test_rebuilt_static_layers_share_the_recorded_fill_level(tmp_path: Path) -> None:
     from capture.analysis.groups import analyze
     from fixtures.generate_traffic import record_traffic, tiny_causal
+    from fixtures.names import LLAMA_CACHE
     from replay.inputs import rebuild as rb
     from replay.inputs import select
 
@@ -236,7 +238,7 @@ def test_rebuilt_static_layers_share_the_recorded_fill_level(tmp_path: Path) -> 
         decode = [g for g in analyze(store, "LlamaForCausalLM") if g.name == "decode"][0]
         ranges = select.value_ranges(store, decode)
     sizes, found = min(ranges.items())
-    cache = rb.rebuild(decode.structure, sizes, found)[1]["past_key_values"]
+    cache = rb.rebuild(decode.structure, sizes, found)[1][LLAMA_CACHE]
     # Only layer 0's level is recorded; every layer is rebuilt with it (replay.inputs.patterns).
     assert [int(layer.cumulative_length) for layer in cache.layers] == [6, 6]
 

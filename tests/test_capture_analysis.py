@@ -34,6 +34,7 @@ from capture.analysis.summary import summary
 from capture.analysis.symbols import Axis, Symbols, find_symbols
 from capture.errors import UnknownModel
 from capture.store_api import Store
+from fixtures.names import LLAMA_CACHE
 
 T = TypeVar("T")
 
@@ -244,7 +245,9 @@ def test_summary_totals_and_date_range(seeds: Store) -> None:
 
 
 # -- tiny Llama generate() -------------------------------------------------------------------
-CACHE = [f"kwargs['past_key_values'].{k}_cache[{i}]" for k in ("key", "value") for i in (0, 1)]
+PAST = f"{LLAMA_CACHE}_2"
+"""The cache length's symbol: named after the argument the installed transformers passes."""
+CACHE = [f"kwargs['{LLAMA_CACHE}'].{k}_cache[{i}]" for k in ("key", "value") for i in (0, 1)]
 
 
 def test_llama_groups_prefill_decode_with_and_without_mask(llama: Store) -> None:
@@ -270,7 +273,7 @@ def test_llama_decode_shares_batch_across_inputs_and_cache(llama: Store) -> None
 
 def test_llama_decode_mask_length_is_past_length_plus_input_length(llama: Store) -> None:
     # In decode steps the input length is always 1 (a static dim), so the relation
-    # mask = past + input reads attention_mask_1 = past_key_values_2 + 1.
+    # mask = past + input reads attention_mask_1 = <cache>_2 + 1.
     decode = _by_name(analyze(llama))["decode"]
     assert _dynamic(decode)[-1] == (
         "kwargs['attention_mask']",
@@ -279,24 +282,24 @@ def test_llama_decode_mask_length_is_past_length_plus_input_length(llama: Store)
         10,
         6,
         "attention_mask_1",
-        "past_key_values_2 + 1",
+        f"{PAST} + 1",
     )
-    assert [
-        (d.path, d.min, d.max, d.distinct) for d in decode.dims if d.symbol == "past_key_values_2"
-    ] == [(p, 4, 9, 6) for p in CACHE]
+    assert [(d.path, d.min, d.max, d.distinct) for d in decode.dims if d.symbol == PAST] == [
+        (p, 4, 9, 6) for p in CACHE
+    ]
     assert [
         (d.path, d.axis, d.dynamic, d.min) for d in decode.dims if d.path == "kwargs['input_ids']"
     ] == [
         ("kwargs['input_ids']", 0, True, 2),
         ("kwargs['input_ids']", 1, False, 1),
     ]
-    assert decode.relations == [Relation("attention_mask_1", ("past_key_values_2",), 1)]
-    assert str(decode.relations[0]) == "attention_mask_1 = past_key_values_2 + 1"
+    assert decode.relations == [Relation("attention_mask_1", (PAST,), 1)]
+    assert str(decode.relations[0]) == f"attention_mask_1 = {PAST} + 1"
 
 
 def test_llama_decode_without_mask_has_static_batch_and_dynamic_past(llama: Store) -> None:
     group = _by_name(analyze(llama))["decode_no_attention_mask"]
-    assert _dynamic(group) == [(p, 2, 5, 11, 6, "past_key_values_2", None) for p in CACHE]
+    assert _dynamic(group) == [(p, 2, 5, 11, 6, PAST, None) for p in CACHE]
     assert group.relations == []
 
 
@@ -324,7 +327,7 @@ def test_llama_summary_reports_missing_mask_for_batch_1_calls(llama: Store) -> N
             "absent_in": ["decode_no_attention_mask", "prefill_no_attention_mask"],
         },
         {
-            "argument": "past_key_values",
+            "argument": LLAMA_CACHE,
             "calls": 20,
             "present": 15,
             "missing": 0,
@@ -348,13 +351,13 @@ def test_llama_summary_groups_and_relations(llama: Store) -> None:
         {
             "group": "decode",
             "symbol": "attention_mask_1",
-            "expr": "past_key_values_2 + 1",
-            "relation": "attention_mask_1 = past_key_values_2 + 1",
+            "expr": f"{PAST} + 1",
+            "relation": f"attention_mask_1 = {PAST} + 1",
         }
     ]
     assert [s["symbol"] for s in model["groups"][0]["symbols"]] == [
         "batch",
-        "past_key_values_2",
+        PAST,
         "attention_mask_1",
     ]
 

@@ -607,3 +607,55 @@ def test_to_store_then_replay_export(name: str, options: dict[str, Any], tmp_pat
     result = replay.export(scenario.model, str(tmp_path), **options)
     assert result.complete
     assert result.programs
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+# Each step: the observer's block enters or exits, the recorder starts or stops, or the model is
+# called once. Every order of the two wrappers' lives, nested or overlapping.
+ORDERS = {
+    "observer_then_recorder_nested": ["o+", "r+", "call", "r-", "call", "o-", "call"],
+    "recorder_then_observer_nested": ["r+", "o+", "call", "o-", "call", "r-", "call"],
+    "observer_ends_first": ["o+", "r+", "call", "o-", "call", "call", "r-", "call"],
+    "recorder_ends_first": ["r+", "o+", "call", "r-", "call", "call", "o-", "call"],
+}
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
+def test_observer_and_recorder_nest_in_every_order_and_count_every_call(
+    order: str, tmp_path: Path
+) -> None:
+    model = _Linear()
+    observer = InputObserver()
+    recorder = capture.Recorder(model, tmp_path / "store", flush_seconds=60)
+    block = observer(model)
+    observing = recording = False
+    seen = {"observer": 0, "recorder": 0}
+    for step in ORDERS[order]:
+        if step == "o+":
+            block.__enter__()
+            observing = True
+        elif step == "o-":
+            block.__exit__(None, None, None)
+            observing = False
+        elif step == "r+":
+            recorder.start()
+            recording = True
+        elif step == "r-":
+            recorder.stop()
+            recording = False
+        else:
+            model(torch.rand(2, 4))
+            seen["observer"] += observing
+            seen["recorder"] += recording
+    assert observer.num_calls() == seen["observer"]
+    stats = recorder.stats()
+    assert (stats["recorded"], stats["errors"]) == (seen["recorder"], 0)
+    assert "forward" not in vars(model)  # no wrapper, live or dead, is left behind

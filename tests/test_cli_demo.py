@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from capture.cli.demo import DEMO_MODEL, EXPORT_GROUP, MAX_NEW_TOKENS, WORKLOAD
+from capture.cli.demo import DEMO_MODEL, EXPORT_GROUP, INCOMPLETE, MAX_NEW_TOKENS, WORKLOAD
 from capture.cli.main import cli
 from capture.store_api import open_store
+from fixtures.names import LLAMA_CACHE
 
 
 @dataclass(frozen=True)
@@ -60,19 +64,19 @@ def test_demo_prints_the_summary_then_the_dims_then_the_export(demo: DemoRun) ->
 
 
 def test_demo_finds_the_mask_length_relation(demo: DemoRun) -> None:
-    assert "  decode  attention_mask_1 = past_key_values_2 + 1\n" in demo.stdout
+    assert f"  decode  attention_mask_1 = {LLAMA_CACHE}_2 + 1\n" in demo.stdout
 
 
 def test_demo_covers_every_recorded_decode_signature(demo: DemoRun) -> None:
     # The decode group: a cache holding tensors and an attention mask (padded batches).
-    sql = """
+    sql = f"""
         SELECT count(*) AS signatures, sum(calls)::BIGINT AS calls FROM signatures
         WHERE in_structure IN (
             SELECT structure_id FROM structures
             WHERE path = 'kwargs[''attention_mask'']' AND kind = 'tensor'
             INTERSECT
             SELECT structure_id FROM structures
-            WHERE path = 'kwargs[''past_key_values''].key_cache[0]' AND kind = 'tensor')
+            WHERE path = 'kwargs[''{LLAMA_CACHE}''].key_cache[0]' AND kind = 'tensor')
     """
     with open_store(demo.store) as store:
         (row,) = store.query(sql).to_pylist()
@@ -149,3 +153,39 @@ def test_demo_help_imports_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "False\n"
+
+
+@pytest.mark.slow  # two demos, one of them a real process
+def test_demo_interrupted_during_its_export_is_replaced_by_the_next(tmp_path: Path) -> None:
+    # issue 30: Ctrl-C once the recording was done (during the export) left a recording the
+    # next demo refused ("already holds a tiny-llama recording"), against docs/cli.md.
+    store = tmp_path / "store"
+    with subprocess.Popen(
+        [sys.executable, "-m", "capture.cli", "demo", "--store", str(store)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as first:
+        assert first.stderr is not None
+        seen = []
+        for line in first.stderr:
+            seen.append(line)
+            if line.startswith("[4/4] exporting"):
+                break
+        first.send_signal(signal.SIGINT)
+        rest = first.stderr.read()
+        assert first.wait(timeout=120) == 130, "".join(seen) + rest
+    assert rest.endswith("Error: interrupted (Ctrl-C)\n"), rest
+    assert "Traceback" not in rest
+
+    again = CliRunner(env={"CAPTURE_STORE": None}).invoke(
+        cli, ["demo", "--store", str(store)], prog_name="capture"
+    )
+    assert again.exit_code == 0, again.output
+    assert again.stderr.startswith(
+        f"note: replacing the recording of an interrupted demo in {store}\n"
+    )
+    with open_store(store) as opened:  # one demo's calls, not two
+        calls = opened.query("SELECT count(*) AS n FROM calls").column("n").to_pylist()
+    assert calls == [len(WORKLOAD) * MAX_NEW_TOKENS]
+    assert not (store / INCOMPLETE).exists()

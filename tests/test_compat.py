@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ import torch.utils._pytree as pytree
 from torch.export import Dim
 
 from capture import compat, compat_archive
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -43,9 +46,51 @@ def _register_pair() -> None:
     )
 
 
-def test_installed_torch_is_one_compat_was_checked_on() -> None:
-    # A new torch: check every entry of capture/compat.py against it, then add its version.
-    assert torch.__version__.split("+")[0] in compat.CHECKED_ON
+def _release(version: str) -> str:
+    return version.split("+")[0]
+
+
+def test_installed_pair_is_one_ci_tests() -> None:
+    # Every test of this file exercises one entry of capture/compat.py on the installed torch:
+    # the pairs of compat.TESTED are what .ci/run installs, so CHECKED_ON (derived from them)
+    # lists exactly the torch versions these tests passed on. A new pair goes into TESTED.
+    transformers = pytest.importorskip("transformers")
+    installed = (_release(torch.__version__), _release(transformers.__version__))
+    assert installed in compat.TESTED, (
+        f"torch {installed[0]} + transformers {installed[1]} is not a pair .ci/run tests "
+        f"({compat.TESTED}): add it to capture.compat.TESTED once this suite passes on it"
+    )
+    assert compat.CHECKED_ON == tuple(t for t, _ in compat.TESTED)
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _declared_ranges() -> dict[str, set[str]]:
+    """Package -> every requirement text pyproject.toml declares for it (dependencies, extras)."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    texts = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        texts.extend(extra)
+    ranges: dict[str, set[str]] = {}
+    for text in texts:
+        name = re.split(r"[<>=!~\[ ;]", text, maxsplit=1)[0]
+        ranges.setdefault(name, set()).add(text[len(name) :].replace(" ", ""))
+    return ranges
+
+
+def test_pyproject_declares_the_tested_range_and_nothing_else() -> None:
+    # Declare what CI tests: from the oldest tested minor release up to the newest one, for torch
+    # and (in every extra that names it) transformers.
+    ranges = _declared_ranges()
+    for index, package in enumerate(("torch", "transformers")):
+        oldest = _minor(compat.TESTED[0][index])
+        newest = _minor(compat.TESTED[-1][index])
+        expected = f">={oldest[0]}.{oldest[1]},<{newest[0]}.{newest[1] + 1}"
+        assert ranges[package] == {expected}, f"{package}: {ranges[package]}"
 
 
 def test_every_function_names_its_private_api() -> None:

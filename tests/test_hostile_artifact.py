@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 import torch
-from artifact_files import entries, record_scaled, write_entries
-from click.testing import CliRunner
+from artifact_files import entries, record_scaled, reseal, write_entries
+from hostile_programs import PROGRAM_CASES, planted, write_raw
 from planted import planted_module
+from verdicts import both
 
 import replay
-from capture.cli.main import cli
 from replay.runtime.pt2.reader import ArtifactError
 
 EVIL = "hostile_artifact_mod"  # a module planted in the working directory by the tests
@@ -49,7 +49,12 @@ def marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def _tampered(template: Path, target: Path, change: Callable[[dict[str, bytes]], None]) -> Path:
     content = entries(template)
     change(content)
-    return write_entries(target, content)
+    sealed = content.pop("__sealed__", None) is None
+    raw = content.pop("__zip__", None)
+    if raw is not None:
+        reseal(content)
+        return write_raw(target, content, json.loads(raw))
+    return write_entries(target, content, sealed=sealed)
 
 
 def _json(entries: dict[str, bytes], name: str, edit: Callable[[Any], None]) -> None:
@@ -223,29 +228,55 @@ HOSTILE: dict[str, tuple[Callable[[Path], Any], str]] = {
     "node name": (_graph("name", lambda m: "x = exec('1') or y"), "the name"),
     "argument names": (_graph("forward_arg_names", lambda m: ["a=exec('1')"]), "the name"),
     # deserialize_operator resolves torch.* attributes, then the graph calls them
-    "call target": (_graph("target", lambda m: "torch.hub.load"), "the call target"),
+    "call target": (
+        _graph("target", lambda m: "torch.hub.load"),
+        "not an operator an artifact may call",
+    ),
     # torch's treespec_loads imports a defaultdict's factory module
     "defaultdict factory": (_graph("in_spec", _defaultdict_spec), "defaultdict factory"),
     "manifest pytree type": (_manifest_types, "names the pytree type"),
     "view past its record": (_view_past_end, "reaches element"),
+    **PROGRAM_CASES,
 }
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_a_hostile_artifact_is_refused_in_one_line_and_runs_nothing(
-    case: str, template: tuple[Path, Path], tmp_path: Path, marker: Path
+    case: str,
+    template: tuple[Path, Path],
+    tmp_path: Path,
+    marker: Path,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
+    # replay.load and capture check: one verdict, one line, no print, no file touched
     store, original = template
     make, message = HOSTILE[case]
     path = _tampered(original, tmp_path / "hostile.pt2", make(marker))
-    with pytest.raises(ArtifactError) as caught:
-        replay.load(path)
-    assert message in str(caught.value)
-    assert len(str(caught.value).splitlines()) == 1
-    result = CliRunner().invoke(cli, ["--store", str(store), "check", str(path)])
-    assert (result.exit_code, result.stdout) == (1, "")
-    assert result.stderr == f"Error: {caught.value}\n"  # the same refusal, in one line
+    victims = {p: p.read_bytes() for p in map(Path, planted(marker)) if p.is_file()}
+    refused = both(path, store, capfd, planted=planted(marker))
+    assert refused is not None and message in refused
     assert not marker.exists()  # issue 25: no code from the artifact ran
+    assert not (marker.parent / "new.bin").exists()
+    assert {p: p.read_bytes() for p in victims} == victims
+
+
+def test_a_namespace_the_caller_allows_passes_the_graph_check(
+    template: tuple[Path, Path], tmp_path: Path, marker: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # allowed, the operator reaches torch, which does not know it: the same refusal from both
+    store, original = template
+    make, _ = HOSTILE["custom operator namespace"]
+    path = _tampered(original, tmp_path / "hostile.pt2", make(marker))
+    refused = both(path, store, capfd, allow_ops=["evil_ns"])
+    assert refused is not None and "torch cannot read this program" in refused
+
+
+def test_the_weights_are_verified_when_asked(template: tuple[Path, Path], tmp_path: Path) -> None:
+    make, message = HOSTILE["weight record swapped, same size"]
+    path = _tampered(template[1], tmp_path / "swapped.pt2", make(tmp_path / "m"))
+    replay.load(path)  # the graphs and configs are intact: served unless asked
+    with pytest.raises(ArtifactError, match=message):
+        replay.load(path, verify_weights=True)
 
 
 @pytest.mark.parametrize("case", ["use_pickle weight", "opaque object", "expr_str", "guards_code"])

@@ -29,9 +29,10 @@ from capture.cli.main import cli
 from capture.engines.profiles import build_profiles
 from fixtures.seeds import LinearModel
 from replay.runtime.guards import CallNotServed
+from replay.runtime.ort.checks import external_initializers
 from replay.runtime.ort.manifest import read_onnx_set
 from replay.runtime.ort.runner import OnnxRunner, load_onnx
-from replay.runtime.ort.weights import OnnxFileError, external_initializers
+from replay.runtime.ort.weights import OnnxFileError
 
 pytest.importorskip("onnxruntime")
 

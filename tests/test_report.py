@@ -23,6 +23,7 @@ from capture.cli.progress import Progress
 from capture.engines.report_data import served_calls, timeline
 from capture.engines.report_html import build_report
 from capture.store_api import Store
+from fixtures.names import LLAMA_CACHE
 from fixtures.traffic import record_traffic
 from replay.inputs.source import export_plan
 
@@ -64,7 +65,7 @@ def test_page_inlines_every_plot(llama_page: str) -> None:
     images = re.findall(
         r'<img alt="[^"]*" src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)">', llama_page
     )
-    # One distribution per symbol (batch, input_ids_1, past_key_values_2), calls over time,
+    # One distribution per symbol (batch, input_ids_1, the cache's length), calls over time,
     # optional inputs, drift.
     assert len(images) == 6
 
@@ -85,7 +86,7 @@ def test_table_cells_stay_short(llama_page: str) -> None:
 def test_page_shows_every_group_and_symbol(llama_page: str) -> None:
     for name in ("decode", "decode_no_attention_mask", "prefill", "prefill_no_attention_mask"):
         assert f"<h4>Group {name}:" in llama_page
-    assert '<td class="id">past_key_values_2</td><td>cache length</td>' in llama_page
+    assert f'<td class="id">{LLAMA_CACHE}_2</td><td>cache length</td>' in llama_page
 
 
 def test_first_screen_shows_the_groups_and_their_shapes(llama_page: str) -> None:
@@ -94,10 +95,10 @@ def test_first_screen_shows_the_groups_and_their_shapes(llama_page: str) -> None
     first = llama_page[: llama_page.index("<img")]
     row = first[first.index("</span>decode</td>") :].split("</tr>")[0]
     assert (
-        "input_ids [batch, 1]\npast_key_values 4 × [batch, 2, past_key_values_2, 16]\n"
+        f"input_ids [batch, 1]\n{LLAMA_CACHE} 4 × [batch, 2, {LLAMA_CACHE}_2, 16]\n"
         "position_ids [batch, 1]\nattention_mask [batch, attention_mask_1]" in row
     )
-    assert "batch 2–3\npast_key_values_2 4–9\nattention_mask_1 5–10 (=" in row
+    assert f"batch 2–3\n{LLAMA_CACHE}_2 4–9\nattention_mask_1 5–10 (=" in row
 
 
 def test_one_distribution_per_symbol_counts_batch_1(llama_page: str) -> None:

@@ -20,6 +20,12 @@ Group names: ``decode`` / ``prefill`` when the model has a cache argument (``pas
 ``*_cache``) holding tensors in some groups (``decode``) and missing or None in others
 (``prefill``); groups that would share a name are told apart by the optional inputs they lack
 (``decode_no_attention_mask``). Other models get ``g0``, ``g1``, ... by calls, largest first.
+
+An argument a library renamed (`capture.renames`: ``past_key_values`` -> ``cache`` in
+transformers 5.24) is one argument here: structures that differ only by its spelling (a store
+recorded across an upgrade) are one group, read through the structure recorded most recently
+(its names, its symbols: the spelling the serving library passes now); `Group.structure_ids`
+lists every recorded structure of the group.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ import numpy as np
 import pyarrow as pa
 
 from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
+from capture.errors import CorruptStoreFile
 from capture.pytree.cachespec import is_cache_argument, is_cache_counter
 from capture.pytree.structure import PRESENT, RecordedLeaf, RecordedStructure
+from capture.renames import RENAMED, canonical, canonical_path
 from capture.store import stats_merge
 
 if TYPE_CHECKING:
@@ -111,6 +119,8 @@ class Group:
         dims: Every tensor leaf x axis, leaf order then axis order.
         relations: Derived symbols, true in every call of the group.
         errors: Calls of the group whose forward raised.
+        structure_ids: Every recorded input structure of the group, `structure_id` first: more
+            than one when calls spelled a renamed argument both ways (`capture.renames`).
         first_ts: First recorded call of the group.
         last_ts: Last recorded call of the group.
     """
@@ -135,8 +145,11 @@ class Group:
     )
     """Calls per row of `matrix`."""
     structure: RecordedStructure = field(default=_UNREAD, kw_only=True, repr=False)
+    structure_ids: tuple[str, ...] = field(default=(), kw_only=True)
 
     def __post_init__(self) -> None:
+        if not self.structure_ids:
+            self.structure_ids = (self.structure_id,)
         if self.structure is _UNREAD and self.leaves:
             self.structure = RecordedStructure.from_rows(self.leaves)
 
@@ -202,7 +215,7 @@ def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
 def _name_groups(groups: list[Group]) -> None:
     """Assigns `Group.name` in place (groups are already sorted, largest first)."""
     statuses = [g.structure.argument_status() for g in groups]
-    # A static cache's fill levels are tensors before its first update: not state (issue 22).
+    # A static cache's fill levels are tensors before its first update: not state.
     holding = [
         {leaf.argument for leaf in g.structure.tensors if not is_cache_counter(leaf.path)}
         for g in groups
@@ -255,6 +268,12 @@ def _group(
             axes.append(Axis(r.argument, axis, r.path))
             leaf_of.append(r)
             columns.append(int(r.dim_offset or 0) + axis)
+    if columns and max(columns) >= matrix.shape[1]:
+        raise CorruptStoreFile(
+            f"the structures rows of {structure_id!r} (model {model!r}) place a tensor's sizes "
+            f"at position {max(columns)} of its calls' dims, which hold {matrix.shape[1]}: the "
+            "store's structures and calls files disagree; restore them from a copy"
+        )
     forced_leaves = _batch_matcher(set_batch_dimension_for, structure)
     forced = [ax.axis == 0 and r.leaf in forced_leaves for ax, r in zip(axes, leaf_of, strict=True)]
     sub = matrix[:, columns] if columns else np.zeros((matrix.shape[0], 0), np.int64)
@@ -328,6 +347,7 @@ def analyze(
         leaves_of.setdefault((row["model"], row["structure_id"]), []).append(row)
 
     groups: list[Group] = []
+    sigs, members = _one_spelling(sigs, leaves_of)
     if sigs.num_rows:
         sig_models = sigs.column("model").to_pylist()
         sig_structures = sigs.column("in_structure").to_pylist()
@@ -357,6 +377,7 @@ def analyze(
                 min_support,
             )
             if group is not None:
+                group.structure_ids = members.get(key, (key[1],))
                 group.errors = int(errors[start:stop].sum())
                 group.first_ts = min((t for t in first_ts[start:stop] if t), default=None)
                 group.last_ts = max((t for t in last_ts[start:stop] if t), default=None)
@@ -370,6 +391,60 @@ def analyze(
         _name_groups(mine)
         out.extend(mine)
     return out
+
+
+_SAME = ("position", "kind", "type", "dtype", "rank", "value", "dim_offset", "range_index")
+"""The columns of a structure's rows that must agree for two spellings to be one structure."""
+
+
+def _spelling_key(rows: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """A structure's rows with every renamed argument spelled by its current name."""
+    return tuple(
+        (
+            canonical_path(str(r["path"])),
+            canonical(r["argument"]) if r.get("argument") else None,
+            *(r.get(c) for c in _SAME),
+        )
+        for r in rows
+    )
+
+
+def _one_spelling(
+    sigs: pa.Table, leaves_of: dict[tuple[str, str], list[dict[str, Any]]]
+) -> tuple[pa.Table, dict[tuple[str, str], tuple[str, ...]]]:
+    """The signature rows with the structures that differ only by a renamed argument's spelling
+    under one id: the one whose calls were recorded last (its spelling is the serving
+    library's). Returns the rows, sorted by (model, structure), and, per merged structure, every
+    structure it stands for (itself first)."""
+    names = set(RENAMED) | set(RENAMED.values())
+    spelled: dict[tuple[str, tuple[Any, ...]], list[tuple[str, str]]] = {}
+    for key, rows in leaves_of.items():
+        if any(r.get("argument") in names for r in rows):
+            spelled.setdefault((key[0], _spelling_key(rows)), []).append(key)
+    merged = [keys for keys in spelled.values() if len(keys) > 1]
+    if not merged or not sigs.num_rows:
+        return sigs, {}
+    models = sigs.column("model").to_pylist()
+    structures = sigs.column("in_structure").to_pylist()
+    last = sigs.column("last_ts").to_pylist()
+    latest: dict[tuple[str, str], float] = {}
+    for m, st, ts in zip(models, structures, last, strict=True):
+        t = ts.timestamp() if ts is not None else -float("inf")
+        latest[(m, st)] = max(latest.get((m, st), -float("inf")), t)
+    stands_for: dict[tuple[str, str], str] = {}
+    members: dict[tuple[str, str], tuple[str, ...]] = {}
+    for keys in merged:
+        ordered = sorted(keys, key=lambda k: (-latest.get(k, -float("inf")), k[1]))
+        head = ordered[0]
+        members[head] = tuple(k[1] for k in ordered)
+        for k in ordered:
+            stands_for[k] = head[1]
+    target = [stands_for.get((m, st), st) for m, st in zip(models, structures, strict=True)]
+    order = sorted(range(len(target)), key=lambda i: (models[i], target[i], i))
+    out = sigs.take(pa.array(order, pa.int64()))
+    column = out.schema.get_field_index("in_structure")
+    out = out.set_column(column, "in_structure", pa.array([target[i] for i in order], pa.string()))
+    return out, members
 
 
 def _timestamp(ts: datetime | None) -> float:
@@ -417,12 +492,24 @@ def _build(
     rows = start + keep
     index = offsets[rows][:, None] + np.arange(width)[None, :]
     matrix = values[index] if width else np.zeros((rows.size, 0), np.int64)
+    weights = calls[rows].astype(np.int64)
+    if width and rows.size > 1:
+        # One size vector recorded under two spellings of a renamed argument: one signature.
+        _, first, inverse = np.unique(matrix, axis=0, return_index=True, return_inverse=True)
+        if first.size < rows.size:
+            order = np.sort(first)
+            summed = np.bincount(inverse.ravel(), weights=weights, minlength=first.size)
+            position = np.empty(first.size, np.int64)
+            position[np.argsort(first)] = np.arange(first.size)
+            merged = np.zeros(first.size, np.int64)
+            merged[position] = summed.astype(np.int64)
+            matrix, weights = matrix[order], merged
     return _group(
         model,
         structure_id,
         leaves,
         matrix,
-        calls[rows].astype(np.int64),
+        weights,
         set_batch_dimension_for,
         min_support,
         structure,

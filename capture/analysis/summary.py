@@ -19,7 +19,7 @@ The dict (every timestamp an ISO 8601 string, every count an int)::
              "symbols": [{"symbol": "batch", "expr": None, "min": 2, "max": 3,
                           "distinct": 2, "dims": ["kwargs['input_ids'].shape[0]", ...]}],
              "relations": ["attention_mask_1 = past_key_values_2 + 1"],
-             "blocked": None}   # or why a recorded class keeps it from export (issue 22)
+             "blocked": None}   # or why a recorded class keeps it from export
           ],
           "optional_inputs": [   # arguments present in some calls, missing or None in others
             {"argument": "attention_mask", "calls": 20, "present": 12, "missing": 8,
@@ -101,9 +101,9 @@ def _group_entry(group: Group, model_calls: int) -> dict[str, Any]:
         "absent": [a for a, s in status.items() if s != PRESENT],
         "symbols": _symbols(group),
         "relations": [str(r) for r in group.relations],
-        # Scalars are part of the structure: groups may differ by one alone (issue 11).
+        # Scalars are part of the structure: groups may differ by one alone.
         "scalars": {leaf.path: leaf.value for leaf in group.structure.leaves if leaf.is_scalar},
-        # The class that keeps the group from being rebuilt and exported, and why (issue 22).
+        # The class that keeps the group from being rebuilt and exported, and why.
         "blocked": blocking_reason(group.structure),
     }
 
@@ -277,7 +277,7 @@ def drift_rows(model: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def blocked_rows(groups: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per group that a recorded class keeps from export (issue 22), in order.
+    """One row per group that a recorded class keeps from export, in order.
 
     Args:
         groups: The ``groups`` of one entry of ``build_summary(...)["models"]``.

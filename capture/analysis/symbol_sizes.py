@@ -5,7 +5,7 @@ quantity is often static in another group: the demo's batch is 1 in every call o
 ``decode_no_attention_mask`` (24 of its 64 calls), so that group has no ``batch`` symbol. Those
 calls still run at a batch size an engine must hold: `symbol_sizes` counts every group that has
 one of the symbol's dims (its key path and axis), dynamic or not, so batch 1 is in the
-distribution (issue 24). `capture buckets` and `capture report` read it from here; the sizes come
+distribution. `capture buckets` and `capture report` read it from here; the sizes come
 from the groups' signature matrices (the ``stats`` rows), never the raw calls.
 """
 

@@ -17,7 +17,7 @@ hull trick), so the cost is ``O(budget x distinct sizes)`` with exact integer ar
 
 The distribution is `capture.analysis.symbol_sizes.symbol_sizes`: every group that has one of the
 symbol's dims, including those where it never varied (a group whose batch was always 1 counts
-its calls at 1, issue 24; the result names the groups it counted), from the groups' distinct
+its calls at 1; the result names the groups it counted), from the groups' distinct
 signatures and call counts (the ``stats`` rows), never from the raw calls. Imports pyarrow only
 (numpy through the analysis), never torch or duckdb.
 """
@@ -43,6 +43,7 @@ __all__ = [
     "BucketPlan",
     "NoSuchSymbol",
     "buckets_table",
+    "default_symbol",
     "optimal_buckets",
     "padding_waste",
     "plan_buckets",
@@ -308,18 +309,32 @@ def plan_buckets(groups: Sequence[Group], symbol: str, budget: int, model: str =
     )
 
 
-def _only_symbol(groups: Sequence[Group]) -> str:
-    """The one free symbol of `groups` (`capture buckets` without --symbol)."""
-    from capture.analysis.symbol_sizes import model_symbols
+def default_symbol(groups: Sequence[Group]) -> str:
+    """The symbol `capture buckets` sizes without --symbol: the only free symbol of `groups`,
+    else their one batch symbol (the sizes vLLM's and SGLang's CUDA graphs are captured for).
+
+    Raises:
+        NoSuchSymbol: No dim varies, or several symbols and not exactly one batch symbol
+            among them; the message lists them.
+    """
+    from capture.analysis.symbol_sizes import BATCH, model_symbols, symbol_kind
 
     symbols = model_symbols(groups)
     if len(symbols) == 1:
         return symbols[0]
     if not symbols:
         raise NoSuchSymbol("no dim varies in the recorded calls: there is nothing to bucket")
+    batches = [
+        s
+        for s in symbols
+        if any(symbol_kind(g, s) == BATCH for g in groups if any(d.symbol == s for d in g.dims))
+    ]
+    if len(batches) == 1:
+        return batches[0]
     raise NoSuchSymbol(
-        f"the calls have {len(symbols)} symbols ({', '.join(symbols)}); pass --symbol with one "
-        "of them (see `capture dims`)"
+        f"the calls have {len(symbols)} symbols ({', '.join(symbols)}) and "
+        f"{'no batch symbol' if not batches else 'several batch symbols'}; pass --symbol with "
+        "one of them (see `capture dims`)"
     )
 
 
@@ -361,7 +376,8 @@ def buckets_table(
     Args:
         store: An open store.
         symbol: A shared symbol as `capture dims` names it (``batch``, ``input_ids_1``); None
-            for the only free symbol of the selected groups.
+            for `default_symbol`: the only free symbol of the selected groups, else their
+            batch symbol.
         budget: How many sizes to choose.
         model: The model; may be left out when the store holds one.
         group: Only this call group's calls. Default: every group having the symbol.
@@ -373,7 +389,7 @@ def buckets_table(
     Raises:
         UnknownModel: No such model or group, or several models and none chosen.
         NoSuchSymbol: No selected group has the symbol, or `symbol` is None and the groups
-            have several (or none).
+            have none, or several and not exactly one batch symbol.
 
     Example:
         >>> buckets_table(open_store("store"), "batch", 4).column("bucket")  # doctest: +SKIP
@@ -381,6 +397,6 @@ def buckets_table(
     if budget < 1:
         raise ValueError(f"the budget must be at least 1, not {budget}")
     name, groups = _model_groups(store, model, group)
-    plan = plan_buckets(groups, symbol or _only_symbol(groups), budget, model=name)
+    plan = plan_buckets(groups, symbol or default_symbol(groups), budget, model=name)
     table = pa.Table.from_pylist(plan.rows(), schema=BUCKETS_SCHEMA)
     return table.replace_schema_metadata({METADATA_BUCKETS: json.dumps(plan.summary())})

@@ -10,7 +10,7 @@ as its thousands of stats rows. No plotting and no torch here (`capture.engines.
 segment of up to ``flush_seconds`` in stores written before rollups). The first and the last of
 them are placed at those exact times and the others evenly in between, as whole calls: a
 signature seen once or twice a minute is exact, and a bin never holds a fraction of a call
-(issue 24: "0.2 calls" bars). The report says so under the plot. `capture compact` merges the
+("0.2 calls" bars). The report says so under the plot. `capture compact` merges the
 rows of one signature into one, spanning all of them: the calls over time of a compacted store
 are coarser. (Every exact time is in the ``calls`` view; reading it costs a pass over every
 calls file, which the report avoids.)
@@ -96,7 +96,7 @@ def timeline(store: StoreReader, model: str, groups: Sequence[Group], bins: int 
     """
     table = store.query(_STATS_SQL, {"model": model})
     names = [g.name for g in groups]
-    row_of = {g.structure_id: i for i, g in enumerate(groups)}
+    row_of = {s: i for i, g in enumerate(groups) for s in g.structure_ids}
     structures = table.column("in_structure").to_pylist()
     keep = np.array([s in row_of for s in structures], dtype=bool)
     rows = np.array([row_of.get(s, -1) for s in structures], dtype=np.int64)[keep]
@@ -177,7 +177,7 @@ def served_calls(groups: Sequence[Group], rows: Sequence[Mapping[str, Any]]) -> 
     """
     out = []
     for g in groups:
-        mine = [r for r in rows if r["model"] == g.model and r["structure"] == g.structure_id]
+        mine = [r for r in rows if r["model"] == g.model and r["structure"] in g.structure_ids]
         served = [r for r in mine if r["served"]]
         out.append(
             ServedGroup(

@@ -1,6 +1,6 @@
 """`capture report`: one self-contained HTML page about a store's traffic, with plots.
 
-The page answers "what shapes do I export?" (issue 24). Its first screen shows each model's
+The page answers "what shapes do I export?". Its first screen shows each model's
 call groups and their input shapes, with the symbols' recorded ranges. Then, per symbol, one
 distribution over every group that has it (batch 1 included), with the recorded range,
 p50/p90/p99, each group's exported range, the probes and the chosen buckets drawn on it; per
@@ -216,7 +216,7 @@ def _symbols_section(views: Sequence[SymbolView], planned: bool) -> list[str]:
             else ""
         )
         + "and the buckets (dashed: the sizes that pad the recorded calls least, as <code>"
-        "capture buckets --budget 4</code> chooses them).</p>",
+        "capture buckets --symbol SYMBOL --budget 4</code> chooses them).</p>",
         _table(_symbol_rows(views), ids=("symbol",)),
     ]
     for v in views:
@@ -302,7 +302,7 @@ def _model_section(
         f"{model['signatures']:,} distinct signatures, {_esc(_span_of(model))}</p>",
     ]
     blocked = blocked_rows(model["groups"])
-    if blocked:  # issue 22: the calls are recorded; the class keeps them from export
+    if blocked:  # the calls are recorded; the class keeps them from export
         parts += ["<h3>Not exportable</h3>", _table(blocked)]
     if not groups:
         return [*parts, _table(group_rows(model["groups"]))]

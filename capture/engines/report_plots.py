@@ -3,7 +3,7 @@
 matplotlib (the ``report`` extra) is imported inside the functions that draw, and nowhere else:
 ``import capture`` and ``capture query`` never load it. Every count axis has integer ticks and
 every size axis is numeric (sizes 1, 3 and 8 are drawn at 1, 3 and 8: the gaps between them
-decide ranges and buckets, issue 24). Data comes from `capture.engines.report_data`.
+decide ranges and buckets). Data comes from `capture.engines.report_data`.
 """
 
 from __future__ import annotations

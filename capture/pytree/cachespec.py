@@ -1,4 +1,4 @@
-"""The cache registry: one table of the cache and layer classes capture knows (issues 9, 13).
+"""The cache registry: one table of the cache and layer classes capture knows.
 
 Each `CacheSpec` says, for one class (by name, as ``type(obj).__name__`` spells it), how
 `capture.pytree.nodes` registers it with torch's pytree (``flatten``), what `capture.string_type`
@@ -118,7 +118,7 @@ _BUILTIN = (
     CacheSpec(
         "DynamicSlidingWindowLayer", layer=True, fields=_LAYER_FIELDS, parts=("kv", "window")
     ),
-    # Its fill level is the 0-d `cumulative_length` tensor itself (issue 22): a value leaf,
+    # Its fill level is the 0-d `cumulative_length` tensor itself: a value leaf,
     # read where it lives (no device sync); max_cache_len is in the context (a static dim).
     CacheSpec("StaticLayer", layer=True, fields=_LAYER_FIELDS, parts=("kv", "static")),
     # Linear-attention and state-space layers (Mamba, Bamba, Jamba, Falcon-H1, Qwen3-Next, ...).
@@ -315,7 +315,7 @@ _COUNTERS = (".cumulative_length[", ".seen_tokens")
 
 
 def is_cache_counter(path: str) -> bool:
-    """Tells whether a leaf path is a cache's fill level, not its state (issue 22).
+    """Tells whether a leaf path is a cache's fill level, not its state.
 
     A static cache holds its fill level tensors before its first update (a prefill), so the
     analysis does not count them as cache state when it names groups ``prefill``/``decode``.
@@ -347,7 +347,7 @@ def _unsupported() -> dict[str, str]:
 
 
 def __getattr__(name: str) -> Any:
-    # The historical constants, computed from the live table (issue 13: one list of classes).
+    # The historical constants, computed from the live table (one list of classes).
     if name == "SUPPORTED_CACHES":
         return _supported_caches()
     if name == "SUPPORTED_LAYERS":
@@ -410,7 +410,7 @@ def unsupported_reason(structure: RecordedStructure) -> str | None:
                     "fill level (a store written before capture 'issue 9'); record again"
                 )
             if isinstance(layer, list) and layer and layer[0] == "StaticLayer" and len(layer) < 3:
-                # Recorded before capture kept a static layer's fill level (issue 22).
+                # Recorded before capture kept a static layer's fill level.
                 return (
                     f"a {kind.rsplit('.', 1)[-1]} layer: StaticLayer was recorded without its "
                     "fill level (a store written before capture 'issue 22'); record again"
@@ -428,7 +428,7 @@ _CONTAINERS = ("builtins.list", "builtins.tuple", "builtins.dict")
 def blocking_reason(structure: RecordedStructure) -> str | None:
     """Why a recorded group cannot be rebuilt (so not exported), naming the class; or None.
 
-    Every call is recorded, also one holding something capture cannot read (issue 22): that
+    Every call is recorded, also one holding something capture cannot read: that
     part is an opaque leaf naming its class. This says, per group, which class blocks export
     and why: a class the cache registry refuses (`unsupported_reason`), or any other opaque
     leaf (no pytree registration, a flattening that failed, a container too large to record).

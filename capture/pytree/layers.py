@@ -1,11 +1,11 @@
 """Cache layers: the state each layer class holds, its flattened children, context and rebuild.
 
 A transformers `Cache` is a list of layers; what a layer holds is the cache registry's
-``parts`` for its class (`capture.pytree.cachespec`, issue 22):
+``parts`` for its class (`capture.pytree.cachespec`):
 
 - ``kv``: keys and values (``[batch, heads, seq, dim]``; None before the first update);
 - ``window``: a sliding window's fill level: one shape-only ``seen_tokens`` leaf per cache (a
-  dim) and the window's full/filling state in the context (issue 9);
+  dim) and the window's full/filling state in the context;
 - ``static``: a preallocated layer: ``max_cache_len`` in the context (a static dim: another
   size is another structure) and its fill level, the 0-d int64 ``cumulative_length`` tensor
   itself, one leaf per layer (each layer advances its own in place). A value leaf, not a dim:
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 FILL = "fill"
-"""Last item of a static part in a layer context: the fill level leaf was recorded (issue 22)."""
+"""Last item of a static part in a layer context: the fill level leaf was recorded."""
 
 _FULL = "full"
 _FILLING = "filling"

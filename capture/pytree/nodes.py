@@ -6,7 +6,7 @@ sees a `DynamicCache` as one opaque leaf. We register the classes the installed 
 - `DynamicCache` flattens to ``[key_0, ..., key_{L-1}, value_0, ..., value_{L-1}]`` (one flat
   list, so its `dynamic_shapes` is a flat list of ``2 * L`` per-tensor dicts), with readable key
   paths ``.key_cache[i]`` / ``.value_cache[i]``;
-- then the state that changes a forward's result (issue 9): for sliding windows one
+- then the state that changes a forward's result: for sliding windows one
   shape-only ``.seen_tokens`` leaf, as long as their ``cumulative_length`` (a dim: no structure
   per step, dynamic in torch.export); a window's full/filling state is in its layer's context;
 - `StaticCache` the same way (its context keeps ``max_cache_len`` per layer);

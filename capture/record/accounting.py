@@ -110,9 +110,9 @@ class Counters:
         self.sampled_out = 0
         """Calls left out by ``sample``."""
         self.oversized = 0
-        """Calls with an argument too large to record leaf by leaf (summarised, issue 12)."""
+        """Calls with an argument too large to record leaf by leaf (summarised)."""
         self.unreadable = 0
-        """Calls with an argument capture cannot flatten (an opaque leaf of its class, issue 22)."""
+        """Calls with an argument capture cannot flatten (an opaque leaf of its class)."""
         self._past: dict[str, int] = {}
 
     def retire(self, writer: StoreWriter) -> None:

@@ -58,11 +58,11 @@ _SCALARS = (int, float, bool, str)
 _OPAQUE = "<opaque>"
 _NODES = compat.pytree_nodes()  # torch's pytree registry, live: class -> node definition
 # A NaN argument: every float('nan') is a different object and NaN != NaN, so without one shared
-# stand-in each call would make a new structure (issue 12).
+# stand-in each call would make a new structure.
 _NAN = float("nan")
 
 MAX_ITEMS = 1_000
-"""Items in one list/tuple/dict beyond which an argument is summarised (issue 12)."""
+"""Items in one list/tuple/dict beyond which an argument is summarised."""
 MAX_KEY = 4_000
 """Key tokens of one call (about two per leaf) beyond which an argument is summarised."""
 
@@ -123,7 +123,7 @@ def walk(obj: Any, tensors: list[torch.Tensor], key: list[Any]) -> None:
 
 
 def _walk_layers(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any]) -> None:
-    """A DynamicCache/StaticCache we registered: keys, values, then state leaves (issues 9, 22)."""
+    """A DynamicCache/StaticCache we registered: keys, values, then state leaves."""
     # The context holds each layer's class and state (a full sliding window, a linear layer's
     # step): the same children and context as the registered flatten_fn, so the cached
     # structure matches it.

@@ -11,8 +11,8 @@
   elsewhere relies on `atexit` and the server's own shutdown. A signal that arrives while a
   recorder is stopping (`stopping`) waits for the stop to write what it buffered: delivered
   after it when it interrupted the stop itself, else after the stop ends (at most
-  `SIGNAL_FLUSH_SECONDS`). Issue 25: a gunicorn worker recycled by ``max_requests`` got the
-  master's SIGTERM while its recorder wrote its last calls, and died without them.
+  `SIGNAL_FLUSH_SECONDS`): a gunicorn worker recycled by ``max_requests`` gets the master's
+  SIGTERM while its recorder writes its last calls, and must not die without them.
 - **fork()**: in the child, every running recorder gets a new file prefix, new call ids, an
   empty queue (the calls buffered before the fork are the parent's to write) and its own writer
   thread, and records the child's calls.

@@ -1,9 +1,10 @@
 """One method of an object replaced by a recorder's wrapper, and put back when it stops.
 
-A part of `capture.record.recorder.Recorder`. Several recorders may wrap the same method (a
+The one way capture wraps a method: `capture.record.recorder.Recorder` and
+`capture.seeds.observer.InputObserver` both use it. Several wrappers may wrap the same method (a
 model recorded twice, into two stores), stopped in any order: a wrapper left under another is
-inactive (it passes calls through) and the one on top removes it with itself when it stops
-(issue 12: recorders stopped in the order they started used to leave a stale wrapper).
+inactive (it passes calls through) and the one on top removes it with itself when it stops, so
+no stale wrapper is left, whatever the order in which they stop.
 
 Example:
     >>> class Model:

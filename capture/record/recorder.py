@@ -53,7 +53,7 @@ _VALUE_RANGES = ("cpu", "all", "none")
 STOP_WAIT_SECONDS = 5.0
 """Longest time stop() waits for calls still inside the model to finish and be queued."""
 NOTHING_RECORDED_AFTER = 8
-"""Failed calls after which a recorder that recorded none says so loudly (issue 22)."""
+"""Failed calls after which a recorder that recorded none says so loudly."""
 
 _FIX = (
     "run with logging at DEBUG for the traceback (logger 'capture'), and report it; a class "
@@ -209,7 +209,7 @@ class Recorder:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def after_fork_in_child(self) -> None:
-        """A forked child's recorder: new call ids, fresh counters, its own writers (issue 12)."""
+        """A forked child's recorder: new call ids, fresh counters, its own writers."""
         self._random = random.Random()
         self._ids.renew()
         self._flight.reset()
@@ -258,7 +258,7 @@ class Recorder:
         if not self._patch.active:
             return
         self._patch.active = False  # from now on the wrapper passes calls through
-        # A SIGTERM meanwhile waits for the last writes (issue 25; capture.record.lifecycle)
+        # A SIGTERM meanwhile waits for the last writes (capture.record.lifecycle)
         with lifecycle.stopping(self):
             for child in self.modules.values():
                 child.stop()
@@ -387,7 +387,7 @@ class Recorder:
             return out
 
         # Compiled callers (torch.compile of the model, before or after wrapping) graph-break
-        # to `outside`, which records eagerly and calls the compiled method (issue 12).
+        # to `outside`, which records eagerly and calls the compiled method.
         outside = lifecycle.outside_compiled_region(
             recorded, Recorder._inputs, Recorder._emit, Recorder._count_error
         )
@@ -404,7 +404,7 @@ class Recorder:
         try:
             walk(args, tensors, key)
             walk(kwargs, tensors, key)
-        except Exception as e:  # too large, or unreadable: opaque leaves (issues 12, 22)
+        except Exception as e:  # too large, or unreadable: opaque leaves
             args, kwargs, tensors, key = self._summaries.inputs(args, kwargs, e)
         try:
             found = self._structure((args, kwargs), tensors, key, "inputs")
@@ -417,7 +417,7 @@ class Recorder:
         lows: list[int | None] | None = None
         highs: list[int | None] | None = None
         if st.range_tensors:
-            if st.deferred:  # device tensors: read by the writer thread, no sync (issue 22)
+            if st.deferred:  # device tensors: read by the writer thread, no sync
                 lows = highs = DeviceRanges(tensors, st.range_tensors, st.counts)  # type: ignore[assignment]
             else:
                 lows, highs = [], []
@@ -425,7 +425,7 @@ class Recorder:
                     lo, hi = int_range(tensors[i])
                     lows.append(lo)
                     highs.append(hi)
-                if st.counts:  # special token counts after the ranges (issue 22)
+                if st.counts:  # special token counts after the ranges
                     counted = ranges(tensors, (), st.counts)[0]
                     lows += counted
                     highs += counted
@@ -442,7 +442,7 @@ class Recorder:
             try:
                 walk(out, tensors, key)
                 found = self._structure(out, tensors, key, "output")
-            except Exception as e:  # too large, or unreadable: one opaque leaf (issues 12, 22)
+            except Exception as e:  # too large, or unreadable: one opaque leaf
                 summary, key = self._summaries.output(out, e)
                 tensors = []
                 found = self._structure(summary, tensors, key, "output")
@@ -475,7 +475,7 @@ class Recorder:
             self._warn_nothing_recorded(what, e)
 
     def _warn_nothing_recorded(self, what: str, error: BaseException) -> None:
-        """Every call so far failed and none was recorded: one loud warning (issue 22)."""
+        """Every call so far failed and none was recorded: one loud warning."""
         if self._counts.totals(self._writer)["recorded"]:
             return
         logger.warning(

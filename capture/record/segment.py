@@ -3,8 +3,8 @@
 Split from `capture.record.writer` (the queue, the thread and the files): this module turns records
 into the `calls`, `stats` and `structures` tables. `Segment.add` checks a record completely before
 appending anything, so one record the tables cannot hold (a size that is not an int, a value range
-outside int64, an error message that is not UTF-8) is refused alone and the segment stays consistent
-(issue 12).
+outside int64, an error message that is not UTF-8) is refused alone and the segment stays
+consistent.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ if CallRecord._fields[_TS] != "ts":  # pragma: no cover - a developer's error
     raise ImportError("CallRecord: ts is not field 1")
 
 
-# int_min/int_max of a record; anything else is a deferred device read (issue 22), resolved by
+# int_min/int_max of a record; anything else is a deferred device read, resolved by
 # the writer thread (`capture.record.value_ranges`, not imported: this module runs without torch).
 _PLAIN = (list, tuple, type(None))
 
@@ -250,7 +250,7 @@ class StatsRollup:
     few signatures of the current minute, a rollup up to `schema.ROLLUP_ROWS`: building every
     row at each flush cost about 8 µs a row, with the GIL held). A rollup is never changed:
     `merged` returns a new one, so a segment whose files fail to land leaves the writer's as it
-    was (all or nothing, issue 12).
+    was (all or nothing).
     """
 
     def __init__(self, model: str) -> None:
@@ -313,7 +313,7 @@ def structure_table(model: str, structures: Sequence[Structure], signature: Sign
     """One row per leaf of each structure (the `structures` table).
 
     The treespec is on the structure's first row (leaf 0) only, null on the others: repeating it
-    on every row made the table quadratic in the number of leaves (issue 12).
+    on every row made the table quadratic in the number of leaves.
     """
     sig_json = signature.dumps()
     cols: dict[str, list[Any]] = {f.name: [] for f in schema.STRUCTURES_SCHEMA}

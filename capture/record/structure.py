@@ -4,7 +4,7 @@ The store side of the same concept is `capture.pytree.structure` (`RecordedStruc
 back from the ``structures`` table); this module builds what is written there: `describe()`
 flattens a call's ``(args, kwargs)`` (or output) with torch's pytree, names each leaf's path and
 argument, marks the missing optionals, decides which integer tensors have their value range
-recorded (and, issue 22, a static cache's fill level on any device, and the special token
+recorded (and a static cache's fill level on any device, and the special token
 counts of token inputs: `capture.record.tokens`), and hashes it all into a `structure_id`.
 `capture.record.flatten.walk` is the per-call fast path that finds a described structure again.
 """
@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 
 from capture.pytree import nodes
 from capture.record import tokens
+from capture.renames import same_argument
 from capture.schema import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -60,7 +61,7 @@ _NO_RANGE_DTYPES = frozenset({getattr(torch, "uint64", torch.int64)} - {torch.in
 class Unreadable(Exception):
     """Raised by `describe(strict=True)` when torch's pytree cannot flatten what `walk()` read.
 
-    The recorder then records the argument that fails as a `Summary` leaf (issue 22): the call
+    The recorder then records the argument that fails as a `Summary` leaf: the call
     is recorded, the leaf names the class.
     """
 
@@ -183,10 +184,15 @@ def _argument_names(leaves: list[Leaf], signature: Signature) -> list[Leaf]:
 
 
 def _missing(signature: Signature, n_args: int, kwargs: dict[str, Any]) -> list[Leaf]:
-    """Optional parameters the caller did not pass (distinct from an explicit None)."""
+    """Optional parameters the caller did not pass (distinct from an explicit None).
+
+    A keyword passed under a renamed argument's other spelling (`capture.renames`) passes the
+    parameter: a model declaring ``cache`` called with ``past_key_values=`` misses no cache.
+    """
+    passed = [same_argument(k, signature.keyword_names) or k for k in kwargs]
     return [
         Leaf(f"kwargs['{p.name}']", p.name, None, KIND_MISSING, "missing")
-        for p in signature.missing(n_args, kwargs)
+        for p in signature.missing(n_args, passed)
     ]
 
 
@@ -313,7 +319,7 @@ def _tracked(
 ) -> bool:
     """Whether an integer tensor's value range is recorded.
 
-    A static cache's fill level is recorded on any device (issue 22): its first layer's, once
+    A static cache's fill level is recorded on any device: its first layer's, once
     per cache (every layer of a cache advances alike; replay gives the others the same value).
     """
     at = path.find(_FILL)

@@ -1,4 +1,4 @@
-"""Arguments not recorded leaf by leaf: summarised as opaque leaves of their type (issues 12, 22).
+"""Arguments not recorded leaf by leaf: summarised as opaque leaves of their type.
 
 Two causes, one remedy. `capture.record.flatten.walk` raises `Oversized` past `MAX_ITEMS` items
 in one container or `MAX_KEY` key tokens in one call; and an argument capture cannot flatten
@@ -7,7 +7,7 @@ makes the walk or torch's pytree fail. The recorder then walks each argument alo
 those that do not fit, or cannot be read, by a `Summary` (their type name only); when each fits
 but not all together, every argument is summarised. The call is still recorded, with the
 summarised arguments as opaque leaves, and counted (``stats()["oversized"]`` or
-``stats()["unreadable"]``): a recorder never records nothing (issue 22).
+``stats()["unreadable"]``): a recorder never records nothing.
 
 `Summaries` is the recorder's part that does it: it counts each call so recorded (in the
 recorder's `capture.record.accounting.Counters`) and warns once per cause and class.

@@ -1,4 +1,4 @@
-"""Integer value ranges and token counts of a call, read without a device sync (issue 22).
+"""Integer value ranges and token counts of a call, read without a device sync.
 
 A CPU tensor is read where it is (`int_range`, `tokens.count_ids`): no sync is involved. A
 tensor on an accelerator is different: reading a value back blocks the serving thread until the

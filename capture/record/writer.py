@@ -13,12 +13,12 @@ accumulates columns, and writes a *segment* when `flush_rows` rows are buffered 
    signature and minute of every segment it wrote so far (up to `schema.ROLLUP_ROWS` rows). It
    replaces the previous rollup, which its footer claims (``capture.replaces``, verified by
    readers, as for a compacted file): a store holds one stats file per writer process, not one
-   per flush, and opening it does not cost a read per flush (issue 14). It names the segment's
+   per flush, and opening it does not cost a read per flush. It names the segment's
    calls files (``capture.segment_calls``), written next;
 3. ``calls/model=<m>/date=<d>/<prefix>-<seq>.parquet``: one row per call. These files are the
    segment's commit: readers count the new rollup only once they all exist, and the previous
    one until then (`capture.store.commits`), so a writer killed between the two leaves stats and
-   calls that agree (issue 25);
+   calls that agree;
 4. the previous rollup is deleted.
 
 The rollup is marked ``open`` (``capture.rollup``) while the writer may still replace it, and
@@ -53,6 +53,7 @@ import pyarrow.fs as pafs
 
 from capture import schema
 from capture.record.segment import CallRecord, Segment, StatsRollup, structure_table
+from capture.store import upkeep
 from capture.store.files import model_folder, resolve_store, safe_name, write_parquet
 from capture.store.layout import METADATA_REPLACES, METADATA_REPLACES_ROWS
 
@@ -219,7 +220,7 @@ class StoreWriter:
     def after_fork_in_child(self) -> None:
         """In a forked child: a new file prefix, an empty queue and a new writer thread.
 
-        The calls buffered before the fork are the parent's to write (issue 12: the child wrote
+        The calls buffered before the fork are the parent's to write (the child wrote
         them again, under the parent's file names). Structures the parent had written stay
         known; the child's segments write the ones they need that are not.
         """
@@ -259,7 +260,7 @@ class StoreWriter:
             self._drained += 1
             try:
                 self._segment.add(rec)
-            except Exception as e:  # this record alone is dropped (issue 12)
+            except Exception as e:  # this record alone is dropped
                 with self._count_lock:
                     self.dropped += 1
                 self.bad_records += 1
@@ -326,7 +327,7 @@ class StoreWriter:
             # The rollup first, naming the calls files: they are its commit, written next
             # (capture.store.commits). A kill in between leaves the previous rollup counting
             # and these calls hidden; before, calls landed first and a kill left calls no
-            # stats row counted, for good (issue 25).
+            # stats row counted, for good.
             days = {day: table.num_rows for day, table in tables.items()}
             staged = self._stage_stats(segment, name, days, self._open_chain())
             for day, table in tables.items():
@@ -334,7 +335,7 @@ class StoreWriter:
                     self.fs, f"{self.root}/{schema.CALLS}/{model}/date={day}", name, table, "calls"
                 )
         except Exception as e:
-            # All or nothing (issue 12): the segment's calls files go, then its rollup; a
+            # All or nothing: the segment's calls files go, then its rollup; a
             # rollup whose calls could not all be removed stays, uncommitted, hiding them.
             if staged is not None:
                 self._roll_back(staged)
@@ -347,6 +348,10 @@ class StoreWriter:
         for path in staged.calls:
             self._written(path)
         self.written_calls += len(segment)
+        try:  # the store's background compaction, when due (capture.store.upkeep)
+            upkeep.after_flush(self.fs, self.root)
+        except Exception as e:  # a bad CAPTURE_AUTO_COMPACT: said once, recording goes on
+            self._fail("upkeep", f"starting the background compaction of {self.root} ({e})")
 
     def _write_stats(self, segment: Segment | None) -> None:
         """Rewrites the rollup with no new segment (`segment` None: to mark it closed)."""

@@ -36,6 +36,7 @@ from capture.errors import CaptureError
 from capture.pytree import nodes
 from capture.pytree.shape_tree import registered
 from capture.record.flatten import Structure, describe, tensor_key, walk
+from capture.record.method_patch import MethodPatch
 from capture.seeds.aligned import View
 from capture.seeds.alignment import Aligner, Analysis
 from capture.seeds.call_layout import CallLayout, Observation
@@ -151,12 +152,14 @@ class InputObserver:
                 "observer"
             )
         limit = len(self._stored) + store_n_calls
-        had_attr = method_name in getattr(model, "__dict__", {})
-        state = {"active": True, "acquired": False}
+        # The one way to wrap a method (the Recorder's too): a block that ends while another
+        # wrapper sits on top of ours leaves that wrapper in place, and ours passes through.
+        patch = MethodPatch(model, method_name)
+        state = {"acquired": False}
 
         @functools.wraps(original)
         def observed(*args: Any, **kwargs: Any) -> Any:
-            if not state["active"] or torch.compiler.is_compiling():
+            if not patch.active or torch.compiler.is_compiling():
                 return original(*args, **kwargs)
             if not state["acquired"] and nodes.transformers_loaded():
                 nodes.acquire()  # released when the block ends
@@ -179,18 +182,11 @@ class InputObserver:
         # transformers' generate() inspects the forward's signature.
         with contextlib.suppress(TypeError, ValueError):
             observed.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
-        setattr(model, method_name, observed)
+        patch.install(original, observed)
         try:
             yield self
         finally:
-            state["active"] = False
-            if had_attr:
-                setattr(model, method_name, original)
-            else:
-                try:
-                    delattr(model, method_name)
-                except AttributeError:
-                    setattr(model, method_name, original)
+            patch.restore()
             if state["acquired"]:
                 nodes.release()
 

@@ -280,7 +280,7 @@ class _Formatter:
                 values = [getattr(layer, "values", None) for layer in obj.layers]
                 text = f"{name}(key_cache={self.run(keys)}, value_cache={self.run(values)}"
                 linear = [layer for layer in obj.layers if hasattr(layer, "conv_states")]
-                if linear:  # state-space layers (issue 22): their states, every state index
+                if linear:  # state-space layers: their states, every state index
                     conv = [v for layer in linear for v in layer.conv_states.values()]
                     rec = [v for layer in linear for v in layer.recurrent_states.values()]
                     text += f", conv_states={self.run(conv)}, recurrent_states={self.run(rec)}"

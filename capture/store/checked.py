@@ -106,7 +106,7 @@ def _check_once(
     todo_set = set(todo)
 
     # Many files at once (a thread pool): one after the other, 100,000 files took
-    # minutes to open (issue 14). Each is checked against the schema (issue 11).
+    # minutes to open. Each is checked against the schema.
     def check(fs: pafs.FileSystem, path: str) -> tuple[FileInfo | Skip, pa.Table | None]:
         if small:
             return read_with_rows(fs, path, table)
@@ -138,7 +138,7 @@ def _check_once(
     if vanished:  # never cached: the path is gone
         infos = [i for i in infos if i.path not in vanished]
     # a rollup counts once its segment's calls files all exist; until then the one it claims
-    # counts instead, and the calls that landed are hidden (capture.store.commits, issue 25)
+    # counts instead, and the calls that landed are hidden (capture.store.commits)
     pending = uncommitted(fs, good) if table == schema.STATS else {}
     counted = [f for f in good if f.path not in pending]
     # by a compacted file (capture.compact) that provably holds their rows: read it instead

@@ -87,7 +87,7 @@ def _held(
 
     The claimant's rows are read once for all of them: a compaction of 100,000 files that
     died before its deletes listed 100,000 files, each compared with a 1,000,000-row file
-    (issue 14: hours, where one read of it and its files' keys takes a minute).
+    (hours, where one read of it and its files' keys takes a minute).
     """
     out: dict[str, str | None] = {}
     todo: list[FileInfo] = []
@@ -153,7 +153,7 @@ def _uncompared(e: Exception) -> str:
 
 def _try_read(fs: pafs.FileSystem, path: str, columns: list[str]) -> pa.Table | Exception:
     """The key rows of `path`, or what reading it raised (`FileNotFoundError` when it is gone,
-    whatever the filesystem raised: S3 says so with a plain `OSError`, issue 25)."""
+    whatever the filesystem raised: S3 says so with a plain `OSError`)."""
     try:
         return _read(fs, path, columns)
     except Exception as e:  # said per file by the caller

@@ -5,9 +5,8 @@ A writer flushes a segment in this order (`capture.record.writer`): its new stru
 previous rollup; the calls files; then it deletes the previous rollup. The calls files are the
 segment's commit. Until every one of them exists, a reader counts the previous rollup (still
 there: it is deleted only after the calls landed) and hides the segment's calls files that did
-land, so a writer killed anywhere in between leaves a store whose stats and calls agree. Before
-issue 25 the calls landed first, and a SIGKILL before the rollup left calls that no stats row
-counted, for good (``calls`` 5,881 rows, ``signatures`` 5,877).
+land, so a writer killed anywhere in between leaves a store whose stats and calls agree (calls
+that landed before their rollup would stay counted by no stats row, for good).
 
 Readers (`capture.store.checked`) and `capture.compact` ask this module; compaction also leaves
 the calls files a rollup names alone while that rollup exists, and rolls back a segment that

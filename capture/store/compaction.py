@@ -61,9 +61,16 @@ from capture.store.layout import (
     read_footer,
     read_footers,
 )
-from capture.store.merging import BATCH_FILES, Vanished, collected, group_rows
+from capture.store.merging import BATCH_FILES, Corrupt, Vanished, collected, group_rows
 
-__all__ = ["compact", "CompactResult", "TableResult", "METADATA_REPLACES", "LOCK_NAME"]
+__all__ = [
+    "compact",
+    "compact_root",
+    "CompactResult",
+    "TableResult",
+    "METADATA_REPLACES",
+    "LOCK_NAME",
+]
 
 DEFAULT_TARGET_ROWS = 1_000_000
 
@@ -85,6 +92,9 @@ class CompactResult:
     tables: dict[str, TableResult] = field(default_factory=dict)
     deleted_leftovers: int = 0
     unreadable: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+    """Files left as they are because their values are not a writer's (`capture.store.values`),
+    each with why: ``path (reason)``."""
     refused_claims: list[str] = field(default_factory=list)
     """Files whose ``capture.replaces`` did not check out (nothing was deleted for them)."""
     rolled_back: list[str] = field(default_factory=list)
@@ -129,7 +139,46 @@ def compact(
     if target_rows < 1:
         raise CaptureError(f"target_rows={target_rows} must be at least 1")
     fs, root = open_root(store, "nothing to compact")
+    return compact_root(fs, root, os.fspath(store), target_rows=target_rows, dry_run=dry_run)
+
+
+def compact_root(
+    fs: pafs.FileSystem,
+    root: str,
+    store: str,
+    *,
+    target_rows: int = DEFAULT_TARGET_ROWS,
+    dry_run: bool = False,
+) -> CompactResult:
+    """`compact` on a store already opened: its filesystem and root (`store` names it in
+    messages). What a recording process's upkeep runs (`capture.store.upkeep`)."""
     result = CompactResult(dry_run=dry_run)
+    try:
+        _compact_tables(fs, root, target_rows, result, dry_run)
+    except OSError as e:
+        # A full disk, a read-only store, no permission: every merged file is written under a
+        # temporary name and renamed only once complete, so the store is as it was (at most a
+        # replaced file not deleted yet, which the next run deletes and readers skip).
+        raise CaptureError(
+            f"cannot compact the store at {store}: {_os_error(e)}; the store is "
+            "unchanged: free some space or make the store writable, then run it again"
+        ) from None
+    seen = sum(t.files_before for t in result.tables.values()) + result.deleted_leftovers
+    if not (seen or result.unreadable or result.corrupt):  # as every other command says
+        raise EmptyStore(f"the store at {store} holds no recorded call yet; nothing to compact")
+    return result
+
+
+def _os_error(e: OSError) -> str:
+    """`e` in one line: what failed, on which file."""
+    what = e.strerror or " ".join(str(e).split())
+    return f"{what} ({e.filename})" if e.filename else what
+
+
+def _compact_tables(
+    fs: pafs.FileSystem, root: str, target_rows: int, result: CompactResult, dry_run: bool
+) -> None:
+    """Every table of the store, under the compaction lock."""
     with CompactionLock(fs, root, dry_run):
         for table in schema.TABLES:
             result.tables[table] = TableResult()
@@ -141,12 +190,6 @@ def compact(
             named = _named_by_rollups(fs, root) if table == schema.CALLS else set()
             for folder, files in _folders(fs, table, listed, result):
                 _compact_folder(fs, table, folder, files, target_rows, result, named)
-    seen = sum(t.files_before for t in result.tables.values()) + result.deleted_leftovers
-    if not seen and not result.unreadable:  # as every other command says of such a store
-        raise EmptyStore(
-            f"the store at {os.fspath(store)} holds no recorded call yet; nothing to compact"
-        )
-    return result
 
 
 # -- files and folders ---------------------------------------------------------------------------
@@ -181,11 +224,13 @@ def _folders(
         paths = by_folder.pop(folder)
         for start in range(0, len(paths), BATCH_FILES):
             chunk = paths[start : start + BATCH_FILES]
-            # Many footers at once (issue 14); each is checked against the schema (issue 11).
+            # Many footers at once; each is checked against the schema.
             for checked in read_footers(fs, chunk, lambda f, p: read_footer(f, p, table)):
                 if isinstance(checked, Skip) and checked.reason == VANISHED:
                     continue  # replaced by a live writer: its successor is for a later run
-                if isinstance(checked, Skip):  # foreign, wrong schema, truncated: left, reported
+                if isinstance(checked, Skip) and checked.corrupt:  # left as it is, reported
+                    result.corrupt.append(f"{checked.path} ({checked.reason})")
+                elif isinstance(checked, Skip):  # foreign, wrong schema, truncated: left, reported
                     result.unreadable.append(checked.path)
                 else:
                     files.append(checked)
@@ -245,9 +290,14 @@ def _compact_folder(
         try:
             counts.rows_after += _merge(fs, table, folder, group)
             counts.files_after += 1
+        except Corrupt as bad:
+            # Its rows are left as they are (nothing recorded is changed): reported, not merged.
+            result.corrupt.append(f"{bad.path} ({bad.reason})")
+            counts.files_after += len(group)
+            counts.rows_after += sum(f.rows for f in group)
         except Vanished as gone:
             # A live writer replaced (or rolled back) a file since it was listed: its rows are
-            # in a file this run did not list. Nothing was replaced; the group waits (issue 25).
+            # in a file this run did not list. Nothing was replaced; the group waits.
             result.left.append(f"{folder}: {gone.path} was deleted meanwhile")
             counts.files_after += len(group)
             counts.rows_after += sum(f.rows for f in group)
@@ -258,7 +308,7 @@ def _settled_rollups(fs: pafs.FileSystem, files: list[_File], result: CompactRes
 
     Left alone: a writer's open rollup younger than `schema.ROLLUP_GRACE_S` (its writer may
     still replace it), any rollup whose segment has not committed yet while it is that young
-    (its writer is writing the calls), and files deleted since they were listed (issue 25: a
+    (its writer is writing the calls), and files deleted since they were listed (a
     gone file was taken for an old one, then read). An uncommitted rollup older than that
     belongs to a writer that died between its rollup and its calls files: its calls files
     that landed (hidden from readers) and then the rollup are deleted.
@@ -280,7 +330,7 @@ def _young_rollups(fs: pafs.FileSystem, files: list[_File]) -> tuple[set[str], s
     A writer may still replace a young open rollup with a successor holding its rows: merged
     now, those rows would be counted twice. A writer never replaces a rollup older than
     `schema.ROLLUP_CONTINUE_S` (half the grace), so an older one is safe to merge. A file no
-    longer there was replaced since it was listed (issue 25): skipped, never read.
+    longer there was replaced since it was listed: skipped, never read.
     """
     if not files:
         return set(), set()

@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 
 from capture.errors import CaptureError
 
-__all__ = ["CompactionLock", "LOCK_NAME", "STALE_LOCK_S"]
+__all__ = ["CompactionLock", "LockHeld", "LOCK_NAME", "STALE_LOCK_S"]
 
 LOCK_NAME = ".compact.lock"
 _UNREADABLE = "its note is unreadable"
@@ -24,10 +24,14 @@ STALE_LOCK_S = float(os.environ.get("CAPTURE_COMPACT_LOCK_TTL", str(6 * 3600)))
 """Age (seconds) after which a lock of another host is taken as left by a dead compaction."""
 
 
+class LockHeld(CaptureError):
+    """Another compaction holds the store's lock."""
+
+
 def _stale(note: bytes) -> str | None:
     """Why the lock holding `note` is stale (its process is dead, or it is too old), or None.
 
-    A lock of this host is stale when its pid no longer runs (a SIGKILLed compaction, issue 14);
+    A lock of this host is stale when its pid no longer runs (a SIGKILLed compaction);
     another host's pid cannot be checked, so its lock is stale only after `STALE_LOCK_S`.
     An unreadable note (empty: killed while writing it) is stale once a minute old.
     """
@@ -78,15 +82,19 @@ class CompactionLock:
             except FileExistsError:
                 if not self._take_over():
                     break
-        raise CaptureError(
+        raise LockHeld(
             f"another compaction holds {self.path} ({self._describe()}); wait for it to finish"
         ) from None
 
     def _create(self, note: bytes) -> None:
         if isinstance(self.fs, pafs.LocalFileSystem):
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            with os.fdopen(fd, "wb") as f:
-                f.write(note)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(note)
+            except OSError:  # a full disk: no lock without its note is left behind
+                os.unlink(self.path)
+                raise
             return
         if self.fs.get_file_info(self.path).type != pafs.FileType.NotFound:
             raise FileExistsError(self.path)

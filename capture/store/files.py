@@ -2,7 +2,7 @@
 
 The writer (`capture.record.writer`), the readers (`capture.store.reader`, `capture.store.layout`,
 `capture.store.compaction`, `capture.store.payload_files`) and the CLI share these helpers; this
-module imports pyarrow only, so no reader imports the recording module (issue 13).
+module imports pyarrow only, so no reader imports the recording module.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def vanished(fs: pafs.FileSystem, path: str, error: BaseException) -> bool:
 
     Decided from facts, not from the message: a `FileNotFoundError`, or any other `OSError`
     after which the filesystem finds nothing at `path` (an S3 object deleted after it was
-    opened fails its read with a plain `OSError`, issue 25). A file still there, or a
+    opened fails its read with a plain `OSError`). A file still there, or a
     filesystem that cannot answer, means the error is something else.
 
     Args:
@@ -143,7 +143,7 @@ def write_parquet(
     if fs.type_name in OBJECT_STORES:
         # An object appears whole when its upload completes, and a rename there is a copy then
         # a delete (twice the traffic, and a window with both names): the complete file is built
-        # in memory and written under its final name in one upload (issue 14).
+        # in memory and written under its final name in one upload.
         buffer = pa.BufferOutputStream()
         write(buffer)
         with fs.open_output_stream(final) as sink:
@@ -168,7 +168,7 @@ def safe_name(value: str) -> str:
     """`value` safe as a directory or file name part (hive partition values, host names).
 
     A long value is cut and ends with a hash of the whole of it, so that it stays distinct and
-    within file systems' 255-byte limit (issue 12: a 300-character model name dropped every call).
+    within file systems' 255-byte limit (a 300-character model name dropped every call).
     """
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
     if len(safe.encode()) > _MAX_NAME:

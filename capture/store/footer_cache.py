@@ -1,7 +1,7 @@
 """A reader's cache of checked store files: each file's verdict and the rows of small files.
 
 Opening a store checks every file (`capture.store.layout.read_footer`) and reads the rows of the
-small stats and structures files; at 100,000 files that is minutes, every time (issue 14).
+small stats and structures files; at 100,000 files that is minutes, every time.
 Store files are never written again under the same name, so what a check found stays true as
 long as the file is the same file. The cache keeps, per table, the verdict of each file
 (`FileInfo` or `Skip`) under its *stamp* (`capture.store.layout.list_files`: size and modification
@@ -44,7 +44,7 @@ MIN_FILES = 256
 
 _FILE = "_capture_file"
 _TOKEN = b"capture.cache_token"
-_VERSION = "4"
+_VERSION = "5"
 
 Verdict = FileInfo | Skip
 
@@ -149,6 +149,7 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
             "exact",
             "rollup",
             "segment",
+            "corrupt",
         )
     }
     for path, (stamp, verdict) in entries.items():
@@ -156,10 +157,12 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
         cols["stamp"].append(stamp)
         if isinstance(verdict, Skip):
             cols["reason"].append(verdict.reason)
+            cols["corrupt"].append(verdict.corrupt)
             for k in ("rows", "size", "replaces", "lo", "hi", "exact", "rollup", "segment"):
                 cols[k].append(None)
             continue
         cols["reason"].append(None)
+        cols["corrupt"].append(None)
         cols["rows"].append(verdict.rows)
         cols["size"].append(verdict.size)
         cols["replaces"].append(json.dumps(verdict.replaces) if verdict.replaces else None)
@@ -170,7 +173,7 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
         cols["rollup"].append(verdict.rollup)
         cols["segment"].append(json.dumps(verdict.segment) if verdict.segment else None)
     types = {"rows": pa.int64(), "size": pa.int64(), "lo": pa.int64(), "hi": pa.int64()}
-    types["exact"] = pa.bool_()
+    types["exact"] = types["corrupt"] = pa.bool_()
     return pa.table({k: pa.array(v, types.get(k, pa.string())) for k, v in cols.items()})
 
 
@@ -178,10 +181,10 @@ def _entries(index: pa.Table, table: str) -> dict[str, tuple[str, Verdict]]:
     cols = [index.column(k).to_pylist() for k in index.column_names]
     out: dict[str, tuple[str, Verdict]] = {}
     for row in zip(*cols, strict=True):
-        path, stamp, reason, rows, size, replaces, lo, hi, exact, rollup, segment = row
+        path, stamp, reason, rows, size, replaces, lo, hi, exact, rollup, segment, corrupt = row
         verdict: Verdict
         if reason is not None:
-            verdict = Skip(path, reason)
+            verdict = Skip(path, reason, bool(corrupt))
         else:
             claims = json.loads(replaces) if replaces else {}
             ids = (lo, hi) if lo is not None and hi is not None else None

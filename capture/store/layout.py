@@ -28,6 +28,7 @@ from capture import schema
 from capture.errors import StoreNotFound
 from capture.store.files import resolve_store, vanished
 from capture.store.nofollow import LINK_REASON, walk
+from capture.store.values import calls_problem, rows_problem
 
 __all__ = [
     "FileInfo",
@@ -79,10 +80,19 @@ def open_root(store: str | os.PathLike[str], missing: str) -> tuple[pafs.FileSys
             or nothing is at `store`; one line.
     """
     text = os.fspath(store)
-    try:
+
+    def look() -> tuple[pafs.FileSystem, str, pafs.FileType]:
         fs, root = resolve_store(text)
-        kind = fs.get_file_info(root).type
-    except OSError as e:  # unreachable endpoint, access denied, missing bucket (issue 14)
+        return fs, root, fs.get_file_info(root).type
+
+    try:
+        if "://" in text:  # a remote store answers in bounded time, whatever its client does
+            from capture.store.remote import within
+
+            fs, root, kind = within(text, look)
+        else:
+            fs, root, kind = look()
+    except OSError as e:  # unreachable endpoint, access denied, missing bucket
         from capture.store.remote import store_error
 
         raise store_error(text, e) from None
@@ -172,6 +182,9 @@ class Skip:
 
     path: str
     reason: str
+    corrupt: bool = False
+    """A capture file whose values no writer writes (`capture.store.values`): readers stop with
+    an error naming it instead of leaving its recorded calls out unseen."""
 
 
 def list_files(
@@ -264,7 +277,15 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
             meta = pq.read_metadata(f)
     except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
         return _unreadable(fs, path, e)
-    return _verdict(meta, path, table, size)
+    verdict = _verdict(meta, path, table, size)
+    if isinstance(verdict, FileInfo) and table == schema.CALLS:
+        try:
+            problem = calls_problem(fs, path, meta)
+        except Exception as e:  # its sizes cannot be read: as unreadable as a truncated file
+            return _unreadable(fs, path, e)
+        if problem is not None:
+            return Skip(path, problem, corrupt=True)
+    return verdict
 
 
 def _unreadable(fs: pafs.FileSystem, path: str, error: Exception) -> Skip:
@@ -285,7 +306,7 @@ def read_with_rows(
 
     A small file (stats, structures: a few rows per segment) is fetched once, its footer
     checked and its rows decoded from the same bytes, instead of a footer read now and a
-    second read of the whole file by DuckDB later (issue 14). Rows are decoded only after
+    second read of the whole file by DuckDB later. Rows are decoded only after
     the footer passed (bombs, foreign and wrong-schema files are never decoded).
 
     Args:
@@ -302,13 +323,17 @@ def read_with_rows(
     try:
         with fs.open_input_file(path) as f:
             size = int(f.size())
-            # Python bytes, not an Arrow buffer: freed at once (the pool kept them, issue 14)
+            # Python bytes, not an Arrow buffer: freed at once (the pool kept them)
             source = pa.BufferReader(f.read()) if size <= _ONE_READ else f
             parquet = pq.ParquetFile(source)
             verdict = _verdict(parquet.metadata, path, table, size)
             if isinstance(verdict, Skip):
                 return verdict, None
-            return verdict, parquet.read()
+            rows = parquet.read()
+            problem = rows_problem(table, rows)
+            if problem is not None:
+                return Skip(path, problem, corrupt=True), None
+            return verdict, rows
     except Exception as e:  # truncated, empty, not Parquet, corrupt pages: skipped, said why
         return _unreadable(fs, path, e), None
 
@@ -332,7 +357,7 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
     except ValueError:
         return Skip(path, f"capture.schema_version {version[:20]!r} is not a number")
     if number > schema.SCHEMA_VERSION:
-        # Skipped, not an error: one planted file must not make the store unreadable (issue 11).
+        # Skipped, not an error: one planted file must not make the store unreadable.
         return Skip(
             path,
             f"written with store schema v{number}, this library reads up to "
@@ -385,7 +410,7 @@ def read_footers(
 ) -> list[T]:
     """`read(fs, path)` (e.g. `read_footer`) for every path, in order, many at a time.
 
-    A store of 100,000 files read one footer after the other took minutes (issue 14); pyarrow
+    A store of 100,000 files read one footer after the other took minutes; pyarrow
     releases the GIL while it reads, so a thread pool overlaps the reads (and the round trips
     of an object store). An exception raised by `read` is raised here.
     """

@@ -1,8 +1,8 @@
 """The rows of many store files as one: calls regrouped, stats merged, structures deduplicated.
 
 What `capture.compact` writes in place of a folder's small files, read in bounded batches: the
-memory a merge needs is one batch plus the merged rows, whatever the number of files (issue 14).
-A source file deleted meanwhile raises `Vanished` (decided from facts, issue 25). Imports pyarrow
+memory a merge needs is one batch plus the merged rows, whatever the number of files.
+A source file deleted meanwhile raises `Vanished` (decided from facts). Imports pyarrow
 (and duckdb to merge stats rows), never torch.
 """
 
@@ -23,8 +23,9 @@ from capture import schema
 from capture.store.files import vanished
 from capture.store.layout import FileInfo, read_footers
 from capture.store.stats_merge import SIGNATURE_MERGE
+from capture.store.values import CORRUPT, rows_problem
 
-__all__ = ["BATCH_FILES", "Vanished", "collected", "group_rows", "merge_stats"]
+__all__ = ["BATCH_FILES", "Corrupt", "Vanished", "collected", "group_rows", "merge_stats"]
 
 
 _COLLECT_FROM = 256
@@ -38,10 +39,10 @@ def collected(files: int) -> None:
     schema was looked at is freed only by the cyclic collector; read by a pool's threads they
     outlive the young collections and pile up in the oldest generation, which Python collects
     only once it has grown by a quarter: about 30 KB a file left for later, 3.6 GB of the peak
-    when compacting 100,000 files (issue 14). Collected after every batch, a compaction holds
+    when compacting 100,000 files. Collected after every batch, a compaction holds
     one batch's worth, whatever the number of files. A batch of fewer than `_COLLECT_FROM`
     files leaves a few MB at most: not worth a collection, which cost a compaction beside
-    live writers (every few seconds, a few dozen files) half its time (issue 25).
+    live writers (every few seconds, a few dozen files) half its time.
     """
     if files >= _COLLECT_FROM:
         gc.collect()
@@ -87,11 +88,20 @@ class Vanished(Exception):
         self.path = path
 
 
+class Corrupt(Exception):
+    """A file of a merge holds values no writer writes (`capture.store.values`)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path} {reason}")
+        self.path, self.reason = path, reason
+
+
 def _read(fs: pafs.FileSystem, path: str, table: str) -> pa.Table:
     """The rows of one store file, in `table`'s schema.
 
     Raises:
         Vanished: The file is gone (decided by `capture.store.files.vanished`, not a message).
+        Corrupt: Its values are not a writer's (nulls among sizes, negative counts, ...).
     """
     try:
         with fs.open_input_file(path) as src:
@@ -100,13 +110,19 @@ def _read(fs: pafs.FileSystem, path: str, table: str) -> pa.Table:
         if vanished(fs, path, e):
             raise Vanished(path) from e
         raise
-    return rows.select(schema.SCHEMAS[table].names).cast(schema.SCHEMAS[table])
+    problem = rows_problem(table, rows)
+    if problem is None:
+        try:
+            return rows.select(schema.SCHEMAS[table].names).cast(schema.SCHEMAS[table])
+        except (pa.ArrowInvalid, ValueError) as e:  # a null where the schema allows none
+            problem = f"{CORRUPT}: {' '.join(str(e).split())[:120]}"
+    raise Corrupt(path, problem)
 
 
 BATCH_FILES = 1_000
 """Files read at once (by a thread pool) and merged into the running result: the memory a
 merge needs is bounded by one batch plus the merged rows, whatever the number of files; all of
-100,000 stats files at once ran DuckDB out of memory (issue 14)."""
+100,000 stats files at once ran DuckDB out of memory."""
 
 
 def _batches(

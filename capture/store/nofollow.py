@@ -1,7 +1,7 @@
 """Local store files listed, opened and deleted without following a symbolic link.
 
 A store is data written by others (DESIGN §5b): a link planted under it must not make a reader
-read, or `capture payloads --delete-all` delete, a file outside it (issue 25: the recursive
+read, or `capture payloads --delete-all` delete, a file outside it (the recursive
 `pyarrow.fs.FileSelector` follows links). Three operations, for local disks (object stores
 have no links):
 

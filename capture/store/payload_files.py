@@ -20,7 +20,7 @@ folder and renamed, like the Parquet files: a reader never sees a partial file.
 
 Reading one runs no code and is checked against what capture writes, with caps
 (`capture.store.payload_format`); listing, reading and deleting never follow a symbolic link
-(`capture.store.nofollow`, issue 25). This module imports neither torch nor safetensors (the CLI
+(`capture.store.nofollow`). This module imports neither torch nor safetensors (the CLI
 lists and deletes payloads without them); `read_payload` imports torch when it runs.
 """
 
@@ -134,7 +134,7 @@ def list_payloads(
 
     Returns:
         One `PayloadFile` per file; temporary dot-files are left out, and so are symbolic
-        links (never followed, one `RuntimeWarning` each: issue 25).
+        links (never followed, one `RuntimeWarning` each).
 
     Raises:
         StoreNotFound: `store` is a path or URI where no store is, or that cannot be reached.
@@ -149,7 +149,7 @@ def list_payloads(
     if isinstance(store, tuple):
         fs, root = store
     else:
-        # One line for a missing store, a file, an unreachable or refused endpoint (issue 24).
+        # One line for a missing store, a file, an unreachable or refused endpoint.
         fs, root = open_root(store, "record into it first or pass --store")
     folder = f"{root}/{PAYLOADS}"
     if model is not None:
@@ -214,7 +214,7 @@ def delete_payloads(
         for done, p in enumerate(chosen):
             try:
                 if isinstance(fs, pafs.LocalFileSystem):
-                    # through no link: one swapped in after the listing fails (issue 25)
+                    # through no link: one swapped in after the listing fails
                     nofollow.unlink_under(root, p.path)
                 else:
                     fs.delete_file(p.path)

@@ -14,11 +14,17 @@ first and checks it against what `capture.record.payload_keeper` writes, with ca
 - ``__metadata__`` has the keys capture writes, as strings of bounded size, ``call_id`` a
   decimal 64-bit integer.
 
-Only then is the data read, and each tensor built from its bytes (``torch.frombuffer``): nothing
-is evaluated, and memory stays within the cap. Issue 25: a 3 GB sparse file took 3.5 GB of RSS
-before it was refused, and a tensor named ``in/../x`` or a non-numeric ``call_id`` escaped
-``replay.export`` as a ValueError. Every problem is one `PayloadError` naming the file and what
-is wrong. Imports torch only inside `read_checked`.
+Only then is the data read, and the whole file decoded by the safetensors package: nothing is
+evaluated, and memory stays within the cap: a huge sparse file is refused from its size before
+it is read, a tensor named ``in/../x`` or a non-numeric ``call_id`` from its header. Every
+problem is one `PayloadError` naming the file and what is wrong. Imports torch and safetensors
+only inside `read_checked`.
+
+The recorder writes the format itself (`capture.record.payload_keeper`): it streams the header
+and the tensors' bytes through the store's pyarrow filesystem (local or remote) without holding
+the GIL, where ``safetensors.torch.save`` would build the whole file as one bytes object while
+the serving threads wait, and ``save_file`` writes local paths only. The tests read what it
+writes with the safetensors package.
 """
 
 from __future__ import annotations
@@ -133,11 +139,13 @@ def read_checked(
         )
     if size < 8:
         raise PayloadError(f"{where}: {size} bytes, too short for a safetensors file")
-    (n,) = struct.unpack("<Q", _read_exactly(f, 8, where))
+    prefix = _read_exactly(f, 8, where)
+    (n,) = struct.unpack("<Q", prefix)
     if n > MAX_HEADER_BYTES or 8 + n > size:
         raise PayloadError(f"{where}: truncated or not safetensors (header of {n:,} bytes)")
-    metadata, entries = _parse_header(_read_exactly(f, n, where), where, size - 8 - n, max_bytes)
-    return metadata, _tensors(entries, _read_into(f, size - 8 - n, where))
+    header = _read_exactly(f, n, where)
+    metadata, entries = _parse_header(header, where, size - 8 - n, max_bytes)
+    return metadata, _tensors(entries, prefix + header + _read_into(f, size - 8 - n, where), where)
 
 
 def _read_exactly(f: Readable, n: int, where: str) -> bytes:
@@ -266,21 +274,16 @@ def _entry(name: str, spec: Any, where: str) -> TensorEntry:
     return TensorEntry(name, dtype, tuple(shape), offsets[0], offsets[1])
 
 
-def _tensors(entries: list[TensorEntry], data: bytearray) -> dict[str, torch.Tensor]:
-    """Each entry's tensor, a view of `data` (checked: the ranges tile it exactly)."""
-    import torch
+def _tensors(entries: list[TensorEntry], data: bytes, where: str) -> dict[str, torch.Tensor]:
+    """The tensors of a whole payload file whose header `_parse_header` accepted, decoded by the
+    safetensors package (capture checks the header and the caps; the format's owner decodes)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
 
-    out: dict[str, torch.Tensor] = {}
-    for e in entries:
-        name, width = DTYPES[e.dtype]
-        dtype = getattr(torch, name)
-        count = (e.end - e.begin) // width
-        if count == 0:
-            out[e.name] = torch.empty(e.shape, dtype=dtype)
-        elif dtype == torch.bool:  # any byte but 0 is True, as safetensors reads it
-            raw = torch.frombuffer(data, dtype=torch.uint8, count=count, offset=e.begin)
-            out[e.name] = raw.ne(0).reshape(e.shape)
-        else:
-            flat = torch.frombuffer(data, dtype=dtype, count=count, offset=e.begin)
-            out[e.name] = flat.reshape(e.shape)
-    return out
+    try:
+        tensors = load(data)
+    except SafetensorError as e:
+        raise PayloadError(f"{where}: not a readable safetensors file ({e})") from e
+    if sorted(tensors) != sorted(e.name for e in entries):
+        raise PayloadError(f"{where}: its tensors differ from its checked header")
+    return tensors

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from capture import schema
-from capture.errors import EmptyStore, QueryError, UnknownModel
+from capture.errors import CorruptStoreFile, EmptyStore, QueryError, UnknownModel
 from capture.store import footer_cache
 from capture.store.checked import check_table
 from capture.store.layout import list_files, open_root
@@ -127,7 +127,7 @@ class StoreReader:
         The stats and structures views read rows held in memory (read with the files' checks);
         the views over the calls files (`calls`, `leaves`, `dims`) are made only for a query
         that names one (`capture.store.views.needs_calls`): binding a view over 100,000 files
-        costs seconds, and `summary` never reads a call (issue 14). Adding them later
+        costs seconds, and `summary` never reads a call. Adding them later
         reconnects (temporary tables a user made in the store's session before are gone then).
         """
         self._with_calls = with_calls
@@ -135,10 +135,9 @@ class StoreReader:
             self.con = duckdb.connect()
         else:
             self.con = duckdb.connect(config=_NO_EXTENSION_LOADING)
-        # Every query over the views reads the footer of each file again; store files never
-        # change once written, so DuckDB may keep them (issue 14: summary of 1,000 small
-        # files 4.8-6.8 s -> 3.0-3.6 s).
-        self.con.execute("SET parquet_metadata_cache = true")
+        # DuckDB's parquet_metadata_cache stays off: it keeps every footer read, with no bound
+        # (2.9 GiB over 100,000 files); the stats and structures rows are in memory already,
+        # and a store kept compacted (capture.store.upkeep) has few calls files to read.
         self._create_views(with_calls)
         if not self.unsafe_sql:
             self._lock_down()
@@ -150,7 +149,7 @@ class StoreReader:
         Hand them to an engine that does not know ``capture.replaces`` (Spark, Trino). The
         calls files are checked the first time they are needed (this, or SQL over ``calls``,
         ``leaves`` or ``dims``): `summary` and `dims` read stats only, and at 100,000 calls
-        files the check costs a minute (issue 14).
+        files the check costs a minute.
         """
         self._check_calls()
         return self._files
@@ -174,6 +173,12 @@ class StoreReader:
     def _checked_files(self, table: str) -> list[str]:
         """The files of `table` that join its view (`capture.store.checked.check_table`)."""
         found = check_table(self.fs, self.root, table, self._cache)
+        corrupt = next((s for s in found.skipped if s.corrupt), None)
+        if corrupt is not None:
+            raise CorruptStoreFile(
+                f"the store file {corrupt.path} {corrupt.reason}; move it out of the store "
+                "(its calls are then not read) or restore it from a copy"
+            )
         skipped = [SkippedFile(s.path, s.reason) for s in found.skipped]
         self.skipped.extend(skipped)
         for one in skipped:
@@ -194,7 +199,7 @@ class StoreReader:
         return found.kept
 
     def _lock_down(self) -> None:
-        """From here on SQL reads the store's files and nothing else (issue 11).
+        """From here on SQL reads the store's files and nothing else.
 
         No other file, directory or URL is read or written (``read_csv``, ``COPY ... TO``,
         ``ATTACH``, ``glob``), no extension is installed or loaded, and no setting changes.
@@ -226,7 +231,7 @@ class StoreReader:
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_empty")
             elif table != schema.CALLS:
                 # Read with their checks (`_checked_files`): every query would fetch each
-                # small file again (on an object store a round trip each), issue 14.
+                # small file again (on an object store a round trip each).
                 self.con.register(f"_{table}_rows", self._rows[table])
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
             elif local:
@@ -336,14 +341,14 @@ class StoreReader:
             try:
                 if stale:
                     # A compaction replaced (then deleted) files listed before: the files
-                    # that replaced them hold their rows; list again (issues 14, 25).
+                    # that replaced them hold their rows; list again.
                     self.con.close()
                     self._list_files(with_calls=self._with_calls)
                     self._connect(self._with_calls)
                     stale = False
                 if bind and not self._with_calls:
                     # Bound inside the retry: binding reads the calls files' footers, and a
-                    # compaction may delete one meanwhile (issue 25: `No files found`).
+                    # compaction may delete one meanwhile (`No files found`).
                     self._reconnect(with_calls=True)
                 relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
                 if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)

@@ -11,11 +11,15 @@ what `replay.runtime.pt2.reader` accepts, entry by entry.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from capture.output_paths import check_file, write_error, writing
+from replay.runtime.digests import digest_bytes, digest_file
 from replay.runtime.guards import ArtifactError
 from replay.runtime.pt2.archive import (
     AOTI_DIR,
@@ -59,6 +63,8 @@ def save(
     Raises:
         ArtifactError: Nothing to save (no program exported), a group cannot be described, a
             constant is not a plain tensor, or AOTInductor fails on a program (``aoti=True``).
+        OutputNotWritable: The folder of `path` is missing, read-only or full (checked before
+            the programs are serialized).
 
     Example:
         >>> save("model.pt2", replay.export(model, "capture-store"))  # doctest: +SKIP
@@ -72,7 +78,7 @@ def save(
 
     if not isinstance(results, Mapping):
         results = {"": results}
-    target = os.fspath(path)
+    target = check_file(path, what="artifact", example="model.pt2")
     with nodes.register_flattening_functions():  # the manifest and graphs name the cache types
         manifest = manifest_of(results, aoti=aoti)
         wanted = set(manifest.program_names)
@@ -87,8 +93,11 @@ def save(
             table.add(name, program)
         graphs = {name: compat_archive.serialize_program(p) for name, p in programs.items()}
         compiled = {name: _compile(name, p) for name, p in programs.items()} if aoti else {}
+    manifest = replace(manifest, digests=_digests(table, graphs, compiled))
     folder = os.path.dirname(os.path.abspath(target))
-    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder)
+    prefix = f".{os.path.basename(target)}."
+    with writing(target, what="artifact"):
+        fd, temp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f, PT2ArchiveWriter(f) as writer:
             for name, slots in table.programs.items():
@@ -106,11 +115,36 @@ def save(
         os.umask(mask)
         os.chmod(temp, 0o666 & ~mask)  # as open() would have made it (mkstemp makes it 0600)
         os.replace(temp, target)
+    except OSError as e:  # the disk filled up while writing: one line, no half file left
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise write_error(e, target, what="artifact") from e
     except BaseException:
         if os.path.exists(temp):
             os.unlink(temp)
         raise
     return target
+
+
+def _digests(
+    table: WeightTable, graphs: Mapping[str, bytes], compiled: Mapping[str, list[str]]
+) -> dict[str, str]:
+    """The digest of every entry `save` writes but the manifest and torch's format markers
+    (`replay.runtime.digests`)."""
+    from replay.runtime.pt2.weights import storage_bytes
+
+    out = {}
+    for name, slots in table.programs.items():
+        out[MODELS.format(name)] = digest_bytes(graphs[name])
+        out[SAMPLE_INPUTS.format(name)] = digest_bytes(b"")
+        out[WEIGHTS_CONFIG.format(name)] = digest_bytes(config_json(slots.weights).encode())
+        out[CONSTANTS_CONFIG.format(name)] = digest_bytes(config_json(slots.constants).encode())
+    for record in table.records:
+        out[record.name] = digest_bytes(storage_bytes(record.storage))
+    for name, files in compiled.items():
+        for file in files:
+            out[f"{AOTI_DIR}{name}/{os.path.basename(file)}"] = digest_file(file)
+    return out
 
 
 def _compile(name: str, program: ExportedProgram) -> list[str]:

@@ -211,7 +211,7 @@ def payload_rows(
     Returns:
         (rows, notes); no rows when the store holds no payloads of the model. A payload that
         cannot be read (malformed, over a cap, a link) is one not-covered row (or, for a
-        link, which is never followed, one warning), never an exception (issue 25).
+        link, which is never followed, one warning), never an exception.
     """
     from capture.store.files import resolve_store
     from capture.store.reader import StoreReader
@@ -232,8 +232,8 @@ def payload_rows(
     if len(files) > limit:
         notes.append(f"payloads: checked the newest {limit} of {len(files)} sampled calls")
         files = files[-limit:]
-    exported = {g.structure_id for g in inputs.groups}
-    analysed = {g.structure_id for g in inputs.analysed}
+    exported = {s for g in inputs.groups for s in g.structure_ids}
+    analysed = {s for g in inputs.analysed for s in g.structure_ids}
     rows: list[CoverageRow] = []
     runnables: dict[str, Serve] = dict(serve or {})  # group name -> how its calls run
     modules: dict[str, Any] = {}  # program name -> program.module(), shared by merged groups
@@ -256,7 +256,7 @@ def payload_rows(
                     )
                 )
                 continue
-            first = next(g for g in inputs.groups if g.structure_id == item.in_structure)
+            first = next(g for g in inputs.groups if item.in_structure in g.structure_ids)
             sizes = _sizes(first.structure, item)
             # A group split into regimes: the regime whose range holds the call.
             group = inputs.group_for(item.in_structure, sizes)

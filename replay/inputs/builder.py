@@ -254,7 +254,7 @@ def build_group(
     except ReplayError:
         if blocked is None:
             raise
-        # A class we cannot rebuild (issues 9, 22): no example, and `replay.export` reports
+        # A class we cannot rebuild: no example, and `replay.export` reports
         # every signature of the group not covered with the reason instead of failing.
         args, kwargs_ = (), {}
         notes.append(f"{blocked}; no example arguments")
@@ -269,7 +269,7 @@ def build_group(
         added=list(added),
         call=(len(args), list(kwargs_)),
     )
-    # The specs' notes come right after the example's, as they always have.
+    # The specs' notes come right after the example's.
     notes[1:1] = shaped.specs.notes
     form = shaped.form
     kwargs_.update(added)

@@ -81,6 +81,12 @@ class ExportGroup:
     """Inputs the serving program takes that this group's calls lack, filled per call."""
 
     @property
+    def structure_ids(self) -> tuple[str, ...]:
+        """Every recorded input structure of the group: `structure_id`, and the structures that
+        spell a renamed argument the other way (`capture.renames`)."""
+        return self.analysis.structure_ids if self.analysis is not None else (self.structure_id,)
+
+    @property
     def program_name(self) -> str:
         """The name of the program that serves the group: its own, or `served_by`'s."""
         return self.served_by or self.name
@@ -232,7 +238,7 @@ class ExportInputs:
             'prefill[input_ids_1<=4]'
         """
         key = tuple(int(s) for s in sizes)
-        mine = [g for g in self.groups if g.structure_id == structure_id]
+        mine = [g for g in self.groups if structure_id in g.structure_ids]
         if len(mine) <= 1:
             return mine[0] if mine else None
         for g in mine:

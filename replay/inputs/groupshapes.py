@@ -87,7 +87,7 @@ def group_shapes(
     """
     structure = group.structure
     specs = shapes.axis_specs(group, named_dims=options.named_dims, example=dict(example))
-    try:  # our own parser: nothing a store names is imported (issue 11)
+    try:  # our own parser: nothing a store names is imported
         tree = structure.tree
     except UnsafeTreespec as e:
         raise ReplayError(str(e)) from None

@@ -1,4 +1,4 @@
-"""Integer inputs rebuilt in the patterns production sent them (issue 9).
+"""Integer inputs rebuilt in the patterns production sent them.
 
 `replay.inputs.rebuild` fills integer tensors uniformly in their recorded range; a model then takes
 paths production never took (no padding) or impossible ones (positions unrelated to the mask).
@@ -17,7 +17,7 @@ paths production never took (no padding) or impossible ones (positions unrelated
   cache's ``seen_tokens`` length (a sliding window), else its keys' length, else the mask
   length minus ``q``, else 0.
 - **fill levels**: every layer of a static cache holds the recorded fill level of its first
-  layer (only that one's value is recorded; all layers advance alike, issue 22).
+  layer (only that one's value is recorded; all layers advance alike).
 - token ids stay uniform within their recorded range; the special ids the model counts are
   placed as recorded (`replay.inputs.tokens`).
 """

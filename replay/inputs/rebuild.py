@@ -86,7 +86,7 @@ MAX_EXAMPLE_BYTES = 4 << 30
 
 
 def _check_size(dtype: torch.dtype, size: tuple[int, ...]) -> None:
-    """Refuses negative sizes and tensors over `MAX_EXAMPLE_BYTES`, in one line (issue 11)."""
+    """Refuses negative sizes and tensors over `MAX_EXAMPLE_BYTES`, in one line."""
     numel = 1
     for s in size:
         if s < 0:
@@ -137,7 +137,7 @@ def scalar(leaf: RecordedLeaf) -> Any:
     """The recorded value of a scalar leaf (JSON in the ``value`` column), or None."""
     try:
         return None if leaf.value is None else json.loads(leaf.value)
-    except ValueError:  # stored data: one line, not a traceback (issue 11)
+    except ValueError:  # stored data: one line, not a traceback
         raise ReplayError(f"{leaf.path}: the recorded value is not JSON") from None
 
 
@@ -209,7 +209,7 @@ def rebuild(
         else:
             values.append(scalar(leaf))
     # Masks padded, positions consistent with the mask and the cache (replay.inputs.patterns); the
-    # special token ids the model counts, as many as recorded (replay.inputs.tokens, issue 22).
+    # special token ids the model counts, as many as recorded (replay.inputs.tokens).
     patterns.apply(present, values, lows)
     tokens.place(present, values, lows, highs)
     return unflatten(structure, values)
@@ -220,16 +220,16 @@ def unflatten(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(args, kwargs)`` from a recorded structure's stored treespec and its leaf values.
 
-    The treespec is read by our own allow-list parser, never by torch's ``treespec_loads``
-    (issue 11): a store is data.
+     The treespec is read by our own allow-list parser, never by torch's ``treespec_loads``
+    : a store is data.
 
-    Args:
-        structure: The recorded structure (its treespec; named in errors).
-        values: One value per leaf that is not missing, in leaf order.
+     Args:
+         structure: The recorded structure (its treespec; named in errors).
+         values: One value per leaf that is not missing, in leaf order.
 
-    Raises:
-        ReplayError: The treespec is missing or refused, or its leaf count differs from
-            `values`.
+     Raises:
+         ReplayError: The treespec is missing or refused, or its leaf count differs from
+             `values`.
     """
     treespec, source = structure.treespec, structure.source
     if not treespec:

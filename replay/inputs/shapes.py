@@ -211,7 +211,7 @@ def spec_tree(
     if isinstance(treespec, Node):
         root = treespec
     else:
-        try:  # our own parser: nothing a store names is imported (issue 11)
+        try:  # our own parser: nothing a store names is imported
             root = parse_treespec(treespec, "the store's structures")
         except UnsafeTreespec as e:
             raise ReplayError(str(e)) from None

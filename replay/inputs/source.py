@@ -177,7 +177,7 @@ def _group_source(
         extra = ", ".join(form.extra)
         lines.append(_comment(f"passed through **kwargs: {extra}; g.module(model) names them"))
         lines.append("# (torch.export cannot match dynamic_shapes to **kwargs entries)")
-    # Both lines below run as they are once uncommented (issue 24: "with g = ...:" did not).
+    # Both lines below run as they are once uncommented ("with g = ...:" did not).
     lines.append(
         _comment(f"g = replay.export_inputs(store, {group.model!r}{options_text})")
         + f".group({group.name!r})"

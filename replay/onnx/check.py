@@ -11,9 +11,9 @@ Every output tensor is compared (`replay.check.checking.compare_outputs`: the sa
 rtol * max|eager|``, over every position).
 
 No position is exempt: an ONNX file that differs from eager anywhere, even at cache entries
-that later calls mask, is not covered. (Issue 21's 0.07-0.49 differences at left-padded
-positions were a translation that disagrees with torch's attention on fully masked rows; the
-translation is fixed in `replay.onnx.translation`, not excused here.)
+that later calls mask, is not covered. Where a conversion disagrees with torch (attention on
+fully masked rows), the translation is made right in `replay.onnx.translation`, never excused
+here.
 
 Sampled real calls (payloads) are checked by `replay.check.payload_rows` with the runner as target,
 against eager and against the outputs production got.

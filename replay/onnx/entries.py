@@ -227,13 +227,21 @@ def write_manifest(path: str | os.PathLike[str], manifest: OnnxManifest) -> str:
 
     Args:
         path: The ``onnx=`` path.
-        manifest: The set's manifest (`onnx_manifest`).
+        manifest: The set's manifest (`onnx_manifest`); the digest of every file it names is
+            added (`replay.runtime.digests`).
 
     Returns:
         The manifest's path.
     """
+    from dataclasses import replace
+
+    from replay.runtime.digests import digest_file
+
     target = manifest_path(path)
     folder, name = os.path.split(target)
+    files = sorted({manifest.weights, *(f.file for f in manifest.files)})
+    digests = {file: digest_file(os.path.join(folder or ".", file)) for file in files}
+    manifest = replace(manifest, manifest=replace(manifest.manifest, digests=digests))
     tmp = os.path.join(folder, f".{name}.tmp")
     with open(tmp, "w", encoding="utf-8") as out:
         out.write(manifest.to_json())

@@ -11,7 +11,7 @@ differently from the program it was converted from; a function here replaces the
 ``Softmax``, so such a row attends *uniformly* to every key and returns the mean of the values.
 transformers' sdpa attention masks the padded query rows of a left-padded prompt exactly so; the
 first layer's outputs there differ, and every later layer's keys and values at the padded
-positions with them (0.07-0.49 on the tiny Llama and GPT-2 of issue 21). Here the translated
+positions with them (0.07-0.49 on a tiny Llama and GPT-2). Here the translated
 output is multiplied by "does the row attend to anything" (1 or 0 per query row), which keeps
 every other row bit for bit and gives torch's zeros for the fully masked ones.
 """

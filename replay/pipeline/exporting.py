@@ -37,6 +37,7 @@ import torch
 
 from capture import compat, schema
 from capture.errors import ReplayError
+from capture.output_paths import check_file
 from capture.pytree import nodes
 from capture.pytree.cachespec import blocking_reason
 from replay.check.checking import coverage_rows
@@ -48,6 +49,7 @@ from replay.pipeline.binding import check_signature
 from replay.pipeline.bounded import export_bounded, export_unbounded
 from replay.pipeline.guard_sources import fix_guard_sources
 from replay.pipeline.merging import merge
+from replay.pipeline.model_match import eager_failure
 from replay.pipeline.regimes import Exported, export_regimes
 from replay.pipeline.result import ExportResult
 from replay.pipeline.submodules import recorded_submodules, submodule
@@ -273,6 +275,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     """
     if options.onnx is not None:
         require_onnx()
+        check_file(options.onnx, what="ONNX set", example="model.onnx")  # before the export
     if options.device is None and isinstance(module, torch.nn.Module):
         first = next(iter(module.parameters()), None)
         if first is not None:
@@ -296,7 +299,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         group = groups[index]
         blocked = blocking_reason(group.structure)
         if blocked is not None:
-            # Issues 9, 22: a class we cannot rebuild exactly is never called covered; the
+            # A class we cannot rebuild exactly is never called covered; the
             # reason names it (a refused cache layer, or any other opaque leaf).
             errors[group.name] = blocked
             rows.extend(coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
@@ -308,6 +311,13 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
             made[index] = [group]
             notes.extend(f"{group.name}: {note}" for note in group.notes)
             rows.extend(proof)
+            continue
+        failure = eager_failure(module, group)
+        if failure is not None:  # not the recorded model: torch.export would fail deep inside
+            errors[group.name] = failure
+            logger.warning("group %s not exported: %s", group.name, failure)
+            rows.extend(coverage_rows(module, group, None, failure, atol, rtol, options.probes))
+            made[index] = [group]
             continue
         made[index] = []
         if options.spec == "shapes":  # unbacked sizes: torch cuts no range, nothing to retry
@@ -364,7 +374,7 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
     if options.onnx is not None:
-        # Issue 21: every ONNX file is checked on the same rows; its rows count in `complete`.
+        # Every ONNX file is checked on the same rows; its rows count in `complete`.
         outcome = write_onnx(
             module,
             store,

@@ -1,4 +1,4 @@
-"""Fewer programs where it is proven safe: a group served by another's program (issue 20 item 5).
+"""Fewer programs where it is proven safe: a group served by another's program.
 
 generate() leaves out an all-ones ``attention_mask`` at batch 1, so a tiny Llama's traffic comes in
 four groups: ``decode``, ``decode_no_attention_mask``, ``prefill``, ``prefill_no_attention_mask``.

@@ -1,4 +1,4 @@
-"""Groups split where torch.export cuts them: one program per regime (issue 20 item 4).
+"""Groups split where torch.export cuts them: one program per regime.
 
 A group whose recorded sizes cross a branch of the model (prompts shorter and longer than a
 sliding window; a size equal to 1 or not) cannot be served by one program: torch.export traces

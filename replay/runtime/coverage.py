@@ -1,4 +1,4 @@
-"""One coverage row, typed: what one check of a program against eager found (issue 20).
+"""One coverage row, typed: what one check of a program against eager found.
 
 A coverage row checks one size vector of a group against eager. Its ``kind`` says where the
 vector comes from, so a user knows what a covered row promises:

@@ -94,7 +94,7 @@ def leaf_key(leaves: Iterable[LeafFacts]) -> tuple[tuple[Any, ...], ...]:
         >>> leaf_key([RecordedLeaf(0, "args[0]", None, 0, "tensor", dtype="float32", rank=2)])
         (('args[0]', 'tensor', 'float32', 2, None),)
     """
-    # A tensor leaf's value is bookkeeping (where its special token counts are, issue 22),
+    # A tensor leaf's value is bookkeeping (where its special token counts are),
     # written only where value ranges were recorded: not part of the structure.
     return tuple(
         (leaf.path, leaf.kind, leaf.dtype, leaf.rank, None if leaf.kind == _TENSOR else leaf.value)

@@ -28,6 +28,7 @@ from replay.runtime.callform import CallForm
 from replay.runtime.checked_json import NAME, Fields, checked_format, load
 from replay.runtime.conditions import Condition, ConditionError
 from replay.runtime.coverage import CoverageRow
+from replay.runtime.digests import DIGEST, older
 from replay.runtime.fills import Fill
 from replay.runtime.guards import LEAF_FIELDS, ArtifactError, Axis, ProgramGuard, Relation
 
@@ -40,8 +41,9 @@ __all__ = [
     "ProgramEntry",
 ]
 
-FORMAT = "capture-artifact/1"
-"""The manifest's ``format``: bumped when a reader could misread a newer manifest."""
+FORMAT = "capture-artifact/2"
+"""The manifest's ``format``: bumped when a reader could misread a newer manifest (2: the
+manifest holds the digest of every file it describes, `Manifest.digests`)."""
 
 MANIFEST_CAP = 64 * 2**20
 """Largest manifest read (declared size, checked before reading: 64 MiB)."""
@@ -385,6 +387,10 @@ class Manifest:
             them; several may name one program (merged groups).
         aoti: Whether every program also has an AOTInductor build in the archive.
         format: `FORMAT`.
+        digests: File name -> its ``sha256:<hex>`` digest, for every file the manifest
+            describes (in a ``.pt2``: every entry but the manifest and torch's format markers;
+            in an ONNX set: every model file and the weights file), checked by
+            `replay.runtime.digests`.
     """
 
     model: str
@@ -394,6 +400,7 @@ class Manifest:
     programs: tuple[ProgramEntry, ...]
     aoti: bool = False
     format: str = FORMAT
+    digests: Mapping[str, str] = field(default_factory=dict)
 
     def for_module(self, module: str) -> list[ProgramEntry]:
         """The entries serving `module`, in order."""
@@ -414,6 +421,7 @@ class Manifest:
             "aoti": self.aoti,
             "modules": {name: m.as_dict() for name, m in self.modules.items()},
             "programs": [p.as_dict() for p in self.programs],
+            "digests": dict(sorted(self.digests.items())),
         }
 
     def to_json(self) -> str:
@@ -440,7 +448,8 @@ class Manifest:
             Traceback (most recent call last):
             ArtifactError: m.json: manifest format 'capture-artifact/0', ...
         """
-        return cls.read(checked_format(load(data, source), FORMAT, source))
+        raw = older(load(data, source), source, ("capture-artifact/1",))
+        return cls.read(checked_format(raw, FORMAT, source))
 
     @classmethod
     def read(cls, f: Fields) -> Manifest:
@@ -473,6 +482,11 @@ class Manifest:
             seen.add((p.module, p.group))
         if not programs:
             f.fail(f"{source}.programs", "is empty")
+        digests = f.child("digests")
+        for name in digests.raw:
+            value = digests.raw[name]
+            if not (isinstance(value, str) and DIGEST.match(value)) or len(str(name)) > 512:
+                f.fail(f"{source}.digests", f"has {str(name)[:60]!r}: not a sha256 digest")
         return cls(
             model=f.text("model"),
             created=f.text("created", optional=True, max_len=64) or "",
@@ -481,4 +495,5 @@ class Manifest:
             programs=programs,
             aoti=f.flag("aoti", optional=True),
             format=f.text("format", max_len=64),
+            digests={str(k): str(v) for k, v in digests.raw.items()},
         )

@@ -4,7 +4,9 @@ Each call is routed with `replay.runtime.guards.route` (the rule ``capture check
 first program whose recorded structure is the call's and whose guards accept its sizes runs it
 (or its AOTInductor build); see `replay.runtime.pt2.reader`. The `Router` describes a live call for
 that rule; the ONNX runner (`replay.runtime.ort.runner`) routes through it too, so the ``.pt2``
-runner, the ONNX runner and ``capture check`` answer with one rule.
+runner, the ONNX runner and ``capture check`` answer with one rule. A keyword that spells a
+renamed argument the other way (``past_key_values`` for a program exported with ``cache``,
+`capture.renames`) is passed under the program's spelling (`Router.spelled`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from capture.renames import respell
 from replay.runtime.fills import fill_call
 from replay.runtime.guards import CallFacts, CallNotServed, LeafFacts, ProgramGuard, route
 from replay.runtime.manifest import Manifest, ProgramEntry
@@ -41,12 +44,20 @@ class Router:
         self.module = module
         self.entries = list(entries)
         self._by_guard = {id(e.guard): e for e in self.entries}
+        self._names = {
+            n for e in self.entries for n in (*e.form.positional, *e.form.keywords, *e.form.extra)
+        }
         self._seen: dict[Any, tuple[str | None, Sequence[LeafFacts], bool]] = {}
 
     @property
     def groups(self) -> list[str]:
         """The groups served, in the order they are tried."""
         return [e.group for e in self.entries]
+
+    def spelled(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's keywords, a renamed argument spelled as the programs take it (the name the
+        serving library passes may be the other one: `capture.renames`)."""
+        return respell(kwargs, self._names)
 
     def facts(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: ProgramEntry
@@ -127,7 +138,7 @@ class Routed:
         Raises:
             CallNotServed: No group accepts the call; the message names each group and why.
         """
-        return self._router.route(args, kwargs)[0].group
+        return self._router.route(args, self._router.spelled(kwargs))[0].group
 
 
 class Runner(Routed):
@@ -186,6 +197,7 @@ class Runner(Routed):
         """
         from replay.runtime.callform import arrange
 
+        kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
         dims = [int(s) for t in tensors for s in t.shape]
         args, kwargs = fill_call(entry.fills, args, kwargs, dims)

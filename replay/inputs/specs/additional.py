@@ -98,9 +98,7 @@ def additional_inputs(
         >>> extra.verify(replay.export(model, "capture-store").programs["decode"])
         ... # doctest: +SKIP
     """
-    options = ExportOptions.of(
-        groups=None if group is None else [group], seed=seed, device=device
-    )
+    options = ExportOptions.of(groups=None if group is None else [group], seed=seed, device=device)
     inputs = inputs_for(store, model, options)
     chosen = inputs.groups[0]
     if group is None:  # the group with the most calls

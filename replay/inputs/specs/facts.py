@@ -254,7 +254,10 @@ def divisibility_conditions(group: Group) -> list[tuple[str, str]]:
         if d.dynamic and d.symbol is not None:
             first.setdefault(d.symbol, j)
     return [
-        (f"d{first[name]} % {k} == 0", f"{name} % {k} == 0 (every recorded size is a multiple of {k})")
+        (
+            f"d{first[name]} % {k} == 0",
+            f"{name} % {k} == 0 (every recorded size is a multiple of {k})",
+        )
         for name, k in facts.assumptions.items()
         if name in first
     ]

@@ -98,7 +98,9 @@ class SpecNode:
 
 
 def _is_axes(value: Any) -> bool:
-    return isinstance(value, dict) and bool(value) and all(isinstance(v, Expr) for v in value.values())
+    return (
+        isinstance(value, dict) and bool(value) and all(isinstance(v, Expr) for v in value.values())
+    )
 
 
 def _object_name(node: SpecNode | None) -> str | None:
@@ -213,7 +215,9 @@ def shapes_spec(tree: SpecNode, facts: GroupFacts) -> Any:
             return None
         if node.kind == "tensor":
             axes = node.axes or {}
-            return ds.TensorSpec([size(axes[i]) if i in axes else ds.STATIC for i in range(node.rank)])
+            return ds.TensorSpec(
+                [size(axes[i]) if i in axes else ds.STATIC for i in range(node.rank)]
+            )
         kids = {k: build(v) for k, v in (node.children or {}).items()}
         if node.kind == "seq":
             return ds.SeqSpec([kids.get(i) for i in range(max(kids, default=-1) + 1)])
@@ -231,8 +235,17 @@ def shapes_spec(tree: SpecNode, facts: GroupFacts) -> Any:
 def _identifier(text: str, taken: set[str]) -> str:
     name = re.sub(r"[^0-9A-Za-z_]+", "_", text).strip("_") or "size"
     name = f"_{name}" if name[0].isdigit() else name
-    reserved = {"STATIC", "DictSpec", "ObjectSpec", "ParamsSpec", "SeqSpec", "ShapesSpec",
-                "ShapeVar", "TensorSpec", "shapes_spec"}
+    reserved = {
+        "STATIC",
+        "DictSpec",
+        "ObjectSpec",
+        "ParamsSpec",
+        "SeqSpec",
+        "ShapesSpec",
+        "ShapeVar",
+        "TensorSpec",
+        "shapes_spec",
+    }
     base, n = name, 2
     while name in taken or name in reserved or name.startswith("shapes_spec"):
         name, n = f"{base}_{n}", n + 1

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replay.runtime.checked_json import Fields, checked_format, load
+from replay.runtime.digests import older
 from replay.runtime.guards import ArtifactError
 from replay.runtime.manifest import MANIFEST_CAP, Manifest, ProgramEntry
 from replay.runtime.ort.weights import OnnxFileError
@@ -57,8 +58,9 @@ __all__ = [
     "onnx_versions",
 ]
 
-FORMAT = "capture-onnx/1"
-"""The manifest's ``format``: bumped when a reader could misread a newer manifest."""
+FORMAT = "capture-onnx/2"
+"""The manifest's ``format``: bumped when a reader could misread a newer manifest (2: the digest
+of every file, ``digests``)."""
 
 _FILE = re.compile(r"[^./\\\0][^/\\\0]{0,254}\Z")
 """A bare file name: no directory, not hidden, not ``.`` or ``..``."""
@@ -338,7 +340,8 @@ class OnnxManifest:
                 without the entry of the group owning it.
         """
         try:
-            f = checked_format(load(data, source), FORMAT, source)
+            raw = older(load(data, source), source, ("capture-onnx/1",))
+            f = checked_format(raw, FORMAT, source)
             manifest = Manifest.read(f)
             files = tuple(f.each("programs", OnnxFile.parse))
             weights = f.child("weights")
@@ -423,14 +426,20 @@ def read_onnx_set(path: str | os.PathLike[str]) -> OnnxManifest:
         >>> read_onnx_set("model.onnx").files[0].file  # doctest: +SKIP
         'model.decode.onnx'
     """
-    from replay.runtime.pytree_types import loadable_type
+    from replay.runtime.allowed import loadable_type
 
     source = manifest_path(path)
     parsed = OnnxManifest.parse(_read_bounded(source), source)
     folder = os.path.dirname(os.path.abspath(source))
     _regular(folder, parsed.weights, "weights file", source)
-    for file in {f.file for f in parsed.files}:
+    files = {f.file for f in parsed.files}
+    for file in files:
         _regular(folder, file, "ONNX file", source)
+    if set(parsed.manifest.digests) != files | {parsed.weights}:
+        odd = sorted(set(parsed.manifest.digests) ^ (files | {parsed.weights}))
+        raise OnnxFileError(
+            f"{source}: its digests do not describe the set's files ({odd[0][:120]} differs)"
+        )
     for entry in parsed.manifest.programs:
         for name in entry.pytree_types:
             if not loadable_type(name):

@@ -30,27 +30,25 @@ the file, instead of four (docs/benchmarks.md measures memory and latency both w
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from replay.runtime.fills import fill_call
 from replay.runtime.guards import CallNotServed
 from replay.runtime.manifest import ProgramEntry
-from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, read_onnx_set
-from replay.runtime.ort.weights import OnnxFileError, external_initializers
+from replay.runtime.ort.checks import ITEMSIZE, external_initializers
+from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, manifest_path, read_onnx_set
+from replay.runtime.ort.weights import OnnxFileError
 from replay.runtime.runner import Routed, Router
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["OnnxRunner", "OnnxProgram", "load_onnx", "open_set", "CPU"]
+__all__ = ["OnnxRunner", "OnnxProgram", "OpenedSet", "load_onnx", "open_onnx", "open_set", "CPU"]
 
 CPU = ("CPUExecutionProvider",)
 """The execution providers a runner uses by default."""
-
-_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
-"""ONNX element type -> bytes per element (float, uint8, int8, uint16, int16, int32, int64,
-bool, float16, double, uint32, uint64, bfloat16)."""
 
 
 class OnnxProgram:
@@ -149,6 +147,7 @@ class OnnxRunner(Routed):
             CallNotServed: No file accepts the call (structure, ranges, relations, a signature
                 the ONNX check failed), or onnxruntime refused it.
         """
+        kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
         return self._run(entry, args, kwargs, tensors)
 
@@ -180,6 +179,7 @@ class OnnxRunner(Routed):
         mine = [e for e in self._router.entries if e.group == group]
         if not mine:
             raise CallNotServed(f"no ONNX file serves group {group}", {group: "no ONNX file"})
+        kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs, mine)
         return self._run(entry, args, kwargs, tensors)
 
@@ -199,10 +199,10 @@ def _register_types(types: set[str]) -> None:
     says which (`capture.pytree.treespec`)."""
     import importlib
 
-    from capture.pytree import nodes
-
     wanted = sorted(t for t in types if t.startswith(_ALLOWED_MODULES))
-    if wanted:
+    if wanted:  # capture's cache registrations import torch: only when a type needs them
+        from capture.pytree import nodes
+
         nodes.acquire()
     for name in wanted:
         module = name.rpartition(".")[0]
@@ -213,7 +213,7 @@ def _register_types(types: set[str]) -> None:
 
 
 def _shared_initializers(
-    folder: str, weights: str, files: Sequence[str]
+    folder: str, weights: str, files: Sequence[str], allowed: Iterable[str]
 ) -> tuple[dict[str, list[tuple[str, Any]]], list[Any]]:
     """File -> its ``(initializer name, OrtValue)`` over one read-only map of the weights file.
 
@@ -225,14 +225,14 @@ def _shared_initializers(
     location = os.path.join(folder, weights)
     if os.path.getsize(location) == 0:  # no tensor above INLINE_BYTES: nothing to share
         for file in files:
-            external_initializers(os.path.join(folder, file), weights)
+            external_initializers(os.path.join(folder, file), weights, allowed)
         return {}, []
     mapped = np.memmap(location, dtype=np.uint8, mode="r")
     values: dict[tuple[int, int, int, tuple[int, ...]], Any] = {}
     out: dict[str, list[tuple[str, Any]]] = {}
     for file in files:
         pairs = []
-        for init in external_initializers(os.path.join(folder, file), weights):
+        for init in external_initializers(os.path.join(folder, file), weights, allowed):
             key = (init.offset, init.length, init.data_type, init.dims)
             value = values.get(key)
             if value is None:
@@ -252,7 +252,7 @@ def _view(
     """Bytes of the weights file as an array of the element size (onnxruntime reinterprets)."""
     import numpy as np
 
-    size = _ITEMSIZE.get(data_type)
+    size = ITEMSIZE.get(data_type)
     count = 1
     for d in dims:
         count *= d
@@ -271,8 +271,11 @@ def load_onnx(
     share_weights: bool = True,
     providers: Sequence[str] = CPU,
     threads: int | None = None,
+    allow_ops: Iterable[str] | None = None,
+    verify_weights: bool = False,
 ) -> OnnxRunner:
-    """Loads the ONNX set written by ``replay.export(..., onnx=path)`` as a runner.
+    """Loads the ONNX set written by ``replay.export(..., onnx=path)`` as a runner, validated
+    in full first (`replay.validation.validate`, what ``capture check`` runs).
 
     Args:
         path: The path given to ``onnx=`` (``model.onnx``) or its manifest ``model.onnx.json``.
@@ -280,24 +283,91 @@ def load_onnx(
             docstring); False lets each session load (and prepack) its own copy.
         providers: onnxruntime execution providers (default: CPU).
         threads: onnxruntime's intra-op threads per session (default: its own, one per core).
+        allow_ops: Operator domains the models may use beyond the standard ones
+            (`replay.runtime.ort.checks.DOMAINS`).
+        verify_weights: Also hash the weights file against the manifest (the model files
+            always are).
 
     Returns:
         An `OnnxRunner`.
 
     Raises:
-        OnnxFileError: No manifest, a malformed one, a file it names that is missing, a link
-            or not ONNX, or weights referenced outside the set's weights file.
+        OnnxFileError: No manifest, a malformed one, a file it names that is missing, a link,
+            changed (its digest) or not ONNX, an operator outside the allowed domains, or
+            weights referenced outside the set's weights file.
         ReplayError: onnxruntime is not installed.
 
     Example:
         >>> runner = replay.load("model.onnx")  # doctest: +SKIP
         >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
     """
-    manifest = read_onnx_set(path)
-    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
-    return open_set(
-        manifest, folder, share_weights=share_weights, providers=providers, threads=threads
+    from replay.runtime.allowed import allow_ops as allowed_ops
+
+    opened = open_onnx(
+        path,
+        allowed=allowed_ops(allow_ops),
+        verify_weights=verify_weights,
+        share_weights=share_weights,
+        providers=providers,
+        threads=threads,
     )
+    return opened.runner()
+
+
+@dataclass
+class OpenedSet:
+    """An ONNX set validated in full and opened (`open_onnx`): its sessions exist, none ran.
+
+    Attributes:
+        manifest: The set's typed manifest.
+        runner_: The runner over its sessions.
+    """
+
+    manifest: OnnxManifest
+    runner_: OnnxRunner
+
+    def runner(self) -> OnnxRunner:
+        """The `OnnxRunner` over the opened sessions."""
+        return self.runner_
+
+
+def open_onnx(
+    path: str | os.PathLike[str],
+    *,
+    allowed: Iterable[str] = (),
+    verify_weights: bool = False,
+    share_weights: bool = True,
+    providers: Sequence[str] = CPU,
+    threads: int | None = None,
+) -> OpenedSet:
+    """Validates and opens an ONNX set: `replay.validation.validate` for a set.
+
+    The manifest and its files are read as data (`read_onnx_set`), every model file (and with
+    `verify_weights` the weights file) hashed against the manifest's digest, then `open_set`
+    checks each model's operators and external data and opens its session.
+
+    Raises:
+        OnnxFileError: See `load_onnx`.
+    """
+    from replay.runtime.digests import check_digest, digest_file
+
+    manifest = read_onnx_set(path)
+    folder = os.path.dirname(os.path.abspath(manifest_path(path)))
+    names = sorted({f.file for f in manifest.files}) + (
+        [manifest.weights] if verify_weights else []
+    )
+    for name in names:
+        full = os.path.join(folder, name)
+        check_digest(manifest.manifest.digests.get(name), digest_file(full), full)
+    runner = open_set(
+        manifest,
+        folder,
+        share_weights=share_weights,
+        providers=providers,
+        threads=threads,
+        allowed=allowed,
+    )
+    return OpenedSet(manifest, runner)
 
 
 def open_set(
@@ -307,6 +377,7 @@ def open_set(
     share_weights: bool = True,
     providers: Sequence[str] = CPU,
     threads: int | None = None,
+    allowed: Iterable[str] = (),
 ) -> OnnxRunner:
     """A runner over the ONNX files of `manifest` in `folder` (`load_onnx` without reading the
     manifest: the export's check opens the files it just wrote this way, before its manifest).
@@ -338,10 +409,10 @@ def open_set(
     shared: dict[str, list[tuple[str, Any]]] = {}
     keep: list[Any] = []
     if share_weights:
-        shared, keep = _shared_initializers(folder, weights, files)
+        shared, keep = _shared_initializers(folder, weights, files, allowed)
     else:
         for file in files:  # the same checks, without sharing
-            external_initializers(os.path.join(folder, file), weights)
+            external_initializers(os.path.join(folder, file), weights, allowed)
     programs: dict[str, OnnxProgram] = {}
     for name, owned in owners.items():
         options = ort.SessionOptions()
@@ -360,8 +431,10 @@ def open_set(
                 os.path.join(folder, owned.file), options, providers=list(providers)
             )
         except Exception as e:  # onnxruntime's own load errors: one clear line
+            text = str(e).strip().splitlines()
             raise OnnxFileError(
-                f"onnxruntime cannot load {owned.file}: {type(e).__name__}: {e}"
-            ) from e
+                f"onnxruntime cannot load {owned.file}: {type(e).__name__}: "
+                f"{text[0][:200] if text else ''}"
+            ) from None
         programs[name] = OnnxProgram(name, owned, session)
     return OnnxRunner(manifest, programs, keep)

@@ -11,8 +11,8 @@ onnxruntime and numpy read the tensors in place.
 The files are written under temporary names and renamed, the weights first: a reader never
 sees a model that references weights not yet written.
 
-`external_initializers` reads the references back (for the runner's shared initializers),
-refusing any that leaves the weights file: a set of ONNX files is data.
+`replay.runtime.ort.checks.external_initializers` reads the references back (for the runner's
+shared initializers), refusing any that leaves the weights file: a set of ONNX files is data.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from replay.runtime.guards import ArtifactError
 
@@ -31,9 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALIGNMENT",
     "INLINE_BYTES",
-    "ExternalInitializer",
     "OnnxFileError",
-    "external_initializers",
     "write_models",
 ]
 
@@ -47,25 +44,6 @@ INLINE_BYTES = 1024
 class OnnxFileError(ArtifactError):
     """A set of ONNX files cannot be written or read as capture wrote it (an ONNX set is an
     artifact: ``except ArtifactError`` catches both kinds)."""
-
-
-@dataclass(frozen=True)
-class ExternalInitializer:
-    """One initializer of a model that lives in the weights file.
-
-    Attributes:
-        name: The initializer's name in its model.
-        offset: Where its bytes start in the weights file.
-        length: How many bytes.
-        data_type: Its ONNX element type (``TensorProto.DataType``).
-        dims: Its shape.
-    """
-
-    name: str
-    offset: int
-    length: int
-    data_type: int
-    dims: tuple[int, ...]
 
 
 def write_models(models: Sequence[tuple[str, ir.Model]], weights: str) -> int:
@@ -139,82 +117,3 @@ def write_models(models: Sequence[tuple[str, ir.Model]], weights: str) -> int:
 def _tmp(path: str) -> str:
     folder, name = os.path.split(path)
     return os.path.join(folder, f".{name}.tmp")
-
-
-def external_initializers(path: str, weights: str) -> list[ExternalInitializer]:
-    """The initializers of the ONNX model at `path` that live in the weights file.
-
-    Reads the model without its weights (``onnx.load(load_external_data=False)``).
-
-    Args:
-        path: An ONNX file written by `write_models`.
-        weights: The weights file's name (no directory: it sits beside `path`).
-
-    Returns:
-        One `ExternalInitializer` per external initializer.
-
-    Raises:
-        OnnxFileError: The file is not ONNX, or an initializer references another file, a
-            path, or bytes past the end of the weights file.
-
-    Example:
-        >>> external_initializers("m.decode.onnx", "m.onnx.data")[0].name  # doctest: +SKIP
-        'model.embed_tokens.weight'
-    """
-    import onnx
-
-    try:
-        proto = onnx.load(path, load_external_data=False)
-    except Exception as e:  # protobuf's DecodeError and friends: not an ONNX file
-        raise OnnxFileError(f"{path} is not an ONNX model: {type(e).__name__}: {e}") from e
-    stray = _nested_external(proto.graph, top=True)
-    if stray:
-        raise OnnxFileError(
-            f"{path}: {stray} references external data outside the graph's initializers; "
-            "capture's ONNX files never do"
-        )
-    folder = os.path.dirname(os.path.abspath(path))
-    total = os.path.getsize(os.path.join(folder, weights))
-    out: list[ExternalInitializer] = []
-    for init in proto.graph.initializer:
-        if init.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        info = {entry.key: entry.value for entry in init.external_data}
-        if info.get("location") != weights:
-            raise OnnxFileError(
-                f"{path}: initializer {init.name} references {info.get('location')!r}; "
-                f"capture's ONNX files keep their weights in {weights} only"
-            )
-        try:
-            offset, length = int(info.get("offset", 0)), int(info["length"])
-        except (KeyError, ValueError) as e:
-            raise OnnxFileError(f"{path}: initializer {init.name} has no valid length") from e
-        if offset < 0 or length < 0 or offset + length > total:
-            raise OnnxFileError(
-                f"{path}: initializer {init.name} reads bytes {offset}-{offset + length} of "
-                f"{weights}, which holds {total}"
-            )
-        out.append(ExternalInitializer(init.name, offset, length, init.data_type, tuple(init.dims)))
-    return out
-
-
-def _nested_external(graph: Any, top: bool) -> str | None:
-    """The name of a tensor with external data anywhere but the top graph's initializers
-    (Constant attributes, subgraphs, sparse initializers): onnxruntime would open its file."""
-    import onnx
-
-    tensors = [] if top else list(graph.initializer)
-    tensors += [t.values for t in graph.sparse_initializer]
-    graphs = []
-    for node in graph.node:
-        for attr in node.attribute:
-            tensors += ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
-            graphs += ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-    for tensor in tensors:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            return f"tensor {tensor.name!r}"
-    for sub in graphs:
-        found = _nested_external(sub, top=False)
-        if found:
-            return found
-    return None

@@ -16,7 +16,8 @@ entries sit under one root folder::
 `Archive.open` reads the zip's central directory with `zipfile` (nothing is decompressed or
 unpickled) and refuses, with one `ArtifactError` naming the entry: duplicate or unsafe names,
 compressed or encrypted entries (capture stores every entry as is, so declared sizes are real
-sizes and weights can be memory-mapped), entries whose data runs past the end of the file.
+sizes and weights can be memory-mapped), entries whose data runs past the end of the file,
+links and special files, bytes before the first entry.
 `Archive.read` checks an entry's declared size against a cap *before* reading it, and its CRC
 after. `check_layout` compares the whole entry list with what the manifest and the payload
 configs say `save` wrote: an unknown file (a pickle, an ``opaque_obj_0``, a legacy ``.pt``
@@ -102,12 +103,14 @@ class Entry:
         offset: Where its bytes start in the file.
         size: How many bytes it holds.
         crc: Its CRC-32, from the central directory.
+        header: Where its local header starts.
     """
 
     name: str
     offset: int
     size: int
     crc: int
+    header: int = 0
 
 
 class Archive:
@@ -148,6 +151,11 @@ class Archive:
                 entries = [_entry(f, info, size, target) for info in infos]
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
             raise ArtifactError(f"{target} is not a PT2 archive: {str(e)[:200]}") from None
+        if entries and min(e.header for _, e in entries) != 0:
+            raise ArtifactError(
+                f"{target} is not a PT2 archive as capture writes it: it holds data before its "
+                "first entry"
+            )
         roots = {name.split("/", 1)[0] for name, _ in entries}
         if len(roots) != 1:
             raise ArtifactError(
@@ -162,7 +170,7 @@ class Archive:
                 raise ArtifactError(f"{target}: the entry {name!r} is not a file")
             if inner in table:
                 raise ArtifactError(f"{target}: the entry {name} is in the archive twice")
-            table[inner] = Entry(inner, entry.offset, entry.size, entry.crc)
+            table[inner] = Entry(inner, entry.offset, entry.size, entry.crc, entry.header)
         return cls(target, root, table)
 
     def name(self, inner: str) -> str:
@@ -249,6 +257,11 @@ def _entry(f: BinaryIO, info: zipfile.ZipInfo, size: int, target: str) -> tuple[
         or any(part in ("", ".", "..") for part in name.split("/"))
     ):
         raise ArtifactError(f"{target}: the entry name {name[:100]!r} is not safe; not read")
+    if (info.external_attr >> 16) & 0o170000 not in (0, 0o100000):
+        raise ArtifactError(
+            f"{target}: the entry {name} is a link or a special file, not a regular file; "
+            "capture never writes that"
+        )
     if info.flag_bits & 0x1:
         raise ArtifactError(f"{target}: the entry {name} is encrypted; capture never writes that")
     if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
@@ -268,4 +281,4 @@ def _entry(f: BinaryIO, info: zipfile.ZipInfo, size: int, target: str) -> tuple[
     offset = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
     if offset + info.file_size > size:
         raise ArtifactError(f"{target}: the entry {name} runs past the end of the file")
-    return name, Entry(name, offset, info.file_size, info.CRC)
+    return name, Entry(name, offset, info.file_size, info.CRC, info.header_offset)

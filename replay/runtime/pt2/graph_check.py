@@ -15,14 +15,16 @@ operators. Needs no torch.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
+from replay.runtime.allowed import AllowOps
 from replay.runtime.checked_json import NAME, load
 from replay.runtime.guards import ArtifactError
+from replay.runtime.pt2.expressions import check_guard, check_sympy, refuse
+from replay.runtime.pt2.operators import op_kind
 
 __all__ = ["check_program", "spec_types", "BUILTIN_SPEC_TYPES"]
 
@@ -52,57 +54,18 @@ _NAME_KEYS = frozenset(
         "user_input_name",
     }
 )
-_STR_CONST = re.compile(r"[A-Za-z0-9_.+\-]*\Z")
 _SYMBOL = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
-_SYMPY_SYMBOL = re.compile(r"[a-z]{1,8}[0-9]{1,12}\Z")  # torch's symbols: s0, u3, zuf1
-_IDENT_COMPONENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-# sympy constructors torch writes (srepr) and the functions of torch.utils._sympy.functions.
-_SYMPY_CALLS = frozenset(
-    """Add Mul Pow Integer Float Rational Symbol Max Min Abs Mod floor ceiling sqrt Eq Ne Lt Le
-    Gt Ge StrictLessThan LessThan StrictGreaterThan GreaterThan Equality Unequality And Or Not
-    Piecewise ExprCondPair Tuple FloorDiv ModularIndexing Where PythonMod CleanDiv CeilToInt
-    FloorToInt CeilDiv LShift RShift PowByNatural FloatPow FloatTrueDiv IntTrueDiv
-    IsNonOverlappingAndDenseIndicator TruncToFloat TruncToInt RoundToInt RoundDecimal ToFloat
-    Identity Max Min""".split()
-)
-_SYMPY_FAMILIES = re.compile(r"(OpaqueUnaryFn|BitwiseFn)_[a-z0-9_]+\Z")
-_SYMPY_VALUES = frozenset({"oo", "zoo", "nan", "true", "false", "pi", "E"})
-_SYMPY_KEYWORDS = frozenset(
-    {"positive", "negative", "integer", "real", "nonnegative", "nonpositive", "finite",
-     "precision", "evaluate"}
-)  # fmt: skip
-
-# Guards (torch's Python printer of sympy): builtins and the names torch puts in scope.
-_GUARD_CALLS = frozenset(
-    """min max abs int float round Min Max Abs Mod FloorDiv Eq Ne floor ceiling CeilToInt
-    FloorToInt TruncToInt IntTrueDiv FloatTrueDiv sym_min sym_max sym_float sym_int sym_sqrt
-    PythonMod CleanDiv CeilDiv""".split()
-)
-_GUARD_METHODS = frozenset({"size", "stride", "storage_offset", "dim", "numel"})
-_GUARD_NAMES = frozenset({"L", "inf", "math"})
-_CMP = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-_ARITH = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
-_UNARY = (ast.USub, ast.UAdd, ast.Not)
-
-# Node targets: torch operators, and the few Python callables torch.export graphs call.
-_TORCH_CALLABLES = frozenset(
-    """sym_float sym_int sym_max sym_min sym_not sym_ite sym_sqrt sym_sum _sym_sqrt _check
-    _check_is_size _assert _assert_async _assert_scalar _constrain_as_size _constrain_as_value
-    amp.autocast_mode._enter_autocast amp.autocast_mode._exit_autocast _C._set_grad_enabled
-    autograd.grad_mode.set_grad_enabled""".split()
-)
-_OPERATORS = frozenset(
-    """add sub mul truediv floordiv mod pow neg pos abs eq ne lt le gt ge and_ or_ xor not_
-    invert getitem lshift rshift matmul truth index""".split()
-)
-_OP_DUNDERS = frozenset(
-    {f"__{n}__" for n in "and or xor lshift rshift iand ior ixor ilshift irshift".split()}
-)
-_OPS_ATTRIBUTES = frozenset({"load_library", "import_module", "loaded_libraries"})
+_WRITABLE = frozenset({"buffer", "user_input"})
+"""Input kinds an in-place operator may write (through a view too): the program's buffers and
+the caller's tensors (a cache updated in place); never a parameter or a constant."""
 
 
-def check_program(data: bytes, source: str, known_type: Callable[[str], bool]) -> dict[str, Any]:
+def check_program(
+    data: bytes,
+    source: str,
+    known_type: Callable[[str], bool],
+    allowed: AllowOps = frozenset(),
+) -> dict[str, Any]:
     """Checks one program's JSON; returns it parsed.
 
     Args:
@@ -111,13 +74,17 @@ def check_program(data: bytes, source: str, known_type: Callable[[str], bool]) -
         known_type: Whether a pytree node type a treespec names may be rebuilt (the loader
             accepts the types registered in its process and the ``transformers.*`` ones it
             registers itself).
+        allowed: Operator namespaces (or ``namespace.op``) the caller allows beyond
+            `replay.runtime.pt2.operators`.
 
     Returns:
         The parsed JSON.
 
     Raises:
         ArtifactError: A string torch would evaluate, execute, import or paste into code is not
-            one torch.export writes (named, with the entry).
+            one torch.export writes, bounded (`replay.runtime.pt2.expressions`); a node calls an
+            operator that is not the model's math (`replay.runtime.pt2.operators`), or writes a
+            parameter, a constant or a tensor it cannot trace (named, with the entry).
 
     Example:
         >>> check_program(b'{"guards_code": ["__import__(1)"]}', "m.json", str.isidentifier)
@@ -145,148 +112,108 @@ comparison torch.export writes (it names __import__); the program is not loaded
         elif isinstance(value, list):
             if key == "guards_code":
                 for guard in value:
-                    _check_guard(guard, source)
+                    check_guard(guard, source)
             elif key == "forward_arg_names":
                 for name in value:
                     _require(isinstance(name, str) and NAME.match(name), source, "name", name)
             else:
                 stack.extend((key, item) for item in value)
         elif isinstance(value, str):
-            _check_string(key, value, source, known_type)
+            _check_string(key, value, source, known_type, allowed)
+    _check_writes(tree, source, allowed)
     return tree
 
 
-def _check_string(key: str | None, value: str, source: str, known: Callable[[str], bool]) -> None:
+def _check_string(
+    key: str | None, value: str, source: str, known: Callable[[str], bool], allowed: AllowOps
+) -> None:
     if key == "expr_str":
-        _check_sympy(value, source)
+        check_sympy(value, source)
     elif key in _NAME_KEYS:
         _require(_NAMES.match(value), source, "name", value)
     elif key in ("target", "as_operator"):
-        _require(_is_target(value), source, "call target", value)
+        if op_kind(value, allowed) is None:
+            raise ArtifactError(
+                f"{source}: the program calls {value[:120]!r}, which is not an operator an "
+                "artifact may call (the model's math: replay.runtime.pt2.operators lists them; "
+                "a custom operator library's namespace is allowed by naming it: "
+                "replay.load(path, allow_ops=[...]), capture check --allow-ops); it is not loaded"
+            )
     elif key in ("in_spec", "out_spec"):
         _check_spec(value, source, known, key == "in_spec")
 
 
+def _tensor_names(arg: Any) -> list[str]:
+    """The tensor names an argument or output refers to (``as_tensor``, ``as_tensors``...)."""
+    if not isinstance(arg, dict):
+        return []
+    out = []
+    for key in ("as_tensor", "as_optional_tensor"):
+        value = arg.get(key)
+        if isinstance(value, dict) and isinstance(value.get("name"), str):
+            out.append(value["name"])
+    for key in ("as_tensors", "as_optional_tensors"):
+        for item in arg.get(key) or ():
+            out += _tensor_names({"as_tensor": item}) + _tensor_names(item)
+    return out
+
+
+def _roots(graph_module: dict[str, Any]) -> dict[str, str]:
+    """Placeholder name -> its input kind (``parameter``, ``buffer``, ``user_input``, ...)."""
+    out: dict[str, str] = {}
+    signature = graph_module.get("signature") or {}
+    for spec in signature.get("input_specs") or ():
+        if isinstance(spec, dict) and len(spec) == 1:
+            kind, body = next(iter(spec.items()))
+            arg = body.get("arg") if isinstance(body, dict) else None
+            names = [arg["name"]] if isinstance(arg, dict) and "name" in arg else []
+            for name in names + _tensor_names(arg):
+                out[name] = kind
+    return out
+
+
+def _check_writes(tree: dict[str, Any], source: str, allowed: AllowOps) -> None:
+    """Every in-place node writes a buffer, an input or a tensor its graph made: the tensor
+    it writes is followed back through views (`replay.runtime.pt2.operators.VIEW_OPS`) to a
+    placeholder of a `_WRITABLE` kind, or to a node's fresh result. A subgraph's inputs are
+    not traced: a subgraph writes only the tensors it makes."""
+    top = tree.get("graph_module")
+    if not isinstance(top, dict):
+        return
+    graphs: list[tuple[dict[str, Any], dict[str, str]]] = [(top.get("graph") or {}, _roots(top))]
+    while graphs:
+        graph, roots = graphs.pop()
+        roots = dict(roots)
+        for arg in graph.get("inputs") or ():
+            for name in _tensor_names(arg):
+                roots.setdefault(name, "subgraph input")
+        for node in graph.get("nodes") or ():
+            if not isinstance(node, dict):
+                continue
+            inputs = [i for i in node.get("inputs") or () if isinstance(i, dict)]
+            for item in inputs:
+                sub = (item.get("arg") or {}).get("as_graph")
+                if isinstance(sub, dict) and isinstance(sub.get("graph"), dict):
+                    graphs.append((sub["graph"], {}))
+            kind = op_kind(str(node.get("target")), allowed)
+            if kind not in ("view", "inplace"):
+                continue
+            first = _tensor_names(inputs[0].get("arg")) if inputs else []
+            root = roots.get(first[0]) if first else "nothing"
+            if kind == "inplace" and root is not None and root not in _WRITABLE:
+                raise ArtifactError(
+                    f"{source}: node {str(node.get('name'))[:80]} ({node.get('target')}) writes "
+                    f"{(first or ['nothing'])[0][:80]}, a {root}; a program may write only its "
+                    "buffers, its inputs and the tensors it makes, so it is not loaded"
+                )
+            for out in node.get("outputs") or ():
+                for name in _tensor_names(out):
+                    roots[name] = root  # type: ignore[assignment]
+
+
 def _require(ok: Any, source: str, what: str, value: Any) -> None:
     if not ok:
-        _refuse(source, what, value)
-
-
-def _refuse(source: str, what: str, value: Any) -> NoReturn:
-    raise ArtifactError(
-        f"{source}: the {what} {str(value)[:120]!r} is not one torch.export writes; the "
-        "program is not loaded (an artifact is data: nothing in it may run as code)"
-    )
-
-
-def _is_target(target: str) -> bool:
-    if target.startswith("#"):  # torch's registered extension operators
-        return bool(re.fullmatch(r"#[A-Za-z0-9_]+:[A-Za-z0-9_.]+", target))
-    module, _, rest = target.partition(".")
-    parts = rest.split(".")
-    if not all(_IDENT_COMPONENT.match(p) for p in parts):
-        return False
-    if module == "_operator":
-        return len(parts) == 1 and parts[0] in _OPERATORS
-    if module == "math":
-        return len(parts) == 1 and not parts[0].startswith("_")
-    if module != "torch":
-        return False
-    if parts[0] != "ops":
-        return rest in _TORCH_CALLABLES
-    if len(parts) not in (3, 4) or parts[1] in _OPS_ATTRIBUTES or parts[1].startswith("__"):
-        return False
-    op = parts[2]
-    if op.startswith("__") and op not in _OP_DUNDERS:
-        return False
-    return len(parts) == 3 or not parts[3].startswith("__")
-
-
-def _parse(text: Any, source: str, what: str) -> ast.expr:
-    if not isinstance(text, str) or len(text) > 100_000 or any(c in text for c in '#\\\r\n"\0'):
-        _refuse(source, what, text)
-    try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        _refuse(source, what, text)
-    return tree.body
-
-
-def _check_expr(
-    text: Any, source: str, what: str, expected: str, rule: Callable[[ast.AST], str | None]
-) -> None:
-    """Refuses `text` unless every node of its expression passes `rule` (None: allowed)."""
-    for node in ast.walk(_parse(text, source, what)):
-        bad = rule(node)
-        if bad:
-            raise ArtifactError(
-                f"{source}: the {what} {str(text)[:120]!r} is not {expected} "
-                f"(it names {bad}); the program is not loaded"
-            )
-
-
-def _check_guard(text: Any, source: str) -> None:
-    _check_expr(text, source, "guard", "a size comparison torch.export writes", _guard_node)
-
-
-def _guard_node(node: ast.AST) -> str | None:
-    """None when `node` may appear in a guard, else what it names."""
-    if isinstance(node, (ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Subscript)):
-        ops = getattr(node, "ops", None) or [getattr(node, "op", None)]
-        allowed = _CMP + _ARITH + _UNARY + (ast.And, ast.Or)
-        ok = all(op is None or isinstance(op, allowed) for op in ops)
-        return None if ok else type(ops[0]).__name__
-    if isinstance(node, ast.Constant):
-        ok = isinstance(node.value, (int, float)) or (
-            isinstance(node.value, str) and bool(_STR_CONST.match(node.value))
-        )
-        return None if ok else repr(node.value)[:40]
-    if isinstance(node, ast.Name):
-        return None if node.id in _GUARD_NAMES or node.id in _GUARD_CALLS else node.id
-    if isinstance(node, ast.Attribute):
-        return None if not node.attr.startswith("_") else node.attr
-    if isinstance(node, ast.Call):
-        if node.keywords:
-            return "keyword arguments"
-        func = node.func
-        if isinstance(func, ast.Name):
-            return None if func.id in _GUARD_CALLS else func.id
-        if isinstance(func, ast.Attribute):
-            if isinstance(func.value, ast.Name) and func.value.id == "math":
-                return None
-            return None if func.attr in _GUARD_METHODS and not node.args else func.attr
-        return "a computed call"
-    if isinstance(node, (ast.Load, *_CMP, *_ARITH, *_UNARY, ast.And, ast.Or)):
-        return None
-    return type(node).__name__
-
-
-def _check_sympy(text: Any, source: str) -> None:
-    _check_expr(text, source, "symbolic expression", "one torch.export writes", _sympy_node)
-
-
-def _sympy_node(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Call):
-        func = node.func
-        name = func.id if isinstance(func, ast.Name) else None
-        if name is None or not (name in _SYMPY_CALLS or _SYMPY_FAMILIES.match(name)):
-            return name or "a computed call"
-        bad_kw = [k.arg for k in node.keywords if k.arg not in _SYMPY_KEYWORDS]
-        return f"the keyword {bad_kw[0]}" if bad_kw else None
-    if isinstance(node, ast.Name):
-        known = node.id in _SYMPY_VALUES or node.id in _SYMPY_CALLS
-        symbol = _SYMPY_FAMILIES.match(node.id) or _SYMPY_SYMBOL.match(node.id)
-        return None if known or symbol else node.id
-    if isinstance(node, ast.Constant):
-        ok = isinstance(node.value, (int, float, bool)) or (
-            isinstance(node.value, str) and bool(_STR_CONST.match(node.value))
-        )
-        return None if ok else repr(node.value)[:40]
-    if isinstance(node, (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp)):
-        return _guard_node(node)
-    if isinstance(node, (ast.keyword, ast.Load, *_CMP, *_ARITH, *_UNARY, ast.And, ast.Or)):
-        return None
-    return type(node).__name__
+        refuse(source, what, value)
 
 
 def _check_spec(text: str, source: str, known: Callable[[str], bool], is_input: bool) -> None:
@@ -294,7 +221,7 @@ def _check_spec(text: str, source: str, known: Callable[[str], bool], is_input: 
     try:
         protocol, root = json.loads(text)
     except (ValueError, TypeError, RecursionError):
-        _refuse(source, "treespec", text)
+        refuse(source, "treespec", text)
     _require(protocol == 1, source, "treespec protocol", protocol)
     if is_input:
         _check_kwargs_names(root, source)

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from replay.runtime.allowed import ALLOWED_MODULES, AllowOps, loadable_type, register_types
+from replay.runtime.allowed import allow_ops as allowed_ops
+from replay.runtime.digests import check_digest, digest_bytes, digest_file
 from replay.runtime.guards import ArtifactError, CallNotServed
 from replay.runtime.manifest import FORMAT, MANIFEST_CAP, Manifest
 from replay.runtime.pt2.archive import (
@@ -55,7 +58,6 @@ from replay.runtime.pt2.archive import (
 from replay.runtime.pt2.graph_check import check_program, spec_types
 from replay.runtime.pt2.records import check_extent, parse_config
 from replay.runtime.pt2.weights import ProgramSlots, load_tensors
-from replay.runtime.pytree_types import ALLOWED_MODULES, loadable_type, register_types
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -69,9 +71,18 @@ __all__ = [
     "load",
     "read_artifact",
     "read_manifest",
+    "open_artifact",
+    "Opened",
     "MANIFEST",
     "FORMAT",
 ]
+
+
+_UNDESCRIBED = frozenset(
+    {ARCHIVE_FORMAT, ARCHIVE_VERSION, BYTEORDER, ZIP_VERSION, SERIALIZATION_ID, MANIFEST}
+)
+"""Entries the manifest's digests do not cover: itself, and torch's format markers (whose
+content is checked byte for byte)."""
 
 
 @dataclass
@@ -99,14 +110,20 @@ class Artifact:
 
 
 def read_artifact(
-    path: str | os.PathLike[str], known_type: Callable[[str], bool] | None = None
+    path: str | os.PathLike[str],
+    known_type: Callable[[str], bool] | None = None,
+    allowed: AllowOps = frozenset(),
 ) -> Artifact:
-    """Reads and checks a whole artifact without torch: what `load` and ``capture check`` read.
+    """Reads and checks a whole artifact without torch (the first part of
+    `replay.validation.validate`): every entry, the manifest, the payload configs and the
+    program graphs, each graph and config verified against its digest.
 
     Args:
         path: The ``.pt2``.
         known_type: Which pytree types the graphs may name (default: any dotted name; `load`
             allows the types registered in its process and ``transformers.*``).
+        allowed: Operator namespaces a program may call beyond the model's math
+            (`replay.runtime.pt2.operators`).
 
     Returns:
         The `Artifact`.
@@ -150,17 +167,27 @@ def read_artifact(
                 f"{archive.name(SAMPLE_INPUTS.format(p))} is not empty: capture never ships "
                 "example inputs (torch would unpickle them)"
             )
-        art.slots[p] = _slots(archive, p, records)
+        art.slots[p] = _slots(archive, p, records, manifest.digests)
         inner = MODELS.format(p)
         graph = archive.read(inner, PROGRAM_CAP)
-        art.types |= spec_types(check_program(graph, archive.name(inner), known))
+        check_digest(manifest.digests.get(inner), digest_bytes(graph), archive.name(inner))
+        art.types |= spec_types(check_program(graph, archive.name(inner), known, allowed))
         art.graphs[p] = graph
     # Every record is named by a config, every named record exists.
     archive.check_layout(fixed | records, aoti)
+    described = set(archive.entries) - _UNDESCRIBED
+    if set(manifest.digests) != described:
+        odd = sorted(set(manifest.digests) ^ described)
+        raise ArtifactError(
+            f"{archive.name(MANIFEST)}: its digests do not describe the archive's files "
+            f"({odd[0][:120]} differs); it is not loaded"
+        )
     return art
 
 
-def _slots(archive: Archive, program: str, records: set[str]) -> ProgramSlots:
+def _slots(
+    archive: Archive, program: str, records: set[str], digests: Mapping[str, str]
+) -> ProgramSlots:
     """A program's payload configs, each tensor checked to lie within its record (whose
     names are added to `records`)."""
     slots = ProgramSlots()
@@ -169,7 +196,9 @@ def _slots(archive: Archive, program: str, records: set[str]) -> ProgramSlots:
         (slots.constants, CONSTANTS_CONFIG, CONSTANTS_DIR, CONSTANT_PREFIX),
     ):
         inner = config.format(program)
-        table.update(parse_config(archive.read(inner, CONFIG_CAP), archive.name(inner), prefix))
+        data = archive.read(inner, CONFIG_CAP)
+        check_digest(digests.get(inner), digest_bytes(data), archive.name(inner))
+        table.update(parse_config(data, archive.name(inner), prefix))
         for name, slot in table.items():
             record = f"{folder}{slot.record}"
             found = archive.entries.get(record)
@@ -195,14 +224,100 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     return read_artifact(path).manifest
 
 
+@dataclass
+class Opened:
+    """An artifact validated in full and opened (`open_artifact`): nothing of it has run.
+
+    Attributes:
+        art: The artifact read as data.
+        programs: Program name -> its ``ExportedProgram`` (over the mapped weights).
+        modules: Program name -> its ``.module()``.
+        builds: Program name -> its AOTInductor runner (``compiled=True`` only).
+    """
+
+    art: Artifact
+    programs: dict[str, Any]
+    modules: dict[str, Any]
+    builds: dict[str, Any]
+
+    def runner(self) -> Runner:
+        """The `Runner` over the opened programs."""
+        return Runner(self.art.manifest, self.programs, self.modules, self.builds)
+
+
+def open_artifact(
+    path: str | os.PathLike[str],
+    *,
+    device: str | None = None,
+    compiled: bool = False,
+    allowed: AllowOps = frozenset(),
+    verify_weights: bool = False,
+) -> Opened:
+    """Validates and opens an artifact: `replay.validation.validate` for a ``.pt2``.
+
+    `read_artifact` checks it as data; the weight records are hashed against the manifest
+    (`verify_weights`), mapped once and placed (`replay.runtime.pt2.weights.load_tensors`); the
+    pytree types the programs name are registered; torch deserializes every graph around
+    those tensors and builds its module. Nothing is run (AOTInductor builds are loaded, which
+    runs their native code, only with ``compiled=True``).
+
+    Raises:
+        ArtifactError: See `load`.
+    """
+    art = read_artifact(path, allowed=allowed)
+    if compiled and not art.manifest.aoti:
+        raise ArtifactError(
+            f"{art.archive.path} holds no AOTInductor builds; save it with aoti=True "
+            "(capture export --aoti) or load it without compiled=True"
+        )
+    if verify_weights:
+        _verify_files(art)
+    register_types(art.types)
+    target = device or "cpu"
+    tensors = load_tensors(art.archive, art.slots, target)
+    programs = {name: _program(art, name, tensors[name], target) for name in art.graphs}
+    modules = {name: _module(art, name, p) for name, p in programs.items()}
+    builds = {n: _compiled(art, n, tensors[n], target) for n in programs} if compiled else {}
+    return Opened(art, programs, modules, builds)
+
+
+def _verify_files(art: Artifact) -> None:
+    """Every entry the digests describe but `read_artifact` did not read (weight records,
+    AOTInductor files), hashed in place."""
+    archive = art.archive
+    read = {MODELS.format(p) for p in art.graphs}
+    read |= {c.format(p) for p in art.graphs for c in (WEIGHTS_CONFIG, CONSTANTS_CONFIG)}
+    for inner in sorted(set(art.manifest.digests) - read):
+        entry = archive.entries[inner]
+        found = digest_file(archive.path, entry.offset, entry.size)
+        check_digest(art.manifest.digests[inner], found, archive.name(inner))
+
+
+def _module(art: Artifact, name: str, program: Any) -> Any:
+    try:
+        return program.module()
+    except Exception as e:
+        text = str(e).strip().splitlines()
+        raise ArtifactError(
+            f"{art.archive.name(MODELS.format(name))}: torch cannot build this program: "
+            f"{type(e).__name__}: {text[0][:200] if text else ''}"
+        ) from e
+
+
 def load(
-    path: str | os.PathLike[str], *, device: str | None = None, compiled: bool = False
+    path: str | os.PathLike[str],
+    *,
+    device: str | None = None,
+    compiled: bool = False,
+    allow_ops: Iterable[str] | None = None,
+    verify_weights: bool = False,
 ) -> Runner:
     """Loads an artifact written by `save` and returns a runner callable like the model.
 
     Works in a fresh process: no capture context is needed, nothing is printed, nothing is
-    unpickled, imported or evaluated from the archive (`read_artifact` checks it all first).
-    Every weight is materialised once (memory-mapped on CPU) and every program uses it.
+    unpickled, imported or evaluated from the archive (`read_artifact` checks it all first,
+    `replay.validation.validate`: what ``capture check`` runs too). Every weight is
+    materialised once (memory-mapped on CPU) and every program uses it.
 
     Args:
         path: The ``.pt2`` written by `ExportResult.save` or ``capture export --out``.
@@ -211,32 +326,32 @@ def load(
         compiled: Run the AOTInductor builds of an artifact saved with ``aoti=True``
             (native code from the archive: loading it runs it, so it is asked for, never
             assumed).
+        allow_ops: Operator namespaces (``mylib``) or operators (``mylib.op``) a program may
+            call beyond the model's math (`replay.runtime.pt2.operators`).
+        verify_weights: Hash every weight record against the manifest's digest first (the
+            graphs and configs are always verified).
 
     Returns:
         A `Runner`; ``runner.modules[name]`` serves a recorded sub-module.
 
     Raises:
-        ArtifactError: Not a capture artifact, an entry that is not what `save` writes, a pytree
-            type the loader cannot register, a program torch cannot read, or ``compiled``
-            for an artifact without AOTInductor builds.
+        ArtifactError: Not a capture artifact, an entry that is not what `save` writes, a file
+            whose digest differs, an operator that is not the model's math, a pytree type the
+            loader cannot register, a program torch cannot read, or ``compiled`` for an
+            artifact without AOTInductor builds.
 
     Example:
         >>> runner = replay.load("model.pt2")  # doctest: +SKIP
         >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
     """
-    art = read_artifact(path)
-    if compiled and not art.manifest.aoti:
-        raise ArtifactError(
-            f"{art.archive.path} holds no AOTInductor builds; save it with aoti=True "
-            "(capture export --aoti) or load it without compiled=True"
-        )
-    register_types(art.types)
-    target = device or "cpu"
-    tensors = load_tensors(art.archive, art.slots, target)
-    programs = {name: _program(art, name, tensors[name], target) for name in art.graphs}
-    modules = {name: p.module() for name, p in programs.items()}
-    builds = {n: _compiled(art, n, tensors[n], target) for n in programs} if compiled else {}
-    return Runner(art.manifest, programs, modules, builds)
+    opened = open_artifact(
+        path,
+        device=device,
+        compiled=compiled,
+        allowed=allowed_ops(allow_ops),
+        verify_weights=verify_weights,
+    )
+    return opened.runner()
 
 
 def _program(

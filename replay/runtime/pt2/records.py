@@ -55,6 +55,9 @@ STRIDED = 7
 """torch's serialized ``Layout.Strided``: the only layout an artifact's tensors have."""
 
 _MAX_RANK = 64
+_GRAD_DTYPES = frozenset(
+    {"float16", "float32", "float64", "bfloat16", "complex32", "complex64", "complex128"}
+)
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,13 @@ def _slot(item: Fields, record: str) -> TensorSlot:
     if not kind.isidentifier():
         device.fail(f"{device.where}.type", f"is {kind[:40]!r}, not a device")
     index = device.integer("index", low=0, high=1024, optional=True)
+    requires_grad = meta.flag("requires_grad")
+    if requires_grad and DTYPES[dtype][0] not in _GRAD_DTYPES:
+        meta.fail(
+            f"{meta.where}.requires_grad",
+            f"is true for a {DTYPES[dtype][0]} tensor; only floating and complex tensors have "
+            "gradients",
+        )
     return TensorSlot(
         record=record,
         is_param=item.flag("is_param"),
@@ -184,7 +194,7 @@ def _slot(item: Fields, record: str) -> TensorSlot:
         sizes=sizes,
         strides=strides,
         offset=_sym_int(meta.raw.get("storage_offset"), f"{meta.where}.storage_offset"),
-        requires_grad=meta.flag("requires_grad"),
+        requires_grad=requires_grad,
         device=kind if index is None else f"{kind}:{index}",
     )
 

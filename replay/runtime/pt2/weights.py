@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
-__all__ = ["WeightTable", "ProgramSlots", "load_tensors"]
+__all__ = ["WeightTable", "ProgramSlots", "load_tensors", "storage_bytes"]
 
 _SAMPLE = 4096
 
@@ -167,6 +167,13 @@ def _bytes_of(storage: Any) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
+def storage_bytes(storage: Any) -> memoryview:
+    """A CPU storage's bytes, without a copy (what `save` writes as its record)."""
+    if int(storage.nbytes()) == 0:
+        return memoryview(b"")
+    return memoryview(_bytes_of(storage).numpy())
+
+
 def _fingerprint(storage: Any) -> bytes:
     """A digest of a storage's first, middle and last 4 KiB: equal bytes, equal fingerprint."""
     data = _bytes_of(storage)
@@ -198,7 +205,8 @@ def load_tensors(
         programs are views of one storage (one object when their views are the same).
 
     Raises:
-        ArtifactError: A record is misaligned for its dtype, or a view lies outside it.
+        ArtifactError: A record is misaligned for its dtype, a view lies outside it, or torch
+            refuses the tensor's description (one line naming it).
     """
     import torch
 
@@ -226,9 +234,15 @@ def load_tensors(
                         base = _base(mapped, entry.offset, numel, slot, where)
                         base = base.to(device)
                         bases[(inner, slot.dtype)] = base
-                    view = base.as_strided(slot.sizes, slot.strides, slot.offset)
-                    if slot.is_param:
-                        view = torch.nn.Parameter(view, requires_grad=slot.requires_grad)
+                    try:
+                        view = base.as_strided(slot.sizes, slot.strides, slot.offset)
+                        if slot.is_param:
+                            view = torch.nn.Parameter(view, requires_grad=slot.requires_grad)
+                    except (RuntimeError, ValueError, TypeError) as e:  # flags torch refuses
+                        text = str(e).strip().splitlines()
+                        raise ArtifactError(
+                            f"{where}: torch cannot place it: {text[0][:200] if text else e}"
+                        ) from None
                     views[key] = view
                 table[name] = views[key]
         out[program] = (tables[0], tables[1])

@@ -1,5 +1,10 @@
-"""Which pytree node types an artifact may name, and how a loader registers them.
+"""What an artifact may name beyond the built-in lists: pytree types, and the caller's operators.
 
+**Operators.** A program calls only the model's math (`replay.runtime.pt2.operators`, the ONNX
+set's standard domains: `replay.runtime.ort.checks`), and the namespaces or operators the caller
+names (`allow_ops`: ``replay.load(path, allow_ops=...)``, ``capture check --allow-ops``).
+
+**Pytree types.**
 A program's input and output structure names pytree node types (``builtins.tuple``,
 ``transformers.cache_utils.DynamicCache``). Rebuilding one means running its registration, so a
 loader accepts only types registered in the loading process already or living in an allow-listed
@@ -10,11 +15,16 @@ runtimes read this one table: the ``.pt2`` reader and the ONNX set's manifest.
 from __future__ import annotations
 
 import importlib
+import re
+from collections.abc import Iterable
 
 from replay.runtime.checked_json import DOTTED
 from replay.runtime.guards import ArtifactError
 
-__all__ = ["ALLOWED_MODULES", "loadable_type", "register_types"]
+__all__ = ["ALLOWED_MODULES", "AllowOps", "allow_ops", "loadable_type", "register_types"]
+
+AllowOps = frozenset[str]
+"""Operator namespaces (``mylib``) and operators (``mylib.op``) a caller allows."""
 
 ALLOWED_MODULES = ("transformers.",)
 """Modules whose pytree registrations an artifact may ask the loader to import."""
@@ -70,3 +80,25 @@ def register_types(types: set[str]) -> None:
             raise ArtifactError(f"the artifact needs {module} to load: {e}") from e
         if name not in known:
             raise ArtifactError(f"{name} is not a pytree node type after importing {module}")
+
+
+def allow_ops(names: Iterable[str] | None) -> AllowOps:
+    """The caller's extra namespaces/operators, normalised (``mylib::op`` -> ``mylib.op``).
+
+    Raises:
+        ArtifactError: A name that is not ``namespace`` or ``namespace.op``.
+
+    Example:
+        >>> sorted(allow_ops(["mylib", "other::fused"]))
+        ['mylib', 'other.fused']
+    """
+    out = set()
+    for name in names or ():
+        text = str(name).replace("::", ".")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", text):
+            raise ArtifactError(
+                f"allow_ops: {str(name)[:80]!r} is not an operator namespace (mylib) or one "
+                "operator (mylib.op)"
+            )
+        out.add(text)
+    return frozenset(out)

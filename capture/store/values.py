@@ -1,0 +1,113 @@
+"""Value checks of store files: what no capture writer writes, said in one line.
+
+A file can pass every footer check (capture's metadata, the table's schema, plausible sizes) and
+still hold values the analyses cannot read: nulls among a call's sizes, a negative call count, a
+negative offset into a call's sizes. Such a file is the store's own (its rows are recorded
+calls), so it is neither read as if it were sound nor silently left out: readers stop with one
+error naming the file and the problem (`capture.errors.CorruptStoreFile`), compaction leaves the
+file as it is and reports it. Imports pyarrow only.
+
+The checks read what is cheap: the rows of stats and structures files (read whole anyway) and,
+for calls files, the footer's statistics (null count and minimum of the sizes), reading a calls
+file's ``dims`` column only when its statistics cannot rule nulls out (an empty list counts as a
+null there).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from capture import schema
+
+__all__ = ["rows_problem", "calls_problem", "CORRUPT"]
+
+CORRUPT = "holds values no capture writer writes"
+"""Start of the reason of a file these checks refuse (`capture.store.layout.Skip.corrupt`)."""
+
+_NON_NEGATIVE = {
+    schema.STATS: ("calls", "errors"),
+    schema.STRUCTURES: ("leaf", "rank", "dim_offset", "range_index", "n_args"),
+}
+
+
+def _negative(rows: pa.Table, column: str) -> bool:
+    if column not in rows.column_names:
+        return False
+    low = pc.min(rows.column(column)).as_py()
+    return low is not None and low < 0
+
+
+def _null_sizes(rows: pa.Table, column: str, required: bool) -> bool:
+    """Whether a list of sizes in `column` is null (when `required`) or holds a null."""
+    if column not in rows.column_names:
+        return False
+    values = rows.column(column)
+    if required and values.null_count:
+        return True
+    return bool(pc.list_flatten(values).null_count)
+
+
+def _negative_size(rows: pa.Table, column: str) -> bool:
+    if column not in rows.column_names:
+        return False
+    low = pc.min(pc.list_flatten(rows.column(column))).as_py()
+    return low is not None and low < 0
+
+
+def rows_problem(table: str, rows: pa.Table) -> str | None:
+    """What is wrong with the values of a stats or structures file's `rows` (None: nothing).
+
+    Example:
+        >>> rows_problem("stats", pa.table({"calls": [3, -1]}))
+        'holds values no capture writer writes: a negative value in its calls column'
+    """
+    for column in _NON_NEGATIVE.get(table, ()):
+        if _negative(rows, column):
+            return f"{CORRUPT}: a negative value in its {column} column"
+    if table == schema.STATS:
+        for column, required in (("dims", True), ("out_dims", False)):
+            if _null_sizes(rows, column, required):
+                return f"{CORRUPT}: a null in its {column}"
+            if _negative_size(rows, column):
+                return f"{CORRUPT}: a negative size in its {column}"
+    return None
+
+
+def _leaf_stats(meta: pq.FileMetaData, column: str) -> list[pq.Statistics | None]:
+    leaf = f"{column}.list.element"
+    index = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == leaf), None)
+    if index is None:
+        return []
+    return [meta.row_group(i).column(index).statistics for i in range(meta.num_row_groups)]
+
+
+def calls_problem(fs: pafs.FileSystem, path: str, meta: pq.FileMetaData) -> str | None:
+    """What is wrong with the sizes of the calls file at `path` (None: nothing).
+
+    From the footer's statistics; the ``dims`` and ``out_dims`` columns are read only when
+    the statistics count nulls (or are missing): a null there may be an empty list.
+    """
+    read: list[str] = []
+    for column in ("dims", "out_dims"):
+        for stats in _leaf_stats(meta, column):
+            if stats is None or not stats.has_null_count:
+                read.append(column)
+                break
+            if stats.has_min_max and stats.min < 0:
+                return f"{CORRUPT}: a negative size in its {column}"
+            if stats.null_count:
+                read.append(column)
+                break
+    if not read:
+        return None
+    with fs.open_input_file(path) as f:
+        rows = pq.read_table(f, columns=read)
+    for column in read:
+        if _null_sizes(rows, column, column == "dims"):
+            return f"{CORRUPT}: a null in its {column}"
+        if _negative_size(rows, column):
+            return f"{CORRUPT}: a negative size in its {column}"
+    return None

@@ -1,0 +1,226 @@
+"""Every command over every hostile store: an answer, or one ``Error:`` line and exit 1; never a
+traceback (the stores: tests/hostile_stores.py, the crafted stores of test_hostile.py, a store of
+calls with an unknown class as in test_capture_unreadable.py, and files whose values no writer
+writes). A file whose values are corrupt is named in the error, and left as it is."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hostile_stores import CORRUPT, PLANTERS
+
+import replay
+from capture.cli.check import EXIT_NOT_SERVED
+from capture.cli.main import cli
+from capture.errors import CaptureError
+from capture.record.recorder import Recorder
+
+MODEL_FILE = """
+import torch
+
+
+class Add(torch.nn.Module):
+    def forward(self, x, y):
+        return x + y
+
+
+def build():
+    return Add()
+"""
+
+
+class Add(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+
+class RecurrentState:
+    """A cache-like object nobody registered (as in test_capture_unreadable.py)."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.hidden = hidden
+
+
+class Stateful(torch.nn.Module):
+    def forward(self, x: torch.Tensor, state: RecurrentState | None = None) -> torch.Tensor:
+        return x * 2 if state is None else x + state.hidden.sum()
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A real store (6 calls of `Add`, one flush each), its model file and its artifact."""
+    root = tmp_path_factory.mktemp("matrix")
+    store = root / "store"
+    rec = Recorder(Add(), store, name="add", flush_seconds=3600)
+    with rec, torch.no_grad():
+        for n in range(1, 7):
+            rec.model(torch.ones(n, 3), torch.ones(n, 3))
+            rec.flush()
+    unknown = root / "unknown-class"
+    model = Stateful()
+    with Recorder(model, unknown, name="m", flush_seconds=3600), torch.no_grad():
+        for batch, with_state in [(2, True), (3, True), (2, False)]:
+            model(
+                torch.ones(batch, 4),
+                state=RecurrentState(torch.ones(batch, 4)) if with_state else None,
+            )
+    model_file = root / "addmodel.py"
+    model_file.write_text(MODEL_FILE)
+    artifact = root / "add.pt2"
+    result = CliRunner().invoke(
+        cli, ["--store", str(store), "export", f"{model_file}:build", "--out", str(artifact)]
+    )
+    assert result.exit_code == 0, result.output
+    return {"store": store, "unknown": unknown, "model": model_file, "artifact": artifact}
+
+
+def _commands(base: dict[str, Path], tmp: Path) -> dict[str, list[str]]:
+    return {
+        "query": ["query", "SELECT count(*) AS n, sum(len(dims)) AS d FROM calls"],
+        "query dims": ["query", "SELECT axis, size, count(*) FROM dims GROUP BY ALL"],
+        "summary": ["summary"],
+        "summary json": ["summary", "-f", "json"],
+        "summary --artifact": ["summary", "--artifact", str(base["artifact"])],
+        "dims": ["dims"],
+        "dims --python": ["dims", "--python"],
+        "payloads": ["payloads"],
+        "report": ["report", "--out", str(tmp / "report.html")],
+        "profiles": ["profiles"],
+        "buckets": ["buckets", "--budget", "2"],
+        "compact": ["compact"],
+    }
+
+
+SLOW_COMMANDS = ("export", "check")
+"""Commands that run torch.export or the exported programs (seconds each)."""
+
+
+def _slow_commands(base: dict[str, Path]) -> dict[str, list[str]]:
+    return {
+        "export": ["export", f"{base['model']}:build"],
+        "check": ["check", str(base["artifact"])],
+    }
+
+
+def _hostile(base: dict[str, Path], tmp: Path, name: str) -> tuple[Path, Path | None]:
+    """A copy of the store with `name` planted (the file it broke), or the unknown-class store."""
+    if name == "unknown_class":
+        store = tmp / "store"
+        shutil.copytree(base["unknown"], store)
+        return store, None
+    store = tmp / "store"
+    shutil.copytree(base["store"], store, symlinks=True)
+    return store, PLANTERS[name](store)
+
+
+def _one_outcome(
+    name: str, command: str, code: int, stdout: str, stderr: str, exception: BaseException | None
+) -> str | None:
+    """Why this run is not an answer nor one error line (None: it is one of them)."""
+    if exception is not None and not isinstance(exception, SystemExit):
+        return f"{name} / {command}: raised {type(exception).__name__}: {exception}"
+    if "Traceback" in stdout + stderr:
+        return f"{name} / {command}: printed a traceback"
+    if code == 0 or (command == "check" and code == EXIT_NOT_SERVED):
+        return None  # an answer (check: some recorded calls are not served)
+    errors = [line for line in stderr.splitlines() if line.startswith("Error:")]
+    if code != 1 or len(errors) != 1 or stderr.strip().splitlines()[-1] != errors[0]:
+        return f"{name} / {command}: exit {code}, stderr {stderr[-500:]!r}"
+    return None
+
+
+def _run_matrix(
+    base: dict[str, Path], tmp: Path, name: str, commands: dict[str, list[str]]
+) -> list[str]:
+    problems = []
+    for command, args in commands.items():
+        where = tmp / command.replace(" ", "_").replace("-", "")
+        where.mkdir()
+        store, broken = _hostile(base, where, name)
+        # a corrupt file is left as it is by every command, compact included
+        before = broken.read_bytes() if broken is not None and name in CORRUPT else None
+        result = CliRunner().invoke(cli, ["--store", str(store), *args])
+        why = _one_outcome(
+            name, command, result.exit_code, result.stdout, result.stderr, result.exception
+        )
+        if why is not None:
+            problems.append(why)
+        if name in CORRUPT and result.exit_code == 1:
+            said = result.stderr.strip().splitlines()[-1]
+            if str(broken) not in said or CORRUPT[name] not in said:
+                if "the structures rows of" not in said:  # a structure read past the sizes
+                    problems.append(f"{name} / {command}: {said!r} does not name the file")
+        if broken is not None and before is not None and broken.read_bytes() != before:
+            problems.append(f"{name} / {command}: changed {broken}")
+    return problems
+
+
+STORES = [*PLANTERS, "unknown_class"]
+
+
+@pytest.mark.parametrize("name", STORES)
+def test_every_command_answers_or_fails_in_one_line(
+    base: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    problems = _run_matrix(base, tmp_path, name, _commands(base, tmp_path))
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", STORES)
+def test_export_and_check_answer_or_fail_in_one_line(
+    base: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    problems = _run_matrix(base, tmp_path, name, _slow_commands(base))
+    assert not problems, "\n".join(problems)
+
+
+CORRUPT_COMMANDS: dict[str, list[str]] = {
+    "null_in_dims": ["query", "compact"],
+    "null_dims_list": ["query", "compact"],
+    "negative_dim_offset": [
+        "summary",
+        "dims",
+        "report",
+        "profiles",
+        "buckets",
+        "summary --artifact",
+    ],
+    "negative_calls": ["summary", "report", "buckets"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPT_COMMANDS))
+def test_a_corrupt_file_is_one_error_naming_it(
+    base: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    commands = _commands(base, tmp_path)
+    for command in CORRUPT_COMMANDS[name]:
+        where = tmp_path / command.replace(" ", "_").replace("-", "")
+        where.mkdir()
+        store, broken = _hostile(base, where, name)
+        result = CliRunner().invoke(cli, ["--store", str(store), *commands[command]])
+        assert result.exit_code == 1, (command, result.output)
+        said = result.stderr.strip().splitlines()[-1]
+        assert said.startswith("Error: ") and str(broken) in said and CORRUPT[name] in said
+
+
+@pytest.mark.slow
+def test_check_of_a_null_size_is_one_error_naming_the_file(
+    base: dict[str, Path], tmp_path: Path
+) -> None:
+    store, broken = _hostile(base, tmp_path, "null_in_dims")
+    result = CliRunner().invoke(cli, ["--store", str(store), "check", str(base["artifact"])])
+    assert result.exit_code == 1, result.output
+    assert str(broken) in result.stderr and "a null in its dims" in result.stderr
+
+
+@pytest.mark.slow
+def test_replay_export_raises_the_projects_error(base: dict[str, Path], tmp_path: Path) -> None:
+    store, broken = _hostile(base, tmp_path, "negative_dim_offset")
+    with pytest.raises(CaptureError, match="negative value in its dim_offset"):
+        replay.export(Add(), store)
