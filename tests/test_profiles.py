@@ -198,7 +198,9 @@ def _trt_inputs(text: str) -> dict[str, list[dict[str, object]]]:
             keywords: dict[str, object] = {}
             for kw in call.keywords:
                 is_dtype = kw.arg == "dtype"
-                keywords[str(kw.arg)] = ast.unparse(kw.value) if is_dtype else ast.literal_eval(kw.value)
+                keywords[str(kw.arg)] = (
+                    ast.unparse(kw.value) if is_dtype else ast.literal_eval(kw.value)
+                )
             calls.append(keywords)
         out[target.id] = calls
     return out
@@ -222,7 +224,7 @@ def _check_documented_form(inputs: list[dict[str, object]]) -> None:
             low, opt, high = profile["min_shape"], profile["opt_shape"], profile["max_shape"]
             assert len(low) == len(opt) == len(high)
             ranks.add(len(low))
-            assert all(1 <= a <= b <= c for a, b, c in zip(low, opt, high))
+            assert all(1 <= a <= b <= c for a, b, c in zip(low, opt, high, strict=False))
         assert len(ranks) == 1
         assert str(keywords.get("dtype", "torch.float32")).startswith("torch.")
     assert len(counts) == 1
@@ -261,7 +263,10 @@ def test_torch_tensorrt_lists_a_group_s_profiles_in_order_on_every_input(
         first = next(
             i
             for i, p in enumerate(mask["profiles"])
-            if all(a <= v <= c for a, v, c in zip(p["min_shape"], (batch, length), p["max_shape"]))
+            if all(
+                a <= v <= c
+                for a, v, c in zip(p["min_shape"], (batch, length), p["max_shape"], strict=False)
+            )
         )
         assert first == (0 if length < 1000 else 1)
 

@@ -88,7 +88,9 @@ def _torch_tensorrt(profiles: Sequence[Profile]) -> list[str]:
                 i = p.inputs[k]
                 low, opt, high = _at_least_one(i.min), _at_least_one(i.opt), tuple(i.max)
                 if not all(a <= b <= c for a, b, c in zip(low, opt, high, strict=True)):
-                    raise ValueError(f"{group} profile {p.index}: {i.name} opt {opt} not in [{low}, {high}]")
+                    raise ValueError(
+                        f"{group} profile {p.index}: {i.name} opt {opt} not in [{low}, {high}]"
+                    )
                 lines.append(
                     f'            {{"min_shape": {low!r}, "opt_shape": {opt!r}, '
                     f'"max_shape": {high!r}}},'
@@ -128,7 +130,8 @@ def format_profiles(profiles: Sequence[Profile], fmt: str) -> str:
         fmt: ``trtexec`` (one ``--minShapes=... --optShapes=... --maxShapes=...`` line per
             profile), ``torch-tensorrt`` (Python: per group, a list of
             ``torch_tensorrt.Input(profiles=[{"min_shape", "opt_shape", "max_shape"}, ...])``,
-            one profile dict per profile in order, min >= 1 and min <= opt <= max) or ``onnxruntime`` (per group, a JSON object of the TensorRT provider's
+            one profile dict per profile in order, min >= 1 and min <= opt <= max) or
+            ``onnxruntime`` (per group, a JSON object of the TensorRT provider's
             ``trt_profile_min_shapes`` / ``_opt_`` / ``_max_`` options).
 
     Raises:

@@ -154,8 +154,7 @@ class CompileHints:
                 "version": _VERSION,
                 "model": self.model,
                 "groups": [
-                    {**asdict(g), "leaves": [list(leaf) for leaf in g.leaves]}
-                    for g in self.groups
+                    {**asdict(g), "leaves": [list(leaf) for leaf in g.leaves]} for g in self.groups
                 ],
             },
             indent=1,
