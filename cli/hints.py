@@ -1,4 +1,4 @@
-"""`capture compile-hints`: torch.compile dynamic marks from the recorded traffic, as JSON.
+"""`capture hints`: torch.compile dynamic marks from the recorded traffic, as JSON.
 
 A thin command over `replay.inputs.specs.compilehints`; a server reads the document back with
 ``replay.CompileHints.from_json`` and applies it to its module before ``torch.compile``.
@@ -15,7 +15,7 @@ from .output import write_text
 __all__ = ["compile_hints_command"]
 
 
-@click.command("compile-hints")
+@click.command("hints")
 @model_option("The model (the Recorder's name). Default: the store's only model.")
 @click.pass_context
 def compile_hints_command(ctx: click.Context, model: str | None) -> None:
@@ -29,8 +29,8 @@ def compile_hints_command(ctx: click.Context, model: str | None) -> None:
 
     \b
     Example:
-      capture compile-hints > hints.json
-      capture compile-hints --model LlamaForCausalLM
+      capture hints > hints.json
+      capture hints --model LlamaForCausalLM
     """
     from capture.store_api import open_store
     from replay.inputs.specs.compilehints import compile_hints

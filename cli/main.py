@@ -76,7 +76,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ".engines:profiles_command",
         "Print TensorRT min/opt/max shape profiles per call group.",
     ),
-    "compile-hints": (
+    "hints": (
         ".hints:compile_hints_command",
         "Print torch.compile dynamic marks per call group, as JSON.",
     ),

@@ -95,7 +95,7 @@ def test_a_size_outside_the_range_is_still_served(store: Path) -> None:
 
 
 def test_cli_prints_hints_torch_applies(store: Path) -> None:
-    result = CliRunner().invoke(cli, ["--store", str(store), "compile-hints"])
+    result = CliRunner().invoke(cli, ["--store", str(store), "hints"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["format"] == "capture-compile-hints" and doc["model"] == "m"
@@ -105,7 +105,7 @@ def test_cli_prints_hints_torch_applies(store: Path) -> None:
 
 
 def test_not_a_hints_document_names_the_fix() -> None:
-    with pytest.raises(ReplayError, match="capture compile-hints"):
+    with pytest.raises(ReplayError, match="capture hints"):
         CompileHints.from_json(json.dumps({"format": "other"}))
 
 

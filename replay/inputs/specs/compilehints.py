@@ -19,7 +19,7 @@ serves the call instead of being told a wrong range. A call of no recorded group
 Dynamo reads marks from the tensors it is given, so the hook must run before the compiled
 function: ``module.forward = torch.compile(module.forward)`` (or ``torch.compile(module)``,
 whose wrapper calls the module's hooks first). The hints are data (`to_json` / `from_json`):
-``capture compile-hints`` prints them, a server loads them without the store.
+``capture hints`` prints them, a server loads them without the store.
 
 This module imports torch only in `CompileHints.apply`'s hook.
 """
@@ -147,7 +147,7 @@ class CompileHints:
         return module.register_forward_pre_hook(hook, with_kwargs=True)
 
     def to_json(self) -> str:
-        """The hints as a JSON document (``capture compile-hints`` prints it)."""
+        """The hints as a JSON document (``capture hints`` prints it)."""
         return json.dumps(
             {
                 "format": FORMAT,
@@ -172,7 +172,7 @@ class CompileHints:
             if doc.get("format") != FORMAT or doc.get("version") != _VERSION:
                 raise ReplayError(
                     f"not a {FORMAT} document of version {_VERSION}; print one with "
-                    "`capture compile-hints`"
+                    "`capture hints`"
                 )
             groups = [
                 GroupHints(
