@@ -171,8 +171,7 @@ class CompileHints:
             doc = json.loads(text)
             if doc.get("format") != FORMAT or doc.get("version") != _VERSION:
                 raise ReplayError(
-                    f"not a {FORMAT} document of version {_VERSION}; print one with "
-                    "`capture hints`"
+                    f"not a {FORMAT} document of version {_VERSION}; print one with `capture hints`"
                 )
             groups = [
                 GroupHints(
