@@ -1,4 +1,4 @@
-"""What recording costs on the cache families of issue 22, next to the DynamicCache decode step.
+"""What recording costs on the cache families capture serves, next to the DynamicCache decode step.
 
     python bench/bench_families.py            # the numbers in docs/benchmarks.md
     python bench/bench_families.py --quick    # a smoke run

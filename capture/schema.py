@@ -13,8 +13,21 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
-"""Bumped whenever a column is renamed, removed or changes meaning."""
+SCHEMA_VERSION = 2
+"""The store format's version, in every file's footer (`METADATA_SCHEMA_VERSION`) and on every
+``structures`` row (its ``schema_version`` column). Bumped whenever a column is renamed, removed
+or changes meaning; readers read every older version by its number (docs/schema.md):
+
+- 1: the first format.
+- 2: a cache layer's state is part of its structure (a sliding window's ``full``/``filling`` in
+  the treespec and its seen tokens as a leaf; a static layer's fill level as a leaf), special
+  token counts follow the value ranges in ``int_min``/``int_max``, and each ``structures`` row
+  says the version it was recorded under (null in files of version 1).
+"""
+
+STRUCTURE_ID_VERSION = 1
+"""Version of the `structure_id` hash: kept across store versions, so that a structure recorded
+the same way before and after an upgrade is one structure (one call group)."""
 
 METADATA_SCHEMA_VERSION = b"capture.schema_version"
 METADATA_LIBRARY_VERSION = b"capture.library_version"
@@ -92,8 +105,14 @@ STRUCTURES_SCHEMA = pa.schema(
         # JSON of the recorded method's signature: [{"name", "kind", "has_default"}, ...].
         pa.field("signature", pa.string()),
         pa.field("n_args", pa.int32()),
+        # The store version this structure was recorded under (null: version 1).
+        pa.field("schema_version", pa.int32()),
     ]
 )
+
+ADDED_IN = {(STRUCTURES, "schema_version"): 2}
+"""(table, column) -> the store version that added it: a file of an older version lacks it (its
+rows read as null)."""
 
 CALLS_SCHEMA = pa.schema(
     [

@@ -160,7 +160,7 @@ def test_walk_matches_pytree_and_round_trips(args: tuple[Any, ...], kwargs: dict
 
 def test_schema_is_pinned() -> None:
     """Golden test: renaming a column or changing a type requires bumping SCHEMA_VERSION."""
-    assert schema.SCHEMA_VERSION == 1
+    assert (schema.SCHEMA_VERSION, schema.STRUCTURE_ID_VERSION) == (2, 1)
     golden = {
         "structures": [
             ("structure_id", "string"),
@@ -180,6 +180,7 @@ def test_schema_is_pinned() -> None:
             ("treespec", "string"),
             ("signature", "string"),
             ("n_args", "int32"),
+            ("schema_version", "int32"),
         ],
         "calls": [
             ("call_id", "int64"),

@@ -332,7 +332,7 @@ def test_files_are_complete_zstd_parquet_with_metadata(tmp_path: Path) -> None:
     for path in files:
         assert not path.name.startswith(".") and path.suffix == ".parquet"
         meta = pq.read_metadata(path)
-        assert meta.metadata[b"capture.schema_version"] == b"1"
+        assert meta.metadata[b"capture.schema_version"] == b"2"
         assert meta.row_group(0).column(0).compression == "ZSTD"
     con = duckdb.connect()
     total = con.execute(

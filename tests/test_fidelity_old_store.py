@@ -1,4 +1,4 @@
-"""A store written before issue 9 (tests/data/store_before_issue9) still opens and exports.
+"""A store of version 1 (tests/data/store_before_issue9) still opens, exports, and is read as v1.
 
 The fixture was recorded by the code of commit 9c7ab6a (before this change): a tiny Llama and a
 tiny Mistral (sliding window 4, shorter than the prompts), greedy generate() of 3 tokens.
@@ -6,13 +6,16 @@ tiny Mistral (sliding window 4, shorter than the prompts), greedy generate() of 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import capture
 import replay
+from capture import schema
 from fixtures.generate_traffic import tiny_causal
 
 pytest.importorskip("transformers")
@@ -49,6 +52,35 @@ def test_old_sliding_window_store_is_reported_not_covered(old_store: Path) -> No
     model = tiny_causal("mistral", sliding_window=4)
     result = replay.export(model, old_store, model="mistral")
     decode = [r for r in result.coverage.to_pylist() if r["group"].startswith("decode")]
-    # issue 9: a window recorded without its fill level cannot be rebuilt exactly: never covered.
+    # a window recorded without its fill level cannot be rebuilt exactly: never covered.
     assert decode and not any(r["covered"] for r in decode)
     assert all("recorded without its fill level" in r["error"] for r in decode)
+
+
+def test_a_stateless_cache_layer_is_read_by_the_version_it_was_recorded_under(
+    old_store: Path,
+) -> None:
+    from capture.analysis.groups import analyze
+    from capture.pytree.cachespec import blocking_reason
+
+    with capture.open_store(old_store) as store:
+        versions = store.query("SELECT DISTINCT schema_version FROM structures").to_pylist()
+        decode = [g for g in analyze(store, "mistral") if g.name.startswith("decode")]
+    assert versions == [{"schema_version": None}]  # files of version 1 have no such column
+    structure = decode[0].structure
+    assert structure.schema_version == 1
+    assert "recorded without its fill level (a store of version 1" in str(
+        blocking_reason(structure)
+    )
+    # The same rows claiming a version that always records the fill level: a corrupt store.
+    claimed = dataclasses.replace(structure, schema_version=schema.SCHEMA_VERSION)
+    assert "the store's structures file is corrupt" in str(blocking_reason(claimed))
+
+
+def test_a_new_recording_says_its_version_on_every_structure_row(tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    with capture.Recorder(model, tmp_path / "store"):
+        model(torch.rand(2, 3))
+    with capture.open_store(tmp_path / "store") as store:
+        rows = store.query("SELECT DISTINCT schema_version FROM structures").to_pylist()
+    assert rows == [{"schema_version": schema.SCHEMA_VERSION}]

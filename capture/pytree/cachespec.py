@@ -403,23 +403,30 @@ def unsupported_reason(structure: RecordedStructure) -> str | None:
         except (TypeError, ValueError):
             continue
         for layer in context if isinstance(context, list) else []:
-            if isinstance(layer, list) and layer and layer[0] in _STATEFUL and len(layer) < 3:
-                # Recorded before capture kept the window's fill level (schema v1 stores).
-                return (
-                    f"a {kind.rsplit('.', 1)[-1]} layer: {layer[0]} was recorded without its "
-                    "fill level (a store written before capture 'issue 9'); record again"
-                )
-            if isinstance(layer, list) and layer and layer[0] == "StaticLayer" and len(layer) < 3:
-                # Recorded before capture kept a static layer's fill level.
-                return (
-                    f"a {kind.rsplit('.', 1)[-1]} layer: StaticLayer was recorded without its "
-                    "fill level (a store written before capture 'issue 22'); record again"
-                )
+            stateful = isinstance(layer, list) and layer and layer[0] in (*_STATEFUL, "StaticLayer")
+            if stateful and len(layer) < 3:
+                return _stateless(kind, str(layer[0]), structure.schema_version)
             reason = _reason(layer[0]) if isinstance(layer, list) and layer else None
             if reason is not None:
                 cache = kind.rsplit(".", 1)[-1]
                 return f"a {cache} layer: {layer[0]}: {reason}"
     return None
+
+
+def _stateless(kind: str, layer: str, version: int) -> str:
+    """Why a cache layer recorded without its state (fill level) cannot be rebuilt, by the store
+    version its structure was recorded under: version 1 stores did not record it (for sliding
+    windows and static layers both), a later one always does."""
+    cache = kind.rsplit(".", 1)[-1]
+    if version < 2:
+        return (
+            f"a {cache} layer: {layer} was recorded without its fill level (a store of version "
+            f"{version}, written by an older capture); record again"
+        )
+    return (
+        f"a {cache} layer: {layer} has no fill level, which every store of version {version} "
+        "records: the store's structures file is corrupt; record again"
+    )
 
 
 _CONTAINERS = ("builtins.list", "builtins.tuple", "builtins.dict")

@@ -127,6 +127,8 @@ class RecordedStructure:
         n_args: How many arguments its calls passed positionally.
         params: The method's signature (empty when unknown or malformed).
         signature_error: Why `signature` could not be read, else None.
+        schema_version: The store version it was recorded under (`capture.schema`: what its
+            leaves and treespec hold; 1 when its rows do not say).
     """
 
     structure_id: str
@@ -137,6 +139,7 @@ class RecordedStructure:
     n_args: int = 0
     params: Signature = Signature()
     signature_error: str | None = field(default=None, compare=False)
+    schema_version: int = field(default=schema.SCHEMA_VERSION, compare=False)
 
     @classmethod
     def from_rows(cls, rows: Sequence[Mapping[str, Any]]) -> RecordedStructure:
@@ -174,6 +177,7 @@ class RecordedStructure:
             n_args=int(first.get("n_args") or 0),
             params=params,
             signature_error=error,
+            schema_version=int(first.get("schema_version") or 1),
         )
 
     @property

@@ -339,4 +339,5 @@ def structure_table(model: str, structures: Sequence[Structure], signature: Sign
             cols["treespec"].append(st.treespec if index == 0 else None)
             cols["signature"].append(sig_json)
             cols["n_args"].append(st.n_args)
+            cols["schema_version"].append(schema.SCHEMA_VERSION)
     return pa.table(cols, schema=schema.STRUCTURES_SCHEMA)

@@ -33,7 +33,7 @@ from capture.schema import (
     KIND_OPAQUE,
     KIND_STR,
     KIND_TENSOR,
-    SCHEMA_VERSION,
+    STRUCTURE_ID_VERSION,
 )
 from capture.signature import Signature
 
@@ -198,7 +198,7 @@ def _missing(signature: Signature, n_args: int, kwargs: dict[str, Any]) -> list[
 
 def _structure_id(leaves: list[Leaf], treespec: str | None) -> str:
     payload = json.dumps(
-        [SCHEMA_VERSION, [list(leaf.__dict__.values()) for leaf in leaves], treespec],
+        [STRUCTURE_ID_VERSION, [list(leaf.__dict__.values()) for leaf in leaves], treespec],
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

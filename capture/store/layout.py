@@ -236,11 +236,14 @@ def _list_local(
     return out
 
 
-def _schema_problem(found: pa.Schema, table: str) -> str | None:
-    """Why `found` is not the schema of `table` (None when it is, extra columns allowed)."""
+def _schema_problem(found: pa.Schema, table: str, version: int) -> str | None:
+    """Why `found` is not the schema of `table` in a file of store `version` (None when it is,
+    extra columns allowed, columns added after `version` optional: `schema.ADDED_IN`)."""
     expected = schema.SCHEMAS[table]
     for field in expected:
         index = found.get_field_index(field.name)
+        if index < 0 and schema.ADDED_IN.get((table, field.name), 0) > version:
+            continue
         if index < 0:
             return f"not a {table} file of this store: it has no column {field.name!r}"
         if not found.field(index).type.equals(field.type):
@@ -368,7 +371,7 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
         return Skip(path, f"a {kind[:20]!r} file in the {table!r} folder")
     try:
         found = meta.schema.to_arrow_schema()
-        problem = _schema_problem(found, table)
+        problem = _schema_problem(found, table, number)
     except Exception as e:  # a schema arrow cannot map
         problem = f"its schema cannot be read ({type(e).__name__})"
     if problem:

@@ -232,7 +232,7 @@ class StoreReader:
             elif table != schema.CALLS:
                 # Read with their checks (`_checked_files`): every query would fetch each
                 # small file again (on an object store a round trip each).
-                self.con.register(f"_{table}_rows", self._rows[table])
+                self.con.register(f"_{table}_rows", _with_columns(self._rows[table], base))
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
             elif local:
                 # The `model` column of a file is the recorded name; its `model=` folder is a
@@ -424,3 +424,12 @@ class StoreReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _with_columns(rows: pa.Table, base: pa.Schema) -> pa.Table:
+    """`rows` with every column of `base`: a column later store versions added (`schema.ADDED_IN`)
+    is null on rows read from files of an older version."""
+    for field in base:
+        if field.name not in rows.column_names:
+            rows = rows.append_column(field, pa.nulls(len(rows), field.type))
+    return rows
