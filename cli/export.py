@@ -40,7 +40,7 @@ from typing import Any
 import click
 
 from capture.output_paths import check_file
-from replay.inputs.options import ExportOptions
+from replay.inputs.options import SPECS, ExportOptions
 
 from .fit import Fit, terminal_width, wide_option
 from .main import store_path
@@ -252,6 +252,15 @@ def _render_coverage(
     "is accepted). Default: Dim.DYNAMIC.",
 )
 @click.option(
+    "--spec",
+    type=click.Choice(list(SPECS)),
+    default=ExportOptions.spec,
+    help="The form of dynamic_shapes: torch.export.Dim objects (dims), or torch's ShapesSpec "
+    "learned from the store (shapes, torch >= 2.14: recorded ranges, the most called size as "
+    "optimization hint, trusted divisors as assumptions; every size unbacked, no retries or "
+    f"regimes). Default: {ExportOptions.spec}.",
+)
+@click.option(
     "--probes",
     type=click.IntRange(min=0),
     default=ExportOptions.probes,
@@ -319,6 +328,7 @@ def export_command(
     aoti: bool,
     batch: tuple[str, ...],
     named_dims: bool,
+    spec: str,
     keyword_only: bool,
     probes: int,
     max_regimes: int,
@@ -385,6 +395,7 @@ def export_command(
     options = ExportOptions.of(
         set_batch_dimension_for=_batch_option(batch),
         named_dims=named_dims,
+        spec=spec,
         keyword_only=keyword_only,
         probes=probes,
         max_regimes=max_regimes,

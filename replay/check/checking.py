@@ -75,6 +75,17 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def _probes(group: ExportGroup, limit: int) -> list[tuple[int, ...]]:
+    """The group's probes; for a ``ShapesSpec`` program moved onto its divisibility
+    assumptions (a size its spec refuses is no probe of it: `divisible_probes`)."""
+    assert group.analysis is not None
+    if group.options.spec != "shapes":
+        return select.probes(group.analysis, limit)
+    from replay.inputs.specs.facts import divisible_probes
+
+    return divisible_probes(group.analysis, select.probes(group.analysis, 4 * limit), limit)
+
+
 def coverage_rows(
     model: Any,
     group: ExportGroup,
@@ -93,7 +104,7 @@ def coverage_rows(
     runnable = program.module() if program is not None else None
     checks = [(sizes, calls, KIND_RECORDED) for sizes, calls in group.recorded()]
     if group.analysis is not None:
-        checks += [(sizes, 0, KIND_PROBE) for sizes in select.probes(group.analysis, probes)]
+        checks += [(sizes, 0, KIND_PROBE) for sizes in _probes(group, probes)]
     for sizes, calls, kind in checks:
         row = CoverageRow(
             group=group.name,
