@@ -40,6 +40,7 @@ WRITES_UNDER: dict[str, list[str] | None] = {
     "profiles": None,
     "buckets": None,
     "check": None,
+    "hints": None,
 }
 STORE_WRITERS: dict[str, list[str]] = {
     "compact": ["compact"],
@@ -52,6 +53,7 @@ READERS: dict[str, list[str]] = {
     "profiles": ["profiles"],
     "buckets": ["buckets", "--budget", "4"],
     "check": ["check", "{artifact}"],
+    "hints": ["hints"],
 }
 FILE_WRITERS = [name for name, argv in WRITES_UNDER.items() if argv is not None]
 

@@ -588,31 +588,16 @@ def test_summary_tells_groups_apart_by_scalar(tmp_path: Path) -> None:
 
 
 def test_summary_dims_cells_stay_short() -> None:
+    from capture.analysis.summary import GroupSummary, ModelSummary, Summary, SymbolSummary
     from capture.cli.summary_table import summary_report
 
-    dims = [f"past_key_values.layers[{i}].keys[2]" for i in range(40)]
-    group = {
-        "name": "decode",
-        "calls": 1,
-        "share": 1.0,
-        "signatures": 1,
-        "errors": 0,
-        "inputs": ["x"],
-        "absent": [],
-        "relations": [],
-        "scalars": {},
-        "symbols": [{"symbol": "s", "min": 1, "max": 9, "distinct": 3, "expr": None, "dims": dims}],
-    }
-    text = summary_report(
-        {
-            "store": "s",
-            "calls": 1,
-            "errors": 0,
-            "signatures": 1,
-            "skipped_files": [],
-            "models": [{"model": "m", "calls": 1, "errors": 0, "signatures": 1, "groups": [group]}],
-        }
+    dims = tuple(f"past_key_values.layers[{i}].keys[2]" for i in range(40))
+    symbol = SymbolSummary("s", None, 1, 9, 3, dims)
+    group = GroupSummary(
+        "decode", "s0", 1, 0, 1, 1.0, None, None, ("x",), (), (symbol,), (), {}, None
     )
+    model = ModelSummary("m", 1, 0, 1, None, None, (group,), (), (), (), ())
+    text = summary_report(Summary("s", 1, 0, 1, None, None, (), (model,)))
     line = next(line for line in text.splitlines() if "past_key_values" in line)
     assert len(line) < 140  # issue 11: was over 300 characters
     assert "+" in line and "more" in line
