@@ -76,6 +76,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ".engines:profiles_command",
         "Print TensorRT min/opt/max shape profiles per call group.",
     ),
+    "hints": (
+        ".hints:compile_hints_command",
+        "Print torch.compile dynamic marks per call group, as JSON.",
+    ),
     "buckets": (
         ".engines:buckets_command",
         "Choose the N batch or sequence sizes that pad recorded calls least.",

@@ -147,7 +147,8 @@ def test_out_writes_one_artifact_with_every_group(
 
 def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) -> None:
     # masked's g0 has batches 3 and 4: the program exported at 3 guards x.shape[0] <= 3, and
-    # --max-regimes 1 keeps g0 whole (not split at the cut).
+    # --max-regimes 1 keeps g0 whole (not split at the cut), --max-static 0 gives the refused
+    # signature no static program.
     target = tmp_path / "branchy.pt2"
     code, out, err = _run(
         store,
@@ -158,6 +159,8 @@ def test_partial_coverage_exits_3(store: str, factories: str, tmp_path: Path) ->
         str(target),
         "--max-regimes",
         "1",
+        "--max-static",
+        "0",
         "--signatures",
     )
     assert code == 3

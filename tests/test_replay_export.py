@@ -274,8 +274,9 @@ def test_a_signature_the_program_rejects_is_not_covered(tmp_path: Path) -> None:
 
     store = _record(tmp_path, Branchy(), [(torch.ones(n, 3),) for n in (2, 3, 5)])
     with store:
-        # One regime at most: the group is not split at the branch (tests/test_replay_regimes.py).
-        result = replay.export(Branchy(), store, probes=0, max_regimes=1)
+        # One regime at most: the group is not split at the branch (tests/test_replay_regimes.py);
+        # no static fallback (tests/test_replay_budget.py).
+        result = replay.export(Branchy(), store, probes=0, max_regimes=1, max_static=0)
     rows = result.coverage.to_pylist()
     assert [(r["signature"], r["covered"]) for r in rows] == [
         ("x=2x3", True),

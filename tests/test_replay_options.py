@@ -18,7 +18,7 @@ import capture
 import replay
 from capture.errors import ReplayError
 from replay.inputs.builder import export_inputs
-from replay.inputs.options import INTERNAL, ExportOptions
+from replay.inputs.options import ExportOptions
 from replay.pipeline.exporting import export
 
 # Keywords of the functions that are not options.
@@ -35,6 +35,8 @@ _EXPORT_ONLY = {
     "max_payload_bytes",
     "max_regimes",
     "merge",
+    "time_budget",
+    "max_static",
 }
 
 
@@ -42,8 +44,6 @@ def _defaults() -> dict[str, Any]:
     """Option -> its default, as a keyword argument spells it (a mapping default: None)."""
     out = {}
     for f in dataclasses.fields(ExportOptions):
-        if f.name in INTERNAL:
-            continue
         out[f.name] = None if f.default is dataclasses.MISSING else f.default
     return out
 

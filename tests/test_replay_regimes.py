@@ -111,7 +111,8 @@ def test_a_regime_with_one_size_is_exported_static(tmp_path: Path) -> None:
 
 def test_a_cut_needing_more_regimes_than_allowed_is_not_split(tmp_path: Path) -> None:
     _record(tmp_path, Parity(), [2, 3, 4, 5, 6])
-    result = replay.export(Parity(), tmp_path, probes=0, max_regimes=4)
+    # No static fallback here (tests/test_replay_budget.py serves the rest with it).
+    result = replay.export(Parity(), tmp_path, probes=0, max_regimes=4, max_static=0)
     # Five runs (2 | 3 | 4 | 5 | 6) would make five regimes: the group stays whole, its
     # refused signatures not covered, and a note says why.
     assert sorted(result.programs) == ["g0"]

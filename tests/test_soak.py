@@ -31,7 +31,7 @@ def _totals(uri: str) -> dict[str, object]:
             "SELECT count(*) AS n, count(DISTINCT (pid, call_id)) AS d FROM calls"
         ).to_pylist()[0]
         signatures = store.query("SELECT sum(calls) AS n FROM signatures").to_pylist()[0]["n"]
-        summary = sum(m["calls"] for m in store.summary()["models"])
+        summary = sum(m.calls for m in store.summary().models)
     return {
         "rows": row["n"],
         "distinct": row["d"],

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,7 +45,7 @@ from replay.inputs import rebuild as rb
 from replay.inputs import select, shapes
 from replay.inputs.exportgroup import ExportGroup, ExportInputs
 from replay.inputs.groupshapes import group_shapes
-from replay.inputs.options import ExportOptions
+from replay.inputs.options import INPUT_OPTIONS, ExportOptions, takes_options
 from replay.runtime import callform
 
 if TYPE_CHECKING:
@@ -265,7 +265,7 @@ def build_group(
         group,
         options,
         example.symbols,
-        lambda specs: shapes.materialize(specs, options.hinted, options.floor, options.auto),
+        shapes.materialize,
         added=list(added),
         call=(len(args), list(kwargs_)),
     )
@@ -335,22 +335,9 @@ def _shapes_spec(
 
 # The keyword defaults are `ExportOptions`' (the one place an option and its default are
 # defined); tests/test_replay_options.py checks that the two stay the same.
+@takes_options(INPUT_OPTIONS)
 def export_inputs(
-    store: Any,
-    model: str | None = None,
-    *,
-    set_batch_dimension_for: bool | Iterable[str | int] | None = (
-        ExportOptions.set_batch_dimension_for
-    ),
-    named_dims: bool = ExportOptions.named_dims,
-    keyword_only: bool = ExportOptions.keyword_only,
-    value_if_missing: Mapping[str, torch.Tensor] | None = None,
-    fill_missing: bool = ExportOptions.fill_missing,
-    seed: int = ExportOptions.seed,
-    device: str | None = ExportOptions.device,
-    module: Any = None,
-    groups: Iterable[str] | None = ExportOptions.groups,
-    spec: str = ExportOptions.spec,
+    store: Any, model: str | None = None, *, module: Any = None, **options: Any
 ) -> ExportInputs:
     """Export arguments and dynamic shapes for every call group of a recorded model.
 
@@ -386,18 +373,7 @@ def export_inputs(
         >>> inputs.dynamic_shapes  # doctest: +SKIP
         ({0: Dim.DYNAMIC, 1: Dim.DYNAMIC}, {0: Dim.DYNAMIC, 1: Dim.DYNAMIC})
     """
-    options = ExportOptions.of(
-        set_batch_dimension_for=set_batch_dimension_for,
-        named_dims=named_dims,
-        keyword_only=keyword_only,
-        value_if_missing=value_if_missing,
-        fill_missing=fill_missing,
-        seed=seed,
-        device=device,
-        groups=groups,
-        spec=spec,
-    )
-    return inputs_for(store, model, options, module=module)
+    return inputs_for(store, model, ExportOptions.of_inputs(**options), module=module)
 
 
 def inputs_for(

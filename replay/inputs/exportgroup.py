@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from capture.errors import ReplayError
+from capture.renames import same_argument
 from capture.signature import POSITIONAL_OR_KEYWORD, Param, Signature
 from replay.inputs import rebuild as rb
 from replay.inputs import select, shapes, tokens
 from replay.inputs.groupshapes import group_shapes
-from replay.inputs.options import ExportOptions
+from replay.inputs.options import ExportOptions, ShapeRetry
 from replay.runtime import callform
 from replay.runtime.fills import Fill, fill_call
 
@@ -74,7 +75,9 @@ class ExportGroup:
     seed: int = rb.DEFAULT_SEED
     device: str | None = None
     options: ExportOptions = field(repr=False, default_factory=ExportOptions)
-    """The options the group was built with (`reshaped` replaces one)."""
+    """The options the group was built with."""
+    retry: ShapeRetry = field(repr=False, default_factory=ShapeRetry)
+    """How a retry reshaped its ``dynamic_shapes`` (`reshaped`); the default: not reshaped."""
     served_by: str | None = None
     """The group whose program serves this one (`replay.pipeline.merging`), or None: its own."""
     fills: tuple[Fill, ...] = ()
@@ -92,13 +95,16 @@ class ExportGroup:
         return self.served_by or self.name
 
     def module(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module to export: `model`, or a wrapper naming its ``**kwargs`` entries.
+        """The module to export: `model`, or a wrapper naming its ``**kwargs`` entries, and the
+        keywords recorded under a name the library has renamed since (`capture.renames`: a store
+        of transformers 5.23 passes ``past_key_values``, 5.24's forward declares ``cache`` and
+        still takes the old name through ``**kwargs``): the program takes them as recorded.
 
         Example:
             >>> ep = torch.export.export(group.module(model), group.args, group.kwargs,
             ...                          dynamic_shapes=group.dynamic_shapes)  # doctest: +SKIP
         """
-        if not self.form.extra:
+        if not self.form.extra and not _renamed_since(model, self.form.keywords):
             return model
         return _named_call(model, self.form)
 
@@ -135,24 +141,27 @@ class ExportGroup:
             device=self.device,
         )
 
-    def reshaped(self, options: ExportOptions) -> ExportGroup:
-        """A copy whose ``dynamic_shapes`` are built again with `options` (same example
-        arguments and call form, own notes list): how `replay.pipeline.bounded` retries an export.
+    def reshaped(self, retry: ShapeRetry) -> ExportGroup:
+        """A copy whose ``dynamic_shapes`` are built again the way `retry` says (same options,
+        example arguments and call form, own notes list): how `replay.pipeline.bounded` and
+        `replay.pipeline.regimes` retry an export.
 
         Raises:
             ReplayError: The group was not built from an analysis.
 
         Example:
-            >>> hinted = group.reshaped(dataclasses.replace(group.options, hinted=("seq",)))
-            ... # doctest: +SKIP
+            >>> hinted = group.reshaped(ShapeRetry(hinted=("seq",)))  # doctest: +SKIP
         """
         if self.analysis is None:
             raise ReplayError(f"group {self.name} was not built from an analysis")
+        options = self.options
+        if retry.unbounded:
+            options = dataclasses.replace(options, named_dims=False)
         shaped = group_shapes(
             self.analysis,
             options,
             self.example.symbols,
-            lambda specs: shapes.materialize(specs, options.hinted, options.floor, options.auto),
+            lambda specs: shapes.materialize(specs, retry.hinted, retry.floor, retry.auto),
             added=list(self.added),
             form=self.form,
         )
@@ -160,7 +169,7 @@ class ExportGroup:
             self,
             dynamic_shapes=shaped.dynamic_shapes,
             notes=list(self.notes),
-            options=options,
+            retry=retry,
         )
 
     def program_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -258,6 +267,12 @@ class ExportInputs:
                 return g
         known = ", ".join(g.name for g in self.groups)
         raise ReplayError(f"no group {name!r} for model {self.model} (groups: {known})")
+
+
+def _renamed_since(model: torch.nn.Module, keywords: Iterable[str]) -> bool:
+    """Whether a recorded keyword is one the model's forward now declares under another name."""
+    declared = Signature.of(getattr(model, "forward", model)).plain
+    return any(k not in declared and same_argument(k, declared) for k in keywords)
 
 
 def _named_call(model: torch.nn.Module, form: callform.CallForm) -> torch.nn.Module:

@@ -8,22 +8,25 @@ turn them into one `ExportOptions` with `ExportOptions.of` (the one conversion a
 here too), and ``capture dims --python`` builds one for its three options. A new option goes
 into `ExportOptions` first. The pipeline: analysis (``set_batch_dimension_for``) ->
 representative example -> per-group shapes (`replay.inputs.groupshapes`, ``named_dims``,
-``keyword_only``, ``hinted``/``floor``) -> rebuilt arguments (``seed``, ``device``,
+``keyword_only``; a retry's `ShapeRetry`) -> rebuilt arguments (``seed``, ``device``,
 ``fill_missing``) -> export and check (``modules``: the recorded sub-modules too). A retry
-changes one option with `dataclasses.replace` and runs the same step again
-(`replay.pipeline.bounded`: named Dims rejected by torch.export become bounded ``Dim.DYNAMIC``
-hints) instead of a parallel path.
+reshapes a group with a `ShapeRetry` and runs the same step again (`replay.pipeline.bounded`:
+named Dims rejected by torch.export become bounded ``Dim.DYNAMIC`` hints) instead of a parallel
+path; the options stay the caller's.
 
 This module imports no torch (``capture dims --python`` builds options too).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from capture.errors import ReplayError
 from capture.store.payload_format import DEFAULT_MAX_CALL_BYTES
 
 if TYPE_CHECKING:
@@ -33,12 +36,20 @@ __all__ = [
     "ExportOptions",
     "batch_option",
     "DEFAULT_SEED",
-    "INTERNAL",
+    "DEFAULT_TIME_BUDGET",
+    "ShapeRetry",
+    "EXPORT_ONLY",
+    "INPUT_OPTIONS",
+    "takes_options",
     "SPECS",
 ]
 
 DEFAULT_SEED = 0
 """Seed of the rebuilt example tensors (also the default of `replay.inputs.rebuild.rebuild`)."""
+
+DEFAULT_TIME_BUDGET = 300.0
+"""Seconds of torch.export per call group by default: a few times what the largest models of
+the test suite need, so only an export stuck in torch's shape analysis reaches it."""
 
 BatchOption = bool | tuple[str | int, ...] | None
 
@@ -65,11 +76,6 @@ class ExportOptions:
             dynamic even when it never varied.
         named_dims: Named ``Dim(symbol, min=, max=)`` instead of ``Dim.DYNAMIC``.
         keyword_only: Pass positional arguments by keyword.
-        hinted: With `named_dims`, the symbols given as bounded ``Dim.DYNAMIC(min=, max=)``
-            hints instead (set by the `replay.pipeline.bounded` retry, not by users).
-        floor: Raise the min of the hinted symbols to this (the same retry).
-        auto: ``Dim.AUTO`` on every dynamic axis (set by `replay.pipeline.regimes` to learn where
-            torch.export cuts a group's range, not by users).
         value_if_missing: Name -> tensor given where that argument is missing (fill_missing).
         fill_missing: Give every program the tensor arguments some group of the model passes.
         seed: Seed of the example tensors.
@@ -90,6 +96,11 @@ class ExportOptions:
         merge: Serve a group that lacks an optional input with another group's program, the
             input filled, where the check proves it on the group's own signatures
             (`replay.pipeline.merging`); False: one program per group.
+        time_budget: Seconds of torch.export per call group (its dynamic exports, retries and
+            regimes get half, the static fallback the rest; `replay.pipeline.budget.child`); None:
+            no bound.
+        max_static: Most static programs per group for the recorded signatures its dynamic
+            program does not serve (`replay.pipeline.budget.static`); 0: no static fallback.
         spec: ``"dims"``: ``dynamic_shapes`` of ``torch.export.Dim`` objects; ``"shapes"``:
             torch's ``ShapesSpec`` (torch >= 2.14) learned from the store
             (`replay.inputs.specs.shapesspec`).
@@ -98,9 +109,6 @@ class ExportOptions:
     set_batch_dimension_for: BatchOption = None
     named_dims: bool = False
     keyword_only: bool = False
-    hinted: tuple[str, ...] = ()
-    floor: int = 0
-    auto: bool = False
     value_if_missing: Mapping[str, torch.Tensor] = field(default_factory=dict)
     fill_missing: bool = False
     seed: int = DEFAULT_SEED
@@ -116,6 +124,8 @@ class ExportOptions:
     max_payload_bytes: int = DEFAULT_MAX_CALL_BYTES
     max_regimes: int = 4
     merge: bool = True
+    time_budget: float | None = DEFAULT_TIME_BUDGET
+    max_static: int = 16
     spec: str = "dims"
 
     @classmethod
@@ -124,16 +134,13 @@ class ExportOptions:
         None mappings empty).
 
         Raises:
-            TypeError: An unknown option, or one set by the pipeline only (`INTERNAL`).
+            TypeError: An unknown option (the pipeline's own retry state is `ShapeRetry`).
             ValueError: ``spec`` is not ``"dims"`` or ``"shapes"``.
 
         Example:
             >>> ExportOptions.of(named_dims=True, groups=["decode"]).groups
             ('decode',)
         """
-        internal = sorted(set(options) & set(INTERNAL))
-        if internal:
-            raise TypeError(f"{', '.join(internal)}: set by the replay itself, not an option")
         if options.get("spec", "dims") not in SPECS:
             raise ValueError(f"spec={options['spec']!r}: one of {', '.join(map(repr, SPECS))}")
         if options.get("onnx") is not None:
@@ -144,12 +151,113 @@ class ExportOptions:
             options["groups"] = tuple(options["groups"])
         if "value_if_missing" in options:
             options["value_if_missing"] = dict(options["value_if_missing"] or {})
+        budget = options.get("time_budget")
+        if budget is not None and not budget > 0:
+            raise ReplayError(
+                f"time_budget={budget!r}: give a number of seconds above 0, or None for no bound"
+            )
         return cls(**options)
+
+    @classmethod
+    def of_inputs(cls, **options: Any) -> ExportOptions:
+        """`of` for `replay.export_inputs`: the options that shape the inputs only.
+
+        Raises:
+            TypeError: An option of `replay.export` only (`EXPORT_ONLY`), or an unknown one.
+
+        Example:
+            >>> ExportOptions.of_inputs(probes=0)
+            Traceback (most recent call last):
+            ...
+            TypeError: probes: an option of replay.export, not of export_inputs
+        """
+        only = sorted(set(options) & set(EXPORT_ONLY))
+        if only:
+            raise TypeError(f"{', '.join(only)}: an option of replay.export, not of export_inputs")
+        return cls.of(**options)
 
 
 SPECS = ("dims", "shapes")
 """The forms of ``dynamic_shapes`` an export can use (`ExportOptions.spec`)."""
 
-INTERNAL = ("hinted", "floor", "auto")
-"""Fields of `ExportOptions` the pipeline sets (the `replay.pipeline.bounded` retry,
-`replay.pipeline.regimes`' probe of torch's cuts), never a caller."""
+
+@dataclass(frozen=True)
+class ShapeRetry:
+    """How a retry reshapes a group's ``dynamic_shapes``: the pipeline's own state, never an
+    option (`replay.inputs.exportgroup.ExportGroup.reshaped`).
+
+    Attributes:
+        hinted: With ``named_dims``, the symbols given as bounded ``Dim.DYNAMIC(min=, max=)``
+            hints instead (the `replay.pipeline.bounded` retry).
+        floor: Raise the min of the hinted symbols to this (the same retry).
+        unbounded: Every dynamic axis ``Dim.DYNAMIC``, whatever ``named_dims`` asks (the
+            retry of last resort, reported as not honoured).
+        auto: ``Dim.AUTO`` on every dynamic axis (`replay.pipeline.regimes`, to learn where
+            torch.export cuts a group's range).
+
+    Example:
+        >>> ShapeRetry(hinted=("seq",), floor=2).auto
+        False
+    """
+
+    hinted: tuple[str, ...] = ()
+    floor: int = 0
+    unbounded: bool = False
+    auto: bool = False
+
+
+EXPORT_ONLY = (
+    "onnx",
+    "modules",
+    "strict",
+    "atol",
+    "rtol",
+    "probes",
+    "max_payloads",
+    "max_payload_bytes",
+    "max_regimes",
+    "merge",
+    "time_budget",
+    "max_static",
+)
+"""Options only `replay.export` takes: the inputs are the same whatever the check does."""
+
+INPUT_OPTIONS = tuple(
+    f.name for f in dataclasses.fields(ExportOptions) if f.name not in EXPORT_ONLY
+)
+"""The options `replay.export_inputs` takes."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def takes_options(names: Iterable[str]) -> Callable[[_F], _F]:
+    """Gives a function that takes ``**options`` the signature of one keyword per option of
+    `names`, with `ExportOptions`' defaults and types (a mapping default: None): what
+    ``help()``, ``inspect.signature`` and editors show, derived from the dataclass instead of
+    restated by hand.
+
+    Example:
+        >>> @takes_options(["probes"])
+        ... def check(store, **options): ...
+        >>> inspect.signature(check)
+        <Signature (store, *, probes: 'int' = 4)>
+    """
+    fields = {f.name: f for f in dataclasses.fields(ExportOptions)}
+    chosen = [fields[name] for name in names]
+
+    def decorate(fn: _F) -> _F:
+        signature = inspect.signature(fn)
+        params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        params += [
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None if f.default is dataclasses.MISSING else f.default,
+                annotation=f.type,
+            )
+            for f in chosen
+        ]
+        fn.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        return fn
+
+    return decorate

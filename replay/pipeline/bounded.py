@@ -22,13 +22,13 @@ never silently.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from capture.analysis.representative import MIN_DYNAMIC
 from capture.compat import is_constraint_violation, violation_names
 from replay.inputs import shapes
+from replay.inputs.options import ShapeRetry
 
 if TYPE_CHECKING:
     from replay.inputs.builder import ExportGroup
@@ -56,13 +56,8 @@ def with_hints(group: ExportGroup, hinted: Iterable[str] | None, floor: int = 0)
         ... # doctest: +SKIP
         {0: Dim('batch', min=2, max=4), 1: DYNAMIC(min=6, max=23)}
     """
-    options = dataclasses.replace(
-        group.options,
-        named_dims=hinted is not None,
-        hinted=tuple(hinted or ()),
-        floor=floor,
-    )
-    return group.reshaped(options)
+    retry = ShapeRetry(hinted=tuple(hinted or ()), floor=floor, unbounded=hinted is None)
+    return group.reshaped(retry)
 
 
 def violated_symbols(error: BaseException, symbols: Iterable[str]) -> list[str]:

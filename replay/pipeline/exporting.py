@@ -29,28 +29,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from capture import compat, schema
+from capture import schema
 from capture.errors import ReplayError
 from capture.output_paths import check_file
-from capture.pytree import nodes
-from capture.pytree.cachespec import blocking_reason
-from replay.check.checking import coverage_rows
 from replay.check.payload_rows import payload_rows
 from replay.inputs.builder import ExportGroup, inputs_for
-from replay.inputs.options import ExportOptions
-from replay.onnx.target import output_path, write_onnx
+from replay.inputs.options import ExportOptions, takes_options
+from replay.onnx.target import OnnxPart, output_path, write_onnx
 from replay.pipeline.binding import check_signature
-from replay.pipeline.bounded import export_bounded, export_unbounded
-from replay.pipeline.guard_sources import fix_guard_sources
-from replay.pipeline.merging import merge
-from replay.pipeline.model_match import eager_failure
-from replay.pipeline.regimes import Exported, export_regimes
+from replay.pipeline.chain import Job, Part, export_group
 from replay.pipeline.result import ExportResult
 from replay.pipeline.submodules import recorded_submodules, submodule
 from replay.runtime.coverage import (
@@ -79,7 +70,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ONNX_HINT = "pip install capture[onnx]"
-_TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
 
 
 def require_onnx() -> None:
@@ -100,32 +90,21 @@ def require_onnx() -> None:
         )
 
 
-def _export_group(
-    model: Any, group: ExportGroup, strict: bool
-) -> tuple[ExportedProgram | None, BaseException | None]:
-    """(program, None) or (None, the error torch.export raised)."""
-    try:
-        with nodes.register_flattening_functions():
-            program = torch.export.export(
-                group.module(model),
-                group.args,
-                kwargs=group.kwargs,
-                dynamic_shapes=group.dynamic_shapes,
-                strict=strict,
-            )
-    except Exception as e:  # torch.export rejected this group: reported, the others go on
-        return None, e
-    fix_guard_sources(program)
-    return program, None
+def _export_groups(job: Job) -> list[tuple[int, Part]]:
+    """Every group through the chain (`replay.pipeline.chain.export_group`), each part with
+    its group's index, in the order exported: groups that pass more inputs first, so that a
+    group lacking one may be served by their program (`replay.pipeline.merging`)."""
+    groups = list(job.inputs.groups)
+    order = sorted(range(len(groups)), key=lambda i: (_absent(groups[i]), i))
+    parts: list[tuple[int, Part]] = []
+    for index in order:
+        served = [(p.group, p.program) for _, p in parts if p.program is not None]
+        parts += [(index, part) for part in export_group(job, groups[index], served)]
+    return parts
 
 
-def _summary(e: BaseException) -> str:
-    """``Type: first line`` plus the first ``- ...`` detail line torch gives, if any."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    first = (lines[0] if lines else "").replace(_TORCH_LOGS_HINT, "").strip()
-    text = f"{type(e).__name__}: {first}".rstrip(": ")
-    detail = next((line for line in lines[1:] if line.startswith("- ")), None)
-    return f"{text} {detail}" if detail else text
+def _place(indexed: tuple[int, Part]) -> int:
+    return indexed[0]
 
 
 def _absent(group: ExportGroup) -> int:
@@ -135,33 +114,8 @@ def _absent(group: ExportGroup) -> int:
     )
 
 
-def export(
-    module: Any,
-    store: Any,
-    model: str | None = None,
-    *,
-    groups: Iterable[str] | None = ExportOptions.groups,
-    onnx: str | os.PathLike[str] | None = ExportOptions.onnx,
-    modules: bool = ExportOptions.modules,
-    strict: bool = ExportOptions.strict,
-    atol: float = ExportOptions.atol,
-    rtol: float = ExportOptions.rtol,
-    set_batch_dimension_for: bool | Iterable[str | int] | None = (
-        ExportOptions.set_batch_dimension_for
-    ),
-    named_dims: bool = ExportOptions.named_dims,
-    keyword_only: bool = ExportOptions.keyword_only,
-    value_if_missing: Mapping[str, torch.Tensor] | None = None,
-    fill_missing: bool = ExportOptions.fill_missing,
-    seed: int = ExportOptions.seed,
-    device: str | None = ExportOptions.device,
-    probes: int = ExportOptions.probes,
-    max_payloads: int = ExportOptions.max_payloads,
-    max_payload_bytes: int = ExportOptions.max_payload_bytes,
-    max_regimes: int = ExportOptions.max_regimes,
-    merge: bool = ExportOptions.merge,
-    spec: str = ExportOptions.spec,
-) -> ExportResult:
+@takes_options(field.name for field in dataclasses.fields(ExportOptions))
+def export(module: Any, store: Any, model: str | None = None, **options: Any) -> ExportResult:
     """Exports `module` once per recorded call group and checks every recorded signature.
 
     Besides the recorded signatures, up to `probes` unseen size vectors per group inside the
@@ -211,6 +165,15 @@ def export(
             ``attention_mask``) with the program of a group that passes it, the input
             filled, where the check proves it on the group's own signatures, probes and
             payloads (`replay.pipeline.merging`); False: one program per group.
+        time_budget: Seconds of torch.export per call group (default 300; None: no bound).
+            Each export runs in a child process stopped at the deadline
+            (`replay.pipeline.budget.child`): the dynamic exports (plain, bounded retries,
+            regimes) may use half of the budget, the static fallback the rest. A group past
+            it has the error ``torch.export ran past the time budget`` and its notes say
+            what served its signatures instead.
+        max_static: Most static programs per group, one per recorded signature its dynamic
+            program does not serve (past the budget, or cut where regimes cannot serve),
+            most calls first (`replay.pipeline.budget.static`); 0: no static fallback.
         spec: ``"dims"`` (default): ``torch.export.Dim`` shapes, with the retries and regimes
             above; ``"shapes"``: torch's ``ShapesSpec`` learned from the store (torch >= 2.14,
             `replay.inputs.specs.shapesspec`): every dynamic size unbacked, so a group is never
@@ -233,28 +196,7 @@ def export(
         >>> result.complete, result.coverage.column("covered").to_pylist()  # doctest: +SKIP
         (True, [True, True, True])
     """
-    options = ExportOptions.of(
-        groups=groups,
-        onnx=onnx,
-        modules=modules,
-        strict=strict,
-        atol=atol,
-        rtol=rtol,
-        set_batch_dimension_for=set_batch_dimension_for,
-        named_dims=named_dims,
-        keyword_only=keyword_only,
-        value_if_missing=value_if_missing,
-        fill_missing=fill_missing,
-        seed=seed,
-        device=device,
-        probes=probes,
-        max_payloads=max_payloads,
-        max_payload_bytes=max_payload_bytes,
-        max_regimes=max_regimes,
-        merge=merge,
-        spec=spec,
-    )
-    return export_with(module, store, model, options)
+    return export_with(module, store, model, ExportOptions.of(**options))
 
 
 def export_with(module: Any, store: Any, model: str | None, options: ExportOptions) -> ExportResult:
@@ -273,166 +215,129 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         StoreNotFound, EmptyStore, UnknownModel: The store or model cannot be found.
         ReplayError: See `export`.
     """
+    options = _prepared(module, options)
+    inputs = inputs_for(store, model, options, module=module)
+    check_signature(module, inputs.groups)
+    parts = _export_groups(Job(module, store, inputs, options))
+    # The groups as exported: regimes and static programs in their group's place.
+    inputs = dataclasses.replace(inputs, groups=[p.group for _, p in sorted(parts, key=_place)])
+    return _result(Job(module, store, inputs, options), [p for _, p in parts])
+
+
+def _submodules(job: Job) -> dict[str, ExportResult]:
+    """Every group of each recorded sub-module (``modules=True``), with the model's options;
+    their ONNX files (with ``onnx=``) join the model's set."""
+    if not job.options.modules:
+        return {}
+    sub_options = dataclasses.replace(job.options, groups=None, onnx=None, modules=False)
+    model = job.inputs.model
+    return {
+        name: export_with(submodule(job.module, name), job.store, f"{model}.{name}", sub_options)
+        for name in recorded_submodules(job.store, model)
+    }
+
+
+def _prepared(module: Any, options: ExportOptions) -> ExportOptions:
+    """The options checked before any work (the ONNX extra and path), with the model's device
+    when none is given."""
     if options.onnx is not None:
         require_onnx()
         check_file(options.onnx, what="ONNX set", example="model.onnx")  # before the export
     if options.device is None and isinstance(module, torch.nn.Module):
         first = next(iter(module.parameters()), None)
         if first is not None:
-            options = dataclasses.replace(options, device=str(first.device))
-    inputs = inputs_for(store, model, options, module=module)
-    check_signature(module, inputs.groups)
-    atol, rtol = options.atol, options.rtol
-    programs: dict[str, ExportedProgram] = {}
-    errors: dict[str, str] = {}
-    notes: list[str] = []
-    rows: list[CoverageRow] = []
-    onnx_files: dict[str, str] = {}
-    not_honoured: dict[str, str] = {}
-    # Groups that pass more inputs first: a group lacking one may then be served by their
-    # program, the input filled, where the check proves it (`replay.pipeline.merging`).
-    groups = list(inputs.groups)
-    order = sorted(range(len(groups)), key=lambda i: (_absent(groups[i]), i))
-    made: dict[int, list[ExportGroup]] = {}
-    served: list[tuple[ExportGroup, ExportedProgram]] = []
-    for index in order:
-        group = groups[index]
-        blocked = blocking_reason(group.structure)
-        if blocked is not None:
-            # A class we cannot rebuild exactly is never called covered; the
-            # reason names it (a refused cache layer, or any other opaque leaf).
-            errors[group.name] = blocked
-            rows.extend(coverage_rows(module, group, None, errors[group.name], atol, rtol, 0))
-            made[index] = [group]
-            continue
-        merged = merge(module, group, served, options, store, inputs) if options.merge else []
-        if isinstance(merged, tuple):
-            group, proof = merged
-            made[index] = [group]
-            notes.extend(f"{group.name}: {note}" for note in group.notes)
-            rows.extend(proof)
-            continue
-        failure = eager_failure(module, group)
-        if failure is not None:  # not the recorded model: torch.export would fail deep inside
-            errors[group.name] = failure
-            logger.warning("group %s not exported: %s", group.name, failure)
-            rows.extend(coverage_rows(module, group, None, failure, atol, rtol, options.probes))
-            made[index] = [group]
-            continue
-        made[index] = []
-        if options.spec == "shapes":  # unbacked sizes: torch cuts no range, nothing to retry
-            program, failure = _export_group(module, group, options.strict)
-            outcomes = [Exported(group, program, failure)]
-        else:
-            outcomes = export_regimes(
-                group,
-                options,
-                inputs.analysed,
-                lambda g: _export_group(module, g, options.strict),
-                lambda g, e: _retry(module, g, e, options),
-            )
-        for done in outcomes:
-            group = done.group
-            group.notes.extend(merged)  # why no other group's program serves it
-            made[index].append(group)
-            if done.not_honoured is not None:
-                not_honoured[group.name] = done.not_honoured
-            notes.extend(f"{group.name}: {note}" for note in group.notes)
-            if done.error is not None and done.program is None:
-                errors[group.name] = f"torch.export failed: {_summary(done.error)}"
-                logger.warning("export of group %s failed: %s", group.name, errors[group.name])
-            if done.program is not None:
-                programs[group.name] = done.program
-                served.append((group, done.program))
-            with nodes.register_flattening_functions():
-                rows.extend(
-                    coverage_rows(
-                        module,
-                        group,
-                        done.program,
-                        errors.get(group.name),
-                        atol,
-                        rtol,
-                        options.probes,
-                    )
-                )
-    inputs.groups[:] = [g for index in range(len(groups)) for g in made[index]]
+            return dataclasses.replace(options, device=str(first.device))
+    return options
+
+
+def _result(job: Job, parts: list[Part]) -> ExportResult:
+    """The result of the exported parts: their programs, errors and notes, their rows and
+    those of the sampled real calls (and of the ONNX files, with ``onnx=``)."""
+    module, store, inputs, options = job.module, job.store, job.inputs, job.options
+    programs = {p.group.name: p.program for p in parts if p.program is not None}
+    errors = {p.group.name: p.error for p in parts if p.error is not None}
+    not_honoured = {p.group.name: p.not_honoured for p in parts if p.not_honoured is not None}
+    notes = [f"{p.group.name}: {note}" for p in parts for note in p.group.notes]
+    rows = [row for p in parts for row in p.rows]
     found, payload_notes = payload_rows(
         module,
         store,
         inputs,
         programs,
         errors,
-        atol=atol,
-        rtol=rtol,
+        atol=options.atol,
+        rtol=options.rtol,
         limit=options.max_payloads,
         max_bytes=options.max_payload_bytes,
         device=options.device,
     )
-    rows.extend(found)
-    notes.extend(payload_notes)
+    rows += found
+    notes += payload_notes
     complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
+    modules = _submodules(job)
+    onnx_files: dict[str, str] = {}
     if options.onnx is not None:
         # Every ONNX file is checked on the same rows; its rows count in `complete`.
-        outcome = write_onnx(
-            module,
-            store,
-            inputs,
-            programs,
-            errors,
-            rows,
-            options,
-            complete_torch=complete,
-            source=source,
-        )
-        onnx_files = outcome.files
-        rows.extend(outcome.rows)
-        notes.extend(outcome.notes)
-        complete = complete and all(r.covered for r in outcome.rows)
-    coverage = coverage_table(rows)
-    result = ExportResult(
+        onnx_files, onnx_rows, onnx_notes = _onnx(job, programs, errors, rows, complete, modules)
+        rows += onnx_rows
+        notes += onnx_notes
+        complete = complete and all(r.covered for r in onnx_rows)
+    return ExportResult(
         programs,
-        coverage,
+        coverage_table(rows),
         notes,
-        complete,
+        complete and all(m.complete for m in modules.values()),
         inputs,
         errors,
         onnx_files,
         not_honoured=not_honoured,
         source=source,
+        modules=modules,
     )
-    if options.modules:
-        # Every group of each recorded sub-module, with the model's options; no ONNX.
-        sub_options = dataclasses.replace(options, groups=None, onnx=None, modules=False)
-        for name in recorded_submodules(store, inputs.model):
-            result.modules[name] = export_with(
-                submodule(module, name), store, f"{inputs.model}.{name}", sub_options
-            )
-        result.complete = complete and all(m.complete for m in result.modules.values())
-    return result
 
 
-def _retry(
-    module: Any, group: ExportGroup, error: BaseException, options: ExportOptions
-) -> tuple[ExportGroup, ExportedProgram | None, BaseException | None, str | None]:
-    """The retries of a group whose named dims torch.export rejected (`replay.pipeline.bounded`).
-
-    Returns:
-        ``(group exported, program, error, why named dims are not honoured)``; the group and
-        `error` unchanged without named dims.
-    """
-
-    def attempt(g: ExportGroup) -> tuple[ExportedProgram | None, BaseException | None]:
-        return _export_group(module, g, options.strict)
-
-    if not options.named_dims or group.analysis is None:
-        return group, None, error, None
-    # torch.export could not prove a guard within the named ranges (e.g. the Min(...) stride
-    # guard of repeat_kv's reshape on torch 2.13): bounded hints keep the recorded ranges and
-    # let torch check the guard at run time.
-    bounded, program, failure = export_bounded(group, error, attempt, _summary)
-    if program is None and failure is not None and compat.is_constraint_violation(failure):
-        # No bounded form was accepted: reported as not honoured, never silently.
-        return export_unbounded(bounded, failure, attempt, _summary)
-    return bounded, program, failure, None
+def _onnx(
+    job: Job,
+    programs: dict[str, ExportedProgram],
+    errors: dict[str, str],
+    rows: list[CoverageRow],
+    complete: bool,
+    modules: dict[str, ExportResult],
+) -> tuple[dict[str, str], list[CoverageRow], list[str]]:
+    """The ONNX set of the model and its sub-modules: files, rows and notes; each sub-module's
+    result gains its files, rows and notes."""
+    module, store, inputs, options = job.module, job.store, job.inputs, job.options
+    parts = [
+        OnnxPart(
+            name,
+            submodule(module, name),
+            sub.inputs,
+            sub.programs,
+            sub.errors,
+            CoverageRow.from_table(sub.coverage),
+            sub.complete,
+        )
+        for name, sub in modules.items()
+    ]
+    source = str(getattr(store, "path", store)) if store is not None else None
+    outcome = write_onnx(
+        module,
+        store,
+        inputs,
+        programs,
+        errors,
+        rows,
+        options,
+        complete_torch=complete,
+        source=source,
+        submodules=parts,
+    )
+    for part in parts:
+        sub = modules[part.name]
+        written = part.outcome
+        sub.coverage = coverage_table([*part.torch_rows, *written.rows])
+        sub.onnx = written.files
+        sub.notes.extend(written.notes)
+        sub.complete = sub.complete and all(r.covered for r in written.rows)
+    return outcome.files, list(outcome.rows), list(outcome.notes)

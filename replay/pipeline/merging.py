@@ -42,9 +42,25 @@ if TYPE_CHECKING:
     from replay.inputs.options import ExportOptions
     from replay.runtime.coverage import CoverageRow
 
-__all__ = ["missing_inputs", "derive_fills", "prove", "merge"]
+__all__ = ["Merged", "missing_inputs", "derive_fills", "prove", "merge"]
 
 _INTEGER = ("int64", "int32", "int16", "int8", "uint8")
+
+
+@dataclasses.dataclass(frozen=True)
+class Merged:
+    """What `merge` found for a group.
+
+    Attributes:
+        group: The group served by another group's program (`ExportGroup.served_by`), or
+            None when no program serves it.
+        rows: Its coverage rows (the proof), when served.
+        reasons: Why each candidate program was refused, when not served.
+    """
+
+    group: ExportGroup | None
+    rows: tuple[CoverageRow, ...] = ()
+    reasons: tuple[str, ...] = ()
 
 
 def _facts(leaf: RecordedLeaf) -> tuple[Any, ...]:
@@ -268,7 +284,7 @@ def merge(
     options: ExportOptions,
     store: Any,
     inputs: ExportInputs,
-) -> tuple[ExportGroup, list[CoverageRow]] | list[str]:
+) -> Merged:
     """`lacking` served by one of the `exported` programs, proven; or why none serves it.
 
     Args:
@@ -280,18 +296,18 @@ def merge(
         inputs: The export's inputs.
 
     Returns:
-        ``(B served, its coverage rows)``; else the reasons each candidate was refused
-        (empty when no group differs from B only by inputs B leaves out).
+        A `Merged`: B served and its coverage rows; else the reasons each candidate was
+        refused (none when no group differs from B only by inputs B leaves out).
 
     Example:
         >>> merged = merge(model, lacking, [(full, program)], options, store, inputs)
         ... # doctest: +SKIP
-        >>> merged[0].served_by  # doctest: +SKIP
+        >>> merged.group.served_by  # doctest: +SKIP
         'decode'
     """
     reasons: list[str] = []
     if lacking.added:
-        return reasons  # fill_missing: every program already takes every input, as asked
+        return Merged(None)  # fill_missing: every program already takes every input, as asked
     for full, program in exported:
         arguments = missing_inputs(lacking, full)
         if not arguments or full.added or full.served_by is not None:
@@ -300,8 +316,8 @@ def merge(
         for fills in candidates:
             served, rows, why = prove(module, lacking, full, program, fills, options, store, inputs)
             if why is None:
-                return served, rows
+                return Merged(served, tuple(rows))
         reasons.append(
             f"not served by the program of {full.name} with {', '.join(arguments)} filled: {why}"
         )
-    return reasons
+    return Merged(None, reasons=tuple(reasons))

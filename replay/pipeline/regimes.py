@@ -207,7 +207,7 @@ def _probe(group: ExportGroup, export: Export, signatures: list[tuple[int, ...]]
     traced with ``Dim.AUTO`` on every dynamic axis (nothing rejected, the cut kept as guards)."""
     if not signatures:
         return None
-    probe = group.reshaped(dataclasses.replace(group.options, auto=True))
+    probe = group.reshaped(dataclasses.replace(group.retry, auto=True))
     program, error = export(probe)
     if program is None or error is not None:
         return None

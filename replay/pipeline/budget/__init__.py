@@ -1,0 +1,1 @@
+"""A group's export bounded in time: torch.export in a child process, static fallback."""

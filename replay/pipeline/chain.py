@@ -1,0 +1,294 @@
+"""One call group through one chain of export strategies, to an immutable outcome.
+
+`export_group` takes a group through, in order, stopping at the first that decides it:
+
+1. **refused**: a recorded class that cannot be rebuilt exactly (`capture.pytree.cachespec`);
+2. **merged**: served by another group's program with an input filled, where the check proves
+   it (`replay.pipeline.merging`; the reasons it is not are kept for the notes);
+3. **refused**: the model is not the recorded one (`replay.pipeline.model_match`);
+4. **dynamic**: the plain torch.export of the group's example and dynamic shapes, its bounded
+   named-dims retries (`replay.pipeline.bounded`) and its split into regimes where torch.export
+   cuts its recorded range (`replay.pipeline.regimes`), within half the group's time budget;
+5. **static**: the recorded signatures no dynamic program serves (past the budget, or cut
+   where regimes cannot serve) get one static program each (`replay.pipeline.budget.static`),
+   within the rest of the budget.
+
+Every torch.export runs under the group's deadline (`replay.pipeline.budget.child`). The outcome
+is a tuple of frozen `Part`: a program or a refusal, its coverage rows (checked on the recorded
+signatures and probes) and its group with every note; nothing given to the chain is changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from capture import compat
+from capture.pytree import nodes
+from capture.pytree.cachespec import blocking_reason
+from replay.check.checking import coverage_rows
+from replay.inputs.options import ExportOptions
+from replay.pipeline.bounded import export_bounded, export_unbounded
+from replay.pipeline.budget.child import (
+    BudgetSpent,
+    Deadline,
+    export_bounded_in_time,
+    in_process_reason,
+)
+from replay.pipeline.budget.static import export_static
+from replay.pipeline.guard_sources import fix_guard_sources
+from replay.pipeline.merging import Merged, merge
+from replay.pipeline.model_match import eager_failure
+from replay.pipeline.regimes import Exported, export_regimes
+from replay.runtime.coverage import KIND_RECORDED, CoverageRow
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from replay.inputs.exportgroup import ExportGroup, ExportInputs
+
+__all__ = ["Budget", "DYNAMIC_SHARE", "Job", "Part", "export_group", "failure", "summary"]
+
+logger = logging.getLogger(__name__)
+
+_TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
+
+
+def _export_group(
+    model: Any, group: ExportGroup, strict: bool, deadline: Deadline
+) -> tuple[ExportedProgram | None, BaseException | None]:
+    """(program, None) or (None, the error torch.export raised), within `deadline` when it
+    has one and this process can fork (`replay.pipeline.budget.child`)."""
+    if deadline.end is not None and in_process_reason() is None:
+        left = deadline.left() or 0.0
+        if left <= 0:
+            return None, BudgetSpent("the group's time budget was spent before this export")
+        program, error = export_bounded_in_time(
+            group.module(model), group.args, group.kwargs, group.dynamic_shapes, strict, left
+        )
+        if program is not None:
+            fix_guard_sources(program)
+        return program, error
+    try:
+        with nodes.register_flattening_functions():
+            program = torch.export.export(
+                group.module(model),
+                group.args,
+                kwargs=group.kwargs,
+                dynamic_shapes=group.dynamic_shapes,
+                strict=strict,
+            )
+    except Exception as e:  # torch.export rejected this group: reported, the others go on
+        return None, e
+    fix_guard_sources(program)
+    return program, None
+
+
+def summary(e: BaseException) -> str:
+    """``Type: first line`` plus the first ``- ...`` detail line torch gives, if any."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    first = (lines[0] if lines else "").replace(_TORCH_LOGS_HINT, "").strip()
+    text = f"{getattr(e, 'kind', type(e).__name__)}: {first}".rstrip(": ")
+    detail = next((line for line in lines[1:] if line.startswith("- ")), None)
+    return f"{text} {detail}" if detail else text
+
+
+class Budget:
+    """A group's time budget (`ExportOptions.time_budget`): the dynamic exports (plain,
+    retries, regimes) end by half of it, the static fallback by its end."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.dynamic = Deadline.after(None if seconds is None else seconds * DYNAMIC_SHARE)
+        self.static = Deadline.after(seconds)
+
+
+DYNAMIC_SHARE = 0.5
+"""The part of a group's time budget its dynamic exports may use (the rest is the fallback's)."""
+
+
+def failure(error: BaseException) -> str:
+    if isinstance(error, BudgetSpent):
+        return str(error)
+    return f"torch.export failed: {summary(error)}"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One program of a group's outcome, or one refusal.
+
+    Attributes:
+        group: The group (or regime, or static signature) it serves, with every note.
+        program: Its `torch.export.ExportedProgram`; None for a refusal, and for a group
+            served by another group's program (``group.served_by``).
+        error: Why it has no program (a refusal), or None.
+        rows: Its coverage rows.
+        not_honoured: An option asked for that its program does not honour, and why.
+    """
+
+    group: ExportGroup
+    program: ExportedProgram | None
+    error: str | None
+    rows: tuple[CoverageRow, ...]
+    not_honoured: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every group of one export shares: the model, the store, its inputs, the options."""
+
+    module: Any
+    store: Any
+    inputs: ExportInputs
+    options: ExportOptions
+
+
+Served = Sequence[tuple["ExportGroup", "ExportedProgram"]]
+"""``(group, program)`` of every program made so far (the candidates of `merge`)."""
+
+
+def export_group(job: Job, group: ExportGroup, served: Served) -> tuple[Part, ...]:
+    """One group through the chain (module docstring): its parts, static programs first.
+
+    Example:
+        >>> parts = export_group(job, inputs.group("prefill"), served=())  # doctest: +SKIP
+        >>> [(p.group.name, p.program is not None) for p in parts]  # doctest: +SKIP
+        [('prefill[input_ids_1<=4]', True), ('prefill[input_ids_1>=5]', True)]
+    """
+    blocked = blocking_reason(group.structure)
+    if blocked is not None:  # a class we cannot rebuild exactly is never called covered
+        return (_refused(job, group, blocked, probes=0),)
+    merged = (
+        merge(job.module, group, served, job.options, job.store, job.inputs)
+        if job.options.merge
+        else Merged(None)
+    )
+    if merged.group is not None:
+        return (Part(merged.group, None, None, merged.rows),)
+    mismatch = eager_failure(job.module, group)
+    if mismatch is not None:  # not the recorded model: torch.export would fail deep inside
+        return (_refused(job, group, mismatch, probes=job.options.probes),)
+    budget = Budget(job.options.time_budget)
+    return tuple(
+        part
+        for done in _dynamic(job, group, budget)
+        for part in _with_fallback(job, _noted(done, merged.reasons, budget), budget)
+    )
+
+
+def _refused(job: Job, group: ExportGroup, why: str, probes: int) -> Part:
+    logger.warning("group %s not exported: %s", group.name, why)
+    options = job.options
+    rows = coverage_rows(job.module, group, None, why, options.atol, options.rtol, probes)
+    return Part(group, None, why, tuple(rows))
+
+
+def _noted(done: Exported, reasons: Sequence[str], budget: Budget) -> Exported:
+    """`done` with why no other group's program serves it, and an unbounded budget said."""
+    why = in_process_reason() if budget.seconds is not None else None
+    extra = [*reasons, *([f"time budget not enforced: {why}"] if why else [])]
+    if not extra:
+        return done
+    group = dataclasses.replace(done.group, notes=[*done.group.notes, *extra])
+    return Exported(group, done.program, done.error, done.not_honoured)
+
+
+def _part(job: Job, done: Exported, notes: Sequence[str] = ()) -> Part:
+    """`done` checked: its coverage rows, its error when it has no program."""
+    error = failure(done.error) if done.error is not None and done.program is None else None
+    if error is not None:
+        logger.warning("export of group %s failed: %s", done.group.name, error)
+    group = dataclasses.replace(done.group, notes=[*done.group.notes, *notes])
+    options = job.options
+    with nodes.register_flattening_functions():
+        rows = coverage_rows(
+            job.module, group, done.program, error, options.atol, options.rtol, options.probes
+        )
+    return Part(group, done.program, error, tuple(rows), done.not_honoured)
+
+
+def _dynamic(job: Job, group: ExportGroup, budget: Budget) -> list[Exported]:
+    """The group's dynamic exports: plain, then its retries and regimes (``spec="dims"``)."""
+    module, options = job.module, job.options
+    if options.spec == "shapes":  # unbacked sizes: torch cuts no range, nothing to retry
+        program, error = _export_group(module, group, options.strict, budget.dynamic)
+        return [Exported(group, program, error)]
+    return export_regimes(
+        group,
+        options,
+        job.inputs.analysed,
+        lambda g: _export_group(module, g, options.strict, budget.dynamic),
+        lambda g, e: _retry(module, g, e, options, budget.dynamic),
+    )
+
+
+def _unserved(part: Part) -> list[tuple[int, ...]]:
+    return [r.sizes for r in part.rows if r.kind == KIND_RECORDED and not r.covered and r.sizes]
+
+
+def _with_fallback(job: Job, done: Exported, budget: Budget) -> list[Part]:
+    """`done` checked; the recorded signatures its program does not serve get static
+    programs (`replay.pipeline.budget.static`), standing before it."""
+    part = _part(job, done)
+    unserved = _unserved(part)
+    if not unserved or job.options.max_static <= 0:
+        return [part]
+    why = part.error or "its program does not serve them"
+    fallback = export_static(
+        done.group,
+        unserved,
+        why,
+        job.options,
+        job.inputs.analysed,
+        lambda g: _export_group(job.module, g, job.options.strict, budget.static),
+    )
+    statics, dropped = [], []
+    for static in fallback.exported:
+        note = f"a static program for one recorded signature of {done.group.name} ({why})"
+        checked = _part(job, static, [note])
+        failed = next((r for r in checked.rows if not r.covered), None)
+        if failed is None:
+            statics.append(checked)
+            continue
+        dropped.append(
+            f"the static program {static.group.name} is not kept: it does not reproduce "
+            f"{failed.signature} ({failed.error})"
+        )
+    covered = {r.sizes for p in statics for r in p.rows if r.kind == KIND_RECORDED}
+    kept = tuple(r for r in part.rows if not (r.kind == KIND_RECORDED and r.sizes in covered))
+    group = dataclasses.replace(part.group, notes=[*part.group.notes, *fallback.notes, *dropped])
+    return [*statics, dataclasses.replace(part, group=group, rows=kept)]
+
+
+def _retry(
+    module: Any,
+    group: ExportGroup,
+    error: BaseException,
+    options: ExportOptions,
+    deadline: Deadline,
+) -> tuple[ExportGroup, ExportedProgram | None, BaseException | None, str | None]:
+    """The retries of a group whose named dims torch.export rejected (`replay.pipeline.bounded`).
+
+    Returns:
+        ``(group exported, program, error, why named dims are not honoured)``; the group and
+        `error` unchanged without named dims.
+    """
+
+    def attempt(g: ExportGroup) -> tuple[ExportedProgram | None, BaseException | None]:
+        return _export_group(module, g, options.strict, deadline)
+
+    if not options.named_dims or group.analysis is None:
+        return group, None, error, None
+    # torch.export could not prove a guard within the named ranges (e.g. the Min(...) stride
+    # guard of repeat_kv's reshape on torch 2.13): bounded hints keep the recorded ranges and
+    # let torch check the guard at run time.
+    bounded, program, failed = export_bounded(group, error, attempt, summary)
+    if program is None and failed is not None and compat.is_constraint_violation(failed):
+        # No bounded form was accepted: reported as not honoured, never silently.
+        return export_unbounded(bounded, failed, attempt, summary)
+    return bounded, program, failed, None
