@@ -300,13 +300,18 @@ class Program:
         name: The program's name.
         state_dict: Parameter and buffer name -> tensor (the artifact's memory-mapped one).
         constants: Tensor constant (and non-persistent buffer) name -> tensor.
-        graph_module: The `torch.fx.GraphModule` that runs (inputs: the graph's, in order).
+        graph: The program's `torch.fx.Graph`, built at load (every node, operator and
+            reference resolved).
+        graph_module: The `torch.fx.GraphModule` that runs it (inputs: the graph's, in
+            order), generated on first use: torch.fx writes and compiles its Python code then,
+            which is most of a build's time, so a load pays it only for programs that run.
     """
 
     def __init__(
         self,
         name: str,
-        graph_module: Any,
+        root: Any,
+        graph: Any,
         state_dict: dict[str, Any],
         constants: dict[str, Any],
         feeds: list[tuple[int, Any]],
@@ -319,7 +324,9 @@ class Program:
         shapes: ShapeChecks,
     ) -> None:
         self.name = name
-        self.graph_module = graph_module
+        self.graph = graph
+        self._root = root
+        self._module: Any = None
         self.state_dict = state_dict
         self.constants = constants
         self._feeds = feeds
@@ -332,6 +339,15 @@ class Program:
         self._shapes = shapes
         keys = in_spec.child(1).context if in_spec.num_children == 2 else None
         self._keys = list(keys) if isinstance(keys, list) else None
+
+    @property
+    def graph_module(self) -> Any:
+        """See the class docstring."""
+        if self._module is None:
+            import torch.fx as fx
+
+            self._module = fx.GraphModule(self._root, self.graph)
+        return self._module
 
     def module(self) -> Program:
         """Itself (a program is already runnable; `ExportedProgram.module()`'s counterpart)."""
@@ -380,7 +396,7 @@ class Program:
         return pytree.tree_unflatten([out[i] for i in self._user_outputs], self._out_spec)
 
     def __repr__(self) -> str:
-        return f"Program({self.name}, {len(self.graph_module.graph.nodes)} nodes)"
+        return f"Program({self.name}, {len(self.graph.nodes)} nodes)"
 
 
 def build_program(
@@ -406,7 +422,6 @@ def build_program(
             run, an input no tensor backs, or an output a served program never has.
     """
     import torch
-    import torch.fx as fx
     import torch.utils._pytree as pytree
 
     gm_tree = tree["graph_module"]
@@ -448,7 +463,6 @@ def build_program(
     graph = builder.graph(gm_tree["graph"], spec_names)
     if len(graph.find_nodes(op="placeholder")) != len(feeds):
         raise builder.fail("the graph's inputs are not its signature's")
-    graph_module = fx.GraphModule(root, graph)
     writes: list[tuple[int, Any]] = []
     user_outputs: list[int] = []
     for i, spec in enumerate(signature["output_specs"]):
@@ -469,7 +483,7 @@ def build_program(
     if in_spec.num_leaves != user:
         raise builder.fail("the input treespec does not match the program's inputs")
     return Program(
-        name, graph_module, state_dict, constants, feeds, checks, writes, user_outputs,
+        name, root, graph, state_dict, constants, feeds, checks, writes, user_outputs,
         in_spec, out_spec, bool(gm_tree["graph"].get("is_single_tensor_return")),
         ShapeChecks(tree, user_names),
     )  # fmt: skip
