@@ -89,10 +89,11 @@ def _lookup(name: str) -> Callable[..., Any]:
 class _Builder:
     """Builds one fx graph (and its sub-graphs) from torch.export's graph JSON."""
 
-    def __init__(self, root: Any, device: Any, source: str) -> None:
+    def __init__(self, root: Any, device: Any, source: str, dry: bool = False) -> None:
         import torch
 
         self.torch = torch
+        self.dry = dry  # check every node, value and reference; build nothing
         self.root = root  # the module sub-graphs are registered on
         self.device = device  # a torch.device every device argument becomes, or None
         self.source = source
@@ -105,7 +106,7 @@ class _Builder:
         """The fx graph of a serialized graph; `inputs` names its placeholders."""
         import torch.fx as fx
 
-        graph = fx.Graph()
+        graph: Any = _DryGraph() if self.dry else fx.Graph()
         names: dict[str, Any] = {}
         for i, arg in enumerate(tree["inputs"]):
             kind, value = _one(arg)
@@ -260,12 +261,35 @@ class _Builder:
         if kind == "as_graph":
             import torch.fx as fx
 
-            sub = fx.GraphModule(self.root, self.graph(value["graph"]))
+            subgraph = self.graph(value["graph"])
             self.subgraphs += 1
+            if self.dry:
+                return graph.get_attr(f"subgraph_{self.subgraphs}")
+            sub = fx.GraphModule(self.root, subgraph)
             attr = f"subgraph_{self.subgraphs}"
             self.root.add_module(attr, sub)
             return graph.get_attr(attr)
         raise self.fail(f"a node argument of kind {kind[:60]} is not one the loader runs")
+
+
+class _DryGraph:
+    """What `_Builder` builds into when it only checks: every node made is a token."""
+
+    def __init__(self) -> None:
+        self.placeholders = 0
+
+    def placeholder(self, name: str) -> object:
+        self.placeholders += 1
+        return object()
+
+    def call_function(self, target: Any, args: Any, kwargs: Any = None) -> object:
+        return object()
+
+    def get_attr(self, name: str) -> object:
+        return object()
+
+    def output(self, value: Any) -> None:
+        return None
 
 
 def _one(arg: Any) -> tuple[str, Any]:
@@ -300,18 +324,18 @@ class Program:
         name: The program's name.
         state_dict: Parameter and buffer name -> tensor (the artifact's memory-mapped one).
         constants: Tensor constant (and non-persistent buffer) name -> tensor.
-        graph: The program's `torch.fx.Graph`, built at load (every node, operator and
-            reference resolved).
+        graph: The program's `torch.fx.Graph`.
         graph_module: The `torch.fx.GraphModule` that runs it (inputs: the graph's, in
-            order), generated on first use: torch.fx writes and compiles its Python code then,
-            which is most of a build's time, so a load pays it only for programs that run.
+            order). Both are made on first use: the load has checked every node, operator,
+            value and reference already (`build_program`), and torch.fx's graph and the Python
+            code it writes and compiles are most of a build's time, paid then only for the
+            programs that run.
     """
 
     def __init__(
         self,
         name: str,
-        root: Any,
-        graph: Any,
+        make_graph: Callable[[], tuple[Any, Any]],
         state_dict: dict[str, Any],
         constants: dict[str, Any],
         feeds: list[tuple[int, Any]],
@@ -324,8 +348,9 @@ class Program:
         shapes: ShapeChecks,
     ) -> None:
         self.name = name
-        self.graph = graph
-        self._root = root
+        self._make_graph = make_graph
+        self._graph: Any = None
+        self._root: Any = None
         self._module: Any = None
         self.state_dict = state_dict
         self.constants = constants
@@ -341,12 +366,20 @@ class Program:
         self._keys = list(keys) if isinstance(keys, list) else None
 
     @property
+    def graph(self) -> Any:
+        """See the class docstring."""
+        if self._graph is None:
+            self._root, self._graph = self._make_graph()
+        return self._graph
+
+    @property
     def graph_module(self) -> Any:
         """See the class docstring."""
         if self._module is None:
             import torch.fx as fx
 
-            self._module = fx.GraphModule(self._root, self.graph)
+            graph = self.graph
+            self._module = fx.GraphModule(self._root, graph)
         return self._module
 
     def module(self) -> Program:
@@ -426,8 +459,8 @@ def build_program(
 
     gm_tree = tree["graph_module"]
     signature = gm_tree["signature"]
-    root = torch.nn.Module()
-    builder = _Builder(root, torch.device(device) if device else None, source)
+    moved = torch.device(device) if device else None
+    builder = _Builder(None, moved, source, dry=True)
     feeds: list[tuple[int, Any]] = []
     checks: list[tuple[int, str, Any]] = []
     user = 0
@@ -460,9 +493,13 @@ def build_program(
             user += 1
         else:
             raise builder.fail(f"an input of kind {kind[:40]} is not one the loader runs")
-    graph = builder.graph(gm_tree["graph"], spec_names)
-    if len(graph.find_nodes(op="placeholder")) != len(feeds):
+    if builder.graph(gm_tree["graph"], spec_names).placeholders != len(feeds):
         raise builder.fail("the graph's inputs are not its signature's")
+
+    def make_graph() -> tuple[Any, Any]:
+        root = torch.nn.Module()
+        return root, _Builder(root, moved, source).graph(gm_tree["graph"], spec_names)
+
     writes: list[tuple[int, Any]] = []
     user_outputs: list[int] = []
     for i, spec in enumerate(signature["output_specs"]):
@@ -483,7 +520,7 @@ def build_program(
     if in_spec.num_leaves != user:
         raise builder.fail("the input treespec does not match the program's inputs")
     return Program(
-        name, root, graph, state_dict, constants, feeds, checks, writes, user_outputs,
+        name, make_graph, state_dict, constants, feeds, checks, writes, user_outputs,
         in_spec, out_spec, bool(gm_tree["graph"].get("is_single_tensor_return")),
         ShapeChecks(tree, user_names),
     )  # fmt: skip
