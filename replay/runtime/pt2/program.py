@@ -12,7 +12,9 @@ their torch values, a subgraph to a sub-module), and each input of the graph sig
 the artifact's parameter, buffer or constant, or to the call's flattened input. The result
 is a `torch.fx.GraphModule` wrapped in a `Program`, which flattens a call by the program's
 input treespec, runs the graph, writes buffer mutations back to the buffers (as the unlifted
-module torch builds does) and rebuilds the output structure.
+module torch builds does) and rebuilds the output structure. The load checks every node,
+value and reference with a dry build (nothing made); the fx graph and the Python code torch.fx
+generates for it, most of a build's time, are made on the program's first call.
 
 Nothing is evaluated: the JSON is data read field by field, and an operator is reached only by
 name through `resolve_target`.
