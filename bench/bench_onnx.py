@@ -39,8 +39,10 @@ def rss():
 path, kind = sys.argv[1], sys.argv[2]
 before = rss()
 t = time.perf_counter()
+runner = None  # held while its sessions run: they read the weights map it owns
 if kind == "onnx-copies":
-    sessions = [(p.file, p.session) for p in load_onnx(path, share_weights=False).programs.values()]
+    runner = load_onnx(path, share_weights=False)
+    sessions = [(p.file, p.session) for p in runner.programs.values()]
 elif kind == "onnx-bare":  # one plain session per file, as a user would open them
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
@@ -49,7 +51,8 @@ elif kind == "onnx-bare":  # one plain session per file, as a user would open th
         os.path.join(os.path.dirname(path), f.file), options, providers=["CPUExecutionProvider"]
     )) for f in files]
 elif kind == "onnx":
-    sessions = [(p.file, p.session) for p in replay.load(path).programs.values()]
+    runner = replay.load(path)
+    sessions = [(p.file, p.session) for p in runner.programs.values()]
 else:
     runner = replay.load(path)
     sessions = []
