@@ -38,6 +38,7 @@ memory of the process), then `summary` again. The cache lives in a fresh folder 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -325,13 +326,26 @@ def fleet(args: argparse.Namespace, env: dict[str, str]) -> None:
     raw = f"{args.store_dir}/raw-100000"
     if not os.path.exists(raw):
         log(f"generating 100,000 flushes at {raw} (kept for later runs)")
-        generate(f"{raw}.tmp", 100_000)
+        script = (
+            f"import sys; sys.path[:0] = [{os.path.dirname(os.path.abspath(__file__))!r}]; "
+            f"import bench_fleet; bench_fleet.generate({raw + '.tmp'!r}, 100_000)"
+        )
+        subprocess.run([sys.executable, "-c", script], check=True, env=env)
         os.rename(f"{raw}.tmp", raw)
     log(f"a simulated day: {args.writers} writers, a flush every {args.flush_s:g} s")
     t0 = time.perf_counter()
-    day = fleet_day.simulated_day(
-        args.writers, args.flush_s, args.upkeep_s, f"{args.store_dir}/day"
+    # In a child process: this one stays small, so the ru_maxrss of the processes it starts
+    # later is theirs (Linux carries the parent's RSS over fork into the child).
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = (
+        f"import sys, json; sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]; "
+        "import fleet_day; print(json.dumps(fleet_day.simulated_day(*json.loads(sys.argv[1]))))"
     )
+    spec = json.dumps([args.writers, args.flush_s, args.upkeep_s, f"{args.store_dir}/day"])
+    out = subprocess.run(
+        [sys.executable, "-c", script, spec], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    day = json.loads(out.strip().splitlines()[-1])
     day_s = time.perf_counter() - t0
     log(f"  {day} in {day_s:.0f} s")
     shutil.rmtree(f"{args.store_dir}/day", ignore_errors=True)

@@ -26,34 +26,59 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 CHILD = """
 import json, os, sys, time
 import torch, onnxruntime, replay
 from replay.runtime.ort.runner import load_onnx
+from replay.runtime.ort.manifest import read_onnx_set
 def rss():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
+path, kind = sys.argv[1], sys.argv[2]
 before = rss()
 t = time.perf_counter()
-if sys.argv[2] == "onnx-copies":
-    runner = load_onnx(sys.argv[1], share_weights=False)
+if kind == "onnx-copies":
+    sessions = [(p.file, p.session) for p in load_onnx(path, share_weights=False).programs.values()]
+elif kind == "onnx-bare":  # one plain session per file, as a user would open them
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    files = read_onnx_set(path).program_files().values()
+    sessions = [(f, onnxruntime.InferenceSession(
+        os.path.join(os.path.dirname(path), f.file), options, providers=["CPUExecutionProvider"]
+    )) for f in files]
+elif kind == "onnx":
+    sessions = [(p.file, p.session) for p in replay.load(path).programs.values()]
 else:
-    runner = replay.load(sys.argv[1])
+    runner = replay.load(path)
+    sessions = []
 seconds = time.perf_counter() - t
 loaded = rss() - before
-if sys.argv[2].startswith("onnx"):
+if sessions:
     import numpy as np
     # One call per file at its smallest shapes: every weight is read (paged in) once.
-    for program in runner.programs.values():
-        feeds = {i.name: np.zeros(i.min, dtype=i.dtype) for i in program.file.inputs}
-        program.session.run(None, feeds)
+    for file, session in sessions:
+        session.run(None, {i.name: np.zeros(i.min, dtype=i.dtype) for i in file.inputs})
     print(json.dumps({"load_s": seconds, "rss": loaded, "rss_run": rss() - before}))
 else:
     print(json.dumps({"load_s": seconds, "rss": loaded}))
 """
 
 WORKLOAD = [(1, 4, True), (2, 6, True), (3, 5, True), (1, 11, True)]
+
+
+BARE = "bare InferenceSession (same file, same feeds)"
+
+
+def _bare(path: Path, threads: int) -> Any:
+    """A plain onnxruntime session of one file, default options (prepacking on)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _child(root: Path, path: Path, kind: str) -> dict[str, float]:
@@ -113,29 +138,43 @@ def main() -> int:
         on_disk = sum(f.stat().st_size for f in onnx_path.parent.iterdir() if f.suffix != ".json")
         loads = {
             kind: _child(root, p, kind)
-            for kind, p in [("onnx", onnx_path), ("onnx-copies", onnx_path), ("pt2", pt2)]
+            for kind, p in [
+                ("onnx-bare", onnx_path),
+                ("onnx", onnx_path),
+                ("onnx-copies", onnx_path),
+                ("pt2", pt2),
+            ]
         }
         router = replay.load(pt2)
+        shared = load_onnx(onnx_path, threads=options.threads)
+        copies = load_onnx(onnx_path, threads=options.threads, share_weights=False)
         targets = {
             "eager": model,
             "pt2 runner": router,
-            "ONNX runner (shared weights)": load_onnx(onnx_path, threads=options.threads),
-            "ONNX runner (copies, prepacked)": load_onnx(
-                onnx_path, threads=options.threads, share_weights=False
-            ),
+            "ONNX runner (shared weights)": shared,
+            "ONNX runner (copies, prepacked)": copies,
         }
+        bare = {name: _bare(onnx_path.parent / p.file.file, options.threads)
+                for name, p in copies.programs.items()}  # fmt: skip
         sys.stderr.write("timing every original call...\n")
         times: dict[tuple[str, str], list[float]] = {}
         with torch.no_grad():
             for args, kwargs in [] if options.no_latency else originals:
                 group = router.select(*args, **kwargs)
                 kind = "prefill" if group.startswith("prefill") else "decode"
-                for name, fn in targets.items():
-                    for _ in range(options.repeat):
+                program, feeds = copies.feeds(*args, **kwargs)
+                session = bare[program.name]
+                arrays = {n: t.numpy() for n, t in feeds.items()}
+                # alternated per call: the machine is shared, neighbours see the same load
+                for _ in range(options.repeat):
+                    for name, fn in targets.items():
                         a, k = copy.deepcopy((args, kwargs))
                         t = time.perf_counter_ns()
                         fn(*a, **k)
                         times.setdefault((kind, name), []).append(time.perf_counter_ns() - t)
+                    t = time.perf_counter_ns()
+                    session.run(None, arrays)
+                    times.setdefault((kind, BARE), []).append(time.perf_counter_ns() - t)
     print(f"### ONNX target (issue 21): 2-layer Llama, hidden {hidden}, 4 groups\n")
     print(f"Machine: {machine_line(('torch', 'onnxruntime', 'onnxscript'))}; timings with ")
     print(f"{options.threads} thread(s) for torch and onnxruntime\n")
@@ -155,7 +194,8 @@ def main() -> int:
                         f"load {kind} (fresh process)",
                         f"{v['load_s'] * 1e3:.0f} ms, +{v['rss'] / 2**20:.1f} MiB RSS"
                         + (
-                            f" (+{v['rss_run'] / 2**20:.1f} MiB after one call per file)"
+                            f" (+{v['rss_run'] / 2**20:.1f} MiB after one call per file: "
+                            f"{v['rss_run'] / weights:.2f}x the weights)"
                             if "rss_run" in v
                             else ""
                         ),
@@ -168,11 +208,14 @@ def main() -> int:
     print()
     rows = []
     for kind in ("prefill", "decode"):
-        for name in targets:
+        base = statistics.median(times.get((kind, BARE), [float("nan")]))
+        for name in [BARE, *targets]:
             values = times.get((kind, name), [])
             if values:
-                rows.append([kind, name, len(values), f"{statistics.median(values) / 1e3:.0f}"])
-    print(md_table(["calls", "target", "n", "median µs"], rows))
+                median = statistics.median(values)
+                ratio = f"{median / base:.2f}" if name.startswith(("ONNX", BARE)) else ""
+                rows.append([kind, name, len(values), f"{median / 1e3:.0f}", ratio])
+    print(md_table(["calls", "target", "n", "median µs", "/ bare session"], rows))
     return 0
 
 

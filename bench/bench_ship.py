@@ -1,15 +1,23 @@
 """Benchmark of shipping a real-size model: archive, save, load, memory and latency, before/after.
 
     python bench/bench_ship.py --work DIR [--before CHECKOUT] [--layers 8] [--repeat 5]
+                               [--rounds 3] [--keep]
 
-A Llama-shaped LlamaForCausalLM of ~0.6 GB (float32, built from a config with random weights,
-nothing downloaded) serves generate() traffic (batches 1-3, left padding, with and without a
-mask: 4 call groups) under a Recorder. Then, for each code tree (``--before``: a checkout of
-the code to compare with, e.g. ``git archive main``; and this checkout), in fresh processes:
+A Llama-shaped LlamaForCausalLM (``--layers 19``: 1.04 GiB; float32, built from a config with
+random weights, nothing downloaded) serves generate() traffic (batches 1-3, left padding, with
+and without a mask: 4 call groups) under a Recorder. Then, for each code tree (``--before``: a
+checkout of the code to compare with, e.g. ``git archive main``; and this checkout), in fresh
+processes:
 
 1. export + `ExportResult.save` (probes off: the export itself is not what is measured):
-   save time, archive size, bytes of the archive's tensor records;
-2. `replay.load` in a new process: load time, RSS after load split into anonymous memory and
+   save time, archive size, bytes of the archive's tensor records (``--keep``: kept in
+   ``--work`` and reused by the next run, so a rerun measures loads only);
+2. cold starts, ``--rounds`` of each kind alternated, each in a fresh process that has
+   imported torch, transformers and replay: ``AutoModelForCausalLM.from_pretrained`` of the
+   model's safetensors, or `replay.load` of the artifact, then the first call generate()
+   makes (prefill of the first prompt, recorded once by a forward pre-hook); the medians and
+   their ratios (load, first answer);
+3. `replay.load` in a new process: load time, RSS after load split into anonymous memory and
    file-backed pages (a memory-mapped archive is file-backed), the bytes of every live tensor
    storage (each distinct storage once), then per program the first call and the median of
    ``--repeat`` calls on an original generate() call (a forward pre-hook copy), each timed
@@ -141,6 +149,80 @@ print(json.dumps({"load_s": load_s, "rss_before": before, "rss_after": after, "r
 """
 
 
+FIRST_CALL = """
+import json, sys, torch, transformers
+import safetensors.torch as st
+from fixtures.models import run_generate
+work = sys.argv[1]
+config = transformers.AutoConfig.from_pretrained(work + "/model")
+model = transformers.LlamaForCausalLM(config).eval()
+st.load_model(model, work + "/model/model.safetensors")
+tensors, recipe, seen = {}, {}, []
+def hook(m, args, kwargs):  # read at call time: generate() grows the cache in place after it
+    if seen:
+        return
+    seen.append(list(kwargs))  # the order matters: it is part of the call's structure
+    for name, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            tensors[name] = value.detach().clone().contiguous()
+        elif isinstance(value, transformers.DynamicCache):
+            assert value.get_seq_length() == 0, "the first call of generate() has an empty cache"
+            recipe[name] = {"empty_cache": True}
+        else:
+            recipe[name] = {"value": value}
+model.register_forward_pre_hook(hook, with_kwargs=True)
+run_generate(model, json.loads(sys.argv[2])[:1], max_new_tokens=1)
+st.save_file(tensors, work + "/first_call.safetensors")
+with open(work + "/first_call.json", "w") as f:
+    json.dump({"order": seen[0], "values": recipe}, f)
+print(json.dumps({"names": seen[0]}))
+"""
+
+COLD = """
+import json, sys, time, torch, transformers, replay
+import safetensors.torch as st
+work, kind, path = sys.argv[1], sys.argv[2], sys.argv[3]
+config = transformers.AutoConfig.from_pretrained(work + "/model")
+def first_call():
+    tensors = st.load_file(work + "/first_call.safetensors")
+    with open(work + "/first_call.json") as f:
+        saved = json.load(f)
+    kwargs = {}
+    for name in saved["order"]:
+        how = saved["values"].get(name)
+        if how is None:
+            kwargs[name] = tensors[name]
+        elif "empty_cache" in how:
+            kwargs[name] = transformers.DynamicCache(config=config)
+        else:
+            kwargs[name] = how["value"]
+    return kwargs
+kwargs = first_call()
+with torch.no_grad():
+    t = time.perf_counter()
+    if kind == "eager":
+        model = transformers.AutoModelForCausalLM.from_pretrained(work + "/model").eval()
+    else:
+        model = replay.load(path)
+    loaded = time.perf_counter()
+    out = model(**kwargs)
+    answered = time.perf_counter()
+print(json.dumps({"load_s": loaded - t, "first_s": answered - loaded,
+                  "logits": out.logits.flatten()[:8].tolist()}))
+"""
+
+
+def _cold(work: Path, tree: Path, artifact: Path, rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """`from_pretrained` and `replay.load`, each then the first call of generate(), in fresh
+    processes, alternated (`rounds` of each): the machine is shared, so neighbours see the
+    same load."""
+    out: dict[str, list[dict[str, Any]]] = {"eager": [], "replay": []}
+    for _ in range(rounds):
+        for kind in ("eager", "replay"):
+            out[kind].append(_run(COLD, tree, str(work), kind, str(artifact)))
+    return out
+
+
 def _run(code: str, tree: Path, *args: str) -> dict[str, Any]:
     """Runs `code` in a fresh Python whose `capture`/`replay` come from `tree`."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
@@ -159,6 +241,12 @@ def _run(code: str, tree: Path, *args: str) -> dict[str, Any]:
     return result
 
 
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    import statistics
+
+    return float(statistics.median(r[key] for r in runs))
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
@@ -174,6 +262,10 @@ def main() -> int:
     parser.add_argument("--before", help="a checkout of the code to compare with")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="cold starts of each kind")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep each exported .pt2 in --work and reuse it"
+    )
     options = parser.parse_args()
     work = Path(options.work)
     (work / "model").mkdir(parents=True, exist_ok=True)
@@ -185,18 +277,29 @@ def main() -> int:
         sys.stderr.write("building the model and recording its generate() traffic...\n")
         model = _run(RECORD, ROOT, str(work), str(options.layers), workload)
         recorded.write_text(json.dumps(model))
+    if not (work / "first_call.json").exists():
+        _run(FIRST_CALL, ROOT, str(work), workload)
     trees = ([("before", Path(options.before))] if options.before else []) + [("after", ROOT)]
     results: dict[str, dict[str, Any]] = {}
     for label, tree in trees:
-        sys.stderr.write(f"{label}: export and save ({tree})...\n")
-        exported = _run(EXPORT, tree, str(work), label)
+        artifact = work / f"{label}.pt2"
+        exported_json = work / f"{label}.export.json"
+        if options.keep and artifact.exists() and exported_json.exists():
+            exported = json.loads(exported_json.read_text())
+        else:
+            sys.stderr.write(f"{label}: export and save ({tree})...\n")
+            exported = _run(EXPORT, tree, str(work), label)
+            exported_json.write_text(json.dumps(exported))
+        sys.stderr.write(f"{label}: cold starts, alternated with from_pretrained...\n")
+        cold = _cold(work, tree, artifact, options.rounds)
         sys.stderr.write(f"{label}: load and serve in a fresh process...\n")
         served = _run(SERVE, tree, str(work), label, str(options.repeat), workload)
-        results[label] = {**exported, **served}
+        results[label] = {**exported, **served, "cold": cold}
         sys.stderr.write(f"{label}: measured {served['capture']}\n")
-        os.unlink(work / f"{label}.pt2")
+        if not options.keep:
+            os.unlink(artifact)
     weights = float(model["weight_bytes"])
-    print(f"### Shipping a {weights / 2**30:.2f} GiB Llama: each weight once (issue 20)\n")
+    print(f"### Shipping a {weights / 2**30:.2f} GiB Llama: load, memory, latency\n")
     print(f"{machine_line(('torch', 'transformers'))}; {code_line(('replay',))}; {load_line()}.")
     print(
         f"Model: {options.layers} layers, hidden 1024, {model['params'] / 1e6:.0f} M parameters "
@@ -237,6 +340,28 @@ def main() -> int:
                 ]
             )
     print(md_table(["code", "program", "first call", "steady (median)", "eager"], lat_rows))
+    print()
+    cold_rows = []
+    for label, r in results.items():
+        eager, ours = r["cold"]["eager"], r["cold"]["replay"]
+        load_e, load_r = _median(eager, "load_s"), _median(ours, "load_s")
+        first_e, first_r = _median(eager, "first_s"), _median(ours, "first_s")
+        total_e, total_r = load_e + first_e, load_r + first_r
+        cold_rows.append(
+            [
+                label,
+                f"{load_r:.2f} s / {load_e:.2f} s = **{load_r / load_e:.2f}**",
+                f"{first_r * 1e3:.0f} ms / {first_e * 1e3:.0f} ms = **{first_r / first_e:.2f}**",
+                f"{total_r:.2f} s / {total_e:.2f} s = {total_r / total_e:.2f}",
+            ]
+        )
+    print(
+        f"Cold start, fresh processes, {options.rounds} of each alternated (medians): "
+        "`replay.load` vs `AutoModelForCausalLM.from_pretrained` of the same weights "
+        "(safetensors), then the first call generate() makes (prefill, batch 1).\n"
+    )
+    headers = ["code", "load: replay / eager", "first answer: replay / eager", "load + first"]
+    print(md_table(headers, cold_rows))
     print(f"\nRatios: to the model's own weights ({_gib(weights)}) or to eager latency; "
           f"{time.strftime('%Y-%m-%d')}.")  # fmt: skip
     return 0

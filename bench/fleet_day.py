@@ -1,5 +1,7 @@
-"""The fleet sections of `bench_fleet.py --fleet`: a simulated day of N writers with the
-recorders' background compaction, and the first SQL on a store of 100,000 flushes.
+"""The fleet sections of `bench_fleet.py --fleet`: a simulated day, and SQL on 100,000 flushes.
+
+A simulated day of N writers with the recorders' background compaction, and the first SQL on a
+store of 100,000 flushes.
 
 **A simulated day.** N writer processes flush every F seconds for 24 h, each flush one calls file
 of `CALLS_PER_FILE` calls (the tables of `bench_fleet._tables`, as the recorder writes them);
@@ -33,6 +35,7 @@ import bench_fleet as bf
 _DUCKDB = """
 import sys, duckdb
 con = duckdb.connect()
+con.execute('SET enable_progress_bar = false')
 print(con.execute("SELECT count(*) FROM read_parquet(?)", [sys.argv[1]]).fetchone()[0])
 """
 

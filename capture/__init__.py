@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from capture.errors import (
     CaptureError,
+    CorruptStoreFile,
     EmptyStore,
     ObservationMismatch,
     OutputNotWritable,
@@ -37,6 +38,7 @@ __all__ = [
     # capture.errors' classes, so callers can catch them without a second import.
     "CaptureError",
     "StoreNotFound",
+    "CorruptStoreFile",
     "EmptyStore",
     "SchemaMismatch",
     "UnknownModel",

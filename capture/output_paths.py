@@ -59,22 +59,19 @@ def _name(path: str, option: str | None) -> str:
     return f"{option} {path}" if option else f"cannot write {path}"
 
 
-def _why(error: OSError, folder: str, name: str, what: str) -> str:
-    """One line for an `OSError` met writing into `folder`."""
+def _why(error: OSError, folder: str, name: str, what: str, in_place: bool = False) -> str:
+    """One line for an `OSError` met writing into `folder`; `in_place`: the writer changes
+    what is there (a store being compacted), so "elsewhere" is no fix."""
     code = error.errno
+    other = " first" if in_place else f" or write the {what} elsewhere"
+    alone = f"make it writable{other}" if in_place else f"write the {what} elsewhere"
     if code in _READ_ONLY:
-        return f"{name}: {folder} is on a read-only filesystem; write the {what} elsewhere"
+        return f"{name}: {folder} is on a read-only filesystem; {alone}"
     if code in _DENIED:
         reason = os.strerror(code).lower() if code is not None else "not permitted"
-        return (
-            f"{name}: the folder {folder} is not writable ({reason}); make it writable or "
-            f"write the {what} elsewhere"
-        )
+        return f"{name}: the folder {folder} is not writable ({reason}); make it writable{other}"
     if code in _FULL:
-        return (
-            f"{name}: no space left on the filesystem of {folder}; free some space or write "
-            f"the {what} elsewhere"
-        )
+        return f"{name}: no space left on the filesystem of {folder}; free some space{other}"
     if code == errno.ENOENT:
         return (
             f"{name}: the folder {folder} does not exist; create the folder first or write "
@@ -83,10 +80,10 @@ def _why(error: OSError, folder: str, name: str, what: str) -> str:
     if code == errno.ENOTDIR:
         return f"{name}: part of {folder} is a file, not a folder; write the {what} elsewhere"
     reason = error.strerror or str(error)
-    return f"{name}: cannot write in {folder} ({reason}); write the {what} elsewhere"
+    return f"{name}: cannot write in {folder} ({reason}); {alone}"
 
 
-def _probe(folder: str, name: str, what: str, need: int) -> None:
+def _probe(folder: str, name: str, what: str, need: int, in_place: bool = False) -> None:
     """Creates, fills and removes one hidden file in `folder`; raises what the write would meet."""
     try:
         stat = os.statvfs(folder)
@@ -106,7 +103,7 @@ def _probe(folder: str, name: str, what: str, need: int) -> None:
         block = b"\0" * PROBE_BYTES
         os.write(fd, block)
     except OSError as e:
-        raise OutputNotWritable(_why(e, folder, name, what)) from None
+        raise OutputNotWritable(_why(e, folder, name, what, in_place)) from None
     finally:
         if fd >= 0:
             with contextlib.suppress(OSError):
@@ -191,8 +188,9 @@ def check_folder(
         option: How the user gave it (``"--store"``), named in the message.
         what: What the folder is, for the message.
         created: The writer creates a missing folder (with its parents): it is checked at its
-            nearest existing ancestor. False: a missing folder is not checked (the writer's
-            reader says there is nothing there, e.g. "no store at ...").
+            nearest existing ancestor. False: the writer changes what is there (compaction):
+            a missing folder is not checked (its reader says "no store at ..."), and the fix
+            is to make the folder writable or free space first, not to write elsewhere.
 
     Returns:
         The path, as given.
@@ -218,7 +216,7 @@ def check_folder(
         raise OutputNotWritable(
             f"{name}: {existing} is a file, not a folder; write the {what} elsewhere"
         )
-    _probe(str(existing), name, what, 0)
+    _probe(str(existing), name, what, 0, in_place=not created)
     return text
 
 

@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["RENAMED", "canonical", "canonical_path", "same_argument", "respell"]
+__all__ = ["RENAMED", "canonical", "canonical_path", "same_argument", "respell", "spelling_key"]
 
 RENAMED: Mapping[str, str] = {
     # transformers 5.24: forward's cache argument (the old names accepted until 5.40)
@@ -73,6 +73,31 @@ def same_argument(name: str, names: Iterable[str]) -> str | None:
         return name
     wanted = canonical(name)
     return next((n for n in names if canonical(n) == wanted), None)
+
+
+_SAME = ("position", "kind", "type", "dtype", "rank", "value", "dim_offset", "range_index")
+"""The columns of a structure's rows that must agree for two spellings to be one structure."""
+
+
+def spelling_key(rows: Iterable[Mapping[str, Any]]) -> tuple[Any, ...]:
+    """A recorded structure's rows (``structures`` table, leaf order) with every renamed
+    argument spelled by its current name: equal for structures that differ only by spelling.
+
+    Example:
+        >>> old = [{"path": "kwargs['past_key_values']", "argument": "past_key_values",
+        ...         "kind": "none"}]
+        >>> new = [{"path": "kwargs['cache']", "argument": "cache", "kind": "none"}]
+        >>> spelling_key(old) == spelling_key(new)
+        True
+    """
+    return tuple(
+        (
+            canonical_path(str(r["path"])),
+            canonical(r["argument"]) if r.get("argument") else None,
+            *(r.get(c) for c in _SAME),
+        )
+        for r in rows
+    )
 
 
 def respell(kwargs: dict[str, _V], accepted: Iterable[str]) -> dict[str, _V]:

@@ -44,7 +44,7 @@ class Store(StoreReader):
         """Models, call counts, call groups, optional inputs, drift (`capture.analysis.summary`).
 
         Example:
-            >>> open_store("capture-store").summary()["calls"]  # doctest: +SKIP
+            >>> open_store("capture-store").summary().calls  # doctest: +SKIP
             20
         """
         from capture.analysis.summary import summary

@@ -24,13 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import date, datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from .fit import Fit, terminal_width, wide_option
 from .main import store_path
 from .output import format_option, no_headers_option, render
+
+if TYPE_CHECKING:
+    from replay.check.drift import DriftRow
 
 __all__ = ["check_command", "EXIT_NOT_SERVED", "parse_since"]
 
@@ -82,10 +85,10 @@ def _refuse_folder(artifact: str, store: str) -> None:
     )
 
 
-def _summary(rows: Sequence[dict[str, Any]]) -> str:
-    calls = sum(r["calls"] for r in rows)
-    served_calls = sum(r["calls"] for r in rows if r["served"])
-    served = sum(1 for r in rows if r["served"])
+def _summary(rows: Sequence[DriftRow]) -> str:
+    calls = sum(r.calls for r in rows)
+    served_calls = sum(r.calls for r in rows if r.served)
+    served = sum(1 for r in rows if r.served)
     return f"served: {served} of {len(rows)} recorded signatures, {served_calls} of {calls} calls"
 
 
@@ -112,7 +115,7 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
     multiple=True,
     help="An operator namespace (or namespace.op; an ONNX domain for an ONNX set) the "
     "programs may call beyond the model's math, as replay.load(path, allow_ops=[...]) "
-    "allows it. Repeat for several.",
+    "allows it. Repeat for several. Default: none (the model's math only).",
 )
 @format_option()
 @no_headers_option
@@ -165,15 +168,14 @@ def check_command(
 
     with capture.open_store(store_path(ctx)) as store:
         rows = check_rows(store, manifest, moment, model)
-    for row in rows:
-        del row["structure"]
     # One model (the usual case): its column says nothing on a terminal.
-    one_model = ("model",) if len({r["model"] for r in rows}) == 1 else ()
-    render(rows, fmt, headers=not no_headers, fit=Fit(terminal_width(wide), hide=one_model))
+    one_model = ("model",) if len({r.model for r in rows}) == 1 else ()
+    table = [r.to_json() for r in rows]
+    render(table, fmt, headers=not no_headers, fit=Fit(terminal_width(wide), hide=one_model))
     if not rows:
         window = f" since {since}" if since else ""
         click.echo(f"no recorded calls{window}: nothing to check", err=True)
         return
     click.echo(_summary(rows), err=True)
-    if not all(r["served"] for r in rows):
+    if not all(r.served for r in rows):
         ctx.exit(EXIT_NOT_SERVED)

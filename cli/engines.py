@@ -89,7 +89,13 @@ def profiles_command(
     else:
         table = profiles_to_table(profiles)
         hide = ("path", *constant_columns(table, ["model", "profile"]))
-        fit = Fit(terminal_width(wide), hide=hide, keep_end=("input",), whole=_SHAPES)
+        fit = Fit(
+            terminal_width(wide),
+            hide=hide,
+            keep_end=("input",),
+            whole=_SHAPES,
+            drop_first=("opt_calls", "calls", "dtype"),
+        )
         render(table, fmt, fit=fit)
 
 

@@ -15,7 +15,8 @@ export ran, and never on exit 1.
 
 ``--out MODEL.pt2`` writes one artifact (`replay.artifact.writer`): every group's program and a JSON
 manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)``, exported
-by the library (``replay.export(..., modules=True)``, `replay.pipeline.submodules`). ``replay.load``
+by the library (``replay.export(..., modules=True)``, `replay.pipeline.submodules`); ``--out
+MODEL.onnx`` writes the ONNX set with the same sub-modules (`replay.onnx.target`). ``replay.load``
 serves it; ``capture check`` measures new traffic against it. The command's options become one
 `replay.inputs.options.ExportOptions`, the object the library builds from its keyword arguments, and
 take their defaults from it.
@@ -39,7 +40,7 @@ from typing import Any
 import click
 
 from capture.output_paths import check_file
-from replay.inputs.options import ExportOptions
+from replay.inputs.options import SPECS, ExportOptions
 
 from .fit import Fit, terminal_width, wide_option
 from .main import store_path
@@ -220,7 +221,8 @@ def _render_coverage(
     default=None,
     help="Write the programs: PATH.pt2, one artifact holding every group's (and recorded "
     "sub-module's) program and a manifest, served by replay.load; or PATH.onnx (needs "
-    "capture[onnx]): one ONNX file per group (PATH-stem.GROUP.onnx when there are several), "
+    "capture[onnx]): one ONNX file per group and recorded sub-module's group "
+    "(PATH-stem.GROUP.onnx, PATH-stem.SUB.GROUP.onnx when there are several), "
     "their shared weights PATH.data and a manifest PATH.json, every file checked with "
     "onnxruntime (coverage rows of target onnx) and served by replay.load(PATH). "
     "Default: nothing written.",
@@ -248,6 +250,15 @@ def _render_coverage(
     help="Use named Dim(symbol, min, max) with the recorded ranges, shared and derived dims; "
     "where torch.export rejects them, bounded Dim.DYNAMIC(min, max) hints (exit 3 when neither "
     "is accepted). Default: Dim.DYNAMIC.",
+)
+@click.option(
+    "--spec",
+    type=click.Choice(list(SPECS)),
+    default=ExportOptions.spec,
+    help="The form of dynamic_shapes: torch.export.Dim objects (dims), or torch's ShapesSpec "
+    "learned from the store (shapes, torch >= 2.14: recorded ranges, the most called size as "
+    "optimization hint, trusted divisors as assumptions; every size unbacked, no retries or "
+    f"regimes). Default: {ExportOptions.spec}.",
 )
 @click.option(
     "--probes",
@@ -317,6 +328,7 @@ def export_command(
     aoti: bool,
     batch: tuple[str, ...],
     named_dims: bool,
+    spec: str,
     keyword_only: bool,
     probes: int,
     max_regimes: int,
@@ -379,10 +391,11 @@ def export_command(
     from replay.pipeline.exporting import export_with
 
     # The same object replay.export builds from its keywords; sub-modules (recorded with
-    # Recorder(modules=...)) are exported by the library for an artifact.
+    # Recorder(modules=...)) are exported by the library for an artifact or an ONNX set.
     options = ExportOptions.of(
         set_batch_dimension_for=_batch_option(batch),
         named_dims=named_dims,
+        spec=spec,
         keyword_only=keyword_only,
         probes=probes,
         max_regimes=max_regimes,
@@ -391,7 +404,7 @@ def export_command(
         max_static=max_static,
         groups=groups or None,
         onnx=onnx,
-        modules=out is not None and onnx is None,
+        modules=out is not None,
     )
     with Progress("export") as progress, stdout_to_stderr():  # progress: only on a terminal
         progress.phase("exporting each call group and checking every recorded signature")
@@ -405,7 +418,7 @@ def export_command(
     for prefix, errors in [("", result.errors)] + [(f"{s}.", r.errors) for s, r in subs.items()]:
         for group, error in errors.items():
             click.echo(f"error: group {prefix}{group}: {error}", err=True)
-    written = list(result.onnx.values())
+    written = [*result.onnx.values(), *(f for r in subs.values() for f in r.onnx.values())]
     if onnx is not None and written:
         from replay.runtime.ort.manifest import manifest_path, weights_path
 

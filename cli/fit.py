@@ -8,11 +8,15 @@ Fitting a table to ``W`` columns:
 1. the command's identifier columns (structure ids, leaf numbers: what a script joins on, not
    what a person reads) are left out;
 2. when the rest is still wider than ``W``, the widest text columns are shortened together
-   (numbers never are), down to their header's width or 6 characters, whichever is more; a
-   shortened cell ends with ``…``; a column of key paths may stay twice as wide as the others
-   and its cells keep their end, which tells leaves apart (``kwargs…'].key_cache[0]``);
-3. when even that is too wide, the rightmost columns are left out and one line on stderr says
-   which (``--wide`` shows them).
+   (numbers never are, nor the names a user copies into the next command: `COPIED`, such as
+   a group for ``--group``, a symbol for ``--symbol``, an expression, a TensorRT input name),
+   down to their header's width or 6 characters, whichever is more; a shortened cell ends
+   with ``…``; a column of key paths may stay twice as wide as the others and its cells keep
+   their end, which tells leaves apart (``kwargs…'].key_cache[0]``);
+3. when that is not enough, the command's least needed columns (`Fit.drop_first`) are left
+   out, in its order; then the copied names are shortened too; and when even that is too
+   wide, the rightmost columns are left out. One line on stderr says which columns were left
+   out (``--wide`` shows them).
 
 Column widths come from the first rows (`cli.output` sizes a streamed table on its first
 batch, as duckdb does); a later, longer cell is shortened to its column on a terminal.
@@ -31,6 +35,7 @@ import click
 from .cells import width as text_width
 
 __all__ = [
+    "COPIED",
     "Fit",
     "Layout",
     "ELLIPSIS",
@@ -42,6 +47,20 @@ __all__ = [
 ]
 
 ELLIPSIS = "…"
+
+COPIED: tuple[str, ...] = (
+    "group",
+    "symbol",
+    "expr",
+    "input",
+    "argument",
+    "served_as",
+    "program",
+)
+"""Columns of names a user copies into the next command (``--group decode``, ``--symbol
+past_key_values_2``, an expression for ``dynamic_shapes``, a TensorRT input name): shortened
+only when nothing else is left to shorten or leave out."""
+
 _SEPARATOR = 2
 _MIN_CELL = 6
 
@@ -128,6 +147,9 @@ class Fit:
         hide: Identifier columns, left out on a terminal.
         keep_end: Columns of key paths, whose shortened cells keep their end.
         whole: Columns never shortened, like numbers (shapes: a cut shape misleads).
+        keep: Columns of names a user copies (`COPIED`): shortened last.
+        drop_first: Columns left out first, in this order, when shortening the others is not
+            enough (before the copied names are shortened).
 
     Example:
         >>> Fit(width=100, hide=("structure_id", "leaf"), keep_end=("path",)).width
@@ -138,6 +160,8 @@ class Fit:
     hide: tuple[str, ...] = ()
     keep_end: tuple[str, ...] = ()
     whole: tuple[str, ...] = ()
+    keep: tuple[str, ...] = COPIED
+    drop_first: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,6 +193,8 @@ def layout(
     hide: Sequence[str] = (),
     keep_end: Sequence[str] = (),
     headers: bool = True,
+    keep: Sequence[str] = (),
+    drop_first: Sequence[str] = (),
 ) -> Layout:
     """Fits columns of `natural` widths into `available` characters (module docstring).
 
@@ -180,6 +206,8 @@ def layout(
         hide: Identifier columns, left out when fitting.
         keep_end: Columns whose shortened cells keep their end (key paths).
         headers: Whether the header row is shown (its names then bound the shortening).
+        keep: Columns shortened only after the `drop_first` ones are left out (copied names).
+        drop_first: Columns left out first, in order, when shortening the others is not enough.
 
     Returns:
         The `Layout`.
@@ -197,18 +225,30 @@ def layout(
         i: min(natural[i], max(text_width(names[i]) if headers else 0, _MIN_CELL)) for i in shown
     }
     dropped: list[str] = []
+    last: list[str] = []  # the columns left out from the right, named last
+    order = [n for n in drop_first if n in names]
+    keeping = bool(keep)
     while True:
         room = available - _SEPARATOR * (len(shown) - 1)
         widths = _widths(
             [natural[i] for i in shown],
             [floors[i] for i in shown],
-            [numeric[i] for i in shown],
+            [numeric[i] or (keeping and names[i] in keep) for i in shown],
             [2 if names[i] in keep_end else 1 for i in shown],
             room,
         )
         if widths is not None or len(shown) == 1:
             break
-        dropped.insert(0, names[shown.pop()])
+        leaving = [i for n in order for i in shown if names[i] == n]
+        if leaving:  # the command's least needed column first
+            shown.remove(leaving[0])
+            order.remove(names[leaving[0]])
+            dropped.append(names[leaving[0]])
+        elif keeping:  # then the copied names are shortened too
+            keeping = False
+        else:
+            last.insert(0, names[shown.pop()])
+    dropped += last
     if widths is None:  # one column left, wider than the terminal even cut: cut it to the width
         widths = [max(1, room)]
     ends = {k for k, i in enumerate(shown) if names[i] in keep_end}

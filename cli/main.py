@@ -76,6 +76,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ".engines:profiles_command",
         "Print TensorRT min/opt/max shape profiles per call group.",
     ),
+    "hints": (
+        ".hints:compile_hints_command",
+        "Print torch.compile dynamic marks per call group, as JSON.",
+    ),
     "buckets": (
         ".engines:buckets_command",
         "Choose the N batch or sequence sizes that pad recorded calls least.",
@@ -169,6 +173,15 @@ def _library_logs_to_stderr() -> Iterator[None]:
             logger.removeHandler(handler)
 
 
+def _exit(code: int) -> None:
+    """Exits with `code`, at once when a remote store's client is stuck in a request the command
+    gave up on (`capture.store.remote.within`): pyarrow's teardown at exit would wait for it."""
+    remote = sys.modules.get("capture.store.remote")  # imported only by a command that used one
+    if remote is not None:
+        remote.leave_if_stuck(code)
+    sys.exit(code)
+
+
 class CaptureGroup(click.Group):
     """A click group whose commands are imported on first use (see `COMMANDS`).
 
@@ -245,7 +258,7 @@ class CaptureGroup(click.Group):
             sys.exit(e.exit_code)
         except click.ClickException as e:
             e.show()
-            sys.exit(e.exit_code)
+            _exit(e.exit_code)
         except click.Abort:
             click.echo("Error: aborted", err=True)
             sys.exit(1)

@@ -298,7 +298,15 @@ def _table_chunks(
     available = None if fit.width is None else fit.width - len(indent)
     fixed = [r or n in fit.whole for r, n in zip(right, names, strict=True)]
     plan = layout(
-        names, natural, fixed, available, hide=fit.hide, keep_end=fit.keep_end, headers=headers
+        names,
+        natural,
+        fixed,
+        available,
+        hide=fit.hide,
+        keep_end=fit.keep_end,
+        headers=headers,
+        keep=fit.keep,
+        drop_first=fit.drop_first,
     )
     if plan.dropped:
         click.echo(

@@ -8,6 +8,7 @@ command group (`cli.main.CaptureGroup`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -38,6 +39,10 @@ _FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?\Z"
 
 _DIMS_IDS = ("structure_id", "leaf", "argument")
 """What a script joins `capture dims` on, not what a person reads (the path says it all)."""
+
+_DIMS_LAST = ("dynamic", "calls", "distinct")
+"""Left out first on a narrow terminal, before a group, symbol or expression is shortened:
+``dynamic`` says what ``symbol`` does (null: static), ``calls`` is the group's count."""
 
 _PATHS = ("path",)
 """Columns of key paths: shortened on a terminal, they keep their end (``…_cache[0]``)."""
@@ -202,15 +207,19 @@ def summary_command(
     if manifest is not None:
         from replay.runtime.routes import routes
 
-        for entry in data["models"]:
-            if entry["model"] == manifest.model:
-                entry["programs"] = routes(manifest, entry)
+        models = tuple(
+            dataclasses.replace(m, programs=tuple(routes(manifest, m)))
+            if m.model == manifest.model
+            else m
+            for m in data.models
+        )
+        data = dataclasses.replace(data, models=models)
     if fmt == "table":
         from .summary_table import summary_report
 
         write_text(summary_report(data, terminal_width(wide)))
     else:
-        render_document(data, fmt)
+        render_document(data.to_json(), fmt)
 
 
 @click.command("dims")
@@ -279,5 +288,5 @@ def dims_command(
     with _open_store(ctx) as store:
         table = store.dims(model)
     hide = _DIMS_IDS + constant_columns(table, ["model"])
-    fit = Fit(terminal_width(wide), hide=hide, keep_end=_PATHS)
+    fit = Fit(terminal_width(wide), hide=hide, keep_end=_PATHS, drop_first=_DIMS_LAST)
     render(table, fmt, headers=not no_headers, fit=fit)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +20,9 @@ from capture.output_paths import check_file, writing
 from .main import store_path
 from .options import model_option
 from .progress import Progress
+
+if TYPE_CHECKING:
+    from replay.check.drift import DriftRow
 
 __all__ = ["report_command", "served_rows"]
 
@@ -39,7 +42,7 @@ def _write(path: Path, page: str) -> None:
         raise
 
 
-def served_rows(store: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
+def served_rows(store: Any, path: str) -> tuple[str, list[DriftRow]]:
     """Which recorded calls the artifact at `path` serves (`replay.check.drift.check_rows`).
 
     Raises:

@@ -1,16 +1,24 @@
-"""The table format of `capture summary`: `Store.summary()`'s dict as a report for people.
+"""The table format of `capture summary`: `Store.summary()` as a report for people.
 
-Only text is built here; `cli.output` writes it. The json/jsonl formats print the dict itself,
-so anything the report leaves out (structure ids, per-group timestamps) is still there.
+Only text is built here; `cli.output` writes it. The json/jsonl formats print its JSON form
+(`capture.analysis.summary.Summary.to_json`), so anything the report leaves out (structure
+ids, per-group timestamps) is still there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from capture.analysis.summary import blocked_rows, drift_rows, group_rows
+from capture.analysis.summary import (
+    GroupSummary,
+    ModelSummary,
+    Summary,
+    blocked_rows,
+    drift_rows,
+    group_table_rows,
+)
 
 from .fit import Fit
 from .output import table_text
@@ -45,9 +53,9 @@ def _utc(timestamp: Any) -> datetime:
     return moment.astimezone(timezone.utc) if moment.tzinfo else moment
 
 
-def _span(entry: Mapping[str, Any]) -> str:
+def _span(entry: Summary | ModelSummary) -> str:
     """``from 2026-11-24 08:40:46 to 08:41:02 UTC``: to the second (json keeps microseconds)."""
-    first, last = entry.get("first_ts"), entry.get("last_ts")
+    first, last = entry.first_ts, entry.last_ts
     if first is None:
         return "no call recorded"
     start, end = _utc(first), _utc(last if last is not None else first)
@@ -55,10 +63,10 @@ def _span(entry: Mapping[str, Any]) -> str:
     return f"from {start:%Y-%m-%d %H:%M:%S} to {until} UTC"
 
 
-def _counts(entry: Mapping[str, Any]) -> str:
+def _counts(entry: Summary | ModelSummary) -> str:
     return (
-        f"{entry['calls']} calls ({entry['errors']} raised), "
-        f"{entry['signatures']} distinct signatures, {_span(entry)}"
+        f"{entry.calls} calls ({entry.errors} raised), "
+        f"{entry.signatures} distinct signatures, {_span(entry)}"
     )
 
 
@@ -66,86 +74,86 @@ _PATHS = ("dims",)
 """Columns listing key paths: shortened on a terminal, they keep their end."""
 
 
-def _section(title: str, rows: Sequence[Mapping[str, Any]], width: int | None) -> list[str]:
+def _section(title: str, rows: Sequence[dict[str, Any]], width: int | None) -> list[str]:
     fit = Fit(width, keep_end=_PATHS)
     return ["", title, table_text(rows, indent=_INDENT, fit=fit)]
 
 
-def _differing_scalars(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+def _differing_scalars(groups: Sequence[GroupSummary]) -> list[str]:
     """Scalar paths whose recorded value is not the same in every group."""
     paths: list[str] = []
     for g in groups:
-        paths.extend(p for p in g.get("scalars") or {} if p not in paths)
-    return [p for p in paths if len({(g.get("scalars") or {}).get(p) for g in groups}) > 1]
+        paths.extend(p for p in g.scalars if p not in paths)
+    return [p for p in paths if len({g.scalars.get(p) for g in groups}) > 1]
 
 
-def _groups(groups: Sequence[Mapping[str, Any]], width: int | None) -> list[str]:
+def _groups(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
     differing = _differing_scalars(groups)
     rows = [
         {
             **row,
             **(
-                {"scalars": _join(f"{p}={(g.get('scalars') or {}).get(p, '-')}" for p in differing)}
+                {"scalars": _join(f"{p}={g.scalars.get(p, '-')}" for p in differing)}
                 if differing
                 else {}
             ),
         }
-        for row, g in zip(group_rows(groups), groups, strict=True)
+        for row, g in zip(group_table_rows(groups), groups, strict=True)
     ]
     return _section("Call groups (calls sharing one input structure), largest first", rows, width)
 
 
-def _symbols(groups: Sequence[Mapping[str, Any]], width: int | None) -> list[str]:
+def _symbols(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
     rows = [
         {
-            "group": g["name"],
-            "symbol": s["symbol"],
-            "min": s["min"],
-            "max": s["max"],
-            "distinct": s["distinct"],
-            **({"expr": s["expr"]} if any(x["expr"] for h in groups for x in h["symbols"]) else {}),
-            "dims": _brief(s["dims"]),
+            "group": g.name,
+            "symbol": s.symbol,
+            "min": s.min,
+            "max": s.max,
+            "distinct": s.distinct,
+            **({"expr": s.expr} if any(x.expr for h in groups for x in h.symbols) else {}),
+            "dims": _brief(s.dims),
         }
         for g in groups
-        for s in g["symbols"]
+        for s in g.symbols
     ]
     if not rows:
         return ["", "Dynamic dims: none, every recorded size is the same in all calls of a group"]
     return _section("Dynamic dims (dims sharing a symbol are equal in every call)", rows, width)
 
 
-def _optional(model: Mapping[str, Any], width: int | None) -> list[str]:
+def _optional(model: ModelSummary, width: int | None) -> list[str]:
     lines: list[str] = []
     rows = [
         {
-            "argument": o["argument"],
-            "present": o["present"],
-            "missing": o["missing"],
-            "none": o["none"],
-            "absent in": _join(o["absent_in"]),
+            "argument": o.argument,
+            "present": o.present,
+            "missing": o.missing,
+            "none": o.none,
+            "absent in": _join(o.absent_in),
         }
-        for o in model.get("optional_inputs", ())
+        for o in model.optional_inputs
     ]
     if rows:
         lines += _section(
             "Optional inputs (passed in some calls only; counts are calls)", rows, width
         )
-    if model.get("always_absent"):
+    if model.always_absent:
         lines += [
             "",
-            f"Never passed (missing or None in every call): {_join(model['always_absent'])}",
+            f"Never passed (missing or None in every call): {_join(model.always_absent)}",
         ]
     return lines
 
 
-def _drift(model: Mapping[str, Any], width: int | None) -> list[str]:
+def _drift(model: ModelSummary, width: int | None) -> list[str]:
     rows = drift_rows(model)
     if not rows:
         return []
     return _section("Drift (inputs seen with several kinds, dtypes or ranks)", rows, width)
 
 
-def _blocked(groups: Sequence[Mapping[str, Any]], width: int | None) -> list[str]:
+def _blocked(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
     rows = blocked_rows(groups)
     if not rows:
         return []
@@ -153,15 +161,15 @@ def _blocked(groups: Sequence[Mapping[str, Any]], width: int | None) -> list[str
     return _section(title, rows, width)
 
 
-def _relations(model: Mapping[str, Any], width: int | None) -> list[str]:
-    rows = [{"group": r["group"], "relation": r["relation"]} for r in model.get("relations", ())]
+def _relations(model: ModelSummary, width: int | None) -> list[str]:
+    rows = [{"group": r.group, "relation": r.relation} for r in model.relations]
     if not rows:
         return []
     return _section("Relations between dims (true in every recorded call)", rows, width)
 
 
-def _programs(model: Mapping[str, Any], width: int | None) -> list[str]:
-    rows = model.get("programs")
+def _programs(model: ModelSummary, width: int | None) -> list[str]:
+    rows = model.programs
     if rows is None:
         return []
     if not rows:
@@ -174,28 +182,27 @@ def _programs(model: Mapping[str, Any], width: int | None) -> list[str]:
     )
 
 
-def summary_report(summary: Mapping[str, Any], width: int | None = None) -> str:
+def summary_report(summary: Summary, width: int | None = None) -> str:
     """Formats `Store.summary()` as sections of aligned tables.
 
     Args:
-        summary: The dict `capture.analysis.summary.build_summary` documents.
+        summary: `Store.summary()`.
         width: The terminal's width to fit the tables to (`cli.fit`), or None for in full.
 
     Returns:
         The report, without a trailing newline.
 
     Example:
-        >>> print(summary_report({"store": "s", "calls": 0, "errors": 0, "signatures": 0,
-        ...                       "models": [], "skipped_files": []}))
+        >>> print(summary_report(Summary("s", 0, 0, 0, None, None, (), ())))
         Store s
         0 calls (0 raised), 0 distinct signatures, no call recorded
     """
-    lines = [f"Store {summary['store']}", _counts(summary)]
-    for path in summary.get("skipped_files", ()):
+    lines = [f"Store {summary.store}", _counts(summary)]
+    for path in summary.skipped_files:
         lines.append(f"Skipped unreadable file: {path}")
-    for model in summary["models"]:
-        lines += ["", f"== Model {model['model']} ==", _counts(model)]
-        groups = model.get("groups", ())
+    for model in summary.models:
+        lines += ["", f"== Model {model.model} ==", _counts(model)]
+        groups = model.groups
         if groups:
             lines += _groups(groups, width)
             lines += _blocked(groups, width)

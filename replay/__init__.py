@@ -17,6 +17,8 @@ __all__ = [
     "all_dynamic_shape_from_inputs",
     "load",
     "additional_inputs",
+    "compile_hints",
+    "CompileHints",
 ]
 
 _LAZY = {
@@ -28,12 +30,15 @@ _LAZY = {
     "all_dynamic_shape_from_inputs": "replay.inputs.modelinputs",
     "load": "replay.loader",
     "additional_inputs": "replay.inputs.specs.additional",
+    "compile_hints": "replay.inputs.specs.compilehints",
+    "CompileHints": "replay.inputs.specs.compilehints",
 }
 
 if TYPE_CHECKING:
     from replay.inputs.builder import ExportInputs, export_inputs
     from replay.inputs.modelinputs import ModelInputs, all_dynamic_shape_from_inputs
     from replay.inputs.specs.additional import additional_inputs
+    from replay.inputs.specs.compilehints import CompileHints, compile_hints
     from replay.loader import load
     from replay.pipeline.exporting import export
     from replay.pipeline.result import ExportResult

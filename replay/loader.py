@@ -30,6 +30,7 @@ def load(
     compiled: bool = False,
     allow_ops: Iterable[str] | None = None,
     verify_weights: bool = False,
+    share_weights: bool = True,
 ) -> Runner | OnnxRunner:
     """Loads what ``capture export --out`` wrote and returns a runner callable like the model.
 
@@ -48,6 +49,10 @@ def load(
             an ONNX set, `replay.runtime.ort.checks`).
         verify_weights: Also hash the weights against the manifest (the graphs and model
             files always are): docs/benchmarks.md says what it costs per GiB.
+        share_weights: An ONNX set's sessions read one memory-mapped copy of the weights,
+            unpacked (True), or each session loads and prepacks its own copy (False:
+            onnxruntime's own speed, the weights once per session); docs/onnx.md measures
+            the trade. A ``.pt2``'s programs always share one copy.
 
     Returns:
         A `replay.runtime.runner.Runner` or an `replay.runtime.ort.runner.OnnxRunner`: the same
@@ -65,7 +70,12 @@ def load(
     from replay.validation import validate
 
     checked = validate(
-        path, device=device, compiled=compiled, allow_ops=allow_ops, verify_weights=verify_weights
+        path,
+        device=device,
+        compiled=compiled,
+        allow_ops=allow_ops,
+        verify_weights=verify_weights,
+        share_weights=share_weights,
     )
     return checked.runner()
 

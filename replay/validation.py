@@ -1,14 +1,14 @@
 """One validation of an artifact, run in full by ``replay.load`` and ``capture check``.
 
-`validate` reads a ``.pt2`` artifact or an ONNX set as the loader does, everything but
-running a program: for a ``.pt2`` the archive's entries, the manifest, the payload configs, the
-program graphs (strings torch would run as code, the operators they call:
+`validate` reads a ``.pt2`` artifact or an ONNX set as the loader does, everything but running a
+program: for a ``.pt2`` the archive's entries, the manifest, the payload configs, the program
+graphs (strings torch would run as code, the operators they call:
 `replay.runtime.pt2.graph_check`), the file digests, the weights mapped and placed, the pytree
-types registered, torch's own deserialization of every program; for an ONNX set the manifest,
-every file it names (a regular file beside it, its digest), each model's operators and external
-data (`replay.runtime.ort.checks`), and onnxruntime's own session for every model. What
-``capture check`` accepts, ``replay.load`` serves, and the other way around; both refuse with
-the same one-line `ArtifactError`.
+types registered, every program's graph built (`replay.runtime.pt2.program`); for an ONNX set
+the manifest, every file it names (a regular file beside it, its digest), each model's operators
+and external data (`replay.runtime.ort.checks`), and onnxruntime's own session for every model.
+What ``capture check`` accepts, ``replay.load`` serves, and the other way around; both refuse
+with the same one-line `ArtifactError`.
 
 **File digests.** The manifest records the SHA-256 of every file it describes (a ``.pt2``'s
 graphs, payload configs, weight records and AOTInductor files; an ONNX set's model files and

@@ -197,11 +197,12 @@ def test_a_cache_with_an_unknown_layer_is_recorded_and_reported(tmp_path: Path) 
             cache = cu.DynamicCache()
             cache.layers = [_filled(MysteryLayer())]
             model(torch.ones(batch, 3), past_key_values=cache)
-    groups = open_store(tmp_path).summary()["models"][0]["groups"]
+    groups = open_store(tmp_path).summary().models[0].groups
     # issue 22: every call recorded, and the summary names the class that blocks export.
     assert rec.stats()["recorded"] == 2
-    assert [g["calls"] for g in groups] == [2]
-    assert "past_key_values'].layers[0] is a test_cache_layers.MysteryLayer" in groups[0]["blocked"]
+    assert [g.calls for g in groups] == [2]
+    blocked = str(groups[0].blocked)
+    assert "past_key_values'].layers[0] is a test_cache_layers.MysteryLayer" in blocked
 
 
 def test_static_cache_fill_level_is_recorded_once_per_cache(tmp_path: Path) -> None:

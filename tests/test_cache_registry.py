@@ -161,7 +161,8 @@ def test_a_refused_class_is_recorded_and_reported(name: str, tmp_path: Path) -> 
     model = TakesACache()
     with capture.Recorder(model, tmp_path, name="m") as rec:
         model(torch.ones(2, 3), past_key_values=obj)
-    (group,) = open_store(tmp_path).summary()["models"][0]["groups"]
+    (group,) = open_store(tmp_path).summary().models[0].groups
     # issue 22: "refused" means recorded and reported with the reason, never unrecorded.
     assert rec.stats()["recorded"] == 1
-    assert name in group["blocked"] and cachespec.UNSUPPORTED[name] in group["blocked"]
+    assert group.blocked is not None
+    assert name in group.blocked and cachespec.UNSUPPORTED[name] in group.blocked

@@ -111,7 +111,7 @@ def test_masked_batch_of_a_single_call_group_is_dynamic_when_forced(seeds: Store
 
 
 def test_masked_summary_reports_mask_missing_in_one_of_three_calls(seeds: Store) -> None:
-    model = _only(summary(seeds, "masked")["models"])
+    model = _only(summary(seeds, "masked").to_json()["models"])
     assert model["optional_inputs"] == [
         {
             "argument": "mask",
@@ -177,7 +177,7 @@ def test_multimodal_mask_is_cache_plus_one_only_below_the_support_rule(seeds: St
 
 
 def test_multimodal_summary_reports_pixel_values_and_cache_missing(seeds: Store) -> None:
-    model = _only(summary(seeds, "multimodal")["models"])
+    model = _only(summary(seeds, "multimodal").to_json()["models"])
     assert [
         (o["argument"], o["present"], o["missing"], o["absent_in"])
         for o in model["optional_inputs"]
@@ -227,7 +227,7 @@ def test_dims_table_passes_options_to_analyze(seeds: Store) -> None:
 
 
 def test_summary_totals_and_date_range(seeds: Store) -> None:
-    data = summary(seeds)
+    data = summary(seeds).to_json()
     assert (data["calls"], data["errors"], data["signatures"]) == (17, 0, 17)
     assert [m["model"] for m in data["models"]] == [
         "add",
@@ -316,7 +316,7 @@ def test_llama_prefill_ids_positions_and_mask_share_the_length(llama: Store) -> 
 
 
 def test_llama_summary_reports_missing_mask_for_batch_1_calls(llama: Store) -> None:
-    model = _only(summary(llama)["models"])
+    model = _only(summary(llama).to_json()["models"])
     assert model["optional_inputs"] == [
         {
             "argument": "attention_mask",
@@ -340,7 +340,7 @@ def test_llama_summary_reports_missing_mask_for_batch_1_calls(llama: Store) -> N
 
 
 def test_llama_summary_groups_and_relations(llama: Store) -> None:
-    model = _only(summary(llama)["models"])
+    model = _only(summary(llama).to_json()["models"])
     assert [(g["name"], g["calls"], g["share"]) for g in model["groups"]] == [
         ("decode", 9, 0.45),
         ("decode_no_attention_mask", 6, 0.3),
@@ -376,7 +376,7 @@ def test_summary_reports_dtype_and_rank_drift(tmp_path: Path) -> None:
         model(torch.ones(2, 3, dtype=torch.float16), torch.ones(2, 3, dtype=torch.float16))
         model(torch.ones(2, 3, 4), torch.ones(3, 4))
     with capture.open_store(tmp_path) as store:
-        drift = _only(summary(store)["models"])["drift"]
+        drift = _only(summary(store).to_json()["models"])["drift"]
     assert [(d["path"], d["changes"]) for d in drift] == [
         ("args[0]", ["dtype", "rank"]),
         ("args[1]", ["dtype"]),
@@ -404,7 +404,7 @@ def test_summary_counts_calls_whose_forward_raised(tmp_path: Path) -> None:
             except ValueError:
                 pass
     with capture.open_store(tmp_path) as store:
-        data = summary(store)
+        data = summary(store).to_json()
     model_entry = _only(data["models"])
     assert (data["calls"], data["errors"]) == (3, 1)
     assert [(g["name"], g["calls"], g["errors"]) for g in model_entry["groups"]] == [("g0", 3, 1)]

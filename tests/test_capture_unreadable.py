@@ -57,8 +57,8 @@ def test_every_call_with_an_unknown_class_is_recorded(store: capture.Store) -> N
 
 
 def test_summary_names_the_class_that_blocks_export(store: capture.Store) -> None:
-    groups = {g["name"]: g for g in store.summary()["models"][0]["groups"]}
-    blocked = {name: g["blocked"] for name, g in groups.items()}
+    groups = {g.name: g for g in store.summary().models[0].groups}
+    blocked = {name: g.blocked for name, g in groups.items()}
     assert blocked["g1"] is None  # the calls without a state
     assert blocked["g0"].startswith(
         "not reproducible: kwargs['state'] is a test_capture_unreadable.RecurrentState, "

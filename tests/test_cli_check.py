@@ -120,12 +120,15 @@ def test_check_lists_exactly_the_newer_calls_outside_the_accepted_ranges(
         ("x=3x7", 1, None),
     ]
     reasons = [r["reason"] for r in rows if not r["served"]]
-    differs = "different call structure (arguments, dtypes, ranks or constants)"
+    differs = "different call structure: "
+    no_mask = f"{differs}the call does not pass kwargs['mask'] (the program takes a float32 tensor"
     # issue 25: the runner's own reasons, from the one routing function both use
     assert reasons == [
-        f"g0: args[0] axis 0 = 5 is outside the recorded range [2, 4]; g1: {differs}",
-        f"g0: args[0] axis 1 = 20 is outside the recorded range [6, 8]; g1: {differs}",
-        f"g0: {differs}; g1: {differs}",
+        f"g0: args[0] axis 0 = 5 is outside the recorded range [2, 4]; g1: {no_mask} of rank 2)",
+        f"g0: args[0] axis 1 = 20 is outside the recorded range [6, 8]; g1: {no_mask} of rank 2)",
+        f"g0: {differs}args[0] is a float64 tensor of rank 2, the program takes a float32 tensor "
+        f"of rank 2; g1: {no_mask} of rank 2); args[0] is a float64 tensor of rank 2, the "
+        "program takes a float32 tensor of rank 2",
     ]
     assert err == "served: 2 of 5 recorded signatures, 3 of 6 calls\n"
 

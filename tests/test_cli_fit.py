@@ -180,3 +180,61 @@ def test_wide_in_a_terminal_prints_what_a_pipe_gets(demo_store: Path) -> None:
     _, out = _in_terminal(["--store", str(demo_store), "dims", "--wide"])
     piped = CliRunner().invoke(cli, ["--store", str(demo_store), "dims"]).stdout
     assert out == piped
+
+
+def test_copied_names_stay_whole_while_prose_shrinks() -> None:
+    names = ["group", "inputs", "n"]
+    fitted = layout(names, [25, 40, 3], [False, False, True], 50, keep=["group"])
+    assert fitted.widths == [25, 50 - 25 - 3 - 2 * 2, 3]
+    assert fitted.dropped == []
+
+
+def test_the_least_needed_columns_go_before_a_copied_name_is_cut() -> None:
+    names = ["group", "path", "dynamic", "calls", "symbol"]
+    natural = [25, 30, 7, 5, 17]
+    fitted = layout(
+        names, natural, [False, False, False, True, False], 58, keep=["group", "symbol"],
+        drop_first=["dynamic", "calls"],
+    )  # fmt: skip
+    assert [names[i] for i in fitted.shown] == ["group", "path", "symbol"]
+    assert fitted.widths == [25, 58 - 25 - 17 - 2 * 2, 17]
+    assert fitted.dropped == ["dynamic", "calls"]
+
+
+def test_copied_names_are_cut_last_then_columns_leave_from_the_right() -> None:
+    fitted = layout(["group", "symbol"], [25, 17], [False, False], 30, keep=["group", "symbol"])
+    assert fitted.widths == [14, 14] and fitted.dropped == []
+    fitted = layout(["group", "symbol", "n"], [25, 17, 9], [False, False, True], 16, keep=["group"])
+    assert [fitted.dropped, fitted.widths] == [["n"], [7, 7]]
+
+
+def _cells(out: str) -> set[str]:
+    return {cell for line in out.splitlines() for cell in line.split("  ") if cell.strip()}
+
+
+@pytest.mark.parametrize(
+    ("command", "copied"),
+    [
+        ("dims", ("group", "symbol", "expr")),
+        ("summary", ("group", "symbol", "expr")),
+        ("profiles", ("input",)),
+    ],
+)
+def test_a_100_column_terminal_keeps_the_names_the_next_command_needs(
+    demo_store: Path, command: str, copied: tuple[str, ...]
+) -> None:
+    # issue 30: symbol names for --symbol, the expressions, TensorRT input names were cut
+    _, out = _in_terminal(["--store", str(demo_store), command])
+    data = json.loads(
+        CliRunner().invoke(cli, ["--store", str(demo_store), command, "-f", "json"]).stdout
+    )
+    if command == "summary":
+        [model] = data["models"]
+        rows = [{"group": g["name"], **s} for g in model["groups"] for s in g["symbols"]] + [
+            {"group": g["name"]} for g in model["groups"]
+        ]
+    else:
+        rows = data
+    wanted = {str(row[c]) for row in rows for c in copied if row.get(c) is not None}
+    assert wanted and wanted <= {c.strip() for c in _cells(out)}, sorted(wanted - _cells(out))
+    assert "…" in out  # something else was shortened to make room

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from unwritable import full_filesystem, read_only
+from unwritable import full_filesystem, read_only, read_only_filesystem
 
 import replay
 from capture.cli.main import COMMANDS, cli
@@ -135,6 +135,14 @@ def test_writer_into_a_read_only_folder(name: str, llama_root: Path, tmp_path: P
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", FILE_WRITERS)
+def test_writer_onto_a_read_only_filesystem(name: str, llama_root: Path, tmp_path: Path) -> None:
+    # report --out here gave two tracebacks: the write, then the cleanup of its temporary file
+    with read_only_filesystem(tmp_path / "ro-fs") as out:
+        line = _one_error_line(_invoke(_argv(name, out, llama_root)), str(out))
+    assert f"{out} is on a read-only filesystem; write the " in line
+
+
 def test_demo_into_a_read_only_folder_as_its_store(tmp_path: Path) -> None:
     with read_only(tmp_path):
         line = _one_error_line(_invoke(["demo", "--store", str(tmp_path)]), str(tmp_path))
@@ -147,6 +155,7 @@ def test_store_writer_on_a_read_only_store(name: str, store_copy: Path) -> None:
     with read_only(store_copy):
         line = _one_error_line(_invoke(["--store", str(store_copy), *STORE_WRITERS[name]]))
     assert line.startswith(f"Error: --store {store_copy}: the folder {store_copy} is not writable")
+    assert line.endswith("); make it writable first")
     assert sorted(p.relative_to(store_copy) for p in store_copy.rglob("*")) == before
 
 
@@ -226,4 +235,29 @@ def test_export_onto_a_filesystem_smaller_than_the_weights(
     assert line == (
         f"Error: --out {out}/model.pt2: the filesystem of {out} has 256.0 KiB free, the "
         "artifact needs about 353.3 KiB; free some space or write the artifact elsewhere"
+    )
+
+
+def test_report_write_on_a_read_only_filesystem_is_one_error(tmp_path: Path) -> None:
+    # The write itself (reached when the filesystem turns read-only after the check): its
+    # temporary file's cleanup fails too, and must not raise a second error.
+    from capture.cli.report import _write
+
+    with read_only_filesystem(tmp_path / "ro-fs") as out:
+        with pytest.raises(OutputNotWritable) as caught:
+            _write(out / "r.html", "<html></html>")
+    assert str(caught.value) == (
+        f"--out {out}/r.html: {out} is on a read-only filesystem; write the page elsewhere"
+    )
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", sorted(STORE_WRITERS))
+def test_store_writer_on_a_full_filesystem(name: str, llama_root: Path, tmp_path: Path) -> None:
+    with full_filesystem(tmp_path / "full", content=llama_root) as store:
+        before = sorted(p.relative_to(store) for p in store.rglob("*"))
+        line = _one_error_line(_invoke(["--store", str(store), *STORE_WRITERS[name]]))
+        assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
+    assert line == (
+        f"Error: --store {store}: no space left on the filesystem of {store}; free some space first"
     )

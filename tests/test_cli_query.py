@@ -278,8 +278,9 @@ def _invoke(store: str, *args: str) -> tuple[int, str, str]:
 def test_summary_table_is_a_report(store: str) -> None:
     with capture.open_store(store) as opened:
         data = opened.summary()
-    first = dt.datetime.fromisoformat(data["first_ts"]).astimezone(dt.timezone.utc)
-    last = dt.datetime.fromisoformat(data["last_ts"]).astimezone(dt.timezone.utc)
+    assert data.first_ts is not None and data.last_ts is not None
+    first = dt.datetime.fromisoformat(data.first_ts).astimezone(dt.timezone.utc)
+    last = dt.datetime.fromisoformat(data.last_ts).astimezone(dt.timezone.utc)
     # issue 24: to the second, the day once (json keeps the microseconds).
     day = "" if last.date() == first.date() else f"{last:%Y-%m-%d} "
     span = f"from {first:%Y-%m-%d %H:%M:%S} to {day}{last:%H:%M:%S} UTC"
@@ -312,12 +313,12 @@ def test_summary_table_is_a_report(store: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
-def test_summary_json_is_the_library_dict(store: str, fmt: str) -> None:
+def test_summary_json_is_the_library_summary(store: str, fmt: str) -> None:
     with capture.open_store(store) as opened:
         data = opened.summary()
     code, out, err = _invoke(store, "summary", "-f", fmt)
     assert code == 0
-    assert out == json.dumps(data, indent=2 if fmt == "json" else None) + "\n"
+    assert out == json.dumps(data.to_json(), indent=2 if fmt == "json" else None) + "\n"
     assert err == ""
 
 

@@ -244,7 +244,7 @@ def test_summary_does_not_bind_the_calls_files(cached: Path) -> None:
                 os.remove(path)
             # issue 14: summary reads stats and structures only; no view over 100,000 calls
             # files is bound for it, so the calls files are not touched
-            assert opened.summary()["models"]
+            assert opened.summary().models
 
 
 def test_a_calls_file_with_a_column_of_a_later_version_is_read(cached: Path) -> None:

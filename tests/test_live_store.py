@@ -43,7 +43,7 @@ def _totals(root: Path) -> tuple[int, int]:
     """(calls rows, calls the summary counts)."""
     with capture.open_store(root) as store:
         rows = int(store.query("SELECT count(*) AS n FROM calls").to_pylist()[0]["n"])
-        counted = sum(m["calls"] for m in store.summary()["models"])
+        counted = sum(m.calls for m in store.summary().models)
     return rows, counted
 
 

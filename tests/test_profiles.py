@@ -182,15 +182,103 @@ def test_onnxruntime_options_repeat_names_per_profile(bimodal: Store) -> None:
     assert options["trt_profile_max_shapes"] == "x:2x24x2,mask:2x24,x:1x1800x2,mask:1x1800"
 
 
-def test_torch_tensorrt_lines_are_python(pair: Store) -> None:
+def _trt_inputs(text: str) -> dict[str, list[dict[str, object]]]:
+    """Variable -> its ``torch_tensorrt.Input(...)`` calls' keywords, read with `ast`
+    (torch_tensorrt is not installable here; the values are literals or ``torch.<dtype>``)."""
+    out: dict[str, list[dict[str, object]]] = {}
+    for node in ast.parse(text).body:
+        if not isinstance(node, ast.Assign):
+            continue
+        (target,) = node.targets
+        assert isinstance(target, ast.Name) and isinstance(node.value, ast.List)
+        calls = []
+        for call in node.value.elts:
+            assert isinstance(call, ast.Call) and ast.unparse(call.func) == "torch_tensorrt.Input"
+            assert call.args == []
+            keywords: dict[str, object] = {}
+            for kw in call.keywords:
+                is_dtype = kw.arg == "dtype"
+                keywords[str(kw.arg)] = (
+                    ast.unparse(kw.value) if is_dtype else ast.literal_eval(kw.value)
+                )
+            calls.append(keywords)
+        out[target.id] = calls
+    return out
+
+
+def _check_documented_form(inputs: list[dict[str, object]]) -> None:
+    """Torch-TensorRT's documented ``Input(profiles=[...])`` rules (``torch_tensorrt.Input``
+    docstring and the multi-optimization-profile tutorial): ``profiles`` is the only shape
+    given, a non-empty list of dicts with exactly min_shape / opt_shape / max_shape tuples of
+    one rank, every size >= 1, min <= opt <= max elementwise, and every input of the engine
+    declares the same number of profiles."""
+    counts = set()
+    for keywords in inputs:
+        assert set(keywords) <= {"profiles", "dtype", "name"} and "profiles" in keywords
+        profiles = keywords["profiles"]
+        assert isinstance(profiles, list) and profiles
+        counts.add(len(profiles))
+        ranks = set()
+        for profile in profiles:
+            assert set(profile) == {"min_shape", "opt_shape", "max_shape"}
+            low, opt, high = profile["min_shape"], profile["opt_shape"], profile["max_shape"]
+            assert len(low) == len(opt) == len(high)
+            ranks.add(len(low))
+            assert all(1 <= a <= b <= c for a, b, c in zip(low, opt, high, strict=False))
+        assert len(ranks) == 1
+        assert str(keywords.get("dtype", "torch.float32")).startswith("torch.")
+    assert len(counts) == 1
+
+
+def test_torch_tensorrt_inputs_have_the_documented_profiles_form(pair: Store) -> None:
     from capture.analysis.groups import analyze
 
     text = format_profiles(build_profiles(analyze(pair)), "torch-tensorrt")
-    ast.parse(text)
-    assert (
-        "    torch_tensorrt.Input(min_shape=(1, 10), opt_shape=(2, 30), max_shape=(4, 30), "
-        "dtype=torch.float32, name='mask')," in text.splitlines()
-    )
+    inputs = _trt_inputs(text)
+    assert list(inputs) == ["inputs_g0"]
+    _check_documented_form(inputs["inputs_g0"])
+    mask = next(k for k in inputs["inputs_g0"] if k["name"] == "mask")
+    assert mask == {
+        "profiles": [{"min_shape": (1, 10), "opt_shape": (2, 30), "max_shape": (4, 30)}],
+        "dtype": "torch.float32",
+        "name": "mask",
+    }
+
+
+def test_torch_tensorrt_lists_a_group_s_profiles_in_order_on_every_input(
+    bimodal: Store,
+) -> None:
+    from capture.analysis.groups import analyze
+
+    profiles = build_profiles(analyze(bimodal), max_profiles=2)
+    inputs = _trt_inputs(format_profiles(profiles, "torch-tensorrt"))["inputs_g0"]
+    _check_documented_form(inputs)
+    mask = next(k for k in inputs if k["name"] == "mask")
+    assert mask["profiles"] == [
+        {"min_shape": (1, 16), "opt_shape": (1, 20), "max_shape": (2, 24)},
+        {"min_shape": (1, 1500), "opt_shape": (1, 1500), "max_shape": (1, 1800)},
+    ]
+    # First-fit in index order: every recorded call finds the profile built for its peak.
+    for (batch, length), _ in BIMODAL:
+        first = next(
+            i
+            for i, p in enumerate(mask["profiles"])
+            if all(
+                a <= v <= c
+                for a, v, c in zip(p["min_shape"], (batch, length), p["max_shape"], strict=False)
+            )
+        )
+        assert first == (0 if length < 1000 else 1)
+
+
+def test_torch_tensorrt_profiles_start_at_one_where_zero_was_recorded(tmp_path: Path) -> None:
+    from capture.analysis.groups import analyze
+
+    record_traffic(tmp_path, [((0, 4), 2), ((2, 8), 3)])
+    with capture.open_store(tmp_path) as store:
+        text = format_profiles(build_profiles(analyze(store)), "torch-tensorrt")
+    assert "TensorRT takes sizes >= 1" in text
+    _check_documented_form(_trt_inputs(text)["inputs_g0"])
 
 
 def test_llama_fixture_profiles_cover_every_tensor_input(llama: Store) -> None:

@@ -11,15 +11,18 @@ program must serve the original calls of both halves (forward pre-hook copies).
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 import capture
 import replay
 from capture.analysis.groups import Group, analyze
+from capture.cli.main import cli
 from capture.record.structure import describe
 from capture.signature import Signature
 from capture.store_api import open_store
@@ -77,6 +80,10 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any,
     with capture.Recorder(model, root / "single"):
         _traffic(model, NEW, FIRST + SECOND)
     return root / "mixed", root / "single", model, originals
+
+
+def _spelled(key: str, spelling: str) -> str:
+    return spelling if key in (OLD, NEW) else key
 
 
 def _groups(path: Path) -> list[Group]:
@@ -153,10 +160,21 @@ def test_the_export_serves_the_original_calls_of_both_spellings(
         for args, kwargs in originals:
             spellings |= kwargs.keys() & {OLD, NEW}
             expected = model(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-            assert runner.select(*args, **kwargs) in ("decode", "prefill")
-            got = runner(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-            torch.testing.assert_close(got.logits, expected.logits)
+            # The call as recorded, and as a caller on the other transformers spells it.
+            for spelling in (OLD, NEW):
+                call = {_spelled(k, spelling): v for k, v in copy.deepcopy(kwargs).items()}
+                assert runner.select(*args, **call) in ("decode", "prefill")
+                got = runner(*copy.deepcopy(args), **call)
+                torch.testing.assert_close(got.logits, expected.logits)
     assert spellings == {OLD, NEW}
+    # capture check answers as the runner does: every recorded call of both spellings served.
+    out = CliRunner().invoke(
+        cli, ["--store", str(mixed), "check", str(tmp_path / "llama.pt2"), "-f", "json"]
+    )
+    assert out.exit_code == 0, out.output
+    checked = json.loads(out.stdout)
+    assert sum(r["calls"] for r in checked) == len(originals)
+    assert all(r["served"] for r in checked)
     assert len(originals) == 3 * (len(FIRST) + len(SECOND))
 
 

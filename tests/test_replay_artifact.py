@@ -109,15 +109,38 @@ def test_a_size_outside_the_recorded_range_names_every_group_and_guard(
     assert isinstance(caught.value, ReplayError)
     assert caught.value.reasons == {
         "g0": "args[0] axis 0 = 5 is outside the recorded range [2, 4]",
-        "g1": "different call structure (arguments, dtypes, ranks or constants)",
+        "g1": "different call structure: the call does not pass kwargs['mask'] (the program "
+        "takes a float32 tensor of rank 2)",
     }
     assert str(caught.value).startswith("no program of twice accepts this call (g0: args[0] axis")
+    assert str(caught.value).endswith("; closest: group g0")  # its structure matched
 
 
 def test_a_new_dtype_is_a_different_structure(twice: tuple[Twice, Path]) -> None:
     runner = replay.load(twice[1])
-    with pytest.raises(CallNotServed, match="g0: different call structure"):
+    with pytest.raises(CallNotServed) as caught:
         runner(torch.randn(3, 7, dtype=torch.float64))
+    assert caught.value.reasons["g0"] == (
+        "different call structure: args[0] is a float64 tensor of rank 2, the program takes a "
+        "float32 tensor of rank 2"
+    )
+
+
+def test_a_call_missing_an_argument_names_it_and_the_closest_group(
+    twice: tuple[Twice, Path],
+) -> None:
+    # issue 30: "different call structure" for every group, the argument never named
+    runner = replay.load(twice[1])
+    with pytest.raises(CallNotServed) as caught:
+        runner(mask=torch.ones(3, 5))
+    assert caught.value.reasons == {
+        "g0": "different call structure: the call does not pass args[0] (the program takes a "
+        "float32 tensor of rank 2); the call passes kwargs['mask'], which the program does not "
+        "take",
+        "g1": "different call structure: the call does not pass args[0] (the program takes a "
+        "float32 tensor of rank 2)",
+    }
+    assert str(caught.value).endswith("; closest: group g1")
 
 
 def test_a_file_that_is_not_an_artifact_is_refused(tmp_path: Path) -> None:

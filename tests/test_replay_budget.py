@@ -31,7 +31,9 @@ class Parity(torch.nn.Module):
 
 
 def _record_parity(root: Path) -> list[torch.Tensor]:
-    calls = [torch.arange(n * 3, dtype=torch.float32).reshape(n, 3) for n in (2, 2, 2, 3, 4, 5, 5, 6)]
+    calls = [
+        torch.arange(n * 3, dtype=torch.float32).reshape(n, 3) for n in (2, 2, 2, 3, 4, 5, 5, 6)
+    ]
     model = Parity()
     with capture.Recorder(model, root, name="m"), torch.no_grad():
         for x in calls:

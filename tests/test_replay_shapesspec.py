@@ -54,7 +54,7 @@ def _record(root: Path, calls: list[tuple[int, int]]) -> tuple[Scale, list[Any]]
     return model, originals
 
 
-PADDED = [(b, s) for s in (8, 16, 24, 32) for b in (1, 2, 3)]
+PADDED = [(b, s) for s in (8, 16, 32, 40) for b in (1, 2, 3)]
 """A pad-to-8 workload: every sequence length a multiple of 8, batch 1 to 3."""
 
 
@@ -68,7 +68,7 @@ def test_facts_hint_is_the_most_called_size_and_divisor_needs_enough_sizes(
     facts = group_facts(group)
     seq = facts.symbols["x_1"]
     batch = facts.symbols["batch"]
-    assert (seq.min, seq.max, seq.divisor, seq.sizes) == (8, 32, 8, 4)
+    assert (seq.min, seq.max, seq.divisor, seq.sizes) == (8, 40, 8, 4)
     assert seq.hint == 16  # 3 + 3 extra calls at 16
     assert batch.hint == 2 and batch.divisor is None and batch.small == (1,)
     assert facts.assumptions == {"x_1": 8}
@@ -105,7 +105,7 @@ def test_dims_python_shapes_source_is_torch_shapes_spec(tmp_path: Path) -> None:
 
     spec = namespace["shapes_spec"]
     assert isinstance(spec, ShapesSpec)
-    assert [repr(a) for a in spec.assumptions] == ["Eq(Mod(x_1#%d, 8), 0)" % _uid(namespace)]
+    assert [repr(a) for a in spec.assumptions] == [f"Eq(Mod(x_1#{_uid(namespace)}, 8), 0)"]
     program = torch.export.export(model, originals[4], dynamic_shapes=spec)
     for args in originals:
         torch.testing.assert_close(program.module()(*args), model(*args))
@@ -133,8 +133,11 @@ def test_padded_workload_exports_with_the_assumption_and_the_router_checks_it(
     tmp_path: Path,
 ) -> None:
     model, originals = _record(tmp_path / "store", PADDED)
-    result = replay.export(model, tmp_path / "store", spec="shapes", probes=0)
+    result = replay.export(model, tmp_path / "store", spec="shapes")
     assert result.complete, result.coverage.to_pylist()
+    # Probes the assumption admits only (sizes between the recorded ones, multiples of 8).
+    probes = [r for r in result.coverage.to_pylist() if r["kind"] == "probe"]
+    assert probes and all(r["sizes"][1] % 8 == 0 for r in probes)
     (group,) = result.inputs.groups
     spec = group.dynamic_shapes
     assert [repr(a).split("#")[0] for a in spec.assumptions] == ["Eq(Mod(x_1"]
@@ -176,3 +179,25 @@ def test_llama_generate_with_learned_shapes_spec_serves_every_original_call(
     verdicts = serve_originals(model, replay.load(tmp_path / "llama.pt2"), originals)
     assert [v.reason for v in verdicts if not v.correct] == []
     assert {v.group for v in verdicts} == {"prefill", "decode"}
+
+
+def test_capture_export_spec_shapes(tmp_path: Path) -> None:
+    _record(tmp_path / "store", PADDED)
+    (tmp_path / "scale_model.py").write_text(
+        "import torch\n\n"
+        "class Scale(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 4))\n\n"
+        "    def forward(self, x, mask):\n"
+        "        return x * self.w + mask.sum(-1, keepdim=True).unsqueeze(-1)\n\n"
+        "def build():\n"
+        "    return Scale()\n"
+    )
+    args = ["--store", str(tmp_path / "store"), "export", f"{tmp_path / 'scale_model.py'}:build"]
+    result = CliRunner().invoke(cli, [*args, "--spec", "shapes"])
+    if not shapesspec.supported():
+        assert result.exit_code == 1 and "needs torch >= 2.14" in result.output
+        return
+    assert result.exit_code == 0, result.output
+    assert "x_1 % 8 == 0" in result.output and "batch recorded at 1" in result.output

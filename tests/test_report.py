@@ -164,30 +164,15 @@ def test_timeline_keeps_every_call(llama: Store) -> None:
 
 
 def test_served_calls_add_up_the_check_rows_per_group(pair: Store) -> None:
+    from replay.check.drift import DriftRow
+
     (group,) = analyze(pair)
+    sid = group.structure_id
     rows = [
-        {
-            "model": "pair",
-            "structure": group.structure_id,
-            "group": "g0",
-            "calls": 2,
-            "served": True,
-        },
-        {
-            "model": "pair",
-            "structure": group.structure_id,
-            "group": None,
-            "calls": 3,
-            "served": False,
-        },
-        {"model": "pair", "structure": "another", "group": "g1", "calls": 5, "served": True},
-        {
-            "model": "other",
-            "structure": group.structure_id,
-            "group": "g0",
-            "calls": 7,
-            "served": True,
-        },
+        DriftRow("pair", sid, "g0", "T1s2", 2, True, None),
+        DriftRow("pair", sid, None, "T1s3", 3, False, "g0: size"),
+        DriftRow("pair", "another", "g1", "T1s4", 5, True, None),
+        DriftRow("other", sid, "g0", "T1s2", 7, True, None),
     ]
     (served,) = served_calls([group], rows)
     assert (served.calls, served.served_calls) == (5, 2)

@@ -90,7 +90,7 @@ def test_every_served_request_is_stored_once_across_reload_recycling_and_shutdow
         rows = opened.query(
             "SELECT pid, count(*) AS n, count(DISTINCT call_id) AS d FROM calls GROUP BY pid"
         ).to_pylist()
-        counted = sum(m["calls"] for m in opened.summary()["models"])
+        counted = sum(m.calls for m in opened.summary().models)
     stored = {int(r["pid"]): int(r["n"]) for r in rows}
     assert all(r["n"] == r["d"] for r in rows)  # each call once
     # issue 25: every served request's calls stored, nothing else, per worker process

@@ -31,7 +31,7 @@ def _totals(uri: str) -> dict[str, object]:
             "SELECT count(*) AS n, count(DISTINCT (pid, call_id)) AS d FROM calls"
         ).to_pylist()[0]
         signatures = store.query("SELECT sum(calls) AS n FROM signatures").to_pylist()[0]["n"]
-        summary = sum(m["calls"] for m in store.summary()["models"])
+        summary = sum(m.calls for m in store.summary().models)
     return {
         "rows": row["n"],
         "distinct": row["d"],
@@ -78,6 +78,15 @@ def _soak(uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: 
 @pytest.mark.slow
 def test_soak_on_a_local_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _soak(str(tmp_path / "store"), tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
+def test_soak_with_writers_compacting_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every writer process also runs the store's upkeep (capture.store.upkeep) every ~2 s,
+    # beside the compaction loop: they take turns under the one lock
+    _soak(str(tmp_path / "store"), tmp_path, monkeypatch, env={"CAPTURE_AUTO_COMPACT": "2"})
 
 
 @pytest.mark.slow

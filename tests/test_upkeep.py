@@ -102,3 +102,22 @@ def test_a_bad_setting_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CAPTURE_AUTO_COMPACT", "hourly")
     with pytest.raises(CaptureError, match="CAPTURE_AUTO_COMPACT='hourly'"):
         upkeep.interval()
+
+
+def test_structures_of_an_older_store_version_are_compacted(tmp_path: Path) -> None:
+    """Files of store version 1 lack the structures' ``schema_version`` column: compaction (and
+    so the upkeep) merges them with newer ones, the column null on their rows."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "store"
+    for batch in (2, 3):  # two writers: two structures files
+        with Recorder(Double(), root, name="double", flush_seconds=3600) as rec, torch.no_grad():
+            rec.model(torch.ones(batch, 3))
+    old = _files(root, schema.STRUCTURES)[0]
+    table = pq.read_table(old)
+    meta = dict(table.schema.metadata or {})
+    meta[schema.METADATA_SCHEMA_VERSION] = b"1"
+    pq.write_table(table.drop_columns(["schema_version"]).replace_schema_metadata(meta), old)
+    result = capture.compact(root)
+    assert result.tables[schema.STRUCTURES].files_after == 1
+    assert _counts(root) == (2, 2, 2)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-__all__ = ["read_only", "full_filesystem"]
+__all__ = ["read_only", "read_only_filesystem", "full_filesystem"]
 
 
 def _refuses_writes(folder: Path) -> bool:
@@ -73,8 +74,14 @@ def read_only(folder: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def full_filesystem(folder: Path, size_kib: int = 1024, fill: bool = True) -> Iterator[Path]:
-    """Mounts a tmpfs of `size_kib` KiB on `folder` and (`fill`) fills it; yields the folder.
+def full_filesystem(
+    folder: Path,
+    size_kib: int = 1024,
+    fill: bool = True,
+    content: Path | None = None,
+) -> Iterator[Path]:
+    """Mounts a tmpfs of `size_kib` KiB on `folder`, copies `content` (a folder) into it, and
+    (`fill`) fills the rest; yields the folder.
 
     Raises:
         pytest.skip.Exception: Mounting is not allowed here (not root, or no CAP_SYS_ADMIN).
@@ -89,6 +96,8 @@ def full_filesystem(folder: Path, size_kib: int = 1024, fill: bool = True) -> It
     if done.returncode != 0:
         pytest.skip(f"a full filesystem needs a tmpfs mount, refused here: {done.stderr.strip()}")
     try:
+        if content is not None:
+            shutil.copytree(content, folder, dirs_exist_ok=True)
         if not fill:
             yield folder
             return
@@ -99,6 +108,34 @@ def full_filesystem(folder: Path, size_kib: int = 1024, fill: bool = True) -> It
             except OSError as e:
                 assert e.errno == errno.ENOSPC, e
         assert os.statvfs(folder).f_bavail == 0
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@contextlib.contextmanager
+def read_only_filesystem(folder: Path) -> Iterator[Path]:
+    """Mounts an empty tmpfs read-only on `folder` (writes fail with EROFS, root's too).
+
+    Raises:
+        pytest.skip.Exception: Mounting is not allowed here (not root, or no CAP_SYS_ADMIN).
+    """
+    folder.mkdir(exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"a read-only filesystem needs a tmpfs mount, refused here: {done.stderr}")
+    try:
+        try:
+            (folder / ".write-attempt").write_bytes(b"x")
+        except OSError as e:
+            assert e.errno == errno.EROFS, e
+        else:
+            raise AssertionError(f"{folder} took a file though mounted read-only")
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=True)

@@ -43,7 +43,7 @@ from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, 
 from capture.errors import CorruptStoreFile
 from capture.pytree.cachespec import is_cache_argument, is_cache_counter
 from capture.pytree.structure import PRESENT, RecordedLeaf, RecordedStructure
-from capture.renames import RENAMED, canonical, canonical_path
+from capture.renames import RENAMED, spelling_key
 from capture.store import stats_merge
 
 if TYPE_CHECKING:
@@ -393,22 +393,6 @@ def analyze(
     return out
 
 
-_SAME = ("position", "kind", "type", "dtype", "rank", "value", "dim_offset", "range_index")
-"""The columns of a structure's rows that must agree for two spellings to be one structure."""
-
-
-def _spelling_key(rows: list[dict[str, Any]]) -> tuple[Any, ...]:
-    """A structure's rows with every renamed argument spelled by its current name."""
-    return tuple(
-        (
-            canonical_path(str(r["path"])),
-            canonical(r["argument"]) if r.get("argument") else None,
-            *(r.get(c) for c in _SAME),
-        )
-        for r in rows
-    )
-
-
 def _one_spelling(
     sigs: pa.Table, leaves_of: dict[tuple[str, str], list[dict[str, Any]]]
 ) -> tuple[pa.Table, dict[tuple[str, str], tuple[str, ...]]]:
@@ -420,7 +404,7 @@ def _one_spelling(
     spelled: dict[tuple[str, tuple[Any, ...]], list[tuple[str, str]]] = {}
     for key, rows in leaves_of.items():
         if any(r.get("argument") in names for r in rows):
-            spelled.setdefault((key[0], _spelling_key(rows)), []).append(key)
+            spelled.setdefault((key[0], spelling_key(rows)), []).append(key)
     merged = [keys for keys in spelled.values() if len(keys) > 1]
     if not merged or not sigs.num_rows:
         return sigs, {}

@@ -1,7 +1,10 @@
 """Optimization profiles in the engines' own syntax: trtexec, torch_tensorrt, ONNX Runtime.
 
 trtexec flags, ``torch_tensorrt.Input`` lines, ONNX Runtime TensorRT provider options
-(`capture profiles -f ...`).
+(`capture profiles -f ...`). Torch-TensorRT takes several optimization profiles per engine
+through ``Input(profiles=[...])``: the list index is the profile index, "auto" selection is
+first-fit in index order, every input declares the same number of profiles, and every size is
+at least 1 (its documented form, checked by tests/test_profiles.py).
 
 Every format names inputs as `capture.engines.profiles.export_names` does (torch.export placeholder
 names, kept by ``torch.onnx.export`` as the ONNX input names) and writes a shape as its sizes
@@ -47,19 +50,54 @@ def _trtexec(profiles: Sequence[Profile]) -> list[str]:
 _TORCH_DTYPES = re.compile(r"^[a-z0-9_]+$")
 
 
+def _at_least_one(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(max(1, int(v)) for v in shape)
+
+
 def _torch_tensorrt(profiles: Sequence[Profile]) -> list[str]:
-    lines = ["import torch", "import torch_tensorrt", ""]
+    """One list of ``torch_tensorrt.Input(profiles=[...])`` per call group: each input lists
+    the group's profiles in order (the list index is TensorRT's optimization-profile index;
+    ``optimization_profile(m, "auto")`` takes the first whose range holds the call)."""
+    lines = ["import torch", "import torch_tensorrt"]
+    by_group: dict[tuple[str, str], list[Profile]] = {}
     for p in profiles:
-        variable = re.sub(r"\W", "_", f"inputs_{p.group}_{p.index}")
-        lines += [_header(p), f"{variable} = ["]
-        for i in p.inputs:
-            dtype = f", dtype=torch.{i.dtype}" if i.dtype and _TORCH_DTYPES.match(i.dtype) else ""
+        by_group.setdefault((p.model, p.group), []).append(p)
+    for (model, group), members in by_group.items():
+        variable = re.sub(r"\W", "_", f"inputs_{group}")
+        lines += [
+            "",
+            f"# {model}, group {group}: {len(members)} profile(s), "
+            f"{sum(p.calls for p in members)} calls",
+        ]
+        lines += [f"#   profile {p.index}: " + _header(p).split(": ", 1)[1] for p in members]
+        zero = sorted({i.name for p in members for i in p.inputs if 0 in i.min or 0 in i.opt})
+        if zero:
             lines.append(
-                f"    torch_tensorrt.Input(min_shape={tuple(i.min)!r}, opt_shape="
-                f"{tuple(i.opt)!r}, max_shape={tuple(i.max)!r}{dtype}, name={i.name!r}),"
+                f"# recorded at size 0: {', '.join(zero)}; TensorRT takes sizes >= 1, so their "
+                "profiles start at 1"
             )
-        lines += ["]", ""]
-    return lines[:-1]
+        lines.append(f"{variable} = [")
+        for k, first in enumerate(members[0].inputs):
+            dtype = (
+                f"dtype=torch.{first.dtype}, "
+                if first.dtype and _TORCH_DTYPES.match(first.dtype)
+                else ""
+            )
+            lines += ["    torch_tensorrt.Input(", "        profiles=["]
+            for p in members:
+                i = p.inputs[k]
+                low, opt, high = _at_least_one(i.min), _at_least_one(i.opt), tuple(i.max)
+                if not all(a <= b <= c for a, b, c in zip(low, opt, high, strict=True)):
+                    raise ValueError(
+                        f"{group} profile {p.index}: {i.name} opt {opt} not in [{low}, {high}]"
+                    )
+                lines.append(
+                    f'            {{"min_shape": {low!r}, "opt_shape": {opt!r}, '
+                    f'"max_shape": {high!r}}},'
+                )
+            lines += ["        ],", f"        {dtype}name={first.name!r},", "    ),"]
+        lines.append("]")
+    return lines
 
 
 def _onnxruntime(profiles: Sequence[Profile]) -> list[str]:
@@ -90,8 +128,10 @@ def format_profiles(profiles: Sequence[Profile], fmt: str) -> str:
     Args:
         profiles: From `capture.engines.profiles.build_profiles`.
         fmt: ``trtexec`` (one ``--minShapes=... --optShapes=... --maxShapes=...`` line per
-            profile), ``torch-tensorrt`` (Python: a list of ``torch_tensorrt.Input`` per
-            profile) or ``onnxruntime`` (per group, a JSON object of the TensorRT provider's
+            profile), ``torch-tensorrt`` (Python: per group, a list of
+            ``torch_tensorrt.Input(profiles=[{"min_shape", "opt_shape", "max_shape"}, ...])``,
+            one profile dict per profile in order, min >= 1 and min <= opt <= max) or
+            ``onnxruntime`` (per group, a JSON object of the TensorRT provider's
             ``trt_profile_min_shapes`` / ``_opt_`` / ``_max_`` options).
 
     Raises:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -149,6 +149,22 @@ class ExportPlan:
     probes: dict[str, list[int]]
 
 
+class ServedRow(Protocol):
+    """One recorded signature and whether an artifact serves it (what
+    ``replay.check.drift.DriftRow`` holds; the report reads it without importing replay)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def structure(self) -> str: ...
+    @property
+    def group(self) -> str | None: ...
+    @property
+    def calls(self) -> int: ...
+    @property
+    def served(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class ServedGroup:
     """How much of one recorded call group an artifact serves."""
@@ -161,7 +177,7 @@ class ServedGroup:
     programs: list[str]
 
 
-def served_calls(groups: Sequence[Group], rows: Sequence[Mapping[str, Any]]) -> list[ServedGroup]:
+def served_calls(groups: Sequence[Group], rows: Sequence[ServedRow]) -> list[ServedGroup]:
     """How much of each recorded call group an artifact serves (module docstring).
 
     Args:
@@ -177,16 +193,16 @@ def served_calls(groups: Sequence[Group], rows: Sequence[Mapping[str, Any]]) -> 
     """
     out = []
     for g in groups:
-        mine = [r for r in rows if r["model"] == g.model and r["structure"] in g.structure_ids]
-        served = [r for r in mine if r["served"]]
+        mine = [r for r in rows if r.model == g.model and r.structure in g.structure_ids]
+        served = [r for r in mine if r.served]
         out.append(
             ServedGroup(
                 group=g.name,
-                calls=sum(int(r["calls"]) for r in mine),
-                served_calls=sum(int(r["calls"]) for r in served),
+                calls=sum(r.calls for r in mine),
+                served_calls=sum(r.calls for r in served),
                 signatures=len(mine),
                 served_signatures=len(served),
-                programs=sorted({str(r["group"]) for r in served}),
+                programs=sorted({str(r.group) for r in served}),
             )
         )
     return out

@@ -25,11 +25,18 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from capture import __version__
-from capture.analysis.summary import blocked_rows, drift_rows, group_rows
+from capture.analysis.summary import (
+    ModelSummary,
+    Summary,
+    blocked_rows,
+    drift_rows,
+    group_table_rows,
+)
 from capture.analysis.symbol_sizes import symbol_kind
 from capture.engines.report_data import (
     ExportPlan,
     ServedGroup,
+    ServedRow,
     SymbolView,
     served_calls,
     symbol_views,
@@ -127,9 +134,9 @@ def _span(low: int, high: int | None) -> str:
     return f"{low}–{high}" if high is not None else f"{low}–∞"
 
 
-def _span_of(entry: Mapping[str, Any]) -> str:
+def _span_of(entry: Summary | ModelSummary) -> str:
     """``from 2026-11-24 08:40:46 to 08:41:02 UTC``: to the second."""
-    first, last = entry.get("first_ts"), entry.get("last_ts")
+    first, last = entry.first_ts, entry.last_ts
     if first is None:
         return "no call recorded"
 
@@ -290,24 +297,24 @@ def _served_section(served: Sequence[ServedGroup], source: str) -> list[str]:
 
 def _model_section(
     store: StoreReader,
-    model: Mapping[str, Any],
+    model: ModelSummary,
     groups: Sequence[Group],
-    served: tuple[str, Sequence[Mapping[str, Any]]] | None,
+    served: tuple[str, Sequence[ServedRow]] | None,
     plan: Callable[[Group], ExportPlan] | None,
 ) -> list[str]:
-    name = model["model"]
+    name = model.model
     parts = [
         f"<h2>Model {_esc(name)}</h2>",
-        f'<p class="meta">{model["calls"]:,} calls ({model["errors"]:,} raised), '
-        f"{model['signatures']:,} distinct signatures, {_esc(_span_of(model))}</p>",
+        f'<p class="meta">{model.calls:,} calls ({model.errors:,} raised), '
+        f"{model.signatures:,} distinct signatures, {_esc(_span_of(model))}</p>",
     ]
-    blocked = blocked_rows(model["groups"])
+    blocked = blocked_rows(model.groups)
     if blocked:  # the calls are recorded; the class keeps them from export
         parts += ["<h3>Not exportable</h3>", _table(blocked)]
     if not groups:
-        return [*parts, _table(group_rows(model["groups"]))]
+        return [*parts, _table(group_table_rows(model.groups))]
     colors = {g.name: COLORS[i % len(COLORS)] for i, g in enumerate(groups)}
-    parts += _first_screen(groups, colors, int(model["calls"]))
+    parts += _first_screen(groups, colors, model.calls)
     plans, unplanned = _plans(groups, plan)
     parts += _symbols_section(symbol_views(groups, plans, colors), plan is not None)
     parts.append("<h3>Per group: its symbols and the dynamic_shapes to paste</h3>")
@@ -348,19 +355,18 @@ def _model_section(
     return parts
 
 
-def _optional_section(model: Mapping[str, Any]) -> list[str]:
+def _optional_section(model: ModelSummary) -> list[str]:
     parts = ["<h3>Optional inputs</h3>"]
-    optional = model["optional_inputs"]
+    optional = model.optional_inputs
     if optional:
         keys = ("argument", "present", "missing", "none")
-        parts.append(_table([{k: o[k] for k in keys} for o in optional], ids=("argument",)))
+        rows = [{k: getattr(o, k) for k in keys} for o in optional]
+        parts.append(_table(rows, ids=("argument",)))
         parts.append(optional_plot(optional))
     else:
         parts.append("<p>Every input was passed in every call, or in none.</p>")
-    if model["always_absent"]:
-        parts.append(
-            f"<p>Never passed (missing or None): {_esc(_join(model['always_absent']))}</p>"
-        )
+    if model.always_absent:
+        parts.append(f"<p>Never passed (missing or None): {_esc(_join(model.always_absent))}</p>")
     return parts
 
 
@@ -368,7 +374,7 @@ def build_report(
     store: StoreReader,
     model: str | None = None,
     *,
-    served: tuple[str, Sequence[Mapping[str, Any]]] | None = None,
+    served: tuple[str, Sequence[ServedRow]] | None = None,
     plan: Callable[[Group], ExportPlan] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> str:
@@ -410,16 +416,16 @@ def build_report(
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{_esc(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{_esc(title)}</h1>",
-        f'<p class="meta">{summary["calls"]:,} calls ({summary["errors"]:,} raised), '
-        f"{summary['signatures']:,} distinct signatures, {_esc(_span_of(summary))}. "
+        f'<p class="meta">{summary.calls:,} calls ({summary.errors:,} raised), '
+        f"{summary.signatures:,} distinct signatures, {_esc(_span_of(summary))}. "
         f"Written by capture {_esc(__version__)} on "
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.</p>",
     ]
-    for path in summary["skipped_files"]:
+    for path in summary.skipped_files:
         parts.append(f'<p class="note">Skipped unreadable file: {_esc(path)}</p>')
-    for i, entry in enumerate(summary["models"]):
-        say(f"model {i + 1}/{len(summary['models'])}: {entry['model']}")
-        mine = [g for g in groups if g.model == entry["model"]]
+    for i, entry in enumerate(summary.models):
+        say(f"model {i + 1}/{len(summary.models)}: {entry.model}")
+        mine = [g for g in groups if g.model == entry.model]
         parts += _model_section(store, entry, mine, served, plan)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

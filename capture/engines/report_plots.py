@@ -11,13 +11,14 @@ from __future__ import annotations
 import base64
 import html
 import io
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from capture.analysis.summary import OptionalInput
     from capture.engines.report_data import SymbolView, Timeline
 
 __all__ = [
@@ -295,11 +296,11 @@ def symbol_plot(view: SymbolView) -> str:
     return figure_html(draw, f"distribution of {view.symbol}", (10.5, 3.6), top=0.2, right=2.4)
 
 
-def optional_plot(rows: Sequence[Mapping[str, Any]]) -> str:
+def optional_plot(rows: Sequence[OptionalInput]) -> str:
     """Calls per optional input: passed, missing, None.
 
     Args:
-        rows: The ``optional_inputs`` of a model's summary entry.
+        rows: A model's `capture.analysis.summary.OptionalInput` rows.
 
     Returns:
         The figure as an ``<img>`` (`figure_html`).
@@ -307,10 +308,10 @@ def optional_plot(rows: Sequence[Mapping[str, Any]]) -> str:
 
     def draw(fig: Any) -> None:
         ax = fig.subplots()
-        names = [r["argument"] for r in rows]
+        names = [r.argument for r in rows]
         left = np.zeros(len(rows))
         for key, color in (("present", "#1a7f37"), ("missing", "#bf8700"), ("none", "#8c959f")):
-            values = np.array([r[key] for r in rows], dtype=float)
+            values = np.array([getattr(r, key) for r in rows], dtype=float)
             ax.barh(names, values, left=left, label=key, color=color)
             left += values
         ax.invert_yaxis()
@@ -320,6 +321,6 @@ def optional_plot(rows: Sequence[Mapping[str, Any]]) -> str:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3, fontsize="small")
 
-    longest = max((len(str(r["argument"])) for r in rows), default=4)
+    longest = max((len(r.argument) for r in rows), default=4)
     height = 1.4 + 0.4 * len(rows)
     return figure_html(draw, "optional inputs", (8, height), 0.3 + 0.075 * longest)

@@ -40,7 +40,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from capture import compat
-from capture.pytree import cachespec
+from capture.pytree import cachespec, outputs
 from capture.pytree import layers as layer_state
 from capture.pytree.cachespec import unsupported_reason
 
@@ -333,6 +333,7 @@ def _registrations() -> list[tuple[type, dict[str, Any]]]:
 def acquire() -> None:
     """Registers the cache classes (first caller) or bumps the reference count."""
     global _REFCOUNT, _SCANNED
+    outputs.add_keys_to_registered()  # diffusers' output classes get key paths (no import)
     with _LOCK:
         _REFCOUNT += 1
         wanted = tuple(cachespec.cache_specs())

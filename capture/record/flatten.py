@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from capture import compat
-from capture.pytree import nodes
+from capture.pytree import nodes, outputs
 from capture.record.structure import (
     Leaf,
     Structure,
@@ -160,6 +160,10 @@ def _walk_other(obj: Any, tp: type, tensors: list[torch.Tensor], key: list[Any])
         key.append(_OPAQUE)
         key.append(tp)
         return
+    if node.flatten_with_keys_fn is None:
+        # A diffusers output registered without key paths: capture adds them (else torch's
+        # pytree cannot name its leaves and `describe` would keep it opaque).
+        outputs.add_keys(tp)
     children, context = node.flatten_fn(obj)
     if len(children) > MAX_ITEMS or len(key) > MAX_KEY:
         raise Oversized(tp.__name__)

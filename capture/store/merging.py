@@ -112,6 +112,9 @@ def _read(fs: pafs.FileSystem, path: str, table: str) -> pa.Table:
         raise
     problem = rows_problem(table, rows)
     if problem is None:
+        for field in schema.SCHEMAS[table]:  # a column a later version added: null in older files
+            if (table, field.name) in schema.ADDED_IN and field.name not in rows.column_names:
+                rows = rows.append_column(field, pa.nulls(rows.num_rows, field.type))
         try:
             return rows.select(schema.SCHEMAS[table].names).cast(schema.SCHEMAS[table])
         except (pa.ArrowInvalid, ValueError) as e:  # a null where the schema allows none

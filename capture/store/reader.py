@@ -135,6 +135,9 @@ class StoreReader:
             self.con = duckdb.connect()
         else:
             self.con = duckdb.connect(config=_NO_EXTENSION_LOADING)
+        # DuckDB draws a progress bar on stdout for a query of more than 2 s, terminal or not:
+        # stdout carries the result only.
+        self.con.execute("SET enable_progress_bar = false")
         # DuckDB's parquet_metadata_cache stays off: it keeps every footer read, with no bound
         # (2.9 GiB over 100,000 files); the stats and structures rows are in memory already,
         # and a store kept compacted (capture.store.upkeep) has few calls files to read.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import datetime as dt
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -35,6 +36,7 @@ __all__ = [
     "STORE_TIMEOUT_S",
     "bounded",
     "invalid_uri",
+    "leave_if_stuck",
     "store_error",
     "within",
 ]
@@ -145,6 +147,19 @@ def _let_stuck_finish() -> None:
     one of its threads still sleeps in a retry crashes the process (seen with GCS)."""
     for worker, limit in _stuck:
         worker.join(limit)
+
+
+def leave_if_stuck(code: int) -> None:
+    """Ends the process with `code` now (output flushed) when a worker `within` gave up on is
+    still stuck: pyarrow's teardown at exit (S3's) waits for its request, minutes at worst.
+    For a command line that failed on an unreachable store; a library caller never needs it."""
+    if any(worker.is_alive() for worker, _ in _stuck):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed: nothing left to write
+                pass
+        os._exit(code)
 
 
 def invalid_uri(store: str, error: Exception) -> CaptureError:

@@ -1,5 +1,6 @@
-"""Upkeep: the compaction a recording process runs in the background, so that a store written by
-a fleet keeps a bounded number of files without an operator.
+"""Upkeep: the compaction a recording process runs in the background, so no store needs an operator.
+
+A store written by a fleet keeps a bounded number of files this way.
 
 Every writer (`capture.record.writer.StoreWriter`) calls `after_flush` once a segment is in the
 store. Once per `interval()` seconds (``CAPTURE_AUTO_COMPACT``, default 900; ``0`` or ``off``

@@ -19,6 +19,7 @@ from replay.runtime.conditions import Condition
 from replay.runtime.coverage import KIND_RECORDED, TARGET_TORCH, CoverageRow
 from replay.runtime.guards import ArtifactError, Axis, ProgramGuard, Relation
 from replay.runtime.manifest import PROGRAM_NAME, Manifest, ModuleEntry, ProgramEntry
+from replay.runtime.pt2.graph_check import BUILTIN_SPEC_TYPES
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -107,11 +108,14 @@ def _axes(group: ExportGroup) -> tuple[Axis, ...]:
 
 
 def _pytree_types(spec: Any, out: set[str]) -> None:
+    """The serialized names of the node types `spec` holds (builtin containers left out): what
+    a loader must register before it rebuilds the program's inputs and outputs."""
     from capture import compat
 
-    node = compat.pytree_nodes().get(spec.type)
+    tables = compat.serialized_pytree_types()
+    node = tables[1].get(spec.type) if tables is not None else None
     name = getattr(node, "serialized_type_name", None) if node is not None else None
-    if name and spec.type not in (tuple, list, dict):
+    if name and str(name) not in BUILTIN_SPEC_TYPES:
         out.add(str(name))
     for child in spec.children():
         _pytree_types(child, out)

@@ -18,14 +18,14 @@ import torch.utils._pytree as pytree
 
 from capture.pytree import nodes
 from replay.inputs import select, shapes
-from replay.runtime.coverage import KIND_PROBE, KIND_RECORDED, CoverageRow
+from replay.runtime.coverage import KIND_PROBE, KIND_RECORDED, CheckOutcome, CoverageRow
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from replay.inputs.exportgroup import ExportGroup
 
-__all__ = ["compare_outputs", "first_line", "coverage_rows", "check_call", "failed"]
+__all__ = ["compare_outputs", "first_line", "coverage_rows", "check_call"]
 
 
 def _tensors(value: Any) -> list[Any]:
@@ -75,6 +75,17 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def _probes(group: ExportGroup, limit: int) -> list[tuple[int, ...]]:
+    """The group's probes; for a ``ShapesSpec`` program moved onto its divisibility
+    assumptions (a size its spec refuses is no probe of it: `divisible_probes`)."""
+    assert group.analysis is not None
+    if group.options.spec != "shapes":
+        return select.probes(group.analysis, limit)
+    from replay.inputs.specs.facts import divisible_probes
+
+    return divisible_probes(group.analysis, select.probes(group.analysis, 4 * limit), limit)
+
+
 def coverage_rows(
     model: Any,
     group: ExportGroup,
@@ -93,7 +104,7 @@ def coverage_rows(
     runnable = program.module() if program is not None else None
     checks = [(sizes, calls, KIND_RECORDED) for sizes, calls in group.recorded()]
     if group.analysis is not None:
-        checks += [(sizes, 0, KIND_PROBE) for sizes in select.probes(group.analysis, probes)]
+        checks += [(sizes, 0, KIND_PROBE) for sizes in _probes(group, probes)]
     for sizes, calls, kind in checks:
         row = CoverageRow(
             group=group.name,
@@ -104,15 +115,15 @@ def coverage_rows(
             sizes=tuple(int(s) for s in sizes),
         )
         if runnable is not None:
-            row = row.checked(**_check_one(model, group, runnable, sizes, atol, rtol))
+            row = row.checked(_check_one(model, group, runnable, sizes, atol, rtol))
         rows.append(row)
     return rows
 
 
 def _check_one(
     model: Any, group: ExportGroup, runnable: Any, sizes: tuple[int, ...], atol: float, rtol: float
-) -> dict[str, Any]:
-    """``covered``, ``max_abs_diff`` and ``error`` of one check (`CoverageRow.checked`)."""
+) -> CheckOutcome:
+    """The outcome of one check of a group's program on one size vector."""
 
     def run() -> Any:
         args, kwargs = group.program_call(sizes)
@@ -128,8 +139,8 @@ def check_call(
     atol: float,
     rtol: float,
     target: str = "program",
-) -> dict[str, Any]:
-    """One check of a target against eager (`CoverageRow.checked`'s keywords).
+) -> CheckOutcome:
+    """One check of a target against eager.
 
     Args:
         model: The eager model, called on ``recorded()``.
@@ -140,22 +151,17 @@ def check_call(
         target: How errors name the target (``program``, ``ONNX runner``).
 
     Returns:
-        ``covered``, ``max_abs_diff`` and ``error``.
+        Its `CheckOutcome`.
     """
     with torch.no_grad():
         try:
             args, kwargs = recorded()
             expected = model(*args, **kwargs)
         except Exception as e:  # the eager model itself fails on these inputs: report it
-            return failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
+            return CheckOutcome.failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
         try:
             got = run()
         except Exception as e:  # the target rejects these sizes (a guard): not covered
-            return failed(f"{target} failed: {type(e).__name__}: {first_line(e)}")
+            return CheckOutcome.failed(f"{target} failed: {type(e).__name__}: {first_line(e)}")
     diff, bad = compare_outputs(expected, got, atol, rtol)
-    return {"covered": bad is None, "max_abs_diff": diff, "error": bad}
-
-
-def failed(error: str, max_abs_diff: float | None = None) -> dict[str, Any]:
-    """The outcome of a check that failed (`CoverageRow.checked`'s keywords)."""
-    return {"covered": False, "max_abs_diff": max_abs_diff, "error": error}
+    return CheckOutcome(bad is None, diff, bad)

@@ -4,19 +4,52 @@ The artifact's manifest (`replay.runtime.pt2.reader.read_manifest`, the whole ar
 `replay.load` checks it) says, per program, the recorded call structure it takes and the
 recorded ranges of its dims (`replay.runtime.guards`); the store says what the model received.
 Every distinct recorded signature is routed with the runner's own function
-(`replay.runtime.guards.route`), so a signature reported served is one the runner serves. Needs
-neither torch nor the model's code.
+(`replay.runtime.guards.route`), so a signature reported served is one the runner serves; a call
+that spelled a renamed argument the other way (`capture.renames`) is routed as its structure
+spelled the program's way, as the runner passes it. Needs neither torch nor the model's code.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from replay.runtime.manifest import Manifest
 
-__all__ = ["check_rows"]
+__all__ = ["DriftRow", "check_rows"]
+
+
+@dataclass(frozen=True)
+class DriftRow:
+    """One distinct recorded signature of the window, and whether the artifact serves it.
+
+    Attributes:
+        model: The model's name in the store (``model.encoder`` for a recorded sub-module).
+        structure: The recorded input structure id.
+        group: The program serving the signature, or None.
+        signature: The sizes in the seeds' notation (``T7s2x5,T7s2x5``).
+        calls: The recorded calls of that signature in the window.
+        served: Whether a program serves it.
+        reason: Why each program refused it (None when served).
+    """
+
+    model: str
+    structure: str
+    group: str | None
+    signature: str
+    calls: int
+    served: bool
+    reason: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as ``capture check`` prints it (the structure id left out: its group says it)."""
+        out = dataclasses.asdict(self)
+        del out["structure"]
+        return out
+
 
 _CALLS = """
 SELECT in_structure, dims, count(*) AS calls, min(ts) AS first_ts, max(ts) AS last_ts
@@ -34,7 +67,7 @@ FROM structures WHERE model = $model ORDER BY structure_id, leaf
 
 def check_rows(
     store: Any, manifest: Manifest, since: datetime | None, model: str | None
-) -> list[dict[str, Any]]:
+) -> list[DriftRow]:
     """One row per distinct recorded signature of the window, for every module of the artifact.
 
     Each signature is routed with `replay.runtime.guards.route`, the runner's own rule: the
@@ -49,21 +82,20 @@ def check_rows(
         model: The model's name in the store when it differs from the artifact's.
 
     Returns:
-        Rows with ``model, structure, group, signature, calls, served, reason``
-        (``structure``: the recorded input structure id; ``group``: the program serving the
-        signature, or null; ``reason``: why each program refused it).
+        One `DriftRow` per distinct recorded signature.
 
     Example:
         >>> rows = check_rows(store, read_manifest("model.pt2"), None, None)  # doctest: +SKIP
-        >>> rows[0]["served"]  # doctest: +SKIP
+        >>> rows[0].served  # doctest: +SKIP
         True
     """
     from capture.pytree.structure import RecordedStructure
+    from capture.renames import spelling_key
     from replay.inputs.shapes import describe_sizes
     from replay.runtime.guards import route
 
     base = model or manifest.model
-    rows: list[dict[str, Any]] = []
+    rows: list[DriftRow] = []
     for module in manifest.modules:
         name = f"{base}.{module}" if module else base
         store.check_model(name)
@@ -72,25 +104,36 @@ def check_rows(
         for row in store.query(_STRUCTURES, {"model": name}).to_pylist():
             by_id.setdefault(row["structure_id"], []).append(row)
         structures = {sid: RecordedStructure.from_rows(rows) for sid, rows in by_id.items()}
+        keys = {sid: spelling_key(rows) for sid, rows in by_id.items()}
+        spelled: dict[tuple[Any, ...], list[str]] = {}
+        for sid, key in keys.items():
+            spelled.setdefault(key, []).append(sid)
         calls = store.query(_CALLS, {"model": name, "since": since}).to_pylist()
         for call in calls:
-            structure = structures.get(call["in_structure"])
-            treespec = structure.treespec if structure is not None else None
+            own = call["in_structure"]
+            structure = structures.get(own)
             leaves = structure.leaves if structure is not None else ()
             dims = [int(v) for v in call["dims"]]
-            facts = (treespec, leaves, dims)
-            served, reasons = route(guards, lambda _g, f=facts: f)  # type: ignore[misc]
+            twins = [s for s in spelled.get(keys.get(own, ()), ()) if s != own]
+            served, reasons = None, {}
+            for sid in [own, *twins]:  # its own spelling first, then the other ones
+                twin = structures.get(sid)
+                facts = (twin.treespec if twin else None, twin.leaves if twin else (), dims)
+                served, why = route(guards, lambda _g, f=facts: f)  # type: ignore[misc]
+                reasons = reasons or why
+                if served is not None:
+                    break
             rows.append(
-                {
-                    "model": name,
-                    "structure": call["in_structure"],
-                    "group": served.label if served is not None else None,
-                    "signature": describe_sizes(leaves, dims) if leaves else "?",
-                    "calls": int(call["calls"]),
-                    "served": served is not None,
-                    "reason": None
+                DriftRow(
+                    model=name,
+                    structure=call["in_structure"],
+                    group=served.label if served is not None else None,
+                    signature=describe_sizes(leaves, dims) if leaves else "?",
+                    calls=int(call["calls"]),
+                    served=served is not None,
+                    reason=None
                     if served
                     else ("; ".join(f"{k}: {v}" for k, v in reasons.items()) or "no program"),
-                }
+                )
             )
     return rows

@@ -34,11 +34,11 @@ from capture.errors import CaptureError, ReplayError
 from capture.pytree import nodes
 from capture.record.flatten import dtype_name
 from capture.store.payload_files import Payload, iter_payloads, list_payloads
-from replay.check.checking import compare_outputs, failed, first_line
+from replay.check.checking import compare_outputs, first_line
 from replay.inputs import rebuild as rb
 from replay.inputs import shapes
 from replay.inputs.options import ExportOptions
-from replay.runtime.coverage import KIND_PAYLOAD, TARGET_TORCH, CoverageRow
+from replay.runtime.coverage import KIND_PAYLOAD, TARGET_TORCH, CheckOutcome, CoverageRow
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -143,36 +143,36 @@ def _check(
     device: str | None,
     atol: float,
     rtol: float,
-) -> dict[str, Any]:
+) -> CheckOutcome:
     with torch.no_grad():
         try:
             args, kwargs = real_call(group.structure, payload, device)
             expected = module(*args, **kwargs)
         except ReplayError as e:
-            return failed(str(e))
+            return CheckOutcome.failed(str(e))
         except Exception as e:  # eager fails on the real call: reported
-            return failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
+            return CheckOutcome.failed(f"eager forward failed: {type(e).__name__}: {first_line(e)}")
         try:
             args, kwargs = real_call(group.structure, payload, device)
             got = serve(args, kwargs, _sizes(group.structure, payload))
         except Exception as e:  # the program rejects the real call (a guard): not covered
-            return failed(f"program failed: {type(e).__name__}: {first_line(e)}")
+            return CheckOutcome.failed(f"program failed: {type(e).__name__}: {first_line(e)}")
     diff, bad = compare_outputs(expected, got, atol, rtol)
     if bad is not None:
-        return failed(f"program vs eager on the real call: {bad}", diff)
+        return CheckOutcome.failed(f"program vs eager on the real call: {bad}", diff)
     recorded = payload.outputs()
     if recorded is not None:
         rdiff, rbad = compare_outputs(recorded, got, atol, rtol)
         if rbad is not None:
             ediff, _ = compare_outputs(recorded, expected, atol, rtol)
-            return failed(
+            return CheckOutcome.failed(
                 f"program vs the output production returned: {rbad} (eager on the "
                 f"rebuilt call differs from it by {ediff:.3g}: the call carried something "
                 "the recording does not keep, or the model is not the recorded one)",
                 max(diff, rdiff),
             )
         diff = max(diff, rdiff)
-    return {"covered": True, "max_abs_diff": diff, "error": None}
+    return CheckOutcome(True, diff, None)
 
 
 def payload_rows(
@@ -278,5 +278,5 @@ def payload_rows(
                     modules[name] = program.module()
                 runnables[group.name] = _program_call(group, modules[name])
             outcome = _check(module, group, runnables[group.name], item, device, atol, rtol)
-            rows.append(_row(group.name, signature, sizes, target=target).checked(**outcome))
+            rows.append(_row(group.name, signature, sizes, target=target).checked(outcome))
     return rows, notes

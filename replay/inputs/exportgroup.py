@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from capture.errors import ReplayError
+from capture.renames import same_argument
 from capture.signature import POSITIONAL_OR_KEYWORD, Param, Signature
 from replay.inputs import rebuild as rb
 from replay.inputs import select, shapes, tokens
@@ -91,13 +92,16 @@ class ExportGroup:
         return self.served_by or self.name
 
     def module(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module to export: `model`, or a wrapper naming its ``**kwargs`` entries.
+        """The module to export: `model`, or a wrapper naming its ``**kwargs`` entries, and the
+        keywords recorded under a name the library has renamed since (`capture.renames`: a store
+        of transformers 5.23 passes ``past_key_values``, 5.24's forward declares ``cache`` and
+        still takes the old name through ``**kwargs``): the program takes them as recorded.
 
         Example:
             >>> ep = torch.export.export(group.module(model), group.args, group.kwargs,
             ...                          dynamic_shapes=group.dynamic_shapes)  # doctest: +SKIP
         """
-        if not self.form.extra:
+        if not self.form.extra and not _renamed_since(model, self.form.keywords):
             return model
         return _named_call(model, self.form)
 
@@ -260,6 +264,12 @@ class ExportInputs:
                 return g
         known = ", ".join(g.name for g in self.groups)
         raise ReplayError(f"no group {name!r} for model {self.model} (groups: {known})")
+
+
+def _renamed_since(model: torch.nn.Module, keywords: Iterable[str]) -> bool:
+    """Whether a recorded keyword is one the model's forward now declares under another name."""
+    declared = Signature.of(getattr(model, "forward", model)).plain
+    return any(k not in declared and same_argument(k, declared) for k in keywords)
 
 
 def _named_call(model: torch.nn.Module, form: callform.CallForm) -> torch.nn.Module:

@@ -25,7 +25,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay.check.checking import check_call
-from replay.runtime.coverage import KIND_PAYLOAD, TARGET_ONNX, TARGET_TORCH, CoverageRow
+from replay.runtime.coverage import (
+    KIND_PAYLOAD,
+    TARGET_ONNX,
+    TARGET_TORCH,
+    CheckOutcome,
+    CoverageRow,
+)
 
 if TYPE_CHECKING:
     from replay.inputs.exportgroup import ExportGroup
@@ -74,7 +80,7 @@ def onnx_rows(
             sizes=row.sizes,
         )
         if served and runner is not None and row.sizes is not None:
-            onnx_row = onnx_row.checked(**_check_one(model, group, runner, row.sizes, atol, rtol))
+            onnx_row = onnx_row.checked(_check_one(model, group, runner, row.sizes, atol, rtol))
         rows.append(onnx_row)
     return rows
 
@@ -86,8 +92,8 @@ def _check_one(
     sizes: tuple[int, ...],
     atol: float,
     rtol: float,
-) -> dict[str, Any]:
-    """``covered``, ``max_abs_diff`` and ``error`` of one check (`CoverageRow.checked`)."""
+) -> CheckOutcome:
+    """The outcome of one check of a group's ONNX file on one size vector."""
 
     def run() -> Any:
         args, kwargs = group.recorded_call(sizes)

@@ -402,9 +402,20 @@ def _rename_dims(model: ir.Model, renames: dict[str, str]) -> None:
         shape = value.shape
         if shape is None:
             continue
-        dims = [d if isinstance(d, int) else ir.SymbolicDim(rename(str(d.value))) for d in shape]
-        if any(not isinstance(d, int) for d in shape):
+        # An unnamed dim (value None) stays unnamed: spelled "None", every unknown dim of the
+        # graph would be one name, which onnxruntime takes as one size (its buffer reuse fails).
+        dims = [
+            d if isinstance(d, int) or d.value is None else ir.SymbolicDim(rename(str(d.value)))
+            for d in shape
+        ]
+        if any(not isinstance(d, int) and d.value is not None for d in shape):
             value.shape = ir.Shape(dims)
+
+
+def _stand_in(value: Any) -> torch.Tensor:
+    """A tensor of ones of `value`'s rank (a fake tensor from the graph), else of one element."""
+    rank = value.dim() if isinstance(value, torch.Tensor) else 1
+    return torch.ones((1,) * rank)
 
 
 def _outputs(program: ExportedProgram, model: ir.Model) -> OutputBinding:
@@ -419,7 +430,10 @@ def _outputs(program: ExportedProgram, model: ir.Model) -> OutputBinding:
     graph_outputs = list(model.graph.outputs)
     names: list[str | None] = []
     constants: list[Any] = []
-    # Stand-in leaves, only to read each leaf's key path back (a None would not be a leaf).
+    # Stand-in leaves, only to read each leaf's key path back (a None would not be a leaf),
+    # each of its output's rank: unflattening runs the output classes' constructors, and an
+    # EncoderDecoderCache reads its layers' sequence length (``keys.shape[-2]``).
+    values = {n.name: n.meta.get("val") for n in program.graph.nodes}
     placeholders: list[Any] = []
     positions: list[int] = []
     for spec in specs:
@@ -437,7 +451,7 @@ def _outputs(program: ExportedProgram, model: ir.Model) -> OutputBinding:
             positions.append(-1)
             names.append(None)
             constants.append(getattr(spec.arg, "value", None))
-        placeholders.append(torch.zeros(1))
+        placeholders.append(_stand_in(values.get(str(getattr(spec.arg, "name", "")))))
     if sum(p >= 0 for p in positions) != len(graph_outputs) or None in [
         n for n, p in zip(names, positions, strict=True) if p >= 0
     ]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -132,6 +132,8 @@ def onnx_entry(
     file: str,
     rows: Sequence[CoverageRow],
     owner: ExportGroup | None = None,
+    *,
+    module: str = "",
 ) -> tuple[ProgramEntry, OnnxFile]:
     """The manifest entry of one group served by one ONNX file (module docstring).
 
@@ -144,6 +146,8 @@ def onnx_entry(
             become ``rejected``.
         owner: The group the program was exported from (default: `group` itself); another
             group's when `group` is served by its program with inputs filled.
+        module: The sub-module the group belongs to (``""``: the model itself); its program
+            is then ``<module>.<group>``, as in a ``.pt2``.
 
     Returns:
         The typed entry (its guard as the ONNX runner checks it) and its ONNX fields.
@@ -154,7 +158,7 @@ def onnx_entry(
     """
     owner = owner or group
     mapping = _dim_map(group, owner)
-    entry = program_entry("", group, program, rows, TARGET_ONNX)
+    entry = program_entry(module, group, program, rows, TARGET_ONNX)
     axes, conditions = _program_guard(entry.guard.axes, converted, mapping)
     guard = dataclasses.replace(entry.guard, axes=axes, conditions=conditions)
     entry = dataclasses.replace(entry, guard=guard)
@@ -197,7 +201,7 @@ def onnx_entry(
 def onnx_manifest(
     model: str,
     entries: Sequence[tuple[ProgramEntry, OnnxFile]],
-    module: ModuleEntry,
+    modules: Mapping[str, ModuleEntry],
     weights: str,
     size: int,
 ) -> OnnxManifest:
@@ -205,9 +209,9 @@ def onnx_manifest(
 
     Args:
         model: The model's name in the store.
-        entries: One `onnx_entry` per group served.
-        module: The export's module entry (store, complete, coverage, errors, notes;
-            `replay.artifact.entries.module_entry`).
+        entries: One `onnx_entry` per group served (of every module).
+        modules: Module name (``""``: the model; ``encoder``) -> its export's entry (store,
+            complete, coverage, errors, notes; `replay.artifact.entries.module_entry`).
         weights: The shared weights file's name.
         size: Its size in bytes.
     """
@@ -215,7 +219,7 @@ def onnx_manifest(
         model=model,
         created=datetime.now().astimezone().isoformat(),
         versions=onnx_versions(),
-        modules={"": module},
+        modules=dict(modules),
         programs=tuple(e for e, _ in entries),
         format=FORMAT,
     )

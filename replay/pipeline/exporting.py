@@ -39,7 +39,7 @@ from capture.output_paths import check_file
 from replay.check.payload_rows import payload_rows
 from replay.inputs.builder import ExportGroup, inputs_for
 from replay.inputs.options import ExportOptions, takes_options
-from replay.onnx.target import output_path, write_onnx
+from replay.onnx.target import OnnxPart, output_path, write_onnx
 from replay.pipeline.binding import check_signature
 from replay.pipeline.chain import Job, Part, export_group
 from replay.pipeline.result import ExportResult
@@ -48,11 +48,12 @@ from replay.runtime.coverage import (
     COVERAGE_SCHEMA,
     KIND_PROBE,
     KIND_RECORDED,
+    CoverageRow,
     coverage_table,
 )
 
 if TYPE_CHECKING:
-    pass
+    from torch.export import ExportedProgram
 
 __all__ = [
     "ExportResult",
@@ -220,16 +221,20 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     parts = _export_groups(Job(module, store, inputs, options))
     # The groups as exported: regimes and static programs in their group's place.
     inputs = dataclasses.replace(inputs, groups=[p.group for _, p in sorted(parts, key=_place)])
-    result = _result(Job(module, store, inputs, options), [p for _, p in parts])
-    if options.modules:
-        # Every group of each recorded sub-module, with the model's options; no ONNX.
-        sub_options = dataclasses.replace(options, groups=None, onnx=None, modules=False)
-        for name in recorded_submodules(store, inputs.model):
-            result.modules[name] = export_with(
-                submodule(module, name), store, f"{inputs.model}.{name}", sub_options
-            )
-        result.complete = result.complete and all(m.complete for m in result.modules.values())
-    return result
+    return _result(Job(module, store, inputs, options), [p for _, p in parts])
+
+
+def _submodules(job: Job) -> dict[str, ExportResult]:
+    """Every group of each recorded sub-module (``modules=True``), with the model's options;
+    their ONNX files (with ``onnx=``) join the model's set."""
+    if not job.options.modules:
+        return {}
+    sub_options = dataclasses.replace(job.options, groups=None, onnx=None, modules=False)
+    model = job.inputs.model
+    return {
+        name: export_with(submodule(job.module, name), job.store, f"{model}.{name}", sub_options)
+        for name in recorded_submodules(job.store, model)
+    }
 
 
 def _prepared(module: Any, options: ExportOptions) -> ExportOptions:
@@ -270,32 +275,69 @@ def _result(job: Job, parts: list[Part]) -> ExportResult:
     notes += payload_notes
     complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
     source = str(getattr(store, "path", store)) if store is not None else None
+    modules = _submodules(job)
     onnx_files: dict[str, str] = {}
     if options.onnx is not None:
         # Every ONNX file is checked on the same rows; its rows count in `complete`.
-        outcome = write_onnx(
-            module,
-            store,
-            inputs,
-            programs,
-            errors,
-            rows,
-            options,
-            complete_torch=complete,
-            source=source,
-        )
-        onnx_files = outcome.files
-        rows += outcome.rows
-        notes += outcome.notes
-        complete = complete and all(r.covered for r in outcome.rows)
+        onnx_files, onnx_rows, onnx_notes = _onnx(job, programs, errors, rows, complete, modules)
+        rows += onnx_rows
+        notes += onnx_notes
+        complete = complete and all(r.covered for r in onnx_rows)
     return ExportResult(
         programs,
         coverage_table(rows),
         notes,
-        complete,
+        complete and all(m.complete for m in modules.values()),
         inputs,
         errors,
         onnx_files,
         not_honoured=not_honoured,
         source=source,
+        modules=modules,
     )
+
+
+def _onnx(
+    job: Job,
+    programs: dict[str, ExportedProgram],
+    errors: dict[str, str],
+    rows: list[CoverageRow],
+    complete: bool,
+    modules: dict[str, ExportResult],
+) -> tuple[dict[str, str], list[CoverageRow], list[str]]:
+    """The ONNX set of the model and its sub-modules: files, rows and notes; each sub-module's
+    result gains its files, rows and notes."""
+    module, store, inputs, options = job.module, job.store, job.inputs, job.options
+    parts = [
+        OnnxPart(
+            name,
+            submodule(module, name),
+            sub.inputs,
+            sub.programs,
+            sub.errors,
+            CoverageRow.from_table(sub.coverage),
+            sub.complete,
+        )
+        for name, sub in modules.items()
+    ]
+    source = str(getattr(store, "path", store)) if store is not None else None
+    outcome = write_onnx(
+        module,
+        store,
+        inputs,
+        programs,
+        errors,
+        rows,
+        options,
+        complete_torch=complete,
+        source=source,
+        submodules=parts,
+    )
+    for part in parts:
+        sub = modules[part.name]
+        written = part.outcome
+        sub.coverage = coverage_table([*part.torch_rows, *written.rows])
+        sub.onnx = written.files
+        sub.notes.extend(written.notes)
+        sub.complete = sub.complete and all(r.covered for r in written.rows)
+    return outcome.files, list(outcome.rows), list(outcome.notes)

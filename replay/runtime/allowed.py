@@ -8,8 +8,11 @@ names (`allow_ops`: ``replay.load(path, allow_ops=...)``, ``capture check --allo
 A program's input and output structure names pytree node types (``builtins.tuple``,
 ``transformers.cache_utils.DynamicCache``). Rebuilding one means running its registration, so a
 loader accepts only types registered in the loading process already or living in an allow-listed
-module whose import registers them (capture's own registrations for transformers' caches). Both
-runtimes read this one table: the ``.pt2`` reader and the ONNX set's manifest.
+module whose import registers them: transformers (capture's own registrations of its caches, and
+its `ModelOutput` classes) and the output-class families capture registers with key paths
+(`capture.pytree.outputs.FAMILIES`: diffusers' `BaseOutput` subclasses, imported only under
+``diffusers.`` and accepted only as such subclasses). Both runtimes read this one table: the
+``.pt2`` reader and the ONNX set's manifest; ``capture check`` (no torch) reads the prefixes.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import importlib
 import re
 from collections.abc import Iterable
 
+from capture.errors import CaptureError
+from capture.pytree import outputs
 from replay.runtime.checked_json import DOTTED
 from replay.runtime.guards import ArtifactError
 
@@ -26,18 +31,21 @@ __all__ = ["ALLOWED_MODULES", "AllowOps", "allow_ops", "loadable_type", "registe
 AllowOps = frozenset[str]
 """Operator namespaces (``mylib``) and operators (``mylib.op``) a caller allows."""
 
-ALLOWED_MODULES = ("transformers.",)
+ALLOWED_MODULES = ("transformers.", *(family.prefix for family in outputs.FAMILIES))
 """Modules whose pytree registrations an artifact may ask the loader to import."""
 
 
 def loadable_type(name: str) -> bool:
-    """Whether `load` may rebuild a pytree node type a program names: a ``transformers.*`` type
-    (registered by importing its module) or one registered with torch's pytree in this process
-    (without torch imported, as in ``capture check``, only the former).
+    """Whether `load` may rebuild a pytree node type a program names: a type of
+    `ALLOWED_MODULES` (``transformers.*``, ``diffusers.*``: registered by importing its module)
+    or one registered with torch's pytree in this process (without torch imported, as in
+    ``capture check``, only the former).
 
     Example:
         >>> loadable_type("transformers.cache_utils.DynamicCache"), loadable_type("evil.Thing")
         (True, False)
+        >>> loadable_type("diffusers.models.unets.unet_2d_condition.UNet2DConditionOutput")
+        True
     """
     from capture import compat
 
@@ -59,6 +67,9 @@ def register_types(types: set[str]) -> None:
     if tables is None:
         raise ArtifactError("torch's pytree registry cannot be read: the artifact cannot load")
     known = tables[0]
+    for name in types:  # registered by the caller's import of the library: key paths added
+        if name in known and outputs.family_of(name) is not None:
+            outputs.add_keys(known[name])
     missing = sorted(t for t in types if t not in known)
     if not missing:
         return
@@ -66,6 +77,12 @@ def register_types(types: set[str]) -> None:
         nodes.acquire()  # held for the life of the process: the runner needs them on every call
     for name in missing:
         if name in known:
+            continue
+        if outputs.family_of(name) is not None:
+            try:
+                outputs.load_output_type(name)
+            except CaptureError as e:
+                raise ArtifactError(f"the artifact's programs name {name}: {e}") from e
             continue
         module = name.rpartition(".")[0]
         if not module.startswith(ALLOWED_MODULES):

@@ -70,13 +70,16 @@ class Condition:
     expr: str
     text: str
     tree: ast.expr = field(init=False, repr=False, compare=False)
+    _run: Callable[[Sequence[int]], int | bool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tree", parse(self.expr))
+        object.__setattr__(self, "_run", _closure(self.tree))
 
     def holds(self, dims: Sequence[int]) -> bool:
-        """Whether the condition holds for a call with these sizes (`holds`)."""
-        return holds(self.tree, dims)
+        """Whether the condition holds for a call with these sizes (`holds`; evaluated by
+        closures built once from the checked tree, as `holds` walks it)."""
+        return bool(self._run(dims))
 
 
 def translate(
@@ -171,6 +174,55 @@ def holds(tree: ast.expr, dims: Sequence[int]) -> bool:
         False
     """
     return bool(_value(tree, dims))
+
+
+_Eval = Callable[[Sequence[int]], int | bool]
+
+
+def _closure(node: ast.expr) -> _Eval:
+    """`_value` of `node` as nested closures (the same rules; no code is compiled)."""
+    if isinstance(node, ast.Constant):
+        if type(node.value) is not int:
+            raise ConditionError(f"{node.value!r} in a size condition is not an integer")
+        constant = node.value
+        return lambda dims: constant
+    if isinstance(node, ast.Name):
+        index = int(node.id[1:])
+        return lambda dims: int(dims[index]) if index < len(dims) else -1
+    if isinstance(node, ast.UnaryOp):
+        operand = _closure(node.operand)
+        if isinstance(node.op, ast.Not):
+            return lambda dims: not operand(dims)
+        if isinstance(node.op, ast.USub):
+            return lambda dims: -operand(dims)
+        return operand
+    if isinstance(node, ast.BinOp):
+        fn, left, right = _ARITH[type(node.op)], _closure(node.left), _closure(node.right)
+        return lambda dims: int(fn(left(dims), right(dims)))
+    if isinstance(node, ast.BoolOp):
+        parts = [_closure(v) for v in node.values]
+        if isinstance(node.op, ast.And):
+            return lambda dims: all(p(dims) for p in parts)
+        return lambda dims: any(p(dims) for p in parts)
+    if isinstance(node, ast.Compare):
+        first = _closure(node.left)
+        pairs = zip(node.ops, node.comparators, strict=True)
+        steps = [(_COMPARE[type(op)], _closure(r)) for op, r in pairs]
+
+        def compare(dims: Sequence[int]) -> bool:
+            left = first(dims)
+            for test, right_of in steps:
+                right = right_of(dims)
+                if not test(left, right):
+                    return False
+                left = right
+            return True
+
+        return compare
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        call, args = _CALLS[node.func.id], [_closure(a) for a in node.args]
+        return lambda dims: int(call(*(a(dims) for a in args)))
+    raise ConditionError(f"unexpected {type(node).__name__} in a size condition")
 
 
 def _value(node: ast.expr, dims: Sequence[int]) -> int | bool:

@@ -53,6 +53,26 @@ _LABELS = {KIND_RECORDED: "recorded signatures", KIND_PROBE: "probes", KIND_PAYL
 
 
 @dataclass(frozen=True)
+class CheckOutcome:
+    """What one check of a target against eager found.
+
+    Attributes:
+        covered: The target ran and agreed with eager within the tolerance.
+        max_abs_diff: The largest difference seen (None when nothing ran).
+        error: Why it is not covered (None when covered).
+    """
+
+    covered: bool
+    max_abs_diff: float | None
+    error: str | None
+
+    @classmethod
+    def failed(cls, error: str, max_abs_diff: float | None = None) -> CheckOutcome:
+        """A check that failed, and why."""
+        return cls(False, max_abs_diff, error)
+
+
+@dataclass(frozen=True)
 class CoverageRow:
     """One check of one target on one size vector of a group.
 
@@ -79,11 +99,11 @@ class CoverageRow:
     target: str = TARGET_TORCH
     sizes: tuple[int, ...] | None = None
 
-    def checked(
-        self, *, covered: bool, max_abs_diff: float | None, error: str | None
-    ) -> CoverageRow:
+    def checked(self, outcome: CheckOutcome) -> CoverageRow:
         """This row with the outcome of its check."""
-        return dataclasses.replace(self, covered=covered, max_abs_diff=max_abs_diff, error=error)
+        return dataclasses.replace(
+            self, covered=outcome.covered, max_abs_diff=outcome.max_abs_diff, error=outcome.error
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The row as one JSON-serializable dict (``sizes`` a list)."""

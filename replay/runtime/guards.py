@@ -17,6 +17,10 @@ exactly what the runner serves:
    (an ONNX file, `replay.onnx`), those guards must hold too (`conditions`, parsed by
    `replay.runtime.conditions`, never evaluated as code).
 
+A program refused for its structure is refused with what differs, by key path
+(`structure_difference`: an input the call does not pass, one the program does not take, a
+dtype, a rank, a constant); the number of differing inputs says which program came closest.
+
 The ``.pt2`` runner, the ONNX runner and ``capture check`` (of either) all route with `route`.
 
 Reading a manifest and checking guards needs neither torch nor the model's code.
@@ -24,6 +28,8 @@ Reading a manifest and checking guards needs neither torch nor the model's code.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -44,6 +50,7 @@ __all__ = [
     "LeafFacts",
     "leaf_key",
     "LEAF_FIELDS",
+    "structure_difference",
 ]
 
 
@@ -55,7 +62,8 @@ class CallNotServed(ArtifactError):
     """No program of the artifact accepts a call; the message names each group tried and why.
 
     Attributes:
-        reasons: Group label -> the guard that failed (or "different structure").
+        reasons: Group label -> the guard that failed, or "different call structure: " and
+            the inputs that differ, by key path (`structure_difference`).
     """
 
     def __init__(self, message: str, reasons: Mapping[str, str]) -> None:
@@ -71,8 +79,9 @@ _TENSOR = schema.KIND_TENSOR
 
 
 class LeafFacts(Protocol):
-    """The facts of a leaf that matching compares (`LEAF_FIELDS`): a recorded leaf
-    (`capture.pytree.structure.RecordedLeaf`) or a live call's (`capture.record.flatten.Leaf`)."""
+    """The facts of a leaf that matching compares (`LEAF_FIELDS`): a
+    recorded leaf (`capture.pytree.structure.RecordedLeaf`) or a live call's
+    (`capture.record.flatten.Leaf`)."""
 
     @property
     def path(self) -> str: ...
@@ -100,6 +109,135 @@ def leaf_key(leaves: Iterable[LeafFacts]) -> tuple[tuple[Any, ...], ...]:
         (leaf.path, leaf.kind, leaf.dtype, leaf.rank, None if leaf.kind == _TENSOR else leaf.value)
         for leaf in leaves
     )
+
+
+SHOWN = 3
+"""Differences named in one reason; the rest are counted (``+2 more``)."""
+
+
+_ARGUMENT = re.compile(r"^(args\[\d+\]|kwargs\[[^\]]*\])")
+
+
+def _what(kind: str, dtype: str | None, rank: int | None, value: str | None) -> str:
+    if kind == schema.KIND_TENSOR:
+        return f"a {dtype} tensor of rank {rank}"
+    if kind == schema.KIND_NONE:
+        return "None"
+    if kind == schema.KIND_MISSING:
+        return "nothing"
+    if kind == schema.KIND_OPAQUE:
+        return f"an object ({value})" if value else "an object"
+    return f"{value}"
+
+
+_Facts = tuple[str, str | None, int | None, str | None]
+
+
+def _facts(leaf: LeafFacts) -> _Facts:
+    tensor = leaf.kind == schema.KIND_TENSOR
+    return (leaf.kind, leaf.dtype, leaf.rank, None if tensor else leaf.value)
+
+
+def _argument(path: str) -> str:
+    match = _ARGUMENT.match(path)
+    return match.group(1) if match else path
+
+
+def _under(path: str, parent: str) -> bool:
+    """Whether `path` lies inside the input at `parent` (``kwargs['c'].key_cache[0]`` in
+    ``kwargs['c']``)."""
+    return path.startswith(parent) and path[len(parent) : len(parent) + 1] in (".", "[")
+
+
+def _absent(paths: Sequence[str], other: Iterable[str]) -> list[str]:
+    """`paths`, with every path of an argument that `other` lacks whole said once, as that
+    argument (``kwargs['past_key_values']`` for its 8 cache tensors)."""
+    present = {_argument(p) for p in other}
+    out: list[str] = []
+    for path in paths:
+        argument = _argument(path)
+        name = argument if argument not in present else path
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def structure_difference(
+    recorded_treespec: str | None,
+    recorded: Sequence[LeafFacts],
+    treespec: str | None,
+    leaves: Sequence[LeafFacts],
+) -> tuple[int, str]:
+    """How far a call's structure is from a program's recorded one, and what differs.
+
+    Args:
+        recorded_treespec: The program's recorded treespec.
+        recorded: The program's recorded leaves.
+        treespec: The call's treespec.
+        leaves: The call's leaves.
+
+    Returns:
+        ``(count, text)``: how many inputs differ (0: none, the structures match) and one
+        sentence naming them by key path, at most `SHOWN` of them.
+
+    Example:
+        >>> from capture.pytree.structure import RecordedLeaf
+        >>> x = RecordedLeaf(0, "args[0]", None, 0, "tensor", dtype="float32", rank=2)
+        >>> mask = RecordedLeaf(1, "kwargs['m']", "m", None, "tensor", dtype="float32", rank=2)
+        >>> structure_difference("t1", [x, mask], "t0", [x])
+        (1, "the call does not pass kwargs['m'] (the program takes a float32 tensor of rank 2)")
+    """
+    mine = {leaf.path: _facts(leaf) for leaf in recorded}
+    theirs = {leaf.path: _facts(leaf) for leaf in leaves}
+    parts: list[str] = []
+    done: set[str] = set()
+    # One input replaced by a structure, or the reverse (a cache where the program takes None).
+    for one, many, program_side in ((mine, theirs, True), (theirs, mine, False)):
+        for path, facts in one.items():
+            inner = [q for q in many if q not in one and _under(q, path)]
+            if path in many or not inner:
+                continue
+            done.update([path, *inner])
+            held = f"{len(inner)} inputs ({inner[0]}, ...)" if len(inner) > 1 else inner[0]
+            if program_side:
+                parts.append(f"{path} holds {held} in the call, the program takes {_what(*facts)}")
+            else:
+                parts.append(f"{path} is {_what(*facts)} in the call, the program takes {held}")
+    mine = {p: f for p, f in mine.items() if p not in done}
+    theirs = {p: f for p, f in theirs.items() if p not in done}
+    missing = schema.KIND_MISSING
+
+    def absent_from(side: dict[str, _Facts], path: str) -> bool:
+        return path not in side or side[path][0] == missing
+
+    lacking = [p for p, f in mine.items() if f[0] != missing and absent_from(theirs, p)]
+    for name in _absent(lacking, [p for p in theirs if p not in lacking]):
+        takes = mine.get(name)
+        parts.append(
+            f"the call does not pass {name}"
+            + (f" (the program takes {_what(*takes)})" if takes is not None else "")
+        )
+    extra = [p for p, f in theirs.items() if f[0] != missing and absent_from(mine, p)]
+    for name in _absent(extra, [p for p in mine if p not in extra]):
+        parts.append(f"the call passes {name}, which the program does not take")
+    changed: dict[tuple[str, _Facts, _Facts], list[str]] = {}
+    for path, facts in mine.items():
+        other = theirs.get(path)
+        if other is None or other == facts or missing in (other[0], facts[0]):
+            continue
+        changed.setdefault((_argument(path), other, facts), []).append(path)
+    for (argument, other, facts), paths in changed.items():
+        more = f" and {len(paths) - 1} more of {argument}" if len(paths) > 1 else ""
+        verb = "are" if more else "is"
+        parts.append(f"{paths[0]}{more} {verb} {_what(*other)}, the program takes {_what(*facts)}")
+    if not parts and recorded_treespec != treespec:
+        parts.append("the call nests its inputs differently from the recorded calls")
+    if not parts:
+        return 0, ""
+    text = "; ".join(parts[:SHOWN])
+    if len(parts) > SHOWN:
+        text += f"; +{len(parts) - SHOWN} more"
+    return len(parts), text
 
 
 @dataclass(frozen=True)
@@ -135,8 +273,9 @@ class Relation:
     offset: int
 
 
-STRUCTURE_DIFFERS = "different call structure (arguments, dtypes, ranks or constants)"
-"""The reason `route` gives for a program whose recorded structure is not the call's."""
+STRUCTURE_DIFFERS = "different call structure"
+"""How `route`'s reason for a program whose recorded structure is not the call's begins; what
+differs follows, by key path (`structure_difference`)."""
 
 
 @dataclass(frozen=True)
@@ -179,7 +318,11 @@ class ProgramGuard:
         structure id names a store's structure, not what the program takes)."""
         if treespec != self.treespec:
             return False
-        return leaf_key(leaves) == leaf_key(self.leaves)
+        return leaf_key(leaves) == self._leaf_key
+
+    @functools.cached_property
+    def _leaf_key(self) -> tuple[tuple[Any, ...], ...]:
+        return leaf_key(self.leaves)
 
     def check(self, dims: Sequence[int]) -> str | None:
         """None when the sizes are within the guards, else the first guard that fails.
@@ -201,28 +344,31 @@ class ProgramGuard:
         failed = self.rejected.get(tuple(int(v) for v in dims))
         if failed is not None:
             return f"this recorded signature failed the export's check ({failed})"
-        symbols: dict[str, tuple[int, str]] = {}
+        symbols: dict[str, tuple[int, Axis]] = {}
         for size, ax in zip(dims, self.axes, strict=True):
-            where = f"{ax.path} axis {ax.axis}"
             if not ax.dynamic and size != ax.min:
+                where = f"{ax.path} axis {ax.axis}"
                 return f"{where} = {size}, the program takes {ax.min} only (static)"
             if not ax.min <= size <= ax.max:
+                where = f"{ax.path} axis {ax.axis}"
                 what = "its program's range" if ax.narrowed else "the recorded range"
                 return f"{where} = {size} is outside {what} [{ax.min}, {ax.max}]"
             if ax.symbol:
-                seen = symbols.setdefault(ax.symbol, (int(size), where))
+                seen = symbols.setdefault(ax.symbol, (int(size), ax))
                 if seen[0] != size:
+                    first = seen[1]
                     return (
-                        f"{where} = {size} but {seen[1]} = {seen[0]}: they were equal in "
-                        "every recorded call"
+                        f"{ax.path} axis {ax.axis} = {size} but {first.path} axis {first.axis} = "
+                        f"{seen[0]}: they were equal in every recorded call"
                     )
         for rel in self.relations:
             names = [rel.symbol, *rel.terms]
             if any(n not in symbols for n in names):
                 continue
-            left, where = symbols[rel.symbol]
+            left, at = symbols[rel.symbol]
             right = sum(symbols[n][0] for n in rel.terms) + rel.offset
             if left != right:
+                where = f"{at.path} axis {at.axis}"
                 expr = " + ".join([*rel.terms, str(rel.offset)])
                 return (
                     f"{where} = {left}, but {rel.symbol} = {expr} held in every recorded call "
@@ -239,7 +385,9 @@ CallFacts = tuple[str | None, Sequence[LeafFacts], Sequence[int]]
 
 
 def route(
-    guards: Iterable[ProgramGuard], facts: Callable[[ProgramGuard], CallFacts]
+    guards: Iterable[ProgramGuard],
+    facts: Callable[[ProgramGuard], CallFacts],
+    distances: dict[str, int] | None = None,
 ) -> tuple[ProgramGuard | None, dict[str, str]]:
     """The program that serves a call, tried in order, and why each one before it did not.
 
@@ -252,6 +400,9 @@ def route(
         facts: A program's guard -> the call's treespec, leaves and sizes as that program
             sees them (the runner describes a live call with the program's recorded
             signature; a recorded call has one description for every program).
+        distances: Filled, when given, with group label -> how many inputs of the call differ
+            from the program's recorded structure (0: the structure matched, a guard failed),
+            for naming the group that came closest.
 
     Returns:
         ``(guard, reasons)``: the first guard whose structure matches and whose checks pass
@@ -266,10 +417,15 @@ def route(
     for guard in guards:
         treespec, leaves, dims = facts(guard)
         if not guard.matches(treespec, leaves):
-            reasons[guard.label] = STRUCTURE_DIFFERS
+            count, what = structure_difference(guard.treespec, guard.leaves, treespec, leaves)
+            reasons[guard.label] = f"{STRUCTURE_DIFFERS}: {what}" if what else STRUCTURE_DIFFERS
+            if distances is not None:
+                distances[guard.label] = max(count, 1)
             continue
         failed = guard.check(dims)
         if failed is None:
             return guard, reasons
         reasons[guard.label] = failed
+        if distances is not None:
+            distances[guard.label] = 0
     return None, reasons

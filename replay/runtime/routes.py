@@ -9,10 +9,11 @@ and the store's summary. Needs neither torch nor the model's code.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from capture.analysis.summary import ModelSummary
     from replay.runtime.guards import Axis
     from replay.runtime.manifest import Manifest
 
@@ -30,12 +31,12 @@ def _ranges(axes: Sequence[Axis]) -> str:
     return ", ".join(seen.values()) or "static"
 
 
-def routes(manifest: Manifest, model: Mapping[str, Any]) -> list[dict[str, Any]]:
+def routes(manifest: Manifest, model: ModelSummary) -> list[dict[str, Any]]:
     """One row per program entry of the artifact that serves the model's own calls.
 
     Args:
         manifest: The artifact's typed manifest (`replay.runtime.pt2.reader.read_manifest`).
-        model: One model of `Store.summary()` (``groups`` with ``name`` and ``structure_id``).
+        model: One model of `Store.summary()` (its groups' ``name`` and ``structure_id``).
 
     Returns:
         Rows with ``group`` (the store's call group, None when the store has no group of the
@@ -53,15 +54,16 @@ def routes(manifest: Manifest, model: Mapping[str, Any]) -> list[dict[str, Any]]
         ...          "axes": [{"path": "args[0]", "axis": 0, "symbol": "x_0",
         ...                    "dynamic": True, "min": 2, "max": 3}],
         ...          "form": {"positional": ["x"], "keywords": []}}
-        >>> text = {"format": "capture-artifact/1", "model": "m", "programs": [entry],
-        ...         "modules": {"": {"model": "m", "complete": True}}}
+        >>> text = {"format": "capture-artifact/2", "model": "m", "programs": [entry],
+        ...         "digests": {}, "modules": {"": {"model": "m", "complete": True}}}
         >>> manifest = Manifest.parse(json.dumps(text).encode(), "m.json")
-        >>> routes(manifest, {"groups": [{"name": "g0", "structure_id": "s1"}]})
+        >>> from types import SimpleNamespace as Model
+        >>> routes(manifest, Model(groups=[Model(name="g0", structure_id="s1")]))
         ... # doctest: +NORMALIZE_WHITESPACE
         [{'group': 'g0', 'served_as': 'g0[x_0<=3]', 'program': 'g0[x_0<=3]',
           'ranges': 'x_0 2..3', 'fills': None}]
     """
-    names = {g["structure_id"]: g["name"] for g in model.get("groups", ())}
+    names = {g.structure_id: g.name for g in model.groups}
     rows = []
     for entry in manifest.programs:
         if entry.module:

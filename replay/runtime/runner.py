@@ -12,15 +12,12 @@ renamed argument the other way (``past_key_values`` for a program exported with 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from capture.renames import respell
 from replay.runtime.fills import fill_call
 from replay.runtime.guards import CallFacts, CallNotServed, LeafFacts, ProgramGuard, route
 from replay.runtime.manifest import Manifest, ProgramEntry
-
-if TYPE_CHECKING:
-    from torch.export import ExportedProgram
 
 __all__ = ["Runner", "Router", "Routed"]
 
@@ -111,12 +108,16 @@ class Router:
             return treespec, leaves, [int(s) for t in tensors for s in t.shape]
 
         tried = self.entries if entries is None else entries
-        chosen, reasons = route([e.guard for e in tried], facts)
+        distances: dict[str, int] = {}
+        chosen, reasons = route([e.guard for e in tried], facts, distances)
         if chosen is not None:
             return self._by_guard[id(chosen)], seen[id(chosen)]
         who = f"{self.model}.{self.module}" if self.module else self.model
         why = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
-        raise CallNotServed(f"no program of {who} accepts this call ({why})", reasons)
+        closest = ""
+        if len(distances) > 1:  # the first group tried among the fewest differing inputs
+            closest = f"; closest: group {min(distances, key=lambda k: distances[k])}"
+        raise CallNotServed(f"no program of {who} accepts this call ({why}){closest}", reasons)
 
 
 class Routed:
@@ -146,14 +147,15 @@ class Runner(Routed):
 
     Args:
         manifest: The artifact's typed manifest.
-        programs: Program name -> its exported program.
-        modules: Program name -> its runnable module (``program.module()``).
+        programs: Program name -> its `replay.runtime.pt2.program.Program`.
+        modules: Program name -> what runs it (``program.module()``: the program itself).
         compiled: Program name -> its AOTInductor build (run instead of the module).
         module: The sub-module this runner serves.
 
     Attributes:
         manifest: The artifact's typed manifest.
-        programs: Program name -> its `torch.export.ExportedProgram`.
+        programs: Program name -> its `replay.runtime.pt2.program.Program` (its graph module,
+            ``state_dict`` and ``constants``: the artifact's tensors).
         compiled: Program name -> its AOTInductor build, for artifacts loaded with
             ``compiled=True`` (calls then run it instead of the exported program).
         module: The sub-module this runner serves (``""``: the model itself).
@@ -163,7 +165,7 @@ class Runner(Routed):
     def __init__(
         self,
         manifest: Manifest,
-        programs: Mapping[str, ExportedProgram],
+        programs: Mapping[str, Any],
         modules: Mapping[str, Any],
         compiled: Mapping[str, Any] | None = None,
         module: str = "",

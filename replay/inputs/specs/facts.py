@@ -261,3 +261,37 @@ def divisibility_conditions(group: Group) -> list[tuple[str, str]]:
         for name, k in facts.assumptions.items()
         if name in first
     ]
+
+
+def divisible_probes(
+    group: Group, vectors: list[tuple[int, ...]], limit: int
+) -> list[tuple[int, ...]]:
+    """Probe size vectors moved onto the group's trusted divisors, for a ``ShapesSpec`` program.
+
+    A probe (`replay.inputs.select.probes`: sizes between the recorded ones) of a symbol whose
+    every recorded size is a multiple of ``k`` is rounded down to a multiple of ``k`` inside
+    the recorded range (the program's assumption refuses anything else); derived axes are
+    recomputed from their relation. Recorded signatures and duplicates are left out; at most
+    `limit` are returned.
+    """
+    facts = group_facts(group)
+    recorded = {sizes for sizes, _ in select.signatures(group)}
+    columns: dict[str, int] = {}
+    for j, d in enumerate(group.dims):
+        if d.dynamic and d.symbol is not None:
+            columns.setdefault(d.symbol, j)
+    out: list[tuple[int, ...]] = []
+    for vector in vectors:
+        values = {s: int(vector[j]) for s, j in columns.items() if s in facts.symbols}
+        for name, k in facts.assumptions.items():
+            low = -(-facts.symbols[name].min // k) * k
+            values[name] = max(low, values[name] // k * k)
+        moved = list(vector)
+        for j, d in enumerate(group.dims):
+            expr = facts.axes.get(d.leaf, {}).get(d.axis)
+            if expr is not None and all(t in values for t in expr.terms):
+                moved[j] = sum(values[t] for t in expr.terms) + expr.offset
+        probe = tuple(moved)
+        if probe not in recorded and probe not in out:
+            out.append(probe)
+    return out[:limit]

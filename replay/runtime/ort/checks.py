@@ -1,5 +1,4 @@
-"""An ONNX model of a set, checked as data before onnxruntime opens it: its operators and the
-external data it references.
+"""An ONNX model of a set, checked before onnxruntime opens it: operators, external data.
 
 - **Operators**: every node (of the graph, its subgraphs and the model's local functions) is
   in a standard domain (`DOMAINS`: ONNX's own and onnxruntime's built-in contrib operators), or

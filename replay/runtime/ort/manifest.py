@@ -6,9 +6,10 @@ their shared weights ``model.onnx.data`` (`replay.runtime.ort.weights`) and this
 ``model.onnx.json``, last: its presence says the set is complete. It is the ``.pt2``
 artifact's manifest under its own format (`FORMAT`), read by the same typed code
 (`replay.runtime.manifest.Manifest.read`): ``model``, ``created``, ``versions`` (torch,
-transformers, capture, onnx, onnxscript, onnxruntime), ``modules[""]`` (the store, the export's
-``complete``, its coverage rows, torch and ONNX) and ``programs``: one
-`replay.runtime.manifest.ProgramEntry` per call group (or regime) with its guard
+transformers, capture, onnx, onnxscript, onnxruntime), ``modules`` (the model ``""`` and each
+sub-module exported with ``modules=True``, ``encoder``: the store, the export's ``complete``, its
+coverage rows, torch and ONNX) and ``programs``: one `replay.runtime.manifest.ProgramEntry` per
+call group (or regime) of each module with its guard
 (`replay.runtime.guards.ProgramGuard`: recorded structure, ranges, relations, ``rejected``: the
 recorded signatures the ONNX check failed). What only an ONNX set has, each read field by field
 too (`OnnxFile`, `OnnxManifest`):
@@ -313,8 +314,9 @@ class OnnxManifest:
 
     def program_files(self) -> dict[str, OnnxFile]:
         """Program name -> the `OnnxFile` of the entry of the group that owns it (its inputs
-        are the file's; a merged group's entry names the same file)."""
-        return {e.program: f for e, f in self.entries if e.program == e.group}
+        are the file's; a merged group's entry names the same file). A sub-module's program
+        is ``<module>.<group>`` (``encoder.g0``), as in a ``.pt2``."""
+        return {e.program: f for e, f in self.entries if e.program == e.guard.label}
 
     def as_dict(self) -> dict[str, Any]:
         """The manifest as JSON-serializable data."""
@@ -368,8 +370,6 @@ class OnnxManifest:
                     f"{source}.programs[{i}]: group {entry.group} names {file.file}, its "
                     f"program {entry.program} is {owner.file}"
                 )
-        if set(manifest.modules) != {""}:
-            raise OnnxFileError(f"{source}: an ONNX set serves the model itself only")
         return out
 
 
@@ -426,7 +426,7 @@ def read_onnx_set(path: str | os.PathLike[str]) -> OnnxManifest:
         >>> read_onnx_set("model.onnx").files[0].file  # doctest: +SKIP
         'model.decode.onnx'
     """
-    from replay.runtime.allowed import loadable_type
+    from replay.runtime.allowed import ALLOWED_MODULES, loadable_type
 
     source = manifest_path(path)
     parsed = OnnxManifest.parse(_read_bounded(source), source)
@@ -445,7 +445,8 @@ def read_onnx_set(path: str | os.PathLike[str]) -> OnnxManifest:
             if not loadable_type(name):
                 raise OnnxFileError(
                     f"{source}: program {entry.program} names the pytree type {name[:200]}, "
-                    "which the loader does not register (only transformers.* types are, and "
-                    "those registered in the loading process)"
+                    "which the loader does not register (only types of "
+                    f"{', '.join(ALLOWED_MODULES)} are, and those registered in the loading "
+                    "process)"
                 )
     return parsed

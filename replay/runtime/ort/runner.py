@@ -88,10 +88,13 @@ class OnnxProgram:
         Raises:
             CallNotServed: The call lacks an input of the file, or onnxruntime refused it.
         """
-        import onnxruntime as ort
+        import torch
         import torch.utils._pytree as pytree
-        from torch.utils.dlpack import from_dlpack
+        from onnxruntime.capi import _pybind_state as C
 
+        # onnxruntime's own C-level calls (what its Python wrappers do, minus a Python
+        # object per value and the checks the C side repeats): one OrtValue per input over
+        # the tensor's memory, one tensor per output over onnxruntime's (DLPack, no copy).
         feeds = {}
         label = self.name
         for name, path in self._inputs:
@@ -99,16 +102,18 @@ class OnnxProgram:
             if t is None:
                 reason = f"the call has no {path} for the file's input {name}"
                 raise CallNotServed(f"program {label}: {reason}", {label: reason})
-            feeds[name] = ort.OrtValue.from_dlpack(t.detach().cpu().contiguous())
+            if t.requires_grad or not t.is_contiguous() or t.device.type != "cpu":
+                t = t.detach().cpu().contiguous()
+            feeds[name] = C.OrtValue.from_dlpack(t.__dlpack__())
         try:
-            got = self.session.run_with_ort_values(self._fetch, feeds)
+            got = self.session._sess.run_with_ort_values(feeds, self._fetch, None)
         except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
             text = str(e).strip().splitlines()
             reason = f"onnxruntime refused the call: {type(e).__name__}: {text[0] if text else ''}"
             raise CallNotServed(f"group {label} matched, but {reason}", {label: reason}) from e
-        values = iter(got)
+        values = iter(got.to_dlpacks(torch._C._from_dlpack))
         leaves = [
-            from_dlpack(next(values)) if name is not None else constant
+            next(values) if name is not None else constant
             for name, constant in zip(self._names, self._constants, strict=True)
         ]
         return pytree.tree_unflatten(leaves, self._treespec())
@@ -119,9 +124,11 @@ class OnnxRunner(Routed):
 
     Attributes:
         manifest: The set's typed manifest (`replay.runtime.ort.manifest.OnnxManifest`).
-        programs: Program name (the group that owns the file) -> its `OnnxProgram`.
-        modules: Always empty (sub-modules are exported to ``.pt2`` artifacts only).
-        module: Always ``""``.
+        programs: Program name (the group that owns the file; ``encoder.g0`` for a
+            sub-module's) -> its `OnnxProgram`.
+        module: The sub-module this runner serves (``""``: the model itself).
+        modules: Sub-module name -> its `OnnxRunner` (``runner.modules["encoder"]``), as the
+            ``.pt2`` runner has them.
     """
 
     def __init__(
@@ -129,13 +136,18 @@ class OnnxRunner(Routed):
         manifest: OnnxManifest,
         programs: dict[str, OnnxProgram],
         keep: Sequence[Any] = (),
+        module: str = "",
     ) -> None:
         self.manifest = manifest
         self.programs = programs
-        self.module = ""
+        self.module = module
         self.modules: dict[str, OnnxRunner] = {}
-        self._router = Router(manifest.manifest.model, "", manifest.manifest.programs)
+        self._router = Router(manifest.manifest.model, module, manifest.manifest.for_module(module))
         self._keep = list(keep)  # the weights map and OrtValues the sessions read
+        if not module:
+            for name in manifest.manifest.modules:
+                if name:
+                    self.modules[name] = OnnxRunner(manifest, programs, keep, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the ONNX file that accepts it.
@@ -169,6 +181,24 @@ class OnnxRunner(Routed):
         paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
         return self.programs[entry.program].run(dict(zip(paths, tensors, strict=True)))
 
+    def feeds(self, *args: Any, **kwargs: Any) -> tuple[OnnxProgram, dict[str, Any]]:
+        """The file a call runs on and the tensors its inputs get (nothing runs): what a bare
+        ``onnxruntime.InferenceSession`` of the same file would be fed (bench/bench_onnx.py).
+
+        Raises:
+            CallNotServed: No file accepts the call.
+        """
+        entry, tensors = self._router.route(args, kwargs)
+        leaves: Sequence[Any] = entry.guard.leaves
+        if entry.fills:
+            dims = [int(s) for t in tensors for s in t.shape]
+            args, kwargs = fill_call(entry.fills, args, kwargs, dims)
+            _, leaves, tensors = self._router.facts(args, kwargs, entry)
+        paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
+        by_path = dict(zip(paths, tensors, strict=True))
+        program = self.programs[entry.program]
+        return program, {i.name: by_path[i.path] for i in program.file.inputs}
+
     def run_group(self, group: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Runs the call on one group's entry, behind that entry's guard only (the ONNX check
         runs each coverage row on its own group this way).
@@ -184,32 +214,24 @@ class OnnxRunner(Routed):
         return self._run(entry, args, kwargs, tensors)
 
     def __repr__(self) -> str:
-        return f"OnnxRunner({self.manifest.manifest.model}, groups={self.groups})"
-
-
-_ALLOWED_MODULES = ("transformers.",)
-"""Modules a manifest may ask the loader to import (for the output classes they register)."""
+        name = self.manifest.manifest.model + (f".{self.module}" if self.module else "")
+        return f"OnnxRunner({name}, groups={self.groups}, modules={sorted(self.modules)})"
 
 
 def _register_types(types: set[str]) -> None:
-    """Makes the types the output treespecs name known to torch's pytree: capture's cache
-    registrations (held for the life of the process: every call unflattens with them) and
-    transformers' output classes (registered when their module is imported: allow-listed
-    modules only). Anything else must be registered by the caller; parsing the treespec then
-    says which (`capture.pytree.treespec`)."""
-    import importlib
+    """Makes the types the output treespecs name known to torch's pytree, by the loader's one
+    table (`replay.runtime.allowed`): capture's cache registrations (held for the life of the
+    process: every call unflattens with them), transformers' output classes (registered when
+    their module is imported) and diffusers' (`capture.pytree.outputs`). Anything else must be
+    registered by the caller; parsing the treespec then says which
+    (`capture.pytree.treespec`)."""
+    from replay.runtime.allowed import ALLOWED_MODULES
 
-    wanted = sorted(t for t in types if t.startswith(_ALLOWED_MODULES))
-    if wanted:  # capture's cache registrations import torch: only when a type needs them
-        from capture.pytree import nodes
+    wanted = {t for t in types if t.startswith(ALLOWED_MODULES)}
+    if wanted:  # capture's registrations import torch: only when a type needs them
+        from replay.runtime.allowed import register_types
 
-        nodes.acquire()
-    for name in wanted:
-        module = name.rpartition(".")[0]
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise OnnxFileError(f"the ONNX set's outputs need {module}: {e}") from e
+        register_types(wanted)
 
 
 def _shared_initializers(

@@ -1,5 +1,4 @@
-"""The size expressions and guards of a program's JSON, checked and bounded before sympy or
-Python sees them.
+"""A program's size expressions and guards, checked and bounded before sympy or Python reads them.
 
 torch's deserializer passes every ``expr_str`` to ``sympy.sympify`` (which evaluates Python)
 and ``ExportedProgram.module()`` ``exec``-s every ``guards_code`` line. Each string is parsed
@@ -80,7 +79,7 @@ _CMP = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _ARITH = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
 _UNARY = (ast.USub, ast.UAdd, ast.Not)
 
-_STR_CONST = re.compile(r"[A-Za-z0-9_.+\-]{0,%d}\Z" % MAX_DIGITS)
+_STR_CONST = re.compile(rf"[A-Za-z0-9_.+\-]{{0,{MAX_DIGITS}}}\Z")
 _SYMPY_SYMBOL = re.compile(r"[a-z]{1,8}[0-9]{1,12}\Z")  # torch's symbols: s0, u3, zuf1
 _POWERS = frozenset({"Pow", "PowByNatural", "FloatPow", "LShift", "RShift"})
 _LITERALS = frozenset({"Integer", "Float", "Rational"})
@@ -178,20 +177,17 @@ def _unbounded(node: ast.AST) -> str | None:
     if isinstance(node, ast.keyword) and node.arg == "precision":
         value = node.value
         ok = isinstance(value, ast.Constant) and isinstance(value.value, int)
-        return None if ok and 0 < value.value <= MAX_PRECISION else "a precision above 1024"
-    base = exponent = None
+        small = ok and 0 < value.value <= MAX_PRECISION  # type: ignore[attr-defined]
+        return None if small else "a precision above 1024"
+    base: ast.expr | None = None
+    exponent: ast.expr | None = None
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Pow, ast.LShift, ast.RShift)):
         base, exponent = node.left, node.right
-    elif (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id in _POWERS
-        and not node.keywords
-    ):
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _POWERS:
         if len(node.args) != 2:
             return f"{node.func.id} with {len(node.args)} arguments"
         base, exponent = node.args
-    if exponent is None:
+    if base is None or exponent is None:
         return None
     if not _small_literal(exponent):
         return f"an exponent that is not a literal of at most {MAX_EXPONENT}"

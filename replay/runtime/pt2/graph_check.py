@@ -9,8 +9,10 @@ are resolved as attributes of ``torch``, ``operator`` and ``math`` and then call
 program JSON could run anything through any of them. `check_program` parses every such string
 with our own grammar (Python's `ast`, node by node against an allow-list) and refuses, with
 one `ArtifactError` naming the entry and the string, anything that is not what torch.export
-writes: arithmetic on sizes, comparisons, ``L[...].size()[i]``, sympy constructors, torch
-operators. Needs no torch.
+writes: arithmetic on sizes, comparisons, ``L[...].size()[i]``, sympy constructors, bounded
+(`replay.runtime.pt2.expressions`). Every node target must be an operator of the model's math
+(`replay.runtime.pt2.operators`), and an in-place node may write only a buffer, an input or a
+tensor the program made, never a parameter or a constant. Needs no torch.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ comparison torch.export writes (it names __import__); the program is not loaded
     if not isinstance(tree, dict):
         raise ArtifactError(f"{source} is not a program: a JSON object was expected")
     stack: list[tuple[str | None, Any]] = [(None, tree)]
+    checked: set[tuple[str | None, str]] = set()  # a graph repeats each size thousands of times
     while stack:
         key, value = stack.pop()
         if isinstance(value, dict):
@@ -118,8 +121,9 @@ comparison torch.export writes (it names __import__); the program is not loaded
                     _require(isinstance(name, str) and NAME.match(name), source, "name", name)
             else:
                 stack.extend((key, item) for item in value)
-        elif isinstance(value, str):
+        elif isinstance(value, str) and (key, value) not in checked:
             _check_string(key, value, source, known_type, allowed)
+            checked.add((key, value))
     _check_writes(tree, source, allowed)
     return tree
 

@@ -7,16 +7,19 @@ programs use it (`replay.runtime.pt2.weights`), and the manifest (`replay.runtim
 program its recorded input structure and guards, per module the coverage table, the versions and the
 store it was exported from. Example inputs are not shipped (torch would pickle them).
 
-`load` reads it back in any process, without a capture context, and never unpickles, imports
-or evaluates anything the archive names: `read_artifact` checks every entry against what
-`save` writes (`replay.runtime.pt2.archive`), parses the manifest and the payload configs into typed
+`load` reads it back in any process, without a capture context, and never unpickles, imports or
+evaluates anything the archive names: `read_artifact` checks every entry against what `save`
+writes (`replay.runtime.pt2.archive`), parses the manifest and the payload configs into typed
 objects with bounded sizes, and checks every string of the program graphs that torch would run
 as code (`replay.runtime.pt2.graph_check`), all before torch reads a byte; the weights are then
-memory-mapped once (`replay.runtime.pt2.weights.load_tensors`) and torch deserializes only the
-graphs, around those tensors. The pytree types the programs name are registered (transformers caches
-through `capture.pytree.nodes`, other ``transformers.*`` types by importing their module,
-nothing else). The result is a `replay.runtime.runner.Runner`: called like the model, it routes
-the call to the program whose structure and guards accept it (`replay.runtime.guards.route`).
+memory-mapped once (`replay.runtime.pt2.weights.load_tensors`) and each program's graph is built
+from its checked JSON around those tensors (`replay.runtime.pt2.program`: torch's own
+deserializer, with its ShapeEnv, sympy and fake tensors, is not needed to run a graph; its input
+checks are read from the JSON, `replay.runtime.pt2.shape_checks`). The pytree types the programs
+name are registered (transformers caches through `capture.pytree.nodes`, other
+``transformers.*`` types by importing their module, nothing else). The result is a
+`replay.runtime.runner.Runner`: called like the model, it routes the call to the program whose
+structure and guards accept it (`replay.runtime.guards.route`).
 
 An artifact saved with ``aoti=True`` also holds AOTInductor builds, compiled without their
 weights; ``load(path, compiled=True)`` runs them on the artifact's single copy of the weights
@@ -25,11 +28,10 @@ weights; ``load(path, compiled=True)`` runs them on the artifact's single copy o
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replay.runtime.allowed import ALLOWED_MODULES, AllowOps, loadable_type, register_types
 from replay.runtime.allowed import allow_ops as allowed_ops
@@ -56,11 +58,9 @@ from replay.runtime.pt2.archive import (
     Archive,
 )
 from replay.runtime.pt2.graph_check import check_program, spec_types
+from replay.runtime.pt2.program import Program, build_program
 from replay.runtime.pt2.records import check_extent, parse_config
 from replay.runtime.pt2.weights import ProgramSlots, load_tensors
-
-if TYPE_CHECKING:
-    from torch.export import ExportedProgram
 from replay.runtime.runner import Runner
 
 __all__ = [
@@ -94,6 +94,7 @@ class Artifact:
         manifest: The typed manifest.
         slots: Program name -> where its tensors are (its payload configs).
         graphs: Program name -> its checked graph JSON (bytes).
+        trees: Program name -> that JSON, parsed.
         types: Pytree node types the graphs and the manifest name.
     """
 
@@ -101,6 +102,7 @@ class Artifact:
     manifest: Manifest
     slots: dict[str, ProgramSlots] = field(default_factory=dict)
     graphs: dict[str, bytes] = field(default_factory=dict)
+    trees: dict[str, dict[str, Any]] = field(default_factory=dict)
     types: set[str] = field(default_factory=set)
 
     @property
@@ -171,8 +173,10 @@ def read_artifact(
         inner = MODELS.format(p)
         graph = archive.read(inner, PROGRAM_CAP)
         check_digest(manifest.digests.get(inner), digest_bytes(graph), archive.name(inner))
-        art.types |= spec_types(check_program(graph, archive.name(inner), known, allowed))
+        tree = check_program(graph, archive.name(inner), known, allowed)
+        art.types |= spec_types(tree)
         art.graphs[p] = graph
+        art.trees[p] = tree
     # Every record is named by a config, every named record exists.
     archive.check_layout(fixed | records, aoti)
     described = set(archive.entries) - _UNDESCRIBED
@@ -256,10 +260,11 @@ def open_artifact(
     """Validates and opens an artifact: `replay.validation.validate` for a ``.pt2``.
 
     `read_artifact` checks it as data; the weight records are hashed against the manifest
-    (`verify_weights`), mapped once and placed (`replay.runtime.pt2.weights.load_tensors`); the
-    pytree types the programs name are registered; torch deserializes every graph around
-    those tensors and builds its module. Nothing is run (AOTInductor builds are loaded, which
-    runs their native code, only with ``compiled=True``).
+    (`verify_weights`), mapped once and placed (`replay.runtime.pt2.weights.load_tensors`);
+    the pytree types the programs name are registered; every program's graph is built from
+    its JSON around those tensors (`replay.runtime.pt2.program`). Nothing is run
+    (AOTInductor builds are loaded, which runs their native code, only with
+    ``compiled=True``).
 
     Raises:
         ArtifactError: See `load`.
@@ -356,34 +361,24 @@ def load(
 
 def _program(
     art: Artifact, name: str, tensors: tuple[dict[str, Any], dict[str, Any]], device: str
-) -> ExportedProgram:
-    from torch.export.passes import move_to_device_pass
-
-    from capture import compat_archive
-
-    # torch logs (not prints) its deserialization chatter; keep it off the server's output.
-    quiet = logging.getLogger("torch._export.serde.serialize")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+) -> Program:
+    """One program, built from its checked graph JSON around the artifact's tensors
+    (`replay.runtime.pt2.program`); its device arguments moved when the weights were."""
+    saved = {
+        s.device for s in (*art.slots[name].weights.values(), *art.slots[name].constants.values())
+    }
+    moved = device if saved - {device} or device != "cpu" else None
+    source = art.archive.name(MODELS.format(name))
     try:
-        program = compat_archive.deserialize_program(art.graphs[name], tensors[0], tensors[1])
-        saved = {
-            s.device
-            for s in (*art.slots[name].weights.values(), *art.slots[name].constants.values())
-        }
-        if saved - {device} or device != "cpu":
-            program = move_to_device_pass(program, device)
+        return build_program(name, art.trees[name], tensors[0], tensors[1], moved, source)
     except ArtifactError:
         raise
-    except Exception as e:
+    except Exception as e:  # torch refusing a node (an operator's signature, a treespec)
         text = str(e).strip().splitlines()
         raise ArtifactError(
-            f"{art.archive.name(MODELS.format(name))}: torch cannot read this program: "
+            f"{source}: torch cannot read this program: "
             f"{type(e).__name__}: {text[0][:200] if text else ''}"
         ) from e
-    finally:
-        quiet.setLevel(level)
-    return program  # type: ignore[no-any-return]
 
 
 def _compiled(

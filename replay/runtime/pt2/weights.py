@@ -171,7 +171,7 @@ def storage_bytes(storage: Any) -> memoryview:
     """A CPU storage's bytes, without a copy (what `save` writes as its record)."""
     if int(storage.nbytes()) == 0:
         return memoryview(b"")
-    return memoryview(_bytes_of(storage).numpy())
+    return memoryview(_bytes_of(storage).numpy())  # type: ignore[arg-type]
 
 
 def _fingerprint(storage: Any) -> bytes:
