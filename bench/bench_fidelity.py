@@ -1,6 +1,6 @@
 """Export + coverage time of `replay.export` on the demo and on a sliding-window model (issue 9).
 
-    python bench/bench_fidelity.py [--quick] [--repeat N]
+    python bench/bench_fidelity.py [--quick] [--repeat N] [--time-budget SECONDS]
 
 Two workloads, each recorded once with the real Recorder under greedy generate():
 
@@ -47,7 +47,12 @@ def _workloads(quick: bool) -> list[tuple[str, Any, list[tuple[int, int, bool]],
 
 
 def _run(
-    name: str, model: Any, workload: list[tuple[int, int, bool]], new_tokens: int, repeat: int
+    name: str,
+    model: Any,
+    workload: list[tuple[int, int, bool]],
+    new_tokens: int,
+    repeat: int,
+    options: dict[str, Any],
 ) -> list[Any]:
     import torch
 
@@ -61,7 +66,7 @@ def _run(
     times, result = [], None
     for _ in range(repeat):
         start = time.perf_counter()
-        result = replay.export(model, root, model=name)
+        result = replay.export(model, root, model=name, **options)
         times.append(time.perf_counter() - start)
     assert result is not None
     with capture.open_store(root) as store:
@@ -120,13 +125,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
     parser.add_argument("--repeat", type=int, default=3, help="timed exports per workload")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="replay.export's time_budget (0: none, in-process; default: the library's)",
+    )
     parser.add_argument("--walk-only", action="store_true", help="only the cache-walk timing")
     args = parser.parse_args(argv)
     walk = md_table(["cache (decode step)", "walk median µs", "min µs"], _walk_rows())
     if args.walk_only:
         print(f"#### Recorder cache walk\n\n{load_line()}\n\n{walk}")
         return 0
-    rows = [_run(n, m, w, t, args.repeat) for n, m, w, t in _workloads(args.quick)]
+    options = {} if args.time_budget is None else {"time_budget": args.time_budget or None}
+    rows = [_run(n, m, w, t, args.repeat, options) for n, m, w, t in _workloads(args.quick)]
     print("#### replay.export: export + coverage (all groups)\n")
     print(machine_line(("torch", "transformers")))
     print(f"\n{code_line(('capture', 'replay'))}; {load_line()}\n")

@@ -305,11 +305,8 @@ def build_group(
         example=example,
         form=form,
         analysis=group,
-        leaves=list(group.leaves),
         added=added,
         ranges=ranges,
-        seed=options.seed,
-        device=options.device,
         options=options,
     )
 

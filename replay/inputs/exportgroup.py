@@ -69,11 +69,8 @@ class ExportGroup:
     example: select.Representative
     form: callform.CallForm
     analysis: Group | None = field(repr=False, default=None)
-    leaves: list[dict[str, Any]] = field(repr=False, default_factory=list)
     added: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
     ranges: dict[tuple[int, ...], select.Ranges] = field(repr=False, default_factory=dict)
-    seed: int = rb.DEFAULT_SEED
-    device: str | None = None
     options: ExportOptions = field(repr=False, default_factory=ExportOptions)
     """The options the group was built with."""
     retry: ShapeRetry = field(repr=False, default_factory=ShapeRetry)
@@ -137,8 +134,8 @@ class ExportGroup:
             self.structure,
             sizes,
             tokens.probe_ranges(self.structure, self.ranges, sizes),
-            seed=self.seed,
-            device=self.device,
+            seed=self.options.seed,
+            device=self.options.device,
         )
 
     def reshaped(self, retry: ShapeRetry) -> ExportGroup:
