@@ -20,7 +20,7 @@ import capture
 import replay
 from replay.runtime.fills import Fill
 from replay.runtime.guards import ArtifactError
-from replay.runtime.pt2.reader import read_manifest
+from replay.runtime.pt2.loading import read_manifest
 
 
 class Masked(torch.nn.Module):

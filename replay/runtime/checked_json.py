@@ -1,6 +1,6 @@
 """Typed reads of an artifact's JSON: each bad value is one `ArtifactError` naming where it was.
 
-An artifact is data written by `replay.artifact.writer.save` and read anywhere later; a changed
+An artifact is data written by `replay.artifact.saving.save` and read anywhere later; a changed
 file must fail with one line that names the file and the field, never with a KeyError,
 TypeError, ValueError or OverflowError out of the middle of a loader. `load` parses bytes with
 plain `json` (no object hook; ``NaN``/``Infinity`` and numbers that overflow a float are

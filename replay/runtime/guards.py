@@ -1,6 +1,6 @@
 """What a saved program accepts: its call structure and the recorded ranges of its dims.
 
-An artifact (`replay.runtime.pt2.reader`) stores one `ProgramGuard` per program in its JSON
+An artifact (`replay.runtime.pt2.loading`) stores one `ProgramGuard` per program in its JSON
 manifest. The runner (`replay.load`) and the drift check (``capture check``) both ask the same two
 questions of a call, through one function (`route`), so that what ``capture check`` reports as
 served is

@@ -1,4 +1,4 @@
-"""The artifact's manifest, typed: parsed and checked once, by `replay.load` and ``capture check``.
+"""The artifact's manifest, the PT2 side: typed, parsed and checked once by `replay.load`.
 
 The manifest (``extra/capture_manifest.json`` in the archive) says what the artifact serves:
 per program its call group, recorded input structure, guards (`replay.runtime.guards`) and call
@@ -376,7 +376,7 @@ def _coverage_row(f: Fields) -> CoverageRow:
 
 @dataclass(frozen=True)
 class Manifest:
-    """An artifact's manifest, validated (`parse`) or built by `replay.artifact.writer.save`.
+    """An artifact's manifest, validated (`parse`) or built by `replay.artifact.saving.save`.
 
     Attributes:
         model: The model's recorded name.

@@ -1,5 +1,4 @@
-"""The ONNX set's manifest: the artifact's typed manifest (`replay.runtime.manifest`), seen from
-ONNX.
+"""The artifact's manifest, the ONNX side: `replay.runtime.manifest` seen from an ONNX set.
 
 ``onnx=model.onnx`` writes ``model.onnx`` (one program) or ``model.<group>.onnx`` (several),
 their shared weights ``model.onnx.data`` (`replay.runtime.ort.weights`) and this manifest,
@@ -27,7 +26,7 @@ program's range (``narrowed``), and the program's own size guards travel as the 
 guard does (`replay.onnx.entries` writes them).
 
 `read_onnx_set` reads a set as data, without torch or onnx, as
-`replay.runtime.pt2.reader.read_artifact` reads a ``.pt2``: the manifest (a regular file, not a
+`replay.runtime.pt2.loading.read_artifact` reads a ``.pt2``: the manifest (a regular file, not a
 link, its size bounded before it is read) parsed into typed entries, every pytree type it names one
 the loader may register, and every file it names a bare name beside it, a regular file, not a link.
 """
