@@ -32,7 +32,6 @@ from replay.runtime.fills import Fill
 from replay.runtime.guards import (
     LEAF_FIELDS,
     MAX_RANK,
-    ArtifactError,
     Axis,
     ProgramGuard,
     Relation,
@@ -144,7 +143,7 @@ class ProgramEntry:
             "form": to_json(self.form),
             "pytree_types": list(self.pytree_types),
             "rejected": [{"dims": list(d), "error": e} for d, e in g.rejected.items()],
-            "fills": [fill.as_dict() for fill in self.fills],
+            "fills": to_json(self.fills),
             "first_ts": self.first_ts,
             "last_ts": self.last_ts,
             # Only a program that does not check its own size guards (an ONNX file) has any.
@@ -199,19 +198,12 @@ class ProgramEntry:
             form=f.one("form", CallForm),
             pytree_types=tuple(f.texts("pytree_types", optional=True, max_len=512)),
             fills=tuple(
-                _fill(Fields(item, f"{f.where}.fills[{i}]"), len(axes))
+                Fill.from_dict(item, len(axes), f"{f.where}.fills[{i}]")
                 for i, item in enumerate(f.items("fills", optional=True, max_items=1024))
             ),
             first_ts=f.text("first_ts", optional=True, max_len=64),
             last_ts=f.text("last_ts", optional=True, max_len=64),
         )
-
-
-def _fill(f: Fields, width: int) -> Fill:
-    try:
-        return Fill.from_dict(f.raw, width)
-    except ArtifactError as e:
-        f.fail(f.where, f"is not a fill capture writes ({str(e)[:200]})")
 
 
 def _leaf(index: int, leaf: Fields) -> RecordedLeaf:
