@@ -65,7 +65,7 @@ def _input(**change: Any) -> dict[str, Any]:
     return {**to_json(PARTS[8]), **change}
 
 
-BAD: dict[str, tuple[type, dict[str, Any], str]] = {
+BAD: dict[str, tuple[type, Any, str]] = {
     "missing": (Axis, {"path": "p", "axis": 0, "min": 1, "dynamic": True}, "m.json.max is missing"),
     "null": (Axis, _axis(path=None), "m.json.path must be a string, not null"),
     "a string for an int": (Axis, _axis(max="7"), "m.json.max must be an integer, not a string"),

@@ -25,8 +25,8 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar, cast
 
 from capture.errors import ReplayError
 from replay.runtime.guards import NAME, ArtifactError
@@ -328,7 +328,7 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -337,7 +337,7 @@ def _dataclass(cls: type[_T], raw: Any, where: str, depth: int) -> _T:
         Fields.fail(where, f"is nested deeper than {MAX_DEPTH}")
     if not isinstance(raw, Mapping):
         Fields.fail(where, f"must be a JSON object, not {_kind(raw)}")
-    hints = _hints(cls)
+    hints = _hints(cast(Hashable, cls))
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if not f.init:
@@ -430,7 +430,7 @@ def _value(hint: Any, value: Any, where: str, bounds: Mapping[str, Any], depth: 
         return _items(origin, args, value, where, bounds, depth)
     if origin in (dict, Mapping):
         return _mapping(args[1], value, where, bounds, depth)
-    if dataclasses.is_dataclass(origin):
+    if isinstance(origin, type) and dataclasses.is_dataclass(origin):
         return _dataclass(origin, value, where, depth)
     raise TypeError(f"{where}: no JSON form for {hint!r}")  # a class this module cannot read
 
