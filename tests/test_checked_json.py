@@ -21,8 +21,10 @@ from replay.runtime.conditions import Condition
 from replay.runtime.coverage import CoverageRow
 from replay.runtime.fills import Fill, FillAxis
 from replay.runtime.guards import ArtifactError, Axis, Relation
+from replay.runtime.manifest import ModuleEntry
 from replay.runtime.ort.manifest import OnnxInput, OnnxOutputs
 
+PART_ROW = CoverageRow("g0", "probe", "T7s4", 0, True, 0.0)
 PARTS: list[Any] = [
     Axis("kwargs['x']", 0, 1, 8, True, "s0"),
     Axis("kwargs['x']", 1, 3, 3, False, None, narrowed=True),
@@ -35,6 +37,7 @@ PARTS: list[Any] = [
     OnnxInput("input_ids", 0, "kwargs['input_ids']", "int64", ("batch", 7), (1, 7), (8, 7)),
     OnnxOutputs("[1]", ("logits", None), (None, 2.5)),
     Fill("mask", "int64", 1, (FillAxis((0,)), FillAxis((1, 2), 1)), "ones"),
+    ModuleEntry("m", "s3://b/store", "2026-01-01", None, False, (PART_ROW,), {"g1": "why"}, ("n",)),
 ]
 
 
@@ -55,6 +58,8 @@ def test_the_written_form_follows_the_fields_and_omits_a_default_only_where_told
     }
     assert to_json(PARTS[1])["narrowed"] is True
     assert to_json(PARTS[7])["max_abs_diff"] == "inf"  # JSON has no spelling for it
+    assert list(to_json(PARTS[-1]))[:4] == ["model", "store", "window", "complete"]
+    assert to_json(PARTS[-1])["window"] == {"first": "2026-01-01", "last": None}
 
 
 def _axis(**change: Any) -> dict[str, Any]:
@@ -103,6 +108,16 @@ BAD: dict[str, tuple[type, Any, str]] = {
         Condition,
         {"expr": "__import__('os')", "text": "t"},
         "m.json is not what capture writes",
+    ),
+    "nested key": (
+        ModuleEntry,
+        {"model": "m", "window": "x", "complete": True},
+        "m.json.window must be a JSON object, not a string",
+    ),
+    "nested key bound": (
+        ModuleEntry,
+        {"model": "m", "window": {"first": "x" * 65}, "complete": True},
+        "m.json.window.first is longer than 64 characters",
     ),
     "dtype": (
         Fill,

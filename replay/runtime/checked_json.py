@@ -284,7 +284,11 @@ def to_json(value: Any) -> Any:
             item = getattr(value, f.name)
             if f.metadata.get("omit_default") and item == _default(f):
                 continue
-            out[f.metadata.get("key", f.name)] = to_json(item)
+            *parents, key = f.metadata.get("key", f.name).split(".")
+            node = out
+            for parent in parents:  # a field kept in a nested object (``window.first``)
+                node = node.setdefault(parent, {})
+            node[key] = to_json(item)
         return out
     if isinstance(value, (tuple, list)):
         return [to_json(v) for v in value]
@@ -303,9 +307,10 @@ def read(cls: type[_T], raw: Any, where: str) -> _T:
     dataclasses and ``Any`` (a JSON scalar). A field's ``metadata`` bounds it: ``max_len``
     (strings, 4096 when unsaid), ``pattern`` (a compiled regex strings must match), ``low`` /
     ``high`` (integers), ``max_items`` (lists and objects), ``key_pattern`` (an object's keys),
-    ``key`` (its JSON name); the bounds apply to every string or integer inside the field. An
-    absent field takes its default (or None where its type allows it), else it is missing; a
-    null one is None where the type allows it, else its default. A class may define
+    ``key`` (its JSON name; dotted, a key of a nested object: ``window.first``); the bounds
+    apply to every string or integer inside the field. An absent field takes its default (or
+    None where its type allows it), else it is missing; a null one is None where the type
+    allows it, else its default. A class may define
     ``invalid(self) -> str | None``: what is wrong beyond the types (a cross-field check).
 
     Raises:
@@ -344,10 +349,11 @@ def _dataclass(cls: type[_T], raw: Any, where: str, depth: int) -> _T:
             continue
         key = f.metadata.get("key", f.name)
         hint, at, default = hints[f.name], f"{where}.{key}", _default(f)
-        value = raw.get(key)
+        node, key = _parent(raw, key, where)
+        value = node.get(key)
         if value is None and not _allows_none(hint):
             if default is dataclasses.MISSING:
-                if key not in raw:
+                if key not in node:
                     Fields.fail(at, "is missing")
                 Fields.fail(at, f"must be {_spelled(hint)}, not null")
             values[f.name] = default
@@ -361,6 +367,19 @@ def _dataclass(cls: type[_T], raw: Any, where: str, depth: int) -> _T:
     if problem is not None and (text := problem()):
         Fields.fail(where, text)
     return out
+
+
+def _parent(raw: Mapping[str, Any], key: str, where: str) -> tuple[Mapping[str, Any], str]:
+    """The object holding a field whose key is a path (``window.first``), and its last key;
+    an absent or null object on the path holds nothing."""
+    *parents, last = key.split(".")
+    for parent in parents:
+        where = f"{where}.{parent}"
+        child = raw.get(parent)
+        if child is not None and not isinstance(child, Mapping):
+            Fields.fail(where, f"must be a JSON object, not {_kind(child)}")
+        raw = child or {}
+    return raw, last
 
 
 def _allows_none(hint: Any) -> bool:

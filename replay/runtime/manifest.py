@@ -24,7 +24,7 @@ from capture.errors import ReplayError
 from capture.pytree.structure import RecordedLeaf
 from capture.signature import Signature
 from replay.runtime.callform import CallForm
-from replay.runtime.checked_json import Fields, checked_format, load, to_json
+from replay.runtime.checked_json import Fields, checked_format, load, read, to_json
 from replay.runtime.conditions import Condition
 from replay.runtime.coverage import CoverageRow
 from replay.runtime.digests import DIGEST, older
@@ -243,44 +243,12 @@ class ModuleEntry:
 
     model: str
     store: str | None
-    first: str | None
-    last: str | None
+    first: str | None = field(metadata={"key": "window.first", "max_len": 64})
+    last: str | None = field(metadata={"key": "window.last", "max_len": 64})
     complete: bool
     coverage: tuple[CoverageRow, ...] = ()
-    errors: Mapping[str, str] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        """The module as the manifest's JSON object."""
-        return {
-            "model": self.model,
-            "store": self.store,
-            "window": {"first": self.first, "last": self.last},
-            "complete": self.complete,
-            "coverage": to_json(self.coverage),
-            "errors": dict(self.errors),
-            "notes": list(self.notes),
-        }
-
-    @classmethod
-    def parse(cls, f: Fields) -> ModuleEntry:
-        """Reads one ``modules`` value.
-
-        Raises:
-            ArtifactError: A field is missing, of the wrong type or out of bounds.
-        """
-        window = f.child("window", optional=True)
-        errors = f.child("errors", optional=True)
-        return cls(
-            model=f.text("model"),
-            store=f.text("store", optional=True),
-            first=window.text("first", optional=True, max_len=64),
-            last=window.text("last", optional=True, max_len=64),
-            complete=f.flag("complete"),
-            coverage=tuple(f.each_of("coverage", CoverageRow, optional=True)),
-            errors={str(k): errors.text(k, max_len=100_000) for k in errors.raw},
-            notes=tuple(f.texts("notes", optional=True, max_len=100_000)),
-        )
+    errors: Mapping[str, str] = field(default_factory=dict, metadata={"max_len": 100_000})
+    notes: tuple[str, ...] = field(default=(), metadata={"max_len": 100_000})
 
 
 @dataclass(frozen=True)
@@ -328,7 +296,7 @@ class Manifest:
             "created": self.created,
             "versions": dict(self.versions),
             "aoti": self.aoti,
-            "modules": {name: m.as_dict() for name, m in self.modules.items()},
+            "modules": to_json(self.modules),
             "programs": [p.as_dict() for p in self.programs],
             "digests": dict(sorted(self.digests.items())),
         }
@@ -372,7 +340,8 @@ class Manifest:
         versions = f.child("versions", optional=True)
         modules_raw = f.child("modules")
         modules = {
-            str(name): ModuleEntry.parse(modules_raw.child(name)) for name in modules_raw.raw
+            str(name): read(ModuleEntry, modules_raw.raw[name], f"{modules_raw.where}.{name}")
+            for name in modules_raw.raw
         }
         if "" not in modules:
             f.fail(f"{source}.modules", "lacks the model's own module ('')")
