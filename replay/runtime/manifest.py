@@ -1,4 +1,4 @@
-"""The artifact's manifest, the PT2 side: typed, parsed and checked once by `replay.load`.
+"""The artifact's manifest, the shared side: a `.pt2`'s whole manifest, an ONNX set's core.
 
 The manifest (``extra/capture_manifest.json`` in the archive) says what the artifact serves:
 per program its call group, recorded input structure, guards (`replay.runtime.guards`) and call
