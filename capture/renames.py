@@ -90,7 +90,8 @@ def spelling_key(rows: Iterable[Mapping[str, Any]]) -> tuple[Any, ...]:
         >>> spelling_key(old) == spelling_key(new)
         True
     """
-    return tuple(
+    rows = list(rows)
+    leaves = tuple(
         (
             canonical_path(str(r["path"])),
             canonical(r["argument"]) if r.get("argument") else None,
@@ -98,6 +99,20 @@ def spelling_key(rows: Iterable[Mapping[str, Any]]) -> tuple[Any, ...]:
         )
         for r in rows
     )
+    # The treespec says what the leaves do not: a cache layer's state (a sliding window full or
+    # filling) lives in its context, so two structures that differ there stay two.
+    treespec = next((r["treespec"] for r in rows if r.get("treespec")), None)
+    return (*leaves, _respelled_json(treespec))
+
+
+def _respelled_json(text: str | None) -> str | None:
+    """A stored JSON text (a treespec) with every renamed argument's name, as a JSON string,
+    spelled by its current name."""
+    if text is None:
+        return None
+    for old, new in RENAMED.items():  # a dict's keys sit in a context, JSON inside JSON
+        text = text.replace(f'\\"{old}\\"', f'\\"{new}\\"').replace(f'"{old}"', f'"{new}"')
+    return text
 
 
 def respell(kwargs: dict[str, _V], accepted: Iterable[str]) -> dict[str, _V]:

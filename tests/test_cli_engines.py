@@ -117,13 +117,12 @@ def test_buckets_picks_the_only_symbol(tmp_path: Path) -> None:
     assert out.startswith("pair, symbol batch (batch size; groups g0):\n3 calls, ")
 
 
-def test_buckets_without_symbol_names_the_symbols_to_choose_from(store: str) -> None:
-    assert _run(store, "buckets", "--budget", "2") == (
-        1,
-        "",
-        "Error: the calls have 2 symbols (batch, x_1); pass --symbol with one of them "
-        "(see `capture dims`)\n",
-    )
+def test_buckets_without_symbol_sizes_the_batch_symbol(store: str) -> None:
+    # the calls have 2 symbols (batch, x_1): without --symbol, the batch one, named first
+    code, out, err = _run(store, "buckets", "--budget", "2")
+    assert (code, err) == (0, "")
+    assert out.startswith("pair, symbol batch (batch size; groups g0):\n")
+    assert out == _run(store, "buckets", "--symbol", "batch", "--budget", "2")[1]
 
 
 def test_buckets_of_a_length_prints_no_batch_size_flags(store: str) -> None:

@@ -223,3 +223,33 @@ def test_one_group_per_spelled_argument_on_any_transformers(tmp_path: Path) -> N
         ("prefill", 8, 3, 1),
         ("decode", 8, 4, 2),
     ]
+
+
+def test_structures_differing_in_their_treespec_stay_two() -> None:
+    # A sliding window's state (full or filling) lives in the cache's treespec context, not in
+    # its leaves: merging such structures made the runner refuse a Mistral's decode calls.
+    from capture.renames import spelling_key
+
+    def rows(name: str, state: str) -> list[dict[str, Any]]:
+        context = json.dumps([["DynamicSlidingWindowLayer", 6, state]])
+        spec = json.dumps(
+            [
+                1,
+                {
+                    "type": "builtins.dict",
+                    "context": json.dumps([name]),
+                    "children_spec": [
+                        {
+                            "type": "transformers.cache_utils.DynamicCache",
+                            "context": context,
+                            "children_spec": [],
+                        }
+                    ],
+                },
+            ]
+        )
+        leaf = {"path": f"kwargs['{name}']", "argument": name, "kind": "tensor", "rank": 4}
+        return [{**leaf, "treespec": spec}]
+
+    assert spelling_key(rows("past_key_values", "full")) == spelling_key(rows("cache", "full"))
+    assert spelling_key(rows("cache", "full")) != spelling_key(rows("cache", "filling"))

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from capture import schema
 
-__all__ = ["rows_problem", "calls_problem", "CORRUPT"]
+__all__ = ["rows_problem", "calls_problem", "CORRUPT", "RAGGED"]
 
 CORRUPT = "holds values no capture writer writes"
 """Start of the reason of a file these checks refuse (`capture.store.layout.Skip.corrupt`)."""
@@ -50,11 +50,16 @@ def _null_sizes(rows: pa.Table, column: str, required: bool) -> bool:
     return bool(pc.list_flatten(values).null_count)
 
 
+RAGGED = -1
+"""The size a writer records for a nested tensor's ragged dim: the one negative size it writes."""
+
+
 def _negative_size(rows: pa.Table, column: str) -> bool:
+    """Whether a size in `column` is below `RAGGED` (no writer writes one)."""
     if column not in rows.column_names:
         return False
     low = pc.min(pc.list_flatten(rows.column(column))).as_py()
-    return low is not None and low < 0
+    return low is not None and low < RAGGED
 
 
 def rows_problem(table: str, rows: pa.Table) -> str | None:
@@ -96,7 +101,7 @@ def calls_problem(fs: pafs.FileSystem, path: str, meta: pq.FileMetaData) -> str 
             if stats is None or not stats.has_null_count:
                 read.append(column)
                 break
-            if stats.has_min_max and stats.min < 0:
+            if stats.has_min_max and stats.min < RAGGED:
                 return f"{CORRUPT}: a negative size in its {column}"
             if stats.null_count:
                 read.append(column)
