@@ -133,7 +133,7 @@ def generate(uri: str, files: int, per_flush_stats: bool = False) -> float:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(files)))
     if not per_flush_stats:
-        from capture.store.merging import merge_stats
+        from capture.store.file_merge import merge_stats
 
         for p in range(PROCESSES):
             flushes = len(range(p, files, PROCESSES))

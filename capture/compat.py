@@ -365,7 +365,7 @@ def is_constraint_violation(error: BaseException) -> bool:
     (public name, private module) counts too. Only when torch gave neither type anywhere in the
     chain is the message read, for the text ``Constraints violated``: the one text fallback.
     Without it, a cut range would be reported as an unexplained export failure instead of
-    being split into regimes (`replay.pipeline.regimes`).
+    being split into regimes (`replay.pipeline.splitting`).
 
     Args:
         error: What ``torch.export.export`` raised.

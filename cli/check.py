@@ -1,6 +1,6 @@
 """`capture check ARTIFACT`: does a saved artifact serve the traffic recorded in the store?
 
-The nightly drift check of the export job. The artifact's manifest (`replay.runtime.pt2.reader`, or
+The nightly drift check of the export job. The artifact's manifest (`replay.runtime.pt2.loading`, or
 an ONNX set's, `replay.runtime.ort.manifest`: the same guard entries, `replay.loader`) says,
 per program, the recorded call structure it takes and the recorded ranges of its dims
 (`replay.runtime.guards`); the store says what the model received in the window. Every distinct

@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from .fit import Fit, constant_columns, terminal_width, wide_option
+from .flags import choice_format_option, group_option, model_option
 from .main import store_path
-from .options import choice_format_option, group_option, model_option
 from .output import render, render_document, write_text
 
 __all__ = ["profiles_command", "buckets_command"]

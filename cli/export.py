@@ -13,7 +13,7 @@ forward signature that no longer matches the recordings, an ``--out`` that canno
 checked before the export, `capture.output_paths`). Files are written (``--out``) only when the
 export ran, and never on exit 1.
 
-``--out MODEL.pt2`` writes one artifact (`replay.artifact.writer`): every group's program and a JSON
+``--out MODEL.pt2`` writes one artifact (`replay.artifact.saving`): every group's program and a JSON
 manifest, plus the programs of the sub-modules recorded with ``Recorder(modules=...)``, exported
 by the library (``replay.export(..., modules=True)``, `replay.pipeline.submodules`); ``--out
 MODEL.onnx`` writes the ONNX set with the same sub-modules (`replay.onnx.target`). ``replay.load``

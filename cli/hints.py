@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import click
 
+from .flags import model_option
 from .main import store_path
-from .options import model_option
 from .output import write_text
 
 __all__ = ["compile_hints_command"]

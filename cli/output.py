@@ -29,6 +29,17 @@ rule per kind, the same in every command (`cli.cells`):
 - dates and times: ISO 8601 text; durations: seconds (a number); DuckDB intervals: an object
   ``{"months", "days", "nanoseconds"}``;
 - in table cells only, newline, carriage return and tab are shown as ``\\n``, ``\\r``, ``\\t``.
+
+Why not a table library: ``rich`` and ``tabulate`` were weighed against the terminal rules
+(STYLE.md, "CLI conventions") and do not meet them. Both measure every row before writing the
+first line (``rich.table.Table`` renders once all rows are added; ``tabulate`` returns the whole
+table as one string), so a streamed result would be held in memory whole; here a table is
+written batch by batch. rich fits a table by shrinking or folding every column to a width, piped
+too (80 columns unless told), where the rules want piped output full and, on a terminal,
+identifier columns left out first (`cli.fit`); tabulate does not fit at all. And rich reads
+console markup in cell text (a stored ``"llama[bold]"`` prints ``llama``) unless every cell is
+escaped, while a cell here is data. Kept: this module, `cli.fit` (the terminal's width) and
+`cli.cells` (one rule per value kind).
 """
 
 from __future__ import annotations

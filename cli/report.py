@@ -17,8 +17,8 @@ import click
 from capture.errors import OutputNotWritable
 from capture.output_paths import check_file, writing
 
+from .flags import model_option
 from .main import store_path
-from .options import model_option
 from .progress import Progress
 
 if TYPE_CHECKING:

@@ -1,12 +1,12 @@
 """``replay.load`` and the manifest readers, by file type: a ``.pt2`` artifact or an ONNX set.
 
-``model.pt2`` is the artifact `replay.artifact.writer` writes; ``model.onnx`` (or its manifest
+``model.pt2`` is the artifact `replay.artifact.saving` writes; ``model.onnx`` (or its manifest
 ``model.onnx.json``) is the ONNX set ``export(..., onnx=PATH)`` writes (`replay.onnx`). Both
 manifests parse into the same typed `replay.runtime.manifest.Manifest` (the same program entries
 and guards, routed by the one `replay.runtime.guards.route`), so ``capture check``, ``capture
 report`` and ``capture summary --artifact`` read either through `read_any_manifest`, as data
-and without torch: a ``.pt2`` checked whole (`replay.runtime.pt2.reader.read_artifact`), an ONNX set
-through `replay.runtime.ort.manifest.read_onnx_set`.
+and without torch: a ``.pt2`` checked whole (`replay.runtime.pt2.loading.read_artifact`), an
+ONNX set through `replay.runtime.ort.manifest.read_onnx_set`.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ def load(
     against the model's math, and everything the loader reads, as data.
 
     Args:
-        path: A ``.pt2`` artifact (`replay.runtime.pt2.reader.load`), or the ``onnx=`` path of an
+        path: A ``.pt2`` artifact (`replay.runtime.pt2.loading.load`), or the ``onnx=`` path of an
             ONNX set (``model.onnx``, or ``model.onnx.json``;
             `replay.runtime.ort.runner.load_onnx`).
         device: Where a ``.pt2``'s weights go and its programs run (default ``cpu``).
-        compiled: Run a ``.pt2``'s AOTInductor builds (`replay.runtime.pt2.reader.load`).
+        compiled: Run a ``.pt2``'s AOTInductor builds (`replay.runtime.pt2.loading.load`).
         allow_ops: Operator namespaces (``mylib``) or operators (``mylib.op``) the programs
             may call beyond the model's math (`replay.runtime.pt2.operators`; ONNX domains for
             an ONNX set, `replay.runtime.ort.checks`).
@@ -98,6 +98,6 @@ def read_any_manifest(path: str | os.PathLike[str]) -> Manifest:
         from replay.runtime.ort.manifest import read_onnx_set
 
         return read_onnx_set(path).manifest
-    from replay.runtime.pt2.reader import read_manifest
+    from replay.runtime.pt2.loading import read_manifest
 
     return read_manifest(path)

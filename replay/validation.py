@@ -42,7 +42,7 @@ class Validated:
 
     Attributes:
         manifest: The typed manifest.
-        opened: The ``.pt2``'s `replay.runtime.pt2.reader.Opened`, or the ONNX set's
+        opened: The ``.pt2``'s `replay.runtime.pt2.loading.Opened`, or the ONNX set's
             `replay.runtime.ort.runner.OpenedSet`.
     """
 
@@ -111,7 +111,7 @@ def validate(
             threads=threads,
         )
         return Validated(opened.manifest.manifest, opened)
-    from replay.runtime.pt2.reader import open_artifact
+    from replay.runtime.pt2.loading import open_artifact
 
     pt2 = open_artifact(
         path, device=device, compiled=compiled, allowed=allowed, verify_weights=verify_weights

@@ -243,3 +243,52 @@ def test_no_module_over_the_hard_cap(package: str) -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+TWO_SIDES_OF_ONE_CONCEPT: dict[str, frozenset[str]] = {
+    "entries": frozenset({"replay.artifact.entries", "replay.onnx.entries"}),
+    "manifest": frozenset({"replay.runtime.manifest", "replay.runtime.ort.manifest"}),
+    "runner": frozenset({"replay.runtime.runner", "replay.runtime.ort.runner"}),
+    "structure": frozenset({"capture.record.structure", "capture.pytree.structure"}),
+    "tokens": frozenset({"capture.record.tokens", "replay.inputs.tokens"}),
+    "weights": frozenset({"replay.runtime.pt2.weights", "replay.runtime.ort.weights"}),
+}
+"""Basenames two modules share because they are one concept seen from two sides (the recorder
+and the store, the PT2 artifact and the ONNX set); each module's first docstring line says its
+side. Any other shared basename is two concepts under one name: rename one of them."""
+
+
+def _basenames() -> dict[str, set[str]]:
+    """Module basename -> the dotted names of the modules (packages' ``__init__`` aside) with it."""
+    out: dict[str, set[str]] = {}
+    for name, path in _modules().items():
+        if path.name not in ("__init__.py", "__main__.py"):
+            out.setdefault(path.stem, set()).add(name)
+    return out
+
+
+def test_one_name_per_concept() -> None:
+    shared = {base: names for base, names in _basenames().items() if len(names) > 1}
+    unexplained = {
+        base: sorted(names)
+        for base, names in shared.items()
+        if TWO_SIDES_OF_ONE_CONCEPT.get(base) != frozenset(names)
+    }
+    assert not unexplained, (
+        f"modules share a basename: {unexplained}; rename one, or list them in "
+        "TWO_SIDES_OF_ONE_CONCEPT if they are one concept seen from two sides"
+    )
+    stale = sorted(set(TWO_SIDES_OF_ONE_CONCEPT) - set(shared))
+    assert not stale, f"TWO_SIDES_OF_ONE_CONCEPT lists basenames no longer shared: {stale}"
+
+
+@pytest.mark.parametrize("base", sorted(TWO_SIDES_OF_ONE_CONCEPT))
+def test_each_side_of_a_shared_name_says_its_side(base: str) -> None:
+    modules = _modules()
+    for name in TWO_SIDES_OF_ONE_CONCEPT[base]:
+        first = modules[name].read_text(encoding="utf-8").split("\n", 1)[0]
+        assert "side" in first, f"{name}'s first docstring line does not say its side: {first}"
+
+
+def test_the_basename_check_sees_a_duplicate() -> None:
+    assert _basenames()["manifest"] == {"replay.runtime.manifest", "replay.runtime.ort.manifest"}

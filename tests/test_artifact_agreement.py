@@ -24,7 +24,7 @@ import capture
 import replay
 from capture.cli.main import cli
 from replay.runtime.coverage import KIND_PAYLOAD, KIND_PROBE, KIND_RECORDED, CoverageRow
-from replay.runtime.pt2.reader import CallNotServed
+from replay.runtime.pt2.loading import CallNotServed
 
 pytest.importorskip("safetensors")
 

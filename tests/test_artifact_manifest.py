@@ -20,7 +20,7 @@ from click.testing import CliRunner
 import replay
 from capture.cli.main import cli
 from replay.runtime.manifest import Manifest
-from replay.runtime.pt2.reader import ArtifactError, read_manifest
+from replay.runtime.pt2.loading import ArtifactError, read_manifest
 
 MANIFEST = "extra/capture_manifest.json"
 

@@ -19,7 +19,7 @@ import capture
 import replay
 from capture import compat_archive
 from replay.runtime.guards import CallNotServed
-from replay.runtime.pt2.reader import read_artifact
+from replay.runtime.pt2.loading import read_artifact
 from replay.runtime.pt2.weights import load_tensors
 
 

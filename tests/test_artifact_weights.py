@@ -19,7 +19,7 @@ import torch
 
 import capture
 import replay
-from replay.runtime.pt2.reader import read_artifact
+from replay.runtime.pt2.loading import read_artifact
 
 
 class Shared(torch.nn.Module):

@@ -19,7 +19,7 @@ import capture
 from capture import open_store, schema
 from capture.cli.main import cli
 from capture.errors import CaptureError
-from capture.store import claims, compaction, layout, merging
+from capture.store import claims, compaction, file_merge, layout
 from fixtures.models import run_generate, tiny_llama
 
 WORKLOAD = [(1, 5), (2, 7), (1, 9)]
@@ -128,8 +128,8 @@ def test_calls_merged_batch_by_batch_into_row_groups_across_batches(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = _snapshot(store)
-    monkeypatch.setattr(merging, "BATCH_FILES", 2)  # 3 calls per file: 6 calls a batch
-    monkeypatch.setattr(merging, "_ROW_GROUP", 4)  # row groups cut across batches
+    monkeypatch.setattr(file_merge, "BATCH_FILES", 2)  # 3 calls per file: 6 calls a batch
+    monkeypatch.setattr(file_merge, "_ROW_GROUP", 4)  # row groups cut across batches
     capture.compact(store)
     (merged,) = _files(store, "calls")
     meta = pq.read_metadata(merged)
@@ -214,8 +214,8 @@ def test_a_merge_that_does_not_check_out_touches_nothing(
 ) -> None:
     before = _snapshot(store)
     stats_files = _files(store, "stats")
-    real = merging.merge_stats
-    monkeypatch.setattr(merging, "merge_stats", lambda t: real(t).slice(1))  # loses a row
+    real = file_merge.merge_stats
+    monkeypatch.setattr(file_merge, "merge_stats", lambda t: real(t).slice(1))  # loses a row
     with pytest.raises(CaptureError, match="did not check out.*untouched"):
         capture.compact(store)
     assert _files(store, "stats") == stats_files  # no merged file left, no source deleted
@@ -287,7 +287,7 @@ def test_merge_stats_widens_ranges_item_by_item_and_keeps_nulls() -> None:
 
     rows = [row(2, [3, None], [9, None], 1), row(1, [1, None], [4, None], 2), row(4, None, None, 3)]
     other = {**row(1, [0, 0], [1, 1], 4), "dims": [5, 3]}
-    merged = merging.merge_stats(
+    merged = file_merge.merge_stats(
         pa.Table.from_pylist([*rows, other], schema=schema.STATS_SCHEMA)
     ).to_pylist()
     assert len(merged) == 2

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 import capture
 from capture.cli.main import cli
-from replay.runtime.pt2.reader import read_manifest
+from replay.runtime.pt2.loading import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 

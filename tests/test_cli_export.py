@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from capture.cli.main import cli
 from fixtures.stores import record_seed_scenarios
-from replay.runtime.pt2.reader import read_manifest
+from replay.runtime.pt2.loading import read_manifest
 
 FACTORIES = textwrap.dedent(
     """

@@ -202,7 +202,7 @@ def test_dim_kind_tells_torch_exports_dim_objects_apart() -> None:
     assert compat.dim_kind(2) is None
 
 
-# -- constraint violations and symbolic shapes (replay.pipeline.regimes, replay.pipeline.bounded)
+# -- constraint violations and symbolic shapes (replay.pipeline.splitting, replay.pipeline.bounded)
 # -----------------
 class _Branchy(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:

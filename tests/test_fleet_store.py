@@ -23,7 +23,7 @@ import pytest
 import capture
 from capture import schema
 from capture.errors import CaptureError
-from capture.store import compaction_lock, footer_cache, layout, merging
+from capture.store import compaction_lock, file_merge, footer_cache, layout
 from fixtures.models import run_generate, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_merging_in_batches_gives_the_merge_of_everything(
 ) -> None:
     before = _snapshot(store)
     assert len(list((store / "stats").rglob("*.parquet"))) > 5
-    monkeypatch.setattr(merging, "BATCH_FILES", 2)  # many batches of 2 files each
+    monkeypatch.setattr(file_merge, "BATCH_FILES", 2)  # many batches of 2 files each
     result = capture.compact(store)
     assert result.tables["stats"].files_after == 1
     assert _snapshot(store) == before  # bounded-memory merge, same answer (issue 14)

@@ -27,7 +27,7 @@ from planted import planted_module
 from verdicts import both
 
 import replay
-from replay.runtime.pt2.reader import ArtifactError
+from replay.runtime.pt2.loading import ArtifactError
 
 EVIL = "hostile_artifact_mod"  # a module planted in the working directory by the tests
 
@@ -338,7 +338,7 @@ def test_a_manifest_bomb_is_refused_before_it_is_read(
 def test_a_manifest_larger_than_the_cap_is_refused_by_its_declared_size(
     template: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("replay.runtime.pt2.reader.MANIFEST_CAP", 100)
+    monkeypatch.setattr("replay.runtime.pt2.loading.MANIFEST_CAP", 100)
     with pytest.raises(ArtifactError, match=r"declares \d+ bytes, more than the 100"):
         replay.load(template[1])
 

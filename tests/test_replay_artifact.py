@@ -27,7 +27,7 @@ from capture.errors import ReplayError
 from fixtures.models import prompts, run_generate, tiny_gpt2, tiny_llama, tiny_t5
 from fixtures.stores import LLAMA_WORKLOAD
 from replay.runtime.guards import Axis, ProgramGuard, Relation
-from replay.runtime.pt2.reader import ArtifactError, CallNotServed, read_artifact, read_manifest
+from replay.runtime.pt2.loading import ArtifactError, CallNotServed, read_artifact, read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = Path(__file__).with_name("serve_artifact.py")

@@ -236,7 +236,11 @@ def test_a_linked_file_of_the_set_is_refused(
     ("field", "value", "message"),
     [
         ("axes", "wide", r"programs\[0\]\.axes must be a list"),
-        ("conditions", [{"expr": "exec('x')", "text": "x"}], r"is not a size condition"),
+        (
+            "conditions",
+            [{"expr": "exec('x')", "text": "x"}],
+            r"conditions\[0\] is not what capture writes \(the size condition",
+        ),
         ("file", "/etc/passwd", r"'/etc/passwd' is not a file name beside the manifest"),
     ],
 )

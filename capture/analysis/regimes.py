@@ -1,7 +1,7 @@
 """A regime of a call group: the group's calls within part of its recorded range, as a group.
 
 torch.export may cut a group's recorded range with a guard (a sliding window: ``seq <= 6``; a
-branch on a size): one program cannot serve both sides, so `replay.pipeline.regimes` exports each
+branch on a size): one program cannot serve both sides, so `replay.pipeline.splitting` exports each
 side, a **regime**, on its own. `regime` makes the `Group` of a subset of the group's distinct
 signatures, with what the analysis knows carried over rather than guessed again from fewer
 points:

@@ -1,4 +1,4 @@
-"""A recorded input structure, typed: what the store's ``structures`` rows say, read once.
+"""A call's input structure, the store's side: what the ``structures`` rows say, typed.
 
 The recorder writes one ``structures`` row per leaf of every distinct call structure, with the
 structure-wide columns (``treespec``, ``signature``, ``n_args``) repeated on each row. The

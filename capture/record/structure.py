@@ -1,4 +1,4 @@
-"""The structure of a call as the recorder describes it, once per new structure key.
+"""A call's input structure, the recorder's side: described once per new structure key.
 
 The store side of the same concept is `capture.pytree.structure` (`RecordedStructure`, read
 back from the ``structures`` table); this module builds what is written there: `describe()`

@@ -1,4 +1,4 @@
-"""Special token counts: the values of token ids that matter beyond their range.
+"""Special token counts, the recorder's side: the token ids that matter beyond their range.
 
 A vision-language model counts its placeholder tokens: Qwen2-VL's forward requires exactly as
 many ``image_token_id`` tokens in ``input_ids`` as the image features it receives. A value range

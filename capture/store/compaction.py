@@ -49,6 +49,7 @@ from capture.errors import CaptureError, EmptyStore
 from capture.store.claims import verified_replaced
 from capture.store.commits import segment_paths, uncommitted
 from capture.store.compaction_lock import LOCK_NAME, CompactionLock
+from capture.store.file_merge import BATCH_FILES, Corrupt, Vanished, collected, group_rows
 from capture.store.files import safe_name, write_parquet
 from capture.store.layout import (
     METADATA_REPLACES,
@@ -61,7 +62,6 @@ from capture.store.layout import (
     read_footer,
     read_footers,
 )
-from capture.store.merging import BATCH_FILES, Corrupt, Vanished, collected, group_rows
 
 __all__ = [
     "compact",
@@ -213,7 +213,7 @@ def _folders(
     """(folder, its readable files) for every partition folder of `table`, one folder at a time.
 
     Only one folder's checked footers are held at once, and they are read `BATCH_FILES` at a
-    time (see `capture.store.merging.collected`). A file deleted since the listing is left
+    time (see `capture.store.file_merge.collected`). A file deleted since the listing is left
     out, unreported.
     """
     by_folder: dict[str, list[str]] = {}

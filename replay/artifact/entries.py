@@ -1,4 +1,4 @@
-"""What `save` writes in the manifest: each export's programs and modules, as typed entries.
+"""The manifest's entries, the export side: what `save` writes for each program and module.
 
 `manifest_of` turns export results (`replay.pipeline.result.ExportResult`, read through the fields
 the `SavedResult` protocol names, so this package never imports the export pipeline) into a

@@ -1,6 +1,6 @@
 """Which recorded calls a saved artifact serves: one answer for `capture check` and `report`.
 
-The artifact's manifest (`replay.runtime.pt2.reader.read_manifest`, the whole archive checked as
+The artifact's manifest (`replay.runtime.pt2.loading.read_manifest`, the whole archive checked as
 `replay.load` checks it) says, per program, the recorded call structure it takes and the
 recorded ranges of its dims (`replay.runtime.guards`); the store says what the model received.
 Every distinct recorded signature is routed with the runner's own function
@@ -73,11 +73,11 @@ def check_rows(
     Each signature is routed with `replay.runtime.guards.route`, the runner's own rule: the
     recorded treespec and leaves must be the program's, the sizes within its guards, and the
     signature not one the export's check failed. The programs themselves were checked to be in
-    the archive when the manifest was read (`replay.runtime.pt2.reader.read_artifact`).
+    the archive when the manifest was read (`replay.runtime.pt2.loading.read_artifact`).
 
     Args:
         store: An open `capture.Store`.
-        manifest: The artifact's typed manifest (`replay.runtime.pt2.reader.read_manifest`).
+        manifest: The artifact's typed manifest (`replay.runtime.pt2.loading.read_manifest`).
         since: Only calls at or after this moment (None: every call).
         model: The model's name in the store when it differs from the artifact's.
 

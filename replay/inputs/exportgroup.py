@@ -141,7 +141,7 @@ class ExportGroup:
     def reshaped(self, retry: ShapeRetry) -> ExportGroup:
         """A copy whose ``dynamic_shapes`` are built again the way `retry` says (same options,
         example arguments and call form, own notes list): how `replay.pipeline.bounded` and
-        `replay.pipeline.regimes` retry an export.
+        `replay.pipeline.splitting` retry an export.
 
         Raises:
             ReplayError: The group was not built from an analysis.
@@ -228,9 +228,9 @@ class ExportInputs:
     def group_for(self, structure_id: str, sizes: Iterable[int]) -> ExportGroup | None:
         """The group (or regime) a call of `structure_id` with these input sizes belongs to.
 
-        A group split into regimes (`replay.pipeline.regimes`) has several groups of one structure:
-        the call belongs to the one that recorded its sizes, else to the one whose recorded ranges
-        hold them.
+        A group split into regimes (`replay.pipeline.splitting`) has several groups of one
+        structure: the call belongs to the one that recorded its sizes, else to the one whose
+        recorded ranges hold them.
 
         Args:
             structure_id: The call's recorded input structure.

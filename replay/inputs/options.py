@@ -92,7 +92,7 @@ class ExportOptions:
         max_payload_bytes: Most bytes of tensors a sampled call's file may hold (bigger ones
             are not covered, never read).
         max_regimes: Most regimes a call group is split into where torch.export cuts its
-            recorded range (`replay.pipeline.regimes`); 1: never split.
+            recorded range (`replay.pipeline.splitting`); 1: never split.
         merge: Serve a group that lacks an optional input with another group's program, the
             input filled, where the check proves it on the group's own signatures
             (`replay.pipeline.merging`); False: one program per group.
@@ -192,7 +192,7 @@ class ShapeRetry:
         floor: Raise the min of the hinted symbols to this (the same retry).
         unbounded: Every dynamic axis ``Dim.DYNAMIC``, whatever ``named_dims`` asks (the
             retry of last resort, reported as not honoured).
-        auto: ``Dim.AUTO`` on every dynamic axis (`replay.pipeline.regimes`, to learn where
+        auto: ``Dim.AUTO`` on every dynamic axis (`replay.pipeline.splitting`, to learn where
             torch.export cuts a group's range).
 
     Example:

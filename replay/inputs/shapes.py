@@ -281,7 +281,7 @@ def materialize(
         floor: Raise the min of the hinted axes to this (2: torch specializes 0 and 1).
         auto: ``Dim.AUTO`` on every dynamic axis, whatever the specs say: torch.export then
             narrows or pins a dim where the traced code needs it instead of rejecting the
-            export, and the program's guards say where (`replay.pipeline.regimes` reads them).
+            export, and the program's guards say where (`replay.pipeline.splitting` reads them).
 
     Returns:
         Structure leaf index -> ``{axis: Dim | Dim.DYNAMIC | Dim.DYNAMIC(min=, max=)}``.

@@ -1,4 +1,4 @@
-"""Special token ids put back into a rebuilt ``input_ids``, as many as production sent.
+"""Special token counts, the replay's side: the ids put back into a rebuilt ``input_ids``.
 
 The recorder counts, per call, each id the model's config names as special in every token
 input whose value range it records (`capture.record.tokens`); the counts sit after the value

@@ -1,4 +1,4 @@
-"""What ``onnx=PATH`` writes in its manifest: `replay.artifact.entries`, seen from an ONNX set.
+"""The manifest's entries, the ONNX side: `replay.artifact.entries` seen from an ONNX set.
 
 Each entry is the ``.pt2`` artifact's own (`replay.artifact.entries.program_entry`: the group's
 recorded structure, guard, call form, fills; ``rejected`` from the group's failed ONNX rows),

@@ -11,7 +11,7 @@
 3. the written files are opened as the runner ``replay.load`` gives (`replay.runtime.ort.runner`)
 and
    checked on every row of the torch check, then on the sampled real calls
-   (`replay.onnx.check`, `replay.check.payload_rows`): rows of target ``onnx``;
+   (`replay.onnx.parity`, `replay.check.payload_rows`): rows of target ``onnx``;
 4. the manifest ``PATH.json`` is written last (`replay.onnx.entries`), with the signatures
    the ONNX check failed in each file's guard.
 
@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 from capture.pytree import nodes
 from replay.artifact.entries import module_entry
 from replay.check.payload_rows import Serve, payload_rows
-from replay.onnx.check import onnx_rows
 from replay.onnx.convert import Converted, convert
 from replay.onnx.entries import onnx_entry, onnx_manifest, write_manifest
+from replay.onnx.parity import onnx_rows
 from replay.runtime.coverage import TARGET_ONNX, CoverageRow
 from replay.runtime.manifest import ModuleEntry, ProgramEntry
 from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, manifest_path, weights_path

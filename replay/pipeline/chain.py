@@ -8,7 +8,7 @@
 3. **refused**: the model is not the recorded one (`replay.pipeline.model_match`);
 4. **dynamic**: the plain torch.export of the group's example and dynamic shapes, its bounded
    named-dims retries (`replay.pipeline.bounded`) and its split into regimes where torch.export
-   cuts its recorded range (`replay.pipeline.regimes`), within half the group's time budget;
+   cuts its recorded range (`replay.pipeline.splitting`), within half the group's time budget;
 5. **static**: the recorded signatures no dynamic program serves (past the budget, or cut
    where regimes cannot serve) get one static program each (`replay.pipeline.budget.static`),
    within the rest of the budget.
@@ -44,7 +44,7 @@ from replay.pipeline.budget.static import export_static
 from replay.pipeline.guard_sources import fix_guard_sources
 from replay.pipeline.merging import Merged, merge
 from replay.pipeline.model_match import eager_failure
-from replay.pipeline.regimes import Exported, export_regimes
+from replay.pipeline.splitting import Exported, export_regimes
 from replay.runtime.coverage import KIND_RECORDED, CoverageRow
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ facts on every recorded signature of the group, as the program's own input check
 (torch 2.13's rules: a symbol's lower bound of 2 or less is not checked, 0 and 1 pass), without
 building a tensor or running the program; `find_cut` then looks for the dim along which the
 accepted and refused signatures separate into runs of consecutive recorded sizes, which
-`replay.pipeline.regimes` turns into regimes.
+`replay.pipeline.splitting` turns into regimes.
 
 A cut is only what torch's guards say; whether a program is *right* on a signature is still the
 coverage check's question (`replay.check.checking`).

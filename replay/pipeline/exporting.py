@@ -12,7 +12,7 @@ same way: a few size vectors never recorded, inside each dynamic dim's recorded 
 its ends (`replay.inputs.select.probes`, at most ``probes`` per group), as rows of kind ``probe``.
 
 A group whose recorded range torch.export cuts (a sliding window, a branch on a size) is split
-at the cut and each side, a **regime**, exported on its own (`replay.pipeline.regimes`); a group
+at the cut and each side, a **regime**, exported on its own (`replay.pipeline.splitting`); a group
 lacking an optional input another group passes is served by that group's program with the input
 filled, where the check proves it on its own signatures, probes and payloads
 (`replay.pipeline.merging`); groups that pass more inputs are exported first for that reason. A
@@ -160,7 +160,7 @@ def export(module: Any, store: Any, model: str | None = None, **options: Any) ->
             ``Payloads.max_call_bytes``; pass what the store was recorded with).
         max_regimes: Where torch.export cuts a group's recorded range (a sliding window, a
             branch on a size), export each side as a regime of its own, at most this many
-            per group (`replay.pipeline.regimes`); 1 never splits.
+            per group (`replay.pipeline.splitting`); 1 never splits.
         merge: Serve a group that lacks an optional input (generate()'s batch-1 calls without
             ``attention_mask``) with the program of a group that passes it, the input
             filled, where the check proves it on the group's own signatures, probes and

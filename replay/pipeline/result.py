@@ -1,7 +1,7 @@
 """What `replay.export` returns: the programs, their coverage table, and `save` to ship them.
 
 `ExportResult` lives apart from the export pipeline (`replay.pipeline.exporting`) so that the
-artifact writer (`replay.artifact.writer`) never imports the pipeline back: ``save`` reaches the
+artifact saver (`replay.artifact.saving`) never imports the pipeline back: ``save`` reaches the
 writer, the writer reads a result through the fields it needs
 (`replay.artifact.entries.SavedResult`).
 """
@@ -63,7 +63,7 @@ class ExportResult:
         *,
         aoti: bool = False,
     ) -> str:
-        """Writes every program and a JSON manifest into one PT2 archive (`replay.artifact.writer`).
+        """Writes every program and a JSON manifest into one PT2 archive (`replay.artifact.saving`).
 
         Every weight is written once, however many programs (and sub-modules) use it.
 
@@ -85,7 +85,7 @@ class ExportResult:
             >>> replay.export(model, "capture-store").save("model.pt2")  # doctest: +SKIP
             'model.pt2'
         """
-        from replay.artifact.writer import save
+        from replay.artifact.saving import save
 
         return save(path, {"": self, **(self.modules if modules is None else modules)}, aoti=aoti)
 

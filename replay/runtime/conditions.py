@@ -67,8 +67,8 @@ class Condition:
         False
     """
 
-    expr: str
-    text: str
+    expr: str = field(metadata={"max_len": 2000})
+    text: str = field(metadata={"max_len": 10_000})
     tree: ast.expr = field(init=False, repr=False, compare=False)
     _run: Callable[[Sequence[int]], int | bool] = field(init=False, repr=False, compare=False)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -90,14 +90,14 @@ class CoverageRow:
     """
 
     group: str | None
-    kind: str
-    signature: str
-    calls: int
+    kind: str = field(metadata={"max_len": 64})
+    signature: str = field(metadata={"max_len": 1_000_000})
+    calls: int = field(metadata={"low": 0})
     covered: bool = False
     max_abs_diff: float | None = None
-    error: str | None = None
-    target: str = TARGET_TORCH
-    sizes: tuple[int, ...] | None = None
+    error: str | None = field(default=None, metadata={"max_len": 1_000_000})
+    target: str = field(default=TARGET_TORCH, metadata={"max_len": 64})
+    sizes: tuple[int, ...] | None = field(default=None, metadata={"low": 0})
 
     def checked(self, outcome: CheckOutcome) -> CoverageRow:
         """This row with the outcome of its check."""

@@ -15,16 +15,19 @@ one `ArtifactError`, never evaluated.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeGuard
+from dataclasses import dataclass, field
+from typing import Any
 
+from replay.runtime.checked_json import NAME, Fields, read
 from replay.runtime.guards import ArtifactError
 
 __all__ = ["FillAxis", "Fill", "fill_call", "fills_of"]
 
 _DTYPES = ("int64", "int32", "int16", "int8", "uint8")
 """The dtypes a fill may have: integer tensors (the only ones with recorded value ranges)."""
+_DTYPE = re.compile(f"({'|'.join(_DTYPES)})\\Z")
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class FillAxis:
         offset: Added to the sum (the size itself when `terms` is empty).
     """
 
-    terms: tuple[int, ...]
+    terms: tuple[int, ...] = field(metadata={"low": 0, "max_items": 1024})
     offset: int = 0
 
     def size(self, dims: Sequence[int]) -> int:
@@ -61,10 +64,10 @@ class Fill:
         text: How the rule reads (``ones of shape (batch, past_key_values_2 + 1)``), for notes.
     """
 
-    argument: str
-    dtype: str
+    argument: str = field(metadata={"pattern": NAME, "max_len": 256})
+    dtype: str = field(metadata={"pattern": _DTYPE})
     value: int
-    shape: tuple[FillAxis, ...]
+    shape: tuple[FillAxis, ...] = field(metadata={"max_items": 64})
     text: str = ""
 
     def shape_for(self, dims: Sequence[int]) -> tuple[int, ...]:
@@ -84,66 +87,35 @@ class Fill:
         dtype = getattr(torch, self.dtype)
         return torch.full(self.shape_for(dims), self.value, dtype=dtype, device=device)
 
-    def as_dict(self) -> dict[str, Any]:
-        """The fill as one JSON-serializable dict (the artifact's manifest)."""
-        return {
-            "argument": self.argument,
-            "dtype": self.dtype,
-            "value": self.value,
-            "shape": [{"terms": list(a.terms), "offset": a.offset} for a in self.shape],
-            "text": self.text,
-        }
-
     @classmethod
-    def from_dict(cls, data: Any, width: int) -> Fill:
-        """A fill read back from a manifest, checked against what `as_dict` writes.
+    def from_dict(cls, data: Any, width: int, where: str = "a manifest fill") -> Fill:
+        """A fill read back from a manifest (`replay.runtime.checked_json.read`), its size
+        indices checked against the call's.
 
         Args:
             data: The manifest's entry.
             width: How many sizes a call of the program's group has (term indices must be
                 below it).
+            where: Where the entry sits, named in errors.
 
         Returns:
             The `Fill`.
 
         Raises:
-            ArtifactError: The entry is not a fill `as_dict` writes (the message says what).
+            ArtifactError: The entry is not a fill capture writes (the message says where).
 
         Example:
             >>> Fill.from_dict({"argument": "mask", "dtype": "int64", "value": 1,
             ...                 "shape": [{"terms": [0], "offset": 0}]}, width=2).shape
             (FillAxis(terms=(0,), offset=0),)
         """
-        if not isinstance(data, Mapping) or not isinstance(data.get("shape"), list):
-            raise ArtifactError(f"a manifest fill must be an object with a shape list: {data!r}")
-        argument, dtype, value = data.get("argument"), data.get("dtype"), data.get("value")
-        if not isinstance(argument, str) or not argument.isidentifier():
-            raise ArtifactError(f"a manifest fill names no valid argument: {argument!r}")
-        if dtype not in _DTYPES:
-            raise ArtifactError(f"fill {argument}: dtype {dtype!r} is not one of {_DTYPES}")
-        if not _is_int(value):
-            raise ArtifactError(f"fill {argument}: value {value!r} is not an integer")
-        axes = []
-        for axis in data["shape"]:
-            terms = axis.get("terms") if isinstance(axis, Mapping) else None
-            offset = axis.get("offset") if isinstance(axis, Mapping) else None
-            if (
-                not isinstance(terms, list)
-                or not all(_is_int(t) and 0 <= t < width for t in terms)
-                or not _is_int(offset)
-            ):
-                raise ArtifactError(
-                    f"fill {argument}: axis {axis!r} must have terms (indices below {width}) "
-                    "and an integer offset"
+        fill = read(cls, data, where)
+        for i, axis in enumerate(fill.shape):
+            if any(term >= width for term in axis.terms):
+                Fields.fail(
+                    f"{where}.shape[{i}].terms", f"has {list(axis.terms)}: indices below {width}"
                 )
-            axes.append(FillAxis(tuple(terms), offset))
-        text = data.get("text")
-        text = text if isinstance(text, str) else ""
-        return cls(argument, str(dtype), value, tuple(axes), text)
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
+        return fill
 
 
 def fills_of(entry: Mapping[str, Any], width: int) -> tuple[Fill, ...]:
@@ -166,7 +138,10 @@ def fills_of(entry: Mapping[str, Any], width: int) -> tuple[Fill, ...]:
     data = entry.get("fills") or []
     if not isinstance(data, list):
         raise ArtifactError(f"program {entry.get('group')!r}: fills must be a list")
-    return tuple(Fill.from_dict(item, width) for item in data)
+    return tuple(
+        Fill.from_dict(item, width, f"program {entry.get('group')!r}: fills[{i}]")
+        for i, item in enumerate(data)
+    )
 
 
 def fill_call(

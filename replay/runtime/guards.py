@@ -1,6 +1,6 @@
 """What a saved program accepts: its call structure and the recorded ranges of its dims.
 
-An artifact (`replay.runtime.pt2.reader`) stores one `ProgramGuard` per program in its JSON
+An artifact (`replay.runtime.pt2.loading`) stores one `ProgramGuard` per program in its JSON
 manifest. The runner (`replay.load`) and the drift check (``capture check``) both ask the same two
 questions of a call, through one function (`route`), so that what ``capture check`` reports as
 served is
@@ -72,6 +72,12 @@ class CallNotServed(ArtifactError):
 
 
 LEAF_FIELDS = ("path", "kind", "dtype", "rank", "value")
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+"""A Python identifier (ASCII): argument names, symbols."""
+
+MAX_RANK = 64
+"""Most axes a recorded tensor may have in a manifest."""
 """The leaf columns that make a structure, for matching (device and bookkeeping left out)."""
 
 
@@ -256,20 +262,24 @@ class Axis:
     """
 
     path: str
-    axis: int
-    min: int
-    max: int
+    axis: int = field(metadata={"low": 0, "high": MAX_RANK})
+    min: int = field(metadata={"low": 0})
+    max: int = field(metadata={"low": 0})
     dynamic: bool
-    symbol: str | None = None
-    narrowed: bool = False
+    symbol: str | None = field(default=None, metadata={"pattern": NAME, "max_len": 256})
+    narrowed: bool = field(default=False, metadata={"omit_default": True})
+
+    def invalid(self) -> str | None:
+        """What is wrong beyond the fields' types (`replay.runtime.checked_json.read`)."""
+        return f"has min {self.min} > max {self.max}" if self.min > self.max else None
 
 
 @dataclass(frozen=True)
 class Relation:
     """A recorded relation between symbols: ``symbol == sum(terms) + offset``."""
 
-    symbol: str
-    terms: tuple[str, ...]
+    symbol: str = field(metadata={"pattern": NAME, "max_len": 256})
+    terms: tuple[str, ...] = field(metadata={"pattern": NAME, "max_len": 256})
     offset: int
 
 

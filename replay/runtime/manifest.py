@@ -1,4 +1,4 @@
-"""The artifact's manifest, typed: parsed and checked once, by `replay.load` and ``capture check``.
+"""The artifact's manifest, the shared side: a `.pt2`'s whole manifest, an ONNX set's core.
 
 The manifest (``extra/capture_manifest.json`` in the archive) says what the artifact serves:
 per program its call group, recorded input structure, guards (`replay.runtime.guards`) and call
@@ -14,7 +14,6 @@ Needs no torch.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,12 +24,18 @@ from capture.errors import ReplayError
 from capture.pytree.structure import RecordedLeaf
 from capture.signature import Signature
 from replay.runtime.callform import CallForm
-from replay.runtime.checked_json import NAME, Fields, checked_format, load
-from replay.runtime.conditions import Condition, ConditionError
+from replay.runtime.checked_json import Fields, checked_format, load, read, to_json
+from replay.runtime.conditions import Condition
 from replay.runtime.coverage import CoverageRow
 from replay.runtime.digests import DIGEST, older
 from replay.runtime.fills import Fill
-from replay.runtime.guards import LEAF_FIELDS, ArtifactError, Axis, ProgramGuard, Relation
+from replay.runtime.guards import (
+    LEAF_FIELDS,
+    MAX_RANK,
+    Axis,
+    ProgramGuard,
+    Relation,
+)
 
 __all__ = [
     "FORMAT",
@@ -65,7 +70,6 @@ _KINDS = frozenset(
         schema.KIND_OPAQUE,
     }
 )
-_MAX_RANK = 64
 
 
 @dataclass(frozen=True)
@@ -134,24 +138,16 @@ class ProgramEntry:
                 {k: getattr(leaf, k) for k in ("argument", "position", *LEAF_FIELDS)}
                 for leaf in g.leaves
             ],
-            "axes": [_axis_json(a) for a in g.axes],
-            "relations": [
-                {"symbol": r.symbol, "terms": list(r.terms), "offset": r.offset}
-                for r in g.relations
-            ],
-            "form": {
-                "positional": list(self.form.positional),
-                "keywords": list(self.form.keywords),
-                "extra": list(self.form.extra),
-                "var_positional": self.form.var_positional,
-            },
+            "axes": to_json(g.axes),
+            "relations": to_json(g.relations),
+            "form": to_json(self.form),
             "pytree_types": list(self.pytree_types),
             "rejected": [{"dims": list(d), "error": e} for d, e in g.rejected.items()],
-            "fills": [fill.as_dict() for fill in self.fills],
+            "fills": to_json(self.fills),
             "first_ts": self.first_ts,
             "last_ts": self.last_ts,
             # Only a program that does not check its own size guards (an ONNX file) has any.
-            **({"conditions": [_condition_json(c) for c in g.conditions]} if g.conditions else {}),
+            **({"conditions": to_json(g.conditions)} if g.conditions else {}),
         }
 
     @classmethod
@@ -165,7 +161,7 @@ class ProgramEntry:
             _leaf(i, Fields(item, f"{f.where}.leaves[{i}]"))
             for i, item in enumerate(f.items("leaves"))
         )
-        axes = tuple(f.each("axes", _axis))
+        axes = tuple(f.each_of("axes", Axis))
         width = sum(leaf.rank or 0 for leaf in leaves if leaf.is_tensor)
         if width != len(axes):
             f.fail(f"{f.where}.axes", f"has {len(axes)} axes for {width} recorded tensor dims")
@@ -180,7 +176,6 @@ class ProgramEntry:
             Signature.loads(signature)
         except ReplayError as e:
             f.fail(f"{f.where}.signature", f"is malformed ({e})")
-        form = f.child("form")
         guard = ProgramGuard(
             module=f.text("module", optional=True, pattern=_MODULE) or "",
             group=f.text("group", pattern=PROGRAM_NAME),
@@ -188,9 +183,9 @@ class ProgramEntry:
             treespec=f.text("treespec", optional=True, max_len=10_000_000),
             leaves=leaves,
             axes=axes,
-            relations=tuple(f.each("relations", _relation, optional=True)),
+            relations=tuple(f.each_of("relations", Relation, optional=True)),
             rejected=rejected,
-            conditions=tuple(f.each("conditions", _condition, optional=True)),
+            conditions=tuple(f.each_of("conditions", Condition, optional=True)),
         )
         return cls(
             guard=guard,
@@ -200,51 +195,15 @@ class ProgramEntry:
             signatures=f.integer("signatures", low=0),
             signature=signature,
             n_args=f.integer("n_args", low=0, high=100_000),
-            form=CallForm(
-                tuple(form.texts("positional")),
-                tuple(form.texts("keywords")),
-                tuple(form.texts("extra", optional=True)),
-                form.text("var_positional", optional=True),
-            ),
+            form=f.one("form", CallForm),
             pytree_types=tuple(f.texts("pytree_types", optional=True, max_len=512)),
             fills=tuple(
-                _fill(Fields(item, f"{f.where}.fills[{i}]"), len(axes))
+                Fill.from_dict(item, len(axes), f"{f.where}.fills[{i}]")
                 for i, item in enumerate(f.items("fills", optional=True, max_items=1024))
             ),
             first_ts=f.text("first_ts", optional=True, max_len=64),
             last_ts=f.text("last_ts", optional=True, max_len=64),
         )
-
-
-def _axis_json(a: Axis) -> dict[str, Any]:
-    out = {
-        "path": a.path,
-        "axis": a.axis,
-        "min": a.min,
-        "max": a.max,
-        "dynamic": a.dynamic,
-        "symbol": a.symbol,
-    }
-    return {**out, "narrowed": True} if a.narrowed else out
-
-
-def _condition_json(c: Condition) -> dict[str, str]:
-    return {"expr": c.expr, "text": c.text}
-
-
-def _condition(f: Fields) -> Condition:
-    expr = f.text("expr", max_len=2000)
-    try:
-        return Condition(expr, f.text("text", max_len=10_000))
-    except ConditionError as e:
-        f.fail(f"{f.where}.expr", f"is not a size condition capture writes ({str(e)[:200]})")
-
-
-def _fill(f: Fields, width: int) -> Fill:
-    try:
-        return Fill.from_dict(f.raw, width)
-    except ArtifactError as e:
-        f.fail(f.where, f"is not a fill capture writes ({str(e)[:200]})")
 
 
 def _leaf(index: int, leaf: Fields) -> RecordedLeaf:
@@ -255,7 +214,7 @@ def _leaf(index: int, leaf: Fields) -> RecordedLeaf:
         position=leaf.integer("position", low=0, optional=True),
         kind=_kind(leaf),
         dtype=leaf.text("dtype", optional=True, max_len=64),
-        rank=leaf.integer("rank", low=0, high=_MAX_RANK, optional=True),
+        rank=leaf.integer("rank", low=0, high=MAX_RANK, optional=True),
         value=leaf.text("value", optional=True),
     )
 
@@ -265,33 +224,6 @@ def _kind(leaf: Fields) -> str:
     if kind not in _KINDS:
         leaf.fail(f"{leaf.where}.kind", f"is {kind!r}, not a recorded leaf kind")
     return str(kind)
-
-
-def _axis(a: Fields) -> Axis:
-    low, high = a.integer("min", low=0), a.integer("max", low=0)
-    if low > high:
-        a.fail(a.where, f"has min {low} > max {high}")
-    return Axis(
-        path=a.text("path"),
-        axis=a.integer("axis", low=0, high=_MAX_RANK),
-        min=low,
-        max=high,
-        dynamic=a.flag("dynamic"),
-        symbol=a.text("symbol", optional=True, pattern=NAME, max_len=256),
-        narrowed=a.flag("narrowed", optional=True),
-    )
-
-
-def _relation(r: Fields) -> Relation:
-    terms = r.texts("terms", max_len=256)
-    for term in terms:
-        if not NAME.match(term):
-            r.fail(f"{r.where}.terms", f"names {term[:60]!r}, not a symbol")
-    return Relation(
-        symbol=r.text("symbol", pattern=NAME, max_len=256),
-        terms=tuple(terms),
-        offset=r.integer("offset"),
-    )
 
 
 @dataclass(frozen=True)
@@ -311,72 +243,17 @@ class ModuleEntry:
 
     model: str
     store: str | None
-    first: str | None
-    last: str | None
+    first: str | None = field(metadata={"key": "window.first", "max_len": 64})
+    last: str | None = field(metadata={"key": "window.last", "max_len": 64})
     complete: bool
     coverage: tuple[CoverageRow, ...] = ()
-    errors: Mapping[str, str] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        """The module as the manifest's JSON object."""
-        return {
-            "model": self.model,
-            "store": self.store,
-            "window": {"first": self.first, "last": self.last},
-            "complete": self.complete,
-            "coverage": [_coverage_json(row) for row in self.coverage],
-            "errors": dict(self.errors),
-            "notes": list(self.notes),
-        }
-
-    @classmethod
-    def parse(cls, f: Fields) -> ModuleEntry:
-        """Reads one ``modules`` value.
-
-        Raises:
-            ArtifactError: A field is missing, of the wrong type or out of bounds.
-        """
-        window = f.child("window", optional=True)
-        errors = f.child("errors", optional=True)
-        return cls(
-            model=f.text("model"),
-            store=f.text("store", optional=True),
-            first=window.text("first", optional=True, max_len=64),
-            last=window.text("last", optional=True, max_len=64),
-            complete=f.flag("complete"),
-            coverage=tuple(f.each("coverage", _coverage_row, optional=True)),
-            errors={str(k): errors.text(k, max_len=100_000) for k in errors.raw},
-            notes=tuple(f.texts("notes", optional=True, max_len=100_000)),
-        )
-
-
-def _coverage_json(row: CoverageRow) -> dict[str, Any]:
-    out = row.as_dict()
-    diff = out["max_abs_diff"]
-    if diff is not None and not math.isfinite(diff):
-        out["max_abs_diff"] = str(diff)  # "nan", "inf": JSON has no spelling for them
-    return out
-
-
-def _coverage_row(f: Fields) -> CoverageRow:
-    sizes = f.integers("sizes", low=0) if f.raw.get("sizes") is not None else None
-    return CoverageRow(
-        group=f.text("group", optional=True),
-        kind=f.text("kind", max_len=64),
-        signature=f.text("signature", max_len=1_000_000),
-        calls=f.integer("calls", low=0),
-        covered=f.flag("covered"),
-        max_abs_diff=f.number("max_abs_diff", optional=True),
-        error=f.text("error", optional=True, max_len=1_000_000),
-        target=f.text("target", optional=True, max_len=64) or "torch",
-        sizes=sizes,
-    )
+    errors: Mapping[str, str] = field(default_factory=dict, metadata={"max_len": 100_000})
+    notes: tuple[str, ...] = field(default=(), metadata={"max_len": 100_000})
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """An artifact's manifest, validated (`parse`) or built by `replay.artifact.writer.save`.
+    """An artifact's manifest, validated (`parse`) or built by `replay.artifact.saving.save`.
 
     Attributes:
         model: The model's recorded name.
@@ -419,7 +296,7 @@ class Manifest:
             "created": self.created,
             "versions": dict(self.versions),
             "aoti": self.aoti,
-            "modules": {name: m.as_dict() for name, m in self.modules.items()},
+            "modules": to_json(self.modules),
             "programs": [p.as_dict() for p in self.programs],
             "digests": dict(sorted(self.digests.items())),
         }
@@ -463,7 +340,8 @@ class Manifest:
         versions = f.child("versions", optional=True)
         modules_raw = f.child("modules")
         modules = {
-            str(name): ModuleEntry.parse(modules_raw.child(name)) for name in modules_raw.raw
+            str(name): read(ModuleEntry, modules_raw.raw[name], f"{modules_raw.where}.{name}")
+            for name in modules_raw.raw
         }
         if "" not in modules:
             f.fail(f"{source}.modules", "lacks the model's own module ('')")

@@ -1,10 +1,11 @@
 """Which programs of an artifact serve which recorded call group: regimes and merged groups.
 
 A call group of the store may be served by several programs of an artifact (its **regimes**,
-`replay.pipeline.regimes`: ``prefill[input_ids_1<=4]``, ``prefill[input_ids_1>=5]``), or by another
-group's program with an input filled (`replay.pipeline.merging`). ``capture summary --artifact
-PATH`` shows it per group, from the artifact's manifest (`replay.runtime.pt2.reader.read_manifest`)
-and the store's summary. Needs neither torch nor the model's code.
+`replay.pipeline.splitting`: ``prefill[input_ids_1<=4]``, ``prefill[input_ids_1>=5]``), or by
+another group's program with an input filled (`replay.pipeline.merging`). ``capture summary
+--artifact PATH`` shows it per group, from the artifact's manifest
+(`replay.runtime.pt2.loading.read_manifest`) and the store's summary. Needs neither torch nor the
+model's code.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def routes(manifest: Manifest, model: ModelSummary) -> list[dict[str, Any]]:
     """One row per program entry of the artifact that serves the model's own calls.
 
     Args:
-        manifest: The artifact's typed manifest (`replay.runtime.pt2.reader.read_manifest`).
+        manifest: The artifact's typed manifest (`replay.runtime.pt2.loading.read_manifest`).
         model: One model of `Store.summary()` (its groups' ``name`` and ``structure_id``).
 
     Returns:

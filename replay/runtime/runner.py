@@ -1,8 +1,8 @@
-"""The runner `replay.load` returns: calls an artifact's programs like the original model.
+"""The runner, the PT2 side: `replay.load`'s runner calling an artifact's programs.
 
 Each call is routed with `replay.runtime.guards.route` (the rule ``capture check`` uses too): the
 first program whose recorded structure is the call's and whose guards accept its sizes runs it
-(or its AOTInductor build); see `replay.runtime.pt2.reader`. The `Router` describes a live call for
+(or its AOTInductor build); see `replay.runtime.pt2.loading`. The `Router` describes a live call for
 that rule; the ONNX runner (`replay.runtime.ort.runner`) routes through it too, so the ``.pt2``
 runner, the ONNX runner and ``capture check`` answer with one rule. A keyword that spells a
 renamed argument the other way (``past_key_values`` for a program exported with ``cache``,

@@ -2,7 +2,7 @@
 
 When torch.export runs past the time budget on a group's dynamic shapes (a vision model at
 several image sizes: torch's value-range analysis of a ``view``), or cuts its recorded range in a
-way regimes cannot serve (`replay.pipeline.regimes`: no one dim separates the sizes its guards
+way regimes cannot serve (`replay.pipeline.splitting`: no one dim separates the sizes its guards
 refuse, or more regimes than ``max_regimes``), the recorded signatures left unserved are
 exported another way: **one static program per signature**, the most frequent first (most calls
 served per export), at most ``max_static`` of them, while the group's time budget lasts.
@@ -27,7 +27,7 @@ import numpy as np
 
 from capture.analysis.regimes import regime
 from replay.inputs.builder import build_group
-from replay.pipeline.regimes import Exported, regime_name
+from replay.pipeline.splitting import Exported, regime_name
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group

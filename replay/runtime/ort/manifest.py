@@ -1,5 +1,4 @@
-"""The ONNX set's manifest: the artifact's typed manifest (`replay.runtime.manifest`), seen from
-ONNX.
+"""The artifact's manifest, the ONNX side: `replay.runtime.manifest` seen from an ONNX set.
 
 ``onnx=model.onnx`` writes ``model.onnx`` (one program) or ``model.<group>.onnx`` (several),
 their shared weights ``model.onnx.data`` (`replay.runtime.ort.weights`) and this manifest,
@@ -27,7 +26,7 @@ program's range (``narrowed``), and the program's own size guards travel as the 
 guard does (`replay.onnx.entries` writes them).
 
 `read_onnx_set` reads a set as data, without torch or onnx, as
-`replay.runtime.pt2.reader.read_artifact` reads a ``.pt2``: the manifest (a regular file, not a
+`replay.runtime.pt2.loading.read_artifact` reads a ``.pt2``: the manifest (a regular file, not a
 link, its size bounded before it is read) parsed into typed entries, every pytree type it names one
 the loader may register, and every file it names a bare name beside it, a regular file, not a link.
 """
@@ -40,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from replay.runtime.checked_json import Fields, checked_format, load
+from replay.runtime.checked_json import Fields, checked_format, load, to_json
 from replay.runtime.digests import older
 from replay.runtime.guards import ArtifactError
 from replay.runtime.manifest import MANIFEST_CAP, Manifest, ProgramEntry
@@ -143,56 +142,19 @@ class OnnxInput:
         max: Per axis, the largest.
     """
 
-    name: str
-    leaf: int
+    name: str = field(metadata={"max_len": 1024})
+    leaf: int = field(metadata={"low": 0, "high": 1_000_000})
     path: str
-    dtype: str
-    shape: tuple[int | str, ...]
-    min: tuple[int, ...]
-    max: tuple[int, ...]
+    dtype: str = field(metadata={"max_len": 64})
+    shape: tuple[int | str, ...] = field(metadata={"pattern": _DIM, "low": 0, "max_items": 64})
+    min: tuple[int, ...] = field(metadata={"low": 0})
+    max: tuple[int, ...] = field(metadata={"low": 0})
 
-    def as_dict(self) -> dict[str, Any]:
-        """The input as the manifest's JSON object."""
-        return {
-            "name": self.name,
-            "leaf": self.leaf,
-            "path": self.path,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "min": list(self.min),
-            "max": list(self.max),
-        }
-
-    @classmethod
-    def parse(cls, f: Fields) -> OnnxInput:
-        """Reads one ``inputs`` item.
-
-        Raises:
-            ArtifactError: A field is missing, of the wrong type or out of bounds.
-        """
-        shape: list[int | str] = []
-        for i, size in enumerate(f.items("shape", max_items=64)):
-            if isinstance(size, str) and _DIM.match(size):
-                shape.append(size)
-            elif isinstance(size, int) and not isinstance(size, bool) and size >= 0:
-                shape.append(size)
-            else:
-                f.fail(f"{f.where}.shape[{i}]", "is neither a size nor a dim name")
-        low, high = f.integers("min", low=0), f.integers("max", low=0)
-        if not len(shape) == len(low) == len(high):
-            f.fail(f.where, f"has {len(shape)} axes, {len(low)} minima and {len(high)} maxima")
-        return cls(
-            name=f.text("name", max_len=1024),
-            leaf=f.integer("leaf", low=0, high=1_000_000),
-            path=f.text("path"),
-            dtype=f.text("dtype", max_len=64),
-            shape=tuple(shape),
-            min=low,
-            max=high,
-        )
-
-
-_SCALARS = (type(None), bool, int, float, str)
+    def invalid(self) -> str | None:
+        """What is wrong beyond the fields' types (`replay.runtime.checked_json.read`)."""
+        if len(self.shape) == len(self.min) == len(self.max):
+            return None
+        return f"has {len(self.shape)} axes, {len(self.min)} minima and {len(self.max)} maxima"
 
 
 @dataclass(frozen=True)
@@ -206,32 +168,15 @@ class OnnxOutputs:
         constants: Per output leaf, its value when it is a constant (None otherwise).
     """
 
-    spec: str
-    names: tuple[str | None, ...]
-    constants: tuple[Any, ...]
+    spec: str = field(metadata={"max_len": 10_000_000})
+    names: tuple[str | None, ...] = field(metadata={"max_len": 1024, "max_items": 100_000})
+    constants: tuple[Any, ...] = field(metadata={"max_items": 100_000})
 
-    def as_dict(self) -> dict[str, Any]:
-        """The outputs as the manifest's JSON object."""
-        return {"spec": self.spec, "names": list(self.names), "constants": list(self.constants)}
-
-    @classmethod
-    def parse(cls, f: Fields) -> OnnxOutputs:
-        """Reads an entry's ``outputs``.
-
-        Raises:
-            ArtifactError: A field is missing, of the wrong type or out of bounds.
-        """
-        names = f.items("names", max_items=100_000)
-        constants = f.items("constants", max_items=100_000)
-        if len(names) != len(constants):
-            f.fail(f.where, f"has {len(names)} names for {len(constants)} constants")
-        for i, name in enumerate(names):
-            if name is not None and (not isinstance(name, str) or len(name) > 1024):
-                f.fail(f"{f.where}.names[{i}]", "is neither an output name nor null")
-        for i, value in enumerate(constants):
-            if not isinstance(value, _SCALARS) or (isinstance(value, str) and len(value) > 4096):
-                f.fail(f"{f.where}.constants[{i}]", "is not a constant an output can be")
-        return cls(f.text("spec", max_len=10_000_000), tuple(names), tuple(constants))
+    def invalid(self) -> str | None:
+        """What is wrong beyond the fields' types (`replay.runtime.checked_json.read`)."""
+        if len(self.names) == len(self.constants):
+            return None
+        return f"has {len(self.names)} names for {len(self.constants)} constants"
 
 
 @dataclass(frozen=True)
@@ -260,9 +205,9 @@ class OnnxFile:
         return {
             "file": self.file,
             "opset": self.opset,
-            "inputs": [i.as_dict() for i in self.inputs],
+            "inputs": to_json(self.inputs),
             "dims": {k: {"min": low, "max": high} for k, (low, high) in self.dims.items()},
-            "outputs": self.outputs.as_dict(),
+            "outputs": to_json(self.outputs),
             "unchecked_guards": list(self.unchecked_guards),
         }
 
@@ -282,8 +227,8 @@ class OnnxFile:
             ranges[str(name)] = (d.integer("min", low=0), d.integer("max", low=0))
         return cls(
             file=bare_name(f, "file"),
-            inputs=tuple(f.each("inputs", OnnxInput.parse)),
-            outputs=OnnxOutputs.parse(f.child("outputs")),
+            inputs=tuple(f.each_of("inputs", OnnxInput)),
+            outputs=f.one("outputs", OnnxOutputs),
             dims=ranges,
             opset=f.integer("opset", low=0, high=10_000, optional=True),
             unchecked_guards=tuple(f.texts("unchecked_guards", optional=True, max_len=10_000)),

@@ -1,4 +1,4 @@
-"""The runner ``replay.load`` returns for an ONNX set: onnxruntime sessions behind the guards.
+"""The runner, the ONNX side: `replay.runtime.runner` on onnxruntime sessions, behind the guards.
 
 Same contract as the ``.pt2`` runner (`replay.runtime.runner.Runner`): called like the model, it
 picks the file whose recorded structure matches the call and whose guards accept its sizes

@@ -1,4 +1,4 @@
-"""Weights once: every ONNX file of an export references one external-data file.
+"""Each weight once, the ONNX side: every ONNX file of an export references one data file.
 
 Each group's ONNX model holds the same weights (and often the same folded constants). ONNX
 external data lets an initializer live in another file, referenced by ``location``, ``offset``

@@ -1,4 +1,4 @@
-"""Each weight once: one record per storage on disk, one tensor per record in memory.
+"""Each weight once, the PT2 side: one record per storage on disk, one tensor per record.
 
 Writing (`WeightTable`): every parameter, buffer and constant of every program (and of every
 sub-module's programs: a T5 encoder shares its embedding with the decoder) is matched to a

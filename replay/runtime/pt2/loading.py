@@ -1,4 +1,4 @@
-"""Reading an artifact as data: the PT2 archive `replay.artifact.writer.save` writes.
+"""Loading an artifact: the PT2 archive `replay.artifact.saving.save` writes, read as data.
 
 `save` writes torch's PT2 archive layout (`replay.runtime.pt2.archive` lists its entries) with the
 program of every call group of the model and of each recorded sub-module (``encoder``): each

@@ -1,4 +1,4 @@
-"""The ONNX check: every ONNX file on the rows its torch program was checked on.
+"""ONNX parity: every ONNX file run on the rows its torch program was checked on.
 
 For each coverage row of the torch check (a recorded signature or a probe of a group,
 `replay.check.checking`), one row of target ``onnx``: fresh inputs of exactly those sizes are

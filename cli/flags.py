@@ -1,4 +1,4 @@
-"""Options several commands share: ``--model NAME``, ``--group NAME``, ``-f/--format``.
+"""Flags several commands share: ``--model NAME``, ``--group NAME``, ``-f/--format``.
 
 One definition each, so the commands spell them (metavar, default, stored parameter) alike;
 the help text stays per command, since what "every model" means differs between them.

@@ -1,12 +1,11 @@
-"""Writing the artifact: every program of an export in one PT2 archive, each weight once, and the
-manifest.
+"""Saving an artifact: every program of an export in one PT2 archive, each weight once.
 
 `save` writes torch's PT2 archive layout (`replay.runtime.pt2.archive` lists its entries) with the
 program of every call group of the model and of each recorded sub-module (``encoder``): each
 program's graph as torch's JSON, every parameter, buffer and constant ONCE however many programs
 use it (`replay.runtime.pt2.weights`), and the manifest (`replay.artifact.entries` builds it from
 the export's groups). Example inputs are not shipped (torch would pickle them). What it writes is
-what `replay.runtime.pt2.reader` accepts, entry by entry.
+what `replay.runtime.pt2.loading` accepts, entry by entry.
 """
 
 from __future__ import annotations
