@@ -50,35 +50,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import load_line, machine_line, md_table  # noqa: E402
+from fleet_day import CALLS_PER_FILE, MODEL, log, tables  # noqa: E402
 
 STORES_DIR = "/tmp/capture-bench-fleet"
 PROCESSES = 8
-CALLS_PER_FILE = 10
-MODEL = "LlamaForCausalLM"
-
-
-def log(msg: str) -> None:
-    print(f"[bench_fleet] {msg}", file=sys.stderr, flush=True)
-
-
-def _tables() -> tuple[Any, Any, Any]:
-    """One calls table, its stats table and the structures table (from bench_store)."""
-    import tempfile
-
-    import bench_store
-    import pyarrow.parquet as pq
-
-    with tempfile.TemporaryDirectory() as tmp:
-        bench_store.generate(tmp + "/s", CALLS_PER_FILE, rows_per_file=CALLS_PER_FILE)
-
-        def first(table: str) -> Any:
-            for d, _, names in os.walk(f"{tmp}/s/{table}"):
-                for n in names:
-                    if n.endswith(".parquet"):
-                        return pq.read_table(os.path.join(d, n))
-            raise RuntimeError(table)
-
-        return first("calls"), first("stats"), first("structures")
 
 
 def generate(uri: str, files: int, per_flush_stats: bool = False) -> float:
@@ -96,7 +71,7 @@ def generate(uri: str, files: int, per_flush_stats: bool = False) -> float:
     from capture.store.files import resolve_store, write_parquet
 
     t0 = time.perf_counter()
-    calls, stats, structures = _tables()
+    calls, stats, structures = tables()
     calls = calls.select(schema.CALLS_SCHEMA.names).cast(schema.CALLS_SCHEMA)
     stats = stats.select(schema.STATS_SCHEMA.names).cast(schema.STATS_SCHEMA)
     structures = structures.select(schema.STRUCTURES_SCHEMA.names).cast(schema.STRUCTURES_SCHEMA)

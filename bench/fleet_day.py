@@ -4,7 +4,7 @@ A simulated day of N writers with the recorders' background compaction, and the 
 store of 100,000 flushes.
 
 **A simulated day.** N writer processes flush every F seconds for 24 h, each flush one calls file
-of `CALLS_PER_FILE` calls (the tables of `bench_fleet._tables`, as the recorder writes them);
+of `CALLS_PER_FILE` calls (the tables of `tables`, as the recorder writes them);
 each writer keeps one stats rollup, rewritten every upkeep interval (`capture.store.upkeep`:
 the rollup a writer replaces); the structures once per writer. Time is simulated: the files of
 each interval are written at once, then the compaction a recorder's upkeep runs
@@ -30,14 +30,42 @@ import tempfile
 import time
 from typing import Any
 
-import bench_fleet as bf
-
 _DUCKDB = """
 import sys, duckdb
 con = duckdb.connect()
 con.execute('SET enable_progress_bar = false')
 print(con.execute("SELECT count(*) FROM read_parquet(?)", [sys.argv[1]]).fetchone()[0])
 """
+
+
+CALLS_PER_FILE = 10
+"""Calls in each flushed calls file."""
+
+MODEL = "LlamaForCausalLM"
+
+
+def log(msg: str) -> None:
+    print(f"[bench_fleet] {msg}", file=sys.stderr, flush=True)
+
+
+def tables() -> tuple[Any, Any, Any]:
+    """One calls table, its stats table and the structures table (from bench_store)."""
+    import tempfile
+
+    import bench_store
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_store.generate(tmp + "/s", CALLS_PER_FILE, rows_per_file=CALLS_PER_FILE)
+
+        def first(table: str) -> Any:
+            for d, _, names in os.walk(f"{tmp}/s/{table}"):
+                for n in names:
+                    if n.endswith(".parquet"):
+                        return pq.read_table(os.path.join(d, n))
+            raise RuntimeError(table)
+
+        return first("calls"), first("stats"), first("structures")
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
@@ -75,13 +103,13 @@ def simulated_day(writers: int, flush_s: float, upkeep_s: float, root: str) -> d
     from capture.store.compaction import compact_root
     from capture.store.files import write_parquet
 
-    calls, stats, structures = bf._tables()
+    calls, stats, structures = tables()
     calls = calls.select(schema.CALLS_SCHEMA.names).cast(schema.CALLS_SCHEMA)
     stats = stats.select(schema.STATS_SCHEMA.names).cast(schema.STATS_SCHEMA)
     structures = structures.select(schema.STRUCTURES_SCHEMA.names).cast(schema.STRUCTURES_SCHEMA)
     fs = pafs.LocalFileSystem()
     shutil.rmtree(root, ignore_errors=True)
-    model = f"model={bf.MODEL}"
+    model = f"model={MODEL}"
     calls_dir = f"{root}/calls/{model}/date=2026-01-01"
     stats_dir = f"{root}/stats/{model}"
     prefixes = [f"day-host{w}-{2000 + w}-{w:x}0000" for w in range(writers)]
@@ -100,7 +128,7 @@ def simulated_day(writers: int, flush_s: float, upkeep_s: float, root: str) -> d
         for w, prefix in enumerate(prefixes):
             for k in range(per_interval):
                 seq = i * per_interval + k + 1
-                offset = pa.scalar(flushes * bf.CALLS_PER_FILE, pa.int64())
+                offset = pa.scalar(flushes * CALLS_PER_FILE, pa.int64())
                 table = calls.set_column(0, "call_id", pc.add(ids, offset))
                 write_parquet(fs, calls_dir, f"{prefix}-{seq:06d}.parquet", table, "calls")
                 flushes += 1
@@ -115,7 +143,7 @@ def simulated_day(writers: int, flush_s: float, upkeep_s: float, root: str) -> d
         compact_root(fs, root, root)  # the upkeep turn of one of the writers
         compact_s += time.perf_counter() - t0
         if i % 12 == 0:
-            bf.log(f"  simulated hour {i * upkeep_s / 3600:.0f}: {count_files(root)}")
+            log(f"  simulated hour {i * upkeep_s / 3600:.0f}: {count_files(root)}")
     after = count_files(root)
     return {
         "flushes": flushes,
@@ -130,13 +158,13 @@ def simulated_day(writers: int, flush_s: float, upkeep_s: float, root: str) -> d
 def hundred_k(raw: str, work: str, env: dict[str, str], raw_query: bool) -> list[list[str]]:
     """Rows: plain DuckDB and capture on the 100,000-flush store, raw and after the upkeep."""
     py = sys.executable
-    glob = f"{{}}/calls/model={bf.MODEL}/*/*.parquet"
+    glob = f"{{}}/calls/model={MODEL}/*/*.parquet"
     sql = "SELECT count(*) AS n FROM calls"
-    expected = str(100_000 * bf.CALLS_PER_FILE)
+    expected = str(100_000 * CALLS_PER_FILE)
     rows = []
     s, mb, out = timed([py, "-c", _DUCKDB, glob.format(raw)], env)
     rows.append(["plain DuckDB, glob over the raw files", f"{s:.1f}", f"{mb:.0f}", out.strip()])
-    bf.log(f"  {rows[-1]}")
+    log(f"  {rows[-1]}")
     cache = tempfile.mkdtemp(prefix="capture-cache-")
     if raw_query:
         s, mb, out = timed(
@@ -144,9 +172,9 @@ def hundred_k(raw: str, work: str, env: dict[str, str], raw_query: bool) -> list
             {**env, "CAPTURE_CACHE_DIR": cache},
         )
         rows.append(["`capture query`, raw files", f"{s:.1f}", f"{mb:.0f}", out.split()[-1]])
-        bf.log(f"  {rows[-1]}")
+        log(f"  {rows[-1]}")
     shutil.rmtree(work, ignore_errors=True)
-    bf.log(f"copying {raw} to {work}")
+    log(f"copying {raw} to {work}")
     shutil.copytree(raw, work)
     s, mb, _ = timed([py, "-m", "cli", "--store", work, "compact"], env)
     rows.append(
@@ -157,7 +185,7 @@ def hundred_k(raw: str, work: str, env: dict[str, str], raw_query: bool) -> list
             str(count_files(work)),
         ]
     )
-    bf.log(f"  {rows[-1]}")
+    log(f"  {rows[-1]}")
     shutil.rmtree(cache, ignore_errors=True)
     cache = tempfile.mkdtemp(prefix="capture-cache-")
     s, mb, out = timed(
@@ -173,12 +201,12 @@ def hundred_k(raw: str, work: str, env: dict[str, str], raw_query: bool) -> list
             got if got == expected else f"{got} (WRONG)",
         ]
     )
-    bf.log(f"  {rows[-1]}")
+    log(f"  {rows[-1]}")
     s, mb, out = timed([py, "-c", _DUCKDB, glob.format(work)], env)
     rows.append(
         ["plain DuckDB, glob over the compacted files", f"{s:.1f}", f"{mb:.0f}", out.strip()]
     )
-    bf.log(f"  {rows[-1]}")
+    log(f"  {rows[-1]}")
     shutil.rmtree(cache, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
     return rows
