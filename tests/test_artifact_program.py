@@ -119,3 +119,20 @@ def test_a_graph_naming_an_operator_torch_lacks_is_refused_in_one_line(
     tensors = load_tensors(art.archive, art.slots)[name]
     with pytest.raises(ArtifactError, match="no_such_operator.default does not exist in this"):
         build_program(name, tree, tensors[0], tensors[1], None, "g0.json")
+
+
+class Clamped(torch.nn.Module):
+    """Float arguments JSON cannot hold: torch's serializer writes them as "Infinity" strings."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clamp(min=float("-inf"), max=float("inf")) + x.clamp(max=0.5)
+
+
+def test_non_finite_float_arguments_are_read_as_floats(tmp_path: Path) -> None:
+    model = Clamped()
+    originals = [torch.randn(b, 3) * 10 for b in (2, 3, 5)]
+    path = _export(tmp_path, model, [{"x": x} for x in originals])
+    runner = replay.load(path)
+    for x in originals:
+        with torch.no_grad():
+            assert torch.equal(runner(x=x.clone()), model(x))

@@ -57,8 +57,9 @@ def eager_failure(model: Any, group: ExportGroup) -> str | None:
                 f"forward fails on them: {error}); export the model they were recorded from"
             )
         return (
-            f"the model's eager forward fails on the group's recorded call ({error}), so "
-            "torch.export was not tried; is it the model the calls were recorded from?"
+            f"the model's eager forward fails on the group's rebuilt recorded call ({error}), "
+            "so torch.export was not tried: the call capture rebuilds is not one the model "
+            "accepts (values it does not record), or the model is not the recorded one"
         )
     return None
 

@@ -134,7 +134,9 @@ class _Builder:
             return self.ref(names, value["name"])
         if kind in ("as_sym_int", "as_sym_bool", "as_sym_float"):
             return self.sym(value, names)
-        if kind in ("as_int", "as_float", "as_bool"):
+        if kind == "as_float":
+            return _float(value)
+        if kind in ("as_int", "as_bool"):
             return value
         if kind == "as_none":
             return None
@@ -150,7 +152,7 @@ class _Builder:
         kind, inner = _one(value)
         if kind == "as_name":
             return self.ref(names, inner)
-        return inner  # as_int, as_float, as_bool
+        return _float(inner) if kind == "as_float" else inner  # as_int, as_bool
 
     def node(self, graph: Any, node: Mapping[str, Any], names: dict[str, Any]) -> None:
         try:
@@ -214,7 +216,9 @@ class _Builder:
         kind, value = _one(arg)
         if kind == "as_tensor":
             return self.ref(names, value["name"])
-        if kind in ("as_int", "as_float", "as_bool", "as_string"):
+        if kind == "as_float":
+            return _float(value)
+        if kind in ("as_int", "as_bool", "as_string"):
             return value
         if kind == "as_none":
             return None
@@ -237,7 +241,9 @@ class _Builder:
             )
         if kind == "as_tensors":
             return [self.ref(names, v["name"]) for v in value]
-        if kind in ("as_ints", "as_floats", "as_bools", "as_strings"):
+        if kind == "as_floats":
+            return [_float(v) for v in value]
+        if kind in ("as_ints", "as_bools", "as_strings"):
             return list(value)
         if kind in ("as_sym_ints", "as_sym_floats", "as_sym_bools"):
             return [self.sym(v, names) for v in value]
@@ -252,7 +258,7 @@ class _Builder:
         if kind == "as_int_lists":
             return [tuple(v) for v in value]
         if kind == "as_float_lists":
-            return [list(v) for v in value]
+            return [[_float(x) for x in v] for v in value]
         if kind == "as_string_to_argument":
             return {k: self.value(v, names, graph) for k, v in value.items()}
         if kind == "as_operator":
@@ -292,6 +298,15 @@ class _DryGraph:
 
     def output(self, value: Any) -> None:
         return None
+
+
+_NON_FINITE = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+"""How torch's serializer writes a float JSON cannot hold (`torch._export.serde.serialize`)."""
+
+
+def _float(value: Any) -> Any:
+    """A serialized float: a JSON number, or torch's spelling of inf, -inf and nan."""
+    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
 
 
 def _one(arg: Any) -> tuple[str, Any]:
