@@ -1,4 +1,4 @@
-"""Export + coverage time of `replay.export` on the demo and on a sliding-window model (issue 9).
+"""Export + coverage time of `replay.export` on the demo and on a sliding-window model.
 
     python bench/bench_fidelity.py [--quick] [--repeat N] [--time-budget SECONDS]
 
@@ -12,7 +12,7 @@ Then ``replay.export(model, store)`` (every group: torch.export + the coverage c
 `--repeat` times. The ORIGINAL calls (a forward pre-hook's copies) are also run through the
 programs: the table says how many calls a program served, and how many of those it answered
 wrong while the coverage table said covered. The recorder's cache walk on a 32-layer
-decode-step cache (plain and sliding window) is timed too: issue 9 made it carry the window's
+decode-step cache (plain and sliding window) is timed too: it carries the window's
 state. Prints Markdown (docs/benchmarks.md holds results).
 """
 

@@ -1,4 +1,4 @@
-"""Live stores (issue 25): the soak, the real server, and what the new checks cost.
+"""Live stores: the soak, the real server, and what the new checks cost.
 
 Usage::
 
@@ -202,7 +202,7 @@ def costs() -> None:
     (path,) = [str(p) for p in (work / "p" / "payloads").rglob("*.safetensors")]
     from safetensors.torch import load
 
-    def before() -> None:  # what read_payload did before issue 25: read all, then parse
+    def before() -> None:  # the old way of reading a payload: read it all, then parse
         with open(path, "rb") as f:
             load(f.read())
 

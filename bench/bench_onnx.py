@@ -1,4 +1,4 @@
-"""Benchmark of the ONNX target (issue 21): export cost, size on disk, session creation, memory,
+"""Benchmark of the ONNX target: export cost, size on disk, session creation, memory,
 and latency per call of the ONNX runner against the ``.pt2`` runner and eager.
 
     python bench/bench_onnx.py [--hidden 256] [--repeat 20]
@@ -178,7 +178,7 @@ def main() -> int:
                     t = time.perf_counter_ns()
                     session.run(None, arrays)
                     times.setdefault((kind, BARE), []).append(time.perf_counter_ns() - t)
-    print(f"### ONNX target (issue 21): 2-layer Llama, hidden {hidden}, 4 groups\n")
+    print(f"### ONNX target: 2-layer Llama, hidden {hidden}, 4 groups\n")
     print(f"Machine: {machine_line(('torch', 'onnxruntime', 'onnxscript'))}; timings with ")
     print(f"{options.threads} thread(s) for torch and onnxruntime\n")
     print(

@@ -1,4 +1,4 @@
-"""Peak memory of `capture query` over 100 million rows, piped to head and to a file (issue 25).
+"""Peak memory of `capture query` over 100 million rows, piped to head and to a file.
 
     python bench/bench_query_stream.py             # 100M rows, every format (numbers in docs/)
     python bench/bench_query_stream.py --rows 10000000
@@ -88,7 +88,7 @@ def main() -> int:
             size = os.path.getsize(out) / 2**30
             os.remove(out)
             rows.append([fmt, "file", f"{rss:,}", f"{s:.0f}", str(code), f"{size:.2f}"])
-    print(f"### `capture query` over {args.rows:,} rows: peak RSS (issue 25 item 10)\n")
+    print(f"### `capture query` over {args.rows:,} rows: peak RSS\n")
     print(f"Machine: {machine_line(('pyarrow', 'duckdb'))}. {load_line()}\n")
     print(
         md_table(["format", "stdout", "peak RSS (MiB)", "wall (s)", "exit", "output (GiB)"], rows)

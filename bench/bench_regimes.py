@@ -1,4 +1,4 @@
-"""Regimes and merged groups (issue 20 items 4, 5): programs, export time, calls served.
+"""Regimes and merged groups: programs, export time, calls served.
 
     python bench/bench_regimes.py [--quick] [--only NAME ...]
 
