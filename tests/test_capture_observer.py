@@ -12,6 +12,7 @@ import torch
 import capture
 from capture import InputObserver, make_dynamic_cache, string_type
 from capture.errors import CaptureError, ObservationMismatch
+from fixtures.names import cache_argument
 from fixtures.seeds import Scenario, scenarios
 
 D = torch.export.Dim.DYNAMIC
@@ -507,10 +508,10 @@ def test_tiny_llama_generate() -> None:
         model.generate(**prompts(2, 5), max_new_tokens=3, do_sample=False)
     ds = observer.infer_dynamic_shapes()
     assert observer.num_calls() == 3
-    assert ds["past_key_values"] == [{2: D}] * 4
+    assert ds[cache_argument()] == [{2: D}] * 4
     assert ds["input_ids"] == {1: D}
     kwargs = observer.infer_arguments()
-    assert string_type(kwargs["past_key_values"], with_shape=True) == (
+    assert string_type(kwargs[cache_argument()], with_shape=True) == (
         "DynamicCache(key_cache=#2[T1s2x2x0x16,T1s2x2x0x16], "
         "value_cache=#2[T1s2x2x0x16,T1s2x2x0x16])"
     )

@@ -24,6 +24,7 @@ from capture.errors import CaptureError
 from capture.record.payload_keeper import Payloads
 from capture.store.payload_files import list_payloads, read_payload
 from fixtures.models import run_generate, tiny_llama
+from fixtures.names import cache_argument
 
 
 class Scale(torch.nn.Module):
@@ -122,7 +123,7 @@ def test_generate_payload_keeps_every_cache_tensor(tmp_path: Path) -> None:
         ).to_pylist()
     (payload,) = [p for p in _payloads(tmp_path) if p.call_id == max(_ids(tmp_path))]
     kept = payload.inputs()
-    assert sum("past_key_values" in r["path"] for r in rows) == 4  # 2 layers x (keys, values)
+    assert sum(cache_argument() in r["path"] for r in rows) == 4  # 2 layers x (keys, values)
     assert {r["leaf"]: r["shape"] for r in rows} == {i: list(t.shape) for i, t in kept.items()}
 
 

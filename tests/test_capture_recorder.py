@@ -18,6 +18,7 @@ from capture import Recorder, open_store
 from capture.errors import CaptureError
 from capture.record.writer import StoreWriter
 from fixtures.models import run_generate, tiny_llama
+from fixtures.names import cache_argument
 
 WORKLOAD = [(1, 5), (2, 7), (1, 9), (3, 4)]
 
@@ -98,9 +99,10 @@ def test_generate_prefill_and_decode_structures(llama_run: dict[str, object]) ->
         """
         SELECT s.kind, count(DISTINCT c.call_id) AS calls
         FROM calls c JOIN structures s ON s.structure_id = c.in_structure
-        WHERE s.path = 'kwargs[''past_key_values''].key_cache[0]'
+        WHERE s.path = $path
         GROUP BY 1 ORDER BY 1
-        """
+        """,
+        {"path": f"kwargs['{cache_argument()}'].key_cache[0]"},
     ).to_pylist()
     # prefill: an uninitialized cache (None leaves); decode: tensors.
     assert rows == [
@@ -115,9 +117,9 @@ def test_generate_past_key_values_readable_by_path(llama_run: dict[str, object])
         """
         SELECT list_sort(list(DISTINCT shape[3])) AS past, list_sort(list(DISTINCT shape[1])) AS b
         FROM leaves
-        WHERE side = 'input' AND path = 'kwargs[''past_key_values''].value_cache[1]'
-          AND kind = 'tensor'
-        """
+        WHERE side = 'input' AND path = $path AND kind = 'tensor'
+        """,
+        {"path": f"kwargs['{cache_argument()}'].value_cache[1]"},
     ).to_pylist()
     # decode steps see past lengths prompt, prompt+1, prompt+2 for each prompt of WORKLOAD
     assert rows == [{"past": [4, 5, 6, 7, 8, 9, 10, 11], "b": [1, 2, 3]}]

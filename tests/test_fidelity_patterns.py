@@ -13,6 +13,7 @@ import torch
 
 import replay
 from capture.store_api import Store
+from fixtures.names import cache_argument
 
 pytest.importorskip("transformers")
 
@@ -66,5 +67,5 @@ def test_decode_positions_agree_with_the_mask(llama: Store) -> None:
 
 def test_mask_length_is_cache_length_plus_new_tokens(llama: Store) -> None:
     for call in _calls(llama, "decode"):
-        keys = call["past_key_values"].layers[0].keys
+        keys = call[cache_argument()].layers[0].keys
         assert call["attention_mask"].shape[-1] == keys.shape[-2] + call["input_ids"].shape[-1]

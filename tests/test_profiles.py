@@ -18,6 +18,7 @@ import capture
 from capture.engines.profile_formats import format_profiles
 from capture.engines.profiles import build_profiles, count_peaks, export_names, target_size
 from capture.store_api import Store
+from fixtures.names import cache_argument
 from fixtures.traffic import record_traffic
 
 # Marginal modes are batch 1 and length 30, but (1, 30) was never sent.
@@ -284,16 +285,17 @@ def test_torch_tensorrt_profiles_start_at_one_where_zero_was_recorded(tmp_path: 
 def test_llama_fixture_profiles_cover_every_tensor_input(llama: Store) -> None:
     rows = llama.profiles(group="decode").to_pylist()
     by_name = {r["input"]: r for r in rows}
+    c = cache_argument()
     assert list(by_name) == [
         "input_ids",
-        "past_key_values_key_cache_0",
-        "past_key_values_key_cache_1",
-        "past_key_values_value_cache_0",
-        "past_key_values_value_cache_1",
+        f"{c}_key_cache_0",
+        f"{c}_key_cache_1",
+        f"{c}_value_cache_0",
+        f"{c}_value_cache_1",
         "position_ids",
         "attention_mask",
     ]
-    mask, cache = by_name["attention_mask"], by_name["past_key_values_key_cache_0"]
+    mask, cache = by_name["attention_mask"], by_name[f"{c}_key_cache_0"]
     # The opt signature keeps the recorded relation mask = cache + 1.
     assert mask["opt_shape"][1] == cache["opt_shape"][2] + 1
 

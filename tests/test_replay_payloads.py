@@ -20,6 +20,7 @@ import capture
 import replay
 from capture.store.payload_files import list_payloads
 from fixtures.models import run_generate, tiny_llama
+from fixtures.names import cache_argument
 from replay.check.payload_rows import payload_rows
 
 
@@ -184,7 +185,7 @@ def test_real_call_rebuilds_the_dynamic_cache(tmp_path: Path) -> None:
     files = [read_payload(pafs.LocalFileSystem(), p.path) for p in list_payloads(tmp_path)]
     payload = next(p for p in files if p.in_structure == decode.structure_id)
     _, kwargs = real_call(decode.structure, payload)
-    cache = kwargs["past_key_values"]
+    cache = kwargs[cache_argument()]
     kept = [t for _, t in sorted(payload.inputs().items())]
     assert isinstance(cache, DynamicCache)
     rebuilt = [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]

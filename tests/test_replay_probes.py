@@ -18,6 +18,7 @@ import torch
 import capture
 import replay
 from capture.store_api import Store
+from fixtures.names import cache_argument
 from replay.inputs import select
 from replay.inputs.builder import ExportGroup
 
@@ -62,9 +63,10 @@ def test_probes_stay_inside_the_recorded_ranges_and_keep_relations(
         for d in group.dims:
             if d.dynamic:
                 assert max(d.min, 2) <= values[str(d.symbol)] <= d.max
-        assert values["attention_mask_1"] == values["past_key_values_2"] + 1
+        assert values["attention_mask_1"] == values[f"{cache_argument()}_2"] + 1
     # The ends of every dynamic dim together come first.
-    assert _values(group, probes[0]) == {"batch": 3, "past_key_values_2": 9, "attention_mask_1": 10}
+    past = f"{cache_argument()}_2"
+    assert _values(group, probes[0]) == {"batch": 3, past: 9, "attention_mask_1": 10}
 
 
 def test_probes_are_capped(llama: tuple[Store, Any]) -> None:

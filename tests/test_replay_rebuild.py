@@ -13,6 +13,7 @@ from capture.analysis.groups import Group, analyze
 from capture.errors import ReplayError
 from capture.seeds.strings import string_type
 from capture.store_api import Store
+from fixtures.names import cache_argument
 from replay.inputs.rebuild import make_tensor, rebuild
 from replay.inputs.select import value_ranges
 
@@ -75,7 +76,7 @@ def test_dynamic_cache_is_rebuilt(seeds: Store) -> None:
 def test_prefill_cache_keeps_its_empty_layers(llama: Store) -> None:
     group = _group(llama, "LlamaForCausalLM", "prefill")
     _, kwargs = _rebuild(llama, group, [2, 7, 2, 7, 2, 7])
-    cache = kwargs["past_key_values"]
+    cache = kwargs[cache_argument()]
     assert [layer.is_initialized for layer in cache.layers] == [False, False]  # type: ignore[attr-defined]
     assert (kwargs["use_cache"], kwargs["logits_to_keep"], kwargs["return_dict"]) == (True, 1, True)
 

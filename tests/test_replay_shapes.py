@@ -13,6 +13,7 @@ from capture.analysis.groups import Group, analyze
 from capture.errors import ReplayError
 from capture.signature import POSITIONAL_OR_KEYWORD, VAR_KEYWORD, VAR_POSITIONAL, Param, Signature
 from capture.store_api import Store
+from fixtures.names import cache_argument
 from replay.inputs import shapes
 from replay.inputs.shapes import AxisSpec, SymbolRange
 from replay.runtime import callform
@@ -51,7 +52,8 @@ def test_a_relation_becomes_a_derived_dim(llama: Store) -> None:
         for r in _group(llama, "LlamaForCausalLM", "decode").leaves
         if r["argument"] == "attention_mask"
     )
-    assert specs.by_leaf[mask["leaf"]][1] == AxisSpec("attention_mask_1", "past_key_values_2", 1, 1)
+    past = f"{cache_argument()}_2"
+    assert specs.by_leaf[mask["leaf"]][1] == AxisSpec("attention_mask_1", past, 1, 1)
     assert "attention_mask_1" not in specs.symbols
 
 
@@ -74,7 +76,7 @@ def test_materialize_reuses_one_dim_object_per_symbol(llama: Store) -> None:
     assert all(b is batches[0] for b in batches)
     assert str(batches[0]) == "Dim('batch', max=3)"
     mask = next(r["leaf"] for r in group.leaves if r["argument"] == "attention_mask")
-    assert str(dims[mask][1]) == "past_key_values_2 + 1"
+    assert str(dims[mask][1]) == f"{cache_argument()}_2 + 1"
 
 
 def test_materialize_gives_dim_dynamic_for_unnamed_axes(seeds: Store) -> None:
@@ -103,7 +105,7 @@ def test_spec_tree_keeps_none_leaves_and_constants(llama: Store) -> None:
     args, kwargs = _tree(group, {})
     assert kwargs == {
         "input_ids": None,
-        "past_key_values": [None, None, None, None],
+        cache_argument(): [None, None, None, None],
         "position_ids": None,
         "attention_mask": None,
         "logits_to_keep": None,
@@ -169,4 +171,4 @@ def test_describe_sizes_counts_equal_shapes(seeds: Store) -> None:
     group = _group(seeds, "llm", "decode")
     sizes = [1, 1, 1, 11] + [1, 4, 11, 32] * 4
     text = shapes.describe_sizes(group.leaves, sizes)
-    assert text == "input_ids=1x1 attention_mask=1x11 past_key_values=[1x4x11x32]*4"
+    assert text == f"input_ids=1x1 attention_mask=1x11 {cache_argument()}=[1x4x11x32]*4"

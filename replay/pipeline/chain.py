@@ -36,7 +36,9 @@ from replay.inputs.options import ExportOptions
 from replay.pipeline.bounded import export_bounded, export_unbounded
 from replay.pipeline.budget.child import (
     BudgetSpent,
+    ChildCrashed,
     Deadline,
+    crashed,
     export_bounded_in_time,
     in_process_reason,
 )
@@ -71,9 +73,14 @@ def _export_group(
         program, error = export_bounded_in_time(
             group.module(model), group.args, group.kwargs, group.dynamic_shapes, strict, left
         )
-        if program is not None:
-            fix_guard_sources(program)
-        return program, error
+        if not isinstance(error, ChildCrashed):
+            if program is not None:
+                fix_guard_sources(program)
+            return program, error
+        # This torch does not survive a fork here: export in this process, unbounded; the
+        # group's notes say the budget is not enforced, and why (`in_process_reason`).
+        crashed(error)
+        logger.warning("time budget not enforced: %s", in_process_reason())
     try:
         with nodes.register_flattening_functions():
             program = torch.export.export(

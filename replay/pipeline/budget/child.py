@@ -48,6 +48,8 @@ __all__ = [
     "Deadline",
     "export_bounded_in_time",
     "in_process_reason",
+    "ChildCrashed",
+    "crashed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -103,13 +105,28 @@ class Deadline:
         return left is not None and left <= 0
 
 
+class ChildCrashed(ReplayError):
+    """The export's child process died without an answer (a signal, not the deadline)."""
+
+
+_CRASHED: list[str] = []
+"""A fact of this process, learnt once: a forked export child crashed here (some torch builds
+do not survive a fork), so exports run in this process from then on, unbounded, and say so."""
+
+
 def in_process_reason() -> str | None:
     """Why exports cannot run in a child process here (they then run unbounded), or None."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return "this platform cannot fork a process"
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return "CUDA is initialized in this process (a forked child cannot use it)"
-    return None
+    return _CRASHED[0] if _CRASHED else None
+
+
+def crashed(error: ChildCrashed) -> None:
+    """Records that a forked export child crashed in this process (`in_process_reason`)."""
+    if not _CRASHED:
+        _CRASHED.append(f"a forked export child crashed in this process ({error})")
 
 
 def export_bounded_in_time(
@@ -157,7 +174,7 @@ def export_bounded_in_time(
             message = receive.recv_bytes()
         except EOFError:
             child.join()
-            return None, ReplayError(
+            return None, ChildCrashed(
                 f"the export's child process ended without an answer (exit code {child.exitcode})"
             )
     finally:
