@@ -171,4 +171,4 @@ def test_describe_sizes_counts_equal_shapes(seeds: Store) -> None:
     group = _group(seeds, "llm", "decode")
     sizes = [1, 1, 1, 11] + [1, 4, 11, 32] * 4
     text = shapes.describe_sizes(group.leaves, sizes)
-    assert text == f"input_ids=1x1 attention_mask=1x11 {cache_argument()}=[1x4x11x32]*4"
+    assert text == "input_ids=1x1 attention_mask=1x11 past_key_values=[1x4x11x32]*4"
