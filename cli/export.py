@@ -285,13 +285,12 @@ def _render_coverage(
 @click.option(
     "--time-budget",
     type=click.FloatRange(min=0),
-    default=0.0,
+    default=ExportOptions.time_budget or 0.0,
     metavar="SECONDS",
-    help="Seconds of torch.export per call group; each export runs in a child process stopped "
-    "at the deadline. The dynamic exports (plain, retries, regimes) may use half; the recorded "
-    "signatures they do not serve get one static program each, most calls first, in the rest. "
-    "A group past it is named on stderr with what served it instead; 0 for no bound. "
-    "Default: no bound (exports run in this process).",
+    help="Seconds of torch.export per call group; each export is stopped at the deadline. The "
+    "dynamic exports (plain, retries, regimes) may use half; the recorded signatures they do "
+    "not serve get one static program each, most calls first, in the rest. A group past it is "
+    "named on stderr with what served it instead; 0 for no bound. Default: 300.",
 )
 @click.option(
     "--max-static",

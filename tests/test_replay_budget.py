@@ -1,4 +1,4 @@
-"""A time budget per group and the static fallback: real models, real torch.export in a child.
+"""A time budget per group and the static fallback: real models, real torch.export.
 
 The ORIGINAL calls each model received (the tensors passed to it, kept by the test) are run
 through the saved artifact's runner (`replay.load`) and compared with eager: the check that can
@@ -17,8 +17,6 @@ from click.testing import CliRunner
 import capture
 import replay
 from capture.cli.main import cli
-from capture.errors import ReplayError
-from replay.pipeline.budget.child import Deadline, export_bounded_in_time
 
 SWIN_SIZES = (32, 40, 48, 56, 64, 72)
 
@@ -106,23 +104,6 @@ def test_max_static_bounds_the_static_programs(tmp_path: Path) -> None:
     assert sorted(result.programs) == ["g0", "g0[x_0=5]"]
     assert any("1 of them left without a program: max_static is 1" in n for n in result.notes)
     assert not result.complete
-
-
-def test_a_deadline_stops_the_child_export(tmp_path: Path) -> None:
-    model, calls = _swin(tmp_path)
-    started = time.monotonic()
-    program, error = export_bounded_in_time(
-        model,
-        (),
-        {"pixel_values": calls[0]},
-        {"pixel_values": {2: torch.export.Dim.DYNAMIC, 3: torch.export.Dim.DYNAMIC}},
-        False,
-        0.5,
-    )
-    assert program is None and isinstance(error, ReplayError)
-    assert "ran past the time budget" in str(error)
-    assert time.monotonic() - started < 10
-    assert Deadline.after(0.0).passed
 
 
 def test_an_export_past_its_budget_returns_and_says_what_fell_back(tmp_path: Path) -> None:

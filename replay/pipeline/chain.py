@@ -13,7 +13,7 @@
    where regimes cannot serve) get one static program each (`replay.pipeline.budget.static`),
    within the rest of the budget.
 
-Every torch.export runs under the group's deadline (`replay.pipeline.budget.child`). The outcome
+Every torch.export runs under the group's deadline (`replay.pipeline.budget.deadline`). The outcome
 is a tuple of frozen `Part`: a program or a refusal, its coverage rows (checked on the recorded
 signatures and probes) and its group with every note; nothing given to the chain is changed.
 """
@@ -34,14 +34,7 @@ from capture.pytree.cachespec import blocking_reason
 from replay.check.checking import coverage_rows
 from replay.inputs.options import ExportOptions
 from replay.pipeline.bounded import export_bounded, export_unbounded
-from replay.pipeline.budget.child import (
-    BudgetSpent,
-    ChildCrashed,
-    Deadline,
-    crashed,
-    export_bounded_in_time,
-    in_process_reason,
-)
+from replay.pipeline.budget.deadline import BudgetSpent, Deadline, call_within
 from replay.pipeline.budget.static import export_static
 from replay.pipeline.guard_sources import fix_guard_sources
 from replay.pipeline.merging import Merged, merge
@@ -64,33 +57,23 @@ _TORCH_LOGS_HINT = 'For more information, run with TORCH_LOGS="+dynamic".'
 def _export_group(
     model: Any, group: ExportGroup, strict: bool, deadline: Deadline
 ) -> tuple[ExportedProgram | None, BaseException | None]:
-    """(program, None) or (None, the error torch.export raised), within `deadline` when it
-    has one and this process can fork (`replay.pipeline.budget.child`)."""
-    if deadline.end is not None and in_process_reason() is None:
-        left = deadline.left() or 0.0
-        if left <= 0:
-            return None, BudgetSpent("the group's time budget was spent before this export")
-        program, error = export_bounded_in_time(
-            group.module(model), group.args, group.kwargs, group.dynamic_shapes, strict, left
+    """(program, None) or (None, the error torch.export raised, or `BudgetSpent`), stopped at
+    `deadline` when it has one (`replay.pipeline.budget.deadline`)."""
+    module = group.module(model)
+
+    def export() -> ExportedProgram:
+        return torch.export.export(
+            module,
+            group.args,
+            kwargs=group.kwargs,
+            dynamic_shapes=group.dynamic_shapes,
+            strict=strict,
         )
-        if not isinstance(error, ChildCrashed):
-            if program is not None:
-                fix_guard_sources(program)
-            return program, error
-        # This torch does not survive a fork here: export in this process, unbounded; the
-        # group's notes say the budget is not enforced, and why (`in_process_reason`).
-        crashed(error)
-        logger.warning("time budget not enforced: %s", in_process_reason())
+
     try:
         with nodes.register_flattening_functions():
-            program = torch.export.export(
-                group.module(model),
-                group.args,
-                kwargs=group.kwargs,
-                dynamic_shapes=group.dynamic_shapes,
-                strict=strict,
-            )
-    except Exception as e:  # torch.export rejected this group: reported, the others go on
+            program = call_within(deadline.left(), export, module)
+    except Exception as e:  # rejected by torch.export, or past the deadline: the others go on
         return None, e
     fix_guard_sources(program)
     return program, None
@@ -184,7 +167,7 @@ def export_group(job: Job, group: ExportGroup, served: Served) -> tuple[Part, ..
     return tuple(
         part
         for done in _dynamic(job, group, budget)
-        for part in _with_fallback(job, _noted(done, merged.reasons, budget), budget)
+        for part in _with_fallback(job, _noted(done, merged.reasons), budget)
     )
 
 
@@ -195,13 +178,11 @@ def _refused(job: Job, group: ExportGroup, why: str, probes: int) -> Part:
     return Part(group, None, why, tuple(rows))
 
 
-def _noted(done: Exported, reasons: Sequence[str], budget: Budget) -> Exported:
-    """`done` with why no other group's program serves it, and an unbounded budget said."""
-    why = in_process_reason() if budget.seconds is not None else None
-    extra = [*reasons, *([f"time budget not enforced: {why}"] if why else [])]
-    if not extra:
+def _noted(done: Exported, reasons: Sequence[str]) -> Exported:
+    """`done` with why no other group's program serves it."""
+    if not reasons:
         return done
-    group = dataclasses.replace(done.group, notes=[*done.group.notes, *extra])
+    group = dataclasses.replace(done.group, notes=[*done.group.notes, *reasons])
     return Exported(group, done.program, done.error, done.not_honoured)
 
 

@@ -166,8 +166,8 @@ def export(module: Any, store: Any, model: str | None = None, **options: Any) ->
             filled, where the check proves it on the group's own signatures, probes and
             payloads (`replay.pipeline.merging`); False: one program per group.
         time_budget: Seconds of torch.export per call group (default 300; None: no bound).
-            Each export runs in a child process stopped at the deadline
-            (`replay.pipeline.budget.child`): the dynamic exports (plain, bounded retries,
+            Each export is stopped at the deadline, in this process
+            (`replay.pipeline.budget.deadline`): the dynamic exports (plain, bounded retries,
             regimes) may use half of the budget, the static fallback the rest. A group past
             it has the error ``torch.export ran past the time budget`` and its notes say
             what served its signatures instead.

@@ -1,1 +1,1 @@
-"""A group's export bounded in time: torch.export in a child process, static fallback."""
+"""A group's export bounded in time: torch.export stopped at a deadline, static fallback."""

@@ -1,0 +1,281 @@
+"""torch.export stopped at a deadline, in this process, from any thread.
+
+torch.export spends its long runs in Python: sympy's value-range analysis, the symbolic-shape
+machinery, the tracer. `call_within` runs the export in the calling thread while a watchdog
+thread waits for the deadline; at the deadline the watchdog raises `DeadlineReached` in the
+exporting thread (CPython's ``PyThreadState_SetAsyncExc``), which the interpreter delivers at the
+thread's next bytecode boundary. `DeadlineReached` is a `BaseException`, not an `Exception`: torch's
+``except Exception`` handlers neither swallow it nor turn it into another error, while its
+``with`` blocks and ``finally`` clauses run as it unwinds and put back the state torch set.
+
+Where it is raised matters, so the watchdog waits for a safe point (polling every few
+milliseconds): never while the exporting thread runs a context manager's ``__enter__`` or
+``__exit__`` (where torch sets and restores its global state), module code (an import half done
+would stay half done), or the stdlib's locking, logging and import machinery (a lock taken and
+never released). Such frames are rare in a long export (about 4 % of samples on the tiny Swin of
+`bench/bench_budget.py`); where none ends within `FORCE_AFTER` seconds it is raised anyway. After
+an export stopped at its deadline, `replay.pipeline.budget.torchstate.TorchState` compares the
+process-wide state torch sets with what it was before the export and puts back what differs (and
+the caller names it), so the next export starts clean.
+
+Guarantees of `call_within`: the exception is raised only while the guarded call runs: the
+watchdog fires under a lock and only while the call has not ended, and the ending sets that flag
+under the same lock and clears an exception fired but not yet delivered
+(``PyThreadState_SetAsyncExc(thread, NULL)``); a delivery that lands while the call ends is
+caught there. If torch swallows the exception (a bare ``except``), it is raised again `REFIRE`
+seconds after each delivery. A result the export returned after the deadline fired is
+discarded: the group is past its budget either way, and a swallowed exception may have sent
+torch down another path.
+
+What it cannot stop: a call into C++ (a kernel, a C extension) that runs long is interrupted only
+when it returns to Python. The exception needs CPython (``ctypes.pythonapi``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, TypeVar
+
+from capture.errors import ReplayError
+from replay.pipeline.budget.torchstate import TorchState
+
+__all__ = [
+    "BudgetSpent",
+    "Deadline",
+    "DeadlineReached",
+    "FORCE_AFTER",
+    "REFIRE",
+    "call_within",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+POLL = 0.002
+"""Seconds between two looks for a safe point once the deadline has passed."""
+
+FORCE_AFTER = 5.0
+"""Seconds past the deadline after which the exception is raised even outside a safe point."""
+
+REFIRE = 1.0
+"""Seconds after a delivery before the exception is raised again, where the call goes on."""
+
+_UNSAFE_NAMES = frozenset(
+    {"__enter__", "__exit__", "__aenter__", "__aexit__", "<module>", "__del__"}
+)
+_UNSAFE_FILES = (
+    "<frozen importlib",
+    "/importlib/",
+    "/logging/",
+    "/threading.py",
+    "/contextlib.py",
+    "/weakref.py",
+    "/_weakrefset.py",
+    "/queue.py",
+)
+
+
+class BudgetSpent(ReplayError):
+    """torch.export ran past the time budget (it was stopped at the deadline)."""
+
+
+class DeadlineReached(BaseException):  # noqa: N818 - a signal to unwind, as KeyboardInterrupt
+    """Raised in the exporting thread at its deadline (module docstring). A BaseException so
+    that ``except Exception`` handlers in torch let it through."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        watch = _WATCHES.get(threading.get_ident())
+        if watch is not None:
+            watch.delivered()
+
+
+_WATCHES: dict[int, _Watch] = {}
+"""The watch of each thread inside `call_within` (one per thread: calls do not nest)."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A point in time (``time.monotonic``) an export must end by; None: no bound.
+
+    Example:
+        >>> Deadline.after(None).left() is None
+        True
+        >>> Deadline.after(60.0).left() > 59
+        True
+    """
+
+    end: float | None
+
+    @classmethod
+    def after(cls, seconds: float | None) -> Deadline:
+        """The deadline `seconds` from now (None: none)."""
+        return cls(None if seconds is None else time.monotonic() + seconds)
+
+    def left(self) -> float | None:
+        """Seconds left (at least 0), or None without a bound."""
+        return None if self.end is None else max(0.0, self.end - time.monotonic())
+
+    @property
+    def passed(self) -> bool:
+        """The deadline has passed."""
+        left = self.left()
+        return left is not None and left <= 0
+
+
+def _set_async_exc(thread: int, exc: type[BaseException] | None) -> int:
+    """``PyThreadState_SetAsyncExc``: `exc` raised in `thread` (None: clear a pending one)."""
+    set_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    return int(set_exc(ctypes.c_ulong(thread), None if exc is None else ctypes.py_object(exc)))
+
+
+def _unsafe(frame: FrameType | None, entry: FrameType) -> bool:
+    """A frame between the thread's top and the guarded call's own frame is one where an
+    exception must not land (module docstring)."""
+    while frame is not None and frame is not entry:
+        code = frame.f_code
+        if code.co_name in _UNSAFE_NAMES or any(f in code.co_filename for f in _UNSAFE_FILES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _Watch:
+    """The watchdog of one guarded call."""
+
+    def __init__(self, thread: int, entry: FrameType, seconds: float) -> None:
+        self.thread = thread
+        self.entry = entry
+        self.fired = 0
+        self.forced = False
+        self._lock = threading.Lock()
+        self._ended = False
+        self._end = threading.Event()
+        self._delivered = threading.Event()
+        self._watchdog = threading.Thread(
+            target=self._run, args=(seconds,), name="replay-export-deadline", daemon=True
+        )
+
+    def start(self) -> None:
+        self._watchdog.start()
+
+    def delivered(self) -> None:
+        self._delivered.set()
+
+    def _fire(self, force: bool) -> bool:
+        """Raises the exception in the thread if the call still runs and is at a safe point
+        (or `force`); under the lock that `close` takes."""
+        with self._lock:
+            if self._ended:
+                return False
+            if not force and _unsafe(sys._current_frames().get(self.thread), self.entry):
+                return False
+            self._delivered.clear()
+            _set_async_exc(self.thread, DeadlineReached)
+            self.fired += 1
+            self.forced = self.forced or force
+            return True
+
+    def _run(self, seconds: float) -> None:
+        if self._end.wait(seconds):
+            return
+        force_at = time.monotonic() + FORCE_AFTER
+        while not self._fire(time.monotonic() >= force_at):
+            if self._end.wait(POLL):
+                return
+        while True:  # raised again where the call swallows it and goes on
+            while not self._delivered.wait(POLL):
+                if self._end.is_set():
+                    return
+            if self._end.wait(REFIRE):
+                return
+            force_at = time.monotonic() + FORCE_AFTER
+            while not self._fire(time.monotonic() >= force_at):
+                if self._end.wait(POLL):
+                    return
+
+    def close(self) -> None:
+        """Ends the watch: nothing is raised in the thread from now on, nothing stays pending."""
+        try:
+            self._close()
+        except DeadlineReached:  # fired while the call ended, delivered here
+            self._close()
+        self._watchdog.join()
+
+    def _close(self) -> None:
+        with self._lock:
+            self._ended = True
+            if self.fired:
+                _set_async_exc(self.thread, None)
+        self._end.set()
+
+
+def call_within(seconds: float | None, call: Callable[[], T], module: Any = None) -> T:
+    """``call()`` stopped after `seconds` (None: no bound), in this thread (module docstring).
+
+    Args:
+        seconds: The time `call` may take; None runs it without a watchdog.
+        call: What to run (a torch.export).
+        module: The module `call` exports: its attributes are part of the state put back
+            after a stop (`TorchState`).
+
+    Returns:
+        What `call` returned.
+
+    Raises:
+        BudgetSpent: The deadline came before `call` returned (what `call` raised after the
+            deadline fired is its ``__context__``).
+        Exception: What `call` raised before the deadline.
+
+    Example:
+        >>> call_within(60.0, lambda: 1 + 1)
+        2
+    """
+    if seconds is None:
+        return call()
+    if seconds <= 0:
+        raise BudgetSpent("the group's time budget was spent before this export")
+    before = TorchState.read(module)
+    thread = threading.get_ident()
+    if thread in _WATCHES:
+        raise RuntimeError("call_within does not nest in one thread")
+    watch = _Watch(thread, sys._getframe(), seconds)
+    _WATCHES[thread] = watch
+    started = time.monotonic()
+    try:
+        try:
+            watch.start()
+            result = call()
+        finally:
+            watch.close()
+    except (DeadlineReached, Exception):
+        if not watch.fired:
+            raise
+        stopped = True
+    else:
+        stopped = bool(watch.fired)
+    finally:
+        _WATCHES.pop(thread, None)
+    if stopped:  # raised out here: no frame of the stopped export stays referenced
+        raise _spent(seconds, started, watch, before.restore())
+    return result
+
+
+def _spent(seconds: float, started: float, watch: _Watch, restored: list[str]) -> BudgetSpent:
+    """The error of a call stopped at its deadline; `restored`: the state put back."""
+    forced = ", outside a safe point" if watch.forced else ""
+    if restored:
+        logger.warning("state left by the stopped torch.export, put back: %s", ", ".join(restored))
+    put_back = f"; put back the state it left: {', '.join(restored)}" if restored else ""
+    return BudgetSpent(
+        f"torch.export ran past the time budget ({seconds:.1f} s left for it, "
+        f"stopped after {time.monotonic() - started:.1f} s{forced}{put_back})"
+    )

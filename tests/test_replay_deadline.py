@@ -1,0 +1,222 @@
+"""The in-process deadline of an export: real torch.export stopped by the watchdog thread.
+
+Each stopped export is followed by checks that torch is left as it was (`TorchState`) and that
+the next export in the same process makes a correct program, run on the original calls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import capture
+import replay
+from replay.pipeline.budget.deadline import REFIRE, BudgetSpent, DeadlineReached, call_within
+from replay.pipeline.budget.torchstate import TorchState
+
+
+class Flatten(torch.nn.Module):
+    """A quick export: one dynamic dim, a view over it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.view(x.shape[0], -1) * 2).sum(1)
+
+
+def _swin() -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.SwinConfig(
+        image_size=32,
+        patch_size=4,
+        num_channels=3,
+        embed_dim=8,
+        depths=[1, 1],
+        num_heads=[1, 2],
+        window_size=2,
+    )
+    return transformers.SwinModel(config).eval()
+
+
+def _swin_export(model: torch.nn.Module) -> Any:
+    """A tiny Swin's dynamic export: tens of seconds in torch's value-range analysis."""
+    dim = torch.export.Dim.DYNAMIC
+    return torch.export.export(
+        model,
+        (),
+        {"pixel_values": torch.randn(1, 3, 40, 40)},
+        dynamic_shapes={"pixel_values": {2: dim, 3: dim}},
+        strict=False,
+    )
+
+
+def _busy(seconds: float) -> int:
+    """Python bytecode for `seconds` (where an asynchronous exception can land)."""
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        n += 1
+    return n
+
+
+def test_a_stopped_export_leaves_torch_as_it_was_and_the_next_export_is_right(
+    tmp_path: Path,
+) -> None:
+    model = _swin()
+    before = TorchState.read(model)
+    for seconds in (0.05, 0.3, 1.0, 2.0):  # stopped at different points of the export
+        started = time.monotonic()
+        with pytest.raises(BudgetSpent, match="ran past the time budget"):
+            call_within(seconds, lambda: _swin_export(model), model)
+        assert time.monotonic() - started < seconds + 5
+        assert before.changed() == []
+    # The next export in this process, checked against the original calls the model received.
+    calls = [torch.randn(n, 4, 5) for n in (2, 3, 3, 7)]
+    flatten = Flatten()
+    with capture.Recorder(flatten, tmp_path / "store", name="m"), torch.no_grad():
+        for x in calls:
+            flatten(x)
+    result = replay.export(flatten, tmp_path / "store", time_budget=60.0, probes=0)
+    assert result.complete and not result.errors
+    runner = replay.load(result.save(tmp_path / "m.pt2"))
+    for x in calls:
+        assert torch.equal(runner(x), flatten(x))
+    assert before.changed() == []
+
+
+def test_the_watchdog_never_fires_after_the_call_ended() -> None:
+    # Deadlines right at the end of the call: some calls end first, some are stopped; either
+    # way nothing is raised once call_within has returned.
+    stopped = 0
+    for i in range(300):
+        seconds = 0.004 + (i % 5) * 0.0005
+        try:
+            call_within(seconds, lambda: _busy(0.005))
+        except BudgetSpent:
+            stopped += 1
+        _busy(0.002)  # a stray exception would land here
+    assert 0 < stopped < 300
+
+
+def test_a_quick_export_with_a_tight_deadline_returns_a_program_or_budget_spent() -> None:
+    x = torch.randn(3, 4, 5)
+    dims = ({0: torch.export.Dim.DYNAMIC},)
+
+    def export() -> Any:
+        return torch.export.export(Flatten(), (x,), dynamic_shapes=dims)
+
+    started = time.monotonic()
+    export()
+    took = time.monotonic() - started
+    outcomes = []
+    for factor in (0.5, 0.9, 1.0, 1.1, 1.5, 3.0) * 2:
+        try:
+            program = call_within(took * factor, export)
+        except BudgetSpent:
+            outcomes.append("spent")
+        else:
+            y = torch.randn(9, 4, 5)
+            assert torch.equal(program.module()(y), Flatten()(y))
+            outcomes.append("program")
+        _busy(0.01)
+    assert "program" in outcomes, outcomes
+
+
+def test_a_deadline_stops_an_export_in_a_thread_that_is_not_the_main_one(
+    tmp_path: Path,
+) -> None:
+    model = _swin()
+    calls = [torch.randn(1, 3, s, s) for s in (32, 40, 48)]
+    with capture.Recorder(model, tmp_path, name="swin"), torch.no_grad():
+        for x in calls:
+            model(pixel_values=x)
+    out: dict[str, Any] = {}
+
+    def job() -> None:
+        started = time.monotonic()
+        out["result"] = replay.export(model, tmp_path, time_budget=2.0, probes=0, max_static=0)
+        out["elapsed"] = time.monotonic() - started
+
+    worker = threading.Thread(target=job)
+    worker.start()
+    worker.join(120)
+    assert not worker.is_alive()
+    assert out["elapsed"] < 2.0 + 30  # the budget, plus reading the store and the check
+    assert "ran past the time budget" in out["result"].errors["g0"]
+
+
+def test_an_exception_torch_swallows_is_raised_again() -> None:
+    swallowed = []
+
+    def call() -> None:
+        while True:
+            try:
+                _busy(10)
+            except DeadlineReached:  # once, as a bare ``except`` in the exported code would
+                if swallowed:
+                    raise
+                swallowed.append(time.monotonic())
+
+    started = time.monotonic()
+    with pytest.raises(BudgetSpent):
+        call_within(0.2, call)
+    assert len(swallowed) == 1
+    assert time.monotonic() - started >= 0.2 + REFIRE
+
+
+def test_the_deadline_waits_for_a_context_manager_exit_to_end() -> None:
+    exits = []
+
+    class Restores:
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> None:
+            _busy(0.3)  # the deadline passes here: an exception now would skip the restore
+            exits.append("restored")
+
+    def call() -> None:
+        with Restores():
+            pass
+        _busy(10)
+
+    started = time.monotonic()
+    with pytest.raises(BudgetSpent):
+        call_within(0.1, call)
+    assert exits == ["restored"]
+    assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_what_the_call_raises_before_the_deadline_is_raised_as_is() -> None:
+    def call() -> None:
+        raise ValueError("not exportable")
+
+    with pytest.raises(ValueError, match="not exportable"):
+        call_within(30.0, call)
+    assert call_within(None, lambda: 3) == 3
+    with pytest.raises(BudgetSpent, match="spent before this export"):
+        call_within(0.0, lambda: 3)
+
+
+def test_state_a_stopped_export_left_is_put_back_and_named() -> None:
+    model = Flatten()
+    before = TorchState.read(model)
+    original = torch.compiler._is_exporting_flag
+    try:
+        torch.compiler._is_exporting_flag = not original
+        model.forward = lambda x: x  # type: ignore[method-assign]
+        assert sorted(before.changed()) == [
+            "module <root> forward",
+            "torch.compiler._is_exporting_flag",
+        ]
+        assert sorted(before.restore()) == [
+            "module <root> forward",
+            "torch.compiler._is_exporting_flag",
+        ]
+    finally:
+        torch.compiler._is_exporting_flag = original
+    assert "forward" not in model.__dict__
+    assert before.changed() == []
