@@ -441,11 +441,6 @@ class ShapeFacts:
     guards: tuple[sympy.Basic, ...]
 
 
-SHIPPED_GUARDS = "capture_shape_guards"
-"""``graph_module.meta`` key of the `ShapeFacts.guards` of a program read back from torch's
-serialization (which keeps its ranges, not its ShapeEnv's guards): `replay.pipeline.budget`."""
-
-
 def shape_facts(program: Any) -> ShapeFacts | None:
     """The symbolic shapes of an exported program's inputs, its ranges and its guards.
 
@@ -488,9 +483,6 @@ def shape_facts(program: Any) -> ShapeFacts | None:
     for symbol, bounds in program.range_constraints.items():
         upper = bounds.upper
         ranges[symbol] = (int(bounds.lower), None if isinstance(upper, IntInfinity) else int(upper))
-    shipped = program.graph_module.meta.get(SHIPPED_GUARDS)
-    if shipped is not None:  # a program read back from torch's serialization
-        return ShapeFacts(tuple(inputs), ranges, tuple(shipped))
     if env is None:
         return ShapeFacts(tuple(inputs), ranges, ()) if ranges else None
     replacements = dict(env.replacements)
