@@ -122,6 +122,14 @@ def test_an_export_past_its_budget_returns_and_says_what_fell_back(tmp_path: Pat
         for n in result.notes
     )
     assert not result.complete
+    # Every recorded signature is served by a static program or not covered, with the reason.
+    rows = result.coverage.to_pylist()
+    assert len(rows) == 6
+    for row in rows:
+        if row["covered"]:
+            assert row["group"].startswith("g0[") and row["group"] in result.programs, row
+        else:
+            assert row["group"] == "g0" and "time budget" in row["error"], row
 
 
 def test_the_cli_names_the_groups_past_the_budget(tmp_path: Path) -> None:
