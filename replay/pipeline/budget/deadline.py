@@ -12,11 +12,11 @@ Where it is raised matters, so the watchdog waits for a safe point (polling ever
 milliseconds): never while the exporting thread runs a context manager's ``__enter__`` or
 ``__exit__`` (where torch sets and restores its global state), module code (an import half done
 would stay half done), or the stdlib's locking, logging and import machinery (a lock taken and
-never released). Such frames are rare in a long export (about 4 % of samples on the tiny Swin of
-`bench/bench_budget.py`); where none ends within `FORCE_AFTER` seconds it is raised anyway. After
-an export stopped at its deadline, `replay.pipeline.budget.torchstate.TorchState` compares the
-process-wide state torch sets with what it was before the export and puts back what differs (and
-the caller names it), so the next export starts clean.
+never released). Such frames are rare in a long export (3–4 % of samples on the tiny Swin of
+`bench/bench_budget.py`); where the thread stays in them `FORCE_AFTER` seconds, it is raised
+anyway. After an export stopped at its deadline, `replay.pipeline.budget.torchstate.TorchState`
+compares the process-wide state torch sets with what it was before the export and puts back what
+differs (and the error names it), so the next export starts clean.
 
 Guarantees of `call_within`: the exception is raised only while the guarded call runs: the
 watchdog fires under a lock and only while the call has not ended, and the ending sets that flag
@@ -231,8 +231,8 @@ def call_within(seconds: float | None, call: Callable[[], T], module: Any = None
         What `call` returned.
 
     Raises:
-        BudgetSpent: The deadline came before `call` returned (what `call` raised after the
-            deadline fired is its ``__context__``).
+        BudgetSpent: The deadline came before `call` returned. What `call` raised once
+            stopped is dropped, so that no frame of the stopped export stays referenced.
         Exception: What `call` raised before the deadline.
 
     Example:
