@@ -6,6 +6,7 @@ the next export in the same process makes a correct program, run on the original
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -42,7 +43,7 @@ def _swin() -> torch.nn.Module:
     return transformers.SwinModel(config).eval()
 
 
-def _swin_export(model: torch.nn.Module) -> Any:
+def _swin_export(model: torch.nn.Module, strict: bool = False) -> Any:
     """A tiny Swin's dynamic export: tens of seconds in torch's value-range analysis."""
     dim = torch.export.Dim.DYNAMIC
     return torch.export.export(
@@ -50,7 +51,7 @@ def _swin_export(model: torch.nn.Module) -> Any:
         (),
         {"pixel_values": torch.randn(1, 3, 40, 40)},
         dynamic_shapes={"pixel_values": {2: dim, 3: dim}},
-        strict=False,
+        strict=strict,
     )
 
 
@@ -87,18 +88,40 @@ def test_a_stopped_export_leaves_torch_as_it_was_and_the_next_export_is_right(
     assert before.changed() == []
 
 
+def test_a_stopped_strict_export_leaves_dynamo_as_it_was() -> None:
+    model = _swin()
+    before = TorchState.read(model)
+    for seconds in (0.3, 1.5):  # inside dynamo's tracing (its frame callback set)
+        with pytest.raises(BudgetSpent, match="ran past the time budget"):
+            call_within(seconds, lambda: _swin_export(model, strict=True), model)
+        assert before.changed() == []
+    x = torch.randn(3, 4, 5)
+    program = torch.export.export(
+        Flatten(), (x,), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},), strict=True
+    )
+    y = torch.randn(8, 4, 5)
+    assert torch.equal(program.module()(y), Flatten()(y))
+
+
 def test_the_watchdog_never_fires_after_the_call_ended() -> None:
-    # Deadlines right at the end of the call: some calls end first, some are stopped; either
-    # way nothing is raised once call_within has returned.
-    stopped = 0
-    for i in range(300):
-        seconds = 0.004 + (i % 5) * 0.0005
-        try:
-            call_within(seconds, lambda: _busy(0.005))
-        except BudgetSpent:
-            stopped += 1
-        _busy(0.002)  # a stray exception would land here
-    assert 0 < stopped < 300
+    # Calls that end well before the deadline, right at it, and well after it: the first
+    # return, the last are stopped, those at the deadline go either way; in every case nothing
+    # is raised once call_within has returned (a stray exception would fail `_busy` below).
+    outcomes = {"returned": 0, "stopped": 0}
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)  # the watchdog gets the GIL soon after its deadline
+    try:
+        for i in range(200):
+            duration = (0.0005, 0.0045, 0.005, 0.0055, 0.05)[i % 5]
+            try:
+                assert call_within(0.005, lambda d=duration: _busy(d)) > 0
+                outcomes["returned"] += 1
+            except BudgetSpent:
+                outcomes["stopped"] += 1
+            _busy(0.002)
+    finally:
+        sys.setswitchinterval(interval)
+    assert outcomes["returned"] >= 10 and outcomes["stopped"] >= 10, outcomes
 
 
 def test_a_quick_export_with_a_tight_deadline_returns_a_program_or_budget_spent() -> None:

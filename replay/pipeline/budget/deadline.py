@@ -151,7 +151,7 @@ def _unsafe(frame: FrameType | None, entry: FrameType) -> bool:
 class _Watch:
     """The watchdog of one guarded call."""
 
-    def __init__(self, thread: int, entry: FrameType, seconds: float) -> None:
+    def __init__(self, thread: int, entry: FrameType, end: float) -> None:
         self.thread = thread
         self.entry = entry
         self.fired = 0
@@ -161,7 +161,7 @@ class _Watch:
         self._end = threading.Event()
         self._delivered = threading.Event()
         self._watchdog = threading.Thread(
-            target=self._run, args=(seconds,), name="replay-export-deadline", daemon=True
+            target=self._run, args=(end,), name="replay-export-deadline", daemon=True
         )
 
     def start(self) -> None:
@@ -184,8 +184,8 @@ class _Watch:
             self.forced = self.forced or force
             return True
 
-    def _run(self, seconds: float) -> None:
-        if self._end.wait(seconds):
+    def _run(self, end: float) -> None:
+        if self._end.wait(max(0.0, end - time.monotonic())):
             return
         force_at = time.monotonic() + FORCE_AFTER
         while not self._fire(time.monotonic() >= force_at):
@@ -247,9 +247,9 @@ def call_within(seconds: float | None, call: Callable[[], T], module: Any = None
     thread = threading.get_ident()
     if thread in _WATCHES:
         raise RuntimeError("call_within does not nest in one thread")
-    watch = _Watch(thread, sys._getframe(), seconds)
-    _WATCHES[thread] = watch
     started = time.monotonic()
+    watch = _Watch(thread, sys._getframe(), started + seconds)
+    _WATCHES[thread] = watch
     try:
         try:
             watch.start()
