@@ -11,12 +11,15 @@ thread's next bytecode boundary. `DeadlineReached` is a `BaseException`, not an 
 Where it is raised matters, so the watchdog waits for a safe point (polling every few
 milliseconds): never while the exporting thread runs a context manager's ``__enter__`` or
 ``__exit__`` (where torch sets and restores its global state), module code (an import half done
-would stay half done), or the stdlib's locking, logging and import machinery (a lock taken and
-never released). Such frames are rare in a long export (3–4 % of samples on the tiny Swin of
-`bench/bench_budget.py`); where the thread stays in them `FORCE_AFTER` seconds, it is raised
-anyway. After an export stopped at its deadline, `replay.pipeline.budget.torchstate.TorchState`
-compares the process-wide state torch sets with what it was before the export and puts back what
-differs (and the error names it), so the next export starts clean.
+would stay half done), finalizers and garbage-collector callbacks (which cannot raise), or the
+standard library (a lock taken or a file opened, never released). Such frames are rare in a long
+export (5–9 % of samples on the tiny Swin of `bench/bench_budget.py`); where the thread stays in
+them `FORCE_AFTER` seconds, it is raised anyway. A delivery that lands where Python cannot raise
+it all the same (a callback of the garbage collector) is dropped from ``sys.unraisablehook`` and
+raised again. After an export stopped at its deadline,
+`replay.pipeline.budget.torchstate.TorchState` compares the process-wide state torch sets with
+what it was before the export and puts back what differs (and the error names it), so the next
+export starts clean.
 
 Guarantees of `call_within`: the exception is raised only while the guarded call runs: the
 watchdog fires under a lock and only while the call has not ended, and the ending sets that flag
@@ -35,7 +38,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -69,18 +74,45 @@ REFIRE = 1.0
 """Seconds after a delivery before the exception is raised again, where the call goes on."""
 
 _UNSAFE_NAMES = frozenset(
-    {"__enter__", "__exit__", "__aenter__", "__aexit__", "<module>", "__del__"}
+    {
+        "__enter__",
+        "__exit__",
+        "__aenter__",
+        "__aexit__",
+        "<module>",
+        "__del__",
+        "remove",
+        "_remove",
+        "_remove_id",
+    }
 )
-_UNSAFE_FILES = (
-    "<frozen importlib",
-    "/importlib/",
-    "/logging/",
-    "/threading.py",
-    "/contextlib.py",
-    "/weakref.py",
-    "/_weakrefset.py",
-    "/queue.py",
+"""Code names where the exception must not land: context managers' set-up and tear-down, module
+code, finalizers and the weak dictionaries' callbacks (run by the garbage collector, where an
+exception cannot propagate)."""
+_STDLIB = tuple(
+    {
+        os.path.join(p, "")
+        for p in (sysconfig.get_paths()["stdlib"], os.__file__.rsplit(os.sep, 1)[0])
+    }
 )
+
+
+_TORCH_UNSAFE = tuple(
+    os.path.join("torch", *parts)
+    for parts in (("utils", "weak.py"), ("_library", "simple_registry.py"))
+)
+"""torch's code that C++ calls where a Python exception ends the process (``std::terminate``
+on ``pybind11::error_already_set``: seen from ``find_torch_dispatch_rule``) or that the
+garbage collector runs (the weak dictionaries' callbacks)."""
+
+
+def _unsafe_file(name: str) -> bool:
+    """Code of the standard library (it takes a lock or opens a file, then enters the ``try``
+    that releases it: an exception in between leaks it), frozen modules (the import system) and
+    `_TORCH_UNSAFE`."""
+    if name.startswith("<frozen") or name.endswith(_TORCH_UNSAFE):
+        return True
+    return name.startswith(_STDLIB) and "-packages" not in name
 
 
 class BudgetSpent(ReplayError):
@@ -100,6 +132,35 @@ class DeadlineReached(BaseException):  # noqa: N818 - a signal to unwind, as Key
 
 _WATCHES: dict[int, _Watch] = {}
 """The watch of each thread inside `call_within` (one per thread: calls do not nest)."""
+
+_HOOK: dict[str, Any] = {"users": 0, "previous": None}
+_HOOK_LOCK = threading.Lock()
+
+
+def _unraisable(unraisable: Any) -> None:
+    """``sys.unraisablehook`` while a watch runs: a `DeadlineReached` that landed where Python
+    cannot raise it (a weakref callback the garbage collector ran) is dropped, and raised again
+    `REFIRE` seconds later; anything else goes to the hook that was set before."""
+    if isinstance(unraisable.exc_value, DeadlineReached):
+        return
+    previous = _HOOK["previous"] or sys.__unraisablehook__
+    previous(unraisable)
+
+
+def _hook(on: bool) -> None:
+    """Sets `_unraisable` while at least one watch runs, and puts the previous hook back."""
+    with _HOOK_LOCK:
+        if on:
+            if _HOOK["users"] == 0:
+                _HOOK["previous"] = sys.unraisablehook
+                sys.unraisablehook = _unraisable
+            _HOOK["users"] += 1
+            return
+        _HOOK["users"] -= 1
+        if _HOOK["users"] == 0:
+            if sys.unraisablehook is _unraisable:
+                sys.unraisablehook = _HOOK["previous"] or sys.__unraisablehook__
+            _HOOK["previous"] = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +203,7 @@ def _unsafe(frame: FrameType | None, entry: FrameType) -> bool:
     exception must not land (module docstring)."""
     while frame is not None and frame is not entry:
         code = frame.f_code
-        if code.co_name in _UNSAFE_NAMES or any(f in code.co_filename for f in _UNSAFE_FILES):
+        if code.co_name in _UNSAFE_NAMES or _unsafe_file(code.co_filename):
             return True
         frame = frame.f_back
     return False
@@ -250,12 +311,14 @@ def call_within(seconds: float | None, call: Callable[[], T], module: Any = None
     started = time.monotonic()
     watch = _Watch(thread, sys._getframe(), started + seconds)
     _WATCHES[thread] = watch
+    _hook(True)
     try:
         try:
             watch.start()
             result = call()
         finally:
             watch.close()
+            _hook(False)
     except (DeadlineReached, Exception):
         if not watch.fired:
             raise
