@@ -3,23 +3,29 @@
 torch.export spends its long runs in Python: sympy's value-range analysis, the symbolic-shape
 machinery, the tracer. `call_within` runs the export in the calling thread while a watchdog
 thread waits for the deadline; at the deadline the watchdog raises `DeadlineReached` in the
-exporting thread (CPython's ``PyThreadState_SetAsyncExc``), which the interpreter delivers at the
-thread's next bytecode boundary. `DeadlineReached` is a `BaseException`, not an `Exception`: torch's
-``except Exception`` handlers neither swallow it nor turn it into another error, while its
-``with`` blocks and ``finally`` clauses run as it unwinds and put back the state torch set.
+exporting thread (CPython's ``PyThreadState_SetAsyncExc``). `DeadlineReached` is a
+`BaseException`, not an `Exception`: torch's ``except Exception`` handlers neither swallow it
+nor turn it into another error, while its ``with`` blocks and ``finally`` clauses run as it
+unwinds and put back the state torch set.
 
-Where it is raised matters, so the watchdog waits for a safe point (polling every few
-milliseconds): never while the exporting thread runs a context manager's ``__enter__`` or
-``__exit__`` (where torch sets and restores its global state), module code (an import half done
-would stay half done), finalizers and garbage-collector callbacks (which cannot raise), or the
-standard library (a lock taken or a file opened, never released). Such frames are rare in a long
-export (5–9 % of samples on the tiny Swin of `bench/bench_budget.py`); where the thread stays in
-them `FORCE_AFTER` seconds, it is raised anyway. A delivery that lands where Python cannot raise
-it all the same (a callback of the garbage collector) is dropped from ``sys.unraisablehook`` and
-raised again. After an export stopped at its deadline,
-`replay.pipeline.budget.torchstate.TorchState` compares the process-wide state torch sets with
-what it was before the export and puts back what differs (and the error names it), so the next
-export starts clean.
+Where it is raised matters. The interpreter raises such an exception at the thread's next check
+for pending work, which may be in a Python function that C++ code calls: torch's C++ calls
+some (``find_torch_dispatch_rule``) where a Python exception ends the process
+(``std::terminate``). So the watchdog raises it only at a point it can see (polling every few
+milliseconds, after the deadline): the exporting thread waits at a loop's back-jump in its
+innermost frame, where the interpreter raises it in that very frame (elsewhere the thread may
+be in C code that released the GIL and will call Python next); and no frame between there and
+`call_within` runs a context manager's ``__enter__`` or ``__exit__`` (where torch sets and
+restores its global state), module code (an import half done would stay half done), a
+finalizer or a garbage-collector callback (which cannot raise), the standard library (a lock
+taken or a file opened, then released in a ``try`` the exception could skip) or the torch code
+of `_TORCH_UNSAFE`. Such points come within milliseconds in a long export (a few % of samples
+on the tiny Swin of `bench/bench_budget.py` are at a safe back-jump, and the watchdog looks
+every few milliseconds). A delivery that lands where Python cannot raise it all the same (a
+loop in a garbage-collector callback) is dropped from ``sys.unraisablehook`` and raised again.
+After an export stopped at its deadline, `replay.pipeline.budget.torchstate.TorchState`
+compares the process-wide state torch sets with what it was before the export and puts back
+what differs (and the error names it), so the next export starts clean.
 
 Guarantees of `call_within`: the exception is raised only while the guarded call runs: the
 watchdog fires under a lock and only while the call has not ended, and the ending sets that flag
@@ -31,12 +37,14 @@ discarded: the group is past its budget either way, and a swallowed exception ma
 torch down another path.
 
 What it cannot stop: a call into C++ (a kernel, a C extension) that runs long is interrupted only
-when it returns to Python. The exception needs CPython (``ctypes.pythonapi``).
+when it returns to Python, and code with no loop (or only unsafe frames) is let run until it
+has one. The exception needs CPython (``ctypes.pythonapi``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dis
 import logging
 import os
 import sys
@@ -55,7 +63,6 @@ __all__ = [
     "BudgetSpent",
     "Deadline",
     "DeadlineReached",
-    "FORCE_AFTER",
     "REFIRE",
     "call_within",
 ]
@@ -66,9 +73,6 @@ T = TypeVar("T")
 
 POLL = 0.002
 """Seconds between two looks for a safe point once the deadline has passed."""
-
-FORCE_AFTER = 5.0
-"""Seconds past the deadline after which the exception is raised even outside a safe point."""
 
 REFIRE = 1.0
 """Seconds after a delivery before the exception is raised again, where the call goes on."""
@@ -198,6 +202,41 @@ def _set_async_exc(thread: int, exc: type[BaseException] | None) -> int:
     return int(set_exc(ctypes.c_ulong(thread), None if exc is None else ctypes.py_object(exc)))
 
 
+_LOOP_JUMPS = frozenset(
+    dis.opmap[name]
+    for name in (
+        "JUMP_BACKWARD",
+        "POP_JUMP_BACKWARD_IF_TRUE",
+        "POP_JUMP_BACKWARD_IF_FALSE",
+        "POP_JUMP_BACKWARD_IF_NONE",
+        "POP_JUMP_BACKWARD_IF_NOT_NONE",
+        "JUMP_ABSOLUTE",
+    )
+    if name in dis.opmap
+)
+"""The opcodes of a loop's back-jump: where the interpreter checks for an exception to raise."""
+_COMPARE = dis.opmap["COMPARE_OP"]
+_CACHE = dis.opmap.get("CACHE", -1)
+
+
+def _at_loop_check(frame: FrameType) -> bool:
+    """The thread waits at a loop's back-jump in `frame`, its innermost frame: the exception is
+    raised there, in that frame, as soon as the thread runs again. Anywhere else the thread
+    may be inside C code (a torch operator that released the GIL), and the exception would
+    be raised in the next Python function that code calls, which the watchdog cannot see."""
+    code, at = frame.f_code.co_code, frame.f_lasti
+    if not 0 <= at < len(code):
+        return False
+    if code[at] in _LOOP_JUMPS:
+        return True
+    if code[at] != _COMPARE:  # a comparison fused with the loop's jump reports the comparison
+        return False
+    at += 2
+    while at < len(code) and code[at] == _CACHE:
+        at += 2
+    return at < len(code) and code[at] in _LOOP_JUMPS
+
+
 def _unsafe(frame: FrameType | None, entry: FrameType) -> bool:
     """A frame between the thread's top and the guarded call's own frame is one where an
     exception must not land (module docstring)."""
@@ -216,7 +255,6 @@ class _Watch:
         self.thread = thread
         self.entry = entry
         self.fired = 0
-        self.forced = False
         self._lock = threading.Lock()
         self._ended = False
         self._end = threading.Event()
@@ -231,25 +269,24 @@ class _Watch:
     def delivered(self) -> None:
         self._delivered.set()
 
-    def _fire(self, force: bool) -> bool:
-        """Raises the exception in the thread if the call still runs and is at a safe point
-        (or `force`); under the lock that `close` takes."""
+    def _fire(self) -> bool:
+        """Raises the exception in the thread if the call still runs and waits at a safe point;
+        under the lock that `close` takes."""
         with self._lock:
             if self._ended:
                 return False
-            if not force and _unsafe(sys._current_frames().get(self.thread), self.entry):
+            top = sys._current_frames().get(self.thread)
+            if top is None or not _at_loop_check(top) or _unsafe(top, self.entry):
                 return False
             self._delivered.clear()
             _set_async_exc(self.thread, DeadlineReached)
             self.fired += 1
-            self.forced = self.forced or force
             return True
 
     def _run(self, end: float) -> None:
         if self._end.wait(max(0.0, end - time.monotonic())):
             return
-        force_at = time.monotonic() + FORCE_AFTER
-        while not self._fire(time.monotonic() >= force_at):
+        while not self._fire():
             if self._end.wait(POLL):
                 return
         while True:  # raised again where the call swallows it and goes on
@@ -258,8 +295,7 @@ class _Watch:
                     return
             if self._end.wait(REFIRE):
                 return
-            force_at = time.monotonic() + FORCE_AFTER
-            while not self._fire(time.monotonic() >= force_at):
+            while not self._fire():
                 if self._end.wait(POLL):
                     return
 
@@ -334,11 +370,10 @@ def call_within(seconds: float | None, call: Callable[[], T], module: Any = None
 
 def _spent(seconds: float, started: float, watch: _Watch, restored: list[str]) -> BudgetSpent:
     """The error of a call stopped at its deadline; `restored`: the state put back."""
-    forced = ", outside a safe point" if watch.forced else ""
     if restored:
         logger.warning("state left by the stopped torch.export, put back: %s", ", ".join(restored))
     put_back = f"; put back the state it left: {', '.join(restored)}" if restored else ""
     return BudgetSpent(
         f"torch.export ran past the time budget ({seconds:.1f} s left for it, "
-        f"stopped after {time.monotonic() - started:.1f} s{forced}{put_back})"
+        f"stopped after {time.monotonic() - started:.1f} s{put_back})"
     )
