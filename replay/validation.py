@@ -16,6 +16,11 @@ its weights file), so a file swapped for another (a different model with the sam
 outputs) is refused. The graphs and model files are verified on every load (they are read
 anyway); the weights when asked (``verify_weights=True``), always by ``capture check``:
 docs/benchmarks.md says what hashing costs per GiB.
+
+**The cyclic garbage collector is off while an artifact is validated**
+(`replay.runtime.checked_json.collector_paused`): the parsed graphs, alive while they are
+checked, would otherwise make CPython run a full collection of the whole process (more than a
+third of a 1 GiB Llama's load, freeing nothing); they are dropped before it is on again.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from replay.runtime.allowed import allow_ops as normalised
+from replay.runtime.checked_json import collector_paused
 from replay.runtime.guards import ArtifactError
 
 if TYPE_CHECKING:
@@ -91,6 +97,21 @@ def validate(
         >>> validate("model.pt2").manifest.model  # doctest: +SKIP
         'LlamaForCausalLM'
     """
+    with collector_paused():
+        return _validate(path, allow_ops, verify_weights, device, compiled, share_weights,
+                         providers, threads)  # fmt: skip
+
+
+def _validate(
+    path: str | os.PathLike[str],
+    allow_ops: Iterable[str] | None,
+    verify_weights: bool,
+    device: str | None,
+    compiled: bool,
+    share_weights: bool,
+    providers: Sequence[str] | None,
+    threads: int | None,
+) -> Validated:
     from replay.runtime.ort.manifest import is_onnx_path
 
     allowed = normalised(allow_ops)

@@ -118,7 +118,7 @@ def test_a_graph_naming_an_operator_torch_lacks_is_refused_in_one_line(
     node["target"] = "torch.ops.aten.no_such_operator.default"
     tensors = load_tensors(art.archive, art.slots)[name]
     with pytest.raises(ArtifactError, match="no_such_operator.default does not exist in this"):
-        build_program(name, tree, tensors[0], tensors[1], None, "g0.json")
+        build_program(name, tree, tensors[0], tensors[1], None, "g0.json", data=art.graphs[name])
 
 
 class Clamped(torch.nn.Module):

@@ -14,7 +14,11 @@ is a `torch.fx.GraphModule` wrapped in a `Program`, which flattens a call by the
 input treespec, runs the graph, writes buffer mutations back to the buffers (as the unlifted
 module torch builds does) and rebuilds the output structure. The load checks every node,
 value and reference with a dry build (nothing made); the fx graph and the Python code torch.fx
-generates for it, most of a build's time, are made on the program's first call.
+generates for it, most of a build's time, are made on the program's first call, from the same
+JSON bytes parsed again: a program holds its graph as bytes, not as the parsed tree (tens of
+thousands of dicts and lists per program, which the garbage collector would walk for the life
+of the process), and parses and builds with the collector off
+(`replay.runtime.checked_json.collector_paused`).
 
 Nothing is evaluated: the JSON is data read field by field, and an operator is reached only by
 name through `resolve_target`.
@@ -27,6 +31,8 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from replay.runtime.checked_json import collector_paused
+from replay.runtime.checked_json import load as parse
 from replay.runtime.guards import ArtifactError
 from replay.runtime.pt2.shape_checks import ShapeChecks
 
@@ -456,6 +462,8 @@ def build_program(
     constants: dict[str, Any],
     device: str | None,
     source: str,
+    *,
+    data: bytes,
 ) -> Program:
     """A runnable `Program` from a program's parsed graph JSON and its tensors.
 
@@ -466,6 +474,8 @@ def build_program(
         constants: Its tensor constants.
         device: Every device argument of the graph becomes this one (None: as saved).
         source: The entry's name, for errors.
+        data: The bytes `tree` was parsed from: the program parses them again to build its
+            fx graph on its first call (the tree itself is not kept).
 
     Raises:
         ArtifactError: The JSON names an operator torch lacks, a value the loader does not
@@ -515,7 +525,9 @@ def build_program(
 
     def make_graph() -> tuple[Any, Any]:
         root = torch.nn.Module()
-        return root, _Builder(root, moved, source).graph(gm_tree["graph"], spec_names)
+        with collector_paused():
+            graph = parse(data, source)["graph_module"]["graph"]
+            return root, _Builder(root, moved, source).graph(graph, spec_names)
 
     writes: list[tuple[int, Any]] = []
     user_outputs: list[int] = []
