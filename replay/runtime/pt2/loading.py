@@ -164,6 +164,7 @@ def read_artifact(
                 )
         art.types.update(entry.pytree_types)
     records: set[str] = set()
+    checked: set[tuple[str, Any]] = set()  # strings found good, shared by the programs
     for p in names:
         if archive.entries[SAMPLE_INPUTS.format(p)].size:
             raise ArtifactError(
@@ -174,7 +175,7 @@ def read_artifact(
         inner = MODELS.format(p)
         graph = archive.read(inner, PROGRAM_CAP)
         check_digest(manifest.digests.get(inner), digest_bytes(graph), archive.name(inner))
-        tree = check_program(graph, archive.name(inner), known, allowed)
+        tree = check_program(graph, archive.name(inner), known, allowed, checked)
         art.types |= spec_types(tree)
         art.graphs[p] = graph
         art.trees[p] = tree
