@@ -87,7 +87,7 @@ class ExportGroup:
         notes: How the example and the arguments were chosen, and what the export did.
     """
 
-    analysis: Group = field(repr=False)
+    analysis: Group
     example: Example
     options: ExportOptions = field(repr=False, default_factory=ExportOptions)
     retry: ShapeRetry = field(repr=False, default_factory=ShapeRetry)
