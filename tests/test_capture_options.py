@@ -4,6 +4,8 @@ recorder and its sub-module recorders; the keywords of ``Recorder(...)`` build i
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,18 @@ def test_an_options_object_is_taken_whole_and_keywords_replace_its_fields(tmp_pa
     with capture.Recorder(model, tmp_path / "c", options=shared) as rec, torch.no_grad():
         model(torch.randn(3, 4))
     assert rec.stats()["recorded"] == 0 and rec.stats()["sampled_out"] == 1
+
+
+def test_options_are_built_and_checked_without_torch() -> None:
+    code = (
+        "import sys, capture\n"
+        "capture.RecorderOptions(sample=0.5, max_calls=10)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert proc.stdout == "False\n"
 
 
 def test_the_options_are_frozen() -> None:

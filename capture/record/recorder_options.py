@@ -3,8 +3,8 @@
 `RecorderOptions` is frozen and validated when it is built, so a recorder, its sub-module
 recorders (``modules=``) and any number of recorders configured alike share one object; a bad
 value raises a `CaptureError` naming the option at construction, never at ``start()``.
-`Payloads` is the ``payloads=`` option with its caps. This module does not import torch:
-options can be built and checked before the model's process loads it.
+`Payloads` is the ``payloads=`` option with its caps. This module does not import torch (checking
+that safetensors is installed, when payloads are on, does).
 """
 
 from __future__ import annotations
