@@ -102,7 +102,7 @@ def combine(models: Sequence[Checked], weights: str) -> tuple[Any, dict[str, Bra
         OnnxFileError: An input or output that is not a tensor of a fixed-size element type
             (capture's files have none).
     """
-    from onnx import FunctionProto, GraphProto, TensorProto, ValueInfoProto, helper
+    from onnx import FunctionProto, GraphProto, TensorProto, helper
 
     shared: dict[tuple[int, int, int, tuple[int, ...]], Any] = {}
     nodes, inputs, outputs, defaults = [], [], [], []
@@ -144,23 +144,20 @@ def combine(models: Sequence[Checked], weights: str) -> tuple[Any, dict[str, Bra
             renamed = FunctionProto()
             renamed.CopyFrom(function)
             renamed.name = prefix + function.name
-            for node in renamed.node:
-                names.op(node)
+            for node in renamed.node:  # its values are its own scope: only calls are renamed
+                names.calls(node)
             functions.append(renamed)
         constant = {i.name for i in branch_graph.initializer} | set(weight_names.values())
-        kept = [t for t in branch_graph.initializer if t.name not in weight_names.values()]
-        del branch_graph.initializer[:]
-        branch_graph.initializer.extend(kept)
-        infos = [v for v in branch_graph.value_info if v.name not in weight_names.values()]
-        del branch_graph.value_info[:]
-        branch_graph.value_info.extend(infos)
+        for field in (branch_graph.initializer, branch_graph.value_info):  # the weights: outside
+            kept = [_copy(v) for v in field if v.name not in weight_names.values()]
+            del field[:]
+            field.extend(kept)
         feeds: dict[str, str] = {}
         for original, value in zip(graph.input, branch_graph.input, strict=True):
             if value.name in constant:  # an initializer listed as an input: not fed
                 continue
             feeds[original.name] = value.name
-            inputs.append(ValueInfoProto())
-            inputs[-1].CopyFrom(value)
+            inputs.append(_copy(value))
             defaults.append(_default(value, checked.file))
         del branch_graph.input[:]
         fetches: dict[str, str] = {}
@@ -176,7 +173,7 @@ def combine(models: Sequence[Checked], weights: str) -> tuple[Any, dict[str, Bra
             branch_outputs.append(helper.make_tensor_value_info(empty, elem, None))
             if value.name in feeds.values() or value.name in constant:
                 # an output that is an input or a constant: a branch outputs its own values
-                passed = f"{value.name}/out"
+                passed = f"pass/{k}/{i}"
                 branch_graph.node.append(helper.make_node("Identity", [value.name], [passed]))
                 value.name = passed
         flag = f"run/{k}"
@@ -220,19 +217,28 @@ class _Names:
             return name
         return self.weights.get(name) or self.prefix + name
 
-    def op(self, node: Any) -> None:
+    def call(self, node: Any) -> None:
+        """A call of one of the file's local functions calls it by its new name."""
         if (node.domain, node.op_type) in self.local:
             node.op_type = self.prefix + node.op_type
+
+    def calls(self, node: Any) -> None:
+        """`call`, for a node and the nodes of its subgraphs (values left as they are)."""
+        self.call(node)
         for attr in node.attribute:
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                self.graph(sub)
+                for inner in sub.node:
+                    self.calls(inner)
 
     def graph(self, graph: Any) -> None:
         for node in graph.node:
             node.input[:] = [self.value(n) for n in node.input]
             node.output[:] = [self.value(n) for n in node.output]
             node.name = self.prefix + node.name if node.name else node.name
-            self.op(node)
+            self.call(node)
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    self.graph(sub)
         for tensor in graph.initializer:
             tensor.name = self.value(tensor.name)
         for sparse in graph.sparse_initializer:
@@ -253,6 +259,13 @@ class _Names:
             self.dims(getattr(kind, which).elem_type)
         elif which == "map_type":
             self.dims(kind.map_type.value_type)
+
+
+def _copy(message: Any) -> Any:
+    """A copy of a protobuf message, detached from the field it is in."""
+    out = type(message)()
+    out.CopyFrom(message)
+    return out
 
 
 def _tensor_type(value: Any, file: str, what: str) -> tuple[int, int]:
