@@ -147,7 +147,6 @@ class OnnxRunner(Routed):
         self,
         manifest: OnnxManifest,
         programs: dict[str, OnnxProgram],
-        keep: Sequence[Any] = (),
         module: str = "",
     ) -> None:
         self.manifest = manifest
@@ -155,11 +154,10 @@ class OnnxRunner(Routed):
         self.module = module
         self.modules: dict[str, OnnxRunner] = {}
         self._router = Router(manifest.manifest.model, module, manifest.manifest.for_module(module))
-        self._keep = list(keep)  # what the sessions read, held as long as the runner
         if not module:
             for name in manifest.manifest.modules:
                 if name:
-                    self.modules[name] = OnnxRunner(manifest, programs, keep, name)
+                    self.modules[name] = OnnxRunner(manifest, programs, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the ONNX file that accepts it.
@@ -403,8 +401,7 @@ def open_set(
     programs = {
         name: OnnxProgram(name, owned, *sessions[owned.file]) for name, owned in owners.items()
     }
-    keep: list[Any] = []
-    return OnnxRunner(manifest, programs, keep)
+    return OnnxRunner(manifest, programs)
 
 
 def _session(
