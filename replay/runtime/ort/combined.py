@@ -148,6 +148,13 @@ def combine(models: Sequence[Checked], weights: str) -> tuple[Any, dict[str, Bra
                 names.calls(node)
             functions.append(renamed)
         constant = {i.name for i in branch_graph.initializer} | set(weight_names.values())
+        # an output the exporter left untyped (a constant it folded): typed by what it names
+        known = {t.name: (t.data_type, len(t.dims)) for t in branch_graph.initializer}
+        known.update(
+            (v.name, (v.type.tensor_type.elem_type, len(v.type.tensor_type.shape.dim)))
+            for v in branch_graph.value_info
+            if v.type.WhichOneof("value") == "tensor_type"
+        )
         for field in (branch_graph.initializer, branch_graph.value_info):  # the weights: outside
             kept = [_copy(v) for v in field if v.name not in weight_names.values()]
             del field[:]
@@ -163,7 +170,9 @@ def combine(models: Sequence[Checked], weights: str) -> tuple[Any, dict[str, Bra
         fetches: dict[str, str] = {}
         empties, branch_outputs = [], []
         for i, (original, value) in enumerate(zip(graph.output, branch_graph.output, strict=True)):
-            elem, rank = _tensor_type(value, checked.file, "output")
+            if value.type.WhichOneof("value") is None and value.name not in known:
+                known.update(_inferred(proto, prefix))
+            elem, rank = _tensor_type(value, checked.file, "output", known)
             name = f"out/{k}/{i}"
             fetches[original.name] = name
             outputs.append(helper.make_tensor_value_info(name, elem, [None] * rank))
@@ -261,6 +270,19 @@ class _Names:
             self.dims(kind.map_type.value_type)
 
 
+def _inferred(proto: Any, prefix: str) -> dict[str, tuple[int, int]]:
+    """The element type and rank of each value of `proto`'s graph onnx's shape inference
+    finds (its names prefixed as the combined model names them)."""
+    from onnx.shape_inference import infer_shapes
+
+    graph = infer_shapes(proto).graph
+    return {
+        prefix + v.name: (v.type.tensor_type.elem_type, len(v.type.tensor_type.shape.dim))
+        for v in [*graph.value_info, *graph.output]
+        if v.type.WhichOneof("value") == "tensor_type"
+    }
+
+
 def _copy(message: Any) -> Any:
     """A copy of a protobuf message, detached from the field it is in."""
     out = type(message)()
@@ -268,9 +290,16 @@ def _copy(message: Any) -> Any:
     return out
 
 
-def _tensor_type(value: Any, file: str, what: str) -> tuple[int, int]:
-    """A tensor value's element type and rank."""
+def _tensor_type(
+    value: Any, file: str, what: str, known: dict[str, tuple[int, int]] | None = None
+) -> tuple[int, int]:
+    """A tensor value's element type and rank (untyped: those of the tensor it names, when
+    `known` has it)."""
     kind = value.type
+    if kind.WhichOneof("value") is None and known and value.name in known:
+        elem, rank = known[value.name]
+        if elem in ITEMSIZE:
+            return elem, rank
     if kind.WhichOneof("value") != "tensor_type" or kind.tensor_type.elem_type not in ITEMSIZE:
         raise OnnxFileError(
             f"{file}: the {what} {value.name[:120]!r} is not a tensor of a fixed-size element "
