@@ -131,6 +131,8 @@ def read_checked(
         ) from None
     check_operators(proto, path, allowed)
     stray = _nested_external(proto.graph, top=True)
+    for function in proto.functions:  # a local function's Constant: its nodes, like a subgraph's
+        stray = stray or _nested_external(function, top=True)
     if stray:
         raise OnnxFileError(
             f"{path}: {stray} references external data outside the graph's initializers; "
@@ -176,11 +178,12 @@ def _external(init: Any, path: str, weights: str, total: int) -> ExternalInitial
 
 def _nested_external(graph: Any, top: bool) -> str | None:
     """The name of a tensor with external data anywhere but the top graph's initializers
-    (Constant attributes, subgraphs, sparse initializers): onnxruntime would open its file."""
+    (Constant attributes, subgraphs, sparse initializers; `graph` may be a local function,
+    which has nodes only): onnxruntime would open its file."""
     import onnx
 
     tensors = [] if top else list(graph.initializer)
-    tensors += [t.values for t in graph.sparse_initializer]
+    tensors += [t.values for t in getattr(graph, "sparse_initializer", ())]  # none in a function
     graphs = []
     for node in graph.node:
         for attr in node.attribute:
