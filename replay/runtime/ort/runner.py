@@ -447,7 +447,7 @@ def _release_freed_memory() -> None:
 
     try:  # the process's own symbols (dlopen(NULL)): libc's, where the C heap is glibc's
         trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    except OSError:
+    except (OSError, TypeError):  # Windows: no process handle by None
         trim = None
     if trim is not None:
         trim(0)
