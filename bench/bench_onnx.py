@@ -17,7 +17,9 @@ alternated per call in a shuffled order with two bare sessions of the call's fil
 tensors (one opened before the runners, one after: where a session's memory lands depends on
 what was opened before it): the median wall time and the median CPU time of the calling thread
 (onnxruntime runs a one-thread session on it), each as a ratio to the geometric mean of the two
-bare sessions'. Prints Markdown on stdout; progress goes to stderr.
+bare sessions'; then the same with the ONNX targets only (the runner's two modes and the two
+bare sessions), as a server calls its runner, no torch call in between. Prints Markdown on
+stdout; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ WORKLOAD = [(1, 4, True), (2, 6, True), (3, 5, True), (1, 11, True)]
 BARE_FIRST = "bare InferenceSession, opened before the runners (same file, same feeds)"
 BARE_LAST = "bare InferenceSession, opened after the runners"
 SESSION = "the runner's one session alone (same feeds)"
+ONE = "ONNX runner, one session (default)"
+COPIES = "ONNX runner, a session per file"
 LOADS = {
     "onnx-bare-one": "one bare InferenceSession of one file",
     "onnx-bare": "a bare InferenceSession per file",
@@ -118,6 +122,45 @@ def _session_alone(program: Any, arrays: dict[str, Any]) -> Any:
     feeds = {branch.inputs[n]: a for n, a in arrays.items()} | {branch.flag: np.array(True)}
     fetch = [branch.outputs[n] for n in program.file.outputs.names if n is not None]
     return functools.partial(program.session.run, fetch, feeds)
+
+
+def _latency_table(
+    times: dict[tuple[str, str], list[float]],
+    cpu: dict[tuple[str, str], list[float]],
+    names: list[str],
+) -> str:
+    """Median wall and thread CPU time per call, per kind of call, as ratios to the geometric
+    mean of the two bare sessions' medians."""
+    from bench.common import md_table
+
+    rows = []
+    for kind in ("prefill", "decode"):
+        if (kind, BARE_FIRST) not in times:
+            continue
+        base, base_cpu = (
+            statistics.geometric_mean(
+                statistics.median(m[(kind, b)]) for b in (BARE_FIRST, BARE_LAST)
+            )
+            for m in (times, cpu)
+        )
+        for name in names:
+            values = times.get((kind, name), [])
+            if values:
+                median, on_cpu = statistics.median(values), statistics.median(cpu[(kind, name)])
+                onnx = name.startswith(("ONNX", "bare", SESSION))
+                rows.append(
+                    [
+                        kind,
+                        name,
+                        len(values),
+                        f"{median / 1e3:.0f}",
+                        f"{median / base:.3f}" if onnx else "",
+                        f"{on_cpu / 1e3:.0f}",
+                        f"{on_cpu / base_cpu:.3f}" if onnx else "",
+                    ]
+                )
+    header = ["calls", "target", "n", "median µs", "/ bare*", "CPU µs (thread)", "/ bare*"]
+    return md_table(header, rows)
 
 
 def _child(root: Path, path: Path, kind: str) -> dict[str, float]:
@@ -197,14 +240,20 @@ def main() -> int:
         targets = {
             "eager": model,
             "pt2 runner": router,
-            "ONNX runner, one session (default)": one,
-            "ONNX runner, a session per file": copies,
+            ONE: one,
+            COPIES: copies,
         }
         last = {n: _bare(onnx_path.parent / f.file, options.threads) for n, f in files.items()}
         sys.stderr.write("timing every original call...\n")
         shuffled = functools.partial(random.Random(0).sample, k=len(targets) + 3)
+        shuffled_onnx = functools.partial(random.Random(1).sample, k=4)
         times: dict[tuple[str, str], list[float]] = {}
         cpu: dict[tuple[str, str], list[float]] = {}
+        # the same, ONNX targets only: a serving process calls its runner call after call,
+        # with no eager torch in between to evict what the runner's Python work reads
+        onnx_only = [ONE, COPIES, BARE_FIRST, BARE_LAST]
+        times_onnx: dict[tuple[str, str], list[float]] = {}
+        cpu_onnx: dict[tuple[str, str], list[float]] = {}
         with torch.no_grad():
             for args, kwargs in [] if options.no_latency else originals:
                 group = router.select(*args, **kwargs)
@@ -221,12 +270,16 @@ def main() -> int:
                     SESSION: _session_alone(one.programs[program.name], arrays),
                 }
                 for _ in range(options.repeat):
-                    for name in shuffled(list(runs)):
-                        a, k = copy.deepcopy((args, kwargs))
-                        t, c = time.perf_counter_ns(), time.thread_time_ns()
-                        runs[name](*a, **k) if name in targets else runs[name]()
-                        times.setdefault((kind, name), []).append(time.perf_counter_ns() - t)
-                        cpu.setdefault((kind, name), []).append(time.thread_time_ns() - c)
+                    for order, wall, on_cpu in (
+                        (shuffled(list(runs)), times, cpu),
+                        (shuffled_onnx(onnx_only), times_onnx, cpu_onnx),
+                    ):
+                        for name in order:
+                            a, k = copy.deepcopy((args, kwargs))
+                            t, c = time.perf_counter_ns(), time.thread_time_ns()
+                            runs[name](*a, **k) if name in targets else runs[name]()
+                            wall.setdefault((kind, name), []).append(time.perf_counter_ns() - t)
+                            on_cpu.setdefault((kind, name), []).append(time.thread_time_ns() - c)
     print(f"### ONNX target: 2-layer Llama, hidden {hidden}, 4 groups\n")
     print(f"Machine: {machine_line(('torch', 'onnxruntime', 'onnxscript'))}; timings with ")
     print(f"{options.threads} thread(s) for torch and onnxruntime; {code_line(('replay',))}; ")
@@ -259,35 +312,10 @@ def main() -> int:
         )
     )
     print()
-    rows = []
-    for kind in ("prefill", "decode"):
-        if (kind, BARE_FIRST) not in times:
-            continue
-        base, base_cpu = (
-            statistics.geometric_mean(
-                statistics.median(m[(kind, b)]) for b in (BARE_FIRST, BARE_LAST)
-            )
-            for m in (times, cpu)
-        )
-        for name in [BARE_FIRST, BARE_LAST, SESSION, *targets]:
-            values = times.get((kind, name), [])
-            if values:
-                median, on_cpu = statistics.median(values), statistics.median(cpu[(kind, name)])
-                onnx = name.startswith(("ONNX", "bare", SESSION))
-                rows.append(
-                    [
-                        kind,
-                        name,
-                        len(values),
-                        f"{median / 1e3:.0f}",
-                        f"{median / base:.3f}" if onnx else "",
-                        f"{on_cpu / 1e3:.0f}",
-                        f"{on_cpu / base_cpu:.3f}" if onnx else "",
-                    ]
-                )
-    header = ["calls", "target", "n", "median µs", "/ bare*", "CPU µs (thread)", "/ bare*"]
-    print(md_table(header, rows))
-    print("\n\\* bare: the geometric mean of the two bare sessions' medians")
+    print(_latency_table(times, cpu, [BARE_FIRST, BARE_LAST, SESSION, *targets]))
+    print("\n\\* bare: the geometric mean of the two bare sessions' medians\n")
+    print("ONNX targets only, in a shuffled order per round (no torch call in between):\n")
+    print(_latency_table(times_onnx, cpu_onnx, onnx_only))
     return 0
 
 
