@@ -6,7 +6,8 @@ graphs (strings torch would run as code, the operators they call:
 `replay.runtime.pt2.graph_check`), the file digests, the weights mapped and placed, the pytree
 types registered, every program's graph built (`replay.runtime.pt2.program`); for an ONNX set
 the manifest, every file it names (a regular file beside it, its digest), each model's operators
-and external data (`replay.runtime.ort.checks`), and onnxruntime's own session for every model.
+and external data (`replay.runtime.ort.checks`), and onnxruntime's own session for its models
+(one for the set, its files combined: `replay.runtime.ort.combined`).
 What ``capture check`` accepts, ``replay.load`` serves, and the other way around; both refuse
 with the same one-line `ArtifactError`.
 
@@ -82,7 +83,8 @@ def validate(
             (``capture check`` always does; ``replay.load`` when asked).
         device: A ``.pt2``'s device (default ``cpu``).
         compiled: Load a ``.pt2``'s AOTInductor builds (native code: `replay.load` only).
-        share_weights: An ONNX set's sessions share one mapped copy of the weights.
+        share_weights: An ONNX set's files are served by one session, the weights once (True),
+            or each by its own session (False).
         providers: An ONNX set's onnxruntime execution providers (default: CPU).
         threads: An ONNX set's intra-op threads per session.
 
