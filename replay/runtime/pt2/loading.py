@@ -95,7 +95,7 @@ class Artifact:
         slots: Program name -> where its tensors are (its payload configs).
         graphs: Program name -> its checked graph JSON (bytes).
         trees: Program name -> that JSON, parsed (emptied by `open_artifact` once the
-            programs are built: each keeps its bytes).
+            programs are built).
         types: Pytree node types the graphs and the manifest name.
     """
 
@@ -283,7 +283,7 @@ def open_artifact(
     target = device or "cpu"
     tensors = load_tensors(art.archive, art.slots, target)
     programs = {name: _program(art, name, tensors[name], target) for name in art.graphs}
-    art.trees.clear()  # the programs hold their graph bytes; the parsed trees go now
+    art.trees.clear()  # the programs hold their fx graphs; the parsed trees go now
     modules = {name: _module(art, name, p) for name, p in programs.items()}
     builds = {n: _compiled(art, n, tensors[n], target) for n in programs} if compiled else {}
     return Opened(art, programs, modules, builds)
@@ -373,9 +373,7 @@ def _program(
     moved = device if saved - {device} or device != "cpu" else None
     source = art.archive.name(MODELS.format(name))
     try:
-        return build_program(
-            name, art.trees[name], tensors[0], tensors[1], moved, source, data=art.graphs[name]
-        )
+        return build_program(name, art.trees[name], tensors[0], tensors[1], moved, source)
     except ArtifactError:
         raise
     except Exception as e:  # torch refusing a node (an operator's signature, a treespec)
