@@ -26,31 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import code_line, load_line, machine_line, md_table  # noqa: E402
 
-SIZES = (32, 40, 48, 56, 64, 72)
-
 
 def _record(root: str) -> tuple[Any, list[Any]]:
-    import torch
-    import transformers
+    from fixtures.swin import record_swin  # imports torch and transformers
 
-    import capture
-
-    torch.manual_seed(0)
-    config = transformers.SwinConfig(
-        image_size=32,
-        patch_size=4,
-        num_channels=3,
-        embed_dim=8,
-        depths=[1, 1],
-        num_heads=[1, 2],
-        window_size=2,
-    )
-    model = transformers.SwinModel(config).eval()
-    calls = [torch.randn(1, 3, s, s) for s in (SIZES * 4)[:20]]
-    with capture.Recorder(model, root, name="swin"), torch.no_grad():
-        for x in calls:
-            model(pixel_values=x)
-    return model, calls
+    return record_swin(root)
 
 
 def _run(model: Any, calls: list[Any], root: str, budget: float) -> list[Any]:

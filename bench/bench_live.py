@@ -193,7 +193,7 @@ def costs() -> None:
         s3_us = _median_us(lambda: commits.uncommitted(fs, remote), 30)
         rows.append(["commit check per open, 4 rollups, S3 (moto)", f"{s3_us / 1000:.1f} ms"])
     import capture
-    from capture.record.payload_keeper import Payloads
+    from capture.record.recorder_options import Payloads
 
     model = torch.nn.Identity()
     big = Payloads(1.0, max_call_bytes=64 * 2**20)

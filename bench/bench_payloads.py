@@ -45,7 +45,7 @@ from common import code_line, load_line, machine_line, md_table, median, p90, us
 import capture  # noqa: E402
 
 try:
-    from capture.record.payload_keeper import Payloads
+    from capture.record.recorder_options import Payloads
 except ImportError:  # a tree from before payloads: part 1 compares the plain recorder only
     Payloads = None  # type: ignore[assignment,misc]
 

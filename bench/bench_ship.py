@@ -16,7 +16,8 @@ processes:
    imported torch, transformers and replay: ``AutoModelForCausalLM.from_pretrained`` of the
    model's safetensors, or `replay.load` of the artifact, then the first call generate()
    makes (prefill of the first prompt, recorded once by a forward pre-hook); the medians and
-   their ratios (load, first answer);
+   their ratios (load, first answer), and CPython's full garbage collections in each phase
+   (each walks every object of the process);
 3. `replay.load` in a new process: load time, RSS after load split into anonymous memory and
    file-backed pages (a memory-mapped archive is file-backed), the bytes of every live tensor
    storage (each distinct storage once), then per program the first call and the median of
@@ -198,6 +199,15 @@ def first_call():
             kwargs[name] = how["value"]
     return kwargs
 kwargs = first_call()
+import gc
+full = []  # seconds of each full collection (CPython's, of every object of the process)
+def collected(phase, info, start=[0.0]):
+    if info["generation"] == 2:
+        if phase == "start":
+            start[0] = time.perf_counter()
+        else:
+            full.append(time.perf_counter() - start[0])
+gc.callbacks.append(collected)
 with torch.no_grad():
     t = time.perf_counter()
     if kind == "eager":
@@ -205,9 +215,11 @@ with torch.no_grad():
     else:
         model = replay.load(path)
     loaded = time.perf_counter()
+    in_load = list(full)
     out = model(**kwargs)
     answered = time.perf_counter()
 print(json.dumps({"load_s": loaded - t, "first_s": answered - loaded,
+                  "gc_load": in_load, "gc_first": full[len(in_load):],
                   "logits": out.logits.flatten()[:8].tolist()}))
 """
 
@@ -245,6 +257,16 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
     import statistics
 
     return float(statistics.median(r[key] for r in runs))
+
+
+def _collections(runs: list[dict[str, Any]], key: str) -> str:
+    """CPython's full garbage collections in one phase of the cold starts: how many per
+    process (each run's count) and the median seconds of one."""
+    import statistics
+
+    seconds = [s for r in runs for s in r[key]]
+    counts = "/".join(str(len(r[key])) for r in runs)
+    return f"{counts} ({statistics.median(seconds) * 1e3:.0f} ms each)" if seconds else counts
 
 
 def _gib(n: float) -> str:
@@ -353,6 +375,8 @@ def main() -> int:
                 f"{load_r:.2f} s / {load_e:.2f} s = **{load_r / load_e:.2f}**",
                 f"{first_r * 1e3:.0f} ms / {first_e * 1e3:.0f} ms = **{first_r / first_e:.2f}**",
                 f"{total_r:.2f} s / {total_e:.2f} s = {total_r / total_e:.2f}",
+                f"{_collections(ours, 'gc_load')} / {_collections(eager, 'gc_load')}",
+                f"{_collections(ours, 'gc_first')} / {_collections(eager, 'gc_first')}",
             ]
         )
     print(
@@ -360,7 +384,8 @@ def main() -> int:
         "`replay.load` vs `AutoModelForCausalLM.from_pretrained` of the same weights "
         "(safetensors), then the first call generate() makes (prefill, batch 1).\n"
     )
-    headers = ["code", "load: replay / eager", "first answer: replay / eager", "load + first"]
+    headers = ["code", "load: replay / eager", "first answer: replay / eager", "load + first",
+               "full collections in load: replay / eager", "in first answer"]  # fmt: skip
     print(md_table(headers, cold_rows))
     print(f"\nRatios: to the model's own weights ({_gib(weights)}) or to eager latency; "
           f"{time.strftime('%Y-%m-%d')}.")  # fmt: skip

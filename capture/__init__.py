@@ -33,6 +33,7 @@ __all__ = [
     "register_flattening_functions",
     "make_dynamic_cache",
     "register_cache",
+    "RecorderOptions",
     "Payloads",
     "__version__",
     # capture.errors' classes, so callers can catch them without a second import.
@@ -58,15 +59,16 @@ _LAZY = {
     "register_flattening_functions": "capture.pytree.nodes",
     "make_dynamic_cache": "capture.pytree.nodes",
     "register_cache": "capture.pytree.cachespec",
-    "Payloads": "capture.record.payload_keeper",
+    "RecorderOptions": "capture.record.recorder_options",
+    "Payloads": "capture.record.recorder_options",
 }
 
 if TYPE_CHECKING:
     __version__: str
     from capture.pytree.cachespec import register_cache
     from capture.pytree.nodes import make_dynamic_cache, register_flattening_functions
-    from capture.record.payload_keeper import Payloads
     from capture.record.recorder import Recorder
+    from capture.record.recorder_options import Payloads, RecorderOptions
     from capture.seeds.observer import InputObserver
     from capture.seeds.strings import string_type
     from capture.store.compaction import compact

@@ -11,11 +11,14 @@ above it. It imports duckdb and pyarrow, never torch: ``capture query``, ``summa
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from capture.store.reader import StoreReader
+
+if TYPE_CHECKING:
+    from capture.analysis.summary import Summary
 
 __all__ = ["Store", "open_store"]
 
@@ -40,7 +43,7 @@ class Store(StoreReader):
 
         return dims_table(self, model, **options)
 
-    def summary(self, model: str | None = None) -> dict[str, Any]:
+    def summary(self, model: str | None = None) -> Summary:
         """Models, call counts, call groups, optional inputs, drift (`capture.analysis.summary`).
 
         Example:

@@ -6,7 +6,8 @@ graphs (strings torch would run as code, the operators they call:
 `replay.runtime.pt2.graph_check`), the file digests, the weights mapped and placed, the pytree
 types registered, every program's graph built (`replay.runtime.pt2.program`); for an ONNX set
 the manifest, every file it names (a regular file beside it, its digest), each model's operators
-and external data (`replay.runtime.ort.checks`), and onnxruntime's own session for every model.
+and external data (`replay.runtime.ort.checks`), and onnxruntime's own session for its models
+(one for the set, its files combined: `replay.runtime.ort.combined`).
 What ``capture check`` accepts, ``replay.load`` serves, and the other way around; both refuse
 with the same one-line `ArtifactError`.
 
@@ -16,6 +17,11 @@ its weights file), so a file swapped for another (a different model with the sam
 outputs) is refused. The graphs and model files are verified on every load (they are read
 anyway); the weights when asked (``verify_weights=True``), always by ``capture check``:
 docs/benchmarks.md says what hashing costs per GiB.
+
+**The cyclic garbage collector is off while an artifact is validated**
+(`replay.runtime.checked_json.collector_paused`): the parsed graphs, alive while they are
+checked, would otherwise make CPython run a full collection of the whole process (more than a
+third of a 1 GiB Llama's load, freeing nothing); they are dropped before it is on again.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from replay.runtime.allowed import allow_ops as normalised
+from replay.runtime.checked_json import collector_paused
 from replay.runtime.guards import ArtifactError
 
 if TYPE_CHECKING:
@@ -76,7 +83,8 @@ def validate(
             (``capture check`` always does; ``replay.load`` when asked).
         device: A ``.pt2``'s device (default ``cpu``).
         compiled: Load a ``.pt2``'s AOTInductor builds (native code: `replay.load` only).
-        share_weights: An ONNX set's sessions share one mapped copy of the weights.
+        share_weights: An ONNX set's files are served by one session, the weights once (True),
+            or each by its own session (False).
         providers: An ONNX set's onnxruntime execution providers (default: CPU).
         threads: An ONNX set's intra-op threads per session.
 
@@ -91,6 +99,21 @@ def validate(
         >>> validate("model.pt2").manifest.model  # doctest: +SKIP
         'LlamaForCausalLM'
     """
+    with collector_paused():
+        return _validate(path, allow_ops, verify_weights, device, compiled, share_weights,
+                         providers, threads)  # fmt: skip
+
+
+def _validate(
+    path: str | os.PathLike[str],
+    allow_ops: Iterable[str] | None,
+    verify_weights: bool,
+    device: str | None,
+    compiled: bool,
+    share_weights: bool,
+    providers: Sequence[str] | None,
+    threads: int | None,
+) -> Validated:
     from replay.runtime.ort.manifest import is_onnx_path
 
     allowed = normalised(allow_ops)

@@ -7,6 +7,8 @@ in `tmp_path`.
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,3 +75,30 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
     """This process's AWS environment variables point pyarrow at `s3_server`."""
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that accepts connections and never answers (a stuck endpoint)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield int(server.getsockname()[1])
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()

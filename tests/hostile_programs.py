@@ -143,6 +143,19 @@ def _spec_type(marker: Path) -> Change:
     return change
 
 
+def _deep(marker: Path) -> Change:
+    def change(e: dict[str, bytes]) -> None:
+        def edit(d: Any) -> None:
+            nested: list[Any] = []
+            for _ in range(300):
+                nested = [nested]
+            d["graph_module"]["graph"]["nodes"][0]["metadata"] = {"nested": nested}
+
+        _edit(e, _program(e), edit)
+
+    return change
+
+
 def _weights_config(edit: Callable[[dict[str, Any]], None]) -> Callable[[Path], Change]:
     def make(marker: Path) -> Change:
         def change(e: dict[str, bytes]) -> None:
@@ -236,6 +249,7 @@ PROGRAM_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
     "huge integer": (_expr("Integer(" + "9" * 1000 + ")"), "an integer constant above 2**64"),
     "deep expression": (_expr("Abs(" * 150 + "s0" + ")" * 150), "levels of nesting"),
     "hostile pytree type in a treespec": (_spec_type, "the pytree type 'os.system'"),
+    "graph nested 300 levels deep": (_deep, "nests deeper than 200 levels"),
     "missing parameter": (_weights_config(_missing_parameter), "torch cannot read this program"),
     "bool weight with requires_grad": (
         _weights_config(_bool_weight),

@@ -9,6 +9,7 @@ refusing what torch's module refuses.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 import capture
 import replay
 from capture import compat_archive
-from replay.runtime.guards import CallNotServed
+from replay.runtime.guards import ArtifactError, CallNotServed
 from replay.runtime.pt2.loading import read_artifact
 from replay.runtime.pt2.weights import load_tensors
 
@@ -107,7 +108,6 @@ def test_the_programs_own_checks_refuse_what_torchs_module_refuses(
 def test_a_graph_naming_an_operator_torch_lacks_is_refused_in_one_line(
     mixed: tuple[Mixed, Path],
 ) -> None:
-    from replay.runtime.guards import ArtifactError
     from replay.runtime.pt2.program import build_program
 
     _, path = mixed
@@ -136,3 +136,24 @@ def test_non_finite_float_arguments_are_read_as_floats(tmp_path: Path) -> None:
     for x in originals:
         with torch.no_grad():
             assert torch.equal(runner(x=x.clone()), model(x))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_loading_leaves_the_garbage_collector_as_it_found_it(
+    mixed: tuple[Mixed, Path], tmp_path: Path, enabled: bool
+) -> None:
+    # off while an artifact is read and its programs built; then as it was
+    _, path = mixed
+    damaged = tmp_path / "damaged.pt2"
+    damaged.write_bytes(path.read_bytes()[:-100])
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        runner = replay.load(path)
+        assert gc.isenabled() is enabled
+        assert all(len(p.graph.nodes) > 3 for p in runner.programs.values())
+        with pytest.raises(ArtifactError):
+            replay.load(damaged)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 import capture
 from capture.cli.main import cli
 from capture.errors import CaptureError
-from capture.record.payload_keeper import Payloads
+from capture.record.recorder_options import Payloads
 from capture.store.payload_files import list_payloads, read_payload
 from fixtures.models import run_generate, tiny_llama
 from fixtures.names import cache_argument

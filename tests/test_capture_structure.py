@@ -75,8 +75,12 @@ def test_the_treespec_protocol_is_checked() -> None:
 
 def test_the_analysis_builds_one_structure_per_group_matching_its_rows(llama: Store) -> None:
     for group in analyze(llama):
-        assert group.structure == RecordedStructure.from_rows(group.leaves)
-        assert [leaf.path for leaf in group.structure.leaves] == [r["path"] for r in group.leaves]
+        rows = llama.query(
+            "SELECT * FROM structures WHERE model = $model AND structure_id = $sid ORDER BY leaf",
+            {"model": group.model, "sid": group.structure_id},
+        ).to_pylist()
+        assert group.structure == RecordedStructure.from_rows(rows)
+        assert [leaf.path for leaf in group.structure.leaves] == [r["path"] for r in rows]
 
 
 def test_a_reshaped_group_equals_one_built_with_that_option(llama: Store) -> None:

@@ -17,19 +17,7 @@ import replay
 from capture.cli.main import cli
 from capture.engines.report_html import build_report
 from capture.record import recorder as recorder_module
-
-
-class RecurrentState:
-    """A cache-like object nobody registered: its tensor is invisible to torch's pytree."""
-
-    def __init__(self, hidden: torch.Tensor) -> None:
-        self.hidden = hidden
-
-
-class Stateful(torch.nn.Module):
-    def forward(self, x: torch.Tensor, state: RecurrentState | None = None) -> torch.Tensor:
-        return x * 2 if state is None else x + state.hidden.sum()
-
+from fixtures.unregistered import Stateful, record_stateful
 
 CALLS = [(2, True), (3, True), (4, True), (2, False)]
 
@@ -37,11 +25,7 @@ CALLS = [(2, True), (3, True), (4, True), (2, False)]
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("unreadable")
-    model = Stateful()
-    with capture.Recorder(model, path, name="m", flush_seconds=3600), torch.no_grad():
-        for batch, with_state in CALLS:
-            state = RecurrentState(torch.ones(batch, 4)) if with_state else None
-            model(torch.ones(batch, 4), state=state)
+    record_stateful(path, CALLS)
     return path
 
 
@@ -61,7 +45,7 @@ def test_summary_names_the_class_that_blocks_export(store: capture.Store) -> Non
     blocked = {name: g.blocked for name, g in groups.items()}
     assert blocked["g1"] is None  # the calls without a state
     assert blocked["g0"].startswith(
-        "not reproducible: kwargs['state'] is a test_capture_unreadable.RecurrentState, "
+        "not reproducible: kwargs['state'] is a fixtures.unregistered.RecurrentState, "
         "recorded by its class name only"
     )
 
@@ -81,7 +65,7 @@ def test_summary_command_lists_the_blocked_group(root: Path) -> None:
 def test_report_names_the_class_that_blocks_export(store: capture.Store) -> None:
     page = build_report(store, "m")
     section = page[page.index("<h3>Not exportable</h3>") :]
-    assert "test_capture_unreadable.RecurrentState" in section[: section.index("</table>")]
+    assert "fixtures.unregistered.RecurrentState" in section[: section.index("</table>")]
 
 
 def test_export_reports_the_blocked_group_and_serves_the_other(root: Path) -> None:

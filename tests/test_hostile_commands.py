@@ -1,6 +1,6 @@
 """Every command over every hostile store: an answer, or one ``Error:`` line and exit 1; never a
 traceback (the stores: tests/hostile_stores.py, the crafted stores of test_hostile.py, a store of
-calls with an unknown class as in test_capture_unreadable.py, and files whose values no writer
+calls with an unknown class (fixtures.unregistered), and files whose values no writer
 writes). A file whose values are corrupt is named in the error, and left as it is."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from capture.cli.check import EXIT_NOT_SERVED
 from capture.cli.main import cli
 from capture.errors import CaptureError
 from capture.record.recorder import Recorder
+from fixtures.unregistered import record_stateful
 
 MODEL_FILE = """
 import torch
@@ -38,18 +39,6 @@ class Add(torch.nn.Module):
         return x + y
 
 
-class RecurrentState:
-    """A cache-like object nobody registered (as in test_capture_unreadable.py)."""
-
-    def __init__(self, hidden: torch.Tensor) -> None:
-        self.hidden = hidden
-
-
-class Stateful(torch.nn.Module):
-    def forward(self, x: torch.Tensor, state: RecurrentState | None = None) -> torch.Tensor:
-        return x * 2 if state is None else x + state.hidden.sum()
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A real store (6 calls of `Add`, one flush each), its model file and its artifact."""
@@ -61,13 +50,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             rec.model(torch.ones(n, 3), torch.ones(n, 3))
             rec.flush()
     unknown = root / "unknown-class"
-    model = Stateful()
-    with Recorder(model, unknown, name="m", flush_seconds=3600), torch.no_grad():
-        for batch, with_state in [(2, True), (3, True), (2, False)]:
-            model(
-                torch.ones(batch, 4),
-                state=RecurrentState(torch.ones(batch, 4)) if with_state else None,
-            )
+    record_stateful(unknown, [(2, True), (3, True), (2, False)])
     model_file = root / "addmodel.py"
     model_file.write_text(MODEL_FILE)
     artifact = root / "add.pt2"

@@ -126,6 +126,21 @@ def _constant_external(folder: Path, _: Path) -> None:
     onnx.save(model, str(path))
 
 
+def _function_constant_external(folder: Path, _: Path) -> None:
+    path = folder / _files(folder)[0]
+    model = onnx.load(str(path), load_external_data=False)
+    tensor = onnx.helper.make_tensor("evil", onnx.TensorProto.FLOAT, [2], [1.0, 2.0])
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="/etc/hostname")
+    tensor.external_data.add(key="length", value="8")
+    body = [onnx.helper.make_node("Constant", [], ["y"], value=tensor)]
+    opsets = [onnx.helper.make_opsetid("", 20)]
+    model.functions.append(onnx.helper.make_function("local", "evil", [], ["y"], body, opsets))
+    model.opset_import.add(domain="local", version=1)
+    model.graph.node.append(onnx.helper.make_node("evil", [], ["evil_out"], domain="local"))
+    onnx.save(model, str(path))
+
+
 def _random_model(folder: Path, _: Path) -> None:
     (folder / _files(folder)[0]).write_bytes(os.urandom(4096))
 
@@ -181,6 +196,11 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str, str]] = {
     "no length": (_drop_length, SEALED, "has no valid offset and length"),
     "custom-domain op": (_custom_domain("evil.ops"), SEALED, "of the domain 'evil.ops'"),
     "external data in a Constant": (_constant_external, SEALED, "references external data"),
+    "external data in a function's Constant": (
+        _function_constant_external,
+        SEALED,
+        "references external data",
+    ),
     "random bytes as a model file": (_random_model, SEALED, "is not an ONNX model"),
     "truncated weights file": (_truncated_weights, SEALED, "which holds"),
     "linked model file": (_linked("model"), SEALED, "missing or not a regular file"),

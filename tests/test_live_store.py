@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import torch
+from flushed_writers import Add, live_beside_stopped, record_flushed
 
 import capture
 from capture import schema
@@ -28,11 +29,6 @@ from capture.store.files import vanished
 from capture.store.views import needs_calls
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Add(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + 1
 
 
 def _files(root: Path, table: str) -> list[Path]:
@@ -45,14 +41,6 @@ def _totals(root: Path) -> tuple[int, int]:
         rows = int(store.query("SELECT count(*) AS n FROM calls").to_pylist()[0]["n"])
         counted = sum(m.calls for m in store.summary().models)
     return rows, counted
-
-
-def _record(root: Path, batches: list[int]) -> None:
-    model = Add()
-    with capture.Recorder(model, root, name="add", flush_seconds=3600) as rec:
-        for b in batches:
-            model(torch.ones(b, 2))
-            rec.flush()
 
 
 def _age(path: Path, seconds: float) -> None:
@@ -167,7 +155,7 @@ def test_a_segment_whose_calls_cannot_be_written_is_rolled_back(tmp_path: Path) 
 
 
 def test_an_uncommitted_rollup_hides_the_calls_that_landed(tmp_path: Path) -> None:
-    _record(tmp_path, [1, 2])
+    record_flushed(tmp_path, [1, 2])
     (rollup,) = _files(tmp_path, schema.STATS)
     last = _files(tmp_path, schema.CALLS)[-1]
     day = last.parent.name.removeprefix("date=")
@@ -191,8 +179,8 @@ def test_an_uncommitted_rollup_hides_the_calls_that_landed(tmp_path: Path) -> No
 def test_compaction_skips_a_rollup_replaced_while_it_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _record(tmp_path, [1])
-    _record(tmp_path, [2])
+    record_flushed(tmp_path, [1])
+    record_flushed(tmp_path, [2])
     first, second = _files(tmp_path, schema.STATS)
     for path in (first, second):  # open rollups of writers idle past the grace period
         table = pq.read_table(path)
@@ -215,7 +203,7 @@ def test_compaction_skips_a_rollup_replaced_while_it_runs(
 def test_compaction_leaves_a_group_whose_file_vanished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _record(tmp_path, [1, 2, 3])
+    record_flushed(tmp_path, [1, 2, 3])
     before = _totals(tmp_path)
     real = compaction.group_rows
     gone: list[Path] = []
@@ -247,14 +235,7 @@ def test_compaction_rolls_back_an_old_uncommitted_segment(tmp_path: Path) -> Non
 
 
 def test_compaction_leaves_the_calls_files_a_live_rollup_names(tmp_path: Path) -> None:
-    model = Add()
-    rec = capture.Recorder(model, tmp_path, name="add", flush_seconds=3600)
-    rec.start()
-    try:
-        for b in (1, 2):
-            model(torch.ones(b, 2))
-            rec.flush()
-        _record(tmp_path, [3])
+    with live_beside_stopped(tmp_path):
         (live,) = [
             p
             for p in _files(tmp_path, schema.STATS)
@@ -267,14 +248,12 @@ def test_compaction_leaves_the_calls_files_a_live_rollup_names(tmp_path: Path) -
         assert named and all(p.exists() for p in named)
         assert len(_files(tmp_path, schema.CALLS)) == result.tables["calls"].files_after
         assert _totals(tmp_path) == (3, 3)
-    finally:
-        rec.stop()
     assert _totals(tmp_path) == (3, 3)
 
 
 # -- readers ----------------------------------------------------------------------------------
 def test_a_reader_binds_the_calls_views_again_after_a_compaction(tmp_path: Path) -> None:
-    _record(tmp_path, [1, 2, 3])
+    record_flushed(tmp_path, [1, 2, 3])
     with capture.open_store(tmp_path) as store:
         listed = store.files["calls"]  # checked, not yet bound
         capture.compact(tmp_path)  # deletes every file `store` listed
@@ -316,7 +295,7 @@ def test_calls_views_are_bound_from_duckdbs_parse(sql: str, needed: bool) -> Non
 def test_a_statement_the_parse_does_not_know_binds_the_calls_views_lazily(
     tmp_path: Path,
 ) -> None:
-    _record(tmp_path, [1, 2])
+    record_flushed(tmp_path, [1, 2])
     with capture.open_store(tmp_path) as store:
         # DuckDB's catalog error (a fact) binds them; no text of the SQL is matched
         names = store.query("PRAGMA table_info('calls')").column("name").to_pylist()
@@ -356,7 +335,7 @@ def test_an_s3_object_deleted_after_it_was_opened_counts_as_vanished(
 
     fs = s3_server.filesystem()
     bucket = s3_server.create_bucket(f"gone-{uuid.uuid4().hex[:12]}")
-    _record(tmp_path, [1])
+    record_flushed(tmp_path, [1])
     (rollup,) = _files(tmp_path, schema.STATS)
     key = f"{bucket}/stats/model=add/{rollup.name}"
     with fs.open_output_stream(key) as sink:

@@ -9,13 +9,16 @@ max|eager|, or refused with ``CallNotServed``; the ONNX coverage rows say the sa
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 
 import capture
 import replay
@@ -57,12 +60,12 @@ def traffic(
     with capture.open_store(root / "store") as store:
         found = check_runner(model, runner, result, store, originals)
     long_prompts = [c for c in originals if tuple(c[1]["input_ids"].shape) == (1, 11)]
-    yield arch, model, result, target, found, long_prompts
+    yield arch, model, result, target, found, long_prompts, originals
 
 
 @pytest.mark.slow
 def test_no_original_call_gets_a_wrong_answer(traffic: Any) -> None:
-    arch, _, _, _, found, _ = traffic
+    arch, _, _, _, found, _, _ = traffic
     wrong = [v for v in found if v.served and not v.correct]
     # issue 21: 4 wrong on Llama and GPT-2 (left-padded prefills), 1 on Mistral
     assert wrong == [], arch
@@ -70,14 +73,14 @@ def test_no_original_call_gets_a_wrong_answer(traffic: Any) -> None:
 
 @pytest.mark.slow
 def test_onnx_rows_agree_with_the_runner_per_signature(traffic: Any) -> None:
-    arch, _, _, _, found, _ = traffic
+    arch, _, _, _, found, _, _ = traffic
     # issue 21: every signature but one was reported covered while its calls were wrong
     assert [v for v in found if bool(v.covered) != v.correct] == [], arch
 
 
 @pytest.mark.slow
 def test_the_runner_serves_the_traffic(traffic: Any) -> None:
-    arch, _, _, _, found, _ = traffic
+    arch, _, _, _, found, _, _ = traffic
     served = sum(v.correct for v in found)
     # Not vacuous: every call is served (Mistral's prefill through the regimes torch.export's
     # cuts made; GPT-2's mask-less groups through the masked groups' files, the mask filled).
@@ -86,7 +89,7 @@ def test_the_runner_serves_the_traffic(traffic: Any) -> None:
 
 @pytest.mark.slow
 def test_a_prompt_past_the_recorded_range_is_refused_not_run(traffic: Any) -> None:
-    _, _, _, target, _, long_prompts = traffic
+    _, _, _, target, _, long_prompts, _ = traffic
     ((args, kwargs),) = long_prompts  # the 1x11 prompt generate() sent, made 2 tokens longer
     kwargs = dict(kwargs)
     kwargs["input_ids"] = torch.cat([kwargs["input_ids"], kwargs["input_ids"][:, :2]], dim=1)
@@ -102,7 +105,7 @@ def test_a_prompt_past_the_recorded_range_is_refused_not_run(traffic: Any) -> No
 
 @pytest.mark.slow
 def test_a_four_group_causal_lm_writes_its_weights_once(traffic: Any) -> None:
-    arch, model, result, target, _, _ = traffic
+    arch, model, result, target, _, _, _ = traffic
     if arch != "llama":
         pytest.skip("measured on the 256-wide Llama")
     assert len(result.onnx) == 4 and len(result.inputs.groups) == 4
@@ -110,3 +113,28 @@ def test_a_four_group_causal_lm_writes_its_weights_once(traffic: Any) -> None:
     files = [*result.onnx.values(), f"{target}.data"]
     on_disk = sum(os.path.getsize(f) for f in files)
     assert on_disk <= 1.10 * sum(weights.values()), (on_disk, sum(weights.values()))
+
+
+@pytest.mark.slow
+def test_the_set_s_one_session_answers_as_each_file_s_own_session(traffic: Any) -> None:
+    arch, _, _, target, _, _, originals = traffic
+    one = replay.load(target)  # every file a branch of one combined model, one session
+    own = replay.load(target, share_weights=False)  # a session per file
+    assert len({id(p.session) for p in one.programs.values()}) == 1
+    assert len({id(p.session) for p in own.programs.values()}) == len(own.programs) > 1
+    served = 0
+    for args, kwargs in originals:
+        try:
+            expected = own(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        except CallNotServed as e:
+            with pytest.raises(CallNotServed, match=re.escape(str(e).splitlines()[0])):
+                one(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+            continue
+        got = one(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        (got_leaves, got_spec), (leaves, spec) = map(pytree.tree_flatten, (got, expected))
+        assert got_spec == spec, arch  # the same output types (a cache), the same structure
+        for a, b in zip(got_leaves, leaves, strict=True):
+            # the same kernels on the same prepacked weights: the same bits
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=arch)
+        served += 1
+    assert served == len(originals), arch

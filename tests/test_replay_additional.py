@@ -7,9 +7,7 @@ recorded range; exporting with it as ``dynamic_shapes`` gives a program serving 
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -18,35 +16,14 @@ import capture
 import replay
 from capture.analysis.groups import analyze
 from capture.errors import ReplayError
+from fixtures.traffic import record_scale
 from replay.inputs.specs.additional import representative_signatures
-
-
-class Scale(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 4))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return x * self.w + mask.sum(-1, keepdim=True).unsqueeze(-1)
-
 
 CALLS = [(b, s) for s in (3, 5, 9) for b in (2, 3, 4)] + [(3, 5)] * 4
 
 
-def _record(root: Path) -> tuple[Scale, list[Any]]:
-    model = Scale()
-    originals = []
-    with capture.Recorder(model, root, name="m"), torch.no_grad():
-        for i, (batch, seq) in enumerate(CALLS):
-            g = torch.Generator().manual_seed(i)
-            args = (torch.randn(batch, seq, 4, generator=g), torch.ones(batch, seq))
-            originals.append(copy.deepcopy(args))
-            model(*args)
-    return model, originals
-
-
 def test_representative_calls_hold_the_most_called_and_every_range_end(tmp_path: Path) -> None:
-    _record(tmp_path)
+    record_scale(tmp_path, CALLS)
     with capture.open_store(tmp_path) as store:
         (group,) = analyze(store, "m")
     chosen = representative_signatures(group, limit=8)
@@ -62,7 +39,7 @@ def test_representative_calls_hold_the_most_called_and_every_range_end(tmp_path:
 
 
 def test_verify_accepts_capture_programs_and_refuses_a_static_one(tmp_path: Path) -> None:
-    model, originals = _record(tmp_path)
+    model, originals = record_scale(tmp_path, CALLS)
     extra = replay.additional_inputs(tmp_path)
     assert isinstance(extra, torch.export.AdditionalInputs)
     result = replay.export(model, tmp_path, named_dims=True)
@@ -75,7 +52,7 @@ def test_verify_accepts_capture_programs_and_refuses_a_static_one(tmp_path: Path
 
 
 def test_export_with_it_as_dynamic_shapes_serves_every_call(tmp_path: Path) -> None:
-    model, originals = _record(tmp_path)
+    model, originals = record_scale(tmp_path, CALLS)
     extra = replay.additional_inputs(tmp_path, "m", group="g0")
     g = replay.export_inputs(tmp_path, "m").group("g0")
     program = torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes=extra)
@@ -85,7 +62,7 @@ def test_export_with_it_as_dynamic_shapes_serves_every_call(tmp_path: Path) -> N
 
 
 def test_unknown_group_names_the_groups(tmp_path: Path) -> None:
-    _record(tmp_path)
+    record_scale(tmp_path, CALLS)
     with pytest.raises(ReplayError, match="no group 'decode'.*g0"):
         replay.additional_inputs(tmp_path, group="decode")
 

@@ -18,8 +18,6 @@ import capture
 import replay
 from capture.cli.main import cli
 
-SWIN_SIZES = (32, 40, 48, 56, 64, 72)
-
 
 class Parity(torch.nn.Module):
     """A cut at every size: even and odd row counts take different paths."""
@@ -40,24 +38,11 @@ def _record_parity(root: Path) -> list[torch.Tensor]:
 
 
 def _swin(root: Path) -> tuple[torch.nn.Module, list[torch.Tensor]]:
-    """A tiny SwinModel called at six image sizes, 20 calls (batch 1)."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.SwinConfig(
-        image_size=32,
-        patch_size=4,
-        num_channels=3,
-        embed_dim=8,
-        depths=[1, 1],
-        num_heads=[1, 2],
-        window_size=2,
-    )
-    model = transformers.SwinModel(config).eval()
-    calls = [torch.randn(1, 3, s, s) for s in (SWIN_SIZES * 4)[:20]]
-    with capture.Recorder(model, root, name="swin"), torch.no_grad():
-        for x in calls:
-            model(pixel_values=x)
-    return model, calls
+    """A tiny SwinModel called at six image sizes, 20 calls (batch 1): `fixtures.swin`."""
+    pytest.importorskip("transformers")
+    from fixtures.swin import record_swin  # imports transformers
+
+    return record_swin(root)
 
 
 def _served(path: Path, model: torch.nn.Module, calls: list[torch.Tensor]) -> int:

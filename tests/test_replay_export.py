@@ -146,7 +146,7 @@ def test_batch_one_and_sequence_one_run_on_a_program_exported_at_two(
     store, recorded = seeds
     result = replay.export(recorded["llm"].model, store, "llm", set_batch_dimension_for=True)
     program = result.programs["decode"]
-    assert str(result.inputs.groups[0].example.sizes[:4]) == "[2, 10, 2, 11]"
+    assert str(result.inputs.groups[0].example.representative.sizes[:4]) == "[2, 10, 2, 11]"
     rows = result.coverage.to_pylist()
     assert [r["signature"] for r in rows if r["kind"] == "recorded"] == [
         "input_ids=1x1 attention_mask=1x11 past_key_values=[1x4x11x32]*4",
@@ -216,7 +216,7 @@ def test_llama_with_a_forced_batch_dim(llama: tuple[Store, Any]) -> None:
     _all_covered(result)
     # The batch-1 groups are exported at batch 2 and still run every batch-1 call.
     group = result.inputs.group("decode_no_attention_mask")
-    assert group.example.synthesized
+    assert group.example.representative.synthesized
     assert group.dynamic_shapes["input_ids"] == {0: torch.export.Dim.DYNAMIC}
 
 

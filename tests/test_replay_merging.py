@@ -84,7 +84,7 @@ def test_a_group_without_the_mask_is_served_by_the_masked_program(
 def test_the_fill_follows_the_recorded_relations(masked: tuple[Path, list[Call]]) -> None:
     root, _ = masked
     result = replay.export(Masked(), root)
-    (fill,) = result.inputs.group("g1").fills
+    (fill,) = result.inputs.group("g1").example.fills
     assert (fill.argument, fill.dtype, fill.value) == ("mask", "int64", 1)
     # (batch, seq) of the call's own x: sizes 0 and 1 of its size vector.
     assert [(a.terms, a.offset) for a in fill.shape] == [((0,), 0), ((1,), 0)]

@@ -29,7 +29,8 @@ from capture.cli.main import cli
 from capture.engines.profiles import build_profiles
 from fixtures.seeds import LinearModel
 from replay.runtime.guards import CallNotServed
-from replay.runtime.ort.checks import external_initializers
+from replay.runtime.ort.checks import external_initializers, read_checked
+from replay.runtime.ort.combined import Checked, combine
 from replay.runtime.ort.manifest import read_onnx_set
 from replay.runtime.ort.runner import OnnxRunner, load_onnx
 from replay.runtime.ort.weights import OnnxFileError
@@ -273,12 +274,37 @@ def test_all_files_share_one_weights_file_holding_each_weight_once(linear: Any) 
         assert (init.offset, init.length) == (0, len(weight))
 
 
-def test_sessions_share_one_copy_of_the_weights(linear: Any) -> None:
+def test_one_session_serves_both_files_with_the_weight_once(linear: Any) -> None:
     _, _, _, _, target = linear
     runner = load_onnx(target)
-    values = [v for v in runner._keep if hasattr(v, "data_ptr")]
-    assert len(values) == 1  # one OrtValue over the mapped file, given to both sessions
     assert len(runner.programs) == 2
+    assert len({id(p.session) for p in runner.programs.values()}) == 1
+    folder = os.path.dirname(target)
+    files = sorted({p.file.file for p in runner.programs.values()})
+    checked = [
+        Checked(f, *read_checked(os.path.join(folder, f), "linear.onnx.data")) for f in files
+    ]
+    model, branches = combine(checked, "linear.onnx.data")
+    external = [i for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
+    assert len(external) == 1  # the weight both files read, once in the main graph
+    assert [n.op_type for n in model.graph.node] == ["If", "If"]  # one branch per file
+    for node in model.graph.node:
+        then = next(a.g for a in node.attribute if a.name == "then_branch")
+        assert external[0].name in {i for n in then.node for i in n.input}  # read from outside
+        assert not [i for i in then.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
+    assert sorted(branches) == files
+
+
+def test_the_one_session_answers_each_original_call_as_the_file_s_own_session(
+    linear: Any,
+) -> None:
+    _, _, originals, _, target = linear
+    one, own = load_onnx(target), load_onnx(target, share_weights=False)
+    assert len({id(p.session) for p in own.programs.values()}) == 2
+    for args, kwargs in originals:  # with and without labels: both branches, a scalar loss
+        got = one(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        expected = own(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def test_capture_check_reads_an_onnx_set(linear: Any) -> None:

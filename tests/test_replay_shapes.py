@@ -27,7 +27,8 @@ def _group(store: Store, model: str, name: str) -> Group:
 def _tree(
     group: Group, by_leaf: dict[int, dict[int, object]]
 ) -> tuple[list[object], dict[str, object]]:
-    return shapes.spec_tree(group.leaves[0]["treespec"], shapes.leaf_specs(group.leaves, by_leaf))
+    structure = group.structure
+    return shapes.spec_tree(structure.treespec, shapes.leaf_specs(structure.leaves, by_leaf))
 
 
 def test_dynamic_axes_are_unnamed_by_default(seeds: Store) -> None:
@@ -48,12 +49,12 @@ def test_named_dims_share_one_symbol_with_the_observed_range(seeds: Store) -> No
 def test_a_relation_becomes_a_derived_dim(llama: Store) -> None:
     specs = shapes.axis_specs(_group(llama, "LlamaForCausalLM", "decode"), named_dims=True)
     mask = next(
-        r
-        for r in _group(llama, "LlamaForCausalLM", "decode").leaves
-        if r["argument"] == "attention_mask"
+        leaf
+        for leaf in _group(llama, "LlamaForCausalLM", "decode").structure.leaves
+        if leaf.argument == "attention_mask"
     )
     past = f"{cache_argument()}_2"
-    assert specs.by_leaf[mask["leaf"]][1] == AxisSpec("attention_mask_1", past, 1, 1)
+    assert specs.by_leaf[mask.leaf][1] == AxisSpec("attention_mask_1", past, 1, 1)
     assert "attention_mask_1" not in specs.symbols
 
 
@@ -75,7 +76,7 @@ def test_materialize_reuses_one_dim_object_per_symbol(llama: Store) -> None:
     batches = [axes[0] for axes in dims.values()]
     assert all(b is batches[0] for b in batches)
     assert str(batches[0]) == "Dim('batch', max=3)"
-    mask = next(r["leaf"] for r in group.leaves if r["argument"] == "attention_mask")
+    mask = next(leaf.leaf for leaf in group.structure.leaves if leaf.argument == "attention_mask")
     assert str(dims[mask][1]) == f"{cache_argument()}_2 + 1"
 
 
@@ -170,5 +171,5 @@ def test_keyword_only_refuses_star_args() -> None:
 def test_describe_sizes_counts_equal_shapes(seeds: Store) -> None:
     group = _group(seeds, "llm", "decode")
     sizes = [1, 1, 1, 11] + [1, 4, 11, 32] * 4
-    text = shapes.describe_sizes(group.leaves, sizes)
+    text = shapes.describe_sizes(group.structure.leaves, sizes)
     assert text == "input_ids=1x1 attention_mask=1x11 past_key_values=[1x4x11x32]*4"

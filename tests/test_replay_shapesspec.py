@@ -21,6 +21,7 @@ import replay
 from capture.analysis.groups import analyze
 from capture.cli.main import cli
 from capture.errors import ReplayError
+from fixtures.traffic import record_scale
 from replay.inputs.specs import shapesspec
 from replay.inputs.specs.facts import MIN_DIVISOR_CALLS, group_facts
 from replay.runtime.guards import CallNotServed
@@ -31,29 +32,6 @@ needs_shapes_spec = pytest.mark.skipif(
 )
 
 
-class Scale(torch.nn.Module):
-    """``x * w + mask.sum(-1)``: a batch axis and a sequence axis, both dynamic."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 4))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return x * self.w + mask.sum(-1, keepdim=True).unsqueeze(-1)
-
-
-def _record(root: Path, calls: list[tuple[int, int]]) -> tuple[Scale, list[Any]]:
-    model = Scale()
-    originals = []
-    with capture.Recorder(model, root, name="m"), torch.no_grad():
-        for i, (batch, seq) in enumerate(calls):
-            g = torch.Generator().manual_seed(i)
-            args = (torch.randn(batch, seq, 4, generator=g), torch.ones(batch, seq))
-            originals.append(copy.deepcopy(args))
-            model(*args)
-    return model, originals
-
-
 PADDED = [(b, s) for s in (8, 16, 32, 40) for b in (1, 2, 3)]
 """A pad-to-8 workload: every sequence length a multiple of 8, batch 1 to 3."""
 
@@ -62,7 +40,7 @@ def test_facts_hint_is_the_most_called_size_and_divisor_needs_enough_sizes(
     tmp_path: Path,
 ) -> None:
     calls = PADDED + [(2, 16)] * 3
-    _record(tmp_path, calls)
+    record_scale(tmp_path, calls)
     with capture.open_store(tmp_path) as store:
         (group,) = analyze(store, "m")
     facts = group_facts(group)
@@ -77,11 +55,11 @@ def test_facts_hint_is_the_most_called_size_and_divisor_needs_enough_sizes(
 
 def test_two_distinct_sizes_or_few_calls_are_no_divisor(tmp_path: Path) -> None:
     # Multiples of 8 twice only: (1/8)**1 > 1/64, a coincidence is too likely.
-    _record(tmp_path / "two", [(b, s) for s in (8, 16) for b in (1, 2, 3, 4, 5)])
+    record_scale(tmp_path / "two", [(b, s) for s in (8, 16) for b in (1, 2, 3, 4, 5)])
     # Three multiples of 8, but fewer calls than trusted.
     few = [(1, 8), (1, 16), (1, 24)]
     assert len(few) < MIN_DIVISOR_CALLS
-    _record(tmp_path / "few", few)
+    record_scale(tmp_path / "few", few)
     for name in ("two", "few"):
         with capture.open_store(tmp_path / name) as store:
             (group,) = analyze(store, "m")
@@ -89,7 +67,7 @@ def test_two_distinct_sizes_or_few_calls_are_no_divisor(tmp_path: Path) -> None:
 
 
 def test_dims_python_shapes_source_is_torch_shapes_spec(tmp_path: Path) -> None:
-    model, originals = _record(tmp_path, PADDED)
+    model, originals = record_scale(tmp_path, PADDED)
     result = CliRunner().invoke(
         cli, ["--store", str(tmp_path), "dims", "--python", "--spec", "shapes"]
     )
@@ -116,14 +94,14 @@ def _uid(namespace: dict[str, Any]) -> int:
 
 
 def test_dims_spec_without_python_is_a_usage_error(tmp_path: Path) -> None:
-    _record(tmp_path, PADDED[:3])
+    record_scale(tmp_path, PADDED[:3])
     result = CliRunner().invoke(cli, ["--store", str(tmp_path), "dims", "--spec", "shapes"])
     assert result.exit_code == 2 and "pass --python too" in result.output
 
 
 @pytest.mark.skipif(shapesspec.supported(), reason="this torch has ShapesSpec")
 def test_shapes_spec_on_an_older_torch_names_the_fix(tmp_path: Path) -> None:
-    model, _ = _record(tmp_path, PADDED[:3])
+    model, _ = record_scale(tmp_path, PADDED[:3])
     with pytest.raises(ReplayError, match="needs torch >= 2.14"):
         replay.export(model, tmp_path, spec="shapes")
 
@@ -132,7 +110,7 @@ def test_shapes_spec_on_an_older_torch_names_the_fix(tmp_path: Path) -> None:
 def test_padded_workload_exports_with_the_assumption_and_the_router_checks_it(
     tmp_path: Path,
 ) -> None:
-    model, originals = _record(tmp_path / "store", PADDED)
+    model, originals = record_scale(tmp_path / "store", PADDED)
     result = replay.export(model, tmp_path / "store", spec="shapes")
     assert result.complete, result.coverage.to_pylist()
     # Probes the assumption admits only (sizes between the recorded ones, multiples of 8).
@@ -182,7 +160,7 @@ def test_llama_generate_with_learned_shapes_spec_serves_every_original_call(
 
 
 def test_capture_export_spec_shapes(tmp_path: Path) -> None:
-    _record(tmp_path / "store", PADDED)
+    record_scale(tmp_path / "store", PADDED)
     (tmp_path / "scale_model.py").write_text(
         "import torch\n\n"
         "class Scale(torch.nn.Module):\n"

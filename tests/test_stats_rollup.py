@@ -13,15 +13,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import torch
+from flushed_writers import Add, live_beside_stopped, record_flushed
 
 import capture
 from capture import schema
 from capture.record.writer import StoreWriter
-
-
-class Add(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + 1
 
 
 def _stats_files(root: Path) -> list[Path]:
@@ -34,15 +30,6 @@ def _counts(root: Path) -> tuple[int, int]:
         rows = store.query("SELECT count(*) AS n FROM calls").to_pylist()[0]["n"]
         counted = store.query("SELECT sum(calls) AS n FROM signatures").to_pylist()[0]["n"]
     return int(rows), int(counted)
-
-
-def _record(root: Path, batches: list[int], **options: Any) -> capture.Recorder:
-    model = Add()
-    with capture.Recorder(model, root, name="add", flush_seconds=3600, **options) as rec:
-        for b in batches:
-            model(torch.ones(b, 2))
-            rec.flush()
-    return rec
 
 
 def test_each_flush_replaces_the_previous_rollup_and_claims_it(tmp_path: Path) -> None:
@@ -69,7 +56,7 @@ def test_a_writer_idle_too_long_starts_a_new_rollup(
     # issue 14: past ROLLUP_CONTINUE_S a compaction may have taken the old rollup (it waits
     # ROLLUP_GRACE_S): the writer must not claim it again
     monkeypatch.setattr(schema, "ROLLUP_CONTINUE_S", 0.0)
-    _record(tmp_path, [1, 2, 3])
+    record_flushed(tmp_path, [1, 2, 3])
     files = _stats_files(tmp_path)
     assert len(files) == 3
     assert all(b"capture.replaces" not in pq.read_metadata(p).metadata for p in files)
@@ -80,7 +67,7 @@ def test_a_full_rollup_is_left_and_a_new_one_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(schema, "ROLLUP_ROWS", 2)
-    _record(tmp_path, [1, 2, 3, 4, 5])
+    record_flushed(tmp_path, [1, 2, 3, 4, 5])
     rows = sorted(pq.read_table(p).num_rows for p in _stats_files(tmp_path))
     assert rows == [1, 2, 2]  # at most ROLLUP_ROWS signatures per file
     assert _counts(tmp_path) == (5, 5)
@@ -196,14 +183,7 @@ def test_a_rollup_keeps_one_row_per_signature_and_minute(
 
 
 def test_compaction_leaves_a_live_writers_rollup_until_it_is_old(tmp_path: Path) -> None:
-    model = Add()
-    rec = capture.Recorder(model, tmp_path, name="add", flush_seconds=3600)
-    rec.start()
-    try:
-        for b in (1, 2):
-            model(torch.ones(b, 2))
-            rec.flush()
-        _record(tmp_path, [3])  # a writer that stopped: its rollup is closed
+    with live_beside_stopped(tmp_path):  # the stopped writer's rollup is closed
         assert len(_stats_files(tmp_path)) == 2
         result = capture.compact(tmp_path)
         # issue 14: the live writer may replace its open rollup (claiming it) at its next flush;
@@ -218,6 +198,4 @@ def test_compaction_leaves_a_live_writers_rollup_until_it_is_old(tmp_path: Path)
         os.utime(live, (old, old))  # as if its writer had been idle for ten minutes
         assert capture.compact(tmp_path).tables["stats"].files_before == 2
         assert len(_stats_files(tmp_path)) == 1
-    finally:
-        rec.stop()
     assert _counts(tmp_path) == (3, 3)

@@ -30,6 +30,7 @@ lists every recorded structure of the group.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -98,11 +99,7 @@ class DimInfo:
     expr: str | None
 
 
-_UNREAD = RecordedStructure("", "", ())
-"""`Group.structure` until it is read from the group's rows."""
-
-
-@dataclass
+@dataclass(frozen=True)
 class Group:
     """A call group: the calls sharing one input structure.
 
@@ -112,10 +109,8 @@ class Group:
         structure_id: The ``calls.in_structure`` of the group.
         calls: Recorded calls in the group.
         signatures: Distinct size vectors in the group.
-        leaves: The structure's rows as the ``structures`` view gives them, ordered by leaf
-            (kept for callers that read rows; the library reads `structure`).
-        structure: The same structure, typed and read once (`capture.pytree.structure`); built from
-            `leaves` when not given.
+        structure: The group's input structure, typed and read once from its ``structures`` rows
+            (`capture.pytree.structure`).
         dims: Every tensor leaf x axis, leaf order then axis order.
         relations: Derived symbols, true in every call of the group.
         errors: Calls of the group whose forward raised.
@@ -130,7 +125,7 @@ class Group:
     structure_id: str
     calls: int
     signatures: int
-    leaves: list[dict[str, Any]]
+    structure: RecordedStructure = field(repr=False)
     dims: list[DimInfo]
     relations: list[Relation]
     errors: int = 0
@@ -144,14 +139,11 @@ class Group:
         default=None, repr=False, compare=False
     )
     """Calls per row of `matrix`."""
-    structure: RecordedStructure = field(default=_UNREAD, kw_only=True, repr=False)
     structure_ids: tuple[str, ...] = field(default=(), kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.structure_ids:
-            self.structure_ids = (self.structure_id,)
-        if self.structure is _UNREAD and self.leaves:
-            self.structure = RecordedStructure.from_rows(self.leaves)
+            object.__setattr__(self, "structure_ids", (self.structure_id,))
 
 
 DIMS_SCHEMA = pa.schema(
@@ -212,8 +204,8 @@ def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
     }
 
 
-def _name_groups(groups: list[Group]) -> None:
-    """Assigns `Group.name` in place (groups are already sorted, largest first)."""
+def _group_names(groups: list[Group]) -> list[str]:
+    """The name of each group (groups are already sorted, largest first)."""
     statuses = [g.structure.argument_status() for g in groups]
     # A static cache's fill levels are tensors before its first update: not state.
     holding = [
@@ -223,9 +215,7 @@ def _name_groups(groups: list[Group]) -> None:
     # A cache argument holds tensors in some group ('use_cache', a bool, is not one).
     cache_args = {a for tensors in holding for a in tensors if a and is_cache_argument(a)}
     if not cache_args:
-        for i, g in enumerate(groups):
-            g.name = f"g{i}"
-        return
+        return [f"g{i}" for i in range(len(groups))]
     bases = ["decode" if tensors & cache_args else "prefill" for tensors in holding]
     names = list(bases)
     for base in set(bases):
@@ -240,26 +230,25 @@ def _name_groups(groups: list[Group]) -> None:
             absent = [a for a in varying if statuses[i].get(a) != PRESENT]
             names[i] = "_".join([base] + [f"no_{a}" for a in absent])
     used: set[str] = set()
-    for g, name in zip(groups, names, strict=True):
+    unique_names = []
+    for name in names:
         unique, n = name, 2
         while unique in used:
             unique, n = f"{name}_{n}", n + 1
         used.add(unique)
-        g.name = unique
+        unique_names.append(unique)
+    return unique_names
 
 
 def _group(
     model: str,
     structure_id: str,
-    leaves: list[dict[str, Any]],
+    structure: RecordedStructure,
     matrix: np.ndarray[Any, np.dtype[np.int64]],
     weights: np.ndarray[Any, np.dtype[np.int64]],
     set_batch_dimension_for: BatchSpec,
     min_support: int,
-    structure: RecordedStructure | None = None,
 ) -> Group:
-    if structure is None:
-        structure = RecordedStructure.from_rows(leaves)
     axes: list[Axis] = []
     leaf_of: list[RecordedLeaf] = []
     columns: list[int] = []
@@ -301,7 +290,6 @@ def _group(
         structure_id=structure_id,
         calls=calls,
         signatures=int(matrix.shape[0]),
-        leaves=leaves,
         structure=structure,
         dims=dims,
         relations=found.relations,
@@ -377,10 +365,13 @@ def analyze(
                 min_support,
             )
             if group is not None:
-                group.structure_ids = members.get(key, (key[1],))
-                group.errors = int(errors[start:stop].sum())
-                group.first_ts = min((t for t in first_ts[start:stop] if t), default=None)
-                group.last_ts = max((t for t in last_ts[start:stop] if t), default=None)
+                group = dataclasses.replace(
+                    group,
+                    structure_ids=members.get(key, (key[1],)),
+                    errors=int(errors[start:stop].sum()),
+                    first_ts=min((t for t in first_ts[start:stop] if t), default=None),
+                    last_ts=max((t for t in last_ts[start:stop] if t), default=None),
+                )
                 groups.append(group)
             start = stop
 
@@ -388,8 +379,8 @@ def analyze(
     for m in models:
         mine = [g for g in groups if g.model == m]
         mine.sort(key=lambda g: (-g.calls, _timestamp(g.first_ts), g.structure_id))
-        _name_groups(mine)
-        out.extend(mine)
+        names = _group_names(mine)
+        out.extend(dataclasses.replace(g, name=n) for g, n in zip(mine, names, strict=True))
     return out
 
 
@@ -489,14 +480,7 @@ def _build(
             merged[position] = summed.astype(np.int64)
             matrix, weights = matrix[order], merged
     return _group(
-        model,
-        structure_id,
-        leaves,
-        matrix,
-        weights,
-        set_batch_dimension_for,
-        min_support,
-        structure,
+        model, structure_id, structure, matrix, weights, set_batch_dimension_for, min_support
     )
 
 

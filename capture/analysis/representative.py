@@ -49,7 +49,7 @@ class _Relation(Protocol):
     def offset(self) -> int: ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class Representative:
     """The sizes a group is exported from.
 

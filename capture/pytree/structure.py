@@ -107,8 +107,8 @@ class RecordedLeaf:
 
 def as_leaves(leaves: Iterable[RecordedLeaf | Mapping[str, Any]]) -> list[RecordedLeaf]:
     """Typed leaves from typed leaves or ``structures`` rows (the functions of `replay` that
-    take a structure's leaves accept both: users hold `capture.analysis.groups.Group.leaves`
-    rows)."""
+    take a structure's leaves accept both: a user may hold rows read from the ``structures``
+    view, the library holds `capture.analysis.groups.Group.structure`)."""
     return [
         leaf if isinstance(leaf, RecordedLeaf) else RecordedLeaf.from_row(leaf) for leaf in leaves
     ]

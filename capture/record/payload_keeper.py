@@ -41,60 +41,18 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from capture.errors import CaptureError
+from capture.record.recorder_options import Payloads
 from capture.store.payload_files import (
     PAYLOAD_VERSION,
     SUFFIX,
     list_payloads,
     payload_folder,
-    require_safetensors,
 )
-from capture.store.payload_format import DEFAULT_MAX_CALL_BYTES, DTYPES
+from capture.store.payload_format import DTYPES
 
-__all__ = ["Payloads", "PayloadKeeper", "payload_policy"]
+__all__ = ["PayloadKeeper"]
 
 logger = logging.getLogger(__name__)
-
-_MiB = 2**20
-
-
-@dataclass(frozen=True)
-class Payloads:
-    """What ``Recorder(..., payloads=...)`` keeps of real calls (a float means ``Payloads(rate)``).
-
-    Attributes:
-        rate: Fraction of the recorded calls whose tensors are kept (0 turns payloads off).
-        max_call_bytes: Largest payload of one call (inputs; outputs are kept when they still
-            fit); a bigger call keeps nothing and is counted.
-        max_store_bytes: Payload bytes the store may hold; once used, no more are kept.
-        max_pending: Sampled calls waiting for the payload writer; beyond, dropped and counted.
-    """
-
-    rate: float
-    max_call_bytes: int = DEFAULT_MAX_CALL_BYTES
-    max_store_bytes: int = 1024 * _MiB
-    max_pending: int = 8
-
-
-def payload_policy(value: float | Payloads | None) -> Payloads | None:
-    """The `Payloads` of a ``payloads=`` option; None when off.
-
-    Raises:
-        CaptureError: The rate or a cap is out of range, or safetensors is not installed.
-    """
-    if value is None or (not isinstance(value, Payloads) and value == 0):
-        return None
-    policy = value if isinstance(value, Payloads) else Payloads(rate=float(value))
-    if not 0.0 <= policy.rate <= 1.0:
-        raise CaptureError(f"payloads rate {policy.rate!r} must be within [0, 1]")
-    for name in ("max_call_bytes", "max_store_bytes", "max_pending"):
-        if getattr(policy, name) <= 0:
-            raise CaptureError(f"Payloads.{name}={getattr(policy, name)!r} must be positive")
-    if policy.rate == 0:
-        return None
-    require_safetensors()
-    return policy
-
 
 # safetensors dtype names (capture.store.payload_format, what readers accept); a call with
 # another dtype keeps no payload.

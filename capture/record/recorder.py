@@ -35,7 +35,8 @@ from capture.record import lifecycle
 from capture.record.accounting import CallIds, Counters, InFlight, OnceLog
 from capture.record.flatten import Unreadable, walk
 from capture.record.method_patch import MethodPatch
-from capture.record.payload_keeper import PayloadKeeper, Payloads, payload_policy
+from capture.record.payload_keeper import PayloadKeeper
+from capture.record.recorder_options import RecorderOptions
 from capture.record.structure_cache import StructureCache
 from capture.record.summaries import Summaries
 from capture.record.tokens import special_token_ids
@@ -48,12 +49,13 @@ __all__ = ["Recorder", "DEFAULT_STORE", "STOP_WAIT_SECONDS", "NOTHING_RECORDED_A
 logger = logging.getLogger(__name__)
 
 DEFAULT_STORE = "capture-store"
-_VALUE_RANGES = ("cpu", "all", "none")
 
 STOP_WAIT_SECONDS = 5.0
 """Longest time stop() waits for calls still inside the model to finish and be queued."""
 NOTHING_RECORDED_AFTER = 8
 """Failed calls after which a recorder that recorded none says so loudly."""
+
+_DEFAULT_OPTIONS = RecorderOptions()
 
 _FIX = (
     "run with logging at DEBUG for the traceback (logger 'capture'), and report it; a class "
@@ -94,34 +96,22 @@ class Recorder:
         store: A directory or a pyarrow filesystem URI (``s3://bucket/prefix``).
         name: The `model` partition in the store; defaults to the model's class name.
         method: The method to wrap ('forward').
-        sample: Fraction of calls recorded (1.0 records all of them).
-        max_calls: Stop recording after this many recorded calls (None: no limit).
-        record_outputs: Also record the structure and sizes of what the method returns.
-        value_ranges: Min/max of integer tensors: 'cpu' (CPU tensors only: on CUDA it forces a
-            sync), 'all', or 'none'.
-        queue_size: Calls buffered between the model and the writer thread; beyond, dropped.
-        flush_rows: Rows per written segment.
-        flush_seconds: Longest time a recorded call waits before being written.
-        max_structures: Distinct structures kept; calls with a new structure beyond this are
-            dropped and counted (a scalar argument that changes every call would otherwise
-            grow the cache without bound).
-        payloads: Keep the real tensors (inputs, and outputs when they fit) of this fraction
-            of the recorded calls, as safetensors files in the store's ``payloads/`` folder,
-            or a `capture.Payloads` with its caps (per call, default 16 MiB;
-            per store, default 1 GiB). **These are user data**: off (0) by default; see the
-            README's "Payloads" section for what is kept and how to delete it. Needs the
-            ``safetensors`` package (``capture[payloads]``).
-        compiled: Record the calls of a `torch.compile`d model: the compiled caller breaks its
-            graph at the recorder, which runs eagerly around the compiled method. False: a
-            compile traces through the recorder and its calls are not recorded (what
-            ``fullgraph=True`` needs: there a graph break is an error).
         modules: Sub-modules to record too, for those that callers such as ``generate()``
             call directly (an encoder through ``get_encoder()``, a vision tower): a mapping
             ``{name: module or module path}`` or a list of module paths
-            (``model.get_submodule(path)``). Each is recorded by a child `Recorder` (same
-            options) under the model partition ``<name>.<sub-module name>``
+            (``model.get_submodule(path)``). Each is recorded by a child `Recorder` (the same
+            `RecorderOptions` object) under the model partition ``<name>.<sub-module name>``
             (``T5ForConditionalGeneration.encoder``); they start and stop with this one and
             are in ``recorder.modules``.
+        options: The recording options as one `RecorderOptions` (default: its defaults).
+        **keywords: Any `RecorderOptions` field by name (``sample=0.1``, ``max_calls=``,
+            ``record_outputs=``, ``value_ranges=``, ``queue_size=``, ``flush_rows=``,
+            ``flush_seconds=``, ``max_structures=``, ``payloads=``, ``compiled=``): each
+            replaces that field of `options`. What each means: `RecorderOptions`.
+
+    Raises:
+        CaptureError: The model has no such method, an option is out of range or unknown, or
+            a sub-module cannot be found.
 
     Example:
         >>> import torch
@@ -139,73 +129,55 @@ class Recorder:
         *,
         name: str | None = None,
         method: str = "forward",
-        sample: float = 1.0,
-        max_calls: int | None = None,
-        record_outputs: bool = True,
-        value_ranges: str = "cpu",
-        queue_size: int = 100_000,
-        flush_rows: int = 100_000,
-        flush_seconds: float = 10.0,
-        max_structures: int = 10_000,
-        payloads: float | Payloads = 0.0,
-        compiled: bool = True,
         modules: Mapping[str, Any] | Iterable[str] | None = None,
+        options: RecorderOptions | None = None,
+        **keywords: Any,
     ) -> None:
+        if options is not None and not isinstance(options, RecorderOptions):
+            raise CaptureError(
+                f"options={options!r} must be a capture.RecorderOptions; pass single options "
+                "as keywords (sample=0.1)"
+            )
         if not hasattr(model, method) or not callable(getattr(model, method)):
             raise CaptureError(
                 f"{type(model).__name__} has no method {method!r} to record; "
                 "pass method='<name of the method>'"
             )
-        if not 0.0 <= sample <= 1.0:
-            raise CaptureError(f"sample={sample!r} must be within [0, 1]")
-        if value_ranges not in _VALUE_RANGES:
-            raise CaptureError(f"value_ranges={value_ranges!r} must be one of {_VALUE_RANGES}")
+        options = (options or _DEFAULT_OPTIONS).with_keywords(keywords)
+        self.options: RecorderOptions = options
+        """The recording options (shared, whole, with the sub-module recorders)."""
         self.model = model
         self.store = store
         self.name = name or type(model).__name__
         self.method = method
-        self.sample = sample
-        self.max_calls = max_calls
-        self.record_outputs = record_outputs
-        self.value_ranges = value_ranges
-        self.max_structures = max_structures
-        policy = payload_policy(payloads)  # raises now, not at start(), on a bad option
+        # The options the wrapper reads on every call, as plain attributes (one lookup each).
+        self._sample = options.sample
+        self._max_calls = options.max_calls
+        self._record_outputs = options.record_outputs
+        self._compiled = options.compiled
+        policy = options.payload_policy
         self._payloads = PayloadKeeper(policy, store, self.name) if policy else None
-        self.compiled = compiled
-        self._writer_options: dict[str, Any] = dict(
-            queue_size=queue_size, flush_rows=flush_rows, flush_seconds=flush_seconds
-        )
         self._writer: StoreWriter | None = None
         self._registered = False
         self._random = random.Random()
         # The parts (module docstring).
         self._log = OnceLog(logger)
         self._patch = MethodPatch(model, method)
-        self._cache = StructureCache(self.name, max_structures, value_ranges, self._log)
+        self._cache = StructureCache(
+            self.name, options.max_structures, options.value_ranges, self._log
+        )
         self._structure = self._cache.lookup  # bound once: the hot path calls it twice a call
         self._flight = InFlight()
         self._ids = CallIds()
         self._counts = Counters()
         self._summaries = Summaries(self.name, self._counts, self._log)
-        self.modules: dict[str, Recorder] = {}
-        """Sub-module name -> the child `Recorder` recording it (the ``modules=`` option)."""
-        for sub_name, sub in _submodules(model, modules).items():
-            self.modules[sub_name] = Recorder(
-                sub,
-                store,
-                name=f"{self.name}.{sub_name}",
-                method=method,
-                sample=sample,
-                max_calls=max_calls,
-                record_outputs=record_outputs,
-                value_ranges=value_ranges,
-                queue_size=queue_size,
-                flush_rows=flush_rows,
-                flush_seconds=flush_seconds,
-                max_structures=max_structures,
-                payloads=payloads,
-                compiled=compiled,
+        self.modules: dict[str, Recorder] = {
+            sub_name: Recorder(
+                sub, store, name=f"{self.name}.{sub_name}", method=method, options=options
             )
+            for sub_name, sub in _submodules(model, modules).items()
+        }
+        """Sub-module name -> the child `Recorder` recording it (the ``modules=`` option)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def after_fork_in_child(self) -> None:
@@ -230,7 +202,15 @@ class Recorder:
         if previous is not None:
             self._counts.retire(previous)
         try:
-            self._writer = StoreWriter(self.store, self.name, signature, **self._writer_options)
+            options = self.options
+            self._writer = StoreWriter(
+                self.store,
+                self.name,
+                signature,
+                queue_size=options.queue_size,
+                flush_rows=options.flush_rows,
+                flush_seconds=options.flush_seconds,
+            )
             if previous is not None:
                 self._writer.adopt(previous)
             self._writer.start()
@@ -347,7 +327,7 @@ class Recorder:
             if not patch.active:
                 return original(*args, **kwargs)
             if torch.compiler.is_compiling():  # Dynamo traces this: call the eager part instead
-                if not self.compiled or torch.compiler.is_exporting():
+                if not self._compiled or torch.compiler.is_exporting():
                     return original(*args, **kwargs)
                 return outside(*args, **kwargs)
             pending = None
@@ -394,10 +374,11 @@ class Recorder:
         return recorded
 
     def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self.sample < 1.0 and self._random.random() >= self.sample:
+        if self._sample < 1.0 and self._random.random() >= self._sample:
             self._counts.sampled_out += 1
             return None
-        if self.max_calls is not None and self._writer and self._writer.recorded >= self.max_calls:
+        max_calls = self._max_calls
+        if max_calls is not None and self._writer and self._writer.recorded >= max_calls:
             return None
         tensors: list[torch.Tensor] = []
         key: list[Any] = [len(args)]
@@ -436,7 +417,7 @@ class Recorder:
     ) -> int | None:
         sid, dims, lows, highs = pending
         out_sid = out_dims = None
-        if error is None and self.record_outputs:
+        if error is None and self._record_outputs:
             tensors: list[torch.Tensor] = []
             key: list[Any] = ["out"]
             try:

@@ -146,7 +146,7 @@ def _assumptions(group: ExportGroup) -> tuple[Condition, ...]:
     then refuses a call outside them with the reason, before the program's own assert)."""
     from replay.inputs.specs.facts import divisibility_conditions
 
-    if group.options.spec != "shapes" or group.analysis is None:
+    if group.options.spec != "shapes":
         return ()
     return tuple(Condition(e, t) for e, t in divisibility_conditions(group.analysis))
 
@@ -176,10 +176,10 @@ def program_entry(
     """
     from replay.runtime.callform import CallForm
 
-    if group.added:
+    if group.example.added:
         raise ArtifactError(
             f"group {group.name} was exported with fill_missing substitutes "
-            f"({', '.join(group.added)}); an artifact cannot store them: export without "
+            f"({', '.join(group.example.added)}); an artifact cannot store them: export without "
             "fill_missing to save it"
         )
     types: set[str] = set()
@@ -197,7 +197,7 @@ def program_entry(
         rejected=rejected(group, coverage, target),
         conditions=_assumptions(group),
     )
-    form = group.form
+    form = group.example.form
     return ProgramEntry(
         guard=guard,
         model=group.model,
@@ -210,9 +210,9 @@ def program_entry(
             tuple(form.positional), tuple(form.keywords), tuple(form.extra), form.var_positional
         ),
         pytree_types=tuple(sorted(types)),
-        fills=tuple(group.fills),
-        first_ts=_iso(group.analysis.first_ts) if group.analysis else None,
-        last_ts=_iso(group.analysis.last_ts) if group.analysis else None,
+        fills=group.example.fills,
+        first_ts=_iso(group.analysis.first_ts),
+        last_ts=_iso(group.analysis.last_ts),
     )
 
 

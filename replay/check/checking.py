@@ -78,7 +78,6 @@ def first_line(e: BaseException) -> str:
 def _probes(group: ExportGroup, limit: int) -> list[tuple[int, ...]]:
     """The group's probes; for a ``ShapesSpec`` program moved onto its divisibility
     assumptions (a size its spec refuses is no probe of it: `divisible_probes`)."""
-    assert group.analysis is not None
     if group.options.spec != "shapes":
         return select.probes(group.analysis, limit)
     from replay.inputs.specs.facts import divisible_probes
@@ -103,8 +102,7 @@ def coverage_rows(
     rows = []
     runnable = program.module() if program is not None else None
     checks = [(sizes, calls, KIND_RECORDED) for sizes, calls in group.recorded()]
-    if group.analysis is not None:
-        checks += [(sizes, 0, KIND_PROBE) for sizes in _probes(group, probes)]
+    checks += [(sizes, 0, KIND_PROBE) for sizes in _probes(group, probes)]
     for sizes, calls, kind in checks:
         row = CoverageRow(
             group=group.name,

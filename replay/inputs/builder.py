@@ -43,7 +43,7 @@ from capture.errors import ReplayError
 from capture.pytree.cachespec import blocking_reason
 from replay.inputs import rebuild as rb
 from replay.inputs import select, shapes
-from replay.inputs.exportgroup import ExportGroup, ExportInputs
+from replay.inputs.exportgroup import Example, ExportGroup, ExportInputs
 from replay.inputs.groupshapes import group_shapes
 from replay.inputs.options import INPUT_OPTIONS, ExportOptions, takes_options
 from replay.runtime import callform
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from capture.store.reader import StoreReader
 
 __all__ = [
+    "Example",
     "ExportGroup",
     "ExportInputs",
     "export_inputs",
@@ -205,7 +206,7 @@ def _example_note(group: Group, example: select.Representative) -> str:
 def build_group(
     group: Group,
     groups: list[Group],
-    ranges: dict[tuple[int, ...], select.Ranges],
+    ranges: Mapping[tuple[int, ...], select.Ranges],
     options: ExportOptions | None = None,
     **kwargs: Any,
 ) -> ExportGroup:
@@ -215,8 +216,8 @@ def build_group(
         group: The call group (`capture.analysis.groups.analyze`).
         groups: Every call group of the model (``fill_missing`` looks for recorded shapes there).
         ranges: The group's integer value ranges per signature
-        (`replay.inputs.select.value_ranges`). options: The replay's options (``named_dims``,
-        ``keyword_only``, ``value_if_missing``,
+            (`replay.inputs.select.value_ranges`).
+        options: The replay's options (``named_dims``, ``keyword_only``, ``value_if_missing``,
             ``fill_missing``, ``seed``, ``device``; see `export_inputs`).
         **kwargs: Options given one by one instead (`ExportOptions.of`), without `options`.
 
@@ -238,15 +239,15 @@ def build_group(
         raise TypeError("build_group takes options or keyword options, not both")
     structure = group.structure
     structure.checked_params()  # a malformed stored signature fails before any work
-    example = select.representative(group)
-    notes = [_example_note(group, example)]
-    base = group.matrix[example.row] if group.matrix is not None else None
+    chosen = select.representative(group)
+    notes = [_example_note(group, chosen)]
+    base = group.matrix[chosen.row] if group.matrix is not None else None
     rep_ranges = ranges.get(tuple(int(v) for v in base)) if base is not None else None
     blocked = blocking_reason(structure)
     try:
         args, kwargs_ = rb.rebuild(
             structure,
-            example.sizes,
+            chosen.sizes,
             rep_ranges,
             seed=options.seed,
             device=options.device,
@@ -264,7 +265,7 @@ def build_group(
     shaped = group_shapes(
         group,
         options,
-        example.symbols,
+        chosen.symbols,
         shapes.materialize,
         added=list(added),
         call=(len(args), list(kwargs_)),
@@ -290,25 +291,8 @@ def build_group(
     dynamic_shapes = shaped.dynamic_shapes
     if options.spec == "shapes":
         dynamic_shapes = _shapes_spec(group, options, list(added), form, notes)
-    return ExportGroup(
-        name=group.name,
-        model=group.model,
-        structure_id=group.structure_id,
-        calls=group.calls,
-        signatures=group.signatures,
-        args=args,
-        kwargs=kwargs_,
-        dynamic_shapes=dynamic_shapes,
-        notes=notes,
-        dims=list(group.dims),
-        relations=list(group.relations),
-        example=example,
-        form=form,
-        analysis=group,
-        added=added,
-        ranges=ranges,
-        options=options,
-    )
+    example = Example(args, kwargs_, dynamic_shapes, form, chosen, added)
+    return ExportGroup(group, example, options, ranges=ranges, notes=tuple(notes))
 
 
 def _shapes_spec(

@@ -1,17 +1,29 @@
 """What `replay.export_inputs` returns: an `ExportInputs` of one `ExportGroup` per call group.
 
-An `ExportGroup` holds what torch.export needs for one call group (example ``args``/``kwargs``,
-``dynamic_shapes``, the module to export) and what the coverage check needs to rebuild any
-recorded signature as the recorded calls passed it (`ExportGroup.recorded_call`) and in the
-program's call form (`ExportGroup.program_call`). It keeps the `ExportOptions` it was built
-with, so a retry (`replay.pipeline.bounded`) reshapes it with one replaced option
-(`ExportGroup.reshaped`). `replay.inputs.builder` builds them.
+An `ExportGroup` is three frozen values and what the export found out about them:
+
+- the **analysed call group** (`capture.analysis.groups.Group`: its name, calls, structure,
+  dims and relations, read from the store), and the integer value ranges of its signatures
+  (`replay.inputs.select.value_ranges`);
+- the **example** it is exported from (`Example`: ``args``, ``kwargs``, ``dynamic_shapes``,
+  the program's call form, the sizes they were built from, the inputs given to every call);
+- the **options** it was built with (`ExportOptions`) and how a retry reshaped its dynamic
+  shapes (`ShapeRetry`: `replay.pipeline.bounded`, `replay.pipeline.splitting`);
+- the **notes** saying how each was chosen, and the group whose program serves it
+  (``served_by``, `replay.pipeline.merging`).
+
+Every step of the export returns a new `ExportGroup` (`ExportGroup.reshaped`,
+`ExportGroup.noted`, `dataclasses.replace`) rather than changing one. The read-only properties
+(``name``, ``calls``, ``args``, ``kwargs``, ``dynamic_shapes``, ...) read through to the three.
+The coverage check rebuilds any recorded signature as the recorded calls passed it
+(`ExportGroup.recorded_call`) and in the program's call form (`ExportGroup.program_call`).
+`replay.inputs.builder` builds them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,65 +43,131 @@ if TYPE_CHECKING:
     from capture.analysis.groups import DimInfo, Group, Relation
     from capture.pytree.structure import RecordedStructure
 
-__all__ = ["ExportGroup", "ExportInputs"]
+__all__ = ["Example", "ExportGroup", "ExportInputs"]
 
 
-@dataclass
-class ExportGroup:
-    """Export arguments and dynamic shapes of one call group.
+@dataclass(frozen=True)
+class Example:
+    """The example arguments a group is exported from, and how its program is called.
 
     Attributes:
-        name: The group's name (``decode``, ``prefill``, ``g0``).
-        model: The model name in the store.
-        structure_id: The input structure shared by the group's calls.
-        calls: Recorded calls the group stands for.
-        signatures: Distinct recorded size vectors in the group.
         args: Example positional arguments.
-        kwargs: Example keyword arguments.
+        kwargs: Example keyword arguments (the `added` inputs among them).
         dynamic_shapes: The matching ``dynamic_shapes`` for torch.export.
-        notes: How the example and the arguments were chosen (module docstring).
-        dims: The analysis' per-axis dims of the group.
-        relations: The analysis' relations of the group.
-        example: The sizes the example was built from.
         form: How the program is called (positional, keywords, ``**kwargs`` entries).
-        analysis: The `capture.analysis.groups.Group` it was built from.
+        representative: The sizes the example was built from (`replay.inputs.select`).
+        added: Missing optionals given to the program as static tensors (``fill_missing``).
+        fills: Inputs the serving program takes that the group's calls lack, filled per call
+            (`replay.pipeline.merging`).
     """
 
-    name: str
-    model: str
-    structure_id: str
-    calls: int
-    signatures: int
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     dynamic_shapes: Any
-    notes: list[str]
-    dims: list[DimInfo]
-    relations: list[Relation]
-    example: select.Representative
     form: callform.CallForm
-    analysis: Group | None = field(repr=False, default=None)
-    added: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
-    ranges: dict[tuple[int, ...], select.Ranges] = field(repr=False, default_factory=dict)
-    options: ExportOptions = field(repr=False, default_factory=ExportOptions)
-    """The options the group was built with."""
-    retry: ShapeRetry = field(repr=False, default_factory=ShapeRetry)
-    """How a retry reshaped its ``dynamic_shapes`` (`reshaped`); the default: not reshaped."""
-    served_by: str | None = None
-    """The group whose program serves this one (`replay.pipeline.merging`), or None: its own."""
+    representative: select.Representative = field(repr=False)
+    added: Mapping[str, torch.Tensor] = field(repr=False, default_factory=dict)
     fills: tuple[Fill, ...] = ()
-    """Inputs the serving program takes that this group's calls lack, filled per call."""
+
+
+@dataclass(frozen=True)
+class ExportGroup:
+    """One call group ready for torch.export: its analysis, example and options (module
+    docstring).
+
+    Attributes:
+        analysis: The analysed call group (`capture.analysis.groups.analyze`, or a regime of
+            one: `capture.analysis.regimes.regime`).
+        example: The example arguments and dynamic shapes.
+        options: The options the group was built with.
+        retry: How a retry reshaped its ``dynamic_shapes`` (`reshaped`); default: not reshaped.
+        ranges: The integer value ranges of its signatures (`replay.inputs.select.value_ranges`).
+        served_by: The group whose program serves this one (`replay.pipeline.merging`), or
+            None: its own.
+        notes: How the example and the arguments were chosen, and what the export did.
+    """
+
+    analysis: Group
+    example: Example
+    options: ExportOptions = field(repr=False, default_factory=ExportOptions)
+    retry: ShapeRetry = field(repr=False, default_factory=ShapeRetry)
+    ranges: Mapping[tuple[int, ...], select.Ranges] = field(repr=False, default_factory=dict)
+    served_by: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The group's name (``decode``, ``prefill``, ``g0``, a regime's ``prefill[...]``)."""
+        return self.analysis.name
+
+    @property
+    def model(self) -> str:
+        """The model name in the store."""
+        return self.analysis.model
+
+    @property
+    def structure_id(self) -> str:
+        """The input structure shared by the group's calls."""
+        return self.analysis.structure_id
 
     @property
     def structure_ids(self) -> tuple[str, ...]:
         """Every recorded input structure of the group: `structure_id`, and the structures that
         spell a renamed argument the other way (`capture.renames`)."""
-        return self.analysis.structure_ids if self.analysis is not None else (self.structure_id,)
+        return self.analysis.structure_ids
+
+    @property
+    def calls(self) -> int:
+        """Recorded calls the group stands for."""
+        return self.analysis.calls
+
+    @property
+    def signatures(self) -> int:
+        """Distinct recorded size vectors in the group."""
+        return self.analysis.signatures
+
+    @property
+    def dims(self) -> list[DimInfo]:
+        """The analysis' per-axis dims of the group."""
+        return self.analysis.dims
+
+    @property
+    def relations(self) -> list[Relation]:
+        """The analysis' relations of the group."""
+        return self.analysis.relations
+
+    @property
+    def structure(self) -> RecordedStructure:
+        """The group's typed recorded structure (`capture.analysis.groups.Group.structure`)."""
+        return self.analysis.structure
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """Example positional arguments."""
+        return self.example.args
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """Example keyword arguments."""
+        return self.example.kwargs
+
+    @property
+    def dynamic_shapes(self) -> Any:
+        """The matching ``dynamic_shapes`` for torch.export."""
+        return self.example.dynamic_shapes
 
     @property
     def program_name(self) -> str:
         """The name of the program that serves the group: its own, or `served_by`'s."""
         return self.served_by or self.name
+
+    def noted(self, *notes: str) -> ExportGroup:
+        """The group with `notes` added after its own.
+
+        Example:
+            >>> group = group.noted("exported with bounded hints")  # doctest: +SKIP
+        """
+        return dataclasses.replace(self, notes=(*self.notes, *notes)) if notes else self
 
     def module(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module to export: `model`, or a wrapper naming its ``**kwargs`` entries, and the
@@ -101,25 +179,13 @@ class ExportGroup:
             >>> ep = torch.export.export(group.module(model), group.args, group.kwargs,
             ...                          dynamic_shapes=group.dynamic_shapes)  # doctest: +SKIP
         """
-        if not self.form.extra and not _renamed_since(model, self.form.keywords):
+        form = self.example.form
+        if not form.extra and not _renamed_since(model, form.keywords):
             return model
-        return _named_call(model, self.form)
-
-    @property
-    def structure(self) -> RecordedStructure:
-        """The group's typed recorded structure (`capture.analysis.groups.Group.structure`).
-
-        Raises:
-            ReplayError: The group was not built from an analysis.
-        """
-        if self.analysis is None:
-            raise ReplayError(f"group {self.name} was not built from an analysis")
-        return self.analysis.structure
+        return _named_call(model, form)
 
     def recorded(self) -> list[tuple[tuple[int, ...], int]]:
         """The distinct recorded size vectors of the group with their calls, most calls first."""
-        if self.analysis is None:
-            raise ReplayError(f"group {self.name} was not built from an analysis")
         return select.signatures(self.analysis)
 
     def recorded_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -139,35 +205,27 @@ class ExportGroup:
         )
 
     def reshaped(self, retry: ShapeRetry) -> ExportGroup:
-        """A copy whose ``dynamic_shapes`` are built again the way `retry` says (same options,
-        example arguments and call form, own notes list): how `replay.pipeline.bounded` and
+        """The group with its ``dynamic_shapes`` built again the way `retry` says (same options,
+        example arguments, call form and notes): how `replay.pipeline.bounded` and
         `replay.pipeline.splitting` retry an export.
-
-        Raises:
-            ReplayError: The group was not built from an analysis.
 
         Example:
             >>> hinted = group.reshaped(ShapeRetry(hinted=("seq",)))  # doctest: +SKIP
         """
-        if self.analysis is None:
-            raise ReplayError(f"group {self.name} was not built from an analysis")
         options = self.options
         if retry.unbounded:
             options = dataclasses.replace(options, named_dims=False)
+        example = self.example
         shaped = group_shapes(
             self.analysis,
             options,
-            self.example.symbols,
+            example.representative.symbols,
             lambda specs: shapes.materialize(specs, retry.hinted, retry.floor, retry.auto),
-            added=list(self.added),
-            form=self.form,
+            added=list(example.added),
+            form=example.form,
         )
-        return dataclasses.replace(
-            self,
-            dynamic_shapes=shaped.dynamic_shapes,
-            notes=list(self.notes),
-            retry=retry,
-        )
+        example = dataclasses.replace(example, dynamic_shapes=shaped.dynamic_shapes)
+        return dataclasses.replace(self, example=example, retry=retry)
 
     def program_call(self, sizes: Iterable[int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Fresh ``(args, kwargs)`` of one signature (recorded or probe), in the program's call
@@ -180,7 +238,7 @@ class ExportGroup:
         self, args: tuple[Any, ...], kwargs: dict[str, Any], sizes: Iterable[int]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """A call as the group's calls pass it, made the program's call: the ``fill_missing``
-        substitutes and the `fills` added, arranged in the program's call form.
+        substitutes and the fills added, arranged in the program's call form.
 
         Args:
             args: The call's positional arguments.
@@ -193,12 +251,13 @@ class ExportGroup:
         Example:
             >>> args, kwargs = group.to_program(*real_call, sizes)  # doctest: +SKIP
         """
-        kwargs = {**kwargs, **{k: v.clone() for k, v in self.added.items()}}
-        args, kwargs = fill_call(self.fills, tuple(args), kwargs, list(sizes))
-        return callform.arrange(self.form, args, kwargs)
+        example = self.example
+        kwargs = {**kwargs, **{k: v.clone() for k, v in example.added.items()}}
+        args, kwargs = fill_call(example.fills, tuple(args), kwargs, list(sizes))
+        return callform.arrange(example.form, args, kwargs)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExportInputs:
     """What `export_inputs` returns: one `ExportGroup` per call group, largest first.
 
@@ -248,7 +307,7 @@ class ExportInputs:
         if len(mine) <= 1:
             return mine[0] if mine else None
         for g in mine:
-            if g.analysis is not None and key in {sizes for sizes, _ in g.recorded()}:
+            if key in {sizes for sizes, _ in g.recorded()}:
                 return g
         for g in mine:
             if len(g.dims) == len(key) and all(

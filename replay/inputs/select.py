@@ -22,7 +22,7 @@ the store (integer value ranges, per signature) but imports neither torch nor du
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -219,7 +219,7 @@ def _probe_sizes(
     return tuple(sizes)
 
 
-def nearest_ranges(ranges: dict[tuple[int, ...], Ranges], sizes: Sequence[int]) -> Ranges | None:
+def nearest_ranges(ranges: Mapping[tuple[int, ...], Ranges], sizes: Sequence[int]) -> Ranges | None:
     """The value ranges of `sizes`, or of the recorded signature closest to it (a probe).
 
     Closest: the smallest sum of absolute size differences; ties go to the smallest vector.

@@ -15,7 +15,7 @@ recorded; only how many there are, which is what the models that count them chec
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -133,7 +133,7 @@ def _place(
 
 def probe_ranges(
     structure: RecordedStructure,
-    ranges: dict[tuple[int, ...], select.Ranges],
+    ranges: Mapping[tuple[int, ...], select.Ranges],
     sizes: Sequence[int],
 ) -> select.Ranges | None:
     """`select.nearest_ranges`, with the special token counts a probe's sizes imply.

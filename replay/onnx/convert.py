@@ -158,10 +158,10 @@ def convert(group: ExportGroup, program: ExportedProgram) -> Converted:
         >>> converted = convert(result.inputs.group("decode"), result.programs["decode"])
         ... # doctest: +SKIP
     """
-    if group.added:
+    if group.example.added:
         raise ReplayError(
             f"group {group.name} was exported with fill_missing substitutes "
-            f"({', '.join(group.added)}); an ONNX runner cannot feed them: export without "
+            f"({', '.join(group.example.added)}); an ONNX runner cannot feed them: export without "
             "fill_missing"
         )
     args, kwargs = program.example_inputs or ((), {})
@@ -277,7 +277,7 @@ def _leaf_of_input(
     """
     from replay.runtime import callform
 
-    sizes = group.example.sizes
+    sizes = group.example.representative.sizes
     args, kwargs = group.recorded_call(sizes)
     recorded = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     if len(recorded) != len(group.structure.tensors):
@@ -286,7 +286,7 @@ def _leaf_of_input(
             f"{len(group.structure.tensors)} recorded tensor leaves"
         )
     index = {id(t): i for i, t in enumerate(recorded)}
-    call_args, call_kwargs = callform.arrange(group.form, args, kwargs)
+    call_args, call_kwargs = callform.arrange(group.example.form, args, kwargs)
     example_kwargs: dict[str, Any] = dict((program.example_inputs or ((), {}))[1])
     ordered = {k: call_kwargs[k] for k in example_kwargs if k in call_kwargs}
     ordered.update({k: v for k, v in call_kwargs.items() if k not in ordered})

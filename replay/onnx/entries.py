@@ -65,7 +65,7 @@ def _dim_map(group: ExportGroup, owner: ExportGroup) -> DimMap:
     for leaf in group.structure.tensors:
         mine[leaf.path] = width
         width += int(leaf.ndim)
-    fills = {f"kwargs[{fill.argument!r}]": fill for fill in group.fills}
+    fills = {f"kwargs[{fill.argument!r}]": fill for fill in group.example.fills}
     out: DimMap = []
     for leaf in owner.structure.tensors:
         if leaf.path in mine:

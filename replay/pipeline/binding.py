@@ -54,9 +54,7 @@ def check_signature(model: Any, groups: Iterable[ExportGroup]) -> None:
     """
     current = Signature.of(getattr(model, "forward", model))
     for group in groups:
-        if group.analysis is None:
-            continue
-        structure = group.analysis.structure
+        structure = group.structure
         recorded = structure.checked_params()
         if [(p.name, p.kind) for p in recorded] == [(p.name, p.kind) for p in current]:
             continue

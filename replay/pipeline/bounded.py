@@ -46,10 +46,7 @@ def with_hints(group: ExportGroup, hinted: Iterable[str] | None, floor: int = 0)
         floor: Raise the min of the hinted axes to this.
 
     Returns:
-        The group with new ``dynamic_shapes`` (same example arguments, own notes list).
-
-    Raises:
-        ReplayError: The group was not built from an analysis.
+        The group with new ``dynamic_shapes`` (same example arguments and notes).
 
     Example:
         >>> with_hints(group, ["past_key_values_2"]).dynamic_shapes["attention_mask"]
@@ -89,9 +86,9 @@ def export_bounded(
         ``(group, program, None)`` with the group that exported (its notes say how), or
         ``(group, None, error)`` (the given group and error) when no bounded form was accepted.
     """
-    if group.analysis is None:
-        return group, None, error
-    specs = shapes.axis_specs(group.analysis, named_dims=True, example=group.example.symbols)
+    specs = shapes.axis_specs(
+        group.analysis, named_dims=True, example=group.example.representative.symbols
+    )
     every = list(specs.symbols)
     violated = violated_symbols(error, every)
     attempts: list[tuple[list[str], int]] = []
@@ -104,7 +101,7 @@ def export_bounded(
         program, failure = export(candidate)
         if program is not None:
             ranges = ", ".join(_range_text(specs, s, floor) for s in hinted)
-            candidate.notes.append(
+            candidate = candidate.noted(
                 f"named dims rejected by torch.export ({first}); exported with bounded "
                 f"Dim.DYNAMIC hints for {ranges} instead (torch checks them at run time)"
             )
@@ -129,8 +126,7 @@ def export_unbounded(
         ``(group, program or None, error or None, why named dims are not honoured)``.
     """
     why = f"named dims rejected by torch.export ({summary(error)})"
-    retry = with_hints(group, None)
-    retry.notes.append(f"{why}; exported with unbounded Dim.DYNAMIC instead")
+    retry = with_hints(group, None).noted(f"{why}; exported with unbounded Dim.DYNAMIC instead")
     program, failure = export(retry)
     return retry, program, failure, f"named_dims: {why}"
 

@@ -182,8 +182,7 @@ def _noted(done: Exported, reasons: Sequence[str]) -> Exported:
     """`done` with why no other group's program serves it."""
     if not reasons:
         return done
-    group = dataclasses.replace(done.group, notes=[*done.group.notes, *reasons])
-    return Exported(group, done.program, done.error, done.not_honoured)
+    return dataclasses.replace(done, group=done.group.noted(*reasons))
 
 
 def _part(job: Job, done: Exported, notes: Sequence[str] = ()) -> Part:
@@ -191,7 +190,7 @@ def _part(job: Job, done: Exported, notes: Sequence[str] = ()) -> Part:
     error = failure(done.error) if done.error is not None and done.program is None else None
     if error is not None:
         logger.warning("export of group %s failed: %s", done.group.name, error)
-    group = dataclasses.replace(done.group, notes=[*done.group.notes, *notes])
+    group = done.group.noted(*notes)
     options = job.options
     with nodes.register_flattening_functions():
         rows = coverage_rows(
@@ -249,7 +248,7 @@ def _with_fallback(job: Job, done: Exported, budget: Budget) -> list[Part]:
         )
     covered = {r.sizes for p in statics for r in p.rows if r.kind == KIND_RECORDED}
     kept = tuple(r for r in part.rows if not (r.kind == KIND_RECORDED and r.sizes in covered))
-    group = dataclasses.replace(part.group, notes=[*part.group.notes, *fallback.notes, *dropped])
+    group = part.group.noted(*fallback.notes, *dropped)
     return [*statics, dataclasses.replace(part, group=group, rows=kept)]
 
 
@@ -270,7 +269,7 @@ def _retry(
     def attempt(g: ExportGroup) -> tuple[ExportedProgram | None, BaseException | None]:
         return _export_group(module, g, options.strict, deadline)
 
-    if not options.named_dims or group.analysis is None:
+    if not options.named_dims:
         return group, None, error, None
     # torch.export could not prove a guard within the named ranges (e.g. the Min(...) stride
     # guard of repeat_kv's reshape on torch 2.13): bounded hints keep the recorded ranges and

@@ -131,8 +131,8 @@ def program_columns(group: ExportGroup) -> list[tuple[int, ...] | None]:
         else:
             values.append(_Other())
     args, kwargs = shapes.spec_tree(structure.tree, values)
-    kwargs.update({name: _Slot(None) for name in group.added})
-    args_t, kwargs = callform.arrange(group.form, args, kwargs)
+    kwargs.update({name: _Slot(None) for name in group.example.added})
+    args_t, kwargs = callform.arrange(group.example.form, args, kwargs)
     leaves = pytree.tree_leaves((args_t, kwargs))
     return [leaf.columns for leaf in leaves if isinstance(leaf, _Slot)]
 

@@ -83,8 +83,6 @@ def missing_inputs(lacking: ExportGroup, full: ExportGroup) -> list[str]:
         ... # doctest: +SKIP
         ['attention_mask']
     """
-    if lacking.analysis is None or full.analysis is None:
-        return []
     b, a = lacking.structure, full.structure
     if b.n_args != a.n_args or b.signature != a.signature:
         return []
@@ -243,13 +241,8 @@ def prove(
     from replay.check.payload_rows import payload_rows
     from replay.inputs.exportgroup import ExportInputs
 
-    served = dataclasses.replace(
-        lacking,
-        served_by=full.program_name,
-        fills=tuple(fills),
-        form=full.form,
-        notes=list(lacking.notes),
-    )
+    example = dataclasses.replace(lacking.example, form=full.example.form, fills=tuple(fills))
+    served = dataclasses.replace(lacking, example=example, served_by=full.program_name)
     with nodes.register_flattening_functions():
         rows = coverage_rows(
             module, served, program, None, options.atol, options.rtol, options.probes
@@ -268,7 +261,7 @@ def prove(
     failed = next((r for r in [*rows, *real] if not r.covered), None)
     if failed is not None:
         return served, rows, f"{failed.kind} {failed.signature}: {failed.error}"
-    served.notes.append(
+    served = served.noted(
         f"served by the program of {full.program_name} with {'; '.join(f.text for f in fills)}: "
         f"proven on its {sum(r.kind == 'recorded' for r in rows)} recorded signatures, "
         f"{sum(r.kind == 'probe' for r in rows)} probes and {len(real)} sampled real calls "
@@ -306,11 +299,11 @@ def merge(
         'decode'
     """
     reasons: list[str] = []
-    if lacking.added:
+    if lacking.example.added:
         return Merged(None)  # fill_missing: every program already takes every input, as asked
     for full, program in exported:
         arguments = missing_inputs(lacking, full)
-        if not arguments or full.added or full.served_by is not None:
+        if not arguments or full.example.added or full.served_by is not None:
             continue
         candidates, why = derive_fills(lacking, full, arguments)
         for fills in candidates:

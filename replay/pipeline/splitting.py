@@ -56,7 +56,7 @@ Retry = Callable[
 named dims are not honoured)``."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Exported:
     """One group (or regime) after export.
 
@@ -109,7 +109,7 @@ def _narrowed(sides: dict[str, Side], symbol: str, side: Side) -> dict[str, Side
     return {**sides, symbol: (low, high)}
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Pending:
     group: ExportGroup
     base: str
@@ -162,15 +162,18 @@ def _export_one(
 ) -> tuple[Exported, Cut | None]:
     """The group exported (with its retries), or the cut torch makes in it when splitting
     there adds at most `room` regimes (a cut past that is said in the group's notes)."""
-    if group.analysis is None or group.analysis.matrix is None:
+    if group.analysis.matrix is None:
         program, error = export(group)
         return Exported(group, program, error), None
     signatures = [sizes for sizes, _ in group.recorded()]
     program, error = export(group)
     if error is not None and is_constraint_violation(error):
         cut = _probe(group, export, signatures)
-        if cut is not None and _fits(group, cut, room):
-            return Exported(group, None, error), cut
+        if cut is not None:
+            too_many = _too_many(cut, room)
+            if too_many is None:
+                return Exported(group, None, error), cut
+            group = group.noted(too_many)
         exported, program, error, why = retry(group, error)
         outcome = Exported(exported, program, error, why)
     else:
@@ -179,27 +182,35 @@ def _export_one(
         return outcome, None
     found = verdicts(outcome.program, outcome.group, signatures)
     cut = find_cut(outcome.group, found) if found is not None else None
-    if cut is not None and _fits(outcome.group, cut, room):
-        return outcome, cut
     refused = [v for v in found or () if not v.accepted]
-    if cut is None and refused and len(refused) < len(signatures):
-        outcome.group.notes.append(
+    if cut is not None:
+        too_many = _too_many(cut, room)
+        if too_many is None:
+            return outcome, cut
+        return _noted(outcome, too_many), None
+    if refused and len(refused) < len(signatures):
+        outcome = _noted(
+            outcome,
             f"the program's guards refuse {len(refused)} of {len(signatures)} recorded "
             f"signatures ({refused[0].refused}); no one dim separates them from the others "
-            "into ranges, so the group is not split"
+            "into ranges, so the group is not split",
         )
     return outcome, None
 
 
-def _fits(group: ExportGroup, cut: Cut, room: int) -> bool:
-    """Splitting at `cut` adds at most `room` regimes; else a note says why it was not."""
+def _noted(outcome: Exported, note: str) -> Exported:
+    return dataclasses.replace(outcome, group=outcome.group.noted(note))
+
+
+def _too_many(cut: Cut, room: int) -> str | None:
+    """Why the group is not split at `cut` (more regimes than `room` allows), or None: it
+    fits."""
     if len(cut.runs) - 1 <= room:
-        return True
-    group.notes.append(
+        return None
+    return (
         f"torch.export cuts the recorded {cut.symbol} into {_runs_text(cut)} ({cut.guard}); "
         "not split there: that would make more regimes than max_regimes allows"
     )
-    return False
 
 
 def _probe(group: ExportGroup, export: Export, signatures: list[tuple[int, ...]]) -> Cut | None:
@@ -221,7 +232,7 @@ def _split(
     """One pending regime per run of the cut, in increasing order."""
     group = item.group
     analysis = group.analysis
-    if analysis is None or analysis.matrix is None:
+    if analysis.matrix is None:
         return [item]
     column = analysis.matrix[:, cut.column]
     out = []
@@ -230,12 +241,12 @@ def _split(
         sides = _narrowed(item.sides, cut.symbol, side)
         name = regime_name(item.base, sides)
         built = build_group(regime(analysis, rows, name), analysed, group.ranges, options)
-        built.notes.insert(
-            0,
+        note = (
             f"a regime of {item.base}: torch.export cuts its recorded {cut.symbol} into "
             f"{_runs_text(cut)} (the program it traced refuses the other side: {cut.guard}); "
-            "one program per side",
+            "one program per side"
         )
+        built = dataclasses.replace(built, notes=(note, *built.notes))
         out.append(_Pending(built, item.base, sides))
     return out
 

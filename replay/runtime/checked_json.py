@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import json
 import math
 import re
 import types
 import typing
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar, cast
 
 from capture.errors import ReplayError
@@ -33,6 +35,7 @@ from replay.runtime.guards import NAME, ArtifactError
 
 __all__ = [
     "load",
+    "collector_paused",
     "Fields",
     "read",
     "to_json",
@@ -86,6 +89,27 @@ def load(data: bytes, source: str) -> Any:
         return json.loads(data, parse_constant=_refuse_constant, parse_float=_finite)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
         raise ArtifactError(f"{source} is not valid JSON ({str(e)[:120]})") from None
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """CPython's cyclic garbage collector off for the block, back on after it (on error too)
+    unless it was off already.
+
+    A program's graph parses into some 10^5 small dicts and lists, all alive while a reader
+    checks or builds from them: that many young survivors make CPython run a full collection,
+    which walks every object of the process (torch's and transformers' too: a fifth of a
+    second after they are imported) and can free none of them. A reader that holds parsed
+    JSON only while it reads it runs in this block; the collector stays off for the whole
+    process meanwhile, other threads included.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Fields:

@@ -415,27 +415,35 @@ def route(
             for naming the group that came closest.
 
     Returns:
-        ``(guard, reasons)``: the first guard whose structure matches and whose checks pass
-        (None when none does), and group label -> why each program before it refused.
+        ``(guard, {})``: the first guard whose structure matches and whose checks pass; or
+        ``(None, reasons)`` when none does: group label -> why each program refused.
 
     Example:
         >>> guard = ProgramGuard("", "g0", "g0", None, (), (Axis("args[0]", 0, 2, 4, True),))
         >>> route([guard], lambda g: (None, (), [9]))[1]
         {'g0': 'args[0] axis 0 = 9 is outside the recorded range [2, 4]'}
     """
-    reasons: dict[str, str] = {}
+    # A served call pays for no explanation: what differs between structures (the costly part,
+    # a walk over both leaf lists) is described only once no program accepts the call.
+    refused: list[tuple[ProgramGuard, CallFacts, str | None]] = []
     for guard in guards:
-        treespec, leaves, dims = facts(guard)
+        call = facts(guard)
+        treespec, leaves, dims = call
         if not guard.matches(treespec, leaves):
-            count, what = structure_difference(guard.treespec, guard.leaves, treespec, leaves)
-            reasons[guard.label] = f"{STRUCTURE_DIFFERS}: {what}" if what else STRUCTURE_DIFFERS
-            if distances is not None:
-                distances[guard.label] = max(count, 1)
+            refused.append((guard, call, None))
             continue
         failed = guard.check(dims)
         if failed is None:
-            return guard, reasons
+            return guard, {}
+        refused.append((guard, call, failed))
+    reasons: dict[str, str] = {}
+    for guard, (treespec, leaves, _dims), failed in refused:
+        differing = 0  # inputs that differ from the recorded structure; 0: a guard failed
+        if failed is None:
+            count, what = structure_difference(guard.treespec, guard.leaves, treespec, leaves)
+            failed = f"{STRUCTURE_DIFFERS}: {what}" if what else STRUCTURE_DIFFERS
+            differing = max(count, 1)
         reasons[guard.label] = failed
         if distances is not None:
-            distances[guard.label] = 0
+            distances[guard.label] = differing
     return None, reasons

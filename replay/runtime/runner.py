@@ -57,22 +57,31 @@ class Router:
         return respell(kwargs, self._names)
 
     def facts(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], entry: ProgramEntry
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        entry: ProgramEntry,
+        layout: tuple[Any, list[Any]] | None = None,
     ) -> tuple[str | None, Sequence[LeafFacts], list[Any]]:
         """The call's treespec, leaves and tensors (in leaf order: the order of ``dims``),
         described with the entry's recorded signature (which names positional arguments);
-        cached per call layout."""
-        from capture.record.flatten import describe, tensor_key, walk
-        from capture.signature import Signature
+        cached per call layout.
 
-        tensors: list[Any] = []
-        key: list[Any] = [len(args)]
-        walk(args, tensors, key)
-        walk(kwargs, tensors, key)
-        full, _ = tensor_key(key, tensors, devices=False)
+        Args:
+            args: The call's positional arguments.
+            kwargs: The call's keyword arguments.
+            entry: The entry whose signature describes the call.
+            layout: The call's `layout`, when the caller already walked it (routing
+                describes one call for every entry it tries).
+        """
+        from capture.record.flatten import describe
+
+        full, tensors = layout if layout is not None else self.layout(args, kwargs)
         cache_key = (full, entry.signature)
         found = self._seen.get(cache_key)
         if found is None:
+            from capture.signature import Signature
+
             signature = Signature.loads(entry.signature)
             st = describe((args, kwargs), list(tensors), signature=signature)
             found = (st.treespec, st.leaves, st.slow)
@@ -83,6 +92,19 @@ class Router:
 
             tensors = [t for t in pytree.tree_leaves((args, kwargs)) if hasattr(t, "shape")]
         return treespec, leaves, tensors
+
+    @staticmethod
+    def layout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any]]:
+        """The call's layout key (containers, keys, tensor kinds and ranks; no sizes) and its
+        tensors, walked once."""
+        from capture.record.flatten import tensor_key, walk
+
+        tensors: list[Any] = []
+        key: list[Any] = [len(args)]
+        walk(args, tensors, key)
+        walk(kwargs, tensors, key)
+        full, _ = tensor_key(key, tensors, devices=False)
+        return full, tensors
 
     def route(
         self,
@@ -101,9 +123,11 @@ class Router:
             CallNotServed: No entry accepts the call; the message names each group and why.
         """
         seen: dict[int, list[Any]] = {}
+        layout = self.layout(args, kwargs)
 
         def facts(guard: ProgramGuard) -> CallFacts:
-            treespec, leaves, tensors = self.facts(args, kwargs, self._by_guard[id(guard)])
+            entry = self._by_guard[id(guard)]
+            treespec, leaves, tensors = self.facts(args, kwargs, entry, layout)
             seen[id(guard)] = tensors
             return treespec, leaves, [int(s) for t in tensors for s in t.shape]
 

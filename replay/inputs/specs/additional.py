@@ -103,7 +103,7 @@ def additional_inputs(
     chosen = inputs.groups[0]
     if group is None:  # the group with the most calls
         chosen = max(inputs.groups, key=lambda g: g.calls)
-    if chosen.analysis is None or chosen.analysis.matrix is None:
+    if chosen.analysis.matrix is None:
         raise ReplayError(f"group {chosen.name} carries no recorded signatures")
     extra = StoreInputs()
     for sizes in representative_signatures(chosen.analysis, limit):

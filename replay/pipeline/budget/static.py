@@ -89,7 +89,7 @@ def export_static(
     Returns:
         The static groups exported and the notes.
     """
-    if group.analysis is None or group.analysis.matrix is None or options.max_static <= 0:
+    if group.analysis.matrix is None or options.max_static <= 0:
         return StaticFallback((), ())
     wanted = {tuple(s) for s in unserved}
     order = [sizes for sizes, _ in group.recorded() if tuple(sizes) in wanted]

@@ -21,7 +21,14 @@ from typing import Any
 
 from replay.runtime.ort.weights import OnnxFileError
 
-__all__ = ["DOMAINS", "ITEMSIZE", "ExternalInitializer", "check_operators", "external_initializers"]
+__all__ = [
+    "DOMAINS",
+    "ITEMSIZE",
+    "ExternalInitializer",
+    "check_operators",
+    "external_initializers",
+    "read_checked",
+]
 
 DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
 """Operator domains a set's models may use without the caller naming them."""
@@ -78,9 +85,7 @@ def external_initializers(
     path: str, weights: str, allowed: Iterable[str] = ()
 ) -> list[ExternalInitializer]:
     """The initializers of the ONNX model at `path` that live in the weights file, the model's
-    operators checked (`check_operators`).
-
-    Reads the model without its weights (``onnx.load(load_external_data=False)``).
+    operators checked (`read_checked`).
 
     Args:
         path: An ONNX file written by `replay.runtime.ort.weights.write_models`.
@@ -91,13 +96,29 @@ def external_initializers(
         One `ExternalInitializer` per external initializer.
 
     Raises:
-        OnnxFileError: The file is not ONNX, a node is outside the allowed domains, or an
-            initializer references another file, a path, bytes outside the weights file, or a
-            length that is not its shape's.
+        OnnxFileError: See `read_checked`.
 
     Example:
         >>> external_initializers("m.decode.onnx", "m.onnx.data")[0].name  # doctest: +SKIP
         'model.embed_tokens.weight'
+    """
+    return read_checked(path, weights, allowed)[1]
+
+
+def read_checked(
+    path: str, weights: str, allowed: Iterable[str] = ()
+) -> tuple[Any, list[ExternalInitializer]]:
+    """Reads the ONNX model at `path` without its weights (``onnx.load(load_external_data=False)``)
+    and checks it: its operators (`check_operators`) and its external data.
+
+    Returns:
+        The ``onnx.ModelProto`` and one `ExternalInitializer` per initializer of the top graph
+        that lives in the weights file.
+
+    Raises:
+        OnnxFileError: The file is not ONNX, a node is outside the allowed domains, or an
+            initializer references another file, a path, bytes outside the weights file, or a
+            length that is not its shape's.
     """
     import onnx
 
@@ -110,6 +131,8 @@ def external_initializers(
         ) from None
     check_operators(proto, path, allowed)
     stray = _nested_external(proto.graph, top=True)
+    for function in proto.functions:  # a local function's Constant: its nodes, like a subgraph's
+        stray = stray or _nested_external(function, top=True)
     if stray:
         raise OnnxFileError(
             f"{path}: {stray} references external data outside the graph's initializers; "
@@ -122,7 +145,7 @@ def external_initializers(
         if init.data_location != onnx.TensorProto.EXTERNAL:
             continue
         out.append(_external(init, path, weights, total))
-    return out
+    return proto, out
 
 
 def _external(init: Any, path: str, weights: str, total: int) -> ExternalInitializer:
@@ -155,11 +178,12 @@ def _external(init: Any, path: str, weights: str, total: int) -> ExternalInitial
 
 def _nested_external(graph: Any, top: bool) -> str | None:
     """The name of a tensor with external data anywhere but the top graph's initializers
-    (Constant attributes, subgraphs, sparse initializers): onnxruntime would open its file."""
+    (Constant attributes, subgraphs, sparse initializers; `graph` may be a local function,
+    which has nodes only): onnxruntime would open its file."""
     import onnx
 
     tensors = [] if top else list(graph.initializer)
-    tensors += [t.values for t in graph.sparse_initializer]
+    tensors += [t.values for t in getattr(graph, "sparse_initializer", ())]  # none in a function
     graphs = []
     for node in graph.node:
         for attr in node.attribute:

@@ -19,12 +19,12 @@ types:
 As with the ``.pt2`` runner, an input cache is not grown in place: the new cache is in the
 output. Sessions use onnxruntime's CPU execution provider unless `load_onnx` is given others.
 
-**Weights shared across sessions**: the weights file is memory-mapped once and every external
-initializer of every file is handed to its session as an ``OrtValue`` over that map
-(``SessionOptions.add_initializer``), with onnxruntime's weight prepacking off (it would give
-each session a packed copy again: onnxruntime's shared prepacked-weights container is not in
-its Python API): the sessions of a 4-group model hold one copy of the weights, paged in from
-the file, instead of four (docs/benchmarks.md measures memory and latency both ways).
+**One session, the weights once** (``share_weights=True``, the default): the set's files are
+combined in memory into one model (`replay.runtime.ort.combined`: each file an ``If`` branch, the
+weights initializers of the main graph) served by one onnxruntime session, which loads the
+weights once and prepacks each matmul weight once: onnxruntime's own speed, one copy. With
+``share_weights=False`` each file has its own session and its own prepacked copy of the weights
+(docs/onnx.md measures both).
 """
 
 from __future__ import annotations
@@ -32,18 +32,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replay.runtime.fills import fill_call
 from replay.runtime.guards import CallNotServed
 from replay.runtime.manifest import ProgramEntry
-from replay.runtime.ort.checks import ITEMSIZE, external_initializers
+from replay.runtime.ort.checks import read_checked
+from replay.runtime.ort.combined import Branch, Checked, combine, partition
 from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, manifest_path, read_onnx_set
 from replay.runtime.ort.weights import OnnxFileError
 from replay.runtime.runner import Routed, Router
-
-if TYPE_CHECKING:
-    import numpy as np
 
 __all__ = ["OnnxRunner", "OnnxProgram", "OpenedSet", "load_onnx", "open_onnx", "open_set", "CPU"]
 
@@ -58,17 +56,31 @@ class OnnxProgram:
         name: The program's name (the group that owns the file).
         file: The ONNX fields of the owning group's entry (the file's inputs and outputs:
             every entry the file serves names them).
-        session: Its ``onnxruntime.InferenceSession``.
+        session: Its ``onnxruntime.InferenceSession``: the set's one session (the file is one
+            branch of the combined model, `branch`) or the file's own.
+        branch: Where the file lives in the combined model (None: the session is the file's).
     """
 
-    def __init__(self, name: str, file: OnnxFile, session: Any) -> None:
+    def __init__(
+        self, name: str, file: OnnxFile, session: Any, branch: Branch | None = None
+    ) -> None:
         self.name = name
         self.file = file
         self.session = session
-        self._inputs = [(i.name, i.path) for i in file.inputs]
+        self.branch = branch
+        inputs = branch.inputs if branch else {i.name: i.name for i in file.inputs}
+        outputs = branch.outputs if branch else {n: n for n in file.outputs.names if n}
+        self._inputs = [(inputs[i.name], i.path) for i in file.inputs]
         self._names = list(file.outputs.names)
         self._constants = list(file.outputs.constants)
-        self._fetch = [n for n in self._names if n is not None]
+        self._fetch = [outputs[n] for n in self._names if n is not None]
+        self._flags: dict[str, Any] = {}
+        if branch:  # the file's branch runs; the others' flags keep their default, false
+            import numpy as np
+            import onnxruntime as ort
+
+            self._flag = ort.OrtValue.ortvalue_from_numpy(np.array(True))
+            self._flags[branch.flag] = self._flag._ortvalue
         self._spec: Any = None
 
     def _treespec(self) -> Any:
@@ -95,7 +107,7 @@ class OnnxProgram:
         # onnxruntime's own C-level calls (what its Python wrappers do, minus a Python
         # object per value and the checks the C side repeats): one OrtValue per input over
         # the tensor's memory, one tensor per output over onnxruntime's (DLPack, no copy).
-        feeds = {}
+        feeds = dict(self._flags)
         label = self.name
         for name, path in self._inputs:
             t = tensors.get(path)
@@ -135,7 +147,6 @@ class OnnxRunner(Routed):
         self,
         manifest: OnnxManifest,
         programs: dict[str, OnnxProgram],
-        keep: Sequence[Any] = (),
         module: str = "",
     ) -> None:
         self.manifest = manifest
@@ -143,11 +154,10 @@ class OnnxRunner(Routed):
         self.module = module
         self.modules: dict[str, OnnxRunner] = {}
         self._router = Router(manifest.manifest.model, module, manifest.manifest.for_module(module))
-        self._keep = list(keep)  # the weights map and OrtValues the sessions read
         if not module:
             for name in manifest.manifest.modules:
                 if name:
-                    self.modules[name] = OnnxRunner(manifest, programs, keep, name)
+                    self.modules[name] = OnnxRunner(manifest, programs, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the ONNX file that accepts it.
@@ -234,59 +244,6 @@ def _register_types(types: set[str]) -> None:
         register_types(wanted)
 
 
-def _shared_initializers(
-    folder: str, weights: str, files: Sequence[str], allowed: Iterable[str]
-) -> tuple[dict[str, list[tuple[str, Any]]], list[Any]]:
-    """File -> its ``(initializer name, OrtValue)`` over one read-only map of the weights file.
-
-    Returns also what must outlive the sessions (the map, the OrtValues).
-    """
-    import numpy as np
-    import onnxruntime as ort
-
-    location = os.path.join(folder, weights)
-    if os.path.getsize(location) == 0:  # no tensor above INLINE_BYTES: nothing to share
-        for file in files:
-            external_initializers(os.path.join(folder, file), weights, allowed)
-        return {}, []
-    mapped = np.memmap(location, dtype=np.uint8, mode="r")
-    values: dict[tuple[int, int, int, tuple[int, ...]], Any] = {}
-    out: dict[str, list[tuple[str, Any]]] = {}
-    for file in files:
-        pairs = []
-        for init in external_initializers(os.path.join(folder, file), weights, allowed):
-            key = (init.offset, init.length, init.data_type, init.dims)
-            value = values.get(key)
-            if value is None:
-                value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                    _view(mapped, init.offset, init.length, init.data_type, init.dims, file),
-                    init.data_type,
-                )
-                values[key] = value
-            pairs.append((init.name, value))
-        out[file] = pairs
-    return out, [mapped, *values.values()]
-
-
-def _view(
-    mapped: np.ndarray, offset: int, length: int, data_type: int, dims: tuple[int, ...], file: str
-) -> np.ndarray:
-    """Bytes of the weights file as an array of the element size (onnxruntime reinterprets)."""
-    import numpy as np
-
-    size = ITEMSIZE.get(data_type)
-    count = 1
-    for d in dims:
-        count *= d
-    if size is None or count * size != length:
-        raise OnnxFileError(
-            f"{file}: an initializer of type {data_type} and shape {list(dims)} does not fit "
-            f"its {length} bytes"
-        )
-    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[size]
-    return mapped[offset : offset + length].view(kind).reshape(dims)
-
-
 def load_onnx(
     path: str | os.PathLike[str],
     *,
@@ -301,8 +258,8 @@ def load_onnx(
 
     Args:
         path: The path given to ``onnx=`` (``model.onnx``) or its manifest ``model.onnx.json``.
-        share_weights: Give every session the same memory-mapped weights, unpacked (module
-            docstring); False lets each session load (and prepack) its own copy.
+        share_weights: One session for the whole set, the weights loaded and prepacked once
+            (module docstring); False: one session per file, each with its own copy.
         providers: onnxruntime execution providers (default: CPU).
         threads: onnxruntime's intra-op threads per session (default: its own, one per core).
         allow_ops: Operator domains the models may use beyond the standard ones
@@ -423,40 +380,74 @@ def open_set(
         raise OnnxFileError(
             f"the manifest serves groups with programs it has no file of: {sorted(missing)}"
         )
-    files = [f.file for f in owners.values()]
+    files = sorted({f.file for f in owners.values()})
     types: set[str] = set()
     for entry in manifest.manifest.programs:
         types.update(entry.pytree_types)
     _register_types(types)
-    shared: dict[str, list[tuple[str, Any]]] = {}
-    keep: list[Any] = []
+    checked = [Checked(f, *read_checked(os.path.join(folder, f), weights, allowed)) for f in files]
+    sessions: dict[str, tuple[Any, Branch | None]] = {}
     if share_weights:
-        shared, keep = _shared_initializers(folder, weights, files, allowed)
+        for group in partition(checked):
+            model, branches = combine(group, weights)
+            names = ", ".join(c.file for c in group)
+            session = _session(ort, model.SerializeToString(), names, folder, providers, threads)
+            sessions.update({f: (session, branches[f]) for f in branches})
     else:
-        for file in files:  # the same checks, without sharing
-            external_initializers(os.path.join(folder, file), weights, allowed)
-    programs: dict[str, OnnxProgram] = {}
-    for name, owned in owners.items():
-        options = ort.SessionOptions()
-        options.log_severity_level = 3  # onnxruntime's warnings are not the caller's output
-        if threads is not None:
-            options.intra_op_num_threads = threads
-        if share_weights:
-            # Prepacking copies a weight into a per-session layout: with shared initializers
-            # every session would hold its own packed copy (measured: more memory than no
-            # sharing at all), and the Python API has no shared prepacked-weights container.
-            options.add_session_config_entry("session.disable_prepacking", "1")
-        for initializer, value in shared.get(owned.file, []):
-            options.add_initializer(initializer, value)
-        try:
-            session = ort.InferenceSession(
-                os.path.join(folder, owned.file), options, providers=list(providers)
-            )
-        except Exception as e:  # onnxruntime's own load errors: one clear line
-            text = str(e).strip().splitlines()
-            raise OnnxFileError(
-                f"onnxruntime cannot load {owned.file}: {type(e).__name__}: "
-                f"{text[0][:200] if text else ''}"
-            ) from None
-        programs[name] = OnnxProgram(name, owned, session)
-    return OnnxRunner(manifest, programs, keep)
+        for c in checked:
+            path = os.path.join(folder, c.file)
+            sessions[c.file] = (_session(ort, path, c.file, folder, providers, threads), None)
+    _release_freed_memory()
+    programs = {
+        name: OnnxProgram(name, owned, *sessions[owned.file]) for name, owned in owners.items()
+    }
+    return OnnxRunner(manifest, programs)
+
+
+def _session(
+    ort: Any,
+    model: str | bytes,
+    names: str,
+    folder: str,
+    providers: Sequence[str],
+    threads: int | None,
+) -> Any:
+    """An onnxruntime session of a model file, or of a combined model's bytes whose weights
+    are in the set's folder.
+
+    Raises:
+        OnnxFileError: onnxruntime cannot load it.
+    """
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # onnxruntime's warnings are not the caller's output
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if isinstance(model, bytes):  # external data is looked for beside the combined model
+        options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", folder
+        )
+    try:
+        return ort.InferenceSession(model, options, providers=list(providers))
+    except Exception as e:  # onnxruntime's own load errors: one clear line
+        text = str(e).strip().splitlines()
+        raise OnnxFileError(
+            f"onnxruntime cannot load {names}: {type(e).__name__}: {text[0][:200] if text else ''}"
+        ) from None
+
+
+def _release_freed_memory() -> None:
+    """Hands the C heap's free pages back to the system (glibc's ``malloc_trim``).
+
+    onnxruntime prepacks a weight once per kernel that reads it and keeps one packed copy per
+    session; the other kernels' packs are freed, but glibc's allocator keeps such freed blocks
+    (its mmap threshold grows with each large block freed) and the process would hold about a
+    third of the weights more per extra file. Elsewhere than glibc there is nothing to call.
+    """
+    import ctypes
+
+    try:  # the process's own symbols (dlopen(NULL)): libc's, where the C heap is glibc's
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except (OSError, TypeError):  # Windows: no process handle by None
+        trim = None
+    if trim is not None:
+        trim(0)

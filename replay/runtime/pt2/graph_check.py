@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from replay.runtime.allowed import AllowOps
 from replay.runtime.checked_json import NAME, load
@@ -28,7 +28,7 @@ from replay.runtime.guards import ArtifactError
 from replay.runtime.pt2.expressions import check_guard, check_sympy, refuse
 from replay.runtime.pt2.operators import op_kind
 
-__all__ = ["check_program", "spec_types", "BUILTIN_SPEC_TYPES"]
+__all__ = ["check_program", "spec_types", "BUILTIN_SPEC_TYPES", "MAX_NESTING"]
 
 BUILTIN_SPEC_TYPES = frozenset(
     {
@@ -56,6 +56,11 @@ _NAME_KEYS = frozenset(
         "user_input_name",
     }
 )
+MAX_NESTING = 200
+"""Deepest nesting of a program's JSON read (a Llama's graph nests 17 levels, each subgraph
+adds about ten)."""
+_STRING_KEYS = _NAME_KEYS | {"expr_str", "target", "as_operator", "in_spec", "out_spec"}
+"""Keys whose string values torch evaluates, executes, imports or pastes into code."""
 _SYMBOL = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 _WRITABLE = frozenset({"buffer", "user_input"})
 """Input kinds an in-place operator may write (through a view too): the program's buffers and
@@ -67,6 +72,7 @@ def check_program(
     source: str,
     known_type: Callable[[str], bool],
     allowed: AllowOps = frozenset(),
+    checked: set[tuple[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Checks one program's JSON; returns it parsed.
 
@@ -78,6 +84,8 @@ def check_program(
             registers itself).
         allowed: Operator namespaces (or ``namespace.op``) the caller allows beyond
             `replay.runtime.pt2.operators`.
+        checked: The (key, string) pairs found good so far, updated: the programs of one
+            artifact, checked with the same `known_type` and `allowed`, share one set.
 
     Returns:
         The parsed JSON.
@@ -98,34 +106,82 @@ comparison torch.export writes (it names __import__); the program is not loaded
     tree = load(data, source)
     if not isinstance(tree, dict):
         raise ArtifactError(f"{source} is not a program: a JSON object was expected")
-    stack: list[tuple[str | None, Any]] = [(None, tree)]
-    checked: set[tuple[str | None, str]] = set()  # a graph repeats each size thousands of times
-    while stack:
-        key, value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend(value.items())
-            if key == "range_constraints":
-                for symbol in value:
-                    _require(_SYMBOL.match(symbol), source, "symbol", symbol)
-            if key == "as_custom_obj" or "custom_obj" in value:
-                raise ArtifactError(
-                    f"{source}: the program uses a custom object; an artifact holds tensors "
-                    "only, so it is not loaded"
-                )
-        elif isinstance(value, list):
-            if key == "guards_code":
-                for guard in value:
-                    check_guard(guard, source)
-            elif key == "forward_arg_names":
-                for name in value:
-                    _require(isinstance(name, str) and NAME.match(name), source, "name", name)
-            else:
-                stack.extend((key, item) for item in value)
-        elif isinstance(value, str) and (key, value) not in checked:
-            _check_string(key, value, source, known_type, allowed)
-            checked.add((key, value))
+    # A graph repeats each name and size thousands of times, and two programs of one model
+    # most of theirs: each (key, string) is checked once per `checked` set.
+    _Walk(source, known_type, allowed, set() if checked is None else checked).mapping(None, tree, 0)
     _check_writes(tree, source, allowed)
     return tree
+
+
+class _Walk:
+    """Every value of a program's JSON, depth first: the strings under `_STRING_KEYS` (and the
+    guards, the forward argument names and the range symbols) checked, each once per `seen`."""
+
+    def __init__(
+        self,
+        source: str,
+        known: Callable[[str], bool],
+        allowed: AllowOps,
+        seen: set[tuple[str, Any]],
+    ) -> None:
+        self.source = source
+        self.known = known
+        self.allowed = allowed
+        self.seen = seen
+
+    def too_deep(self) -> NoReturn:
+        raise ArtifactError(
+            f"{self.source}: the program nests deeper than {MAX_NESTING} levels, which "
+            "torch.export never writes; it is not loaded"
+        )
+
+    def mapping(self, key: str | None, value: dict[str, Any], depth: int) -> None:
+        if depth > MAX_NESTING:
+            self.too_deep()
+        if key == "range_constraints":
+            for symbol in value:
+                _require(_SYMBOL.match(symbol), self.source, "symbol", symbol)
+        if key == "as_custom_obj" or "custom_obj" in value:
+            raise ArtifactError(
+                f"{self.source}: the program uses a custom object; an artifact holds tensors "
+                "only, so it is not loaded"
+            )
+        seen = self.seen
+        for item_key, item in value.items():
+            kind = type(item)
+            if kind is str:
+                if item_key in _STRING_KEYS and (item_key, item) not in seen:
+                    _check_string(item_key, item, self.source, self.known, self.allowed)
+                    seen.add((item_key, item))
+            elif kind is dict:
+                self.mapping(item_key, item, depth + 1)
+            elif kind is list:
+                self.sequence(item_key, item, depth + 1)
+
+    def sequence(self, key: str | None, value: list[Any], depth: int) -> None:
+        if depth > MAX_NESTING:
+            self.too_deep()
+        seen = self.seen
+        if key == "guards_code":
+            for guard in value:
+                if type(guard) is not str or (key, guard) not in seen:
+                    check_guard(guard, self.source)  # refuses anything but a string
+                    seen.add((key, guard))
+            return
+        if key == "forward_arg_names":
+            for name in value:
+                _require(isinstance(name, str) and NAME.match(name), self.source, "name", name)
+            return
+        for item in value:
+            kind = type(item)
+            if kind is str:
+                if key in _STRING_KEYS and (key, item) not in seen:
+                    _check_string(key, item, self.source, self.known, self.allowed)
+                    seen.add((key, item))
+            elif kind is dict:
+                self.mapping(key, item, depth + 1)
+            elif kind is list:
+                self.sequence(key, item, depth + 1)
 
 
 def _check_string(
@@ -185,6 +241,7 @@ def _check_writes(tree: dict[str, Any], source: str, allowed: AllowOps) -> None:
     if not isinstance(top, dict):
         return
     graphs: list[tuple[dict[str, Any], dict[str, str]]] = [(top.get("graph") or {}, _roots(top))]
+    kinds: dict[str, str | None] = {}  # target -> op_kind
     while graphs:
         graph, roots = graphs.pop()
         roots = dict(roots)
@@ -199,7 +256,10 @@ def _check_writes(tree: dict[str, Any], source: str, allowed: AllowOps) -> None:
                 sub = (item.get("arg") or {}).get("as_graph")
                 if isinstance(sub, dict) and isinstance(sub.get("graph"), dict):
                     graphs.append((sub["graph"], {}))
-            kind = op_kind(str(node.get("target")), allowed)
+            target = str(node.get("target"))
+            kind = kinds.get(target, "")
+            if kind == "":
+                kind = kinds[target] = op_kind(target, allowed)
             if kind not in ("view", "inplace"):
                 continue
             first = _tensor_names(inputs[0].get("arg")) if inputs else []

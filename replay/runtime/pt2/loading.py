@@ -94,7 +94,8 @@ class Artifact:
         manifest: The typed manifest.
         slots: Program name -> where its tensors are (its payload configs).
         graphs: Program name -> its checked graph JSON (bytes).
-        trees: Program name -> that JSON, parsed.
+        trees: Program name -> that JSON, parsed (emptied by `open_artifact` once the
+            programs are built).
         types: Pytree node types the graphs and the manifest name.
     """
 
@@ -163,6 +164,7 @@ def read_artifact(
                 )
         art.types.update(entry.pytree_types)
     records: set[str] = set()
+    checked: set[tuple[str, Any]] = set()  # strings found good, shared by the programs
     for p in names:
         if archive.entries[SAMPLE_INPUTS.format(p)].size:
             raise ArtifactError(
@@ -173,7 +175,7 @@ def read_artifact(
         inner = MODELS.format(p)
         graph = archive.read(inner, PROGRAM_CAP)
         check_digest(manifest.digests.get(inner), digest_bytes(graph), archive.name(inner))
-        tree = check_program(graph, archive.name(inner), known, allowed)
+        tree = check_program(graph, archive.name(inner), known, allowed, checked)
         art.types |= spec_types(tree)
         art.graphs[p] = graph
         art.trees[p] = tree
@@ -281,6 +283,7 @@ def open_artifact(
     target = device or "cpu"
     tensors = load_tensors(art.archive, art.slots, target)
     programs = {name: _program(art, name, tensors[name], target) for name in art.graphs}
+    art.trees.clear()  # the programs hold their fx graphs; the parsed trees go now
     modules = {name: _module(art, name, p) for name, p in programs.items()}
     builds = {n: _compiled(art, n, tensors[n], target) for n in programs} if compiled else {}
     return Opened(art, programs, modules, builds)

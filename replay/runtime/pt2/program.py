@@ -12,9 +12,9 @@ their torch values, a subgraph to a sub-module), and each input of the graph sig
 the artifact's parameter, buffer or constant, or to the call's flattened input. The result
 is a `torch.fx.GraphModule` wrapped in a `Program`, which flattens a call by the program's
 input treespec, runs the graph, writes buffer mutations back to the buffers (as the unlifted
-module torch builds does) and rebuilds the output structure. The load checks every node,
-value and reference with a dry build (nothing made); the fx graph and the Python code torch.fx
-generates for it, most of a build's time, are made on the program's first call.
+module torch builds does) and rebuilds the output structure. The load builds every program's
+fx graph and the Python code torch.fx generates for it, so a loaded runner answers its first
+call at the eager model's speed; the parsed JSON is dropped once the graph is built.
 
 Nothing is evaluated: the JSON is data read field by field, and an operator is reached only by
 name through `resolve_target`.
@@ -91,11 +91,10 @@ def _lookup(name: str) -> Callable[..., Any]:
 class _Builder:
     """Builds one fx graph (and its sub-graphs) from torch.export's graph JSON."""
 
-    def __init__(self, root: Any, device: Any, source: str, dry: bool = False) -> None:
+    def __init__(self, root: Any, device: Any, source: str) -> None:
         import torch
 
         self.torch = torch
-        self.dry = dry  # check every node, value and reference; build nothing
         self.root = root  # the module sub-graphs are registered on
         self.device = device  # a torch.device every device argument becomes, or None
         self.source = source
@@ -108,7 +107,7 @@ class _Builder:
         """The fx graph of a serialized graph; `inputs` names its placeholders."""
         import torch.fx as fx
 
-        graph: Any = _DryGraph() if self.dry else fx.Graph()
+        graph = fx.Graph()
         names: dict[str, Any] = {}
         for i, arg in enumerate(tree["inputs"]):
             kind, value = _one(arg)
@@ -271,33 +270,11 @@ class _Builder:
 
             subgraph = self.graph(value["graph"])
             self.subgraphs += 1
-            if self.dry:
-                return graph.get_attr(f"subgraph_{self.subgraphs}")
             sub = fx.GraphModule(self.root, subgraph)
             attr = f"subgraph_{self.subgraphs}"
             self.root.add_module(attr, sub)
             return graph.get_attr(attr)
         raise self.fail(f"a node argument of kind {kind[:60]} is not one the loader runs")
-
-
-class _DryGraph:
-    """What `_Builder` builds into when it only checks: every node made is a token."""
-
-    def __init__(self) -> None:
-        self.placeholders = 0
-
-    def placeholder(self, name: str) -> object:
-        self.placeholders += 1
-        return object()
-
-    def call_function(self, target: Any, args: Any, kwargs: Any = None) -> object:
-        return object()
-
-    def get_attr(self, name: str) -> object:
-        return object()
-
-    def output(self, value: Any) -> None:
-        return None
 
 
 _NON_FINITE = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
@@ -341,18 +318,13 @@ class Program:
         name: The program's name.
         state_dict: Parameter and buffer name -> tensor (the artifact's memory-mapped one).
         constants: Tensor constant (and non-persistent buffer) name -> tensor.
-        graph: The program's `torch.fx.Graph`.
-        graph_module: The `torch.fx.GraphModule` that runs it (inputs: the graph's, in
-            order). Both are made on first use: the load has checked every node, operator,
-            value and reference already (`build_program`), and torch.fx's graph and the Python
-            code it writes and compiles are most of a build's time, paid then only for the
-            programs that run.
+        graph_module: The `torch.fx.GraphModule` that runs it (inputs: the graph's, in order).
     """
 
     def __init__(
         self,
         name: str,
-        make_graph: Callable[[], tuple[Any, Any]],
+        graph_module: Any,
         state_dict: dict[str, Any],
         constants: dict[str, Any],
         feeds: list[tuple[int, Any]],
@@ -365,10 +337,7 @@ class Program:
         shapes: ShapeChecks,
     ) -> None:
         self.name = name
-        self._make_graph = make_graph
-        self._graph: Any = None
-        self._root: Any = None
-        self._module: Any = None
+        self.graph_module = graph_module
         self.state_dict = state_dict
         self.constants = constants
         self._feeds = feeds
@@ -384,20 +353,8 @@ class Program:
 
     @property
     def graph(self) -> Any:
-        """See the class docstring."""
-        if self._graph is None:
-            self._root, self._graph = self._make_graph()
-        return self._graph
-
-    @property
-    def graph_module(self) -> Any:
-        """See the class docstring."""
-        if self._module is None:
-            import torch.fx as fx
-
-            graph = self.graph
-            self._module = fx.GraphModule(self._root, graph)
-        return self._module
+        """The program's `torch.fx.Graph`."""
+        return self.graph_module.graph
 
     def module(self) -> Program:
         """Itself (a program is already runnable; `ExportedProgram.module()`'s counterpart)."""
@@ -472,12 +429,14 @@ def build_program(
             run, an input no tensor backs, or an output a served program never has.
     """
     import torch
+    import torch.fx as fx
     import torch.utils._pytree as pytree
 
     gm_tree = tree["graph_module"]
     signature = gm_tree["signature"]
     moved = torch.device(device) if device else None
-    builder = _Builder(None, moved, source, dry=True)
+    root = torch.nn.Module()
+    builder = _Builder(root, moved, source)
     feeds: list[tuple[int, Any]] = []
     checks: list[tuple[int, str, Any]] = []
     user = 0
@@ -510,12 +469,9 @@ def build_program(
             user += 1
         else:
             raise builder.fail(f"an input of kind {kind[:40]} is not one the loader runs")
-    if builder.graph(gm_tree["graph"], spec_names).placeholders != len(feeds):
+    graph = builder.graph(gm_tree["graph"], spec_names)
+    if sum(node.op == "placeholder" for node in graph.nodes) != len(feeds):
         raise builder.fail("the graph's inputs are not its signature's")
-
-    def make_graph() -> tuple[Any, Any]:
-        root = torch.nn.Module()
-        return root, _Builder(root, moved, source).graph(gm_tree["graph"], spec_names)
 
     writes: list[tuple[int, Any]] = []
     user_outputs: list[int] = []
@@ -536,8 +492,9 @@ def build_program(
     out_spec = pytree.treespec_loads(top["out_spec"])
     if in_spec.num_leaves != user:
         raise builder.fail("the input treespec does not match the program's inputs")
+    module = fx.GraphModule(root, graph)  # torch.fx writes and compiles its Python code
     return Program(
-        name, make_graph, state_dict, constants, feeds, checks, writes, user_outputs,
+        name, module, state_dict, constants, feeds, checks, writes, user_outputs,
         in_spec, out_spec, bool(gm_tree["graph"].get("is_single_tensor_return")),
         ShapeChecks(tree, user_names),
     )  # fmt: skip
