@@ -31,18 +31,10 @@ class Flatten(torch.nn.Module):
 
 
 def _swin() -> torch.nn.Module:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.SwinConfig(
-        image_size=32,
-        patch_size=4,
-        num_channels=3,
-        embed_dim=8,
-        depths=[1, 1],
-        num_heads=[1, 2],
-        window_size=2,
-    )
-    return transformers.SwinModel(config).eval()
+    pytest.importorskip("transformers")
+    from fixtures.swin import tiny_swin
+
+    return tiny_swin()
 
 
 def _swin_export(model: torch.nn.Module, strict: bool = False) -> Any:
