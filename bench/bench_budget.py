@@ -34,30 +34,21 @@ def _record(root: str) -> tuple[Any, list[Any]]:
 
 
 def _run(model: Any, calls: list[Any], root: str, budget: float) -> list[Any]:
-    import torch
-
     import replay
+    from fixtures.swin import served
 
     start = time.perf_counter()
     result = replay.export(model, root, time_budget=budget or None)
     elapsed = time.perf_counter() - start
     runner = replay.load(result.save(Path(root) / f"swin-{budget:g}.pt2"))
-    served = 0
-    for x in calls:
-        with torch.no_grad():
-            want = model(pixel_values=x).last_hidden_state
-            try:
-                got = runner(pixel_values=x).last_hidden_state
-            except Exception:  # noqa: BLE001 - a call the artifact does not serve
-                continue
-        served += bool(torch.allclose(got, want, atol=1e-4, rtol=1e-4))
+    answered = served(runner, model, calls)
     statics = sum("=" in name for name in result.programs)
     return [
         f"{budget:g}" if budget else "none (in-process)",
         f"{elapsed:.1f}",
         len(result.programs),
         statics,
-        f"{served}/{len(calls)}",
+        f"{answered}/{len(calls)}",
         result.errors.get("g0", "-")[:60],
     ]
 

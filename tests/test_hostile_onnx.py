@@ -113,13 +113,19 @@ def _custom_domain(domain: str) -> Callable[[Path, Path], None]:
     return change
 
 
-def _constant_external(folder: Path, _: Path) -> None:
-    path = folder / _files(folder)[0]
-    model = onnx.load(str(path), load_external_data=False)
+def _outside_tensor() -> onnx.TensorProto:
+    """A tensor whose data is declared external, in a file outside the set."""
     tensor = onnx.helper.make_tensor("evil", onnx.TensorProto.FLOAT, [2], [1.0, 2.0])
     tensor.data_location = onnx.TensorProto.EXTERNAL
     tensor.external_data.add(key="location", value="/etc/hostname")
     tensor.external_data.add(key="length", value="8")
+    return tensor
+
+
+def _constant_external(folder: Path, _: Path) -> None:
+    path = folder / _files(folder)[0]
+    model = onnx.load(str(path), load_external_data=False)
+    tensor = _outside_tensor()
     model.graph.node.append(
         onnx.helper.make_node("Constant", [], ["evil_out"], value=tensor, name="evil")
     )
@@ -129,10 +135,7 @@ def _constant_external(folder: Path, _: Path) -> None:
 def _function_constant_external(folder: Path, _: Path) -> None:
     path = folder / _files(folder)[0]
     model = onnx.load(str(path), load_external_data=False)
-    tensor = onnx.helper.make_tensor("evil", onnx.TensorProto.FLOAT, [2], [1.0, 2.0])
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    tensor.external_data.add(key="location", value="/etc/hostname")
-    tensor.external_data.add(key="length", value="8")
+    tensor = _outside_tensor()
     body = [onnx.helper.make_node("Constant", [], ["y"], value=tensor)]
     opsets = [onnx.helper.make_opsetid("", 20)]
     model.functions.append(onnx.helper.make_function("local", "evil", [], ["y"], body, opsets))

@@ -47,17 +47,9 @@ def _swin(root: Path) -> tuple[torch.nn.Module, list[torch.Tensor]]:
 
 def _served(path: Path, model: torch.nn.Module, calls: list[torch.Tensor]) -> int:
     """How many original calls the artifact's runner answers as eager does."""
-    runner = replay.load(path)
-    served = 0
-    for x in calls:
-        with torch.no_grad():
-            want = model(pixel_values=x).last_hidden_state
-            try:
-                got = runner(pixel_values=x).last_hidden_state
-            except Exception:  # noqa: BLE001 - a call the artifact does not serve
-                continue
-        served += bool(torch.allclose(got, want, atol=1e-4, rtol=1e-4))
-    return served
+    from fixtures.swin import served
+
+    return served(replay.load(path), model, calls)
 
 
 def test_signatures_regimes_cannot_serve_get_static_programs(tmp_path: Path) -> None:
