@@ -133,7 +133,11 @@ def test_the_cli_names_the_groups_past_the_budget(tmp_path: Path) -> None:
             "0",
         ],
     )
-    assert result.exit_code == 3, result.output
+    # Whether the static fallback (within what the 2 s leave) serves every signature depends
+    # on the machine's speed; the exit code follows the coverage either way: 3 only when the
+    # export is incomplete.
+    complete = "6 of 6 recorded signatures covered" in result.stderr
+    assert result.exit_code == (0 if complete else 3), result.output
     assert "error: group g0: torch.export ran past the time budget" in result.stderr
     assert "note: g0: 6 recorded signatures not served by a dynamic program" in result.stderr
 
