@@ -307,6 +307,23 @@ def test_the_one_session_answers_each_original_call_as_the_file_s_own_session(
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("share_weights", [True, False])
+def test_feeds_by_dlpack_answer_as_feeds_by_numpy(linear: Any, share_weights: bool) -> None:
+    # an element type numpy lacks (bfloat16) goes by DLPack OrtValues: the same answers, the
+    # same output types
+    _, _, originals, _, target = linear
+    by_numpy, by_dlpack = (load_onnx(target, share_weights=share_weights) for _ in range(2))
+    assert all(p._numpy for p in by_numpy.programs.values())
+    for program in by_dlpack.programs.values():
+        program._numpy = False
+        program._flags = {k: program._true() for k in program._flags}
+    for args, kwargs in originals:
+        got = by_dlpack(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        expected = by_numpy(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        assert type(got) is type(expected)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 def test_capture_check_reads_an_onnx_set(linear: Any) -> None:
     _, _, _, store, target = linear
     done = CliRunner().invoke(cli, ["--store", str(store), "check", str(target), "-f", "json"])

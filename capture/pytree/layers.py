@@ -361,6 +361,30 @@ def _fill_linear(layer: Any, linear: tuple[Any, ...], states: Sequence[Any]) -> 
             layer.dtype, layer.device = first.dtype, first.device
 
 
+_PARSED: dict[Any, tuple[list[_Recorded], list[int], bool, int]] = {}
+"""A cache context (a tuple, as a treespec holds it) -> what `_parsed` read from it: a runner
+unflattens one context on every call."""
+
+
+def _parsed(context: Sequence[Any]) -> tuple[list[_Recorded], list[int], bool, int]:
+    """The layer records of a context, which of them hold keys and values, whether one has a
+    sliding window's state, and how many children they take."""
+    try:
+        found = _PARSED.get(context)
+    except TypeError:  # a list (an older treespec): read each time
+        found = None
+    if found is not None:
+        return found
+    records = [_read(ctx) for ctx in context]
+    kv = [i for i, r in enumerate(records) if "kv" in r.parts]
+    windows = any(r.state is not None for r in records)
+    expected = 2 * len(kv) + windows + sum(r.count() for r in records)
+    found = (records, kv, windows, expected)
+    if isinstance(context, tuple) and len(_PARSED) < 256:
+        _PARSED[context] = found
+    return found
+
+
 def rebuild_layers(context: Sequence[Any], children: Sequence[Any]) -> tuple[list[Any], Any]:
     """The layers a recorded context and its children stand for, and the ``seen_tokens`` leaf.
 
@@ -377,10 +401,7 @@ def rebuild_layers(context: Sequence[Any], children: Sequence[Any]) -> tuple[lis
     """
     import transformers.cache_utils as cu
 
-    records = [_read(ctx) for ctx in context]
-    kv = [i for i, r in enumerate(records) if "kv" in r.parts]
-    windows = [r for r in records if r.state is not None]
-    expected = 2 * len(kv) + bool(windows) + sum(r.count() for r in records)
+    records, kv, windows, expected = _parsed(context)
     if len(children) != expected:
         raise ValueError(
             f"a recorded cache has {len(children)} children where its layers' contexts "

@@ -71,10 +71,15 @@ class Condition:
     text: str = field(metadata={"max_len": 10_000})
     tree: ast.expr = field(init=False, repr=False, compare=False)
     _run: Callable[[Sequence[int]], int | bool] = field(init=False, repr=False, compare=False)
+    reads: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    """The dims the condition reads (``(1, 4)`` for ``d1 + d4 <= 9``)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tree", parse(self.expr))
-        object.__setattr__(self, "_run", _closure(self.tree))
+        tree = parse(self.expr)
+        object.__setattr__(self, "tree", tree)
+        object.__setattr__(self, "_run", _closure(tree))
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in _CALLS}
+        object.__setattr__(self, "reads", tuple(sorted(int(n[1:]) for n in names)))
 
     def holds(self, dims: Sequence[int]) -> bool:
         """Whether the condition holds for a call with these sizes (`holds`; evaluated by

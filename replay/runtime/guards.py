@@ -17,6 +17,17 @@ exactly what the runner serves:
    (an ONNX file, `replay.onnx`), those guards must hold too (`conditions`, parsed by
    `replay.runtime.conditions`, never evaluated as code).
 
+A served call needs only the yes; the sentence is wanted once a check fails. So each guard is
+also laid out as a `Plan`, flat tuples a few C-level loops read (every axis's accepted range,
+the pairs of axes that must be equal, the relations over dim indices, the size conditions left
+to evaluate), and `ProgramGuard.check` describes a failure only when the plan refuses. A size
+condition is left out of the plan only when the other checks imply it: evaluated on every
+assignment of the dims it reads that the range, equality and relation checks let through (at
+most `MAX_CASES`), it holds on each. That is an exhaustive evaluation of the condition's own
+closures, never a symbolic argument; torch.export's guards on a cache or a mask (``(d0) ==
+(d18)`` for two axes of one symbol, ``1 + d4 - d21 <= 0`` for a recorded ``mask = past + 1``)
+are implied this way, the ones that carve a hole in a range (``16*d1 != 80``) are kept.
+
 A program refused for its structure is refused with what differs, by key path
 (`structure_difference`: an input the call does not pass, one the program does not take, a
 dtype, a rank, a constant); the number of differing inputs says which program came closest.
@@ -29,9 +40,11 @@ Reading a manifest and checking guards needs neither torch nor the model's code.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import le
 from typing import Any, Protocol
 
 from capture import schema
@@ -51,6 +64,10 @@ __all__ = [
     "leaf_key",
     "LEAF_FIELDS",
     "structure_difference",
+    "Plan",
+    "plan",
+    "implied",
+    "MAX_CASES",
 ]
 
 
@@ -328,6 +345,16 @@ class ProgramGuard:
         structure id names a store's structure, not what the program takes)."""
         if treespec != self.treespec:
             return False
+        if type(leaves) is tuple:
+            # A runner describes each call layout once and passes the same tuple for every
+            # call of that layout: its answer is kept with it (the reference held keeps the
+            # identity meaningful; a tuple of frozen leaves cannot change).
+            last = self.__dict__.get("_matched")
+            if last is not None and last[0] is leaves:
+                return bool(last[1])
+            matched = leaf_key(leaves) == self._leaf_key
+            self.__dict__["_matched"] = (leaves, matched)
+            return matched
         return leaf_key(leaves) == self._leaf_key
 
     @functools.cached_property
@@ -349,11 +376,22 @@ class ProgramGuard:
             >>> guard.check([300])
             'args[0] axis 0 = 300 is outside the recorded range [4, 64]'
         """
+        if self.rejected:
+            failed = self.rejected.get(tuple(int(v) for v in dims))
+            if failed is not None:
+                return f"this recorded signature failed the export's check ({failed})"
+        if self._plan.accepts(dims):  # a served call: the flat checks only, no sentence
+            return None
+        return self._failure(dims)
+
+    @functools.cached_property
+    def _plan(self) -> Plan:
+        return plan(self.axes, self.relations, self.conditions)
+
+    def _failure(self, dims: Sequence[int]) -> str | None:
+        """The first guard that refuses `dims`, in a sentence (None: all pass)."""
         if len(dims) != len(self.axes):
             return f"the call has {len(dims)} tensor dims, the program {len(self.axes)}"
-        failed = self.rejected.get(tuple(int(v) for v in dims))
-        if failed is not None:
-            return f"this recorded signature failed the export's check ({failed})"
         symbols: dict[str, tuple[int, Axis]] = {}
         for size, ax in zip(dims, self.axes, strict=True):
             if not ax.dynamic and size != ax.min:
@@ -388,6 +426,142 @@ class ProgramGuard:
             if not condition.holds(dims):
                 return f"its program's guard {condition.text} does not hold"
         return None
+
+
+MAX_CASES = 4096
+"""Most assignments a condition is evaluated on to find it implied (else it is kept)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A guard's checks as flat tuples, what `ProgramGuard.check` runs first (module docstring).
+
+    Attributes:
+        size: How many dims a call must have.
+        lo: Per dim, the smallest size accepted.
+        hi: Per dim, the largest size accepted.
+        equal: ``(i, j)``: dims ``i`` and ``j`` must be equal (one symbol).
+        relations: ``(i, terms, offset)``: ``dims[i] == sum(dims[t] for t in terms) + offset``.
+        conditions: The size conditions to evaluate (the others are implied).
+    """
+
+    size: int
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+    equal: tuple[tuple[int, int], ...]
+    relations: tuple[tuple[int, tuple[int, ...], int], ...]
+    conditions: tuple[Condition, ...]
+
+    def accepts(self, dims: Sequence[int]) -> bool:
+        """Whether a call with these sizes passes every check of the guard (its rejected
+        signatures aside: `ProgramGuard.check` looks them up first)."""
+        if len(dims) != self.size:
+            return False
+        if not (all(map(le, self.lo, dims)) and all(map(le, dims, self.hi))):
+            return False
+        for i, j in self.equal:
+            if dims[i] != dims[j]:
+                return False
+        for i, terms, offset in self.relations:
+            if dims[i] != sum([dims[t] for t in terms]) + offset:
+                return False
+        for condition in self.conditions:
+            if not condition.holds(dims):
+                return False
+        return True
+
+
+def plan(axes: Sequence[Any], relations: Sequence[Any], conditions: Sequence[Condition]) -> Plan:
+    """The `Plan` of a guard's checks: its axes (`replay.runtime.guards.Axis`), symbols and
+    relations (`replay.runtime.guards.Relation`) over dim indices, and the size conditions they
+    do not imply."""
+    lo = tuple(ax.min for ax in axes)
+    hi = tuple(ax.max if ax.dynamic else ax.min for ax in axes)
+    first: dict[str, int] = {}
+    equal: list[tuple[int, int]] = []
+    for i, ax in enumerate(axes):
+        if ax.symbol:
+            at = first.setdefault(ax.symbol, i)
+            if at != i:
+                equal.append((at, i))
+    over_dims = tuple(
+        (first[r.symbol], tuple(first[t] for t in r.terms), r.offset)
+        for r in relations
+        if r.symbol in first and all(t in first for t in r.terms)
+    )
+    kept = tuple(c for c in conditions if not implied(c, lo, hi, equal, over_dims, len(lo)))
+    return Plan(len(lo), lo, hi, tuple(equal), over_dims, kept)
+
+
+def implied(
+    condition: Condition,
+    lo: Sequence[int],
+    hi: Sequence[int],
+    equal: Sequence[tuple[int, int]],
+    relations: Sequence[tuple[int, tuple[int, ...], int]],
+    size: int,
+) -> bool:
+    """Whether `condition` holds on every assignment of its dims that the other checks accept.
+
+    The dims the condition reads are grouped by the equalities (one variable per group, its
+    range the intersection of its members'); a group a relation defines from other groups takes
+    their sum, and an assignment where that sum leaves the group's range is not one the checks
+    let through. Each remaining combination is evaluated, up to `MAX_CASES` of them.
+
+    Example:
+        >>> c = Condition("(d0) == (d1)", "x == y")
+        >>> implied(c, (1, 1), (8, 8), [(0, 1)], [], 2), implied(c, (1, 1), (8, 8), [], [], 2)
+        (True, False)
+    """
+    reads = condition.reads
+    if not reads or max(reads) >= size:
+        return False
+    root = list(range(size))
+    for i, j in equal:
+        root[j] = root[i]
+    low: dict[int, int] = {}
+    high: dict[int, int] = {}
+    for i in range(size):  # a group's range: what every member accepts
+        r = root[i]
+        low[r] = max(low.get(r, lo[i]), lo[i])
+        high[r] = min(high.get(r, hi[i]), hi[i])
+    defined: dict[int, tuple[tuple[int, ...], int]] = {}
+    for i, terms, offset in relations:
+        defined.setdefault(root[i], (tuple(root[t] for t in terms), offset))
+    needed = {root[i] for i in reads}
+    free: set[int] = set()
+    for r in needed:
+        if r in defined:
+            terms, _ = defined[r]
+            if any(t in defined for t in terms):
+                return False  # a relation over another relation's symbol: not evaluated
+            free.update(terms)
+        else:
+            free.add(r)
+    order = sorted(free)
+    cases = 1
+    for r in order:
+        if high[r] < low[r]:
+            return True  # no call passes the range checks: nothing to hold
+        cases *= high[r] - low[r] + 1
+        if cases > MAX_CASES:
+            return False
+    dims = [0] * size
+    for values in itertools.product(*(range(low[r], high[r] + 1) for r in order)):
+        value = dict(zip(order, values, strict=True))
+        for r in needed:
+            if r in defined:
+                terms, offset = defined[r]
+                v = sum(value[t] for t in terms) + offset
+                if not low[r] <= v <= high[r]:
+                    break
+                value[r] = v
+        else:
+            for i in reads:
+                dims[i] = value[root[i]]
+            if not condition.holds(dims):
+                return False
+    return True
 
 
 CallFacts = tuple[str | None, Sequence[LeafFacts], Sequence[int]]

@@ -22,6 +22,10 @@ from replay.runtime.manifest import Manifest, ProgramEntry
 __all__ = ["Runner", "Router", "Routed"]
 
 
+_MATCHING = object()
+"""The key, among a call layout's descriptions by signature, of the entries it matches."""
+
+
 class Router:
     """Which entry of a manifest serves a live call: `route` over the entries' guards.
 
@@ -44,7 +48,10 @@ class Router:
         self._names = {
             n for e in self.entries for n in (*e.form.positional, *e.form.keywords, *e.form.extra)
         }
-        self._seen: dict[Any, tuple[str | None, Sequence[LeafFacts], bool]] = {}
+        # call layout -> entry signature -> the call's treespec, leaves, and whether its tensors
+        # must be read again the slow way
+        # (and, under `_MATCHING`, the entries whose recorded structure it is)
+        self._seen: dict[Any, dict[Any, Any]] = {}
 
     @property
     def groups(self) -> list[str]:
@@ -54,6 +61,8 @@ class Router:
     def spelled(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The call's keywords, a renamed argument spelled as the programs take it (the name the
         serving library passes may be the other one: `capture.renames`)."""
+        if kwargs.keys() <= self._names:  # every keyword one the programs take as spelled
+            return kwargs
         return respell(kwargs, self._names)
 
     def facts(
@@ -74,18 +83,30 @@ class Router:
             layout: The call's `layout`, when the caller already walked it (routing
                 describes one call for every entry it tries).
         """
-        from capture.record.flatten import describe
-
         full, tensors = layout if layout is not None else self.layout(args, kwargs)
-        cache_key = (full, entry.signature)
-        found = self._seen.get(cache_key)
+        by_signature = self._seen.get(full)
+        if by_signature is None:
+            by_signature = self._seen[full] = {}
+        return self._described(by_signature, args, kwargs, entry, tensors)
+
+    @staticmethod
+    def _described(
+        by_signature: dict[str, tuple[str | None, tuple[Any, ...], bool]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        entry: ProgramEntry,
+        tensors: list[Any],
+    ) -> tuple[str | None, Sequence[LeafFacts], list[Any]]:
+        """`facts` for one call layout: its descriptions so far, by the entry's signature."""
+        found = by_signature.get(entry.signature)
         if found is None:
+            from capture.record.flatten import describe
             from capture.signature import Signature
 
             signature = Signature.loads(entry.signature)
             st = describe((args, kwargs), list(tensors), signature=signature)
-            found = (st.treespec, st.leaves, st.slow)
-            self._seen[cache_key] = found
+            found = (st.treespec, tuple(st.leaves), st.slow)
+            by_signature[entry.signature] = found
         treespec, leaves, slow = found
         if slow:
             import torch.utils._pytree as pytree
@@ -122,14 +143,45 @@ class Router:
         Raises:
             CallNotServed: No entry accepts the call; the message names each group and why.
         """
+        full, walked = self.layout(args, kwargs)
+        by_signature = self._seen.get(full)  # the layout's key hashed once per call
+        if by_signature is None:
+            by_signature = self._seen[full] = {}
+        dims: list[int] | None = None
+        if entries is None:
+            # The entries whose recorded structure is this layout's, in order: a structure does
+            # not depend on sizes, so it is matched once per layout; then only size guards run.
+            # The first entry they accept is the one `route` picks, which runs in full (every
+            # refusal described) only when none does.
+            matching = by_signature.get(_MATCHING)
+            if matching is None:
+                matching = by_signature[_MATCHING] = tuple(
+                    e
+                    for e in self.entries
+                    if e.guard.matches(*self._described(by_signature, args, kwargs, e, walked)[:2])
+                )
+            for entry in matching:
+                tensors = self._described(by_signature, args, kwargs, entry, walked)[2]
+                if tensors is walked:
+                    if dims is None:  # the call's sizes, read once for every entry tried
+                        dims = [int(s) for t in tensors for s in t.shape]
+                    sizes = dims
+                else:  # described the slow way: its own tensors, its own sizes
+                    sizes = [int(s) for t in tensors for s in t.shape]
+                if entry.guard.check(sizes) is None:
+                    return entry, tensors
         seen: dict[int, list[Any]] = {}
-        layout = self.layout(args, kwargs)
 
         def facts(guard: ProgramGuard) -> CallFacts:
+            nonlocal dims
             entry = self._by_guard[id(guard)]
-            treespec, leaves, tensors = self.facts(args, kwargs, entry, layout)
+            treespec, leaves, tensors = self._described(by_signature, args, kwargs, entry, walked)
             seen[id(guard)] = tensors
-            return treespec, leaves, [int(s) for t in tensors for s in t.shape]
+            if tensors is not walked:  # described the slow way: its own tensors, its own sizes
+                return treespec, leaves, [int(s) for t in tensors for s in t.shape]
+            if dims is None:  # the call's sizes, read once for every entry tried
+                dims = [int(s) for t in tensors for s in t.shape]
+            return treespec, leaves, dims
 
         tried = self.entries if entries is None else entries
         distances: dict[str, int] = {}

@@ -49,6 +49,17 @@ CPU = ("CPUExecutionProvider",)
 """The execution providers a runner uses by default."""
 
 
+_NUMPY_LACKS = ("bfloat16", "float8", "float4", "int4", "int2", "complex32")
+"""Element types (manifest dtypes, onnxruntime's ``tensor(...)`` names) numpy has no type for."""
+
+
+def _ort_value(t: Any) -> Any:
+    """An onnxruntime OrtValue over a CPU tensor's memory (DLPack, no copy)."""
+    from onnxruntime.capi import _pybind_state as C
+
+    return C.OrtValue.from_dlpack(t.__dlpack__())
+
+
 class OnnxProgram:
     """One ONNX file of a set: its session and how a call's tensors feed it.
 
@@ -74,14 +85,33 @@ class OnnxProgram:
         self._names = list(file.outputs.names)
         self._constants = list(file.outputs.constants)
         self._fetch = [outputs[n] for n in self._names if n is not None]
-        self._flags: dict[str, Any] = {}
-        if branch:  # the file's branch runs; the others' flags keep their default, false
-            import numpy as np
-            import onnxruntime as ort
-
-            self._flag = ort.OrtValue.ortvalue_from_numpy(np.array(True))
-            self._flags[branch.flag] = self._flag._ortvalue
+        # Feeds and outputs go as numpy arrays over the tensors' memory (onnxruntime's plain
+        # `run`, no copy either way: its outputs' arrays keep its buffers), or, for an element
+        # type numpy lacks (bfloat16, float8, int4), as DLPack OrtValues.
+        types = {o.name: o.type for o in session.get_outputs()}
+        self._numpy = not any(
+            lacking in text
+            for text in [*(i.dtype for i in file.inputs), *(types.get(n, "") for n in self._fetch)]
+            for lacking in _NUMPY_LACKS
+        )
+        # the file's branch runs; the others' flags keep their default, false
+        self._flags: dict[str, Any] = {branch.flag: self._true()} if branch else {}
         self._spec: Any = None
+        self._build: Any = (
+            None  # the output builder, made at the first call (`replay.runtime.ort.unflatten`)
+        )
+
+    def _true(self) -> Any:
+        """A true flag, fed as this file's feeds are (a numpy array or a C-level OrtValue)."""
+        import numpy as np
+
+        flag = np.array(True)
+        if self._numpy:
+            return flag
+        import onnxruntime as ort
+
+        self._flag = ort.OrtValue.ortvalue_from_numpy(flag)  # held: the C value is its
+        return self._flag._ortvalue
 
     def _treespec(self) -> Any:
         if self._spec is None:
@@ -101,12 +131,7 @@ class OnnxProgram:
             CallNotServed: The call lacks an input of the file, or onnxruntime refused it.
         """
         import torch
-        import torch.utils._pytree as pytree
-        from onnxruntime.capi import _pybind_state as C
 
-        # onnxruntime's own C-level calls (what its Python wrappers do, minus a Python
-        # object per value and the checks the C side repeats): one OrtValue per input over
-        # the tensor's memory, one tensor per output over onnxruntime's (DLPack, no copy).
         feeds = dict(self._flags)
         label = self.name
         for name, path in self._inputs:
@@ -116,19 +141,28 @@ class OnnxProgram:
                 raise CallNotServed(f"program {label}: {reason}", {label: reason})
             if t.requires_grad or not t.is_contiguous() or t.device.type != "cpu":
                 t = t.detach().cpu().contiguous()
-            feeds[name] = C.OrtValue.from_dlpack(t.__dlpack__())
+            feeds[name] = t.numpy() if self._numpy else _ort_value(t)
         try:
-            got = self.session._sess.run_with_ort_values(feeds, self._fetch, None)
+            if self._numpy:
+                arrays = self.session._sess.run(self._fetch, feeds, None)
+                values = iter(map(torch.from_numpy, arrays))
+            else:
+                got = self.session._sess.run_with_ort_values(feeds, self._fetch, None)
+                values = iter(got.to_dlpacks(torch._C._from_dlpack))
         except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
             text = str(e).strip().splitlines()
             reason = f"onnxruntime refused the call: {type(e).__name__}: {text[0] if text else ''}"
             raise CallNotServed(f"group {label} matched, but {reason}", {label: reason}) from e
-        values = iter(got.to_dlpacks(torch._C._from_dlpack))
         leaves = [
             next(values) if name is not None else constant
             for name, constant in zip(self._names, self._constants, strict=True)
         ]
-        return pytree.tree_unflatten(leaves, self._treespec())
+        if self._build is None:
+            from replay.runtime.ort.unflatten import builder
+
+            self._build, tree = builder(self._treespec(), leaves)
+            return tree
+        return self._build(leaves)
 
 
 class OnnxRunner(Routed):
@@ -153,6 +187,8 @@ class OnnxRunner(Routed):
         self.programs = programs
         self.module = module
         self.modules: dict[str, OnnxRunner] = {}
+        # leaves (by identity: the guard's, or a filled call's) -> their tensor paths
+        self._paths: dict[int, tuple[Sequence[Any], list[str]]] = {}
         self._router = Router(manifest.manifest.model, module, manifest.manifest.for_module(module))
         if not module:
             for name in manifest.manifest.modules:
@@ -188,8 +224,13 @@ class OnnxRunner(Routed):
             dims = [int(s) for t in tensors for s in t.shape]
             args, kwargs = fill_call(entry.fills, args, kwargs, dims)
             _, leaves, tensors = self._router.facts(args, kwargs, entry)
-        paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
-        return self.programs[entry.program].run(dict(zip(paths, tensors, strict=True)))
+        paths = self._paths.get(id(leaves))
+        if paths is None or paths[0] is not leaves:
+            paths = (leaves, [leaf.path for leaf in leaves if leaf.kind == "tensor"])
+            if len(self._paths) >= 1024:  # bounded: many filled layouts only cost a rebuild
+                self._paths.clear()
+            self._paths[id(leaves)] = paths
+        return self.programs[entry.program].run(dict(zip(paths[1], tensors, strict=True)))
 
     def feeds(self, *args: Any, **kwargs: Any) -> tuple[OnnxProgram, dict[str, Any]]:
         """The file a call runs on and the tensors its inputs get (nothing runs): what a bare

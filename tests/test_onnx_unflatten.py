@@ -1,0 +1,97 @@
+"""The ONNX runner's output builder (replay/runtime/ort/unflatten.py) builds what torch's
+``tree_unflatten`` builds, takes the direct road for a transformers output only where the first
+call proves it gives the same object, and keeps torch's unflatten everywhere else."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils.generic import ModelOutput
+
+from capture.pytree.nodes import make_dynamic_cache
+from replay.runtime.allowed import register_types
+from replay.runtime.ort.unflatten import _same, builder
+
+
+def _decode_output() -> Any:
+    # as the runner's load does: the cache class registered by capture, for the outputs' types
+    register_types({"transformers.cache_utils.DynamicCache"})
+    cache = make_dynamic_cache([(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))] * 2)
+    return CausalLMOutputWithPast(logits=torch.randn(1, 1, 8), past_key_values=cache)
+
+
+def test_a_decode_step_s_output_is_built_as_torch_builds_it_without_the_constructor(
+    monkeypatch: Any,
+) -> None:
+    leaves, spec = pytree.tree_flatten(_decode_output())
+    build, first = builder(spec, leaves)
+    assert _same(first, pytree.tree_unflatten(leaves, spec))
+    # later calls: no dataclass constructor, the same object as torch's unflatten gives
+    called = []
+    monkeypatch.setattr(CausalLMOutputWithPast, "__post_init__", lambda self: called.append(1))
+    fresh = [torch.randn_like(t) for t in leaves]
+    got = build(fresh)
+    assert not called
+    monkeypatch.undo()
+    expected = pytree.tree_unflatten(fresh, spec)
+    assert _same(got, expected)
+    assert type(got) is CausalLMOutputWithPast and got.loss is None and "loss" not in got
+    assert list(got) == ["logits", "past_key_values"] and got.logits is fresh[0]
+    assert got["past_key_values"].layers[1].keys is fresh[2]
+    assert got.to_tuple()[0] is fresh[0]
+
+
+@dataclasses.dataclass
+class _Stamped(ModelOutput):
+    """An output class whose construction leaves more than its fields behind."""
+
+    logits: torch.Tensor | None = None
+    extra: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.__dict__["stamp"] = "made by the constructor"
+
+
+def test_an_output_class_the_direct_build_would_get_wrong_keeps_its_constructor() -> None:
+    leaves, spec = pytree.tree_flatten(_Stamped(logits=torch.randn(2)))
+    build, _ = builder(spec, leaves)
+    got = build([torch.randn(2)])
+    assert got.stamp == "made by the constructor"  # the proof failed: torch's unflatten
+
+
+@dataclasses.dataclass
+class _Pairs(ModelOutput):
+    """An output whose first field, alone and not a tensor, is read as key/value pairs."""
+
+    first: Any = None
+    second: torch.Tensor | None = None
+
+
+def test_an_output_without_a_tensor_field_is_left_to_its_constructor() -> None:
+    out = _Pairs(first=[("second", torch.ones(1))])
+    leaves, spec = pytree.tree_flatten(out)
+    build, first = builder(spec, leaves)
+    assert _same(first, pytree.tree_unflatten(leaves, spec))
+    values = [torch.zeros(1) for _ in leaves]
+    assert _same(build(values), pytree.tree_unflatten(values, spec))
+
+
+def test_plain_containers_and_constants_are_built_as_torch_builds_them() -> None:
+    tree = {"a": (torch.ones(1), None, 3), "b": [torch.zeros(2), {"c": torch.ones(3)}]}
+    leaves, spec = pytree.tree_flatten(tree)
+    build, _ = builder(spec, leaves)
+    fresh = [torch.randn(1) if isinstance(v, torch.Tensor) else v for v in leaves]
+    assert _same(build(fresh), pytree.tree_unflatten(fresh, spec))
+
+
+def test_same_tells_a_different_arrangement_apart() -> None:
+    a, b = torch.ones(1), torch.ones(1)
+    assert _same({"x": a}, {"x": a})
+    assert not _same({"x": a}, {"x": b})  # equal values, other objects
+    assert not _same({"x": a, "y": None}, {"y": None, "x": a})  # order
+    assert not _same((a,), [a])  # type
