@@ -21,7 +21,15 @@ def _decode_output() -> Any:
     # as the runner's load does: the cache class registered by capture, for the outputs' types
     register_types({"transformers.cache_utils.DynamicCache"})
     cache = make_dynamic_cache([(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))] * 2)
-    return CausalLMOutputWithPast(logits=torch.randn(1, 1, 8), past_key_values=cache)
+    return CausalLMOutputWithPast(logits=torch.randn(1, 1, 8), **{_CACHE: cache})
+
+
+# the output's cache field, as the installed transformers spells it (``cache`` from 5.24)
+_CACHE = next(
+    f.name
+    for f in dataclasses.fields(CausalLMOutputWithPast)
+    if f.name in ("cache", "past_key_values")
+)
 
 
 def test_a_decode_step_s_output_is_built_as_torch_builds_it_without_the_constructor(
@@ -40,8 +48,8 @@ def test_a_decode_step_s_output_is_built_as_torch_builds_it_without_the_construc
     expected = pytree.tree_unflatten(fresh, spec)
     assert _same(got, expected)
     assert type(got) is CausalLMOutputWithPast and got.loss is None and "loss" not in got
-    assert list(got) == ["logits", "past_key_values"] and got.logits is fresh[0]
-    assert got["past_key_values"].layers[1].keys is fresh[2]
+    assert list(got) == ["logits", _CACHE] and got.logits is fresh[0]
+    assert got[_CACHE].layers[1].keys is fresh[2]
     assert got.to_tuple()[0] is fresh[0]
 
 
