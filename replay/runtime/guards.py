@@ -471,10 +471,11 @@ class Plan:
         return True
 
 
-def plan(axes: Sequence[Any], relations: Sequence[Any], conditions: Sequence[Condition]) -> Plan:
-    """The `Plan` of a guard's checks: its axes (`replay.runtime.guards.Axis`), symbols and
-    relations (`replay.runtime.guards.Relation`) over dim indices, and the size conditions they
-    do not imply."""
+def plan(
+    axes: Sequence[Axis], relations: Sequence[Relation], conditions: Sequence[Condition]
+) -> Plan:
+    """The `Plan` of a guard's checks: its axes, symbols and relations over dim indices, and the
+    size conditions they do not imply."""
     lo = tuple(ax.min for ax in axes)
     hi = tuple(ax.max if ax.dynamic else ax.min for ax in axes)
     first: dict[str, int] = {}

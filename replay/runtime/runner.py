@@ -148,6 +148,15 @@ class Router:
         if by_signature is None:
             by_signature = self._seen[full] = {}
         dims: list[int] | None = None
+
+        def sizes(tensors: list[Any]) -> list[int]:
+            nonlocal dims
+            if tensors is not walked:  # described the slow way: its own tensors, its own sizes
+                return [int(s) for t in tensors for s in t.shape]
+            if dims is None:  # the call's sizes, read once for every entry tried
+                dims = [int(s) for t in tensors for s in t.shape]
+            return dims
+
         if entries is None:
             # The entries whose recorded structure is this layout's, in order: a structure does
             # not depend on sizes, so it is matched once per layout; then only size guards run.
@@ -162,26 +171,15 @@ class Router:
                 )
             for entry in matching:
                 tensors = self._described(by_signature, args, kwargs, entry, walked)[2]
-                if tensors is walked:
-                    if dims is None:  # the call's sizes, read once for every entry tried
-                        dims = [int(s) for t in tensors for s in t.shape]
-                    sizes = dims
-                else:  # described the slow way: its own tensors, its own sizes
-                    sizes = [int(s) for t in tensors for s in t.shape]
-                if entry.guard.check(sizes) is None:
+                if entry.guard.check(sizes(tensors)) is None:
                     return entry, tensors
         seen: dict[int, list[Any]] = {}
 
         def facts(guard: ProgramGuard) -> CallFacts:
-            nonlocal dims
             entry = self._by_guard[id(guard)]
             treespec, leaves, tensors = self._described(by_signature, args, kwargs, entry, walked)
             seen[id(guard)] = tensors
-            if tensors is not walked:  # described the slow way: its own tensors, its own sizes
-                return treespec, leaves, [int(s) for t in tensors for s in t.shape]
-            if dims is None:  # the call's sizes, read once for every entry tried
-                dims = [int(s) for t in tensors for s in t.shape]
-            return treespec, leaves, dims
+            return treespec, leaves, sizes(tensors)
 
         tried = self.entries if entries is None else entries
         distances: dict[str, int] = {}

@@ -97,9 +97,8 @@ class OnnxProgram:
         # the file's branch runs; the others' flags keep their default, false
         self._flags: dict[str, Any] = {branch.flag: self._true()} if branch else {}
         self._spec: Any = None
-        self._build: Any = (
-            None  # the output builder, made at the first call (`replay.runtime.ort.unflatten`)
-        )
+        # the output builder, made at the first call (`replay.runtime.ort.unflatten`)
+        self._build: Any = None
 
     def _true(self) -> Any:
         """A true flag, fed as this file's feeds are (a numpy array or a C-level OrtValue)."""
@@ -110,7 +109,8 @@ class OnnxProgram:
             return flag
         import onnxruntime as ort
 
-        self._flag = ort.OrtValue.ortvalue_from_numpy(flag)  # held: the C value is its
+        # kept: the C-level value lives as long as this Python OrtValue
+        self._flag = ort.OrtValue.ortvalue_from_numpy(flag)
         return self._flag._ortvalue
 
     def _treespec(self) -> Any:
