@@ -187,9 +187,12 @@ class OnnxRunner(Routed):
         self.programs = programs
         self.module = module
         self.modules: dict[str, OnnxRunner] = {}
-        # leaves (by identity: the guard's, or a filled call's) -> their tensor paths
-        self._paths: dict[int, tuple[Sequence[Any], list[str]]] = {}
         self._router = Router(manifest.manifest.model, module, manifest.manifest.for_module(module))
+        # each entry's tensor leaf paths, in the order a call's tensors come (`Router.route`)
+        self._paths = {
+            id(e): [leaf.path for leaf in e.guard.leaves if leaf.kind == "tensor"]
+            for e in self._router.entries
+        }
         if not module:
             for name in manifest.manifest.modules:
                 if name:
@@ -217,20 +220,26 @@ class OnnxRunner(Routed):
         tensors: Sequence[Any],
     ) -> Any:
         """Runs a call the entry's guard accepted on the entry's file."""
-        leaves: Sequence[Any] = entry.guard.leaves  # the call matched them: paths, kinds, ranks
-        if entry.fills:
-            # A group served by another group's program: the inputs it lacks, filled as the
-            # .pt2 runner fills them; the filled call is the owner's, read again by path.
-            dims = [int(s) for t in tensors for s in t.shape]
-            args, kwargs = fill_call(entry.fills, args, kwargs, dims)
-            _, leaves, tensors = self._router.facts(args, kwargs, entry)
-        paths = self._paths.get(id(leaves))
-        if paths is None or paths[0] is not leaves:
-            paths = (leaves, [leaf.path for leaf in leaves if leaf.kind == "tensor"])
-            if len(self._paths) >= 1024:  # bounded: many filled layouts only cost a rebuild
-                self._paths.clear()
-            self._paths[id(leaves)] = paths
-        return self.programs[entry.program].run(dict(zip(paths[1], tensors, strict=True)))
+        by_path = self._by_path(entry, args, kwargs, tensors)
+        return self.programs[entry.program].run(by_path)
+
+    def _by_path(
+        self,
+        entry: ProgramEntry,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        tensors: Sequence[Any],
+    ) -> dict[str, Any]:
+        """The call's tensors by recorded leaf path, as the entry's file takes them."""
+        if not entry.fills:  # the call matched the entry's recorded leaves
+            return dict(zip(self._paths[id(entry)], tensors, strict=True))
+        # A group served by another group's program: the inputs it lacks, filled as the .pt2
+        # runner fills them; the filled call is the owner's, read again by path.
+        dims = [int(s) for t in tensors for s in t.shape]
+        args, kwargs = fill_call(entry.fills, args, kwargs, dims)
+        _, leaves, tensors = self._router.facts(args, kwargs, entry)
+        paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
+        return dict(zip(paths, tensors, strict=True))
 
     def feeds(self, *args: Any, **kwargs: Any) -> tuple[OnnxProgram, dict[str, Any]]:
         """The file a call runs on and the tensors its inputs get (nothing runs): what a bare
@@ -240,13 +249,7 @@ class OnnxRunner(Routed):
             CallNotServed: No file accepts the call.
         """
         entry, tensors = self._router.route(args, kwargs)
-        leaves: Sequence[Any] = entry.guard.leaves
-        if entry.fills:
-            dims = [int(s) for t in tensors for s in t.shape]
-            args, kwargs = fill_call(entry.fills, args, kwargs, dims)
-            _, leaves, tensors = self._router.facts(args, kwargs, entry)
-        paths = [leaf.path for leaf in leaves if leaf.kind == "tensor"]
-        by_path = dict(zip(paths, tensors, strict=True))
+        by_path = self._by_path(entry, args, kwargs, tensors)
         program = self.programs[entry.program]
         return program, {i.name: by_path[i.path] for i in program.file.inputs}
 

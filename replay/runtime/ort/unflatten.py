@@ -78,9 +78,6 @@ def _node(spec: Any, tensors: Iterator[bool]) -> tuple[Build, bool]:
     if fast is not None:
         return fast, False
     unflatten = pytree.SUPPORTED_NODES[spec.type].unflatten_fn
-    if all(child is next for child in children):
-        count = len(children)
-        return (lambda it: unflatten([next(it) for _ in range(count)], context)), False
     return (lambda it: unflatten([child(it) for child in children], context)), False
 
 
