@@ -21,7 +21,7 @@ No torch import at import time (the store side reads treespecs without torch).
 
 Example:
     >>> from capture import compat
-    >>> "2.13.0" in compat.CHECKED_ON
+    >>> "2.11.0" in compat.CHECKED_ON
     True
 """
 
@@ -60,7 +60,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TESTED = (
-    ("2.13.0", "5.23.0"),
+    ("2.11.0", "5.23.0"),
     ("2.15.0", "5.24.0"),
 )
 """The (torch, transformers) pairs `.ci/run` installs and runs the tests on, oldest first: the

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from capture.compat import CHECKED_ON
@@ -30,7 +31,7 @@ __all__ = [
 
 PRIVATE_APIS = {
     "serialize_program": "torch._export.serde.serialize.serialize (state dict, constants, "
-    "example inputs left out)",
+    "example inputs left out; on torch < 2.13 its serialize_torch_artifact skipped)",
     "deserialize_program": (
         "torch._export.serde.serialize._bytes_to_dataclass, ExportedProgramDeserializer"
     ),
@@ -40,25 +41,46 @@ PRIVATE_APIS = {
 }
 """Function of this module -> the private torch API it uses (checked on `CHECKED_ON`)."""
 
+_SERIALIZE_LOCK = threading.Lock()
+
 
 def serialize_program(program: Any) -> bytes:
     """An exported program's graph as torch's JSON, without its weights or example inputs.
 
     Private API: ``torch._export.serde.serialize.serialize`` (``serialize_state_dict``,
-    ``serialize_constants``, ``serialize_example_inputs`` = False). Without it an artifact
+    ``serialize_constants``, ``serialize_example_inputs`` = False; torch 2.11 and 2.12 lack
+    them: ``serialize_torch_artifact`` is skipped for the call instead). Without it an artifact
     could only be written by ``package_pt2``, which stores every program's weights again.
 
     Example:
         >>> data = serialize_program(torch.export.export(model, args))  # doctest: +SKIP
     """
-    from torch._export.serde.serialize import serialize
+    import inspect
 
-    artifact = serialize(
-        program,
-        serialize_state_dict=False,
-        serialize_constants=False,
-        serialize_example_inputs=False,
-    )
+    from torch._export.serde import serialize as serde
+
+    if (
+        "serialize_state_dict"
+        in inspect.signature(serde.ExportedProgramSerializer.serialize).parameters
+    ):
+        artifact = serde.serialize(
+            program,
+            serialize_state_dict=False,
+            serialize_constants=False,
+            serialize_example_inputs=False,
+        )
+        return bytes(artifact.exported_program)
+    # torch < 2.13 has no such keywords: its serializer pickles the weights, constants and
+    # example inputs (``serialize_torch_artifact``) beside the JSON, bytes the artifact never
+    # keeps. Under the lock, that one step returns nothing instead, so saving costs no copy of
+    # the weights and nothing is pickled.
+    with _SERIALIZE_LOCK:
+        pickle_step = serde.serialize_torch_artifact
+        serde.serialize_torch_artifact = lambda *_args, **_kwargs: b""
+        try:
+            artifact = serde.serialize(program)
+        finally:
+            serde.serialize_torch_artifact = pickle_step
     return bytes(artifact.exported_program)
 
 

@@ -1,4 +1,4 @@
-"""The wheel installs nothing generic at top level (issue 13 item 7), built for real."""
+"""The wheel, built for real: every module of the checkout in it, nothing generic at top level."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     """The wheel pip builds from a copy of the repository (no build/ left in the checkout)."""
     source = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md", "capture", "replay", "cli"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "capture", "replay", "cli"):
         path = ROOT / name
         if path.is_dir():
             shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -49,6 +49,19 @@ def test_wheel_installs_only_capture_and_replay(wheel: zipfile.ZipFile) -> None:
     }
     # issue 13: no generic `cli` or `fixtures` package in site-packages.
     assert top == {"capture", "replay"}
+
+
+def test_wheel_holds_every_module_of_the_checkout(wheel: zipfile.ZipFile) -> None:
+    # The installed name of each source file: cli/ is installed as capture/cli/.
+    checkout = {
+        ("capture/" if path.parts[0] == "cli" else "") + path.as_posix()
+        for top in ("capture", "replay", "cli")
+        for path in (p.relative_to(ROOT) for p in (ROOT / top).rglob("*.py"))
+        if "__pycache__" not in path.parts
+    }
+    in_wheel = {name for name in wheel.namelist() if name.endswith(".py")}
+    assert sorted(checkout - in_wheel) == []
+    assert sorted(in_wheel - checkout) == []
 
 
 def test_wheel_maps_cli_under_capture_with_the_demo_model(wheel: zipfile.ZipFile) -> None:
