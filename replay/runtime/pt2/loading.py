@@ -38,6 +38,7 @@ from replay.runtime.allowed import allow_ops as allowed_ops
 from replay.runtime.digests import check_digest, digest_bytes, digest_file
 from replay.runtime.guards import ArtifactError, CallNotServed
 from replay.runtime.manifest import FORMAT, MANIFEST_CAP, Manifest
+from replay.runtime.pt2 import native
 from replay.runtime.pt2.archive import (
     ARCHIVE_FORMAT,
     ARCHIVE_VERSION,
@@ -258,6 +259,7 @@ def open_artifact(
     compiled: bool = False,
     allowed: AllowOps = frozenset(),
     verify_weights: bool = False,
+    probe: bool = True,
 ) -> Opened:
     """Validates and opens an artifact: `replay.validation.validate` for a ``.pt2``.
 
@@ -266,7 +268,8 @@ def open_artifact(
     the pytree types the programs name are registered; every program's graph is built from
     its JSON around those tensors (`replay.runtime.pt2.program`). Nothing is run
     (AOTInductor builds are loaded, which runs their native code, only with
-    ``compiled=True``).
+    ``compiled=True``, and only once a child process loaded them first: `native.probe`,
+    unless `probe` is False, as in that child).
 
     Raises:
         ArtifactError: See `load`.
@@ -277,6 +280,14 @@ def open_artifact(
             f"{art.archive.path} holds no AOTInductor builds; save it with aoti=True "
             "(capture export --aoti) or load it without compiled=True"
         )
+    if compiled:
+        import torch
+
+        native.check_release(
+            art.archive.path, art.manifest.versions.get("torch"), torch.__version__
+        )
+        if probe:
+            native.probe(art.archive.path, device or "cpu", sorted(allowed))
     if verify_weights:
         _verify_files(art)
     register_types(art.types)
