@@ -259,6 +259,25 @@ class Signature:
         """The names a keyword argument can fill (neither positional-only nor variadic)."""
         return frozenset(p.name for p in self if p.kind in (POSITIONAL_OR_KEYWORD, KEYWORD_ONLY))
 
+    def keyword_order(self, keywords: Iterable[str]) -> tuple[str, ...] | None:
+        """The canonical order of a call's keywords, None when they come in it already.
+
+        Python keyword order carries no meaning (``f(a=1, b=2)`` is ``f(b=2, a=1)``), so a
+        call's structure takes its keywords in one order: the parameters' order in the
+        signature (the order ``inspect.Signature.bind`` and torch.export bind them in), then
+        the keywords it declares no parameter for (``**kwargs``), by name.
+
+        Example:
+            >>> Signature.of(lambda x, mask=None, **extra: x).keyword_order(["z", "mask", "x"])
+            ('x', 'mask', 'z')
+            >>> Signature.of(lambda x, mask=None: x).keyword_order(["x", "mask"]) is None
+            True
+        """
+        given = tuple(keywords)
+        index = self.index
+        ordered = tuple(sorted(given, key=lambda k: (index.get(k, len(index)), k)))
+        return None if ordered == given else ordered
+
     def extra_keywords(self, keywords: Iterable[str]) -> list[str]:
         """The keywords the method takes only through its ``**kwargs`` (none without one):
         every keyword that names no parameter a keyword can fill."""

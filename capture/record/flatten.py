@@ -14,7 +14,9 @@ Two walks over the same tree:
   instead.
 
 Leaf order is torch pytree's order: both walks visit containers the same way (tuple/list in
-order, dict in insertion order, registered nodes through their flatten function).
+order, dict in insertion order, registered nodes through their flatten function). A call's
+top-level keywords are the exception: their order carries no meaning, so a structure takes them
+in the signature's order (`in_keyword_order`), whatever order the caller passed them in.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from capture.record.structure import (
     describe,
     dtype_name,
 )
+from capture.signature import Signature
 
 __all__ = [
     "Leaf",
@@ -50,6 +53,7 @@ __all__ = [
     "MAX_ITEMS",
     "MAX_KEY",
     "shapes_of",
+    "in_keyword_order",
 ]
 
 _Tensor = torch.Tensor
@@ -233,3 +237,38 @@ def _safe_shape(t: torch.Tensor) -> tuple[int, ...]:
 def shapes_of(tensors: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:
     """The sizes of each tensor as ints (nested tensors' ragged dimensions are -1)."""
     return [_safe_shape(t) for t in tensors]
+
+
+def in_keyword_order(
+    call: tuple[tuple[Any, ...], dict[str, Any]], signature: Signature
+) -> tuple[tuple[tuple[Any, ...], dict[str, Any]], tuple[int, ...]] | None:
+    """A call with its keywords in the canonical order, and where its tensors move.
+
+    Keyword order is not part of a call's structure (`Signature.keyword_order`): the same
+    call passed with its keywords in another order has the same structure and sizes. Returns
+    None when the keywords are in that order already; else ``((args, kwargs), order)``, where
+    ``order[i]`` is the position, among the tensors `walk` finds in the call as passed, of the
+    ``i``-th tensor of the reordered call (nested containers keep their own order).
+
+    Example:
+        >>> sig = Signature.of(lambda x, mask=None: x)
+        >>> call = ((), {"mask": torch.ones(2), "x": torch.zeros(3)})
+        >>> moved, order = in_keyword_order(call, sig)
+        >>> list(moved[1]), order
+        (['x', 'mask'], (1, 0))
+    """
+    args, kwargs = call
+    names = signature.keyword_order(kwargs)
+    if names is None:
+        return None
+    first: list[Any] = []
+    walk(args, first, [])
+    start = len(first)
+    span: dict[str, range] = {}
+    for name, value in kwargs.items():
+        found: list[torch.Tensor] = []
+        walk(value, found, [])
+        span[name] = range(start, start + len(found))
+        start += len(found)
+    order = tuple(range(len(first))) + tuple(i for name in names for i in span[name])
+    return (args, {name: kwargs[name] for name in names}), order

@@ -178,13 +178,22 @@ class PayloadKeeper:
         }
 
     # -- hot path (sampled calls only past the first line) -----------------------------------
-    def take(self, args: Any, kwargs: Any, in_structure: str) -> _Kept | None:
-        """Copies the input tensors of a sampled call (None: not sampled, or skipped)."""
+    def take(
+        self,
+        args: Any,
+        kwargs: Any,
+        in_structure: str,
+        keywords: tuple[str, ...] | None = None,
+    ) -> _Kept | None:
+        """Copies the input tensors of a sampled call (None: not sampled, or skipped);
+        `keywords` is the structure's keyword order when the call passed another one."""
         if self._random() >= self.policy.rate:
             return None
         if self._thread is None or self._queue.full():
             self.dropped += 1
             return None
+        if keywords is not None:  # leaves numbered in the structure's order
+            kwargs = {name: kwargs[name] for name in keywords}
         flat = pytree.tree_leaves((args, kwargs))
         found = {i: t for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
         if any(t.dtype not in _DTYPES for t in found.values()):

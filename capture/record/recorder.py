@@ -340,7 +340,7 @@ class Recorder:
             kept = None
             if payloads is not None:
                 try:
-                    kept = payloads.take(args, kwargs, pending[0])
+                    kept = payloads.take(args, kwargs, pending[0], pending[4])
                 except Exception as e:
                     self._count_error("keeping a payload", e)
             flight.enter()
@@ -410,12 +410,12 @@ class Recorder:
                     counted = ranges(tensors, (), st.counts)[0]
                     lows += counted
                     highs += counted
-        return st.structure_id, dims, lows, highs
+        return st.structure_id, dims, lows, highs, st.keywords
 
     def _emit(
         self, pending: Any, ts: int, duration: int, out: Any, error: str | None
     ) -> int | None:
-        sid, dims, lows, highs = pending
+        sid, dims, lows, highs, _ = pending
         out_sid = out_dims = None
         if error is None and self._record_outputs:
             tensors: list[torch.Tensor] = []

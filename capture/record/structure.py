@@ -119,6 +119,11 @@ class Structure:
     # True when a tracked tensor is not on the CPU: its range is read later, without a device
     # sync, by the writer thread (`capture.record.device_ranges`).
     deferred: bool = False
+    # A call that passed its keywords in another order than the structure's
+    # (`capture.record.flatten.in_keyword_order`): the structure's keyword order, and the
+    # position, in the call as passed, of each of the structure's tensors.
+    keywords: tuple[str, ...] | None = None
+    order: tuple[int, ...] | None = None
 
 
 def dtype_name(dtype: torch.dtype) -> str:

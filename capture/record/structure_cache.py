@@ -11,6 +11,7 @@ counted (`overflow`).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import threading
 from collections.abc import Callable
@@ -21,7 +22,14 @@ import torch
 import torch.utils._pytree as pytree
 
 from capture.record.accounting import OnceLog
-from capture.record.flatten import Structure, describe, metadata_guard, shapes_of, tensor_key
+from capture.record.flatten import (
+    Structure,
+    describe,
+    in_keyword_order,
+    metadata_guard,
+    shapes_of,
+    tensor_key,
+)
 from capture.record.writer import StoreWriter
 from capture.signature import Signature
 
@@ -106,6 +114,8 @@ class StructureCache:
         containers = tuple(key)
         for guard, known in self._guarded.get(containers, ()):
             if guard(*tensors):
+                if known.order is not None:  # keywords passed in another order
+                    tensors[:] = [tensors[i] for i in known.order]
                 return known, tuple(_chain(map(_shape, tensors)))
         try:
             k, shapes = tensor_key(containers, tensors, devices=root == "inputs")
@@ -120,12 +130,17 @@ class StructureCache:
         if st is None:
             return None
         if st.slow:  # walk() and torch's pytree disagree on this structure: trust pytree
+            if st.keywords is not None:
+                obj = (obj[0], {name: obj[1][name] for name in st.keywords})
             tensors[:] = [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
+            return st, tuple(_chain(shapes_of(tensors)))
+        if not st.nested:  # a nested tensor's sizes are read with shapes_of: no guard
+            self._add_guard(containers, tensors, st)  # on the tensors as the call passed them
+        if st.order is not None:
+            tensors[:] = [tensors[i] for i in st.order]
+            shapes = [shapes[i] for i in st.order]
+        if st.nested:  # sizes as ints (a jagged tensor's ragged size is a SymInt)
             shapes = shapes_of(tensors)
-        elif st.nested:  # sizes as ints (a jagged tensor's ragged size is a SymInt); no guard
-            shapes = shapes_of(tensors)
-        else:
-            self._add_guard(containers, tensors, st)
         return st, tuple(_chain(shapes))
 
     def _add_guard(
@@ -159,6 +174,10 @@ class StructureCache:
                     self.max_structures,
                 )
                 return None
+            moved = in_keyword_order(obj, self._signature) if root == "inputs" else None
+            if moved is not None:  # described in the structure's keyword order
+                obj, order = moved
+                tensors = [tensors[i] for i in order]
             st = describe(
                 obj,
                 tensors,
@@ -178,6 +197,8 @@ class StructureCache:
                 )
             if self._writer is not None:
                 self._writer.add_structure(st)
+            if moved is not None:  # this key's calls reorder their tensors (`lookup`)
+                st = dataclasses.replace(st, keywords=tuple(obj[1]), order=moved[1])
             self._structures[key] = st
             self._held_tokens += tokens
             return st

@@ -9,7 +9,7 @@ file provably replaces left out (`capture.store.claims`), with the reader's cach
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -27,6 +27,7 @@ from capture.store.layout import (
     read_footers,
     read_with_rows,
 )
+from capture.store.values import rows_problem
 
 __all__ = ["CheckedTable", "check_table"]
 
@@ -53,6 +54,8 @@ class CheckedTable:
     waiting: frozenset[str] = frozenset()
     """Stats: the calls files of segments not committed yet (`capture.store.commits`): their
     calls are hidden, as their rollup is not counted."""
+    folders: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Partition folder -> (kept files, their rows): what a compaction would merge."""
 
 
 def check_table(
@@ -108,8 +111,8 @@ def _check_once(
     # Many files at once (a thread pool): one after the other, 100,000 files took
     # minutes to open. Each is checked against the schema.
     def check(fs: pafs.FileSystem, path: str) -> tuple[FileInfo | Skip, pa.Table | None]:
-        if small:
-            return read_with_rows(fs, path, table)
+        if small:  # the rows' values are checked per slice (`_checked_rows`)
+            return read_with_rows(fs, path, table, check_values=False)
         return read_footer(fs, path, table), None
 
     fresh: list[pa.Table] = []  # rows read now, with the file column
@@ -122,7 +125,9 @@ def _check_once(
                 tables.append(rows)
                 names.append(path)
         if tables:  # one table per slice: 100,000 small tables cost GBs of memory
-            fresh.append(footer_cache.with_files(tables, names))
+            slice_rows = _checked_rows(table, tables, names, verdicts)
+            if slice_rows is not None:
+                fresh.append(slice_rows)
         if len(todo) > _SLICE:  # pyarrow footers are freed by the cycle collector only
             gc.collect()
     good: list[FileInfo] = []
@@ -162,8 +167,33 @@ def _check_once(
         cache.save(table, {i.path: (stamps[i.path], verdicts[i.path]) for i in infos}, rows)
     exact = all(f.exact for f in counted if f.path not in replaced)
     waiting = frozenset(p for paths in pending.values() for p in paths)
-    result = CheckedTable(kept, skips, refused, kept_rows, exact, waiting)
+    folders: dict[str, tuple[int, int]] = {}
+    for f in counted:
+        if f.path not in replaced:
+            files, rows_in = folders.get(f.folder, (0, 0))
+            folders[f.folder] = (files + 1, rows_in + f.rows)
+    result = CheckedTable(kept, skips, refused, kept_rows, exact, waiting, folders)
     return _Attempt(result, bool(vanished))
+
+
+def _checked_rows(
+    table: str, tables: list[pa.Table], names: list[str], verdicts: dict[str, FileInfo | Skip]
+) -> pa.Table | None:
+    """The rows of `tables` (one per file of `names`) in one table, their values checked at
+    once (`rows_problem`: a few compute calls per slice, not per file); only when the slice
+    holds a problem is each file checked, and each one at fault marked corrupt in `verdicts`."""
+    rows = footer_cache.with_files(tables, names)
+    if rows_problem(table, rows) is None:
+        return rows
+    sound_tables, sound_names = [], []
+    for path, one in zip(names, tables, strict=True):
+        problem = rows_problem(table, one)
+        if problem is None:
+            sound_tables.append(one)
+            sound_names.append(path)
+        else:
+            verdicts[path] = Skip(path, problem, corrupt=True)
+    return footer_cache.with_files(sound_tables, sound_names) if sound_tables else None
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table | None:

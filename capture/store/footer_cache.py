@@ -109,7 +109,11 @@ def rows_of(rows: pa.Table, paths: list[str], every: bool = False) -> pa.Table:
 
 def with_files(tables: list[pa.Table], paths: list[str]) -> pa.Table:
     """The rows of `tables` (one per file of `paths`) in one table with the file column."""
-    rows = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+    first = tables[0].schema
+    # files of one version (the usual case) concatenate as they are; others are unified
+    same = all(t.schema.equals(first) for t in tables)
+    rows = pa.concat_tables(tables, promote_options="none" if same else "permissive")
+    rows = rows.combine_chunks()
     index = [i for i, t in enumerate(tables) for _ in range(t.num_rows)]
     files = pc.take(pa.array(paths, pa.string()), pa.array(index, pa.int32()))
     return rows.append_column(_FILE, files)

@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
+from capture.store import footer_schema
 from capture.store.files import vanished
 from capture.store.nofollow import LINK_REASON, walk
 from capture.store.opening import open_root
@@ -160,24 +161,6 @@ def _list_local(
     return out
 
 
-def _schema_problem(found: pa.Schema, table: str, version: int) -> str | None:
-    """Why `found` is not the schema of `table` in a file of store `version` (None when it is,
-    extra columns allowed, columns added after `version` optional: `schema.ADDED_IN`)."""
-    expected = schema.SCHEMAS[table]
-    for field in expected:
-        index = found.get_field_index(field.name)
-        if index < 0 and schema.ADDED_IN.get((table, field.name), 0) > version:
-            continue
-        if index < 0:
-            return f"not a {table} file of this store: it has no column {field.name!r}"
-        if not found.field(index).type.equals(field.type):
-            return (
-                f"not a {table} file of this store: column {field.name!r} is "
-                f"{found.field(index).type}, expected {field.type}"
-            )
-    return None
-
-
 def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> FileInfo | Skip:
     """Reads and checks one file's footer: a `FileInfo`, or a `Skip` saying why not.
 
@@ -207,7 +190,9 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
     verdict = _verdict(meta, path, table, size)
     if isinstance(verdict, FileInfo) and table == schema.CALLS:
         try:
-            problem = calls_problem(fs, path, meta)
+            version = int((meta.metadata or {})[schema.METADATA_SCHEMA_VERSION])
+            leaves = footer_schema.facts(meta, table, version).leaves
+            problem = calls_problem(fs, path, meta, leaves)
         except Exception as e:  # its sizes cannot be read: as unreadable as a truncated file
             return _unreadable(fs, path, e)
         if problem is not None:
@@ -227,7 +212,7 @@ _ONE_READ = 4 << 20
 
 
 def read_with_rows(
-    fs: pafs.FileSystem, path: str, table: str
+    fs: pafs.FileSystem, path: str, table: str, check_values: bool = True
 ) -> tuple[FileInfo | Skip, pa.Table | None]:
     """`read_footer`'s verdict on one file and, when it passes, the file's rows.
 
@@ -240,6 +225,8 @@ def read_with_rows(
         fs: The store's filesystem.
         path: The file.
         table: The table the file's folder belongs to.
+        check_values: Check the rows' values here (`capture.store.values.rows_problem`);
+            False when the caller checks the rows of many files at once.
 
     Returns:
         ``(FileInfo, rows)``, or ``(Skip, None)``.
@@ -256,8 +243,8 @@ def read_with_rows(
             verdict = _verdict(parquet.metadata, path, table, size)
             if isinstance(verdict, Skip):
                 return verdict, None
-            rows = parquet.read()
-            problem = rows_problem(table, rows)
+            rows = parquet.read(use_threads=False)  # callers read many files at once
+            problem = rows_problem(table, rows) if check_values else None
             if problem is not None:
                 return Skip(path, problem, corrupt=True), None
             return verdict, rows
@@ -294,8 +281,8 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
     if table not in schema.SCHEMAS or kind != table:
         return Skip(path, f"a {kind[:20]!r} file in the {table!r} folder")
     try:
-        found = meta.schema.to_arrow_schema()
-        problem = _schema_problem(found, table, number)
+        known = footer_schema.facts(meta, table, number)
+        problem = known.problem
     except Exception as e:  # a schema arrow cannot map
         problem = f"its schema cannot be read ({type(e).__name__})"
     if problem:
@@ -313,11 +300,10 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
     segment = _segment(kv, path) if table == schema.STATS else None
     if isinstance(segment, Skip):
         return segment
-    exact = found.names == schema.SCHEMAS[table].names
-    rows, ids = int(meta.num_rows), _call_ids(meta, table)
+    rows, ids = int(meta.num_rows), _call_ids(meta, table, known.call_id)
     rollup = kv.get(schema.METADATA_ROLLUP)
     mark = rollup.decode("ascii", "replace")[:10] if rollup is not None else None
-    return FileInfo(path, table, rows, size, replaces, ids, exact, mark, segment)
+    return FileInfo(path, table, rows, size, replaces, ids, known.exact, mark, segment)
 
 
 T = TypeVar("T")
@@ -343,8 +329,17 @@ def read_footers(
     """
     if len(paths) < 8:
         return [read(fs, p) for p in paths]
-    with ThreadPoolExecutor(footer_threads(fs), thread_name_prefix="capture-footer") as pool:
-        return list(pool.map(lambda p: read(fs, p), paths))
+    threads = footer_threads(fs)
+    # a few files per task: a future per file cost as much as a small file's check
+    step = max(1, min(_PER_TASK, len(paths) // (4 * threads)))
+    chunks = [paths[i : i + step] for i in range(0, len(paths), step)]
+    with ThreadPoolExecutor(threads, thread_name_prefix="capture-footer") as pool:
+        done = pool.map(lambda chunk: [read(fs, p) for p in chunk], chunks)
+        return [one for chunk in done for one in chunk]
+
+
+_PER_TASK = 32
+"""Most files one task of `read_footers` reads."""
 
 
 _GLOB = "*?[]{}"
@@ -416,10 +411,9 @@ def _segment(kv: dict[bytes, bytes], path: str) -> dict[str, int] | None | Skip:
     return days
 
 
-def _call_ids(meta: pq.FileMetaData, table: str) -> tuple[int, int] | None:
+def _call_ids(meta: pq.FileMetaData, table: str, column: int) -> tuple[int, int] | None:
     if table != schema.CALLS or meta.num_rows == 0:
         return None
-    column = meta.schema.to_arrow_schema().get_field_index("call_id")
     lows, highs = [], []
     for i in range(meta.num_row_groups):
         stats = meta.row_group(i).column(column).statistics

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -71,6 +72,11 @@ _NO_EXTENSION_LOADING: dict[str, str | bool | int | float | list[str]] = {
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
 }
+
+_HINT_FILES = 1_000
+_HINT_RATIO = 10
+"""A table of at least `_HINT_FILES` files, `_HINT_RATIO` times what a compaction would leave,
+gets the hint to compact (`StoreReader._hint_compact`)."""
 
 _RELISTS = 5
 """Times a query lists the store again when files it read were deleted meanwhile (compactions
@@ -192,6 +198,7 @@ class StoreReader:
             )
         for claim in found.refused:
             warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
+        self._hint_compact(table, found.folders)
         if table == schema.CALLS:
             self._exact_calls = found.exact
             # calls of segments whose rollup is not counted yet (capture.store.commits)
@@ -200,6 +207,25 @@ class StoreReader:
         if table == schema.STATS:
             self._waiting = found.waiting
         return found.kept
+
+    def _hint_compact(self, table: str, folders: dict[str, tuple[int, int]]) -> None:
+        """Says, once per table on stderr (a log warning), when the table has many more files
+        than a compaction would leave: every query pays for each file, `capture compact` once."""
+        from capture.store.compaction import DEFAULT_TARGET_ROWS
+
+        files = sum(n for n, _ in folders.values())
+        leave = sum(max(1, -(-rows // DEFAULT_TARGET_ROWS)) for _, rows in folders.values())
+        if files < _HINT_FILES or files < _HINT_RATIO * leave:
+            return
+        logger.warning(
+            "capture: the store at %s holds %s %s files where a compaction would leave about "
+            "%s; every first read opens each one: run `capture --store %s compact` once",
+            self.path,
+            f"{files:,}",
+            table,
+            f"{leave:,}",
+            shlex.quote(self.path),
+        )
 
     def _lock_down(self) -> None:
         """From here on SQL reads the store's files and nothing else.

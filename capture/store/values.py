@@ -81,23 +81,36 @@ def rows_problem(table: str, rows: pa.Table) -> str | None:
     return None
 
 
-def _leaf_stats(meta: pq.FileMetaData, column: str) -> list[pq.Statistics | None]:
+def _leaf_stats(
+    meta: pq.FileMetaData, column: str, leaves: dict[str, int] | None
+) -> list[pq.Statistics | None]:
     leaf = f"{column}.list.element"
-    index = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == leaf), None)
+    if leaves is not None:
+        index = leaves.get(column)
+    else:
+        columns = range(meta.num_columns)
+        index = next((j for j in columns if meta.schema.column(j).path == leaf), None)
     if index is None:
         return []
     return [meta.row_group(i).column(index).statistics for i in range(meta.num_row_groups)]
 
 
-def calls_problem(fs: pafs.FileSystem, path: str, meta: pq.FileMetaData) -> str | None:
+def calls_problem(
+    fs: pafs.FileSystem,
+    path: str,
+    meta: pq.FileMetaData,
+    leaves: dict[str, int] | None = None,
+) -> str | None:
     """What is wrong with the sizes of the calls file at `path` (None: nothing).
 
     From the footer's statistics; the ``dims`` and ``out_dims`` columns are read only when
     the statistics count nulls (or are missing): a null there may be an empty list.
+    `leaves`: the Parquet column index of each list's elements, when the caller knows them
+    (`capture.store.footer_schema`).
     """
     read: list[str] = []
     for column in ("dims", "out_dims"):
-        for stats in _leaf_stats(meta, column):
+        for stats in _leaf_stats(meta, column, leaves):
             if stats is None or not stats.has_null_count:
                 read.append(column)
                 break

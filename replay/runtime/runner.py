@@ -91,27 +91,38 @@ class Router:
 
     @staticmethod
     def _described(
-        by_signature: dict[str, tuple[str | None, tuple[Any, ...], bool]],
+        by_signature: dict[str | None, Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         entry: ProgramEntry,
         tensors: list[Any],
     ) -> tuple[str | None, Sequence[LeafFacts], list[Any]]:
-        """`facts` for one call layout: its descriptions so far, by the entry's signature."""
+        """`facts` for one call layout: its descriptions so far, by the entry's signature.
+
+        Keywords passed in another order than the signature's are described in its order, as
+        the recorder describes them (`capture.record.flatten.in_keyword_order`): the tensors
+        come back in that order."""
         found = by_signature.get(entry.signature)
         if found is None:
-            from capture.record.flatten import describe
+            from capture.record.flatten import describe, in_keyword_order
             from capture.signature import Signature
 
             signature = Signature.loads(entry.signature)
-            st = describe((args, kwargs), list(tensors), signature=signature)
-            found = (st.treespec, tuple(st.leaves), st.slow)
+            moved = in_keyword_order((args, kwargs), signature)
+            order = moved[1] if moved is not None else None
+            call = moved[0] if moved is not None else (args, kwargs)
+            ordered = [tensors[i] for i in order] if order is not None else list(tensors)
+            st = describe(call, ordered, signature=signature)
+            found = (st.treespec, tuple(st.leaves), st.slow, order, tuple(call[1]))
             by_signature[entry.signature] = found
-        treespec, leaves, slow = found
+        treespec, leaves, slow, order, names = found
         if slow:
             import torch.utils._pytree as pytree
 
-            tensors = [t for t in pytree.tree_leaves((args, kwargs)) if hasattr(t, "shape")]
+            call = (args, {name: kwargs[name] for name in names})
+            tensors = [t for t in pytree.tree_leaves(call) if hasattr(t, "shape")]
+        elif order is not None:
+            tensors = [tensors[i] for i in order]
         return treespec, leaves, tensors
 
     @staticmethod
