@@ -218,6 +218,23 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str, str]] = {
         SWAPPED,
         "its digests do not describe the set's files",
     ),
+    # issue 39: parsers have limits; one line from both, never a RecursionError
+    "a condition nested 1990 deep": (
+        _manifest(
+            lambda d: (
+                d["programs"][0]
+                .setdefault("conditions", [])
+                .append({"expr": "-" * 1990 + "d0 > 1", "text": "x"})
+            )
+        ),
+        SEALED,
+        "nests deeper than 200 levels",
+    ),
+    "a manifest value nested 500 deep": (
+        _manifest(lambda d: d["programs"][0].update(extra=json.loads("[" * 500 + "]" * 500))),
+        SEALED,
+        "nests lists and objects deeper than 200 levels",
+    ),
     "swapped model file": (_swap_model, SWAPPED, "its sha256 differs"),
     "swapped weights file": (_swap_weights, SWAPPED, "its sha256 differs"),
 }
