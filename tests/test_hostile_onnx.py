@@ -144,6 +144,47 @@ def _function_constant_external(folder: Path, _: Path) -> None:
     onnx.save(model, str(path))
 
 
+def _weights_tensor(name: str) -> onnx.TensorProto:
+    """A tensor whose data is declared external, inside the set's own weights file (its first
+    8 bytes): what docs/onnx.md says only a top-graph initializer may do."""
+    tensor = onnx.helper.make_tensor(name, onnx.TensorProto.FLOAT, [2], [1.0, 2.0])
+    tensor.ClearField("float_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value=f"{NAME}.data")
+    tensor.external_data.add(key="offset", value="0")
+    tensor.external_data.add(key="length", value="8")
+    return tensor
+
+
+def _sparse_constant_weights(folder: Path, _: Path) -> None:
+    path = folder / _files(folder)[0]
+    model = onnx.load(str(path), load_external_data=False)
+    indices = onnx.helper.make_tensor("evil_indices", onnx.TensorProto.INT64, [2], [0, 3])
+    sparse = onnx.helper.make_sparse_tensor(_weights_tensor("evil_values"), indices, [4])
+    node = onnx.helper.make_node("Constant", [], ["evil_out"], sparse_value=sparse, name="evil")
+    model.graph.node.append(node)
+    model.graph.output.append(onnx.helper.make_tensor_value_info("evil_out", 1, [4]))
+    onnx.save(model, str(path))
+
+
+def _function_default_weights(folder: Path, _: Path) -> None:
+    path = folder / _files(folder)[0]
+    model = onnx.load(str(path), load_external_data=False)
+    default = onnx.helper.make_attribute("w", _weights_tensor("evil_default"))
+    constant = onnx.helper.make_node("Constant", [], ["y"])
+    constant.attribute.append(onnx.helper.make_attribute_ref("value", onnx.AttributeProto.TENSOR))
+    constant.attribute[0].ref_attr_name = "w"
+    opsets = [onnx.helper.make_opsetid("", 20)]
+    function = onnx.helper.make_function(
+        "local", "evil", [], ["y"], [constant], opsets, attribute_protos=[default]
+    )
+    model.functions.append(function)
+    model.opset_import.add(domain="local", version=1)
+    model.graph.node.append(onnx.helper.make_node("evil", [], ["evil_out"], domain="local"))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("evil_out", 1, [2]))
+    onnx.save(model, str(path))
+
+
 def _random_model(folder: Path, _: Path) -> None:
     (folder / _files(folder)[0]).write_bytes(os.urandom(4096))
 
@@ -203,6 +244,17 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str, str]] = {
         _function_constant_external,
         SEALED,
         "references external data",
+    ),
+    # issue 39: the two constant forms that read the set's own weights file
+    "a sparse Constant reading the weights file": (
+        _sparse_constant_weights,
+        SEALED,
+        "tensor 'evil_values' references external data",
+    ),
+    "a function's default attribute reading the weights file": (
+        _function_default_weights,
+        SEALED,
+        "tensor 'evil_default' references external data",
     ),
     "random bytes as a model file": (_random_model, SEALED, "is not an ONNX model"),
     "truncated weights file": (_truncated_weights, SEALED, "which holds"),

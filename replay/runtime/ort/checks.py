@@ -7,7 +7,9 @@
   custom-domain operator would make onnxruntime look for a library the set does not hold.
 - **External data**: only the top graph's initializers may live outside the model, in the
   set's weights file, within it, with a length that is exactly the tensor's shape times its
-  element size (`external_initializers`).
+  element size (`external_initializers`); any other tensor with external data (a Constant's
+  dense or sparse value, a local function's default attribute, a subgraph's or a sparse
+  initializer, a training graph's) refuses the file, wherever it points.
 
 Needs onnx (not onnxruntime, not torch).
 """
@@ -133,6 +135,9 @@ def read_checked(
     stray = _nested_external(proto.graph, top=True)
     for function in proto.functions:  # a local function's Constant: its nodes, like a subgraph's
         stray = stray or _nested_external(function, top=True)
+    for training in proto.training_info:  # graphs onnxruntime does not run: none may hold any
+        for graph in (training.initialization, training.algorithm):
+            stray = stray or _nested_external(graph, top=False)
     if stray:
         raise OnnxFileError(
             f"{path}: {stray} references external data outside the graph's initializers; "
@@ -176,19 +181,33 @@ def _external(init: Any, path: str, weights: str, total: int) -> ExternalInitial
     return ExternalInitializer(init.name, offset, length, init.data_type, tuple(init.dims))
 
 
+def _attribute_parts(attr: Any) -> tuple[list[Any], list[Any]]:
+    """The tensors (a sparse tensor's values and indices too) and graphs an attribute holds."""
+    tensors = ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
+    sparse = ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) + list(
+        attr.sparse_tensors
+    )
+    tensors += [part for s in sparse for part in (s.values, s.indices)]
+    return tensors, ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+
+
 def _nested_external(graph: Any, top: bool) -> str | None:
     """The name of a tensor with external data anywhere but the top graph's initializers
-    (Constant attributes, subgraphs, sparse initializers; `graph` may be a local function,
-    which has nodes only): onnxruntime would open its file."""
+    (Constant attributes, dense or sparse, subgraphs, sparse initializers; `graph` may be a
+    local function, which has nodes and its attributes' defaults only): onnxruntime would
+    open its file."""
     import onnx
 
     tensors = [] if top else list(graph.initializer)
-    tensors += [t.values for t in getattr(graph, "sparse_initializer", ())]  # none in a function
+    for sparse in getattr(graph, "sparse_initializer", ()):  # none in a function
+        tensors += [sparse.values, sparse.indices]
     graphs = []
-    for node in graph.node:
-        for attr in node.attribute:
-            tensors += ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
-            graphs += ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+    attributes = [a for node in graph.node for a in node.attribute]
+    attributes += list(getattr(graph, "attribute_proto", ()))  # a function's defaults
+    for attr in attributes:
+        held, sub = _attribute_parts(attr)
+        tensors += held
+        graphs += sub
     for tensor in tensors:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             return f"tensor {tensor.name!r}"
