@@ -260,8 +260,7 @@ class CaptureGroup(click.Group):
             click.echo(f"Error: {printable(e.format_message())}{where}", err=True)
             sys.exit(e.exit_code)
         except click.ClickException as e:
-            e.message = printable(e.message)
-            e.show()
+            click.echo(f"Error: {printable(e.format_message())}", err=True)  # as e.show()
             _exit(e.exit_code)
         except click.Abort:
             click.echo("Error: aborted", err=True)

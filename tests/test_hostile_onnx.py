@@ -185,6 +185,33 @@ def _function_default_weights(folder: Path, _: Path) -> None:
     onnx.save(model, str(path))
 
 
+def _loop(trips: int | None) -> Callable[[Path, Path], None]:
+    """A Loop of `trips` iterations (None: no trip count, only a condition that stays true)."""
+
+    def change(folder: Path, _: Path) -> None:
+        path = folder / _files(folder)[0]
+        model = onnx.load(str(path), load_external_data=False)
+        helper, tp = onnx.helper, onnx.TensorProto
+        body = helper.make_graph(
+            [helper.make_node("Identity", ["cond"], ["cond_out"])],
+            "body",
+            [helper.make_tensor_value_info("i", tp.INT64, []),
+             helper.make_tensor_value_info("cond", tp.BOOL, [])],
+            [helper.make_tensor_value_info("cond_out", tp.BOOL, [])],
+        )  # fmt: skip
+        nodes = [helper.make_node("Constant", [], ["go"], value_int=1)]
+        if trips is not None:
+            count = helper.make_tensor("n", tp.INT64, [], [trips])
+            nodes.append(helper.make_node("Constant", [], ["trips"], value=count))
+        nodes.append(
+            helper.make_node("Loop", ["trips" if trips else "", "go"], [], body=body, name="spin")
+        )
+        model.graph.node.extend(nodes)
+        onnx.save(model, str(path))
+
+    return change
+
+
 def _random_model(folder: Path, _: Path) -> None:
     (folder / _files(folder)[0]).write_bytes(os.urandom(4096))
 
@@ -256,6 +283,9 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str, str]] = {
         SEALED,
         "tensor 'evil_default' references external data",
     ),
+    # issue 39: a loop's work is bounded at load (onnxruntime would spin in C++)
+    "a Loop of 10**15 trips": (_loop(10**15), SEALED, "would run 1,000,000,000,000,000 times"),
+    "a Loop without a trip count": (_loop(None), SEALED, "has no trip count"),
     "random bytes as a model file": (_random_model, SEALED, "is not an ONNX model"),
     "truncated weights file": (_truncated_weights, SEALED, "which holds"),
     "linked model file": (_linked("model"), SEALED, "missing or not a regular file"),

@@ -5,6 +5,8 @@
   calls a function the model itself defines (checked the same way), or is in a domain the caller
   names (``replay.load(path, allow_ops=["my.domain"])``, ``capture check --allow-ops``). A
   custom-domain operator would make onnxruntime look for a library the set does not hold.
+- **Loops**: every ``Loop`` and ``Scan`` runs a number of times known at load and bounded
+  from the guards' ranges (`replay.runtime.ort.loops`).
 - **External data**: only the top graph's initializers may live outside the model, in the
   set's weights file, within it, with a length that is exactly the tensor's shape times its
   element size (`external_initializers`); any other tensor with external data (a Constant's
@@ -17,10 +19,12 @@ Needs onnx (not onnxruntime, not torch).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from replay.runtime.ort.loops import check_loops
+from replay.runtime.ort.manifest import OnnxFile
 from replay.runtime.ort.weights import OnnxFileError
 
 __all__ = [
@@ -108,19 +112,20 @@ def external_initializers(
 
 
 def read_checked(
-    path: str, weights: str, allowed: Iterable[str] = ()
+    path: str, weights: str, allowed: Iterable[str] = (), served: Sequence[OnnxFile] = ()
 ) -> tuple[Any, list[ExternalInitializer]]:
     """Reads the ONNX model at `path` without its weights (``onnx.load(load_external_data=False)``)
-    and checks it: its operators (`check_operators`) and its external data.
+    and checks it: its operators (`check_operators`), its external data and, for the manifest
+    entries it serves (`served`), the work of its loops (`replay.runtime.ort.loops`).
 
     Returns:
         The ``onnx.ModelProto`` and one `ExternalInitializer` per initializer of the top graph
         that lives in the weights file.
 
     Raises:
-        OnnxFileError: The file is not ONNX, a node is outside the allowed domains, or an
+        OnnxFileError: The file is not ONNX, a node is outside the allowed domains, an
             initializer references another file, a path, bytes outside the weights file, or a
-            length that is not its shape's.
+            length that is not its shape's, or a loop's count is unknown or too large.
     """
     import onnx
 
@@ -143,6 +148,7 @@ def read_checked(
             f"{path}: {stray} references external data outside the graph's initializers; "
             "capture's ONNX files never do"
         )
+    check_loops(proto, path, served)
     folder = os.path.dirname(os.path.abspath(path))
     total = os.path.getsize(os.path.join(folder, weights))
     out: list[ExternalInitializer] = []
