@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from capture.untrusted import printable_lines
+
 __all__ = [
     "CaptureError",
     "StoreNotFound",
@@ -17,7 +19,15 @@ __all__ = [
 
 
 class CaptureError(Exception):
-    """Base class of every error this project raises on purpose."""
+    """Base class of every error this project raises on purpose.
+
+    Its message often names what a store or an artifact holds (a model, an argument, a tag, a
+    file name): it is shown with every control and bidirectional character escaped
+    (`capture.untrusted.printable_lines`), wherever it is printed.
+    """
+
+    def __str__(self) -> str:
+        return printable_lines(super().__str__())
 
 
 class StoreNotFound(CaptureError):

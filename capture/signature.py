@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from capture import untrusted
 from capture.errors import ReplayError
 
 __all__ = [
@@ -136,7 +137,7 @@ class Signature:
         try:
             params = tuple(
                 Param(str(p["name"]), _KINDS[str(p["kind"])], bool(p["has_default"]))
-                for p in json.loads(text)
+                for p in untrusted.loads(text)
             )
             signature = cls(params)
             signature.to_inspect()  # the order of kinds and names is one Python accepts

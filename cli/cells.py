@@ -29,14 +29,10 @@ __all__ = [
     "column_json",
     "is_numeric",
     "width",
-    "TABLE_ESCAPES",
 ]
 
 Column = Union["pa.Array", Sequence[Any]]
 """One column of a batch of rows: an Arrow array, or Python values (rows given as mappings)."""
-
-TABLE_ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
-"""In table cells only, newline, carriage return and tab are shown escaped (one row, one line)."""
 
 
 def to_json_value(value: Any) -> Any:

@@ -40,6 +40,7 @@ from typing import Any
 import click
 
 from capture.output_paths import check_file
+from capture.untrusted import printable
 from replay.inputs.options import SPECS, ExportOptions
 
 from .fit import Fit, terminal_width, wide_option
@@ -410,13 +411,13 @@ def export_command(
         result = export_with(module, store_path(ctx), model, options)
     subs = result.modules
     for note in result.notes:
-        click.echo(f"note: {note}", err=True)
+        click.echo(printable(f"note: {note}"), err=True)
     for sub, sub_result in subs.items():
         for note in sub_result.notes:
-            click.echo(f"note: {sub}.{note}", err=True)
+            click.echo(printable(f"note: {sub}.{note}"), err=True)
     for prefix, errors in [("", result.errors)] + [(f"{s}.", r.errors) for s, r in subs.items()]:
         for group, error in errors.items():
-            click.echo(f"error: group {prefix}{group}: {error}", err=True)
+            click.echo(printable(f"error: group {prefix}{group}: {error}"), err=True)
     written = [*result.onnx.values(), *(f for r in subs.values() for f in r.onnx.values())]
     if onnx is not None and written:
         from replay.runtime.ort.manifest import manifest_path, weights_path
@@ -426,7 +427,7 @@ def export_command(
         with stdout_to_stderr():
             written = [result.save(out, aoti=aoti)]
     for path in written:
-        click.echo(f"wrote {path}", err=True)
+        click.echo(printable(f"wrote {path}"), err=True)
     coverage = result.all_coverage()
     _render_coverage(coverage, fmt, not no_headers, signatures, terminal_width(wide))
     from replay.runtime.coverage import coverage_total
@@ -436,6 +437,6 @@ def export_command(
         return
     for prefix, sub_result in [("", result)] + [(f"{s}.", r) for s, r in subs.items()]:
         for group, why in sub_result.not_honoured.items():
-            click.echo(f"not honoured: {prefix}{group}: {why}", err=True)
+            click.echo(printable(f"not honoured: {prefix}{group}: {why}"), err=True)
     click.echo(f"export incomplete: {coverage_total(coverage)} (see the error column)", err=True)
     ctx.exit(EXIT_PARTIAL)

@@ -40,6 +40,7 @@ __all__ = [
     "Layout",
     "ELLIPSIS",
     "terminal_width",
+    "stdout_is_terminal",
     "layout",
     "cut",
     "wide_option",
@@ -65,7 +66,8 @@ _SEPARATOR = 2
 _MIN_CELL = 6
 
 
-def _stdout_is_terminal() -> bool:
+def stdout_is_terminal() -> bool:
+    """Whether stdout is a terminal now (a table fits it; data shown there is escaped)."""
     # sys.stdout at call time: click.echo writes there (a test runner may have replaced it).
     isatty = getattr(sys.stdout, "isatty", None)
     return bool(isatty is not None and isatty())
@@ -86,7 +88,7 @@ def terminal_width(wide: bool = False) -> int | None:
         >>> terminal_width(wide=True) is None
         True
     """
-    if wide or not _stdout_is_terminal():
+    if wide or not stdout_is_terminal():
         return None
     # $COLUMNS first, then the terminal; a terminal that says 0 columns gets the fallback.
     return max(20, shutil.get_terminal_size(fallback=(80, 24)).columns)

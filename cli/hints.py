@@ -39,4 +39,4 @@ def compile_hints_command(ctx: click.Context, model: str | None) -> None:
         if model is not None:
             store.check_model(model)
         hints = compile_hints(store, model)
-    write_text(hints.to_json())
+    write_text(hints.to_json(), data=True)

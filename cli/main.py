@@ -36,6 +36,7 @@ from typing import Any, TextIO
 import click
 
 from capture.errors import CaptureError
+from capture.untrusted import printable
 
 __all__ = ["cli", "CaptureGroup", "Settings", "store_path", "COMMANDS", "DEFAULT_STORE"]
 
@@ -125,14 +126,16 @@ def store_path(ctx: click.Context) -> str:
 
 
 def _one_line(message: str) -> str:
-    """Folds a multi-line message into one line; drops blank lines and caret markers."""
+    """Folds a multi-line message into one line; drops blank lines and caret markers; escapes
+    what is left of control characters (`capture.untrusted.printable`: a message may name
+    what a store holds)."""
     lines = [line.strip() for line in message.splitlines()]
     lines = [line for line in lines if line and set(line) != {"^"}]
     if not lines:
-        return message.strip()
+        return printable(message.strip())
     if len(lines) == 1:
-        return lines[0]
-    return f"{lines[0]} ({'; '.join(lines[1:])})"
+        return printable(lines[0])
+    return printable(f"{lines[0]} ({'; '.join(lines[1:])})")
 
 
 def _show_warning(
@@ -254,10 +257,10 @@ class CaptureGroup(click.Group):
             code = super().main(args, prog_name, complete_var, False, **extra)
         except click.UsageError as e:
             where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
-            click.echo(f"Error: {e.format_message()}{where}", err=True)
+            click.echo(f"Error: {printable(e.format_message())}{where}", err=True)
             sys.exit(e.exit_code)
         except click.ClickException as e:
-            e.show()
+            click.echo(f"Error: {printable(e.format_message())}", err=True)  # as e.show()
             _exit(e.exit_code)
         except click.Abort:
             click.echo("Error: aborted", err=True)

@@ -28,7 +28,13 @@ rule per kind, the same in every command (`cli.cells`):
 - booleans: ``true``/``false``; decimals: exact text in table/csv, JSON numbers in json;
 - dates and times: ISO 8601 text; durations: seconds (a number); DuckDB intervals: an object
   ``{"months", "days", "nanoseconds"}``;
-- in table cells only, newline, carriage return and tab are shown as ``\\n``, ``\\r``, ``\\t``.
+- in table cells (and headers) newline, carriage return and tab are shown as ``\\n``, ``\\r``,
+  ``\\t``, every other control, DEL and bidirectional override as ``\\xNN`` / ``\\uNNNN``
+  (`capture.untrusted.printable`): a stored name cannot drive the terminal. Text reports
+  (`write_text`) are escaped the same way, their newlines kept. json, jsonl and csv stay exact
+  data when piped (click is told not to strip what looks like an ANSI style from them); on a
+  terminal the same characters are written ``\\uNNNN``
+  (`capture.untrusted.terminal_data`; in a JSON string, the same value).
 
 Why not a table library: ``rich`` and ``tabulate`` were weighed against the terminal rules
 (STYLE.md, "CLI conventions") and do not meet them. Both measure every row before writing the
@@ -54,8 +60,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union, cast
 
 import click
 
+from capture.untrusted import printable, printable_lines, terminal_data
+
 from .cells import (
-    TABLE_ESCAPES,
     Column,
     column_cells,
     column_json,
@@ -64,7 +71,7 @@ from .cells import (
     to_json_value,
 )
 from .cells import width as cell_width
-from .fit import Fit, cut, layout
+from .fit import Fit, cut, layout, stdout_is_terminal
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -252,9 +259,7 @@ def _split(columns: list[Column], k: int) -> tuple[list[Column], list[Column]]:
 
 
 def _table_cells(columns: list[Column]) -> list[list[str]]:
-    return [
-        [c.translate(TABLE_ESCAPES) for c in column_cells(column, "null")] for column in columns
-    ]
+    return [[printable(c) for c in column_cells(column, "null")] for column in columns]
 
 
 def _pad(cells: Sequence[str], size: int, right: bool, limit: bool, keep_end: bool) -> list[str]:
@@ -297,7 +302,7 @@ def _table_chunks(
         rows += _length(columns)
         if rows >= _WINDOW:
             break
-    header = [n.translate(TABLE_ESCAPES) for n in names]
+    header = [printable(n) for n in names]
     natural = [
         max(
             [cell_width(header[i]) if headers else 0]
@@ -322,7 +327,7 @@ def _table_chunks(
     if plan.dropped:
         click.echo(
             f"note: {len(plan.dropped)} column(s) left out to fit the terminal: "
-            f"{', '.join(plan.dropped)} (--wide shows them)",
+            f"{printable(', '.join(plan.dropped))} (--wide shows them)",
             err=True,
         )
 
@@ -377,8 +382,11 @@ def render(data: Rows, fmt: str = "table", *, headers: bool = True, fit: Fit = _
         {"model": "toy", "shape": [2, 7]}
     """
     check_headers(fmt, not headers)
+    data_format = fmt != "table"
+    shown = terminal_data if data_format and stdout_is_terminal() else None
     for chunk in _chunks(data, fmt, headers, fit):
-        click.echo(chunk, nl=False)
+        # color=True: click would strip what looks like an ANSI style from data piped
+        click.echo(chunk if shown is None else shown(chunk), nl=False, color=data_format)
 
 
 def render_document(document: Any, fmt: str) -> None:
@@ -397,21 +405,31 @@ def render_document(document: Any, fmt: str) -> None:
     """
     value = to_json_value(document)
     if fmt == "json":
-        click.echo(json.dumps(value, ensure_ascii=False, allow_nan=False, indent=2))
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, indent=2)
     elif fmt == "jsonl":
-        click.echo(dumps(value))
+        text = dumps(value)
     else:
         raise ValueError(f"a document renders as json or jsonl, not {fmt!r}")
+    click.echo(terminal_data(text) if stdout_is_terminal() else text, color=True)
 
 
-def write_text(text: str) -> None:
+def write_text(text: str, *, data: bool = False) -> None:
     """Writes text (a report, Python source) to stdout, ending it with one newline.
+
+    A report's control characters are always escaped (`capture.untrusted.printable_lines`); a
+    data format (`data`: JSON, Python source) is exact when piped, written
+    with ``\\uNNNN`` escapes on a terminal (`capture.untrusted.terminal_data`).
 
     Example:
         >>> write_text("dynamic_shapes = {}")
         dynamic_shapes = {}
     """
-    click.echo(text.rstrip("\n"))
+    text = text.rstrip("\n")
+    if not data:
+        text = printable_lines(text)
+    elif stdout_is_terminal():
+        text = terminal_data(text)
+    click.echo(text, color=data)
 
 
 def table_text(data: Rows, *, headers: bool = True, indent: str = "", fit: Fit = _FULL) -> str:

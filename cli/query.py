@@ -283,7 +283,7 @@ def dims_command(
         with _open_store(ctx) as store:
             store.check_model(model)
             source = dynamic_shapes_source(store, model=model, spec=spec)
-        write_text(source)
+        write_text(source, data=True)
         return
     with _open_store(ctx) as store:
         table = store.dims(model)

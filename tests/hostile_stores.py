@@ -142,6 +142,33 @@ def treespec_naming_a_module(store: Path) -> Path:
     return files(store, schema.STRUCTURES)[0]
 
 
+DEEP = "[" * 5000 + "]" * 5000
+"""JSON nested far deeper than Python's recursion limit (a reader that recursed would crash)."""
+
+
+def deep_signature(store: Path) -> Path:
+    for path in files(store, schema.STRUCTURES):
+        _column(path, "signature", [DEEP])
+    return files(store, schema.STRUCTURES)[0]
+
+
+def deep_treespec(store: Path) -> Path:
+    for path in files(store, schema.STRUCTURES):
+        _column(path, "treespec", ["[1, " + "[" * 300 + "]" * 300 + "]"])
+    return files(store, schema.STRUCTURES)[0]
+
+
+def deep_replaces(store: Path) -> Path:
+    """A stats file whose ``capture.replaces`` claim is one deeply nested list."""
+    source = files(store, schema.STATS)[0]
+    path = source.parent / "zz-deep.parquet"
+    table = pq.read_table(source).slice(0, 0)
+    meta = dict(table.schema.metadata or {})
+    meta[b"capture.replaces"] = DEEP.encode()
+    pq.write_table(table.replace_schema_metadata(meta), path)
+    return path
+
+
 PLANTERS: dict[str, Callable[[Path], Path]] = {
     f.__name__: f
     for f in (
@@ -159,6 +186,9 @@ PLANTERS: dict[str, Callable[[Path], Path]] = {
         glob_file_name,
         malformed_signature,
         treespec_naming_a_module,
+        deep_signature,
+        deep_treespec,
+        deep_replaces,
     )
 }
 """Every hostile store of the matrix, by name."""
@@ -168,5 +198,8 @@ CORRUPT = {
     "null_dims_list": "a null in its dims",
     "negative_dim_offset": "a negative value in its dim_offset column",
     "negative_calls": "a negative value in its calls column",
+    "deep_signature": "JSON nested deeper than 200 levels in its signature",
+    "deep_treespec": "JSON nested deeper than 200 levels in its treespec",
+    "deep_replaces": "its capture.replaces holds JSON nested deeper than 200 levels",
 }
 """The stores whose values no writer writes: what the error says of the file."""

@@ -16,7 +16,7 @@ from hostile_stores import CORRUPT, PLANTERS
 import replay
 from capture.cli.check import EXIT_NOT_SERVED
 from capture.cli.main import cli
-from capture.errors import CaptureError
+from capture.errors import CaptureError, CorruptStoreFile
 from capture.record.recorder import Recorder
 from fixtures.unregistered import record_stateful
 
@@ -174,6 +174,10 @@ CORRUPT_COMMANDS: dict[str, list[str]] = {
         "summary --artifact",
     ],
     "negative_calls": ["summary", "report", "buckets"],
+    # issue 39: JSON nested past the recursion limit is the file's error, not a RecursionError
+    "deep_signature": ["query", "summary", "dims", "profiles", "buckets", "summary --artifact"],
+    "deep_treespec": ["query", "summary", "dims", "profiles", "buckets"],
+    "deep_replaces": ["query", "summary", "dims", "compact", "profiles", "buckets"],
 }
 
 
@@ -207,3 +211,14 @@ def test_replay_export_raises_the_projects_error(base: dict[str, Path], tmp_path
     store, broken = _hostile(base, tmp_path, "negative_dim_offset")
     with pytest.raises(CaptureError, match="negative value in its dim_offset"):
         replay.export(Add(), store)
+
+
+@pytest.mark.parametrize("name", ["deep_signature", "deep_treespec", "deep_replaces"])
+def test_replay_export_of_deeply_nested_json_is_the_files_error(
+    base: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    # issue 39: one CorruptStoreFile naming the file, no RecursionError
+    store, broken = _hostile(base, tmp_path, name)
+    with pytest.raises(CorruptStoreFile) as raised:
+        replay.export(Add(), store)
+    assert str(broken) in str(raised.value) and CORRUPT[name] in str(raised.value)

@@ -144,6 +144,74 @@ def _function_constant_external(folder: Path, _: Path) -> None:
     onnx.save(model, str(path))
 
 
+def _weights_tensor(name: str) -> onnx.TensorProto:
+    """A tensor whose data is declared external, inside the set's own weights file (its first
+    8 bytes): what docs/onnx.md says only a top-graph initializer may do."""
+    tensor = onnx.helper.make_tensor(name, onnx.TensorProto.FLOAT, [2], [1.0, 2.0])
+    tensor.ClearField("float_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value=f"{NAME}.data")
+    tensor.external_data.add(key="offset", value="0")
+    tensor.external_data.add(key="length", value="8")
+    return tensor
+
+
+def _sparse_constant_weights(folder: Path, _: Path) -> None:
+    path = folder / _files(folder)[0]
+    model = onnx.load(str(path), load_external_data=False)
+    indices = onnx.helper.make_tensor("evil_indices", onnx.TensorProto.INT64, [2], [0, 3])
+    sparse = onnx.helper.make_sparse_tensor(_weights_tensor("evil_values"), indices, [4])
+    node = onnx.helper.make_node("Constant", [], ["evil_out"], sparse_value=sparse, name="evil")
+    model.graph.node.append(node)
+    model.graph.output.append(onnx.helper.make_tensor_value_info("evil_out", 1, [4]))
+    onnx.save(model, str(path))
+
+
+def _function_default_weights(folder: Path, _: Path) -> None:
+    path = folder / _files(folder)[0]
+    model = onnx.load(str(path), load_external_data=False)
+    default = onnx.helper.make_attribute("w", _weights_tensor("evil_default"))
+    constant = onnx.helper.make_node("Constant", [], ["y"])
+    constant.attribute.append(onnx.helper.make_attribute_ref("value", onnx.AttributeProto.TENSOR))
+    constant.attribute[0].ref_attr_name = "w"
+    opsets = [onnx.helper.make_opsetid("", 20)]
+    function = onnx.helper.make_function(
+        "local", "evil", [], ["y"], [constant], opsets, attribute_protos=[default]
+    )
+    model.functions.append(function)
+    model.opset_import.add(domain="local", version=1)
+    model.graph.node.append(onnx.helper.make_node("evil", [], ["evil_out"], domain="local"))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("evil_out", 1, [2]))
+    onnx.save(model, str(path))
+
+
+def _loop(trips: int | None) -> Callable[[Path, Path], None]:
+    """A Loop of `trips` iterations (None: no trip count, only a condition that stays true)."""
+
+    def change(folder: Path, _: Path) -> None:
+        path = folder / _files(folder)[0]
+        model = onnx.load(str(path), load_external_data=False)
+        helper, tp = onnx.helper, onnx.TensorProto
+        body = helper.make_graph(
+            [helper.make_node("Identity", ["cond"], ["cond_out"])],
+            "body",
+            [helper.make_tensor_value_info("i", tp.INT64, []),
+             helper.make_tensor_value_info("cond", tp.BOOL, [])],
+            [helper.make_tensor_value_info("cond_out", tp.BOOL, [])],
+        )  # fmt: skip
+        nodes = [helper.make_node("Constant", [], ["go"], value_int=1)]
+        if trips is not None:
+            count = helper.make_tensor("n", tp.INT64, [], [trips])
+            nodes.append(helper.make_node("Constant", [], ["trips"], value=count))
+        nodes.append(
+            helper.make_node("Loop", ["trips" if trips else "", "go"], [], body=body, name="spin")
+        )
+        model.graph.node.extend(nodes)
+        onnx.save(model, str(path))
+
+    return change
+
+
 def _random_model(folder: Path, _: Path) -> None:
     (folder / _files(folder)[0]).write_bytes(os.urandom(4096))
 
@@ -204,6 +272,20 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str, str]] = {
         SEALED,
         "references external data",
     ),
+    # issue 39: the two constant forms that read the set's own weights file
+    "a sparse Constant reading the weights file": (
+        _sparse_constant_weights,
+        SEALED,
+        "tensor 'evil_values' references external data",
+    ),
+    "a function's default attribute reading the weights file": (
+        _function_default_weights,
+        SEALED,
+        "tensor 'evil_default' references external data",
+    ),
+    # issue 39: a loop's work is bounded at load (onnxruntime would spin in C++)
+    "a Loop of 10**15 trips": (_loop(10**15), SEALED, "would run 1,000,000,000,000,000 times"),
+    "a Loop without a trip count": (_loop(None), SEALED, "has no trip count"),
     "random bytes as a model file": (_random_model, SEALED, "is not an ONNX model"),
     "truncated weights file": (_truncated_weights, SEALED, "which holds"),
     "linked model file": (_linked("model"), SEALED, "missing or not a regular file"),
@@ -217,6 +299,23 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str, str]] = {
         _manifest(lambda d: d["digests"].pop(next(iter(d["digests"])))),
         SWAPPED,
         "its digests do not describe the set's files",
+    ),
+    # issue 39: parsers have limits; one line from both, never a RecursionError
+    "a condition nested 1990 deep": (
+        _manifest(
+            lambda d: (
+                d["programs"][0]
+                .setdefault("conditions", [])
+                .append({"expr": "-" * 1990 + "d0 > 1", "text": "x"})
+            )
+        ),
+        SEALED,
+        "nests deeper than 200 levels",
+    ),
+    "a manifest value nested 500 deep": (
+        _manifest(lambda d: d["programs"][0].update(extra=json.loads("[" * 500 + "]" * 500))),
+        SEALED,
+        "nests lists and objects deeper than 200 levels",
     ),
     "swapped model file": (_swap_model, SWAPPED, "its sha256 differs"),
     "swapped weights file": (_swap_weights, SWAPPED, "its sha256 differs"),

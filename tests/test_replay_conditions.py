@@ -110,3 +110,28 @@ def test_a_planted_condition_in_a_manifest_is_refused_not_evaluated() -> None:
     refused = r"conditions\[0\] is not what capture writes \(the size condition .* holds a Call"
     with pytest.raises(ArtifactError, match=refused):
         ProgramEntry.parse(Fields(_entry([planted]), "m.json"))
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "-" * 1990 + "d0 > 1",  # the recursion limit passed in a 2,000-character condition
+        "not " * 400 + "d0",
+        "+".join(["d0"] * 300) + " > 1",
+    ],
+)
+def test_a_condition_nested_too_deep_is_refused_in_one_line(expr: str) -> None:
+    # issue 39: one ConditionError naming the limit, never a RecursionError
+    with pytest.raises(ConditionError, match="nests deeper than 200 levels") as raised:
+        parse(expr)
+    assert "\n" not in str(raised.value) and len(str(raised.value)) < 300
+
+
+def test_a_deep_condition_in_a_manifest_is_one_artifact_error() -> None:
+    planted = {"expr": "-" * 1990 + "d0 > 1", "text": "x"}
+    with pytest.raises(ArtifactError, match=r"conditions\[0\] is not what capture writes"):
+        ProgramEntry.parse(Fields(_entry([planted]), "m.json"))
+
+
+def test_a_sum_of_many_terms_still_parses() -> None:
+    assert holds(parse(" + ".join(["d0"] * 150) + " == 300"), [2])

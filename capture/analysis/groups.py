@@ -46,6 +46,7 @@ from capture.pytree.cachespec import is_cache_argument, is_cache_counter
 from capture.pytree.structure import PRESENT, RecordedLeaf, RecordedStructure
 from capture.renames import RENAMED, spelling_key
 from capture.store import stats_merge
+from capture.untrusted import printable
 
 if TYPE_CHECKING:
     from capture.store.reader import StoreReader
@@ -444,8 +445,8 @@ def _build(
             "capture: %d calls of model %s use structure %s, which no readable structures file "
             "describes; they are left out of the analysis",
             int(calls[start:stop].sum()),
-            model,
-            structure_id,
+            printable(model),
+            printable(structure_id),
         )
         return None
     # The one reading of the structure's rows: analysis and replay use it from here on.
@@ -458,8 +459,8 @@ def _build(
             "capture: %d signatures of model %s, structure %s do not have the %d sizes their "
             "structure describes; they are left out of the analysis",
             stop - start - keep.size,
-            model,
-            structure_id,
+            printable(model),
+            printable(structure_id),
             width,
         )
     if keep.size == 0:

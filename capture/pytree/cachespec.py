@@ -12,14 +12,13 @@ the table, computed when read. The module imports neither torch nor transformers
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from capture import schema
+from capture import schema, untrusted
 from capture.errors import CaptureError
 
 if TYPE_CHECKING:
@@ -399,7 +398,7 @@ def unsupported_reason(structure: RecordedStructure) -> str | None:
         if not kind.startswith("transformers."):
             continue
         try:
-            context = json.loads(node.context or "null")
+            context = untrusted.loads(node.context or "null")
         except (TypeError, ValueError):
             continue
         for layer in context if isinstance(context, list) else []:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from capture import compat
+from capture import compat, untrusted
 from capture.pytree import cachespec, outputs
 from capture.pytree import layers as layer_state
 from capture.pytree.cachespec import unsupported_reason
@@ -284,7 +284,7 @@ def _frozen(value: Any) -> Any:
 
 
 def _load_context(text: str) -> Any:
-    loaded = json.loads(text)
+    loaded = untrusted.loads(text)
     if loaded is None:
         return None
     return tuple(tuple(map(_frozen, item)) for item in loaded)

@@ -3,7 +3,7 @@
 torch's ``treespec_loads`` imports whatever module a ``collections.defaultdict`` node or an
 ``__enum__`` context names, so a file planted in a store could run code in every reader. Here a
 treespec (the JSON of ``torch.utils._pytree.treespec_dumps``, protocol `PROTOCOL`) is read with
-plain `json.loads` and checked node by node:
+`capture.untrusted.loads` (plain JSON, its nesting bounded) and checked node by node:
 
 - builtin containers (tuple, list, dict, OrderedDict, deque, defaultdict whose factory is one
   of `DEFAULT_FACTORIES`) are rebuilt from their own kind;
@@ -20,12 +20,11 @@ Anything else raises `UnsafeTreespec` naming the file it came from. `parse` need
 from __future__ import annotations
 
 import collections
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from capture import compat
+from capture import compat, untrusted
 from capture.errors import CaptureError
 
 __all__ = [
@@ -112,7 +111,7 @@ def parse(text: str, source: str = "a stored treespec") -> Node:
         True
     """
     try:
-        loaded = json.loads(text)
+        loaded = untrusted.loads(text)
     except (ValueError, TypeError, RecursionError) as e:
         raise UnsafeTreespec(f"the treespec in {source} is not JSON ({e})") from None
     if not (isinstance(loaded, list) and len(loaded) == 2):
@@ -163,7 +162,7 @@ def _json(context: Any, source: str, kind: str) -> Any:
     if not isinstance(context, str):
         raise _fail(source, f"has a malformed {kind} context")
     try:
-        return json.loads(context)  # plain: no object hook, so no `__enum__` import
+        return untrusted.loads(context)  # plain: no object hook, so no `__enum__` import
     except (ValueError, RecursionError):
         raise _fail(source, f"has a malformed {kind} context") from None
 
@@ -281,5 +280,5 @@ def to_treespec(node: Node, source: str = "a stored treespec") -> Any:
         # stored JSON value; nothing named by the store is imported.
         loader = getattr(node_def, "from_dumpable_context", None)
         # torch dumps a context without a dumper as JSON text, and loads it back the same way.
-        ctx = json.loads(context) if loader is None else loader(context)
+        ctx = untrusted.loads(context) if loader is None else loader(context)
     return pytree.TreeSpec(typ, ctx, children)

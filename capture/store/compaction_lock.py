@@ -1,20 +1,28 @@
 """The lock of `capture.compact`: one compaction at a time per store, stale locks taken over.
 
-``<store>/.compact.lock`` notes host, pid and start time (JSON). Imports pyarrow only.
+``<store>/.compact.lock`` notes host, pid and start time (JSON). The store is data written by
+others, so on a local disk the lock is only ever opened without following a link and without
+blocking (``O_NOFOLLOW | O_NONBLOCK | O_NOCTTY``), checked to be a regular file on the open
+descriptor (`BadLock` names anything else: a link, a FIFO, a folder, a device), and read for at
+most `MAX_NOTE` bytes: a FIFO cannot hang the compaction, a link cannot make it read outside
+the store, a huge (sparse) file is not read whole. Imports pyarrow only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
+import stat
 import time
 
 import pyarrow.fs as pafs
 
+from capture import untrusted
 from capture.errors import CaptureError
 
-__all__ = ["CompactionLock", "LockHeld", "LOCK_NAME", "STALE_LOCK_S"]
+__all__ = ["CompactionLock", "LockHeld", "BadLock", "LOCK_NAME", "STALE_LOCK_S", "MAX_NOTE"]
 
 LOCK_NAME = ".compact.lock"
 _UNREADABLE = "its note is unreadable"
@@ -23,9 +31,69 @@ _UNREADABLE_STALE_S = 60.0
 STALE_LOCK_S = float(os.environ.get("CAPTURE_COMPACT_LOCK_TTL", str(6 * 3600)))
 """Age (seconds) after which a lock of another host is taken as left by a dead compaction."""
 
+MAX_NOTE = 4096
+"""Bytes of a lock's note read at most (a note is about 80); a longer one is unreadable."""
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
 
 class LockHeld(CaptureError):
     """Another compaction holds the store's lock."""
+
+
+class BadLock(CaptureError):
+    """Something that is not a lock file (a link, a FIFO, a folder, a device) sits at the
+    lock's path; the message names it and the fix."""
+
+
+def _bad_lock(path: str, kind: str) -> BadLock:
+    return BadLock(
+        f"{path} is {kind}, not a lock file capture writes (compaction follows no link and "
+        f"waits on nothing in a store); remove it (rm -r {shlex.quote(path)}) and compact again"
+    )
+
+
+def read_note(path: str) -> bytes | None:
+    """The first `MAX_NOTE` bytes + 1 of the local lock file at `path` (None: there is none).
+
+    Raises:
+        BadLock: `path` is a symbolic link or not a regular file.
+
+    Example:
+        >>> read_note("/nonexistent/.compact.lock") is None
+        True
+    """
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        if os.path.islink(path):  # O_NOFOLLOW: ELOOP (EMLINK on some systems)
+            raise _bad_lock(path, "a symbolic link") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+            raise _bad_lock(path, kind)
+        chunks: list[bytes] = []
+        left = MAX_NOTE + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _stale(note: bytes) -> str | None:
@@ -36,9 +104,11 @@ def _stale(note: bytes) -> str | None:
     An unreadable note (empty: killed while writing it) is stale once a minute old.
     """
     try:
-        held = json.loads(note)
-        host, pid, since = str(held["host"]), int(held["pid"]), float(held["since"])
-    except (ValueError, KeyError, TypeError):
+        if len(note) > MAX_NOTE:
+            raise ValueError("longer than a note")
+        held = untrusted.loads(note)
+        host, pid, since = str(held["host"])[:255], int(held["pid"]), float(held["since"])
+    except (ValueError, KeyError, TypeError, OverflowError):
         return _UNREADABLE
     age = time.time() - since
     if host == socket.gethostname():
@@ -88,7 +158,9 @@ class CompactionLock:
 
     def _create(self, note: bytes) -> None:
         if isinstance(self.fs, pafs.LocalFileSystem):
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            # O_EXCL: anything at the path (a link too, even a dangling one) is not ours
+            flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_NOCTTY
+            fd = os.open(self.path, flags, 0o644)
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(note)
@@ -102,9 +174,21 @@ class CompactionLock:
             f.write(note)
 
     def _read(self, path: str) -> bytes | None:
+        """The lock's note (`read_note` on a local disk), None when it cannot be read.
+
+        Raises:
+            BadLock: Not a regular file (local disks).
+        """
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            try:
+                return read_note(path)
+            except BadLock:
+                raise
+            except OSError:
+                return None
         try:
             with self.fs.open_input_stream(path) as f:
-                data: bytes = f.read()
+                data: bytes = f.read(MAX_NOTE + 1)
                 return data
         except (FileNotFoundError, OSError):
             return None
@@ -112,10 +196,12 @@ class CompactionLock:
     def _describe(self) -> str:
         note = self._read(self.path)
         try:
-            held = json.loads(note or b"")
+            if note is None or len(note) > MAX_NOTE:
+                raise ValueError("no note")
+            held = untrusted.loads(note)
             age = time.time() - float(held["since"])
-            return f"host {held['host']}, pid {held['pid']}, for {age:.0f} s"
-        except (ValueError, KeyError, TypeError):
+            return f"host {str(held['host'])[:255]}, pid {str(held['pid'])[:20]}, for {age:.0f} s"
+        except (ValueError, KeyError, TypeError, OverflowError):
             return "no readable note"
 
     def _take_over(self) -> bool:
@@ -139,8 +225,7 @@ class CompactionLock:
             os.rename(self.path, aside)
         except FileNotFoundError:
             return True  # another compaction took it first: race for the new lock
-        with open(aside, "rb") as f:
-            moved = f.read()
+        moved = read_note(aside)
         if moved != note:  # we moved a fresh lock another compaction had just created
             os.rename(aside, self.path)
             return False

@@ -13,7 +13,6 @@ store, no loops): each link it meets is reported as a `Skip`.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +28,8 @@ from capture.store import footer_schema
 from capture.store.files import vanished
 from capture.store.nofollow import LINK_REASON, walk
 from capture.store.opening import open_root
-from capture.store.values import calls_problem, rows_problem
+from capture.store.values import CORRUPT, calls_problem, rows_problem
+from capture.untrusted import JsonTooDeep, loads
 
 __all__ = [
     "FileInfo",
@@ -370,10 +370,12 @@ def _claims(kv: dict[bytes, bytes], path: str) -> dict[str, int | None] | Skip:
     if not raw:
         return {}
     try:
-        names = json.loads(raw)
-        rows = json.loads(kv.get(METADATA_REPLACES_ROWS) or b"{}")
+        names = loads(raw)
+        rows = loads(kv.get(METADATA_REPLACES_ROWS) or b"{}")
         if not isinstance(names, list) or not isinstance(rows, dict):
             raise ValueError("not a list")
+    except JsonTooDeep as e:
+        return Skip(path, f"{CORRUPT}: its capture.replaces holds {e}", corrupt=True)
     except ValueError:
         return Skip(path, "its capture.replaces is not a JSON list")
     own = path.rsplit("/", 1)[1]
@@ -398,7 +400,7 @@ def _segment(kv: dict[bytes, bytes], path: str) -> dict[str, int] | None | Skip:
     if raw is None:
         return None
     try:
-        days = json.loads(raw)
+        days = loads(raw)
         if not isinstance(days, dict) or not 0 < len(days) <= _MAX_SEGMENT_DAYS:
             raise ValueError("not a small JSON object")
         for day, rows in days.items():

@@ -43,6 +43,7 @@ from capture.store.payload_format import (
     PayloadError,
     read_checked,
 )
+from capture.untrusted import printable
 
 if TYPE_CHECKING:
     import torch
@@ -158,7 +159,7 @@ def list_payloads(
         found = nofollow.walk(folder, _is_payload)
         for path in found.links:
             warnings.warn(
-                f"capture: skipping {path} under {PAYLOADS}/ ({nofollow.LINK_REASON})",
+                printable(f"capture: skipping {path} under {PAYLOADS}/ ({nofollow.LINK_REASON})"),
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -29,12 +29,12 @@ writes with the safetensors package.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from capture import untrusted
 from capture.errors import CaptureError
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ def _parse_header(
     raw: bytes, where: str, data_size: int, max_bytes: int
 ) -> tuple[dict[str, str], list[TensorEntry]]:
     try:
-        header = json.loads(raw)
+        header = untrusted.loads(raw)
     except (ValueError, RecursionError) as e:
         raise PayloadError(f"{where}: the safetensors header is not JSON ({e})") from e
     if not isinstance(header, dict):

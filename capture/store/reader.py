@@ -47,6 +47,7 @@ from capture.store import footer_cache
 from capture.store.checked import check_table
 from capture.store.layout import list_files, open_root
 from capture.store.views import CALLS_VIEWS, DATE_FROM_PATH, DERIVED_VIEWS, needs_calls
+from capture.untrusted import printable
 
 __all__ = ["StoreReader", "SkippedFile"]
 
@@ -192,12 +193,14 @@ class StoreReader:
         self.skipped.extend(skipped)
         for one in skipped:
             warnings.warn(
-                f"capture: skipping unreadable store file {one.path} ({one.reason})",
+                printable(f"capture: skipping unreadable store file {one.path} ({one.reason})"),
                 RuntimeWarning,
                 stacklevel=4,
             )
         for claim in found.refused:
-            warnings.warn(f"capture: {claim.path} {claim.reason}", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                printable(f"capture: {claim.path} {claim.reason}"), RuntimeWarning, stacklevel=4
+            )
         self._hint_compact(table, found.folders)
         if table == schema.CALLS:
             self._exact_calls = found.exact

@@ -2,10 +2,11 @@
 
 A file can pass every footer check (capture's metadata, the table's schema, plausible sizes) and
 still hold values the analyses cannot read: nulls among a call's sizes, a negative call count, a
-negative offset into a call's sizes. Such a file is the store's own (its rows are recorded
+negative offset into a call's sizes, JSON nested deeper than readers follow
+(`capture.untrusted.MAX_JSON_DEPTH`). Such a file is the store's own (its rows are recorded
 calls), so it is neither read as if it were sound nor silently left out: readers stop with one
 error naming the file and the problem (`capture.errors.CorruptStoreFile`), compaction leaves the
-file as it is and reports it. Imports pyarrow only.
+file as it is and reports it. Imports pyarrow (and `capture.untrusted`) only.
 
 The checks read what is cheap: the rows of stats and structures files (read whole anyway) and,
 for calls files, the footer's statistics (null count and minimum of the sizes), reading a calls
@@ -21,6 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from capture import schema
+from capture.untrusted import MAX_JSON_DEPTH, too_deep
 
 __all__ = ["rows_problem", "calls_problem", "CORRUPT", "RAGGED"]
 
@@ -62,6 +64,23 @@ def _negative_size(rows: pa.Table, column: str) -> bool:
     return low is not None and low < RAGGED
 
 
+_JSON_COLUMNS = {schema.STRUCTURES: ("treespec", "signature", "value")}
+"""Columns of JSON text, parsed by the readers (`capture.untrusted.loads`)."""
+
+
+def _too_deep(rows: pa.Table, column: str) -> bool:
+    """Whether a JSON value of `column` nests deeper than `MAX_JSON_DEPTH` (values with fewer
+    openings than that are passed over without looking further)."""
+    if column not in rows.column_names:
+        return False
+    values = rows.column(column)
+    openings = pc.count_substring_regex(values, r"[\[{]")
+    if (pc.max(openings).as_py() or 0) <= MAX_JSON_DEPTH:
+        return False
+    many = pc.filter(values, pc.greater(openings, MAX_JSON_DEPTH))
+    return any(too_deep(text) for text in pc.unique(many).to_pylist())
+
+
 def rows_problem(table: str, rows: pa.Table) -> str | None:
     """What is wrong with the values of a stats or structures file's `rows` (None: nothing).
 
@@ -72,6 +91,9 @@ def rows_problem(table: str, rows: pa.Table) -> str | None:
     for column in _NON_NEGATIVE.get(table, ()):
         if _negative(rows, column):
             return f"{CORRUPT}: a negative value in its {column} column"
+    for column in _JSON_COLUMNS.get(table, ()):
+        if _too_deep(rows, column):
+            return f"{CORRUPT}: JSON nested deeper than {MAX_JSON_DEPTH} levels in its {column}"
     if table == schema.STATS:
         for column, required in (("dims", True), ("out_dims", False)):
             if _null_sizes(rows, column, required):

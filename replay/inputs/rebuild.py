@@ -25,7 +25,6 @@ empty layers of a prefill DynamicCache).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
-from capture import schema
+from capture import schema, untrusted
 from capture.errors import ReplayError
 from capture.pytree import nodes
 from capture.pytree.treespec import UnsafeTreespec, to_treespec
@@ -136,7 +135,7 @@ def make_tensor(
 def scalar(leaf: RecordedLeaf) -> Any:
     """The recorded value of a scalar leaf (JSON in the ``value`` column), or None."""
     try:
-        return None if leaf.value is None else json.loads(leaf.value)
+        return None if leaf.value is None else untrusted.loads(leaf.value)
     except ValueError:  # stored data: one line, not a traceback
         raise ReplayError(f"{leaf.path}: the recorded value is not JSON") from None
 

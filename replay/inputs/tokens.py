@@ -14,12 +14,12 @@ recorded; only how many there are, which is what the models that count them chec
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from capture import untrusted
 from capture.errors import ReplayError
 from replay.inputs import select
 
@@ -46,7 +46,7 @@ def counted_ids(leaf: RecordedLeaf) -> dict[int, int]:
     if leaf.value is None or leaf.kind != "tensor":
         return {}
     try:
-        loaded = json.loads(leaf.value)
+        loaded = untrusted.loads(leaf.value)
         items = loaded[_COUNTS]
         return {int(k): int(v) for k, v in items.items()}
     except (ValueError, TypeError, KeyError, AttributeError):

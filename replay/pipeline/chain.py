@@ -31,6 +31,7 @@ import torch
 from capture import compat
 from capture.pytree import nodes
 from capture.pytree.cachespec import blocking_reason
+from capture.untrusted import printable
 from replay.check.checking import coverage_rows
 from replay.inputs.options import ExportOptions
 from replay.pipeline.bounded import export_bounded, export_unbounded
@@ -172,7 +173,7 @@ def export_group(job: Job, group: ExportGroup, served: Served) -> tuple[Part, ..
 
 
 def _refused(job: Job, group: ExportGroup, why: str, probes: int) -> Part:
-    logger.warning("group %s not exported: %s", group.name, why)
+    logger.warning("group %s not exported: %s", printable(group.name), printable(why))
     options = job.options
     rows = coverage_rows(job.module, group, None, why, options.atol, options.rtol, probes)
     return Part(group, None, why, tuple(rows))
@@ -189,7 +190,9 @@ def _part(job: Job, done: Exported, notes: Sequence[str] = ()) -> Part:
     """`done` checked: its coverage rows, its error when it has no program."""
     error = failure(done.error) if done.error is not None and done.program is None else None
     if error is not None:
-        logger.warning("export of group %s failed: %s", done.group.name, error)
+        logger.warning(
+            "export of group %s failed: %s", printable(done.group.name), printable(error)
+        )
     group = done.group.noted(*notes)
     options = job.options
     with nodes.register_flattening_functions():

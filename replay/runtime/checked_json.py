@@ -4,7 +4,8 @@ An artifact is data written by `replay.artifact.saving.save` and read anywhere l
 file must fail with one line that names the file and the field, never with a KeyError,
 TypeError, ValueError or OverflowError out of the middle of a loader. `load` parses bytes with
 plain `json` (no object hook; ``NaN``/``Infinity`` and numbers that overflow a float are
-refused), and `Fields` reads one JSON object field by field with the type and bounds each field
+refused) once their nesting is measured (no deeper than `capture.untrusted.MAX_JSON_DEPTH`),
+and `Fields` reads one JSON object field by field with the type and bounds each field
 must have.
 
 `read` and `to_json` do it for a whole frozen dataclass, from its fields' type hints and the bounds
@@ -31,6 +32,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar, cast
 
 from capture.errors import ReplayError
+from capture.untrusted import MAX_JSON_DEPTH, too_deep
 from replay.runtime.guards import NAME, ArtifactError
 
 __all__ = [
@@ -78,13 +80,18 @@ def load(data: bytes, source: str) -> Any:
         The parsed value.
 
     Raises:
-        ArtifactError: Not UTF-8 JSON, nested too deep, a number out of range, ``NaN`` or
-            ``Infinity``.
+        ArtifactError: Not UTF-8 JSON, nested deeper than
+            `capture.untrusted.MAX_JSON_DEPTH`, a number out of range, ``NaN`` or ``Infinity``.
 
     Example:
         >>> load(b'{"a": 1}', "x.json")
         {'a': 1}
     """
+    if too_deep(data, MAX_JSON_DEPTH):
+        raise ArtifactError(
+            f"{source} nests lists and objects deeper than {MAX_JSON_DEPTH} levels, which "
+            "capture never writes: the artifact was changed or damaged; export it again"
+        )
     try:
         return json.loads(data, parse_constant=_refuse_constant, parse_float=_finite)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors

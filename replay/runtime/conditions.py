@@ -12,8 +12,9 @@ guard (`replay.runtime.guards.ProgramGuard.conditions`) carries them:
   reported instead;
 - `parse` checks a translated condition against a small grammar (integers, ``d<i>``, ``+ - *
   // %``, comparisons, ``and``/``or``/``not``, ``max``/``min``) with Python's `ast` parser, and
-  `holds` evaluates it by walking the tree. Nothing is compiled or evaluated by Python: a
-  manifest is data, and a planted condition can only be refused.
+  at most `_MAX_DEPTH` levels deep; `holds` evaluates it by walking the tree. Nothing is
+  compiled or evaluated by Python: a manifest is data, and a planted condition can only be
+  refused.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ __all__ = ["Condition", "ConditionError", "translate", "parse", "holds"]
 
 _SOURCE = re.compile(r"(L(?:\[[^\]]*\]|\.[A-Za-z_][A-Za-z0-9_]*)*?)\.size\(\)\[(\d+)\]")
 _MAX_TEXT = 2000
+_MAX_DEPTH = 200
+"""Deepest expression tree a condition may have (torch writes a handful of levels; a sum of
+many terms nests one level per term)."""
 _COMPARE: dict[type[ast.cmpop], Callable[[int, int], bool]] = {
     ast.Eq: lambda a, b: a == b,
     ast.NotEq: lambda a, b: a != b,
@@ -142,18 +146,35 @@ def parse(expr: str) -> ast.expr:
         raise ConditionError(f"the size condition {expr!r:.80} is not a short string")
     try:
         tree = ast.parse(expr, mode="eval").body
-    except (SyntaxError, ValueError, RecursionError) as e:
-        raise ConditionError(f"the size condition {expr!r} does not parse: {e}") from None
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        raise ConditionError(f"the size condition {expr!r:.80} does not parse: {e}") from None
+    if _nested_deeper(tree, _MAX_DEPTH):
+        raise ConditionError(
+            f"the size condition {expr!r:.80} nests deeper than {_MAX_DEPTH} levels, which "
+            "a size condition never does"
+        )
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         if not _allowed(node) or (
             isinstance(node, ast.Name) and (node.id in _CALLS) != (id(node) in called)
         ):
             raise ConditionError(
-                f"the size condition {expr!r} holds a {type(node).__name__}, which a size "
+                f"the size condition {expr!r:.80} holds a {type(node).__name__}, which a size "
                 "condition never does"
             )
     return tree
+
+
+def _nested_deeper(tree: ast.AST, limit: int) -> bool:
+    """Whether `tree` nests deeper than `limit` (walked without recursion: the closures
+    `Condition` builds and `holds` recurse once per level)."""
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return False
 
 
 def _allowed(node: ast.AST) -> bool:

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from capture import untrusted
 from capture.errors import ReplayError
 from replay.inputs import select
 from replay.runtime.guards import leaf_key
@@ -168,7 +169,7 @@ class CompileHints:
             ReplayError: Not such a document (the message says what is wrong).
         """
         try:
-            doc = json.loads(text)
+            doc = untrusted.loads(text)
             if doc.get("format") != FORMAT or doc.get("version") != _VERSION:
                 raise ReplayError(
                     f"not a {FORMAT} document of version {_VERSION}; print one with `capture hints`"

@@ -5,9 +5,13 @@
   calls a function the model itself defines (checked the same way), or is in a domain the caller
   names (``replay.load(path, allow_ops=["my.domain"])``, ``capture check --allow-ops``). A
   custom-domain operator would make onnxruntime look for a library the set does not hold.
+- **Loops**: every ``Loop`` and ``Scan`` runs a number of times known at load and bounded
+  from the guards' ranges (`replay.runtime.ort.loops`).
 - **External data**: only the top graph's initializers may live outside the model, in the
   set's weights file, within it, with a length that is exactly the tensor's shape times its
-  element size (`external_initializers`).
+  element size (`external_initializers`); any other tensor with external data (a Constant's
+  dense or sparse value, a local function's default attribute, a subgraph's or a sparse
+  initializer, a training graph's) refuses the file, wherever it points.
 
 Needs onnx (not onnxruntime, not torch).
 """
@@ -15,10 +19,12 @@ Needs onnx (not onnxruntime, not torch).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from replay.runtime.ort.loops import check_loops
+from replay.runtime.ort.manifest import OnnxFile
 from replay.runtime.ort.weights import OnnxFileError
 
 __all__ = [
@@ -106,19 +112,20 @@ def external_initializers(
 
 
 def read_checked(
-    path: str, weights: str, allowed: Iterable[str] = ()
+    path: str, weights: str, allowed: Iterable[str] = (), served: Sequence[OnnxFile] = ()
 ) -> tuple[Any, list[ExternalInitializer]]:
     """Reads the ONNX model at `path` without its weights (``onnx.load(load_external_data=False)``)
-    and checks it: its operators (`check_operators`) and its external data.
+    and checks it: its operators (`check_operators`), its external data and, for the manifest
+    entries it serves (`served`), the work of its loops (`replay.runtime.ort.loops`).
 
     Returns:
         The ``onnx.ModelProto`` and one `ExternalInitializer` per initializer of the top graph
         that lives in the weights file.
 
     Raises:
-        OnnxFileError: The file is not ONNX, a node is outside the allowed domains, or an
+        OnnxFileError: The file is not ONNX, a node is outside the allowed domains, an
             initializer references another file, a path, bytes outside the weights file, or a
-            length that is not its shape's.
+            length that is not its shape's, or a loop's count is unknown or too large.
     """
     import onnx
 
@@ -133,11 +140,15 @@ def read_checked(
     stray = _nested_external(proto.graph, top=True)
     for function in proto.functions:  # a local function's Constant: its nodes, like a subgraph's
         stray = stray or _nested_external(function, top=True)
+    for training in proto.training_info:  # graphs onnxruntime does not run: none may hold any
+        for graph in (training.initialization, training.algorithm):
+            stray = stray or _nested_external(graph, top=False)
     if stray:
         raise OnnxFileError(
             f"{path}: {stray} references external data outside the graph's initializers; "
             "capture's ONNX files never do"
         )
+    check_loops(proto, path, served)
     folder = os.path.dirname(os.path.abspath(path))
     total = os.path.getsize(os.path.join(folder, weights))
     out: list[ExternalInitializer] = []
@@ -176,19 +187,33 @@ def _external(init: Any, path: str, weights: str, total: int) -> ExternalInitial
     return ExternalInitializer(init.name, offset, length, init.data_type, tuple(init.dims))
 
 
+def _attribute_parts(attr: Any) -> tuple[list[Any], list[Any]]:
+    """The tensors (a sparse tensor's values and indices too) and graphs an attribute holds."""
+    tensors = ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
+    sparse = ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) + list(
+        attr.sparse_tensors
+    )
+    tensors += [part for s in sparse for part in (s.values, s.indices)]
+    return tensors, ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+
+
 def _nested_external(graph: Any, top: bool) -> str | None:
     """The name of a tensor with external data anywhere but the top graph's initializers
-    (Constant attributes, subgraphs, sparse initializers; `graph` may be a local function,
-    which has nodes only): onnxruntime would open its file."""
+    (Constant attributes, dense or sparse, subgraphs, sparse initializers; `graph` may be a
+    local function, which has nodes and its attributes' defaults only): onnxruntime would
+    open its file."""
     import onnx
 
     tensors = [] if top else list(graph.initializer)
-    tensors += [t.values for t in getattr(graph, "sparse_initializer", ())]  # none in a function
+    for sparse in getattr(graph, "sparse_initializer", ()):  # none in a function
+        tensors += [sparse.values, sparse.indices]
     graphs = []
-    for node in graph.node:
-        for attr in node.attribute:
-            tensors += ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
-            graphs += ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+    attributes = [a for node in graph.node for a in node.attribute]
+    attributes += list(getattr(graph, "attribute_proto", ()))  # a function's defaults
+    for attr in attributes:
+        held, sub = _attribute_parts(attr)
+        tensors += held
+        graphs += sub
     for tensor in tensors:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             return f"tensor {tensor.name!r}"

@@ -429,7 +429,9 @@ def open_set(
     for entry in manifest.manifest.programs:
         types.update(entry.pytree_types)
     _register_types(types)
-    checked = [Checked(f, *read_checked(os.path.join(folder, f), weights, allowed)) for f in files]
+    served = {f: [o for o in owners.values() if o.file == f] for f in files}  # loops' bounds
+    paths = {f: os.path.join(folder, f) for f in files}
+    checked = [Checked(f, *read_checked(paths[f], weights, allowed, served[f])) for f in files]
     sessions: dict[str, tuple[Any, Branch | None]] = {}
     if share_weights:
         for group in partition(checked):
