@@ -78,7 +78,9 @@ def _buffer_mutation_of_a_parameter(marker: Path) -> Change:
     def change(e: dict[str, bytes]) -> None:
         def edit(d: Any) -> None:
             specs = d["graph_module"]["signature"]["output_specs"]
-            specs.append({"buffer_mutation": {"arg": {"name": "linear"}, "buffer_name": "proj.weight"}})
+            specs.append(
+                {"buffer_mutation": {"arg": {"name": "linear"}, "buffer_name": "proj.weight"}}
+            )
             d["graph_module"]["graph"]["outputs"].append(_t("linear"))
 
         _edit(e, _program(e), edit)
@@ -113,23 +115,52 @@ _GRAD_OFF = _call("torch._C._set_grad_enabled", "grad_off", {"as_bool": False})
 EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
     # memory: views torch does not bound-check, sparse constructors that skip index checks
     "_reshape_alias past its storage": (
-        _nodes(_op("_reshape_alias.default", "big", self=_t("x"),
-                   size={"as_ints": [4 * 2**20]}, stride={"as_ints": [1]}), _fill("big")),
+        _nodes(
+            _op(
+                "_reshape_alias.default",
+                "big",
+                self=_t("x"),
+                size={"as_ints": [4 * 2**20]},
+                stride={"as_ints": [1]},
+            ),
+            _fill("big"),
+        ),
         "calls 'torch.ops.aten._reshape_alias.default'",
     ),  # fmt: skip
     "sparse_coo_tensor then to_dense": (
-        _nodes(_op("sparse_coo_tensor.indices_size", "sp", indices=_t("x"), values=_t("x"),
-                   size={"as_ints": [2]})),
+        _nodes(
+            _op(
+                "sparse_coo_tensor.indices_size",
+                "sp",
+                indices=_t("x"),
+                values=_t("x"),
+                size={"as_ints": [2]},
+            )
+        ),
         "calls 'torch.ops.aten.sparse_coo_tensor.indices_size'",
     ),  # fmt: skip
     "_sparse_coo_tensor_unsafe": (
-        _nodes(_op("_sparse_coo_tensor_unsafe.default", "sp", indices=_t("x"), values=_t("x"),
-                   size={"as_ints": [2]})),
+        _nodes(
+            _op(
+                "_sparse_coo_tensor_unsafe.default",
+                "sp",
+                indices=_t("x"),
+                values=_t("x"),
+                size={"as_ints": [2]},
+            )
+        ),
         "calls 'torch.ops.aten._sparse_coo_tensor_unsafe.default'",
     ),  # fmt: skip
     "as_strided_ of the caller's input": (
-        _nodes(_op("as_strided_.default", "st", self=_t("x"), size={"as_ints": [4096]},
-                   stride={"as_ints": [1]})),
+        _nodes(
+            _op(
+                "as_strided_.default",
+                "st",
+                self=_t("x"),
+                size={"as_ints": [4096]},
+                stride={"as_ints": [1]},
+            )
+        ),
         "calls 'torch.ops.aten.as_strided_.default'",
     ),  # fmt: skip
     # writes: aliases of a parameter, foreach lists, output specs, the caller's tensors
@@ -142,8 +173,12 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
         "writes d (a view of p_proj_weight), a parameter",
     ),
     "dropout in eval returns the parameter": (
-        _nodes(_op("dropout.default", "dr", input=_t(W), p={"as_float": 0.5},
-                   train={"as_bool": False}), _fill("dr")),
+        _nodes(
+            _op(
+                "dropout.default", "dr", input=_t(W), p={"as_float": 0.5}, train={"as_bool": False}
+            ),
+            _fill("dr"),
+        ),
         "writes dr (a view of p_proj_weight), a parameter",
     ),  # fmt: skip
     "split of a parameter, filled": (
@@ -155,9 +190,14 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
         "writes rows_0 (a view of p_proj_weight), a parameter",
     ),
     "_foreach_zero_ with a parameter second": (
-        _nodes(_op("zeros_like.default", "fresh", self=_t("x")),
-               _call("torch.ops.aten._foreach_zero_.default", "fz",
-                     {"as_tensors": [{"name": "fresh"}, {"name": W}]})),
+        _nodes(
+            _op("zeros_like.default", "fresh", self=_t("x")),
+            _call(
+                "torch.ops.aten._foreach_zero_.default",
+                "fz",
+                {"as_tensors": [{"name": "fresh"}, {"name": W}]},
+            ),
+        ),
         "writes p_proj_weight, a parameter",
     ),  # fmt: skip
     "buffer_mutation output naming a parameter": (
@@ -199,17 +239,30 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
         "calls 'torch.ops.aten.randn.default'",
     ),
     "random_ of a tensor it made": (
-        _nodes(_op("zeros_like.default", "z", self=_t("x")), _op("random_.default", "r", self=_t("z"))),
+        _nodes(
+            _op("zeros_like.default", "z", self=_t("x")), _op("random_.default", "r", self=_t("z"))
+        ),
         "calls 'torch.ops.aten.random_.default'",
     ),
     "dropout in train mode": (
-        _nodes(_op("dropout.default", "dr", input=_t("x"), p={"as_float": 0.5},
-                   train={"as_bool": True})),
+        _nodes(
+            _op(
+                "dropout.default", "dr", input=_t("x"), p={"as_float": 0.5}, train={"as_bool": True}
+            )
+        ),
         "draws from torch's global random generator (train must be False)",
     ),  # fmt: skip
     "attention with dropout": (
-        _nodes(_op("scaled_dot_product_attention.default", "at", query=_t("x"), key=_t("x"),
-                   value=_t("x"), dropout_p={"as_float": 0.5})),
+        _nodes(
+            _op(
+                "scaled_dot_product_attention.default",
+                "at",
+                query=_t("x"),
+                key=_t("x"),
+                value=_t("x"),
+                dropout_p={"as_float": 0.5},
+            )
+        ),
         "draws from torch's global random generator (dropout_p must be 0.0)",
     ),  # fmt: skip
     # bounded work: loops, huge views reduced, Python integers of any length
@@ -218,8 +271,10 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
         "calls 'torch.ops.higher_order.while_loop'",
     ),
     "expand to 1e7 x 1e7 then sum": (
-        _nodes(_op("expand.default", "huge", self=_t("x"), size=_SIZES),
-               _op("sum.default", "total", self=_t("huge"))),
+        _nodes(
+            _op("expand.default", "huge", self=_t("x"), size=_SIZES),
+            _op("sum.default", "total", self=_t("huge")),
+        ),
         "over the budget of",
     ),  # fmt: skip
     "zeros of 1e14 elements": (
@@ -227,9 +282,15 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
         "over the budget of",
     ),
     "full of a batch times 1e12": (
-        _nodes(_sym("torch.ops.aten.sym_size.int", "b", _t("x"), {"as_int": 0}),
-               _op("full.default", "f", size={"as_sym_ints": [{"as_name": "b"}, {"as_int": 10**12}]},
-                   fill_value={"as_int": 1})),
+        _nodes(
+            _sym("torch.ops.aten.sym_size.int", "b", _t("x"), {"as_int": 0}),
+            _op(
+                "full.default",
+                "f",
+                size={"as_sym_ints": [{"as_name": "b"}, {"as_int": 10**12}]},
+                fill_value={"as_int": 1},
+            ),
+        ),
         "over the budget of",
     ),  # fmt: skip
     "pow(3, 10**9) on sizes": (
@@ -237,11 +298,18 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
         "computes a size that may exceed int64",
     ),
     "squaring a size 8 times": (
-        _nodes(_sym("torch.ops.aten.sym_size.int", "s", _t("x"), {"as_int": 0}),
-               *[_sym("_operator.mul", f"s{i + 1}" if i else "s1",
-                      {"as_sym_int": {"as_name": f"s{i}" if i else "s"}},
-                      {"as_sym_int": {"as_name": f"s{i}" if i else "s"}})
-                 for i in range(8)]),
+        _nodes(
+            _sym("torch.ops.aten.sym_size.int", "s", _t("x"), {"as_int": 0}),
+            *[
+                _sym(
+                    "_operator.mul",
+                    f"s{i + 1}" if i else "s1",
+                    {"as_sym_int": {"as_name": f"s{i}" if i else "s"}},
+                    {"as_sym_int": {"as_name": f"s{i}" if i else "s"}},
+                )
+                for i in range(8)
+            ],
+        ),
         "computes a size that may exceed int64",
     ),  # fmt: skip
     "math.comb of sizes": (

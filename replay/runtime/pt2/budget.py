@@ -56,7 +56,9 @@ _SCALAR_SIZES = {
 """Operators whose result's size is a scalar argument (the product of those named)."""
 
 
-def symbol_maxima(tree: Mapping[str, Any], recorded: Sequence[Sequence[int | None]]) -> dict[str, int]:
+def symbol_maxima(
+    tree: Mapping[str, Any], recorded: Sequence[Sequence[int | None]]
+) -> dict[str, int]:
     """The largest value of each size symbol: its range's, or tighter, the largest recorded
     size of an input axis it names (`recorded`: per user input, its axes' maxima)."""
     out: dict[str, int] = {}
@@ -67,9 +69,7 @@ def symbol_maxima(tree: Mapping[str, Any], recorded: Sequence[Sequence[int | Non
     graph = tree["graph_module"]
     values = graph["graph"].get("tensor_values") or {}
     users = [
-        spec["user_input"]["arg"].get("as_tensor", {}).get("name")
-        if "user_input" in spec
-        else None
+        spec["user_input"]["arg"].get("as_tensor", {}).get("name") if "user_input" in spec else None
         for spec in graph["signature"].get("input_specs") or ()
         if "user_input" in spec or "constant_input" in spec
     ]
@@ -157,8 +157,8 @@ class _Bounds:
         if largest > self.budget:
             raise self.fail(
                 node,
-                f"makes a tensor of up to {float(largest):.3g} elements at the guards' largest sizes, "
-                f"over the budget of {float(self.budget):.3g} (replay.runtime.pt2.budget)",
+                f"makes a tensor of up to {float(largest):.3g} elements at the guards' largest "
+                f"sizes, over the budget of {float(self.budget):.3g} (replay.runtime.pt2.budget)",
             )
         self.symbols(node, target, list(args.values()))
         return subgraphs
@@ -211,8 +211,11 @@ class _Bounds:
         if target.endswith(_DATA) or any(self.from_data(a) for a in ints):
             self.data.add(outs[0])
         if bound[1] is not None and bound[1] >= INT_LIMIT:
-            raise self.fail(node, "computes a size that may exceed int64 at the guards' "
-                            "largest sizes (Python would compute an integer of any length)")  # fmt: skip
+            raise self.fail(
+                node,
+                "computes a size that may exceed int64 at the guards' largest sizes (Python "
+                "would compute an integer of any length)",
+            )
         self.ints[outs[0]] = bound
 
 
@@ -286,7 +289,11 @@ def _plain_symbol(text: Any) -> str | None:
         return tree.id
     if isinstance(tree, ast.Call) and getattr(tree.func, "id", None) == "Symbol" and tree.args:
         first = tree.args[0]
-        return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+        return (
+            first.value
+            if isinstance(first, ast.Constant) and isinstance(first.value, str)
+            else None
+        )
     return None
 
 
@@ -333,7 +340,11 @@ def _expr_bound(node: ast.expr, maxima: Mapping[str, int]) -> Bound:
             return _expr_bound(ast.Name(_plain_symbol(ast.unparse(node)) or ""), maxima)
         if func == "Integer" and node.args and isinstance(node.args[0], ast.Constant):
             value = node.args[0].value
-            return (int(value), int(value)) if isinstance(value, (int, str)) and str(value).lstrip("-").isdigit() else _UNBOUNDED
+            return (
+                (int(value), int(value))
+                if isinstance(value, (int, str)) and str(value).lstrip("-").isdigit()
+                else _UNBOUNDED
+            )
         folds = {"Add": "add", "Mul": "mul"}
         if func in folds and args:
             out = args[0]
@@ -342,7 +353,11 @@ def _expr_bound(node: ast.expr, maxima: Mapping[str, int]) -> Bound:
             return out
         if func in ("Max", "Min") and args:
             highs = [a[1] for a in args]
-            return _UNBOUNDED if None in highs else (min(a[0] for a in args), max(h for h in highs if h is not None))
+            return (
+                _UNBOUNDED
+                if None in highs
+                else (min(a[0] for a in args), max(h for h in highs if h is not None))
+            )
         pairs = {"FloorDiv": "floordiv", "Mod": "mod", "PythonMod": "mod", "CleanDiv": "floordiv",
                  "CeilDiv": "floordiv", "Pow": "pow", "PowByNatural": "pow"}  # fmt: skip
         if func in pairs and len(args) == 2:

@@ -144,7 +144,7 @@ class _Writes:
     def graph(self, graph: dict[str, Any], is_top: bool) -> list[dict[str, Any]]:
         """Walks one graph's nodes; returns its subgraphs."""
         alias: dict[str, frozenset[str]] = {}
-        for name, kind in self.kinds.items() if is_top else ():
+        for name in self.kinds if is_top else ():
             alias[name] = frozenset({name})
         for arg in graph.get("inputs") or () if not is_top else ():
             for name in tensor_names(arg):
@@ -191,8 +191,9 @@ class _Writes:
         if metadata:
             raise self.fail(
                 node,
-                f"changes the sizes, strides or flags of {what}, {_READ_ONLY.get(kind, 'a ' + kind)}"
-                "; a program may change only those of the tensors it makes",
+                f"changes the sizes, strides or flags of {what}, "
+                f"{_READ_ONLY.get(kind, 'a ' + kind)}; a program may change only those of the "
+                "tensors it makes",
             )
         if kind == "buffer":
             self.effects.written.add(self.state[root])
