@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 from artifact_files import entries, record_scaled, reseal, write_entries
+from hostile_effects import EFFECT_CASES
 from hostile_programs import PROGRAM_CASES, planted, write_raw
 from planted import planted_module
 from verdicts import both
@@ -237,6 +238,7 @@ HOSTILE: dict[str, tuple[Callable[[Path], Any], str]] = {
     "manifest pytree type": (_manifest_types, "names the pytree type"),
     "view past its record": (_view_past_end, "reaches element"),
     **PROGRAM_CASES,
+    **EFFECT_CASES,
 }
 
 

@@ -15,15 +15,29 @@ data, reviewed in the diff. The list is derived from torch's own operator metada
   except the in-place form (``self`` written, nothing else) of an allowed functional
   operator: those go to the in-place table, and the graph check lets them write only the
   program's buffers, its inputs or tensors the program made itself;
-- minus `DENIED`: anything that touches a file, prints or reads the environment;
+- minus `DENIED` and `DENIED_PATTERN`: anything that touches a file, prints, reads the
+  environment, changes process state (grad mode), builds a tensor over memory torch does not
+  bound-check (``_reshape_alias``, ``as_strided_``, ``set_``, sparse and nested layouts, whose
+  constructors skip their index checks);
+- minus every operator that draws from torch's global random generator (tagged
+  ``nondeterministic_seeded`` or taking a ``Generator``), except those of `RANDOM_OFF`, which
+  draw nothing when one argument says so (``dropout(train=False)``,
+  ``scaled_dot_product_attention(dropout_p=0)``): the graph check holds each node to it;
 - plus `NEWER`: what newer torch releases add by the same rules.
 
-The view table lists the overloads whose result aliases their ``self`` (``view``, ``slice``,
-``transpose``), so the graph check can follow a view back to the tensor it writes.
+The view table lists the overloads whose result may share memory with a tensor argument: the
+schema's views (``view``, ``slice``, ``split``), every ``CompositeImplicitAutograd`` operator
+(defined in Python-like C++ that may return an argument: ``dropout`` in eval, ``type_as``,
+``einsum``, ``chunk``) and `ALIASING` (``lift``, ``data``, ``_unsafe_view``...), so the graph check
+can follow any tensor a node writes back to every tensor it may be. The metadata table lists the
+in-place overloads that change their ``self``'s sizes, strides, storage or autograd flags
+(``resize_``, ``t_``, ``requires_grad_``): a program may apply them only to tensors it made.
 """
 
 from __future__ import annotations
 
+import pprint
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -43,7 +57,7 @@ type_as.default masked_fill.Scalar masked_fill.Tensor copy_.default index_copy_.
 index_put_.default _unsafe_view.default einsum.default scaled_dot_product_attention.default
 _scaled_dot_product_flash_attention.default _scaled_dot_product_flash_attention_for_cpu.default
 _scaled_dot_product_efficient_attention.default _scaled_dot_product_cudnn_attention.default
-_enable_grad.default _disable_grad.default _set_grad_enabled.default unflatten.int
+unflatten.int
 """.split()
 
 NEWER = ("linalg_vector_norm.default", "_philox_randint.default")
@@ -51,11 +65,58 @@ NEWER = ("linalg_vector_norm.default", "_philox_randint.default")
 the table so that one table serves every torch capture supports."""
 
 DENIED = frozenset(
-    {"from_file", "_print", "save", "set_", "record_stream", "_nested_tensor_from_mask"}
-)
-"""Operators that touch a file, print, or change what a tensor's storage is."""
+    {
+        "from_file", "_print", "save", "set_", "record_stream", "_reshape_alias",
+        "as_strided_", "_enable_grad", "_disable_grad", "_set_grad_enabled",
+        "to_dense", "to_dense_backward",
+    }
+)  # fmt: skip
+"""Operators that touch a file, print, change what a tensor's storage is, view memory without
+torch's bounds check (``_reshape_alias``: a 2-element tensor viewed as 4M elements), change
+grad mode outside a scope, or read a sparse layout (``to_dense``)."""
 DENIED_PREFIXES = ("set", "_cufft", "_test", "_cudnn_rnn_flatten", "_use_", "_debug")
 """Operators that set process-wide state, and torch's test and debug operators."""
+DENIED_PATTERN = re.compile(
+    r"sparse|coalesce|nested|_make_per_|\A(_?indices|_?values|crow_indices"
+    r"|col_indices|ccol_indices|row_indices)\Z"
+)
+"""Sparse and nested layouts and raw quantized tensors: their constructors take index arrays that
+torch checks only when asked (``sparse_coo_tensor`` then ``to_dense`` writes out of bounds)."""
+
+ALIASING = frozenset(
+    {"lift", "lift_fresh", "data", "alias", "_unsafe_view", "split", "split_with_sizes",
+     "unbind", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk", "chunk",
+     "broadcast_tensors", "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d", "type_as",
+     "sum_to_size", "cartesian_prod", "dropout", "feature_dropout", "alpha_dropout",
+     "feature_alpha_dropout", "einsum", "tensor_split", "hsplit", "vsplit", "dsplit",
+     "_to_cpu", "_pin_memory", "pin_memory", "contiguous", "_conj", "conj", "resolve_conj",
+     "resolve_neg", "_neg_view", "_cast_Float", "_cast_Half", "_cast_Double", "_cast_Long",
+     "_cast_Int", "_cast_Short", "_cast_Char", "_cast_Byte", "_lazy_clone"}
+)  # fmt: skip
+"""Operators whose result may be (or share memory with) a tensor argument, whatever their
+schema says (``lift``, ``data`` and ``_unsafe_view`` return their input's memory)."""
+
+METADATA = frozenset(
+    {"resize_", "resize_as_", "_resize_output_", "requires_grad_", "retain_grad", "detach_",
+     "t_", "transpose_", "squeeze_", "unsqueeze_", "swapaxes_", "swapdims_"}
+)  # fmt: skip
+"""In-place operators that change their ``self``'s sizes, strides or autograd flags."""
+
+RANDOM_OFF: dict[str, tuple[str, bool | float, bool]] = {
+    **{op: ("train", False, False) for op in (
+        "dropout", "dropout_", "feature_dropout", "feature_dropout_", "alpha_dropout",
+        "alpha_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_", "native_dropout",
+        "lstm", "gru", "rnn_tanh", "rnn_relu")},
+    **{op: ("dropout_p", 0.0, True) for op in (
+        "scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+        "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable")},
+    "rrelu": ("training", False, True),
+}  # fmt: skip
+"""Random operators that draw nothing when one argument has one value: operator -> (the
+argument, the value, whether leaving the argument out means that value). torch.export writes
+``dropout(x, p, False)`` for a model in eval mode, and ``dropout_p=0.0`` for attention."""
 
 
 def _overload(name: str) -> torch._ops.OpOverload | None:
@@ -93,6 +154,46 @@ def _is_view(o: torch._ops.OpOverload) -> bool:
     )
 
 
+def _is_random(o: torch._ops.OpOverload) -> bool:
+    """Draws from torch's global generator (a serialized graph cannot hold a local one)."""
+    return torch.Tag.nondeterministic_seeded in o.tags or any(
+        "Generator" in str(a.type) for a in o._schema.arguments
+    )
+
+
+def _aliases(o: torch._ops.OpOverload) -> bool:
+    """The schema says a result may be a view of an argument (lists too: ``split``'s
+    ``Tensor(a -> *)``)."""
+    schema = o._schema
+    returned = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    spread = any(
+        a.alias_info is not None and not a.alias_info.is_write and "*" in a.alias_info.after_set
+        for a in schema.arguments
+    )
+    return bool(schema.returns) and (returned or spread)
+
+
+def _denied(op: str, o: torch._ops.OpOverload) -> bool:
+    return (
+        op in DENIED
+        or op.startswith(DENIED_PREFIXES)
+        or bool(DENIED_PATTERN.search(op))
+        or _names_a_file(o)
+        or (_is_random(o) and op not in RANDOM_OFF)
+    )
+
+
+def _implicit(name: str) -> bool:
+    """A ``CompositeImplicitAutograd`` overload: defined by other operators, it may return one
+    of its arguments (``dropout`` in eval mode returns its input)."""
+    op, _, overload = name.partition(".")
+    full = f"aten::{op}" if overload == "default" else f"aten::{name}"
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd")
+    except RuntimeError:  # an overload the dispatcher spells otherwise (``to.prim_Device``)
+        return True
+
+
 def _composite(full: str) -> bool:
     """An operator defined by its decomposition into others (``reshape``, ``linear``): torch's
     default export IR keeps many of them as they are."""
@@ -102,8 +203,8 @@ def _composite(full: str) -> bool:
     )
 
 
-def table() -> tuple[list[str], list[str], list[str]]:
-    """(pure, in-place, view) overload names, ``aten.<op>.<overload>``."""
+def table() -> tuple[list[str], list[str], list[str], list[str]]:
+    """(pure, in-place, view, metadata) overload names, ``aten.<op>.<overload>``."""
     wanted: set[str] = set(EXTRA)
     for full in torch._C._dispatch_get_all_op_names():
         ns, _, rest = full.partition("::")
@@ -122,21 +223,28 @@ def table() -> tuple[list[str], list[str], list[str]]:
     for name in wanted:
         o = _overload(name)
         op = name.partition(".")[0]
-        if o is None or op in DENIED or op.startswith(DENIED_PREFIXES) or _names_a_file(o):
+        if o is None or _denied(op, o):
             continue
         writes = _writes(o)
         if not writes:
             pure.add(name)
         elif writes == [0] and not o._schema.name.endswith("_out") and "out" not in name:
             inplace.add(name)
-        if _is_view(o):
+        implicit = _implicit(name) and not writes
+        if _is_view(o) or _aliases(o) or op in ALIASING or implicit:
             views.add(name)
     for name in list(pure):  # the in-place form of every allowed functional operator
         op, _, overload = name.partition(".")
         o = _overload(f"{op}_.{overload}")
-        if o is not None and _writes(o) == [0] and op + "_" not in DENIED:
+        if o is not None and _writes(o) == [0] and not _denied(op + "_", o):
             inplace.add(f"{op}_.{overload}")
-    return sorted(pure | set(NEWER)), sorted(inplace), sorted(views - inplace)
+    metadata = {n for n in inplace if n.partition(".")[0] in METADATA}
+    return sorted(pure | set(NEWER)), sorted(inplace), sorted(views - inplace), sorted(metadata)
+
+
+def _random_off(names: set[str]) -> str:
+    table = {n: RANDOM_OFF.get(n.partition(".")[0]) for n in sorted(names)}
+    return pprint.pformat({n: v for n, v in table.items() if v is not None}, width=96)
 
 
 def _block(names: list[str]) -> str:
@@ -144,24 +252,32 @@ def _block(names: list[str]) -> str:
 
 
 def main() -> None:
-    pure, inplace, views = table()
+    pure, inplace, views, metadata = table()
     out = Path(__file__).resolve().parents[1] / "replay/runtime/pt2/op_table.py"
     out.write_text(
         '"""The ``aten`` operators a program may call, as data '
         "(`replay.runtime.pt2.operators`).\n\n"
         "Generated by ``python tools/allowed_ops.py`` (its docstring says how the list is derived\n"
         f"from torch's operator metadata) with torch {torch.__version__}: {len(pure)} pure, "
-        f"{len(inplace)} in-place\nand {len(views)} view overloads.\n"
+        f"{len(inplace)} in-place\n({len(metadata)} of them change metadata) and {len(views)} "
+        "overloads whose result may alias an argument.\n"
         '"""\n\n'
         f'_PURE = """\n{_block(pure)}\n"""\n\n'
         f'_INPLACE = """\n{_block(inplace)}\n"""\n\n'
         f'_VIEWS = """\n{_block(views)}\n"""\n\n'
+        f'_METADATA = """\n{_block(metadata)}\n"""\n\n'
+        f"RANDOM_OFF = {_random_off({*pure, *inplace})}\n"
+        '"""Random overloads allowed only with their randomness off: overload -> (argument, '
+        'value,\nwhether leaving the argument out means that value)."""\n'
         "ALLOWED_OPS = frozenset(_PURE.split())\n"
         '"""``aten`` overloads (``<op>.<overload>``) a program may call."""\n'
         "INPLACE_OPS = frozenset(_INPLACE.split())\n"
         '"""``aten`` overloads that write their ``self`` (and nothing else)."""\n'
         "VIEW_OPS = frozenset(_VIEWS.split())\n"
-        '"""``aten`` overloads whose result aliases their ``self``."""\n'
+        '"""``aten`` overloads whose result may share memory with a tensor argument."""\n'
+        "METADATA_OPS = frozenset(_METADATA.split())\n"
+        '"""In-place overloads that change their ``self``\'s sizes, strides or autograd '
+        'flags."""\n'
     )
     print(f"{out}: {len(pure)} pure, {len(inplace)} in-place, {len(views)} views", file=sys.stderr)
 

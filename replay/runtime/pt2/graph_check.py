@@ -11,8 +11,9 @@ with our own grammar (Python's `ast`, node by node against an allow-list) and re
 one `ArtifactError` naming the entry and the string, anything that is not what torch.export
 writes: arithmetic on sizes, comparisons, ``L[...].size()[i]``, sympy constructors, bounded
 (`replay.runtime.pt2.expressions`). Every node target must be an operator of the model's math
-(`replay.runtime.pt2.operators`), and an in-place node may write only a buffer, an input or a
-tensor the program made, never a parameter or a constant. Needs no torch.
+(`replay.runtime.pt2.operators`), and what a node writes or draws is held to
+`replay.runtime.pt2.effects`: never a parameter, a constant or a caller's tensor outside its
+caches, never the global random generator. Needs no torch.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, NoReturn
 from replay.runtime.allowed import AllowOps
 from replay.runtime.checked_json import NAME, load
 from replay.runtime.guards import ArtifactError
+from replay.runtime.pt2.effects import Effects, check_effects
 from replay.runtime.pt2.expressions import check_guard, check_sympy, refuse
 from replay.runtime.pt2.operators import op_kind
 
@@ -62,9 +64,6 @@ adds about ten)."""
 _STRING_KEYS = _NAME_KEYS | {"expr_str", "target", "as_operator", "in_spec", "out_spec"}
 """Keys whose string values torch evaluates, executes, imports or pastes into code."""
 _SYMBOL = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
-_WRITABLE = frozenset({"buffer", "user_input"})
-"""Input kinds an in-place operator may write (through a view too): the program's buffers and
-the caller's tensors (a cache updated in place); never a parameter or a constant."""
 
 
 def check_program(
@@ -73,6 +72,7 @@ def check_program(
     known_type: Callable[[str], bool],
     allowed: AllowOps = frozenset(),
     checked: set[tuple[str, Any]] | None = None,
+    effects: list[Effects] | None = None,
 ) -> dict[str, Any]:
     """Checks one program's JSON; returns it parsed.
 
@@ -86,6 +86,8 @@ def check_program(
             `replay.runtime.pt2.operators`.
         checked: The (key, string) pairs found good so far, updated: the programs of one
             artifact, checked with the same `known_type` and `allowed`, share one set.
+        effects: What the program may write (`replay.runtime.pt2.effects.Effects`) is
+            appended here.
 
     Returns:
         The parsed JSON.
@@ -93,8 +95,8 @@ def check_program(
     Raises:
         ArtifactError: A string torch would evaluate, execute, import or paste into code is not
             one torch.export writes, bounded (`replay.runtime.pt2.expressions`); a node calls an
-            operator that is not the model's math (`replay.runtime.pt2.operators`), or writes a
-            parameter, a constant or a tensor it cannot trace (named, with the entry).
+            operator that is not the model's math (`replay.runtime.pt2.operators`), writes a
+            tensor it may not or draws random numbers (`replay.runtime.pt2.effects`).
 
     Example:
         >>> check_program(b'{"guards_code": ["__import__(1)"]}', "m.json", str.isidentifier)
@@ -109,7 +111,9 @@ comparison torch.export writes (it names __import__); the program is not loaded
     # A graph repeats each name and size thousands of times, and two programs of one model
     # most of theirs: each (key, string) is checked once per `checked` set.
     _Walk(source, known_type, allowed, set() if checked is None else checked).mapping(None, tree, 0)
-    _check_writes(tree, source, allowed)
+    found = check_effects(tree, source, allowed)
+    if effects is not None:
+        effects.append(found)
     return tree
 
 
@@ -201,78 +205,6 @@ def _check_string(
             )
     elif key in ("in_spec", "out_spec"):
         _check_spec(value, source, known, key == "in_spec")
-
-
-def _tensor_names(arg: Any) -> list[str]:
-    """The tensor names an argument or output refers to (``as_tensor``, ``as_tensors``...)."""
-    if not isinstance(arg, dict):
-        return []
-    out = []
-    for key in ("as_tensor", "as_optional_tensor"):
-        value = arg.get(key)
-        if isinstance(value, dict) and isinstance(value.get("name"), str):
-            out.append(value["name"])
-    for key in ("as_tensors", "as_optional_tensors"):
-        for item in arg.get(key) or ():
-            out += _tensor_names({"as_tensor": item}) + _tensor_names(item)
-    return out
-
-
-def _roots(graph_module: dict[str, Any]) -> dict[str, str]:
-    """Placeholder name -> its input kind (``parameter``, ``buffer``, ``user_input``, ...)."""
-    out: dict[str, str] = {}
-    signature = graph_module.get("signature") or {}
-    for spec in signature.get("input_specs") or ():
-        if isinstance(spec, dict) and len(spec) == 1:
-            kind, body = next(iter(spec.items()))
-            arg = body.get("arg") if isinstance(body, dict) else None
-            names = [arg["name"]] if isinstance(arg, dict) and "name" in arg else []
-            for name in names + _tensor_names(arg):
-                out[name] = kind
-    return out
-
-
-def _check_writes(tree: dict[str, Any], source: str, allowed: AllowOps) -> None:
-    """Every in-place node writes a buffer, an input or a tensor its graph made: the tensor
-    it writes is followed back through views (`replay.runtime.pt2.operators.VIEW_OPS`) to a
-    placeholder of a `_WRITABLE` kind, or to a node's fresh result. A subgraph's inputs are
-    not traced: a subgraph writes only the tensors it makes."""
-    top = tree.get("graph_module")
-    if not isinstance(top, dict):
-        return
-    graphs: list[tuple[dict[str, Any], dict[str, str]]] = [(top.get("graph") or {}, _roots(top))]
-    kinds: dict[str, str | None] = {}  # target -> op_kind
-    while graphs:
-        graph, roots = graphs.pop()
-        roots = dict(roots)
-        for arg in graph.get("inputs") or ():
-            for name in _tensor_names(arg):
-                roots.setdefault(name, "subgraph input")
-        for node in graph.get("nodes") or ():
-            if not isinstance(node, dict):
-                continue
-            inputs = [i for i in node.get("inputs") or () if isinstance(i, dict)]
-            for item in inputs:
-                sub = (item.get("arg") or {}).get("as_graph")
-                if isinstance(sub, dict) and isinstance(sub.get("graph"), dict):
-                    graphs.append((sub["graph"], {}))
-            target = str(node.get("target"))
-            kind = kinds.get(target, "")
-            if kind == "":
-                kind = kinds[target] = op_kind(target, allowed)
-            if kind not in ("view", "inplace"):
-                continue
-            first = _tensor_names(inputs[0].get("arg")) if inputs else []
-            root = roots.get(first[0]) if first else "nothing"
-            if kind == "inplace" and root is not None and root not in _WRITABLE:
-                raise ArtifactError(
-                    f"{source}: node {str(node.get('name'))[:80]} ({node.get('target')}) writes "
-                    f"{(first or ['nothing'])[0][:80]}, a {root}; a program may write only its "
-                    "buffers, its inputs and the tensors it makes, so it is not loaded"
-                )
-            for out in node.get("outputs") or ():
-                for name in _tensor_names(out):
-                    roots[name] = root  # type: ignore[assignment]
 
 
 def _require(ok: Any, source: str, what: str, value: Any) -> None:

@@ -58,6 +58,8 @@ from replay.runtime.pt2.archive import (
     ZIP_VERSION,
     Archive,
 )
+from replay.runtime.pt2.budget import check_budget, symbol_maxima
+from replay.runtime.pt2.effects import Effects
 from replay.runtime.pt2.graph_check import check_program, spec_types
 from replay.runtime.pt2.program import Program, build_program
 from replay.runtime.pt2.records import check_extent, parse_config
@@ -98,6 +100,7 @@ class Artifact:
         trees: Program name -> that JSON, parsed (emptied by `open_artifact` once the
             programs are built).
         types: Pytree node types the graphs and the manifest name.
+        effects: Program name -> the buffers it may write (`replay.runtime.pt2.effects`).
     """
 
     archive: Archive
@@ -106,6 +109,7 @@ class Artifact:
     graphs: dict[str, bytes] = field(default_factory=dict)
     trees: dict[str, dict[str, Any]] = field(default_factory=dict)
     types: set[str] = field(default_factory=set)
+    effects: dict[str, Effects] = field(default_factory=dict)
 
     @property
     def weight_bytes(self) -> int:
@@ -176,12 +180,16 @@ def read_artifact(
         inner = MODELS.format(p)
         graph = archive.read(inner, PROGRAM_CAP)
         check_digest(manifest.digests.get(inner), digest_bytes(graph), archive.name(inner))
-        tree = check_program(graph, archive.name(inner), known, allowed, checked)
+        found: list[Effects] = []
+        tree = check_program(graph, archive.name(inner), known, allowed, checked, found)
+        art.effects[p] = found[0]
+        check_budget(tree, symbol_maxima(tree, _recorded_maxima(manifest, p)), archive.name(inner))
         art.types |= spec_types(tree)
         art.graphs[p] = graph
         art.trees[p] = tree
     # Every record is named by a config, every named record exists.
     archive.check_layout(fixed | records, aoti)
+    _check_written_records(art)
     described = set(archive.entries) - _UNDESCRIBED
     if set(manifest.digests) != described:
         odd = sorted(set(manifest.digests) ^ described)
@@ -190,6 +198,44 @@ def read_artifact(
             f"({odd[0][:120]} differs); it is not loaded"
         )
     return art
+
+
+def _recorded_maxima(manifest: Manifest, program: str) -> list[list[int | None]]:
+    """Per recorded input leaf of the program, the largest size the runner admits per axis."""
+    for entry in manifest.programs:
+        if entry.program == program:
+            guard = entry.guard
+            out: list[list[int | None]] = []
+            for leaf in guard.leaves:
+                axes = {a.axis: a.max for a in guard.axes if a.path == leaf.path}
+                out.append([axes.get(i) for i in range(max(axes, default=-1) + 1)])
+            return out
+    return []
+
+
+def _check_written_records(art: Artifact) -> None:
+    """No record a program's buffer writes also holds a parameter or a constant (a config
+    placing both in one record would let the buffer's writes change the weight)."""
+    written: dict[str, tuple[str, str]] = {}
+    for program, effects in art.effects.items():
+        slots = art.slots[program]
+        for name in effects.written:
+            for table, folder in ((slots.weights, WEIGHTS_DIR), (slots.constants, CONSTANTS_DIR)):
+                if name in table:
+                    written[folder + table[name].record] = (program, name)
+    if not written:
+        return
+    for program, effects in art.effects.items():
+        slots = art.slots[program]
+        for table, folder in ((slots.weights, WEIGHTS_DIR), (slots.constants, CONSTANTS_DIR)):
+            for name, slot in table.items():
+                hit = written.get(folder + slot.record)
+                if hit is not None and name in effects.read_only:
+                    raise ArtifactError(
+                        f"{art.archive.name(folder + slot.record)} holds {name[:80]} (read-only "
+                        f"in {program}) and the buffer {hit[1][:80]}, which {hit[0]} writes; a "
+                        "written buffer has a record of its own, so it is not loaded"
+                    )
 
 
 def _slots(

@@ -13,13 +13,19 @@ only when `op_kind` knows it:
   buffer of the program, an input, or a tensor the program made; never a parameter or a
   constant (the graph check follows views back to the tensor they alias, `VIEW_OPS`);
 - the higher-order operators and Python callables torch.export writes around the math (size
-  arithmetic from ``operator`` and ``math``, ``torch.sym_*``, grad-mode switches);
+  arithmetic from ``operator`` and ``math``, ``torch.sym_*``, the scoped grad-mode and autocast
+  wrappers, which restore the state they change when their subgraph returns);
+- random operators only with their randomness off (`RANDOM_OFF`: ``dropout(train=False)``,
+  attention with ``dropout_p=0``): a served call never draws from torch's global generator;
 - another namespace (a custom operator library the serving process loads itself) only when
   the caller names it: ``replay.load(path, allow_ops=["mylib"])`` or ``capture check
   --allow-ops mylib`` (a namespace, or one ``namespace.op``).
 
-``aten.from_file`` (maps a file), ``aten._print`` and every unlisted operator are refused by
-name. Needs no torch.
+``aten.from_file`` (maps a file), ``aten._print``, the unscoped grad and autocast switches
+(``torch._C._set_grad_enabled``, ``_enter_autocast``: they would leave the serving thread
+changed), ``while_loop`` (its trip count is data, unbounded at load), the ``math`` functions
+whose time grows with their argument (``factorial``, ``comb``, ``perm``) and every unlisted
+operator are refused by name. Needs no torch.
 """
 
 from __future__ import annotations
@@ -27,13 +33,22 @@ from __future__ import annotations
 import re
 
 from replay.runtime.allowed import AllowOps, allow_ops
-from replay.runtime.pt2.op_table import ALLOWED_OPS, INPLACE_OPS, VIEW_OPS
+from replay.runtime.pt2.op_table import (
+    ALLOWED_OPS,
+    INPLACE_OPS,
+    METADATA_OPS,
+    RANDOM_OFF,
+    VIEW_OPS,
+)
 
 __all__ = [
     "ALLOWED_OPS",
     "INPLACE_OPS",
     "VIEW_OPS",
+    "METADATA_OPS",
+    "RANDOM_OFF",
     "HIGHER_ORDER_OPS",
+    "MATH_FUNCTIONS",
     "TORCH_CALLABLES",
     "OPERATOR_FUNCTIONS",
     "AllowOps",
@@ -46,12 +61,11 @@ __all__ = [
 
 TORCH_CALLABLES = frozenset(
     """sym_float sym_int sym_max sym_min sym_not sym_ite sym_sqrt sym_sum _sym_sqrt _check
-    _check_is_size _assert _assert_async _assert_scalar _constrain_as_size _constrain_as_value
-    amp.autocast_mode._enter_autocast amp.autocast_mode._exit_autocast _C._set_grad_enabled
-    autograd.grad_mode.set_grad_enabled""".split()
+    _check_is_size _assert _assert_async _assert_scalar _constrain_as_size
+    _constrain_as_value""".split()
 )
-"""``torch.<name>`` callables torch.export writes: symbolic size arithmetic, its assertions,
-grad and autocast switches."""
+"""``torch.<name>`` callables torch.export writes: symbolic size arithmetic and its assertions
+(not the unscoped grad and autocast switches, which change the serving thread's state)."""
 
 OPERATOR_FUNCTIONS = frozenset(
     """add sub mul truediv floordiv mod pow neg pos abs eq ne lt le gt ge and_ or_ xor not_
@@ -60,18 +74,22 @@ OPERATOR_FUNCTIONS = frozenset(
 """``_operator.<name>`` functions (size arithmetic on symbolic ints, ``getitem`` of a
 multi-output node)."""
 
-HIGHER_ORDER_OPS = frozenset(
-    {"wrap_with_set_grad_enabled", "wrap_with_autocast", "cond", "while_loop"}
-)
+HIGHER_ORDER_OPS = frozenset({"wrap_with_set_grad_enabled", "wrap_with_autocast", "cond"})
 """``torch.ops.higher_order.<name>``: they run the program's own subgraphs (checked as the
-top graph is)."""
+top graph is); the two wrappers change grad mode or autocast for their subgraph only."""
 
-_MATH = re.compile(r"[a-z][a-z0-9]*\Z")
+MATH_FUNCTIONS = frozenset(
+    """ceil floor trunc sqrt isqrt log log2 log10 exp fabs copysign fmod gcd isfinite isinf
+    isnan""".split()
+)
+"""``math.<name>`` functions a graph may call on sizes: each runs in time bounded by its
+arguments' bit length (not ``factorial``, ``comb``, ``perm``, ``pow``, ``prod``)."""
 
 
 def op_kind(target: str, allowed: AllowOps = frozenset()) -> str | None:
-    """What a node target is: ``pure``, ``view``, ``inplace`` (writes its ``self``), or None
-    when the program may not call it.
+    """What a node target is: ``pure``, ``view`` (its result may share memory with a tensor
+    argument), ``inplace`` (writes its ``self``), ``metadata`` (changes its ``self``'s sizes,
+    strides or autograd flags), or None when the program may not call it.
 
     Example:
         >>> op_kind("torch.ops.aten.linear.default"), op_kind("torch.ops.aten.from_file.default")
@@ -86,7 +104,7 @@ def op_kind(target: str, allowed: AllowOps = frozenset()) -> str | None:
     if module == "_operator":
         return "pure" if rest in OPERATOR_FUNCTIONS else None
     if module == "math":
-        return "pure" if _MATH.match(rest) else None
+        return "pure" if rest in MATH_FUNCTIONS else None
     if module != "torch":
         return None
     if not rest.startswith("ops."):
@@ -101,6 +119,8 @@ def op_kind(target: str, allowed: AllowOps = frozenset()) -> str | None:
     namespace, op, overload = parts
     if namespace == "aten":
         name = f"{op}.{overload}"
+        if name in METADATA_OPS:
+            return "metadata"
         if name in INPLACE_OPS:
             return "inplace"
         if name in VIEW_OPS:
