@@ -16,7 +16,15 @@ data, reviewed in the diff. The list is derived from torch's own operator metada
   operator: those go to the in-place table, and the graph check lets them write only the
   program's buffers, its inputs or tensors the program made itself;
 - minus `DENIED`: anything that touches a file, prints or reads the environment;
-- plus `NEWER`: what newer torch releases add by the same rules.
+- plus `NEWER`: what newer torch releases add by the same rules;
+- plus `EVIDENCE`: operators real models emit that carry none of those tags, found by the
+  operator census (``tools/op_census.py``, its output ``tools/op_census.json``) and by the
+  quantized and mixture-of-experts models serving stacks run, each checked by hand against
+  the trust rules (reads only its tensors' bytes, the kernel checking their sizes; writes no
+  argument; output bounded by its arguments' sizes); and `OTHER_NAMESPACES`: the same, outside
+  ``aten`` (torch's ``quantized_decomposed`` (de)quantize operators);
+- `REFUSED`: operators real models emit that stay off the list, each with the reason (what
+  docs/trust.md lists); a caller who accepts the risk names one in ``allow_ops``.
 
 The view table lists the overloads whose result aliases their ``self`` (``view``, ``slice``,
 ``transpose``), so the graph check can follow a view back to the tensor it writes.
@@ -24,6 +32,7 @@ The view table lists the overloads whose result aliases their ``self`` (``view``
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -49,6 +58,45 @@ _enable_grad.default _disable_grad.default _set_grad_enabled.default unflatten.i
 NEWER = ("linalg_vector_norm.default", "_philox_randint.default")
 """Pure operators newer torch releases derive by the same rules (torch 2.15 checked), kept in
 the table so that one table serves every torch capture supports."""
+
+EVIDENCE = """
+_int_mm.default _weight_int8pack_mm.default _weight_int4pack_mm.default
+_weight_int4pack_mm_for_cpu.default _weight_int4pack_mm_with_scales_and_zeros.default
+_convert_weight_to_int4pack.default _convert_weight_to_int4pack_for_cpu.default
+_scaled_mm.default histc.default
+""".split()
+"""Quantized matmuls (int8 activations x int8 weights: ``_int_mm``; weight-only int8 and int4
+packs with their scales; fp8 ``_scaled_mm`` with its scales), the int4 weight packers torchao
+calls on load, and ``histc`` (a mixture-of-experts router counting tokens per expert: its output
+has ``bins`` elements, a constant of the graph). Each kernel checks its operands' sizes,
+dtypes and group sizes against each other before it reads them, writes only its own result,
+and does work bounded by its operands' sizes."""
+
+OTHER_NAMESPACES = {
+    "quantized_decomposed": """
+quantize_per_tensor.default quantize_per_tensor.tensor quantize_per_tensor.tensor2
+dequantize_per_tensor.default dequantize_per_tensor.tensor dequantize_per_tensor.tensor2
+quantize_per_channel.default dequantize_per_channel.default quantize_per_channel_group.default
+dequantize_per_channel_group.default quantize_per_token.default dequantize_per_token.default
+choose_qparams.tensor choose_qparams_symmetric.tensor choose_qparams_per_token.default
+choose_qparams_per_token_asymmetric.default convert_element_type.no_fuse
+""".split(),
+}
+"""Operators outside ``aten`` a program may call: torch's own (de)quantize and
+quantization-parameter operators (``torch.ao.quantization.fx._decomposed``, which the loader
+imports to register them): pure functions of their tensors written with ``aten`` operators,
+what PT2E quantization and torchao leave in an exported graph."""
+
+REFUSED = {
+    "bincount.default": "its output has as many elements as the largest value of its input "
+    "plus one: the work is bounded by the values a call passes, not by the guards' sizes",
+    "_dyn_quant_matmul_4bit.default": "it trusts the integer sizes it is given against the "
+    "packed weight's bytes",
+    "_dyn_quant_pack_4bit_weight.default": "it trusts the integer sizes it is given against "
+    "its weights' bytes",
+}
+"""``aten`` operators real models emit that stay off the list, and why; a caller who accepts
+the risk names one (``allow_ops=["aten.bincount"]``)."""
 
 DENIED = frozenset(
     {"from_file", "_print", "save", "set_", "record_stream", "_nested_tensor_from_mask"}
@@ -104,7 +152,7 @@ def _composite(full: str) -> bool:
 
 def table() -> tuple[list[str], list[str], list[str]]:
     """(pure, in-place, view) overload names, ``aten.<op>.<overload>``."""
-    wanted: set[str] = set(EXTRA)
+    wanted: set[str] = set(EXTRA) | set(EVIDENCE)
     for full in torch._C._dispatch_get_all_op_names():
         ns, _, rest = full.partition("::")
         if ns != "aten":
@@ -124,6 +172,8 @@ def table() -> tuple[list[str], list[str], list[str]]:
         op = name.partition(".")[0]
         if o is None or op in DENIED or op.startswith(DENIED_PREFIXES) or _names_a_file(o):
             continue
+        if name in REFUSED:
+            continue
         writes = _writes(o)
         if not writes:
             pure.add(name)
@@ -139,12 +189,39 @@ def table() -> tuple[list[str], list[str], list[str]]:
     return sorted(pure | set(NEWER)), sorted(inplace), sorted(views - inplace)
 
 
+def other_namespaces() -> list[str]:
+    """``<namespace>.<op>.<overload>`` of `OTHER_NAMESPACES`, each checked to exist in this
+    torch and to write none of its arguments."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 (registers quantized_decomposed)
+
+    out = []
+    for namespace, names in OTHER_NAMESPACES.items():
+        for name in names:
+            op, _, overload = name.partition(".")
+            o = getattr(getattr(getattr(torch.ops, namespace), op), overload)
+            if _writes(o) or _names_a_file(o):
+                raise SystemExit(f"{namespace}.{name} writes an argument or names a file")
+            out.append(f"{namespace}.{name}")
+    return sorted(out)
+
+
+def _lines(text: str) -> list[str]:
+    return textwrap.wrap(text, 80, drop_whitespace=False)
+
+
 def _block(names: list[str]) -> str:
     return "\n".join(textwrap.wrap(" ".join(names), 96, break_on_hyphens=False))
 
 
 def main() -> None:
     pure, inplace, views = table()
+    others = other_namespaces()
+    refused = "".join(
+        f"    {json.dumps(name)}: (\n"
+        + "".join(f"        {json.dumps(p)}\n" for p in _lines(reason))
+        + "    ),\n"
+        for name, reason in sorted(REFUSED.items())
+    )
     out = Path(__file__).resolve().parents[1] / "replay/runtime/pt2/op_table.py"
     out.write_text(
         '"""The ``aten`` operators a program may call, as data '
@@ -156,12 +233,18 @@ def main() -> None:
         f'_PURE = """\n{_block(pure)}\n"""\n\n'
         f'_INPLACE = """\n{_block(inplace)}\n"""\n\n'
         f'_VIEWS = """\n{_block(views)}\n"""\n\n'
+        f'_OTHER = """\n{_block(others)}\n"""\n\n'
         "ALLOWED_OPS = frozenset(_PURE.split())\n"
         '"""``aten`` overloads (``<op>.<overload>``) a program may call."""\n'
         "INPLACE_OPS = frozenset(_INPLACE.split())\n"
         '"""``aten`` overloads that write their ``self`` (and nothing else)."""\n'
         "VIEW_OPS = frozenset(_VIEWS.split())\n"
         '"""``aten`` overloads whose result aliases their ``self``."""\n'
+        "OTHER_OPS = frozenset(_OTHER.split())\n"
+        '"""Pure overloads outside ``aten`` (``<namespace>.<op>.<overload>``) a program may '
+        'call."""\n'
+        f"REFUSED_OPS = {{\n{refused}}}\n"
+        '"""``aten`` operators real models emit that stay off the list -> why (docs/trust.md)."""\n'
     )
     print(f"{out}: {len(pure)} pure, {len(inplace)} in-place, {len(views)} views", file=sys.stderr)
 

@@ -73,6 +73,8 @@ def _lookup(name: str) -> Callable[..., Any]:
     import torch
 
     head, _, rest = name.partition(".")
+    if rest.startswith("ops.quantized_decomposed."):  # torch's own, registered on import
+        import torch.ao.quantization.fx._decomposed  # noqa: F401
     roots: dict[str, Any] = {"torch": torch, "_operator": operator, "math": math}
     target = roots.get(head)
     if target is None or not rest:
