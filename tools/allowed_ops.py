@@ -73,7 +73,9 @@ dtypes and group sizes against each other before it reads them, writes only its 
 and does work bounded by its operands' sizes."""
 
 OTHER_NAMESPACES = {
-    "quantized_decomposed": """
+    "quantized_decomposed": (
+        "torch.ao.quantization.fx._decomposed",
+        """
 quantize_per_tensor.default quantize_per_tensor.tensor quantize_per_tensor.tensor2
 dequantize_per_tensor.default dequantize_per_tensor.tensor dequantize_per_tensor.tensor2
 quantize_per_channel.default dequantize_per_channel.default quantize_per_channel_group.default
@@ -81,11 +83,18 @@ dequantize_per_channel_group.default quantize_per_token.default dequantize_per_t
 choose_qparams.tensor choose_qparams_symmetric.tensor choose_qparams_per_token.default
 choose_qparams_per_token_asymmetric.default convert_element_type.no_fuse
 """.split(),
+    ),
+    "transformers": ("transformers.integrations.moe", ["grouped_mm_fallback.default"]),
 }
-"""Operators outside ``aten`` a program may call: torch's own (de)quantize and
-quantization-parameter operators (``torch.ao.quantization.fx._decomposed``, which the loader
-imports to register them): pure functions of their tensors written with ``aten`` operators,
-what PT2E quantization and torchao leave in an exported graph."""
+"""Namespace -> (the module whose import registers it, its operators a program may call).
+``quantized_decomposed``: torch's own (de)quantize and quantization-parameter operators, what
+PT2E quantization and torchao leave in an exported graph, pure functions of their tensors
+written with ``aten`` operators. ``transformers.grouped_mm_fallback``: the experts' matmul
+of transformers' mixture-of-experts layers where ``torch._grouped_mm`` does not apply
+(float32, CPU): declared pure (``mutates_args=()``), a loop of ``torch.mm`` over row slices
+of its input by the offsets it is given (slices stay inside the tensors whatever the offsets;
+work bounded by the experts' count and the tensors' sizes). The loader imports the module
+(``transformers`` is already the one library whose types an artifact may name)."""
 
 REFUSED = {
     "bincount.default": "its output has as many elements as the largest value of its input "
@@ -192,10 +201,11 @@ def table() -> tuple[list[str], list[str], list[str]]:
 def other_namespaces() -> list[str]:
     """``<namespace>.<op>.<overload>`` of `OTHER_NAMESPACES`, each checked to exist in this
     torch and to write none of its arguments."""
-    import torch.ao.quantization.fx._decomposed  # noqa: F401 (registers quantized_decomposed)
+    import importlib
 
     out = []
-    for namespace, names in OTHER_NAMESPACES.items():
+    for namespace, (module, names) in OTHER_NAMESPACES.items():
+        importlib.import_module(module)  # registers the namespace's operators
         for name in names:
             op, _, overload = name.partition(".")
             o = getattr(getattr(getattr(torch.ops, namespace), op), overload)
@@ -216,6 +226,9 @@ def _block(names: list[str]) -> str:
 def main() -> None:
     pure, inplace, views = table()
     others = other_namespaces()
+    modules = "".join(
+        f"    {json.dumps(n)}: {json.dumps(m)},\n" for n, (m, _) in OTHER_NAMESPACES.items()
+    )
     refused = "".join(
         f"    {json.dumps(name)}: (\n"
         + "".join(f"        {json.dumps(p)}\n" for p in _lines(reason))
@@ -243,6 +256,8 @@ def main() -> None:
         "OTHER_OPS = frozenset(_OTHER.split())\n"
         '"""Pure overloads outside ``aten`` (``<namespace>.<op>.<overload>``) a program may '
         'call."""\n'
+        f"OTHER_MODULES = {{\n{modules}}}\n"
+        '"""Namespace of `OTHER_OPS` -> the module whose import registers its operators."""\n'
         f"REFUSED_OPS = {{\n{refused}}}\n"
         '"""``aten`` operators real models emit that stay off the list -> why (docs/trust.md)."""\n'
     )

@@ -423,6 +423,7 @@ quantized_decomposed.quantize_per_channel.default
 quantized_decomposed.quantize_per_channel_group.default
 quantized_decomposed.quantize_per_tensor.default quantized_decomposed.quantize_per_tensor.tensor
 quantized_decomposed.quantize_per_tensor.tensor2 quantized_decomposed.quantize_per_token.default
+transformers.grouped_mm_fallback.default
 """
 
 ALLOWED_OPS = frozenset(_PURE.split())
@@ -433,6 +434,11 @@ VIEW_OPS = frozenset(_VIEWS.split())
 """``aten`` overloads whose result aliases their ``self``."""
 OTHER_OPS = frozenset(_OTHER.split())
 """Pure overloads outside ``aten`` (``<namespace>.<op>.<overload>``) a program may call."""
+OTHER_MODULES = {
+    "quantized_decomposed": "torch.ao.quantization.fx._decomposed",
+    "transformers": "transformers.integrations.moe",
+}
+"""Namespace of `OTHER_OPS` -> the module whose import registers its operators."""
 REFUSED_OPS = {
     "_dyn_quant_matmul_4bit.default": (
         "it trusts the integer sizes it is given against the packed weight's bytes"
