@@ -4,7 +4,8 @@ Builds a tiny-config instance of every architecture of transformers' auto mappin
 class per ``model_type``: the causal LM where there is one, else the seq2seq LM, the masked LM,
 the image-text-to-text model, the image, audio and speech heads, else the base model) and of
 diffusers' UNet2DCondition, transformer and VAE blocks, exports each with ``torch.export`` on CPU
-(``strict=False``, a time limit per model, one at a time) and collects the operators their
+(``strict=False``, one at a time, each in a forked process killed past its time or memory
+limit) and collects the operators their
 graphs call, as the loader spells them (``torch.ops.aten.add.Tensor``). Each architecture is
 recorded as exported, or not with why (its tiny config or inputs could not be built, torch.export
 failed, the time limit). Results accumulate in ``tools/op_census.json`` (a run resumes where the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -160,24 +162,13 @@ def operators(program: Any) -> list[str]:
     return sorted(out)
 
 
-class _TimeUp(Exception):
-    pass
-
-
-def _alarm(_signum: int, _frame: Any) -> None:
-    raise _TimeUp
-
-
-def census_one(name: str, make: Any, limit_s: int) -> dict[str, Any]:
-    """Builds and exports one architecture within `limit_s` seconds."""
+def census_one(name: str, make: Any) -> dict[str, Any]:
+    """Builds and exports one architecture; its entry (exported, or why not)."""
     import torch
 
     from capture.pytree import nodes
 
     entry: dict[str, Any] = {"name": name, "status": "exported", "reason": None, "ops": []}
-    start = time.monotonic()
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(limit_s)
     stage = "build"
     try:
         model, kwargs = make()
@@ -185,17 +176,58 @@ def census_one(name: str, make: Any, limit_s: int) -> dict[str, Any]:
         with torch.no_grad(), nodes.register_flattening_functions():  # transformers' caches
             program = torch.export.export(model, (), kwargs=kwargs, strict=False)
         entry["ops"] = operators(program)
-    except _TimeUp:
-        entry.update(status=f"{stage} timeout", reason=f"past {limit_s} s")
-    except BaseException as e:  # every failure is recorded, the census goes on
-        if isinstance(e, KeyboardInterrupt):
-            raise
+    except Exception as e:  # every failure is recorded, the census goes on
         first = (str(e).strip().splitlines() or [""])[0]
         entry.update(status=f"{stage} failed", reason=f"{type(e).__name__}: {first[:200]}")
-    finally:
-        signal.alarm(0)
-    entry["seconds"] = round(time.monotonic() - start, 1)
     return entry
+
+
+def _rss(pid: int) -> int:
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def contained(name: str, make: Any, limit_s: float, max_bytes: int) -> dict[str, Any]:
+    """`census_one` in a forked child, killed past `limit_s` seconds or `max_bytes` of memory
+    (a shrunk config can still ask for gigabytes, a C++ kernel can ignore a signal)."""
+    start = time.monotonic()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one architecture, its entry on the pipe
+        os.close(read)
+        code = 0
+        try:
+            data = json.dumps(census_one(name, make)).encode()
+        except BaseException as e:  # noqa: BLE001 (the child reports everything, then exits)
+            data = json.dumps({"name": name, "status": "failed", "reason": repr(e)[:200]}).encode()
+            code = 1
+        with os.fdopen(write, "wb") as f:
+            f.write(data)
+        os._exit(code)
+    os.close(write)
+    why = None
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() - start > limit_s:
+            why = ("timeout", f"past {limit_s:.0f} s")
+        elif _rss(pid) > max_bytes:
+            why = ("memory", f"over {max_bytes >> 20} MiB")
+        if why is not None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            break
+        time.sleep(0.2)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    if why is not None or not data:
+        status, reason = why or ("crashed", "the process died")
+        entry = {"name": name, "status": status, "reason": reason, "ops": []}
+    else:
+        entry = json.loads(data)
+    entry["seconds"] = round(time.monotonic() - start, 1)
+    return entry  # type: ignore[no-any-return]
 
 
 def _transformers_job(model_type: str, class_name: str) -> Any:
@@ -243,7 +275,7 @@ def save(data: dict[str, Any]) -> None:
     OUT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def run(limit_s: int, budget_s: float, only: set[str] | None) -> None:
+def run(limit_s: int, budget_s: float, only: set[str] | None, max_mib: int) -> None:
     """Every architecture not yet in the census, until `budget_s` seconds have passed."""
     import torch
 
@@ -255,7 +287,7 @@ def run(limit_s: int, budget_s: float, only: set[str] | None) -> None:
             continue
         if time.monotonic() - start > budget_s:
             break
-        entry = census_one(name, make, limit_s)
+        entry = contained(name, make, limit_s, max_mib << 20)
         entry["family"] = family
         data["architectures"][name] = entry
         save(data)
@@ -304,6 +336,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit-s", type=int, default=60, help="seconds per model (60)")
     parser.add_argument("--budget-s", type=float, default=3600, help="seconds in all (3600)")
+    parser.add_argument("--max-mib", type=int, default=3072, help="memory per model (3072)")
     parser.add_argument("--only", default=None, help="model types, comma-separated (all)")
     parser.add_argument("--report", action="store_true", help="write docs/op_census.md only")
     args = parser.parse_args()
@@ -311,7 +344,7 @@ def main() -> None:
         report()
         return
     only = set(args.only.split(",")) if args.only else None
-    run(args.limit_s, args.budget_s, only)
+    run(args.limit_s, args.budget_s, only, args.max_mib)
 
 
 if __name__ == "__main__":
