@@ -47,9 +47,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, list[
     model = _Custom().eval()
     root = tmp_path_factory.mktemp("claims") / "store"
     originals: list[Any] = []
-    handle = model.register_forward_pre_hook(
-        lambda _m, args: originals.append(copy.deepcopy(args))
-    )
+    handle = model.register_forward_pre_hook(lambda _m, args: originals.append(copy.deepcopy(args)))
     with Recorder(model, root), torch.no_grad():
         for batch in (2, 3, 5):
             model(torch.randn(batch, 4))
