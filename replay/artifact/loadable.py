@@ -5,8 +5,8 @@ validation. `refusal` runs that validation on the program in memory, the way `sa
 and `replay.runtime.pt2.loading` reads it: its tensors placed in records
 (`replay.runtime.pt2.weights.WeightTable`: no script object, no subclass, a strided layout) and
 their payload configs parsed back (`replay.runtime.pt2.records.parse_config`: dtypes and
-extents); its graph serialized by torch without the nodes' metadata (`save`'s
-`replay.artifact.saving.without_metadata`) and checked as the loader checks it
+extents); its graph serialized as `save` serializes it (`replay.artifact.saving.program_graph`:
+made once, `save` writes these very bytes) and checked as the loader checks it
 (`replay.runtime.pt2.graph_check.check_program`: operators, in-place writes, size expressions,
 guards, treespecs, pytree types) with the caller's ``allow_ops``; and its graph built from that
 JSON around its own tensors (`replay.runtime.pt2.program.build_program`), as the loader builds
@@ -51,9 +51,8 @@ def refusal(name: str, program: ExportedProgram, allowed: AllowOps = frozenset()
         >>> refusal("decode", torch.export.export(model, args))  # doctest: +SKIP
         "models/decode.json: the program calls 'torch.ops.aten.bincount.default', which ..."
     """
-    from capture import compat_archive
     from capture.pytree import nodes
-    from replay.artifact.saving import without_metadata
+    from replay.artifact.saving import program_graph
 
     source = MODELS.format(name)
     try:
@@ -61,7 +60,7 @@ def refusal(name: str, program: ExportedProgram, allowed: AllowOps = frozenset()
         with nodes.register_flattening_functions():
             table = WeightTable()
             table.add(name, program)
-            graph = without_metadata(compat_archive.serialize_program(program))
+            graph = program_graph(program)  # what save writes (made once)
             slots = table.programs[name]
             parse_config(config_json(slots.weights).encode(), source, WEIGHT_PREFIX)
             parse_config(config_json(slots.constants).encode(), source, CONSTANT_PREFIX)
