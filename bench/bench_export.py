@@ -14,6 +14,10 @@ interleaved across repetitions:
 - ``named_dims=True``: the default probes with named dims (torch 2.13 rejects the named cache
   Dim of this grouped-query attention model, so a second export with bounded hints runs).
 
+Every program goes through the loader's validation before its rows are claimed
+(`replay.artifact.loadable.refusal`); the time it takes inside each export is measured apart
+(the ``validation s`` column: its median over the repetitions).
+
 Prints one Markdown section on stdout (progress goes to stderr).
 """
 
@@ -45,12 +49,25 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import replay
+    import replay.pipeline.chain as chain
     from capture.cli.demo import DEMO_MODEL, EXPORT_GROUP, MAX_NEW_TOKENS, WORKLOAD
     from capture.record.recorder import Recorder
     from fixtures.models import run_generate, tiny_llama
 
     repeats = 1 if options.quick else 3
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    validation: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    spent = [0.0]
+    checked = chain.refusal
+
+    def timed(*args: Any, **kwargs: Any) -> str | None:
+        start = time.perf_counter()
+        try:
+            return checked(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    chain.refusal = timed  # type: ignore[assignment]
     rows: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as root:
         model = tiny_llama(seed=0)
@@ -60,20 +77,29 @@ def main(argv: list[str] | None = None) -> int:
             for name, kwargs in VARIANTS.items():
                 print(f"[{rep + 1}/{repeats}] {name}", file=sys.stderr)
                 torch.manual_seed(0)
+                spent[0] = 0.0
                 start = time.perf_counter()
                 result = replay.export(
                     model, root, model=DEMO_MODEL, groups=[EXPORT_GROUP], **kwargs
                 )
                 times[name].append(time.perf_counter() - start)
+                validation[name].append(spent[0])
                 kinds = result.coverage.column("kind").to_pylist()
                 rows[name] = (
                     f"{kinds.count('recorded')} recorded + {kinds.count('probe')} probes, "
                     f"complete={result.complete}"
                 )
     table = md_table(
-        ["variant", "coverage rows", "median s", "min s", "max s"],
+        ["variant", "coverage rows", "median s", "min s", "max s", "validation s"],
         [
-            [name, rows[name], f"{median(t):.1f}", f"{min(t):.1f}", f"{max(t):.1f}"]
+            [
+                name,
+                rows[name],
+                f"{median(t):.1f}",
+                f"{min(t):.1f}",
+                f"{max(t):.1f}",
+                f"{median(validation[name]):.2f}",
+            ]
             for name, t in times.items()
         ],
     )

@@ -302,6 +302,16 @@ def _render_coverage(
     f"0: none. Default: {ExportOptions.max_static}.",
 )
 @click.option(
+    "--allow-ops",
+    "allow_ops",
+    metavar="NAME",
+    multiple=True,
+    help="An operator namespace, operator or overload (mylib, aten.bincount, "
+    "mylib.op.default) the programs may call beyond the model's math, as the artifact will be "
+    "loaded with replay.load(path, allow_ops=[...]); a program the loader would refuse is "
+    "reported not covered, with the loader's reason. Repeat for several. Default: none.",
+)
+@click.option(
     "--keyword-only",
     is_flag=True,
     default=ExportOptions.keyword_only,
@@ -335,6 +345,7 @@ def export_command(
     merge: bool,
     time_budget: float,
     max_static: int,
+    allow_ops: tuple[str, ...],
     signatures: bool,
     fmt: str,
     no_headers: bool,
@@ -402,6 +413,7 @@ def export_command(
         merge=merge,
         time_budget=time_budget or None,
         max_static=max_static,
+        allow_ops=allow_ops,
         groups=groups or None,
         onnx=onnx,
         modules=out is not None,

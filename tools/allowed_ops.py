@@ -23,7 +23,15 @@ data, reviewed in the diff. The list is derived from torch's own operator metada
   ``nondeterministic_seeded`` or taking a ``Generator``), except those of `RANDOM_OFF`, which
   draw nothing when one argument says so (``dropout(train=False)``,
   ``scaled_dot_product_attention(dropout_p=0)``): the graph check holds each node to it;
-- plus `NEWER`: what newer torch releases add by the same rules.
+- plus `NEWER`: what newer torch releases add by the same rules;
+- plus `EVIDENCE`: operators real models emit that carry none of those tags, found by the
+  operator census (``tools/op_census.py``, its output ``tools/op_census.json``) and by the
+  quantized and mixture-of-experts models serving stacks run, each checked by hand against
+  the trust rules (reads only its tensors' bytes, the kernel checking their sizes; writes no
+  argument; output bounded by its arguments' sizes); and `OTHER_NAMESPACES`: the same, outside
+  ``aten`` (torch's ``quantized_decomposed`` (de)quantize operators);
+- `REFUSED`: operators real models emit that stay off the list, each with the reason (what
+  docs/trust.md lists); a caller who accepts the risk names one in ``allow_ops``.
 
 The view table lists the overloads whose result may share memory with a tensor argument: the
 schema's views (``view``, ``slice``, ``split``), every ``CompositeImplicitAutograd`` operator
@@ -36,6 +44,7 @@ in-place overloads that change their ``self``'s sizes, strides, storage or autog
 
 from __future__ import annotations
 
+import json
 import pprint
 import re
 import sys
@@ -63,6 +72,56 @@ unflatten.int
 NEWER = ("linalg_vector_norm.default", "_philox_randint.default")
 """Pure operators newer torch releases derive by the same rules (torch 2.15 checked), kept in
 the table so that one table serves every torch capture supports."""
+
+EVIDENCE = """
+_int_mm.default _weight_int8pack_mm.default _weight_int4pack_mm.default
+_weight_int4pack_mm_for_cpu.default _weight_int4pack_mm_with_scales_and_zeros.default
+_convert_weight_to_int4pack.default _convert_weight_to_int4pack_for_cpu.default
+_scaled_mm.default histc.default view_as_complex.default view_as_real.default
+""".split()
+"""Quantized matmuls (int8 activations x int8 weights: ``_int_mm``; weight-only int8 and int4
+packs with their scales; fp8 ``_scaled_mm`` with its scales), the int4 weight packers torchao
+calls on load, ``histc`` (a mixture-of-experts router counting tokens per expert: its output
+has ``bins`` elements, a constant of the graph), and the complex views of rotary embeddings
+(``view_as_complex``, ``view_as_real``: Llama 4; views, followed by the graph check like the
+others). Each kernel checks its operands' sizes, dtypes, strides and group sizes against each
+other before it reads them, writes only its own result, and does work bounded by its
+operands' sizes."""
+
+OTHER_NAMESPACES = {
+    "quantized_decomposed": (
+        "torch.ao.quantization.fx._decomposed",
+        """
+quantize_per_tensor.default quantize_per_tensor.tensor quantize_per_tensor.tensor2
+dequantize_per_tensor.default dequantize_per_tensor.tensor dequantize_per_tensor.tensor2
+quantize_per_channel.default dequantize_per_channel.default quantize_per_channel_group.default
+dequantize_per_channel_group.default quantize_per_token.default dequantize_per_token.default
+choose_qparams.tensor choose_qparams_symmetric.tensor choose_qparams_per_token.default
+choose_qparams_per_token_asymmetric.default convert_element_type.no_fuse
+""".split(),
+    ),
+    "transformers": ("transformers.integrations.moe", ["grouped_mm_fallback.default"]),
+}
+"""Namespace -> (the module whose import registers it, its operators a program may call).
+``quantized_decomposed``: torch's own (de)quantize and quantization-parameter operators, what
+PT2E quantization and torchao leave in an exported graph, pure functions of their tensors
+written with ``aten`` operators. ``transformers.grouped_mm_fallback``: the experts' matmul
+of transformers' mixture-of-experts layers where ``torch._grouped_mm`` does not apply
+(float32, CPU): declared pure (``mutates_args=()``), a loop of ``torch.mm`` over row slices
+of its input by the offsets it is given (slices stay inside the tensors whatever the offsets;
+work bounded by the experts' count and the tensors' sizes). The loader imports the module
+(``transformers`` is already the one library whose types an artifact may name)."""
+
+REFUSED = {
+    "bincount.default": "its output has as many elements as the largest value of its input "
+    "plus one: the work is bounded by the values a call passes, not by the guards' sizes",
+    "_dyn_quant_matmul_4bit.default": "it trusts the integer sizes it is given against the "
+    "packed weight's bytes",
+    "_dyn_quant_pack_4bit_weight.default": "it trusts the integer sizes it is given against "
+    "its weights' bytes",
+}
+"""``aten`` operators real models emit that stay off the list, and why; a caller who accepts
+the risk names one (``allow_ops=["aten.bincount"]``)."""
 
 DENIED = frozenset(
     {
@@ -205,7 +264,7 @@ def _composite(full: str) -> bool:
 
 def table() -> tuple[list[str], list[str], list[str], list[str]]:
     """(pure, in-place, view, metadata) overload names, ``aten.<op>.<overload>``."""
-    wanted: set[str] = set(EXTRA)
+    wanted: set[str] = set(EXTRA) | set(EVIDENCE)
     for full in torch._C._dispatch_get_all_op_names():
         ns, _, rest = full.partition("::")
         if ns != "aten":
@@ -224,6 +283,8 @@ def table() -> tuple[list[str], list[str], list[str], list[str]]:
         o = _overload(name)
         op = name.partition(".")[0]
         if o is None or _denied(op, o):
+            continue
+        if name in REFUSED:
             continue
         writes = _writes(o)
         if not writes:
@@ -247,12 +308,43 @@ def _random_off(names: set[str]) -> str:
     return pprint.pformat({n: v for n, v in table.items() if v is not None}, width=96)
 
 
+def other_namespaces() -> list[str]:
+    """``<namespace>.<op>.<overload>`` of `OTHER_NAMESPACES`, each checked to exist in this
+    torch and to write none of its arguments."""
+    import importlib
+
+    out = []
+    for namespace, (module, names) in OTHER_NAMESPACES.items():
+        importlib.import_module(module)  # registers the namespace's operators
+        for name in names:
+            op, _, overload = name.partition(".")
+            o = getattr(getattr(getattr(torch.ops, namespace), op), overload)
+            if _writes(o) or _names_a_file(o):
+                raise SystemExit(f"{namespace}.{name} writes an argument or names a file")
+            out.append(f"{namespace}.{name}")
+    return sorted(out)
+
+
+def _lines(text: str) -> list[str]:
+    return textwrap.wrap(text, 80, drop_whitespace=False)
+
+
 def _block(names: list[str]) -> str:
     return "\n".join(textwrap.wrap(" ".join(names), 96, break_on_hyphens=False))
 
 
 def main() -> None:
     pure, inplace, views, metadata = table()
+    others = other_namespaces()
+    modules = "".join(
+        f"    {json.dumps(n)}: {json.dumps(m)},\n" for n, (m, _) in OTHER_NAMESPACES.items()
+    )
+    refused = "".join(
+        f"    {json.dumps(name)}: (\n"
+        + "".join(f"        {json.dumps(p)}\n" for p in _lines(reason))
+        + "    ),\n"
+        for name, reason in sorted(REFUSED.items())
+    )
     out = Path(__file__).resolve().parents[1] / "replay/runtime/pt2/op_table.py"
     out.write_text(
         '"""The ``aten`` operators a program may call, as data '
@@ -266,6 +358,7 @@ def main() -> None:
         f'_INPLACE = """\n{_block(inplace)}\n"""\n\n'
         f'_VIEWS = """\n{_block(views)}\n"""\n\n'
         f'_METADATA = """\n{_block(metadata)}\n"""\n\n'
+        f'_OTHER = """\n{_block(others)}\n"""\n\n'
         f"RANDOM_OFF = {_random_off({*pure, *inplace})}\n"
         '"""Random overloads allowed only with their randomness off: overload -> (argument, '
         'value,\nwhether leaving the argument out means that value)."""\n'
@@ -278,6 +371,13 @@ def main() -> None:
         "METADATA_OPS = frozenset(_METADATA.split())\n"
         '"""In-place overloads that change their ``self``\'s sizes, strides or autograd '
         'flags."""\n'
+        "OTHER_OPS = frozenset(_OTHER.split())\n"
+        '"""Pure overloads outside ``aten`` (``<namespace>.<op>.<overload>``) a program may '
+        'call."""\n'
+        f"OTHER_MODULES = {{\n{modules}}}\n"
+        '"""Namespace of `OTHER_OPS` -> the module whose import registers its operators."""\n'
+        f"REFUSED_OPS = {{\n{refused}}}\n"
+        '"""``aten`` operators real models emit that stay off the list -> why (docs/trust.md)."""\n'
     )
     print(f"{out}: {len(pure)} pure, {len(inplace)} in-place, {len(views)} views", file=sys.stderr)
 

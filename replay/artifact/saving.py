@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import weakref
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,11 @@ if TYPE_CHECKING:
 
     from replay.artifact.entries import SavedResult
 
-__all__ = ["save"]
+__all__ = ["save", "program_graph", "without_metadata"]
+
+_GRAPHS: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+"""Program -> its graph JSON as `program_graph` made it (an export's claim check serializes
+each program once; `save` writes those very bytes)."""
 
 
 def save(
@@ -90,10 +95,7 @@ def save(
         table = WeightTable()
         for name, program in programs.items():
             table.add(name, program)
-        graphs = {
-            name: without_metadata(compat_archive.serialize_program(p))
-            for name, p in programs.items()
-        }
+        graphs = {name: program_graph(p) for name, p in programs.items()}
         compiled = {name: _compile(name, p) for name, p in programs.items()} if aoti else {}
     manifest = replace(manifest, digests=_digests(table, graphs, compiled))
     folder = os.path.dirname(os.path.abspath(target))
@@ -166,6 +168,20 @@ def _compile(name: str, program: ExportedProgram) -> list[str]:
     if len(paths) != len([f for f in files if f != ""]) or not paths:
         raise ArtifactError(f"AOTInductor packaged weights or nothing for program {name}")
     return paths
+
+
+def program_graph(program: ExportedProgram) -> bytes:
+    """The graph JSON `save` writes for `program`: torch's serialization, without the nodes'
+    metadata (`without_metadata`). Made once per program (the claim check at export,
+    `replay.artifact.loadable`, and `save` read the same bytes); call it with the pytree
+    registrations of `capture.pytree.nodes` in place, as `save` does.
+    """
+    from capture import compat_archive
+
+    graph = _GRAPHS.get(program)
+    if graph is None:
+        graph = _GRAPHS[program] = without_metadata(compat_archive.serialize_program(program))
+    return graph
 
 
 def without_metadata(graph: bytes) -> bytes:

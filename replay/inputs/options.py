@@ -107,6 +107,9 @@ class ExportOptions:
         spec: ``"dims"``: ``dynamic_shapes`` of ``torch.export.Dim`` objects; ``"shapes"``:
             torch's ``ShapesSpec`` (torch >= 2.14) learned from the store
             (`replay.inputs.specs.shapesspec`).
+        allow_ops: Operators the programs may call beyond the allow-list, as the artifact will
+            be loaded with (``replay.load(path, allow_ops=...)``): a program the loader would
+            refuse is not claimed (`replay.artifact.loadable`).
     """
 
     set_batch_dimension_for: BatchOption = None
@@ -130,6 +133,7 @@ class ExportOptions:
     time_budget: float | None = DEFAULT_TIME_BUDGET
     max_static: int = 16
     spec: str = "dims"
+    allow_ops: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:
@@ -152,6 +156,10 @@ class ExportOptions:
             options["set_batch_dimension_for"] = batch_option(options["set_batch_dimension_for"])
         if options.get("groups") is not None:
             options["groups"] = tuple(options["groups"])
+        if "allow_ops" in options:
+            from replay.runtime.allowed import allow_ops
+
+            options["allow_ops"] = tuple(sorted(allow_ops(options["allow_ops"])))
         if "value_if_missing" in options:
             options["value_if_missing"] = dict(options["value_if_missing"] or {})
         budget = options.get("time_budget")
@@ -222,6 +230,7 @@ EXPORT_ONLY = (
     "merge",
     "time_budget",
     "max_static",
+    "allow_ops",
 )
 """Options only `replay.export` takes: the inputs are the same whatever the check does."""
 

@@ -13,6 +13,11 @@
    where regimes cannot serve) get one static program each (`replay.pipeline.budget.static`),
    within the rest of the budget.
 
+Every program goes through the loader's validation before its rows are checked
+(`replay.artifact.loadable`, with the caller's ``allow_ops``): a program ``replay.load`` would
+refuse has no program, its rows are not covered and carry the loader's reason, so what an
+export claims is what its artifact serves.
+
 Every torch.export runs under the group's deadline (`replay.pipeline.budget.deadline`). The outcome
 is a tuple of frozen `Part`: a program or a refusal, its coverage rows (checked on the recorded
 signatures and probes) and its group with every note; nothing given to the chain is changed.
@@ -32,6 +37,7 @@ from capture import compat
 from capture.pytree import nodes
 from capture.pytree.cachespec import blocking_reason
 from capture.untrusted import printable
+from replay.artifact.loadable import LoaderRefusal, refusal
 from replay.check.checking import coverage_rows
 from replay.inputs.options import ExportOptions
 from replay.pipeline.bounded import export_bounded, export_unbounded
@@ -41,6 +47,7 @@ from replay.pipeline.guard_sources import fix_guard_sources
 from replay.pipeline.merging import Merged, merge
 from replay.pipeline.model_match import eager_failure
 from replay.pipeline.splitting import Exported, export_regimes
+from replay.runtime.allowed import allow_ops
 from replay.runtime.coverage import KIND_RECORDED, CoverageRow
 
 if TYPE_CHECKING:
@@ -106,6 +113,8 @@ DYNAMIC_SHARE = 0.5
 def failure(error: BaseException) -> str:
     if isinstance(error, BudgetSpent):
         return str(error)
+    if isinstance(error, LoaderRefusal):
+        return f"replay.load would refuse its program: {error}"
     return f"torch.export failed: {summary(error)}"
 
 
@@ -187,7 +196,9 @@ def _noted(done: Exported, reasons: Sequence[str]) -> Exported:
 
 
 def _part(job: Job, done: Exported, notes: Sequence[str] = ()) -> Part:
-    """`done` checked: its coverage rows, its error when it has no program."""
+    """`done` checked: its coverage rows, its error when it has no program (or one the loader
+    would refuse)."""
+    done = _loadable(job, done)
     error = failure(done.error) if done.error is not None and done.program is None else None
     if error is not None:
         logger.warning(
@@ -200,6 +211,16 @@ def _part(job: Job, done: Exported, notes: Sequence[str] = ()) -> Part:
             job.module, group, done.program, error, options.atol, options.rtol, options.probes
         )
     return Part(group, done.program, error, tuple(rows), done.not_honoured)
+
+
+def _loadable(job: Job, done: Exported) -> Exported:
+    """`done` without its program when ``replay.load`` would refuse it."""
+    if done.program is None:
+        return done
+    why = refusal(done.group.name, done.program, allow_ops(job.options.allow_ops))
+    if why is None:
+        return done
+    return dataclasses.replace(done, program=None, error=LoaderRefusal(why))
 
 
 def _dynamic(job: Job, group: ExportGroup, budget: Budget) -> list[Exported]:

@@ -181,6 +181,11 @@ def export(module: Any, store: Any, model: str | None = None, **options: Any) ->
             trusted divisors as ``assumptions`` (checked by the program and by the router of
             a saved artifact). A group torch rejects in this form is reported, never retried
             in the ``Dim`` form.
+        allow_ops: Operator namespaces, operators or overloads the programs may call beyond
+            the allow-list (`replay.runtime.pt2.operators`), as the artifact will be loaded
+            with (``replay.load(path, allow_ops=...)``). Every program goes through the
+            loader's validation before its rows are claimed (`replay.artifact.loadable`): one
+            it would refuse is not covered, with the loader's reason.
 
     Returns:
         An `ExportResult`.

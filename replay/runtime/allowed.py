@@ -102,20 +102,31 @@ def register_types(types: set[str]) -> None:
 def allow_ops(names: Iterable[str] | None) -> AllowOps:
     """The caller's extra namespaces/operators, normalised (``mylib::op`` -> ``mylib.op``).
 
+    A name is a namespace (``mylib``: every operator of a library the serving process loads),
+    one operator (``mylib.op``, ``aten._int_mm``: every overload) or one overload
+    (``quantized_decomposed.quantize_per_tensor.default``), in any namespace; ``aten`` as a
+    whole is refused (it holds the file and printing operators the list keeps out: name its
+    operators one by one).
+
     Raises:
-        ArtifactError: A name that is not ``namespace`` or ``namespace.op``.
+        ArtifactError: A name that is none of these.
 
     Example:
-        >>> sorted(allow_ops(["mylib", "other::fused"]))
-        ['mylib', 'other.fused']
+        >>> sorted(allow_ops(["mylib", "other::fused", "aten._int_mm", "qd.quantize.default"]))
+        ['aten._int_mm', 'mylib', 'other.fused', 'qd.quantize.default']
     """
     out = set()
     for name in names or ():
         text = str(name).replace("::", ".")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", text):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}", text):
             raise ArtifactError(
-                f"allow_ops: {str(name)[:80]!r} is not an operator namespace (mylib) or one "
-                "operator (mylib.op)"
+                f"allow_ops: {str(name)[:80]!r} is not an operator namespace (mylib), one "
+                "operator (mylib.op, aten._int_mm) or one overload (mylib.op.default)"
+            )
+        if text == "aten":
+            raise ArtifactError(
+                "allow_ops: 'aten' would allow every torch operator, files and printing among "
+                "them; name the operators (aten._int_mm, aten.bincount)"
             )
         out.add(text)
     return frozenset(out)

@@ -17,9 +17,13 @@ only when `op_kind` knows it:
   wrappers, which restore the state they change when their subgraph returns);
 - random operators only with their randomness off (`RANDOM_OFF`: ``dropout(train=False)``,
   attention with ``dropout_p=0``): a served call never draws from torch's global generator;
-- another namespace (a custom operator library the serving process loads itself) only when
-  the caller names it: ``replay.load(path, allow_ops=["mylib"])`` or ``capture check
-  --allow-ops mylib`` (a namespace, or one ``namespace.op``).
+- the overloads of other namespaces in `OTHER_OPS` (torch's ``quantized_decomposed``
+  (de)quantize operators);
+- anything else only when the caller names it: a namespace (a custom operator library the
+  serving process loads itself), one operator or one overload of any namespace, ``aten``
+  included (``replay.load(path, allow_ops=["mylib", "aten.bincount"])``, ``capture check
+  --allow-ops mylib``); a named ``aten`` operator whose name ends in ``_`` is in-place, its
+  writes checked as the table's are.
 
 ``aten.from_file`` (maps a file), ``aten._print``, the unscoped grad and autocast switches
 (``torch._C._set_grad_enabled``, ``_enter_autocast``: they would leave the serving thread
@@ -37,6 +41,7 @@ from replay.runtime.pt2.op_table import (
     ALLOWED_OPS,
     INPLACE_OPS,
     METADATA_OPS,
+    OTHER_OPS,
     RANDOM_OFF,
     VIEW_OPS,
 )
@@ -47,6 +52,7 @@ __all__ = [
     "VIEW_OPS",
     "METADATA_OPS",
     "RANDOM_OFF",
+    "OTHER_OPS",
     "HIGHER_ORDER_OPS",
     "MATH_FUNCTIONS",
     "TORCH_CALLABLES",
@@ -96,10 +102,13 @@ def op_kind(target: str, allowed: AllowOps = frozenset()) -> str | None:
         ('pure', None)
         >>> op_kind("torch.ops.mylib.fused.default", allow_ops(["mylib"]))
         'pure'
+        >>> op_kind("torch.ops.aten._int_mm.default", allow_ops(["aten._int_mm"]))
+        'pure'
     """
     if target.startswith("#"):  # torch's spelling of an operator of a loaded library
         namespace, _, op = target[1:].partition(":")
-        return "pure" if namespace in allowed or f"{namespace}.{op}" in allowed else None
+        op, _, overload = op.partition(".")
+        return "pure" if _named(namespace, op, overload or "default", allowed) else None
     module, _, rest = target.partition(".")
     if module == "_operator":
         return "pure" if rest in OPERATOR_FUNCTIONS else None
@@ -125,10 +134,26 @@ def op_kind(target: str, allowed: AllowOps = frozenset()) -> str | None:
             return "inplace"
         if name in VIEW_OPS:
             return "view"
-        return "pure" if name in ALLOWED_OPS else None
+        if name in ALLOWED_OPS:
+            return "pure"
+        if not _named(namespace, op, overload, allowed):
+            return None
+        return "inplace" if op.endswith("_") else "pure"
     if op.startswith("__") or overload.startswith("__"):
         return None
-    return "pure" if namespace in allowed or f"{namespace}.{op}" in allowed else None
+    if f"{namespace}.{op}.{overload}" in OTHER_OPS:
+        return "pure"
+    return "pure" if _named(namespace, op, overload, allowed) else None
+
+
+def _named(namespace: str, op: str, overload: str, allowed: AllowOps) -> bool:
+    """The caller names the operator: its namespace (never ``aten``, `allow_ops`), the
+    operator or the overload."""
+    return (
+        namespace in allowed
+        or f"{namespace}.{op}" in allowed
+        or f"{namespace}.{op}.{overload}" in allowed
+    )
 
 
 def check_op(target: str, allowed: AllowOps = frozenset()) -> bool:

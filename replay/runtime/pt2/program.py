@@ -22,12 +22,14 @@ name through `resolve_target`.
 
 from __future__ import annotations
 
+import importlib
 import keyword
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from replay.runtime.guards import ArtifactError
+from replay.runtime.pt2.op_table import OTHER_MODULES
 from replay.runtime.pt2.shape_checks import ShapeChecks
 
 __all__ = ["Program", "build_program", "resolve_target"]
@@ -73,6 +75,9 @@ def _lookup(name: str) -> Callable[..., Any]:
     import torch
 
     head, _, rest = name.partition(".")
+    namespace = rest.split(".")[1] if rest.startswith("ops.") and rest.count(".") > 1 else ""
+    if namespace in OTHER_MODULES:  # registered by importing the module that defines them
+        importlib.import_module(OTHER_MODULES[namespace])
     roots: dict[str, Any] = {"torch": torch, "_operator": operator, "math": math}
     target = roots.get(head)
     if target is None or not rest:
