@@ -249,7 +249,7 @@ PROGRAM_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
     "huge integer": (_expr("Integer(" + "9" * 1000 + ")"), "an integer constant above 2**64"),
     "deep expression": (_expr("Abs(" * 150 + "s0" + ")" * 150), "levels of nesting"),
     "hostile pytree type in a treespec": (_spec_type, "the pytree type 'os.system'"),
-    "graph nested 300 levels deep": (_deep, "nests deeper than 200 levels"),
+    "graph nested 300 levels deep": (_deep, "deeper than 200 levels"),
     "missing parameter": (_weights_config(_missing_parameter), "torch cannot read this program"),
     "bool weight with requires_grad": (
         _weights_config(_bool_weight),
