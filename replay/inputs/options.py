@@ -107,6 +107,9 @@ class ExportOptions:
         spec: ``"dims"``: ``dynamic_shapes`` of ``torch.export.Dim`` objects; ``"shapes"``:
             torch's ``ShapesSpec`` (torch >= 2.14) learned from the store
             (`replay.inputs.specs.shapesspec`).
+        set_state: Puts the model in a recorded state's declared items (``fn(items)``) and
+            back (``fn(None)``), for a store recorded with ``Recorder(..., state=fn)``
+            (`replay.pipeline.states`); peft adapters and ``training`` are entered without it.
     """
 
     set_batch_dimension_for: BatchOption = None
@@ -130,6 +133,7 @@ class ExportOptions:
     time_budget: float | None = DEFAULT_TIME_BUDGET
     max_static: int = 16
     spec: str = "dims"
+    set_state: Callable[[dict[str, Any] | None], None] | None = None
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:
@@ -154,6 +158,9 @@ class ExportOptions:
             options["groups"] = tuple(options["groups"])
         if "value_if_missing" in options:
             options["value_if_missing"] = dict(options["value_if_missing"] or {})
+        set_state = options.get("set_state")
+        if set_state is not None and not callable(set_state):
+            raise ReplayError(f"set_state={set_state!r}: give a callable (fn(items), fn(None))")
         budget = options.get("time_budget")
         if budget is not None and not budget > 0:
             raise ReplayError(
@@ -222,6 +229,7 @@ EXPORT_ONLY = (
     "merge",
     "time_budget",
     "max_static",
+    "set_state",
 )
 """Options only `replay.export` takes: the inputs are the same whatever the check does."""
 
