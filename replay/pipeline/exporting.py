@@ -39,14 +39,14 @@ from capture import schema
 from capture.errors import ReplayError
 from capture.output_paths import check_file
 from capture.state import state_label
-from replay.check.payload_rows import payload_rows
+from replay.check.payload_rows import has_payloads, payload_rows
 from replay.inputs.builder import ExportGroup, inputs_for
 from replay.inputs.options import ExportOptions, takes_options
 from replay.onnx.target import OnnxPart, output_path, write_onnx
 from replay.pipeline.binding import check_signature
 from replay.pipeline.chain import Job, Part, export_group, refused
 from replay.pipeline.result import ExportResult
-from replay.pipeline.states import StateNotEntered, entered
+from replay.pipeline.states import StateNotEntered, entered, own_weights
 from replay.pipeline.submodules import recorded_submodules, submodule
 from replay.runtime.coverage import (
     COVERAGE_SCHEMA,
@@ -107,7 +107,7 @@ def _export_groups(job: Job) -> list[tuple[int, Part]]:
         indices = list(members)
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(entered(job.module, state, job.options.set_state))
+                done = stack.enter_context(entered(job.module, state, job.options.set_state))
             except StateNotEntered as e:
                 parts += [(i, refused(job, groups[i], str(e))) for i in indices]
                 continue
@@ -115,6 +115,7 @@ def _export_groups(job: Job) -> list[tuple[int, Part]]:
             for index in indices:
                 served = [(p.group, p.program) for _, p in mine if p.program is not None]
                 mine += [(index, part) for part in export_group(job, groups[index], served)]
+            own_weights((p.program for _, p in mine if p.program is not None), done)
             parts += mine
     return parts
 
@@ -323,12 +324,14 @@ def _payload_rows(
     in the state of the groups' calls. A payload file does not say the state its call ran
     under: with groups of several states they are not checked, and a note says so."""
     states = {g.state for g in job.inputs.groups}
+    options = job.options
     if len(states) > 1:
+        if options.max_payloads <= 0 or not has_payloads(job.store, job.inputs.model):
+            return [], []
         return [], [
             "payloads: not checked, the calls ran under several states and a payload file "
             "does not say which"
         ]
-    options = job.options
     try:
         with entered(job.module, next(iter(states), ""), options.set_state):
             return payload_rows(

@@ -15,19 +15,28 @@ puts the model in one recorded state and, on exit, back in the state it was in:
 
 A state the model cannot be put in raises `StateNotEntered` (why, and what to pass): the export
 reports that state's groups not covered with that reason, never exported under another state.
+
+**A state's own weights.** An exported program holds the model's own parameter and buffer
+tensors, not copies. A ``set_state`` that writes a state's weights into them in place (an adapter
+merged, a scale copied in) would, when it puts the model back, change the programs already
+exported in that state. `Entered.changed` lists the tensors entering changed in place (their
+version counters moved), and `own_weights` gives a state's programs their own copy of those
+tensors only, before the state is left: the artifact then holds the base weights once and each
+state's differing tensors once (`replay.runtime.pt2.weights` stores equal bytes once).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from capture.errors import ReplayError
 from capture.record.state_reader import peft_layers
 from capture.state import ADAPTER, ADAPTERS_DISABLED, RESERVED, TRAINING, parse_key, state_label
 
-__all__ = ["SetState", "StateNotEntered", "entered"]
+__all__ = ["Entered", "SetState", "StateNotEntered", "entered", "own_weights"]
 
 SetState = Callable[[dict[str, Any] | None], None]
 """``replay.export(..., set_state=fn)``: ``fn(items)`` puts the model in the state whose
@@ -70,8 +79,15 @@ def _check_peft(items: dict[str, Any], layers: list[Any], label: str) -> list[st
     return names
 
 
+@dataclass
+class Entered:
+    """What entering a state did: the tensors it changed in place, by ``id`` (module doc)."""
+
+    changed: set[int] = field(default_factory=set)
+
+
 @contextlib.contextmanager
-def entered(model: Any, state: str, set_state: SetState | None) -> Iterator[None]:
+def entered(model: Any, state: str, set_state: SetState | None) -> Iterator[Entered]:
     """`model` in the recorded `state` inside the block, back in its own state after.
 
     Args:
@@ -105,13 +121,41 @@ def entered(model: Any, state: str, set_state: SetState | None) -> Iterator[None
         train = getattr(model, "train", None)
         if callable(train) and isinstance(getattr(model, "training", None), bool):
             train(bool(items.get(TRAINING, False)))
+        done = Entered()
         if set_state is not None and declared:
+            versions = _versions(model)
             try:
                 set_state(declared)
             except Exception as e:
                 raise StateNotEntered(f"state {label}: set_state failed ({e})") from e
             stack.callback(set_state, None)
-        yield
+            done.changed = {i for i, (t, v) in versions.items() if t._version != v}
+        yield done
+
+
+def _versions(model: Any) -> dict[int, tuple[Any, int]]:
+    """Every parameter and buffer of `model` with its version counter, by ``id``."""
+    if not callable(getattr(model, "parameters", None)):
+        return {}
+    tensors = [*model.parameters(), *model.buffers()]
+    return {id(t): (t, t._version) for t in tensors}
+
+
+def own_weights(programs: Iterable[Any], entered: Entered) -> None:
+    """Gives each of `programs` (exported in the entered state) its own copy of the tensors
+    entering that state changed in place, so that leaving it changes none of their weights."""
+    if not entered.changed:
+        return
+    import torch
+
+    for program in programs:
+        for table in (program.state_dict, program.constants):
+            for name, tensor in list(table.items()):
+                if id(tensor) in entered.changed:
+                    copy = tensor.detach().clone()
+                    if isinstance(tensor, torch.nn.Parameter):
+                        copy = torch.nn.Parameter(copy, requires_grad=tensor.requires_grad)
+                    table[name] = copy
 
 
 def _restorer(model: Any, layers: list[Any]) -> Callable[[], None]:

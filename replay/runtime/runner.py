@@ -207,13 +207,59 @@ class Routed:
         """The groups this runner serves, in the order they are tried."""
         return self._router.groups
 
+    states: list[str]
+
+    def state(self, state: str | None = None, /, **items: Any) -> Any:
+        """This runner serving one recorded state only: what a server calls a request with.
+
+        ``runner.state(adapter="b")(**inputs)`` runs the programs exported with adapter ``b``
+        active; a call of an artifact of several states made without it is refused. The view
+        is built once per state and kept.
+
+        Args:
+            state: A state's label (``"adapter=b"``, ``"adapters_disabled"``, ``"default"``)
+                or key (``'{"adapter":"b"}'``); or None, and the state's items as keywords.
+            **items: The state's items (``adapter="b"``, ``adapters_disabled=True``,
+                ``training=True``, a declared item ``tenant="x"``); none: the default state.
+
+        Returns:
+            A runner of the same kind over that state's programs (its sub-modules' too); this
+            one when it serves that state only.
+
+        Raises:
+            UnknownState: The artifact has no program of that state (the message names its
+                states).
+
+        Example:
+            >>> runner.state(adapter="b").select(**inputs)  # doctest: +SKIP
+            'decode+adapter=b'
+        """
+        from replay.runtime.states import resolve
+
+        key = resolve(self._who(), self.states, state, items)
+        return self if self.states == [key] else self._view(key)
+
+    def _view(self, key: str) -> Any:
+        """This runner over the programs of state `key` only."""
+        raise NotImplementedError
+
     def select(self, *args: Any, **kwargs: Any) -> str:
         """The group that would serve this call (nothing runs).
 
         Raises:
-            CallNotServed: No group accepts the call; the message names each group and why.
+            CallNotServed: No group accepts the call, or the runner serves several states
+                (then `UnknownState`, naming them: call ``runner.state(...).select``).
         """
+        if len(self.states) > 1:
+            from replay.runtime.states import state_required
+
+            raise state_required(self._who(), self.states)
         return self._router.route(args, self._router.spelled(kwargs))[0].group
+
+    def _who(self) -> str:
+        """The model (and sub-module) served, for messages."""
+        module = self._router.module
+        return self._router.model + (f".{module}" if module else "")
 
 
 class Runner(Routed):
@@ -225,6 +271,8 @@ class Runner(Routed):
         modules: Program name -> what runs it (``program.module()``: the program itself).
         compiled: Program name -> its AOTInductor build (run instead of the module).
         module: The sub-module this runner serves.
+        state: Serve only the programs of this state key (`state` builds such a view); None:
+            every program, a call refused when they serve several states.
 
     Attributes:
         manifest: The artifact's typed manifest.
@@ -243,21 +291,39 @@ class Runner(Routed):
         modules: Mapping[str, Any],
         compiled: Mapping[str, Any] | None = None,
         module: str = "",
+        state: str | None = None,
     ) -> None:
         self.manifest = manifest
         self.programs = dict(programs)
         self.compiled = dict(compiled or {})
         self.module = module
-        self._router = Router(manifest.model, module, manifest.for_module(module))
+        self.states = manifest.states(module)
+        """The state keys this runner's programs serve (`capture.state`; ``""``: default)."""
+        entries = manifest.for_module(module)
+        if state is not None:
+            entries = [e for e in entries if e.state == state]
+            self.states = [state]
+        self._router = Router(manifest.model, module, entries)
+        self._all_modules = modules
         self._runnables = {
             e.program: self.compiled.get(e.program) or modules[e.program]
             for e in self._router.entries
         }
+        self._views: dict[str, Runner] = {}
         self.modules: dict[str, Runner] = {}
         if not module:
             for name in manifest.modules:
                 if name:
-                    self.modules[name] = Runner(manifest, programs, modules, compiled, name)
+                    self.modules[name] = Runner(manifest, programs, modules, compiled, name, state)
+
+    def _view(self, key: str) -> Runner:
+        """This runner over the programs of state `key` only, built once."""
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = Runner(
+                self.manifest, self.programs, self._all_modules, self.compiled, self.module, key
+            )
+        return view
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the program that accepts it.
@@ -273,6 +339,10 @@ class Runner(Routed):
         """
         from replay.runtime.callform import arrange
 
+        if len(self.states) > 1:
+            from replay.runtime.states import state_required
+
+            raise state_required(self._who(), self.states)
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
         dims = [int(s) for t in tensors for s in t.shape]
@@ -290,5 +360,5 @@ class Runner(Routed):
             ) from e
 
     def __repr__(self) -> str:
-        name = self.manifest.model + (f".{self.module}" if self.module else "")
+        name = self._who()
         return f"Runner({name}, groups={self.groups}, modules={sorted(self.modules)})"
