@@ -35,7 +35,7 @@ class UnknownState(CallNotServed, StateError):
 
 def describe_states(known: Sequence[str]) -> str:
     """The states, by label, for messages (``adapter=a, adapter=b, adapters_disabled``)."""
-    return ", ".join(state_label(k or None) for k in known)
+    return ", ".join(sorted(state_label(k or None) for k in known))
 
 
 def resolve(who: str, known: Sequence[str], state: str | None, items: Mapping[str, Any]) -> str:
@@ -75,7 +75,8 @@ def resolve(who: str, known: Sequence[str], state: str | None, items: Mapping[st
 
 def state_required(who: str, known: Sequence[str]) -> UnknownState:
     """The refusal of a call that names no state, to an artifact of several states."""
+    first = min(state_label(k or None) for k in known)
     return UnknownState(
-        f"{who} serves several states ({describe_states(known)}): call it through "
-        "runner.state(...), e.g. runner.state(adapter='name')(*args, **kwargs)"
+        f"{who} serves several states ({describe_states(known)}): say which a call runs under "
+        f"with runner.state(...), e.g. runner.state({first!r})(*args, **kwargs)"
     )
