@@ -309,6 +309,7 @@ def analyze(
         sig_models = sigs.column("model").to_pylist()
         sig_structures = sigs.column("in_structure").to_pylist()
         sig_states = sigs.column(STATE).to_pylist()
+        keys = list(zip(sig_models, sig_structures, sig_states, strict=True))
         dims_col = sigs.column("dims").combine_chunks()
         offsets = dims_col.offsets.to_numpy()
         values = dims_col.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
@@ -316,16 +317,11 @@ def analyze(
         errors = sigs.column("errors").to_numpy()
         first_ts = sigs.column("first_ts").to_pylist()
         last_ts = sigs.column("last_ts").to_pylist()
-        start = 0
-        n = sigs.num_rows
-        while start < n:
-            key = (sig_models[start], sig_structures[start])
-            state = sig_states[start]
-            stop = start + 1
-            while stop < n and (sig_models[stop], sig_structures[stop]) == key:
-                if sig_states[stop] != state:
-                    break
-                stop += 1
+        # One group per run of rows of one (model, structure, state): the rows are sorted so.
+        bounds = [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]]
+        for start, stop in zip([0, *bounds], [*bounds, len(keys)], strict=True):
+            model_name, structure_id, state = keys[start]
+            key = (model_name, structure_id)
             group = _build(
                 key,
                 leaves_of.get(key),
@@ -347,8 +343,11 @@ def analyze(
                     state=state,
                 )
                 groups.append(group)
-            start = stop
+    return _named(groups, models)
 
+
+def _named(groups: list[Group], models: list[str]) -> list[Group]:
+    """The groups by model, largest first, each with its name (`group_names`)."""
     out: list[Group] = []
     for m in models:
         mine = [g for g in groups if g.model == m]

@@ -95,8 +95,6 @@ def check_rows(
         >>> rows[0].served  # doctest: +SKIP
         True
     """
-    from capture.pytree.structure import RecordedStructure
-    from capture.renames import spelling_key
     from capture.state import state_label
     from replay.inputs.shapes import describe_sizes
     from replay.runtime.guards import route
@@ -111,14 +109,7 @@ def check_rows(
         for entry in manifest.for_module(module):
             guards_of.setdefault(entry.state, []).append(entry.guard)
         known = describe_states(list(guards_of))
-        by_id: dict[str, list[dict[str, Any]]] = {}
-        for row in store.query(_STRUCTURES, {"model": name}).to_pylist():
-            by_id.setdefault(row["structure_id"], []).append(row)
-        structures = {sid: RecordedStructure.from_rows(rows) for sid, rows in by_id.items()}
-        keys = {sid: spelling_key(rows) for sid, rows in by_id.items()}
-        spelled: dict[tuple[Any, ...], list[str]] = {}
-        for sid, key in keys.items():
-            spelled.setdefault(key, []).append(sid)
+        structures, keys, spelled = _structures(store, name)
         calls = store.query(_CALLS, {"model": name, "since": since}).to_pylist()
         for call in calls:
             own = call["in_structure"]
@@ -153,3 +144,22 @@ def check_rows(
                 )
             )
     return rows
+
+
+def _structures(
+    store: Any, name: str
+) -> tuple[dict[str, Any], dict[str, tuple[Any, ...]], dict[tuple[Any, ...], list[str]]]:
+    """The model's recorded structures by id, each one's spelling key (`capture.renames`), and
+    the structures of each spelling key."""
+    from capture.pytree.structure import RecordedStructure
+    from capture.renames import spelling_key
+
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for row in store.query(_STRUCTURES, {"model": name}).to_pylist():
+        by_id.setdefault(row["structure_id"], []).append(row)
+    structures = {sid: RecordedStructure.from_rows(rows) for sid, rows in by_id.items()}
+    keys = {sid: spelling_key(rows) for sid, rows in by_id.items()}
+    spelled: dict[tuple[Any, ...], list[str]] = {}
+    for sid, key in keys.items():
+        spelled.setdefault(key, []).append(sid)
+    return structures, keys, spelled
