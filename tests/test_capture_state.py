@@ -20,7 +20,7 @@ from capture.analysis.groups import analyze
 from capture.cli.main import cli
 from capture.errors import CaptureError, StateError
 from capture.state import declared_items, parse_key, state_key, state_label
-from replay.runtime.states import UnknownState
+from replay.runtime.runner import UnknownState
 
 
 class Scaled(torch.nn.Module):

@@ -37,6 +37,7 @@ _EXPORT_ONLY = {
     "merge",
     "time_budget",
     "max_static",
+    "set_state",
 }
 
 

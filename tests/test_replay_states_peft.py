@@ -22,7 +22,7 @@ import replay
 from capture.analysis.groups import analyze
 from capture.cli.main import cli
 from fixtures.adapters import DISABLED, AdapterCall, in_state, lora_llama, record_adapter_traffic
-from replay.runtime.states import UnknownState
+from replay.runtime.runner import UnknownState
 
 pytest.importorskip("peft")
 

@@ -13,14 +13,22 @@ state keeps the plain names. Names are unique within a model and safe as archive
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from capture.pytree.cachespec import is_cache_argument, is_cache_counter
-from capture.pytree.structure import PRESENT
+from capture.pytree.structure import PRESENT, RecordedStructure
 from capture.state import state_label
 
-if TYPE_CHECKING:
-    from capture.analysis.groups import Group
+
+class Group(Protocol):
+    """What naming reads of a call group (`capture.analysis.groups.Group` has it)."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def structure(self) -> RecordedStructure: ...
+
 
 __all__ = ["group_names", "STATE_SEPARATOR"]
 
@@ -28,7 +36,7 @@ STATE_SEPARATOR = "+"
 """Between a group's structure name and its state's label."""
 
 
-def group_names(groups: list[Group]) -> list[str]:
+def group_names(groups: Sequence[Group]) -> list[str]:
     """The name of each group of one model (sorted, largest first), unique within the model."""
     states = list(dict.fromkeys(g.state for g in groups))
     cache_args = _cache_arguments(groups)
@@ -63,12 +71,12 @@ def _holding(group: Group) -> set[str | None]:
     return {leaf.argument for leaf in group.structure.tensors if not is_cache_counter(leaf.path)}
 
 
-def _cache_arguments(groups: list[Group]) -> set[str]:
+def _cache_arguments(groups: Sequence[Group]) -> set[str]:
     """The cache arguments holding tensors in some group ('use_cache', a bool, is not one)."""
     return {a for g in groups for a in _holding(g) if a and is_cache_argument(a)}
 
 
-def _structure_names(groups: list[Group], cache_args: set[str]) -> list[str]:
+def _structure_names(groups: Sequence[Group], cache_args: set[str]) -> list[str]:
     """The name of each group of one state by its structure (sorted, largest first)."""
     statuses = [g.structure.argument_status() for g in groups]
     holding = [_holding(g) for g in groups]

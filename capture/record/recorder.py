@@ -37,13 +37,13 @@ from capture.record.flatten import Unreadable, walk
 from capture.record.method_patch import MethodPatch
 from capture.record.payload_keeper import PayloadKeeper
 from capture.record.recorder_options import RecorderOptions
-from capture.record.state_reader import state_reader
 from capture.record.structure_cache import StructureCache
 from capture.record.summaries import Summaries
 from capture.record.tokens import special_token_ids
 from capture.record.value_ranges import DeviceRanges, int_range, ranges
 from capture.record.writer import StoreWriter
 from capture.signature import Signature
+from capture.state.reading import state_reader
 
 __all__ = ["Recorder", "DEFAULT_STORE", "STOP_WAIT_SECONDS", "NOTHING_RECORDED_AFTER"]
 

@@ -98,7 +98,7 @@ def check_rows(
     from capture.state import state_label
     from replay.inputs.shapes import describe_sizes
     from replay.runtime.guards import route
-    from replay.runtime.states import describe_states
+    from replay.runtime.runner import describe_states
 
     base = model or manifest.model
     rows: list[DriftRow] = []

@@ -109,7 +109,7 @@ class ExportOptions:
             (`replay.inputs.specs.shapesspec`).
         set_state: Puts the model in a recorded state's declared items (``fn(items)``) and
             back (``fn(None)``), for a store recorded with ``Recorder(..., state=fn)``
-            (`replay.pipeline.states`); peft adapters and ``training`` are entered without it.
+            (`capture.state.entering`); peft adapters and ``training`` are entered without it.
     """
 
     set_batch_dimension_for: BatchOption = None

@@ -39,6 +39,7 @@ from capture import schema
 from capture.errors import ReplayError
 from capture.output_paths import check_file
 from capture.state import state_label
+from capture.state.entering import StateNotEntered, entered, own_weights
 from replay.check.payload_rows import has_payloads, payload_rows
 from replay.inputs.builder import ExportGroup, inputs_for
 from replay.inputs.options import ExportOptions, takes_options
@@ -46,7 +47,6 @@ from replay.onnx.target import OnnxPart, output_path, write_onnx
 from replay.pipeline.binding import check_signature
 from replay.pipeline.chain import Job, Part, export_group, refused
 from replay.pipeline.result import ExportResult
-from replay.pipeline.states import StateNotEntered, entered, own_weights
 from replay.pipeline.submodules import recorded_submodules, submodule
 from replay.runtime.coverage import (
     COVERAGE_SCHEMA,
@@ -97,7 +97,7 @@ def require_onnx() -> None:
 def _export_groups(job: Job) -> list[tuple[int, Part]]:
     """Every group through the chain (`replay.pipeline.chain.export_group`), each part with
     its group's index, in the order exported: state by state, the model put in each recorded
-    state (`replay.pipeline.states`; a state it cannot enter has its groups refused, with the
+    state (`capture.state.entering`; a state it cannot enter has its groups refused, with the
     reason), and within a state the groups that pass more inputs first, so that a group lacking
     one may be served by their program (`replay.pipeline.merging`; never by another state's)."""
     groups = list(job.inputs.groups)
@@ -196,7 +196,7 @@ def export(module: Any, store: Any, model: str | None = None, **options: Any) ->
             ``set_state(None)`` back, around the export of that state's groups. peft adapters
             (``set_adapter``, ``disable_adapter``) and ``training`` are entered without it.
             Each recorded state's groups are exported and checked with the model in that
-            state (`replay.pipeline.states`); a state it cannot be put in has its groups not
+            state (`capture.state.entering`); a state it cannot be put in has its groups not
             covered, with the reason.
         spec: ``"dims"`` (default): ``torch.export.Dim`` shapes, with the retries and regimes
             above; ``"shapes"``: torch's ``ShapesSpec`` learned from the store (torch >= 2.14,

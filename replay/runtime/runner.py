@@ -7,6 +7,15 @@ that rule; the ONNX runner (`replay.runtime.ort.runner`) routes through it too, 
 runner, the ONNX runner and ``capture check`` answer with one rule. A keyword that spells a
 renamed argument the other way (``past_key_values`` for a program exported with ``cache``,
 `capture.renames`) is passed under the program's spelling (`Router.spelled`).
+
+**States.** An artifact's programs each serve one recorded state (`ProgramEntry.state`,
+`capture.state`: peft adapters, ``training``, a declared state). A server says which state a
+call runs under with ``runner.state(...)``, a runner over that state's programs only (built once
+per state and kept); `resolve_state` turns what it wrote into one of the artifact's keys:
+``runner.state(adapter="b")`` (the items), ``runner.state("adapter=b")`` (the label group names
+show), ``runner.state('{"adapter":"b"}')`` (the key as the store holds it), ``runner.state()``
+(the default state). A call made without it to a runner of several states, or under a state
+no program serves, is refused (`UnknownState`, naming the states it serves).
 """
 
 from __future__ import annotations
@@ -14,12 +23,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from capture.errors import StateError
 from capture.renames import respell
+from capture.state import DEFAULT, state_key, state_label
 from replay.runtime.fills import fill_call
 from replay.runtime.guards import CallFacts, CallNotServed, LeafFacts, ProgramGuard, route
 from replay.runtime.manifest import Manifest, ProgramEntry
 
-__all__ = ["Runner", "Router", "Routed"]
+__all__ = ["Runner", "Router", "Routed", "UnknownState", "resolve_state", "describe_states"]
 
 
 _MATCHING = object()
@@ -194,6 +205,64 @@ class Router:
         raise CallNotServed(f"no program of {who} accepts this call ({why}){closest}", reasons)
 
 
+class UnknownState(CallNotServed, StateError):
+    """A call asked for a state the artifact has no program of (or named none where it must)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, {"state": message})
+
+
+def describe_states(known: Sequence[str]) -> str:
+    """The states, by label, for messages (``adapter=a, adapter=b, adapters_disabled``)."""
+    return ", ".join(sorted(state_label(k or None) for k in known))
+
+
+def resolve_state(
+    who: str, known: Sequence[str], state: str | None, items: Mapping[str, Any]
+) -> str:
+    """The artifact's state key the server asks for.
+
+    Args:
+        who: The model (and sub-module) served, for messages.
+        known: The artifact's state keys.
+        state: A label, a key, ``"default"``, or None (then `items` say it).
+        items: The state's items, when `state` is None.
+
+    Raises:
+        UnknownState: Both or neither form given wrongly, or a state the artifact does not
+            serve (the message names those it does).
+    """
+    if state is not None and items:
+        raise UnknownState(f"{who}: give the state as a name or as items, not both")
+    if state is None:
+        try:
+            key = state_key(items) or DEFAULT
+        except (TypeError, ValueError) as e:
+            raise UnknownState(f"{who}: the state items {dict(items)!r} are not scalars") from e
+    elif state in ("", "default"):
+        key = DEFAULT
+    elif state.startswith("{"):
+        key = state
+    else:
+        labels = {state_label(k or None): k for k in known}
+        key = labels.get(state, state)
+    if key not in known:
+        asked = state if state is not None else state_label(key or None)
+        raise UnknownState(
+            f"{who} has no program of the state {asked!r}; its states: {describe_states(known)}"
+        )
+    return key
+
+
+def state_required(who: str, known: Sequence[str]) -> UnknownState:
+    """The refusal of a call that names no state, to an artifact of several states."""
+    first = min(state_label(k or None) for k in known)
+    return UnknownState(
+        f"{who} serves several states ({describe_states(known)}): say which a call runs under "
+        f"with runner.state(...), e.g. runner.state({first!r})(*args, **kwargs)"
+    )
+
+
 class Routed:
     """What every runner answers through its `Router`: its groups, and which one serves a call.
 
@@ -234,9 +303,7 @@ class Routed:
             >>> runner.state(adapter="b").select(**inputs)  # doctest: +SKIP
             'decode+adapter=b'
         """
-        from replay.runtime.states import resolve
-
-        key = resolve(self._who(), self.states, state, items)
+        key = resolve_state(self._who(), self.states, state, items)
         return self if self.states == [key] else self._view(key)
 
     def _view(self, key: str) -> Any:
@@ -251,8 +318,6 @@ class Routed:
                 (then `UnknownState`, naming them: call ``runner.state(...).select``).
         """
         if len(self.states) > 1:
-            from replay.runtime.states import state_required
-
             raise state_required(self._who(), self.states)
         return self._router.route(args, self._router.spelled(kwargs))[0].group
 
@@ -340,8 +405,6 @@ class Runner(Routed):
         from replay.runtime.callform import arrange
 
         if len(self.states) > 1:
-            from replay.runtime.states import state_required
-
             raise state_required(self._who(), self.states)
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)

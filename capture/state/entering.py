@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capture.errors import ReplayError
-from capture.record.state_reader import peft_layers
 from capture.state import ADAPTER, ADAPTERS_DISABLED, RESERVED, TRAINING, parse_key, state_label
+from capture.state.reading import peft_layers
 
 __all__ = ["Entered", "SetState", "StateNotEntered", "entered", "own_weights"]
 

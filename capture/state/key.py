@@ -30,7 +30,6 @@ __all__ = [
     "RESERVED",
     "DEFAULT",
     "MAX_ITEMS",
-    "StateError",
     "state_key",
     "declared_items",
     "parse_key",
