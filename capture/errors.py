@@ -15,6 +15,7 @@ __all__ = [
     "ObservationMismatch",
     "ReplayError",
     "OutputNotWritable",
+    "StateError",
 ]
 
 
@@ -70,3 +71,8 @@ class ReplayError(CaptureError):
 class OutputNotWritable(CaptureError):
     """A file or folder to write cannot be written there (a missing or read-only folder, a
     full filesystem); the message names the path and the fix."""
+
+
+class StateError(CaptureError):
+    """A state key, a declared state or a state the runner is asked for is malformed or unknown
+    (`capture.state`)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The store format's version, in every file's footer (`METADATA_SCHEMA_VERSION`) and on every
 ``structures`` row (its ``schema_version`` column). Bumped whenever a column is renamed, removed
 or changes meaning; readers read every older version by its number (docs/schema.md):
@@ -23,6 +23,9 @@ or changes meaning; readers read every older version by its number (docs/schema.
   the treespec and its seen tokens as a leaf; a static layer's fill level as a leaf), special
   token counts follow the value ranges in ``int_min``/``int_max``, and each ``structures`` row
   says the version it was recorded under (null in files of version 1).
+- 3: the state a call ran under (``state`` of ``calls`` and ``stats``: active adapters, training,
+  what the user declares), part of a signature's key; null in files of older versions, and for
+  a call with no state to read (the default state).
 """
 
 STRUCTURE_ID_VERSION = 1
@@ -110,7 +113,11 @@ STRUCTURES_SCHEMA = pa.schema(
     ]
 )
 
-ADDED_IN = {(STRUCTURES, "schema_version"): 2}
+STATE = "state"
+"""The ``calls`` and ``stats`` column of a call's state key (`capture.record.state`): a short
+canonical JSON object, null for the default state (no adapter, eval mode, nothing declared)."""
+
+ADDED_IN = {(STRUCTURES, "schema_version"): 2, (CALLS, STATE): 3, (STATS, STATE): 3}
 """(table, column) -> the store version that added it: a file of an older version lacks it (its
 rows read as null)."""
 
@@ -129,6 +136,7 @@ CALLS_SCHEMA = pa.schema(
         pa.field("int_max", _LIST_INT),
         pa.field("duration_ns", pa.int64(), nullable=False),
         pa.field("error", pa.string()),
+        pa.field(STATE, pa.string()),
     ]
 )
 
@@ -139,6 +147,7 @@ STATS_SCHEMA = pa.schema(
         pa.field("out_structure", pa.string()),
         pa.field("dims", _LIST_INT, nullable=False),
         pa.field("out_dims", _LIST_INT),
+        pa.field(STATE, pa.string()),
         pa.field("calls", pa.int64(), nullable=False),
         pa.field("errors", pa.int64(), nullable=False),
         pa.field("int_min", _LIST_INT),
@@ -160,6 +169,6 @@ CALL_RECORD_FIELDS = tuple(n for n in CALLS_SCHEMA.names if n not in WRITER_COLU
 """The fields of one call record, in column order: `capture.record.segment.CallRecord` checks its
 own fields against them at import, so a calls column is named here and nowhere else."""
 
-SIGNATURE_KEY = ("model", "in_structure", "out_structure", "dims", "out_dims")
+SIGNATURE_KEY = ("model", "in_structure", "out_structure", "dims", "out_dims", STATE)
 """The stats columns that identify a signature; the other stats columns merge over segments
 (`capture.store.stats_merge`: the rule, in SQL and in Python)."""

@@ -171,6 +171,9 @@ def check_command(
     # One model (the usual case): its column says nothing on a terminal.
     one_model = ("model",) if len({r.model for r in rows}) == 1 else ()
     table = [r.to_json() for r in rows]
+    if len({r.state for r in rows}) < 2:  # one state (the usual case): its column says nothing
+        for item in table:
+            del item["state"]
     render(table, fmt, headers=not no_headers, fit=Fit(terminal_width(wide), hide=one_model))
     if not rows:
         window = f" since {since}" if since else ""

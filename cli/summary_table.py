@@ -18,6 +18,7 @@ from capture.analysis.summary import (
     blocked_rows,
     drift_rows,
     group_table_rows,
+    state_rows,
 )
 
 from .fit import Fit
@@ -101,6 +102,14 @@ def _groups(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
         for row, g in zip(group_table_rows(groups), groups, strict=True)
     ]
     return _section("Call groups (calls sharing one input structure), largest first", rows, width)
+
+
+def _states(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
+    rows = state_rows(groups)
+    if not rows:
+        return []
+    title = "States (what the calls ran under besides their arguments; never one group)"
+    return _section(title, rows, width)
 
 
 def _symbols(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
@@ -204,6 +213,7 @@ def summary_report(summary: Summary, width: int | None = None) -> str:
         lines += ["", f"== Model {model.model} ==", _counts(model)]
         groups = model.groups
         if groups:
+            lines += _states(groups, width)
             lines += _groups(groups, width)
             lines += _blocked(groups, width)
             lines += _symbols(groups, width)

@@ -102,7 +102,7 @@ TAMPERED: dict[str, tuple[Callable[[Any], None] | bytes, str]] = {
     "coverage a string": (_set("modules..coverage", "x"), "coverage must be a list"),
     "coverage calls": (_set("modules..coverage.0.calls", -1), "calls = -1 is outside"),
     "format missing": (_set("format", _DROP), "manifest format 'None'"),
-    "format newer": (_set("format", "capture-artifact/3"), "this capture reads"),
+    "format newer": (_set("format", "capture-artifact/4"), "this capture reads"),
     "format older": (_set("format", "capture-artifact/1"), "written by an older capture"),
     "digests missing": (_set("digests", _DROP), ".digests is missing"),
     "digest not sha256": (_set("digests", {"models/g0.json": "md5:00"}), "not a sha256 digest"),

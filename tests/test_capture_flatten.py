@@ -160,7 +160,7 @@ def test_walk_matches_pytree_and_round_trips(args: tuple[Any, ...], kwargs: dict
 
 def test_schema_is_pinned() -> None:
     """Golden test: renaming a column or changing a type requires bumping SCHEMA_VERSION."""
-    assert (schema.SCHEMA_VERSION, schema.STRUCTURE_ID_VERSION) == (2, 1)
+    assert (schema.SCHEMA_VERSION, schema.STRUCTURE_ID_VERSION) == (3, 1)
     golden = {
         "structures": [
             ("structure_id", "string"),
@@ -196,6 +196,7 @@ def test_schema_is_pinned() -> None:
             ("int_max", "list<item: int64>"),
             ("duration_ns", "int64"),
             ("error", "string"),
+            ("state", "string"),
         ],
         "stats": [
             ("model", "string"),
@@ -203,6 +204,7 @@ def test_schema_is_pinned() -> None:
             ("out_structure", "string"),
             ("dims", "list<item: int64>"),
             ("out_dims", "list<item: int64>"),
+            ("state", "string"),
             ("calls", "int64"),
             ("errors", "int64"),
             ("int_min", "list<item: int64>"),

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from capture import Recorder, open_store
+from capture import Recorder, open_store, schema
 from capture.errors import CaptureError
 from capture.record.writer import StoreWriter
 from fixtures.models import run_generate, tiny_llama
@@ -334,7 +334,7 @@ def test_files_are_complete_zstd_parquet_with_metadata(tmp_path: Path) -> None:
     for path in files:
         assert not path.name.startswith(".") and path.suffix == ".parquet"
         meta = pq.read_metadata(path)
-        assert meta.metadata[b"capture.schema_version"] == b"2"
+        assert meta.metadata[b"capture.schema_version"] == str(schema.SCHEMA_VERSION).encode()
         assert meta.row_group(0).column(0).compression == "ZSTD"
     con = duckdb.connect()
     total = con.execute(

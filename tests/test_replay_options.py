@@ -38,6 +38,7 @@ _EXPORT_ONLY = {
     "time_budget",
     "max_static",
     "allow_ops",
+    "set_state",
 }
 
 

@@ -16,10 +16,8 @@ with its call count) and the ``structures`` view, never the raw calls, so the co
 number of distinct signatures (thousands), not on the number of calls (millions). It imports
 duckdb through `capture.store.reader`, numpy and pyarrow, never torch.
 
-Group names: ``decode`` / ``prefill`` when the model has a cache argument (``past_key_values``,
-``*_cache``) holding tensors in some groups (``decode``) and missing or None in others
-(``prefill``); groups that would share a name are told apart by the optional inputs they lack
-(``decode_no_attention_mask``). Other models get ``g0``, ``g1``, ... by calls, largest first.
+Groups are per state too: calls that ran under two states (`capture.state`) are never one group.
+How groups are named: `capture.analysis.group_names`.
 
 An argument a library renamed (`capture.renames`: ``past_key_values`` -> ``cache`` in
 transformers 5.24) is one argument here: structures that differ only by its spelling (a store
@@ -40,11 +38,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from capture.analysis.group_names import group_names
 from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
 from capture.errors import CorruptStoreFile
-from capture.pytree.cachespec import is_cache_argument, is_cache_counter
-from capture.pytree.structure import PRESENT, RecordedLeaf, RecordedStructure
+from capture.pytree.structure import RecordedLeaf, RecordedStructure
 from capture.renames import RENAMED, spelling_key
+from capture.schema import STATE
+from capture.state import DEFAULT
 from capture.store import stats_merge
 from capture.untrusted import printable
 
@@ -119,6 +119,8 @@ class Group:
             than one when calls spelled a renamed argument both ways (`capture.renames`).
         first_ts: First recorded call of the group.
         last_ts: Last recorded call of the group.
+        state: The state key its calls ran under (`capture.state`; ``""``: the default state).
+            Calls of two states are never one group.
     """
 
     model: str
@@ -141,6 +143,7 @@ class Group:
     )
     """Calls per row of `matrix`."""
     structure_ids: tuple[str, ...] = field(default=(), kw_only=True)
+    state: str = field(default=DEFAULT, kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.structure_ids:
@@ -168,15 +171,17 @@ DIMS_SCHEMA = pa.schema(
 """Columns of `dims_table()` / `Store.dims()`."""
 
 # Signatures that differ only in their outputs merge here, by the stats rule.
+# A call's state (null: the default state) is part of its group's key.
 _GROUP_MERGE = stats_merge.select(
-    ("model", "in_structure", "dims"), ("calls", "errors", "first_ts", "last_ts")
+    ("model", f"coalesce({STATE}, '') AS {STATE}", "in_structure", "dims"),
+    ("calls", "errors", "first_ts", "last_ts"),
 )
 _SIGNATURES_SQL = f"""
 SELECT {_GROUP_MERGE}
 FROM signatures
 WHERE model IN (SELECT unnest($models))
-GROUP BY model, in_structure, dims
-ORDER BY model, in_structure
+GROUP BY ALL
+ORDER BY model, {STATE}, in_structure
 """
 
 _STRUCTURES_SQL = """
@@ -203,42 +208,6 @@ def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
         for leaf in tensors
         if leaf.argument in names or (leaf.position is not None and leaf.position in positions)
     }
-
-
-def _group_names(groups: list[Group]) -> list[str]:
-    """The name of each group (groups are already sorted, largest first)."""
-    statuses = [g.structure.argument_status() for g in groups]
-    # A static cache's fill levels are tensors before its first update: not state.
-    holding = [
-        {leaf.argument for leaf in g.structure.tensors if not is_cache_counter(leaf.path)}
-        for g in groups
-    ]
-    # A cache argument holds tensors in some group ('use_cache', a bool, is not one).
-    cache_args = {a for tensors in holding for a in tensors if a and is_cache_argument(a)}
-    if not cache_args:
-        return [f"g{i}" for i in range(len(groups))]
-    bases = ["decode" if tensors & cache_args else "prefill" for tensors in holding]
-    names = list(bases)
-    for base in set(bases):
-        members = [i for i, b in enumerate(bases) if b == base]
-        if len(members) < 2:
-            continue
-        arguments = sorted({a for i in members for a in statuses[i]} - cache_args)
-        varying = [
-            a for a in arguments if len({statuses[i].get(a) == PRESENT for i in members}) > 1
-        ]
-        for i in members:
-            absent = [a for a in varying if statuses[i].get(a) != PRESENT]
-            names[i] = "_".join([base] + [f"no_{a}" for a in absent])
-    used: set[str] = set()
-    unique_names = []
-    for name in names:
-        unique, n = name, 2
-        while unique in used:
-            unique, n = f"{name}_{n}", n + 1
-        used.add(unique)
-        unique_names.append(unique)
-    return unique_names
 
 
 def _group(
@@ -340,6 +309,8 @@ def analyze(
     if sigs.num_rows:
         sig_models = sigs.column("model").to_pylist()
         sig_structures = sigs.column("in_structure").to_pylist()
+        sig_states = sigs.column(STATE).to_pylist()
+        keys = list(zip(sig_models, sig_structures, sig_states, strict=True))
         dims_col = sigs.column("dims").combine_chunks()
         offsets = dims_col.offsets.to_numpy()
         values = dims_col.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
@@ -347,13 +318,11 @@ def analyze(
         errors = sigs.column("errors").to_numpy()
         first_ts = sigs.column("first_ts").to_pylist()
         last_ts = sigs.column("last_ts").to_pylist()
-        start = 0
-        n = sigs.num_rows
-        while start < n:
-            key = (sig_models[start], sig_structures[start])
-            stop = start + 1
-            while stop < n and (sig_models[stop], sig_structures[stop]) == key:
-                stop += 1
+        # One group per run of rows of one (model, structure, state): the rows are sorted so.
+        bounds = [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]]
+        for start, stop in zip([0, *bounds], [*bounds, len(keys)], strict=True):
+            model_name, structure_id, state = keys[start]
+            key = (model_name, structure_id)
             group = _build(
                 key,
                 leaves_of.get(key),
@@ -372,15 +341,19 @@ def analyze(
                     errors=int(errors[start:stop].sum()),
                     first_ts=min((t for t in first_ts[start:stop] if t), default=None),
                     last_ts=max((t for t in last_ts[start:stop] if t), default=None),
+                    state=state,
                 )
                 groups.append(group)
-            start = stop
+    return _named(groups, models)
 
+
+def _named(groups: list[Group], models: list[str]) -> list[Group]:
+    """The groups by model, largest first, each with its name (`group_names`)."""
     out: list[Group] = []
     for m in models:
         mine = [g for g in groups if g.model == m]
-        mine.sort(key=lambda g: (-g.calls, _timestamp(g.first_ts), g.structure_id))
-        names = _group_names(mine)
+        mine.sort(key=lambda g: (-g.calls, _timestamp(g.first_ts), g.structure_id, g.state))
+        names = group_names(mine)
         out.extend(dataclasses.replace(g, name=n) for g, n in zip(mine, names, strict=True))
     return out
 
@@ -390,8 +363,8 @@ def _one_spelling(
 ) -> tuple[pa.Table, dict[tuple[str, str], tuple[str, ...]]]:
     """The signature rows with the structures that differ only by a renamed argument's spelling
     under one id: the one whose calls were recorded last (its spelling is the serving
-    library's). Returns the rows, sorted by (model, structure), and, per merged structure, every
-    structure it stands for (itself first)."""
+    library's). Returns the rows, sorted by (model, state, structure), and, per merged
+    structure, every structure it stands for (itself first)."""
     names = set(RENAMED) | set(RENAMED.values())
     spelled: dict[tuple[str, tuple[Any, ...]], list[tuple[str, str]]] = {}
     for key, rows in leaves_of.items():
@@ -416,7 +389,8 @@ def _one_spelling(
         for k in ordered:
             stands_for[k] = head[1]
     target = [stands_for.get((m, st), st) for m, st in zip(models, structures, strict=True)]
-    order = sorted(range(len(target)), key=lambda i: (models[i], target[i], i))
+    states = sigs.column(STATE).to_pylist()
+    order = sorted(range(len(target)), key=lambda i: (models[i], states[i], target[i], i))
     out = sigs.take(pa.array(order, pa.int64()))
     column = out.schema.get_field_index("in_structure")
     out = out.set_column(column, "in_structure", pa.array([target[i] for i in order], pa.string()))

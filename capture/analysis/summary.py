@@ -75,6 +75,7 @@ __all__ = [
     "blocked_rows",
     "drift_rows",
     "group_table_rows",
+    "state_rows",
 ]
 
 _ABSENT = (schema.KIND_MISSING, schema.KIND_NONE)
@@ -132,6 +133,8 @@ class GroupSummary(_Record):
     relations: tuple[str, ...]
     scalars: Mapping[str, Any]
     blocked: str | None
+    state: str = ""
+    """The state key its calls ran under (`capture.state`; ``""``: the default state)."""
 
 
 @dataclass(frozen=True)
@@ -262,6 +265,7 @@ def _group_entry(group: Group, model_calls: int) -> GroupSummary:
         scalars={leaf.path: leaf.value for leaf in group.structure.leaves if leaf.is_scalar},
         # The class that keeps the group from being rebuilt and exported, and why.
         blocked=blocking_reason(group.structure),
+        state=group.state,
     )
 
 
@@ -435,6 +439,22 @@ def blocked_rows(groups: Iterable[GroupSummary]) -> list[dict[str, Any]]:
         Rows with ``group, calls, reason``; empty when every group can be rebuilt.
     """
     return [{"group": g.name, "calls": g.calls, "reason": g.blocked} for g in groups if g.blocked]
+
+
+def state_rows(groups: Iterable[GroupSummary]) -> list[dict[str, Any]]:
+    """One row per state the groups' calls ran under (``state``, ``calls``, ``groups``), most
+    calls first; empty when they ran under one state (`capture.state`)."""
+    from capture.state import state_label
+
+    calls: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for g in groups:
+        calls[g.state] = calls.get(g.state, 0) + g.calls
+        count[g.state] = count.get(g.state, 0) + 1
+    if len(calls) < 2:
+        return []
+    order = sorted(calls, key=lambda s: (-calls[s], s))
+    return [{"state": state_label(s or None), "calls": calls[s], "groups": count[s]} for s in order]
 
 
 def group_table_rows(groups: Iterable[GroupSummary]) -> list[dict[str, Any]]:

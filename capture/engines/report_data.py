@@ -56,7 +56,8 @@ BUCKET_BUDGET = 4
 symbol took fewer sizes."""
 
 _STATS_SQL = """
-SELECT in_structure, calls, epoch_us(first_ts) AS t0, epoch_us(last_ts) AS t1
+SELECT coalesce(state, '') AS state, in_structure, calls, epoch_us(first_ts) AS t0,
+       epoch_us(last_ts) AS t1
 FROM stats WHERE model = $model
 """
 
@@ -96,8 +97,10 @@ def timeline(store: StoreReader, model: str, groups: Sequence[Group], bins: int 
     """
     table = store.query(_STATS_SQL, {"model": model})
     names = [g.name for g in groups]
-    row_of = {s: i for i, g in enumerate(groups) for s in g.structure_ids}
-    structures = table.column("in_structure").to_pylist()
+    # A group is one structure under one state (`capture.state`).
+    row_of = {(g.state, s): i for i, g in enumerate(groups) for s in g.structure_ids}
+    states = table.column("state").to_pylist()
+    structures = list(zip(states, table.column("in_structure").to_pylist(), strict=True))
     keep = np.array([s in row_of for s in structures], dtype=bool)
     rows = np.array([row_of.get(s, -1) for s in structures], dtype=np.int64)[keep]
     calls = table.column("calls").to_numpy().astype(np.int64)[keep]
@@ -163,6 +166,8 @@ class ServedRow(Protocol):
     def calls(self) -> int: ...
     @property
     def served(self) -> bool: ...
+    @property
+    def state(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -191,9 +196,16 @@ def served_calls(groups: Sequence[Group], rows: Sequence[ServedRow]) -> list[Ser
         >>> served_calls(groups, rows)[0].served_calls  # doctest: +SKIP
         7
     """
+    from capture.state import state_label
+
     out = []
     for g in groups:
-        mine = [r for r in rows if r.model == g.model and r.structure in g.structure_ids]
+        label = state_label(g.state or None)
+        mine = [
+            r
+            for r in rows
+            if r.model == g.model and r.structure in g.structure_ids and r.state == label
+        ]
         served = [r for r in mine if r.served]
         out.append(
             ServedGroup(

@@ -31,6 +31,7 @@ from capture.analysis.summary import (
     blocked_rows,
     drift_rows,
     group_table_rows,
+    state_rows,
 )
 from capture.analysis.symbol_sizes import symbol_kind
 from capture.engines.report_data import (
@@ -308,6 +309,9 @@ def _model_section(
         f'<p class="meta">{model.calls:,} calls ({model.errors:,} raised), '
         f"{model.signatures:,} distinct signatures, {_esc(_span_of(model))}</p>",
     ]
+    states = state_rows(model.groups)
+    if states:  # calls of two states are never one group: their names end with the state
+        parts += ["<h3>States the calls ran under</h3>", _table(states, ids=("state",))]
     blocked = blocked_rows(model.groups)
     if blocked:  # the calls are recorded; the class keeps them from export
         parts += ["<h3>Not exportable</h3>", _table(blocked)]

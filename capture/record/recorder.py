@@ -43,6 +43,7 @@ from capture.record.tokens import special_token_ids
 from capture.record.value_ranges import DeviceRanges, int_range, ranges
 from capture.record.writer import StoreWriter
 from capture.signature import Signature
+from capture.state.reading import state_reader
 
 __all__ = ["Recorder", "DEFAULT_STORE", "STOP_WAIT_SECONDS", "NOTHING_RECORDED_AFTER"]
 
@@ -106,7 +107,8 @@ class Recorder:
         options: The recording options as one `RecorderOptions` (default: its defaults).
         **keywords: Any `RecorderOptions` field by name (``sample=0.1``, ``max_calls=``,
             ``record_outputs=``, ``value_ranges=``, ``queue_size=``, ``flush_rows=``,
-            ``flush_seconds=``, ``max_structures=``, ``payloads=``, ``compiled=``): each
+            ``flush_seconds=``, ``max_structures=``, ``payloads=``, ``compiled=``,
+            ``state=``): each
             replaces that field of `options`. What each means: `RecorderOptions`.
 
     Raises:
@@ -155,6 +157,7 @@ class Recorder:
         self._max_calls = options.max_calls
         self._record_outputs = options.record_outputs
         self._compiled = options.compiled
+        self._read_state: Callable[[], str | None] | None = None  # found at start()
         policy = options.payload_policy
         self._payloads = PayloadKeeper(policy, store, self.name) if policy else None
         self._writer: StoreWriter | None = None
@@ -221,6 +224,7 @@ class Recorder:
             nodes.acquire()
             self._registered = True
         self._cache.start(self._writer, signature, special_token_ids(self.model))
+        self._read_state = state_reader(self.model, self.options.state)
         if self._payloads is not None:
             self._payloads.start()
         self._patch.install(original, self._make_wrapper(original))
@@ -380,6 +384,13 @@ class Recorder:
         max_calls = self._max_calls
         if max_calls is not None and self._writer and self._writer.recorded >= max_calls:
             return None
+        state = None
+        if self._read_state is not None:
+            try:
+                state = self._read_state()
+            except Exception as e:  # never recorded under a state it may not be
+                self._count_error("reading the call's state", e)
+                return None
         tensors: list[torch.Tensor] = []
         key: list[Any] = [len(args)]
         try:
@@ -410,12 +421,12 @@ class Recorder:
                     counted = ranges(tensors, (), st.counts)[0]
                     lows += counted
                     highs += counted
-        return st.structure_id, dims, lows, highs, st.keywords
+        return st.structure_id, dims, lows, highs, st.keywords, state
 
     def _emit(
         self, pending: Any, ts: int, duration: int, out: Any, error: str | None
     ) -> int | None:
-        sid, dims, lows, highs, _ = pending
+        sid, dims, lows, highs, _, state = pending
         out_sid = out_dims = None
         if error is None and self._record_outputs:
             tensors: list[torch.Tensor] = []
@@ -436,7 +447,7 @@ class Recorder:
         call_id = ids.base | next(ids.seq)
         # A plain tuple in CallRecord's field order: building the NamedTuple costs 0.16 µs more
         # per call, and the writer reads records by position (Segment.add).
-        record = (call_id, ts, sid, out_sid, dims, out_dims, lows, highs, duration, error)
+        record = (call_id, ts, sid, out_sid, dims, out_dims, lows, highs, duration, error, state)
         writer.submit(record)  # type: ignore[arg-type]
         return call_id
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -111,6 +112,12 @@ class RecorderOptions:
             graph at the recorder, which runs eagerly around the compiled method. False: a
             compile traces through the recorder and its calls are not recorded (what
             ``fullgraph=True`` needs: there a graph break is an error).
+        state: A callable returning the state a call runs under, beyond what the recorder reads
+            itself (peft adapters, ``training``): a dict of a few scalars (str -> bool, int,
+            float or str), called before each recorded call. Calls of different states are
+            never one call group, and ``replay.export`` exports each state (its ``set_state=``
+            enters one). A call whose state cannot be read is counted in ``errors`` and not
+            recorded (`capture.state`).
 
     Raises:
         CaptureError: An option is out of range or of the wrong type (the message names it),
@@ -127,6 +134,7 @@ class RecorderOptions:
     max_structures: int = 10_000
     payloads: float | Payloads = 0.0
     compiled: bool = True
+    state: Callable[[], Any] | None = None
     payload_policy: Payloads | None = field(init=False, repr=False, compare=False)
     """The `Payloads` that ``payloads`` asks for; None when payloads are off."""
 
@@ -148,6 +156,10 @@ class RecorderOptions:
         if not (_is_number(self.flush_seconds) and self.flush_seconds >= 0):
             raise CaptureError(
                 f"flush_seconds={self.flush_seconds!r} must be a number of seconds >= 0"
+            )
+        if self.state is not None and not callable(self.state):
+            raise CaptureError(
+                f"state={self.state!r} must be a callable returning a dict of a few scalars"
             )
         # Raises now, not at start(), on a bad payloads option or a missing safetensors.
         object.__setattr__(self, "payload_policy", payload_policy(self.payloads))

@@ -63,6 +63,8 @@ class CallRecord(NamedTuple):
     int_max: Sequence[int | None] | None
     duration_ns: int
     error: str | None
+    state: str | None = None
+    """The call's state key (`capture.record.state`); None: the default state."""
 
 
 if CallRecord._fields != schema.CALL_RECORD_FIELDS:  # pragma: no cover - a developer's error
@@ -139,7 +141,7 @@ if tuple(_Signature.__dataclass_fields__) != _MERGED:  # pragma: no cover - a de
     raise ImportError(f"_Signature fields != {_MERGED}")
 # The signature key of a segment row: the key columns but the writer's own (the model).
 _KEY = tuple(n for n in schema.SIGNATURE_KEY if n not in schema.WRITER_COLUMNS)
-_Key = tuple[str, str | None, bytes, bytes | None]
+_Key = tuple[str, str | None, bytes, bytes | None, str | None]
 
 
 _TS: Final = 1  # rows are plain tuples in CallRecord order: index of ts
@@ -162,7 +164,7 @@ class Segment:
 
     def __init__(self) -> None:
         self.rows: list[CallRecord] = []
-        # Per row its signature key (in_structure, out_structure, dims, out_dims), the sizes
+        # Per row its signature key (in_structure, out_structure, dims, out_dims, state), the sizes
         # packed as little-endian int64 bytes: 4x faster to turn into Arrow than Python ints,
         # and a cheap, hash-cached dict key. Rows of one signature share one key tuple.
         self.keys: list[_Key] = []
@@ -182,7 +184,7 @@ class Segment:
         """Appends one call; raises (appending nothing) when the tables cannot hold it."""
         # Everything is checked before the first append: a failure leaves the segment as it was.
         # Unpacked by position: the recorder queues a plain tuple in CallRecord's field order.
-        _, ts, in_structure, out_structure, dims, out_dims, mins, maxs, duration, error = rec
+        _, ts, in_structure, out_structure, dims, out_dims, mins, maxs, duration, error, state = rec
         if type(mins) not in _PLAIN:  # `value_ranges.DeviceRanges`: read from a device now
             deferred: Any = mins
             mins, maxs = deferred.values()
@@ -194,7 +196,9 @@ class Segment:
             _check_int64(maxs)
         if error is not None:
             error.encode()  # UnicodeEncodeError: Arrow cannot hold a lone surrogate
-        key = (in_structure, out_structure, packed, out_packed)
+        if state is not None:
+            state.encode()  # a user's state value that is not UTF-8
+        key = (in_structure, out_structure, packed, out_packed, state)
         entry = self.signatures.get(key)
         if entry is None:
             entry = self.signatures[key] = (key, _Signature(first_ts=ts, duration_ns_min=duration))

@@ -289,9 +289,22 @@ class StoreReader:
                 )
                 self.con.register(f"_{table}_dataset", dataset)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset")
+            if table == schema.CALLS and files:
+                self._add_missing_columns(name, base)
         self.con.execute(DERIVED_VIEWS)
         if with_calls:
             self.con.execute(CALLS_VIEWS)
+
+    def _add_missing_columns(self, view: str, base: pa.Schema) -> None:
+        """`view` over files that all lack a column a later store version added
+        (`schema.ADDED_IN`): the column, null on every row, as a file of that version reads."""
+        have = {row[0] for row in self.con.execute(f"DESCRIBE {view}").fetchall()}
+        missing = [f for f in base if f.name not in have]
+        if not missing:
+            return
+        nulls = ", ".join(f"CAST(NULL AS {_SQL_TYPES[f.type]}) AS {f.name}" for f in missing)
+        self.con.execute(f"ALTER VIEW {view} RENAME TO _{view}_files")
+        self.con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT *, {nulls} FROM _{view}_files")
 
     # -- queries -----------------------------------------------------------------------------
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
@@ -456,6 +469,10 @@ class StoreReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_SQL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT"}
+"""The SQL type of each Arrow type a column added by a later store version has."""
 
 
 def _with_columns(rows: pa.Table, base: pa.Schema) -> pa.Table:

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from replay.runtime.conditions import Condition
 from replay.runtime.coverage import KIND_RECORDED, TARGET_TORCH, CoverageRow
 from replay.runtime.guards import ArtifactError, Axis, ProgramGuard, Relation
-from replay.runtime.manifest import PROGRAM_NAME, Manifest, ModuleEntry, ProgramEntry
+from replay.runtime.manifest import (
+    FORMAT,
+    FORMAT_STATES,
+    PROGRAM_NAME,
+    Manifest,
+    ModuleEntry,
+    ProgramEntry,
+)
 from replay.runtime.pt2.graph_check import BUILTIN_SPEC_TYPES
 
 if TYPE_CHECKING:
@@ -213,6 +220,7 @@ def program_entry(
         fills=group.example.fills,
         first_ts=_iso(group.analysis.first_ts),
         last_ts=_iso(group.analysis.last_ts),
+        state=group.state,
     )
 
 
@@ -278,6 +286,7 @@ def manifest_of(results: Mapping[str, SavedResult], *, aoti: bool = False) -> Ma
         raise ArtifactError("an artifact needs the model's own ExportResult (module name '')")
     if not programs:
         raise ArtifactError("no program to save: torch.export rejected every group")
+    several = len({(p.module, p.state) for p in programs}) > len({p.module for p in programs})
     return Manifest(
         model=modules[""].model,
         created=datetime.now().astimezone().isoformat(),
@@ -285,4 +294,5 @@ def manifest_of(results: Mapping[str, SavedResult], *, aoti: bool = False) -> Ma
         modules=modules,
         programs=tuple(programs),
         aoti=aoti,
+        format=FORMAT_STATES if several else FORMAT,
     )

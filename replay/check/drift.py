@@ -34,6 +34,8 @@ class DriftRow:
         calls: The recorded calls of that signature in the window.
         served: Whether a program serves it.
         reason: Why each program refused it (None when served).
+        state: The label of the state its calls ran under (`capture.state.state_label`):
+            only the programs of that state may serve it, as the runner's ``state()`` view.
     """
 
     model: str
@@ -43,6 +45,7 @@ class DriftRow:
     calls: int
     served: bool
     reason: str | None
+    state: str = "default"
 
     def to_json(self) -> dict[str, Any]:
         """The row as ``capture check`` prints it (the structure id left out: its group says it)."""
@@ -52,11 +55,12 @@ class DriftRow:
 
 
 _CALLS = """
-SELECT in_structure, dims, count(*) AS calls, min(ts) AS first_ts, max(ts) AS last_ts
+SELECT coalesce(state, '') AS state, in_structure, dims, count(*) AS calls,
+       min(ts) AS first_ts, max(ts) AS last_ts
 FROM calls
 WHERE model = $model AND error IS NULL AND ($since IS NULL OR ts >= $since)
-GROUP BY in_structure, dims
-ORDER BY min(ts), in_structure
+GROUP BY ALL
+ORDER BY min(ts), in_structure, state
 """
 
 _STRUCTURES = """
@@ -72,8 +76,10 @@ def check_rows(
 
     Each signature is routed with `replay.runtime.guards.route`, the runner's own rule: the
     recorded treespec and leaves must be the program's, the sizes within its guards, and the
-    signature not one the export's check failed. The programs themselves were checked to be in
-    the archive when the manifest was read (`replay.runtime.pt2.loading.read_artifact`).
+    signature not one the export's check failed; only the programs of the state its calls ran
+    under are tried (a state the artifact has no program of serves nothing). The programs
+    themselves were checked to be in the archive when the manifest was read
+    (`replay.runtime.pt2.loading.read_artifact`).
 
     Args:
         store: An open `capture.Store`.
@@ -89,25 +95,21 @@ def check_rows(
         >>> rows[0].served  # doctest: +SKIP
         True
     """
-    from capture.pytree.structure import RecordedStructure
-    from capture.renames import spelling_key
+    from capture.state import state_label
     from replay.inputs.shapes import describe_sizes
     from replay.runtime.guards import route
+    from replay.runtime.runner import describe_states
 
     base = model or manifest.model
     rows: list[DriftRow] = []
     for module in manifest.modules:
         name = f"{base}.{module}" if module else base
         store.check_model(name)
-        guards = [e.guard for e in manifest.for_module(module)]
-        by_id: dict[str, list[dict[str, Any]]] = {}
-        for row in store.query(_STRUCTURES, {"model": name}).to_pylist():
-            by_id.setdefault(row["structure_id"], []).append(row)
-        structures = {sid: RecordedStructure.from_rows(rows) for sid, rows in by_id.items()}
-        keys = {sid: spelling_key(rows) for sid, rows in by_id.items()}
-        spelled: dict[tuple[Any, ...], list[str]] = {}
-        for sid, key in keys.items():
-            spelled.setdefault(key, []).append(sid)
+        guards_of: dict[str, list[Any]] = {}
+        for entry in manifest.for_module(module):
+            guards_of.setdefault(entry.state, []).append(entry.guard)
+        known = describe_states(list(guards_of))
+        structures, keys, spelled = _structures(store, name)
         calls = store.query(_CALLS, {"model": name, "since": since}).to_pylist()
         for call in calls:
             own = call["in_structure"]
@@ -116,7 +118,11 @@ def check_rows(
             dims = [int(v) for v in call["dims"]]
             twins = [s for s in spelled.get(keys.get(own, ()), ()) if s != own]
             served, reasons = None, {}
-            for sid in [own, *twins]:  # its own spelling first, then the other ones
+            guards = guards_of.get(call["state"], [])
+            if not guards:
+                reasons = {"state": f"the artifact has no program of this state (its: {known})"}
+            # its own spelling first, then the other ones
+            for sid in [own, *twins] if guards else ():
                 twin = structures.get(sid)
                 facts = (twin.treespec if twin else None, twin.leaves if twin else (), dims)
                 served, why = route(guards, lambda _g, f=facts: f)  # type: ignore[misc]
@@ -134,6 +140,26 @@ def check_rows(
                     reason=None
                     if served
                     else ("; ".join(f"{k}: {v}" for k, v in reasons.items()) or "no program"),
+                    state=state_label(call["state"] or None),
                 )
             )
     return rows
+
+
+def _structures(
+    store: Any, name: str
+) -> tuple[dict[str, Any], dict[str, tuple[Any, ...]], dict[tuple[Any, ...], list[str]]]:
+    """The model's recorded structures by id, each one's spelling key (`capture.renames`), and
+    the structures of each spelling key."""
+    from capture.pytree.structure import RecordedStructure
+    from capture.renames import spelling_key
+
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for row in store.query(_STRUCTURES, {"model": name}).to_pylist():
+        by_id.setdefault(row["structure_id"], []).append(row)
+    structures = {sid: RecordedStructure.from_rows(rows) for sid, rows in by_id.items()}
+    keys = {sid: spelling_key(rows) for sid, rows in by_id.items()}
+    spelled: dict[tuple[Any, ...], list[str]] = {}
+    for sid, key in keys.items():
+        spelled.setdefault(key, []).append(sid)
+    return structures, keys, spelled

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from capture.pytree.structure import RecordedStructure
     from replay.inputs.builder import ExportGroup, ExportInputs
 
-__all__ = ["payload_rows", "real_call", "Serve"]
+__all__ = ["has_payloads", "payload_rows", "real_call", "Serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +173,20 @@ def _check(
             )
         diff = max(diff, rdiff)
     return CheckOutcome(True, diff, None)
+
+
+def has_payloads(store: Any, model: str) -> bool:
+    """Whether the store holds payload files of `model` (False when they cannot be listed)."""
+    from capture.store.files import resolve_store
+    from capture.store.reader import StoreReader
+
+    try:
+        fs, root = (
+            (store.fs, store.root) if isinstance(store, StoreReader) else resolve_store(store)
+        )
+        return bool(list_payloads((fs, root), model))
+    except (CaptureError, OSError):
+        return False
 
 
 def payload_rows(

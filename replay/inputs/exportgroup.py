@@ -32,6 +32,7 @@ import torch
 from capture.errors import ReplayError
 from capture.renames import same_argument
 from capture.signature import POSITIONAL_OR_KEYWORD, Param, Signature
+from capture.state import DEFAULT
 from replay.inputs import rebuild as rb
 from replay.inputs import select, shapes, tokens
 from replay.inputs.groupshapes import group_shapes
@@ -104,6 +105,11 @@ class ExportGroup:
     def model(self) -> str:
         """The model name in the store."""
         return self.analysis.model
+
+    @property
+    def state(self) -> str:
+        """The state key its calls ran under (`capture.state`; ``""``: the default state)."""
+        return self.analysis.state
 
     @property
     def structure_id(self) -> str:
@@ -284,7 +290,9 @@ class ExportInputs:
         """``dynamic_shapes`` of the largest group."""
         return self.groups[0].dynamic_shapes
 
-    def group_for(self, structure_id: str, sizes: Iterable[int]) -> ExportGroup | None:
+    def group_for(
+        self, structure_id: str, sizes: Iterable[int], state: str | None = DEFAULT
+    ) -> ExportGroup | None:
         """The group (or regime) a call of `structure_id` with these input sizes belongs to.
 
         A group split into regimes (`replay.pipeline.splitting`) has several groups of one
@@ -294,6 +302,7 @@ class ExportInputs:
         Args:
             structure_id: The call's recorded input structure.
             sizes: Every input tensor size of the call, in leaf order (``calls.dims``).
+            state: The call's state key (``calls.state``; None or ``""``: the default state).
 
         Returns:
             The group, or None when no group of the structure holds the call.
@@ -303,7 +312,8 @@ class ExportInputs:
             'prefill[input_ids_1<=4]'
         """
         key = tuple(int(s) for s in sizes)
-        mine = [g for g in self.groups if structure_id in g.structure_ids]
+        state = state or DEFAULT
+        mine = [g for g in self.groups if structure_id in g.structure_ids and g.state == state]
         if len(mine) <= 1:
             return mine[0] if mine else None
         for g in mine:

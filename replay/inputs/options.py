@@ -110,6 +110,9 @@ class ExportOptions:
         allow_ops: Operators the programs may call beyond the allow-list, as the artifact will
             be loaded with (``replay.load(path, allow_ops=...)``): a program the loader would
             refuse is not claimed (`replay.artifact.loadable`).
+        set_state: Puts the model in a recorded state's declared items (``fn(items)``) and
+            back (``fn(None)``), for a store recorded with ``Recorder(..., state=fn)``
+            (`capture.state.entering`); peft adapters and ``training`` are entered without it.
     """
 
     set_batch_dimension_for: BatchOption = None
@@ -134,6 +137,7 @@ class ExportOptions:
     max_static: int = 16
     spec: str = "dims"
     allow_ops: tuple[str, ...] = ()
+    set_state: Callable[[dict[str, Any] | None], None] | None = None
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:
@@ -162,6 +166,9 @@ class ExportOptions:
             options["allow_ops"] = tuple(sorted(allow_ops(options["allow_ops"])))
         if "value_if_missing" in options:
             options["value_if_missing"] = dict(options["value_if_missing"] or {})
+        set_state = options.get("set_state")
+        if set_state is not None and not callable(set_state):
+            raise ReplayError(f"set_state={set_state!r}: give a callable (fn(items), fn(None))")
         budget = options.get("time_budget")
         if budget is not None and not budget > 0:
             raise ReplayError(
@@ -231,6 +238,7 @@ EXPORT_ONLY = (
     "time_budget",
     "max_static",
     "allow_ops",
+    "set_state",
 )
 """Options only `replay.export` takes: the inputs are the same whatever the check does."""
 

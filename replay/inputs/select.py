@@ -113,8 +113,9 @@ def value_ranges(store: StoreReader, group: Group) -> dict[tuple[int, ...], Rang
     ranges = stats_merge.select(("dims",), ("int_min", "int_max"))
     table = store.query(
         f"SELECT {ranges} FROM signatures WHERE model = $model "
-        "AND in_structure IN (SELECT unnest($structures)) AND int_min IS NOT NULL GROUP BY dims",
-        {"model": group.model, "structures": list(group.structure_ids)},
+        "AND in_structure IN (SELECT unnest($structures)) AND coalesce(state, '') = $state "
+        "AND int_min IS NOT NULL GROUP BY dims",
+        {"model": group.model, "structures": list(group.structure_ids), "state": group.state},
     )
     return {
         tuple(int(v) for v in row["dims"]): (list(row["int_min"]), list(row["int_max"]))

@@ -55,7 +55,16 @@ if TYPE_CHECKING:
 
     from replay.inputs.exportgroup import ExportGroup, ExportInputs
 
-__all__ = ["Budget", "DYNAMIC_SHARE", "Job", "Part", "export_group", "failure", "summary"]
+__all__ = [
+    "Budget",
+    "DYNAMIC_SHARE",
+    "Job",
+    "Part",
+    "export_group",
+    "failure",
+    "refused",
+    "summary",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +188,11 @@ def export_group(job: Job, group: ExportGroup, served: Served) -> tuple[Part, ..
         for done in _dynamic(job, group, budget)
         for part in _with_fallback(job, _noted(done, merged.reasons), budget)
     )
+
+
+def refused(job: Job, group: ExportGroup, why: str) -> Part:
+    """The group not exported, for `why` (its recorded signatures not covered, no probes)."""
+    return _refused(job, group, why, probes=0)
 
 
 def _refused(job: Job, group: ExportGroup, why: str, probes: int) -> Part:

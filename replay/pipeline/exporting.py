@@ -27,7 +27,9 @@ Nothing is printed: the CLI (`cli.export`) renders the result.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +38,14 @@ import torch
 from capture import schema
 from capture.errors import ReplayError
 from capture.output_paths import check_file
-from replay.check.payload_rows import payload_rows
+from capture.state import state_label
+from capture.state.entering import StateNotEntered, entered, own_weights
+from replay.check.payload_rows import has_payloads, payload_rows
 from replay.inputs.builder import ExportGroup, inputs_for
 from replay.inputs.options import ExportOptions, takes_options
 from replay.onnx.target import OnnxPart, output_path, write_onnx
 from replay.pipeline.binding import check_signature
-from replay.pipeline.chain import Job, Part, export_group
+from replay.pipeline.chain import Job, Part, export_group, refused
 from replay.pipeline.result import ExportResult
 from replay.pipeline.submodules import recorded_submodules, submodule
 from replay.runtime.coverage import (
@@ -92,14 +96,27 @@ def require_onnx() -> None:
 
 def _export_groups(job: Job) -> list[tuple[int, Part]]:
     """Every group through the chain (`replay.pipeline.chain.export_group`), each part with
-    its group's index, in the order exported: groups that pass more inputs first, so that a
-    group lacking one may be served by their program (`replay.pipeline.merging`)."""
+    its group's index, in the order exported: state by state, the model put in each recorded
+    state (`capture.state.entering`; a state it cannot enter has its groups refused, with the
+    reason), and within a state the groups that pass more inputs first, so that a group lacking
+    one may be served by their program (`replay.pipeline.merging`; never by another state's)."""
     groups = list(job.inputs.groups)
-    order = sorted(range(len(groups)), key=lambda i: (_absent(groups[i]), i))
+    order = sorted(range(len(groups)), key=lambda i: (groups[i].state, _absent(groups[i]), i))
     parts: list[tuple[int, Part]] = []
-    for index in order:
-        served = [(p.group, p.program) for _, p in parts if p.program is not None]
-        parts += [(index, part) for part in export_group(job, groups[index], served)]
+    for state, members in itertools.groupby(order, key=lambda i: groups[i].state):
+        indices = list(members)
+        with contextlib.ExitStack() as stack:
+            try:
+                done = stack.enter_context(entered(job.module, state, job.options.set_state))
+            except StateNotEntered as e:
+                parts += [(i, refused(job, groups[i], str(e))) for i in indices]
+                continue
+            mine: list[tuple[int, Part]] = []
+            for index in indices:
+                served = [(p.group, p.program) for _, p in mine if p.program is not None]
+                mine += [(index, part) for part in export_group(job, groups[index], served)]
+            own_weights((p.program for _, p in mine if p.program is not None), done)
+            parts += mine
     return parts
 
 
@@ -174,6 +191,13 @@ def export(module: Any, store: Any, model: str | None = None, **options: Any) ->
         max_static: Most static programs per group, one per recorded signature its dynamic
             program does not serve (past the budget, or cut where regimes cannot serve),
             most calls first (`replay.pipeline.budget.static`); 0: no static fallback.
+        set_state: For a store recorded with ``Recorder(..., state=fn)``: ``set_state(items)``
+            puts the model in the state whose declared items are ``items`` (a dict), and
+            ``set_state(None)`` back, around the export of that state's groups. peft adapters
+            (``set_adapter``, ``disable_adapter``) and ``training`` are entered without it.
+            Each recorded state's groups are exported and checked with the model in that
+            state (`capture.state.entering`); a state it cannot be put in has its groups not
+            covered, with the reason.
         spec: ``"dims"`` (default): ``torch.export.Dim`` shapes, with the retries and regimes
             above; ``"shapes"``: torch's ``ShapesSpec`` learned from the store (torch >= 2.14,
             `replay.inputs.specs.shapesspec`): every dynamic size unbacked, so a group is never
@@ -222,6 +246,13 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
     """
     options = _prepared(module, options)
     inputs = inputs_for(store, model, options, module=module)
+    states = sorted({g.state for g in inputs.groups})
+    if options.onnx is not None and len(states) > 1:
+        raise ReplayError(
+            f"onnx= is not available for calls of several states "
+            f"({', '.join(state_label(s or None) for s in states)}): export the .pt2 "
+            "artifact, which serves each state, or pass groups= of one state"
+        )
     check_signature(module, inputs.groups)
     parts = _export_groups(Job(module, store, inputs, options))
     # The groups as exported: regimes and static programs in their group's place.
@@ -258,24 +289,13 @@ def _prepared(module: Any, options: ExportOptions) -> ExportOptions:
 def _result(job: Job, parts: list[Part]) -> ExportResult:
     """The result of the exported parts: their programs, errors and notes, their rows and
     those of the sampled real calls (and of the ONNX files, with ``onnx=``)."""
-    module, store, inputs, options = job.module, job.store, job.inputs, job.options
+    store, inputs, options = job.store, job.inputs, job.options
     programs = {p.group.name: p.program for p in parts if p.program is not None}
     errors = {p.group.name: p.error for p in parts if p.error is not None}
     not_honoured = {p.group.name: p.not_honoured for p in parts if p.not_honoured is not None}
     notes = [f"{p.group.name}: {note}" for p in parts for note in p.group.notes]
     rows = [row for p in parts for row in p.rows]
-    found, payload_notes = payload_rows(
-        module,
-        store,
-        inputs,
-        programs,
-        errors,
-        atol=options.atol,
-        rtol=options.rtol,
-        limit=options.max_payloads,
-        max_bytes=options.max_payload_bytes,
-        device=options.device,
-    )
+    found, payload_notes = _payload_rows(job, programs, errors)
     rows += found
     notes += payload_notes
     complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
@@ -302,6 +322,39 @@ def _result(job: Job, parts: list[Part]) -> ExportResult:
     )
 
 
+def _payload_rows(
+    job: Job, programs: dict[str, ExportedProgram], errors: dict[str, str]
+) -> tuple[list[CoverageRow], list[str]]:
+    """The rows of the sampled real calls (`replay.check.payload_rows`), checked with the model
+    in the state of the groups' calls. A payload file does not say the state its call ran
+    under: with groups of several states they are not checked, and a note says so."""
+    states = {g.state for g in job.inputs.groups}
+    options = job.options
+    if len(states) > 1:
+        if options.max_payloads <= 0 or not has_payloads(job.store, job.inputs.model):
+            return [], []
+        return [], [
+            "payloads: not checked, the calls ran under several states and a payload file "
+            "does not say which"
+        ]
+    try:
+        with entered(job.module, next(iter(states), ""), options.set_state):
+            return payload_rows(
+                job.module,
+                job.store,
+                job.inputs,
+                programs,
+                errors,
+                atol=options.atol,
+                rtol=options.rtol,
+                limit=options.max_payloads,
+                max_bytes=options.max_payload_bytes,
+                device=options.device,
+            )
+    except StateNotEntered as e:
+        return [], [f"payloads: not checked ({e})"]
+
+
 def _onnx(
     job: Job,
     programs: dict[str, ExportedProgram],
@@ -326,18 +379,19 @@ def _onnx(
         for name, sub in modules.items()
     ]
     source = str(getattr(store, "path", store)) if store is not None else None
-    outcome = write_onnx(
-        module,
-        store,
-        inputs,
-        programs,
-        errors,
-        rows,
-        options,
-        complete_torch=complete,
-        source=source,
-        submodules=parts,
-    )
+    with entered(module, next(iter({g.state for g in inputs.groups}), ""), options.set_state):
+        outcome = write_onnx(
+            module,
+            store,
+            inputs,
+            programs,
+            errors,
+            rows,
+            options,
+            complete_torch=complete,
+            source=source,
+            submodules=parts,
+        )
     for part in parts:
         sub = modules[part.name]
         written = part.outcome

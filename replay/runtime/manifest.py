@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capture import schema
-from capture.errors import ReplayError
+from capture.errors import ReplayError, StateError
 from capture.pytree.structure import RecordedLeaf
 from capture.signature import Signature
+from capture.state import parse_key
 from replay.runtime.callform import CallForm
 from replay.runtime.checked_json import Fields, checked_format, load, read, to_json
 from replay.runtime.conditions import Condition
@@ -39,6 +40,8 @@ from replay.runtime.guards import (
 
 __all__ = [
     "FORMAT",
+    "FORMAT_STATES",
+    "FORMATS",
     "MANIFEST_CAP",
     "PROGRAM_NAME",
     "Manifest",
@@ -49,6 +52,14 @@ __all__ = [
 FORMAT = "capture-artifact/2"
 """The manifest's ``format``: bumped when a reader could misread a newer manifest (2: the
 manifest holds the digest of every file it describes, `Manifest.digests`)."""
+
+FORMAT_STATES = "capture-artifact/3"
+"""The format of a manifest whose programs serve more than one state (`ProgramEntry.state`): a
+reader of `FORMAT` only would route a call to another state's program, so it must refuse it.
+An artifact of one state keeps `FORMAT`."""
+
+FORMATS = (FORMAT, FORMAT_STATES)
+"""The formats this reader reads."""
 
 MANIFEST_CAP = 64 * 2**20
 """Largest manifest read (declared size, checked before reading: 64 MiB)."""
@@ -90,6 +101,8 @@ class ProgramEntry:
             served by another group's program, `replay.pipeline.merging`; empty otherwise).
         first_ts: First recorded call of the group (ISO text), if known.
         last_ts: Last recorded call of the group (ISO text), if known.
+        state: The state key its calls ran under (`capture.state`; ``""``: the default
+            state): the runner serves it only to a call of that state.
     """
 
     guard: ProgramGuard
@@ -104,6 +117,7 @@ class ProgramEntry:
     fills: tuple[Fill, ...] = ()
     first_ts: str | None = None
     last_ts: str | None = None
+    state: str = ""
 
     @property
     def program(self) -> str:
@@ -148,6 +162,7 @@ class ProgramEntry:
             "last_ts": self.last_ts,
             # Only a program that does not check its own size guards (an ONNX file) has any.
             **({"conditions": to_json(g.conditions)} if g.conditions else {}),
+            **({"state": self.state} if self.state else {}),
         }
 
     @classmethod
@@ -203,7 +218,18 @@ class ProgramEntry:
             ),
             first_ts=f.text("first_ts", optional=True, max_len=64),
             last_ts=f.text("last_ts", optional=True, max_len=64),
+            state=_state(f),
         )
+
+
+def _state(f: Fields) -> str:
+    """The entry's state key, checked to be one `capture.state` writes (``""``: default)."""
+    key = f.text("state", optional=True, max_len=4096) or ""
+    try:
+        parse_key(key or None)
+    except StateError as e:
+        f.fail(f"{f.where}.state", f"is malformed ({e})")
+    return str(key)
 
 
 def _leaf(index: int, leaf: Fields) -> RecordedLeaf:
@@ -283,6 +309,10 @@ class Manifest:
         """The entries serving `module`, in order."""
         return [p for p in self.programs if p.module == module]
 
+    def states(self, module: str = "") -> list[str]:
+        """The state keys `module`'s programs serve, in the order of their entries."""
+        return list(dict.fromkeys(p.state for p in self.for_module(module)))
+
     @property
     def program_names(self) -> list[str]:
         """Every program of the archive, once, in the order of the entries naming them."""
@@ -326,7 +356,8 @@ class Manifest:
             ArtifactError: m.json: manifest format 'capture-artifact/0', ...
         """
         raw = older(load(data, source), source, ("capture-artifact/1",))
-        return cls.read(checked_format(raw, FORMAT, source))
+        found = raw.get("format") if isinstance(raw, dict) else None
+        return cls.read(checked_format(raw, found if found in FORMATS else FORMAT, source))
 
     @classmethod
     def read(cls, f: Fields) -> Manifest:
@@ -360,6 +391,9 @@ class Manifest:
             seen.add((p.module, p.group))
         if not programs:
             f.fail(f"{source}.programs", "is empty")
+        states = {(p.module, p.state) for p in programs}
+        if len(states) > len({p.module for p in programs}) and f.raw.get("format") != FORMAT_STATES:
+            f.fail(f"{source}.programs", f"serve several states under format {FORMAT!r}")
         digests = f.child("digests")
         for name in digests.raw:
             value = digests.raw[name]

@@ -7,6 +7,15 @@ that rule; the ONNX runner (`replay.runtime.ort.runner`) routes through it too, 
 runner, the ONNX runner and ``capture check`` answer with one rule. A keyword that spells a
 renamed argument the other way (``past_key_values`` for a program exported with ``cache``,
 `capture.renames`) is passed under the program's spelling (`Router.spelled`).
+
+**States.** An artifact's programs each serve one recorded state (`ProgramEntry.state`,
+`capture.state`: peft adapters, ``training``, a declared state). A server says which state a
+call runs under with ``runner.state(...)``, a runner over that state's programs only (built once
+per state and kept); `resolve_state` turns what it wrote into one of the artifact's keys:
+``runner.state(adapter="b")`` (the items), ``runner.state("adapter=b")`` (the label group names
+show), ``runner.state('{"adapter":"b"}')`` (the key as the store holds it), ``runner.state()``
+(the default state). A call made without it to a runner of several states, or under a state
+no program serves, is refused (`UnknownState`, naming the states it serves).
 """
 
 from __future__ import annotations
@@ -14,12 +23,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from capture.errors import StateError
 from capture.renames import respell
+from capture.state import DEFAULT, state_key, state_label
 from replay.runtime.fills import fill_call
 from replay.runtime.guards import CallFacts, CallNotServed, LeafFacts, ProgramGuard, route
 from replay.runtime.manifest import Manifest, ProgramEntry
 
-__all__ = ["Runner", "Router", "Routed"]
+__all__ = ["Runner", "Router", "Routed", "UnknownState", "resolve_state", "describe_states"]
 
 
 _MATCHING = object()
@@ -205,6 +216,64 @@ class Router:
         raise CallNotServed(f"no program of {who} accepts this call ({why}){closest}", reasons)
 
 
+class UnknownState(CallNotServed, StateError):
+    """A call asked for a state the artifact has no program of (or named none where it must)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, {"state": message})
+
+
+def describe_states(known: Sequence[str]) -> str:
+    """The states, by label, for messages (``adapter=a, adapter=b, adapters_disabled``)."""
+    return ", ".join(sorted(state_label(k or None) for k in known))
+
+
+def resolve_state(
+    who: str, known: Sequence[str], state: str | None, items: Mapping[str, Any]
+) -> str:
+    """The artifact's state key the server asks for.
+
+    Args:
+        who: The model (and sub-module) served, for messages.
+        known: The artifact's state keys.
+        state: A label, a key, ``"default"``, or None (then `items` say it).
+        items: The state's items, when `state` is None.
+
+    Raises:
+        UnknownState: Both or neither form given wrongly, or a state the artifact does not
+            serve (the message names those it does).
+    """
+    if state is not None and items:
+        raise UnknownState(f"{who}: give the state as a name or as items, not both")
+    if state is None:
+        try:
+            key = state_key(items) or DEFAULT
+        except (TypeError, ValueError) as e:
+            raise UnknownState(f"{who}: the state items {dict(items)!r} are not scalars") from e
+    elif state in ("", "default"):
+        key = DEFAULT
+    elif state.startswith("{"):
+        key = state
+    else:
+        labels = {state_label(k or None): k for k in known}
+        key = labels.get(state, state)
+    if key not in known:
+        asked = state if state is not None else state_label(key or None)
+        raise UnknownState(
+            f"{who} has no program of the state {asked!r}; its states: {describe_states(known)}"
+        )
+    return key
+
+
+def state_required(who: str, known: Sequence[str]) -> UnknownState:
+    """The refusal of a call that names no state, to an artifact of several states."""
+    first = min(state_label(k or None) for k in known)
+    return UnknownState(
+        f"{who} serves several states ({describe_states(known)}): say which a call runs under "
+        f"with runner.state(...), e.g. runner.state({first!r})(*args, **kwargs)"
+    )
+
+
 class Routed:
     """What every runner answers through its `Router`: its groups, and which one serves a call.
 
@@ -218,13 +287,55 @@ class Routed:
         """The groups this runner serves, in the order they are tried."""
         return self._router.groups
 
+    states: list[str]
+
+    def state(self, state: str | None = None, /, **items: Any) -> Any:
+        """This runner serving one recorded state only: what a server calls a request with.
+
+        ``runner.state(adapter="b")(**inputs)`` runs the programs exported with adapter ``b``
+        active; a call of an artifact of several states made without it is refused. The view
+        is built once per state and kept.
+
+        Args:
+            state: A state's label (``"adapter=b"``, ``"adapters_disabled"``, ``"default"``)
+                or key (``'{"adapter":"b"}'``); or None, and the state's items as keywords.
+            **items: The state's items (``adapter="b"``, ``adapters_disabled=True``,
+                ``training=True``, a declared item ``tenant="x"``); none: the default state.
+
+        Returns:
+            A runner of the same kind over that state's programs (its sub-modules' too); this
+            one when it serves that state only.
+
+        Raises:
+            UnknownState: The artifact has no program of that state (the message names its
+                states).
+
+        Example:
+            >>> runner.state(adapter="b").select(**inputs)  # doctest: +SKIP
+            'decode+adapter=b'
+        """
+        key = resolve_state(self._who(), self.states, state, items)
+        return self if self.states == [key] else self._view(key)
+
+    def _view(self, key: str) -> Any:
+        """This runner over the programs of state `key` only."""
+        raise NotImplementedError
+
     def select(self, *args: Any, **kwargs: Any) -> str:
         """The group that would serve this call (nothing runs).
 
         Raises:
-            CallNotServed: No group accepts the call; the message names each group and why.
+            CallNotServed: No group accepts the call, or the runner serves several states
+                (then `UnknownState`, naming them: call ``runner.state(...).select``).
         """
+        if len(self.states) > 1:
+            raise state_required(self._who(), self.states)
         return self._router.route(args, self._router.spelled(kwargs))[0].group
+
+    def _who(self) -> str:
+        """The model (and sub-module) served, for messages."""
+        module = self._router.module
+        return self._router.model + (f".{module}" if module else "")
 
 
 class Runner(Routed):
@@ -236,6 +347,8 @@ class Runner(Routed):
         modules: Program name -> what runs it (``program.module()``: the program itself).
         compiled: Program name -> its AOTInductor build (run instead of the module).
         module: The sub-module this runner serves.
+        state: Serve only the programs of this state key (`state` builds such a view); None:
+            every program, a call refused when they serve several states.
 
     Attributes:
         manifest: The artifact's typed manifest.
@@ -254,21 +367,39 @@ class Runner(Routed):
         modules: Mapping[str, Any],
         compiled: Mapping[str, Any] | None = None,
         module: str = "",
+        state: str | None = None,
     ) -> None:
         self.manifest = manifest
         self.programs = dict(programs)
         self.compiled = dict(compiled or {})
         self.module = module
-        self._router = Router(manifest.model, module, manifest.for_module(module))
+        self.states = manifest.states(module)
+        """The state keys this runner's programs serve (`capture.state`; ``""``: default)."""
+        entries = manifest.for_module(module)
+        if state is not None:
+            entries = [e for e in entries if e.state == state]
+            self.states = [state]
+        self._router = Router(manifest.model, module, entries)
+        self._all_modules = modules
         self._runnables = {
             e.program: self.compiled.get(e.program) or modules[e.program]
             for e in self._router.entries
         }
+        self._views: dict[str, Runner] = {}
         self.modules: dict[str, Runner] = {}
         if not module:
             for name in manifest.modules:
                 if name:
-                    self.modules[name] = Runner(manifest, programs, modules, compiled, name)
+                    self.modules[name] = Runner(manifest, programs, modules, compiled, name, state)
+
+    def _view(self, key: str) -> Runner:
+        """This runner over the programs of state `key` only, built once."""
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = Runner(
+                self.manifest, self.programs, self._all_modules, self.compiled, self.module, key
+            )
+        return view
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the call on the program that accepts it.
@@ -284,6 +415,8 @@ class Runner(Routed):
         """
         from replay.runtime.callform import arrange
 
+        if len(self.states) > 1:
+            raise state_required(self._who(), self.states)
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
         dims = [int(s) for t in tensors for s in t.shape]
@@ -301,5 +434,5 @@ class Runner(Routed):
             ) from e
 
     def __repr__(self) -> str:
-        name = self.manifest.model + (f".{self.module}" if self.module else "")
+        name = self._who()
         return f"Runner({name}, groups={self.groups}, modules={sorted(self.modules)})"

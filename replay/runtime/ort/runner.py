@@ -188,6 +188,8 @@ class OnnxRunner(Routed):
         self.module = module
         self.modules: dict[str, OnnxRunner] = {}
         self._router = Router(manifest.manifest.model, module, manifest.manifest.for_module(module))
+        # An ONNX set serves one state (the export refuses several): `state()` returns self.
+        self.states = manifest.manifest.states(module)
         # each entry's tensor leaf paths, in the order a call's tensors come (`Router.route`)
         self._paths = {
             id(e): [leaf.path for leaf in e.guard.leaves if leaf.kind == "tensor"]

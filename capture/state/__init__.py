@@ -1,0 +1,35 @@
+"""The state a call runs under besides its arguments: its key, reading it, entering it.
+
+One concept seen from its three sides: `capture.state.key` (the key's format, what the store,
+the analysis, the manifest and the runner share), `capture.state.reading` (the recorder reads a
+call's state on its hot path), `capture.state.entering` (the export puts a model in a recorded
+state). This package's names are the key's (`capture.state.key`); it imports no torch.
+"""
+
+from __future__ import annotations
+
+from capture.state.key import (
+    ADAPTER,
+    ADAPTERS_DISABLED,
+    DEFAULT,
+    MAX_ITEMS,
+    RESERVED,
+    TRAINING,
+    declared_items,
+    parse_key,
+    state_key,
+    state_label,
+)
+
+__all__ = [
+    "ADAPTER",
+    "ADAPTERS_DISABLED",
+    "TRAINING",
+    "RESERVED",
+    "DEFAULT",
+    "MAX_ITEMS",
+    "state_key",
+    "declared_items",
+    "parse_key",
+    "state_label",
+]
