@@ -55,6 +55,7 @@ __all__ = [
     "violation_names",
     "ShapeFacts",
     "shape_facts",
+    "mark_unbacked",
 ]
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ PRIVATE_APIS = {
     "shape_facts": (
         "torch.export.exported_program._get_shape_env, ShapeEnv.guards, ShapeEnv.replacements"
     ),
+    "mark_unbacked": "torch._dynamo.decorators.mark_unbacked (its min=/max= since 2.13)",
     "run_outside_dynamo": (
         "torch._C._dynamo.eval_frame.set_code_exec_strategy, _FrameExecStrategy, _FrameAction; "
         "the _torchdynamo_disable function attribute"
@@ -501,3 +503,35 @@ def _replaced(expr: Any, replacements: dict[Any, Any]) -> Any:
             return expr
         expr = replaced
     return expr
+
+
+# -- torch.compile ------------------------------------------------------------------------------
+def mark_unbacked(t: torch.Tensor, axis: int, bounds: Mapping[str, int]) -> None:
+    """Marks `axis` of `t` as an unbacked dynamic size for torch.compile, within `bounds`.
+
+    Private API: ``torch._dynamo.decorators.mark_unbacked`` (``torch._dynamo.mark_dynamic``
+    is public but specializes a size of 1). It takes ``min=``/``max=`` from torch 2.13 on
+    (checked on 2.13.0 and 2.15.0); torch 2.11 and 2.12 take no bounds: there the size is
+    marked without them (warned once), which compiles the same graph for any size, so no
+    answer changes, only the range the compiler may assume.
+
+    Args:
+        t: A tensor of the call.
+        axis: Its dynamic dim.
+        bounds: ``{"min": ..., "max": ...}`` or empty.
+
+    Example:
+        >>> mark_unbacked(torch.ones(3, 4), 0, {"min": 2, "max": 8})  # doctest: +SKIP
+    """
+    import inspect
+
+    from torch._dynamo.decorators import mark_unbacked as mark
+
+    if bounds and "min" not in inspect.signature(mark).parameters:
+        _lost(
+            "mark_unbacked",
+            "torch.compile hints mark unbacked sizes without their recorded ranges",
+            TypeError("mark_unbacked() takes no min= or max="),
+        )
+        bounds = {}
+    mark(t, axis, **bounds)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from capture import untrusted
+from capture import compat, untrusted
 from capture.errors import ReplayError
 from replay.inputs import select
 from replay.runtime.guards import leaf_key
@@ -125,7 +125,7 @@ class CompileHints:
             t = tensors[m.tensor]
             bounds = {"min": m.min, "max": m.max} if m.min <= t.shape[m.axis] <= m.max else {}
             if m.unbacked:
-                torch._dynamo.decorators.mark_unbacked(t, m.axis, **bounds)
+                compat.mark_unbacked(t, m.axis, bounds)
             else:
                 torch._dynamo.mark_dynamic(t, m.axis, **bounds)
         return group.group
