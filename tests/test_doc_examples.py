@@ -29,6 +29,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -170,11 +171,18 @@ def test_python_block_compiles(block: Block) -> None:
     compile(block.body, f"{block.page}:{block.line}", "exec")
 
 
+_TORCH = tuple(int(p) for p in version("torch").split("+")[0].split(".")[:2])
+
+
 @pytest.mark.parametrize("block", ALL_PYTHON, ids=lambda b: b.id)
 def test_python_block_runs(block: Block, workdirs: _Workdirs) -> None:
     result = workdirs.result(block)
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    stderr = result.stderr
+    if _TORCH < (2, 13):
+        # compile hints say once that this torch marks unbacked sizes without their range
+        stderr = "".join(line for line in stderr.splitlines(True) if "mark_unbacked" not in line)
+    assert stderr == ""
     expected = _expected_output(block)
     if expected is not None:
         assert result.stdout == expected

@@ -288,6 +288,11 @@ def test_control_torchs_own_loader_runs_what_was_planted(
     # The refusals above are not of harmless changes: torch 2.13's loader runs them.
     from torch.export.pt2_archive._package import load_pt2
 
+    if case == "opaque object" and tuple(map(int, torch.__version__.split(".")[:2])) < (2, 13):
+        pytest.skip(
+            "torch < 2.13 reads no opaque objects: the planted one is what newer torch runs"
+        )
+
     make, _ = HOSTILE[case]
     plant = make(marker)
 
