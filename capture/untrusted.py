@@ -49,8 +49,8 @@ class JsonTooDeep(ValueError):
 def too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether the JSON `text` nests lists and objects deeper than `limit`, found without
     parsing it and without recursion: strings are cut out, then the innermost bracket pairs
-    are removed once per level, at most `limit` times (byte operations only: some 5% of the
-    time `json.loads` takes); text that is not JSON is left to the parser.
+    are removed once per level, at most `limit` times (byte operations only: about half the
+    time `json.loads` takes on a program's graph); text that is not JSON is left to the parser.
 
     Example:
         >>> too_deep("[[1], {}]", 2), too_deep("[[[1]]]", 2), too_deep('["[[[["]', 2)
