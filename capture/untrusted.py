@@ -18,6 +18,7 @@ Such text is written by others (docs/trust.md), so two rules hold wherever it is
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 __all__ = [
@@ -38,6 +39,7 @@ frames per level, so 200 stays well inside Python's limit of 1,000 frames."""
 _KEPT = bytes(c for c in range(256) if c not in b'[]{}"')
 """Every byte but brackets and quotes (deleted before the brackets are counted)."""
 _SAME_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
 
 
 class JsonTooDeep(ValueError):
@@ -47,8 +49,8 @@ class JsonTooDeep(ValueError):
 def too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether the JSON `text` nests lists and objects deeper than `limit`, found without
     parsing it and without recursion: strings are cut out, then the innermost bracket pairs
-    are removed once per level, at most `limit` times (byte operations only: some 5% of the
-    time `json.loads` takes); text that is not JSON is left to the parser.
+    are removed once per level, at most `limit` times (byte operations only: about half the
+    time `json.loads` takes on a program's graph); text that is not JSON is left to the parser.
 
     Example:
         >>> too_deep("[[1], {}]", 2), too_deep("[[[1]]]", 2), too_deep('["[[[["]', 2)
@@ -57,8 +59,8 @@ def too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if data.count(b"[") + data.count(b"{") <= limit:
         return False  # fewer openings than the limit: no need to look further
-    # Escaped backslashes and quotes out first: every quote left opens or closes a string.
-    data = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _KEPT)
+    # Escapes out first (``\\\\``, ``\\"``, ...): every quote left opens or closes a string.
+    data = _ESCAPE.sub(b"", data).translate(None, _KEPT)
     data = data.replace(b'""', b"")  # the strings holding no bracket
     if b'"' in data:
         data = b"".join(data.split(b'"')[::2])

@@ -169,6 +169,25 @@ def deep_replaces(store: Path) -> Path:
     return path
 
 
+CONTROL = "\x1b]0;title\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\u202e\r\b\x9b"
+"""A window title, a clipboard write (OSC 52), a screen clear, a right-to-left override, a
+carriage return, a backspace and a C1 CSI: what a name must never carry raw to a terminal."""
+
+
+def control_characters_in_names(store: Path) -> Path:
+    """Model and argument names carrying `CONTROL`, and a file named with it."""
+    for table in schema.TABLES:
+        for path in files(store, table):
+            _column(path, "model", ["add" + CONTROL])
+    for path in files(store, schema.STRUCTURES):
+        rows = pq.read_table(path).num_rows
+        _column(path, "argument", [f"x{CONTROL}{i}" for i in range(rows)])
+    source = files(store, schema.CALLS)[0]
+    named = source.parent / f"name{CONTROL}.parquet"
+    named.write_bytes(source.read_bytes())
+    return named
+
+
 PLANTERS: dict[str, Callable[[Path], Path]] = {
     f.__name__: f
     for f in (
@@ -189,6 +208,7 @@ PLANTERS: dict[str, Callable[[Path], Path]] = {
         deep_signature,
         deep_treespec,
         deep_replaces,
+        control_characters_in_names,
     )
 }
 """Every hostile store of the matrix, by name."""

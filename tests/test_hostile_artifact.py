@@ -178,6 +178,18 @@ def _manifest_types(marker: Path) -> Callable[[dict[str, bytes]], None]:
     return change
 
 
+def _manifest_edit(edit: Callable[[Any], None]) -> Callable[[Path], Any]:
+    def make(marker: Path) -> Callable[[dict[str, bytes]], None]:
+        return lambda e: _json(e, "extra/capture_manifest.json", edit)
+
+    return make
+
+
+def _deep_condition(d: Any) -> None:
+    condition = {"expr": "-" * 1990 + "d0 > 1", "text": "x"}  # issue 39: no RecursionError
+    d["programs"][0].setdefault("conditions", []).append(condition)
+
+
 def _view_past_end(marker: Path) -> Callable[[dict[str, bytes]], None]:
     def change(e: dict[str, bytes]) -> None:
         config = "data/weights/g0_weights_config.json"
@@ -236,6 +248,11 @@ HOSTILE: dict[str, tuple[Callable[[Path], Any], str]] = {
     # torch's treespec_loads imports a defaultdict's factory module
     "defaultdict factory": (_graph("in_spec", _defaultdict_spec), "defaultdict factory"),
     "manifest pytree type": (_manifest_types, "names the pytree type"),
+    "a condition nested 1990 deep": (_manifest_edit(_deep_condition), "deeper than 200 levels"),
+    "a manifest value nested 500 deep": (
+        _manifest_edit(lambda d: d["programs"][0].update(extra=json.loads("[" * 500 + "]" * 500))),
+        "nests deeper than 200 levels of lists and objects",
+    ),
     "view past its record": (_view_past_end, "reaches element"),
     **PROGRAM_CASES,
     **EFFECT_CASES,

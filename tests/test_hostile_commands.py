@@ -5,6 +5,7 @@ writes). A file whose values are corrupt is named in the error, and left as it i
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -78,6 +79,9 @@ def _commands(base: dict[str, Path], tmp: Path) -> dict[str, list[str]]:
     }
 
 
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""A control or bidirectional character as a terminal reads it (newline allowed)."""
+
 SLOW_COMMANDS = ("export", "check")
 """Commands that run torch.export or the exported programs (seconds each)."""
 
@@ -108,6 +112,10 @@ def _one_outcome(
         return f"{name} / {command}: raised {type(exception).__name__}: {exception}"
     if "Traceback" in stdout + stderr:
         return f"{name} / {command}: printed a traceback"
+    # issue 39: nothing from a store reaches a terminal unescaped (json piped is exact data)
+    raw = RAW_CONTROL.findall(stderr if "json" in command else stdout + stderr)
+    if raw:
+        return f"{name} / {command}: printed raw control characters {sorted(set(raw))!r}"
     if code == 0 or (command == "check" and code == EXIT_NOT_SERVED):
         return None  # an answer (check: some recorded calls are not served)
     errors = [line for line in stderr.splitlines() if line.startswith("Error:")]

@@ -315,7 +315,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str, str]] = {
     "a manifest value nested 500 deep": (
         _manifest(lambda d: d["programs"][0].update(extra=json.loads("[" * 500 + "]" * 500))),
         SEALED,
-        "nests lists and objects deeper than 200 levels",
+        "nests deeper than 200 levels of lists and objects",
     ),
     "swapped model file": (_swap_model, SWAPPED, "its sha256 differs"),
     "swapped weights file": (_swap_weights, SWAPPED, "its sha256 differs"),

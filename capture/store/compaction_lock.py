@@ -211,8 +211,14 @@ class CompactionLock:
             return True  # released meanwhile
         reason = _stale(note)
         if reason == _UNREADABLE:  # maybe being written right now: stale only when old
-            modified = self.fs.get_file_info(self.path).mtime
-            age = time.time() - modified.timestamp() if modified is not None else 0.0
+            if isinstance(self.fs, pafs.LocalFileSystem):  # the lock itself, not a link's target
+                try:
+                    age = time.time() - os.lstat(self.path).st_mtime
+                except FileNotFoundError:
+                    return True  # released meanwhile
+            else:
+                modified = self.fs.get_file_info(self.path).mtime
+                age = time.time() - modified.timestamp() if modified is not None else 0.0
             reason = reason if age > _UNREADABLE_STALE_S else None
         if reason is None:
             return False

@@ -89,7 +89,7 @@ def load(data: bytes, source: str) -> Any:
     """
     if too_deep(data, MAX_JSON_DEPTH):
         raise ArtifactError(
-            f"{source} nests lists and objects deeper than {MAX_JSON_DEPTH} levels, which "
+            f"{source} nests deeper than {MAX_JSON_DEPTH} levels of lists and objects, which "
             "capture never writes: the artifact was changed or damaged; export it again"
         )
     try:
