@@ -50,6 +50,7 @@ __all__ = [
     "leaf_treespec",
     "tensor_metadata_check",
     "run_outside_dynamo",
+    "export_check",
     "dim_kind",
     "is_constraint_violation",
     "violation_names",
@@ -97,6 +98,7 @@ PRIVATE_APIS = {
         "torch._C._dynamo.eval_frame.set_code_exec_strategy, _FrameExecStrategy, _FrameAction; "
         "the _torchdynamo_disable function attribute"
     ),
+    "export_check": "torch.compiler._is_exporting_flag",
 }
 """Function of this module -> the private torch API it uses (`tests/test_compat.py` checks
 that every function here is listed, and exercises each)."""
@@ -324,6 +326,39 @@ def run_outside_dynamo(
             "torch.compile may trace into the recorder's helpers (slower compiles)",
             e,
         )
+
+
+_torch_compiler: Any = None  # torch.compiler, once `export_check` imported it
+
+
+def _exporting() -> bool:
+    flag: bool = _torch_compiler._is_exporting_flag  # a global: Dynamo guards on its value
+    return flag
+
+
+def export_check() -> Callable[[], bool]:
+    """A function telling whether torch.export is tracing, also right while Dynamo traces.
+
+    Private API: ``torch.compiler._is_exporting_flag``, the flag ``is_exporting()`` returns.
+    Dynamo folds ``torch.compiler.is_exporting()`` to True while it traces any
+    ``torch.compile`` on torch 2.11.0, and reads the flag on torch 2.13.0; the flag is right
+    on both. Without it (warned once) ``is_exporting`` is used: on a torch that folds it, the
+    recorder cannot tell a compile from an export and lets a compiled caller run the model
+    unrecorded.
+    """
+    global _torch_compiler
+    import torch.compiler
+
+    if not hasattr(torch.compiler, "_is_exporting_flag"):
+        _lost(
+            "export_check",
+            "calls of a torch.compile'd model may run unrecorded where Dynamo folds "
+            "torch.compiler.is_exporting() to True",
+            AttributeError("_is_exporting_flag"),
+        )
+        return torch.compiler.is_exporting
+    _torch_compiler = torch.compiler
+    return _exporting
 
 
 # -- torch.export.dynamic_shapes ----------------------------------------------------------------

@@ -180,6 +180,24 @@ def test_run_outside_dynamo_runs_the_recording_eagerly_under_compile() -> None:
     assert compiling == [False]
 
 
+def test_export_check_tells_an_export_from_a_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    exporting = compat.export_check()
+
+    class Probe(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1 if exporting() else x - 1
+
+    probe, zero = Probe(), torch.zeros(1)
+    compiled = torch.compile(probe, backend="eager")
+    assert not exporting() and compiled(zero).item() == -1  # torch.compile is no export
+    for strict in (True, False):
+        program = torch.export.export(probe, (zero,), strict=strict)
+        assert program.module()(zero).item() == 1, strict
+    # The compiled frame guards on the flag: raised, it is traced again, not reused.
+    monkeypatch.setattr(torch.compiler, "_is_exporting_flag", True)
+    assert compiled(zero).item() == 1
+
+
 def test_a_missing_private_api_is_warned_once_with_what_is_lost(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

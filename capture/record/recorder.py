@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from capture import compat
 from capture.errors import CaptureError
 from capture.pytree import nodes
 from capture.record import lifecycle
@@ -324,6 +325,7 @@ class Recorder:
         payloads = self._payloads
         flight = self._flight
         patch = self._patch
+        exporting = compat.export_check()  # is_exporting(), also right while Dynamo traces
         outside: Callable[..., Any] = original  # set below
 
         @functools.wraps(original)
@@ -331,7 +333,7 @@ class Recorder:
             if not patch.active:
                 return original(*args, **kwargs)
             if torch.compiler.is_compiling():  # Dynamo traces this: call the eager part instead
-                if not self._compiled or torch.compiler.is_exporting():
+                if not self._compiled or exporting():
                     return original(*args, **kwargs)
                 return outside(*args, **kwargs)
             pending = None
