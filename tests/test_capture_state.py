@@ -238,3 +238,19 @@ def test_an_artifact_of_one_state_has_the_plain_manifest_format(tmp_path: Path) 
     runner = replay.load(path)
     assert runner.manifest.format == "capture-artifact/2" and runner.states == [""]
     assert runner.state() is runner and runner.state("default") is runner
+
+
+def test_the_report_lists_the_states_and_keeps_their_groups_apart(tmp_path: Path) -> None:
+    from capture.engines.report_data import timeline
+    from capture.engines.report_html import build_report
+
+    _record_tenants(tmp_path / "store")
+    with capture.open_store(tmp_path / "store") as store:
+        page = build_report(store, "scaled")
+        groups = analyze(store, "scaled")
+        calls = timeline(store, "scaled", groups).calls.sum(axis=1).tolist()
+    assert "States the calls ran under" in page and "tenant=a" in page
+    assert dict(zip([g.name for g in groups], calls, strict=True)) == {
+        "g0+tenant=b": 3,
+        "g0+tenant=a": 2,
+    }
