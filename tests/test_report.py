@@ -164,9 +164,8 @@ def test_timeline_keeps_every_call(llama: Store) -> None:
 
 
 def test_served_calls_add_up_the_check_rows_per_group(pair: Store) -> None:
-    from replay.check.drift import DriftRow
-
     from capture.state import state_label
+    from replay.check.drift import DriftRow
 
     (group,) = analyze(pair)
     sid = group.structure_id
