@@ -105,6 +105,7 @@ class _Kept:
     nbytes: int
     outputs: str = "not recorded"
     call_id: int = -1
+    state: str | None = None
 
 
 class PayloadKeeper:
@@ -178,8 +179,11 @@ class PayloadKeeper:
         }
 
     # -- hot path (sampled calls only past the first line) -----------------------------------
-    def take(self, args: Any, kwargs: Any, in_structure: str) -> _Kept | None:
-        """Copies the input tensors of a sampled call (None: not sampled, or skipped)."""
+    def take(
+        self, args: Any, kwargs: Any, in_structure: str, state: str | None = None
+    ) -> _Kept | None:
+        """Copies the input tensors of a sampled call (None: not sampled, or skipped); `state`
+        is the call's state key (`capture.state`), kept in the file's metadata."""
         if self._random() >= self.policy.rate:
             return None
         if self._thread is None or self._queue.full():
@@ -198,7 +202,7 @@ class PayloadKeeper:
             self.over_budget += 1
             return None
         copies = {f"in/{i}": _copy(t) for i, t in found.items()}
-        return _Kept(time.time_ns(), in_structure, copies, nbytes)
+        return _Kept(time.time_ns(), in_structure, copies, nbytes, state=state)
 
     def finish(self, kept: _Kept, call_id: int | None, out: Any) -> None:
         """Adds the call's outputs (when they fit) and queues the payload for writing."""
@@ -256,6 +260,8 @@ class PayloadKeeper:
             "ts_ns": str(kept.ts_ns),
             "in_structure": kept.in_structure,
             "outputs": kept.outputs,
+            # the default state (None) writes no key: files read as before states were
+            **({"state": kept.state} if kept.state is not None else {}),
         }
         header, buffers = _safetensors_layout(kept.tensors, metadata)
         day = dt.datetime.fromtimestamp(kept.ts_ns / 1e9, dt.timezone.utc).date().isoformat()

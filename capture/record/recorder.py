@@ -345,7 +345,7 @@ class Recorder:
             kept = None
             if payloads is not None:
                 try:
-                    kept = payloads.take(args, kwargs, pending[0])
+                    kept = payloads.take(args, kwargs, pending[0], pending[4])
                 except Exception as e:
                     self._count_error("keeping a payload", e)
             flight.enter()
