@@ -44,12 +44,15 @@ def _set_tenant(model: Scaled, tenant: str | None) -> None:
         model.scale.fill_(SCALES[tenant] if tenant else 1.0)
 
 
-def _record_tenants(root: Path) -> tuple[Scaled, list[tuple[str, torch.Tensor]]]:
+def _record_tenants(
+    root: Path, payloads: float = 0.0
+) -> tuple[Scaled, list[tuple[str, torch.Tensor]]]:
     torch.manual_seed(0)
     model = Scaled().eval()
     current = {"tenant": "a"}
     calls = []
-    with capture.Recorder(model, root, name="scaled", state=lambda: dict(current)):
+    state = lambda: dict(current)  # noqa: E731
+    with capture.Recorder(model, root, name="scaled", state=state, payloads=payloads):
         for tenant, batch in (("a", 2), ("b", 3), ("a", 4), ("b", 2), ("b", 5)):
             current["tenant"] = tenant
             _set_tenant(model, tenant)
@@ -238,3 +241,32 @@ def test_an_artifact_of_one_state_has_the_plain_manifest_format(tmp_path: Path) 
     runner = replay.load(path)
     assert runner.manifest.format == "capture-artifact/2" and runner.states == [""]
     assert runner.state() is runner and runner.state("default") is runner
+
+
+def test_the_report_lists_the_states_and_keeps_their_groups_apart(tmp_path: Path) -> None:
+    from capture.engines.report_data import timeline
+    from capture.engines.report_html import build_report
+
+    _record_tenants(tmp_path / "store")
+    with capture.open_store(tmp_path / "store") as store:
+        page = build_report(store, "scaled")
+        groups = analyze(store, "scaled")
+        calls = timeline(store, "scaled", groups).calls.sum(axis=1).tolist()
+    assert "States the calls ran under" in page and "tenant=a" in page
+    assert dict(zip([g.name for g in groups], calls, strict=True)) == {
+        "g0+tenant=b": 3,
+        "g0+tenant=a": 2,
+    }
+
+
+def test_sampled_real_calls_are_checked_in_their_own_state(tmp_path: Path) -> None:
+    model, _ = _record_tenants(tmp_path / "store", payloads=1.0)
+    result = replay.export(
+        model,
+        tmp_path / "store",
+        probes=0,
+        set_state=lambda s: _set_tenant(model, s["tenant"] if s else None),
+    )
+    rows = [r for r in result.coverage.to_pylist() if r["kind"] == "payload"]
+    assert sorted(r["group"] for r in rows) == ["g0+tenant=a"] * 2 + ["g0+tenant=b"] * 3
+    assert all(r["covered"] for r in rows), rows

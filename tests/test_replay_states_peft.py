@@ -1,5 +1,8 @@
 """A Llama with two real peft LoRA adapters, served per adapter from one artifact.
 
+The generate() traffic tests are slow (recording and six exports of a tiny Llama: about 90 s on
+a loaded 2-core machine); a two-layer MLP with LoRA checks the same promise in the default run.
+
 What a multi-tenant server does: ``generate()`` requests with the adapter switched between them by
 ``set_adapter()`` and some under ``disable_adapter()``. The recorder finds the adapters by itself;
 the export puts the model in each recorded state; the saved artifact, loaded with
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import zipfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +29,54 @@ from fixtures.adapters import DISABLED, AdapterCall, in_state, lora_llama, recor
 from replay.runtime.runner import UnknownState
 
 pytest.importorskip("peft")
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc(x)))
+
+
+def test_a_small_peft_model_is_served_per_adapter(tmp_path: Path) -> None:
+    """The same promise on a two-layer MLP with LoRA on one layer: fast, in the default run."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    config = {"r": 2, "target_modules": ["fc"], "init_lora_weights": False}
+    peft_model = get_peft_model(Mlp().eval(), LoraConfig(**config), adapter_name="alpha")
+    peft_model.add_adapter("beta", LoraConfig(**config))
+    peft_model.eval()
+    calls = []
+    with capture.Recorder(peft_model, tmp_path / "store", name="mlp"), torch.no_grad():
+        for adapter, batch in [("alpha", 2), ("beta", 3), (DISABLED, 2), ("alpha", 5)]:
+            for rows in (batch, batch + 1):
+                x = torch.randn(rows, 8)
+                calls.append(AdapterCall(adapter, (x,), {}))
+                with in_state(peft_model, adapter):
+                    peft_model(x)
+    peft_model.set_adapter("beta")  # the export enters each recorded state itself
+    result = replay.export(peft_model, tmp_path / "store", probes=0)
+    assert peft_model.active_adapter == "beta"  # put back as it was
+    assert result.complete
+    assert sorted(result.programs) == [
+        "g0+adapter=alpha",
+        "g0+adapter=beta",
+        "g0+adapters_disabled",
+    ]
+    result.save(tmp_path / "mlp.pt2")
+    runner = replay.load(tmp_path / "mlp.pt2")
+    for call in calls:
+        with in_state(peft_model, call.adapter), torch.no_grad():
+            expected = peft_model(*call.args)
+        got = runner.state(**STATES[call.adapter])(*call.args)
+        torch.testing.assert_close(got, expected)
+    with pytest.raises(UnknownState, match="several states"):
+        runner(*calls[0].args)
+
 
 # (adapter, batch, prompt length): two requests per state, of different lengths (dynamic dims)
 WORKLOAD = [
@@ -65,6 +117,7 @@ def _eager(peft_model: Any, call: AdapterCall) -> Any:
         return peft_model.get_base_model()(*copy.deepcopy(call.args), **copy.deepcopy(call.kwargs))
 
 
+@pytest.mark.slow
 def test_the_recorder_finds_each_requests_adapter_state(served: dict[str, Any]) -> None:
     with capture.open_store(served["store"]) as store:
         rows = store.query("SELECT state, count(*) AS n FROM calls GROUP BY 1 ORDER BY 1")
@@ -81,6 +134,7 @@ def test_the_recorder_finds_each_requests_adapter_state(served: dict[str, Any]) 
     ]
 
 
+@pytest.mark.slow
 def test_every_original_call_is_served_right_under_its_state(served: dict[str, Any]) -> None:
     result = served["result"]
     assert result.complete, [r for r in result.coverage.to_pylist() if not r["covered"]]
@@ -104,6 +158,7 @@ def test_every_original_call_is_served_right_under_its_state(served: dict[str, A
     assert float((other.logits - _eager(served["peft"], first).logits).abs().max()) > 1e-3
 
 
+@pytest.mark.slow
 def test_a_call_whose_state_the_artifact_does_not_know_is_refused(
     served: dict[str, Any],
 ) -> None:
@@ -119,6 +174,7 @@ def test_a_call_whose_state_the_artifact_does_not_know_is_refused(
         runner.state()
 
 
+@pytest.mark.slow
 def test_the_artifact_holds_the_base_weights_once(served: dict[str, Any]) -> None:
     inner = served["peft"].get_base_model()
     model_bytes = sum(t.numel() * t.element_size() for t in inner.state_dict().values())
@@ -129,6 +185,7 @@ def test_the_artifact_holds_the_base_weights_once(served: dict[str, Any]) -> Non
     assert model_bytes - 2048 <= stored <= model_bytes
 
 
+@pytest.mark.slow
 def test_check_agrees_with_the_runner_state_by_state(served: dict[str, Any]) -> None:
     out = CliRunner().invoke(
         cli, ["--store", str(served["store"]), "check", str(served["path"]), "-f", "csv"]

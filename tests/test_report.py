@@ -164,15 +164,18 @@ def test_timeline_keeps_every_call(llama: Store) -> None:
 
 
 def test_served_calls_add_up_the_check_rows_per_group(pair: Store) -> None:
+    from capture.state import state_label
     from replay.check.drift import DriftRow
 
     (group,) = analyze(pair)
     sid = group.structure_id
+    label = state_label(group.state or None)  # the module was recorded in training mode
     rows = [
-        DriftRow("pair", sid, "g0", "T1s2", 2, True, None),
-        DriftRow("pair", sid, None, "T1s3", 3, False, "g0: size"),
-        DriftRow("pair", "another", "g1", "T1s4", 5, True, None),
-        DriftRow("other", sid, "g0", "T1s2", 7, True, None),
+        DriftRow("pair", sid, "g0", "T1s2", 2, True, None, label),
+        DriftRow("pair", sid, None, "T1s3", 3, False, "g0: size", label),
+        DriftRow("pair", "another", "g1", "T1s4", 5, True, None, label),
+        DriftRow("other", sid, "g0", "T1s2", 7, True, None, label),
+        DriftRow("pair", sid, "g0", "T1s2", 11, True, None, "another_state"),
     ]
     (served,) = served_calls([group], rows)
     assert (served.calls, served.served_calls) == (5, 2)

@@ -105,6 +105,7 @@ class _Kept:
     nbytes: int
     outputs: str = "not recorded"
     call_id: int = -1
+    state: str | None = None
 
 
 class PayloadKeeper:
@@ -184,9 +185,11 @@ class PayloadKeeper:
         kwargs: Any,
         in_structure: str,
         keywords: tuple[str, ...] | None = None,
+        state: str | None = None,
     ) -> _Kept | None:
         """Copies the input tensors of a sampled call (None: not sampled, or skipped);
-        `keywords` is the structure's keyword order when the call passed another one."""
+        `keywords` is the structure's keyword order when the call passed another one, `state`
+        the call's state key (`capture.state`), kept in the file's metadata."""
         if self._random() >= self.policy.rate:
             return None
         if self._thread is None or self._queue.full():
@@ -207,7 +210,7 @@ class PayloadKeeper:
             self.over_budget += 1
             return None
         copies = {f"in/{i}": _copy(t) for i, t in found.items()}
-        return _Kept(time.time_ns(), in_structure, copies, nbytes)
+        return _Kept(time.time_ns(), in_structure, copies, nbytes, state=state)
 
     def finish(self, kept: _Kept, call_id: int | None, out: Any) -> None:
         """Adds the call's outputs (when they fit) and queues the payload for writing."""
@@ -265,6 +268,8 @@ class PayloadKeeper:
             "ts_ns": str(kept.ts_ns),
             "in_structure": kept.in_structure,
             "outputs": kept.outputs,
+            # the default state (None) writes no key: files read as before states were
+            **({"state": kept.state} if kept.state is not None else {}),
         }
         header, buffers = _safetensors_layout(kept.tensors, metadata)
         day = dt.datetime.fromtimestamp(kept.ts_ns / 1e9, dt.timezone.utc).date().isoformat()

@@ -44,7 +44,7 @@ from capture.record.tokens import special_token_ids
 from capture.record.value_ranges import DeviceRanges, int_range, ranges
 from capture.record.writer import StoreWriter
 from capture.signature import Signature
-from capture.state.reading import state_reader
+from capture.state.reading import TRAINING_KEY, has_training, state_reader
 
 __all__ = ["Recorder", "DEFAULT_STORE", "STOP_WAIT_SECONDS", "NOTHING_RECORDED_AFTER"]
 
@@ -159,6 +159,7 @@ class Recorder:
         self._record_outputs = options.record_outputs
         self._compiled = options.compiled
         self._read_state: Callable[[], str | None] | None = None  # found at start()
+        self._trains = has_training(model)  # `training` read inline when nothing else is
         policy = options.payload_policy
         self._payloads = PayloadKeeper(policy, store, self.name) if policy else None
         self._writer: StoreWriter | None = None
@@ -346,7 +347,7 @@ class Recorder:
             kept = None
             if payloads is not None:
                 try:
-                    kept = payloads.take(args, kwargs, pending[0], pending[4])
+                    kept = payloads.take(args, kwargs, pending[0], pending[4], pending[5])
                 except Exception as e:
                     self._count_error("keeping a payload", e)
             flight.enter()
@@ -386,10 +387,12 @@ class Recorder:
         max_calls = self._max_calls
         if max_calls is not None and self._writer and self._writer.recorded >= max_calls:
             return None
-        state = None
-        if self._read_state is not None:
+        read = self._read_state
+        if read is None:
+            state = TRAINING_KEY if self._trains and self.model.training else None
+        else:
             try:
-                state = self._read_state()
+                state = read()
             except Exception as e:  # never recorded under a state it may not be
                 self._count_error("reading the call's state", e)
                 return None

@@ -23,7 +23,7 @@ from typing import Any
 
 from capture.state import ADAPTER, ADAPTERS_DISABLED, TRAINING, declared_items, state_key
 
-__all__ = ["peft_layers", "state_reader", "TRAINING_KEY"]
+__all__ = ["has_training", "peft_layers", "state_reader", "TRAINING_KEY"]
 
 TRAINING_KEY = state_key({TRAINING: True})
 """The key of a module in training mode with nothing else to read."""
@@ -46,21 +46,21 @@ def peft_layers(model: Any) -> list[Any]:
         return []
 
 
+def has_training(model: Any) -> bool:
+    """Whether `model` has a ``training`` flag to read (a ``torch.nn.Module``)."""
+    return isinstance(getattr(model, "training", None), bool)
+
+
 def state_reader(model: Any, declared: Callable[[], Any] | None) -> Callable[[], str | None] | None:
     """The function that returns a call's state key (None: the default state), or None when
-    there is nothing to read (an object that is no module, and no ``state=`` callable)."""
+    there is no peft layer and no ``state=`` callable: then at most ``training`` is read, which
+    the recorder reads itself, inline (`TRAINING_KEY`; a function call would cost more than
+    the read)."""
     layers = peft_layers(model)
-    has_training = isinstance(getattr(model, "training", None), bool)
     if not layers and declared is None:
-        if not has_training:
-            return None
-        module = model
-
-        def training_only() -> str | None:
-            return TRAINING_KEY if module.training else None
-
-        return training_only
-    return _full_reader(model if has_training else None, layers[0] if layers else None, declared)
+        return None
+    module = model if has_training(model) else None
+    return _full_reader(module, layers[0] if layers else None, declared)
 
 
 def _full_reader(

@@ -246,6 +246,12 @@ class Payload:
         """The call's ``calls.in_structure``."""
         return self.metadata["in_structure"]
 
+    @property
+    def state(self) -> str:
+        """The call's state key (``calls.state``; ``""``: the default state, and files written
+        before states were recorded)."""
+        return self.metadata.get("state", "")
+
     def inputs(self) -> dict[int, torch.Tensor]:
         """Leaf index -> input tensor."""
         return {int(k[3:]): v for k, v in self.tensors.items() if k.startswith("in/")}

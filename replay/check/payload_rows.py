@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from capture.pytree.structure import RecordedStructure
     from replay.inputs.builder import ExportGroup, ExportInputs
 
-__all__ = ["has_payloads", "payload_rows", "real_call", "Serve"]
+__all__ = ["payload_rows", "real_call", "Serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +175,9 @@ def _check(
     return CheckOutcome(True, diff, None)
 
 
-def has_payloads(store: Any, model: str) -> bool:
-    """Whether the store holds payload files of `model` (False when they cannot be listed)."""
+def _listed(store: Any, model: str) -> tuple[Any, list[Any]] | CoverageRow:
+    """The store's filesystem and the model's payload files, or the row saying they cannot be
+    listed (an unreachable store, a folder that cannot be listed)."""
     from capture.store.files import resolve_store
     from capture.store.reader import StoreReader
 
@@ -184,9 +185,10 @@ def has_payloads(store: Any, model: str) -> bool:
         fs, root = (
             (store.fs, store.root) if isinstance(store, StoreReader) else resolve_store(store)
         )
-        return bool(list_payloads((fs, root), model))
-    except (CaptureError, OSError):
-        return False
+        return fs, list_payloads((fs, root), model)
+    except (CaptureError, OSError) as e:
+        why = " ".join(str(e).split())
+        return _row(None, "payloads", error=f"the payloads cannot be listed ({why})")
 
 
 def payload_rows(
@@ -203,6 +205,7 @@ def payload_rows(
     device: str | None = None,
     target: str = TARGET_TORCH,
     serve: Mapping[str, Serve] | None = None,
+    state: str | None = None,
 ) -> tuple[list[CoverageRow], list[str]]:
     """Coverage rows of kind ``payload`` (module docstring) and notes about them.
 
@@ -221,25 +224,21 @@ def payload_rows(
         serve: Group name -> how that target runs a call given as recorded (default: the
             torch program serving the group, in its call form, fills added). A group with a
             program but no entry here is not covered (its target was not produced).
+        state: Only the sampled calls of this state key (`capture.state`; the file's
+            ``state``), checked with `module` in that state (the caller puts it there); None:
+            every sampled call.
 
     Returns:
         (rows, notes); no rows when the store holds no payloads of the model. A payload that
         cannot be read (malformed, over a cap, a link) is one not-covered row (or, for a
         link, which is never followed, one warning), never an exception.
     """
-    from capture.store.files import resolve_store
-    from capture.store.reader import StoreReader
-
     if limit <= 0:
         return [], []
-    try:
-        fs, root = (
-            (store.fs, store.root) if isinstance(store, StoreReader) else resolve_store(store)
-        )
-        files = list_payloads((fs, root), inputs.model)
-    except (CaptureError, OSError) as e:  # an unreachable store, a folder that cannot be listed
-        why = " ".join(str(e).split())
-        return [_row(None, "payloads", error=f"the payloads cannot be listed ({why})")], []
+    listed = _listed(store, inputs.model)
+    if isinstance(listed, CoverageRow):
+        return [listed], []
+    fs, files = listed
     if not files:
         return [], []
     notes = []
@@ -256,6 +255,8 @@ def payload_rows(
             if isinstance(item, str):
                 rows.append(_row(None, "unreadable payload", error=item, target=target))
                 continue
+            if state is not None and item.state != state:
+                continue  # checked with the model in its own state
             label = f"call {item.call_id}"
             if item.in_structure not in exported:
                 if item.in_structure in analysed:

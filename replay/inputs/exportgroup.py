@@ -291,7 +291,7 @@ class ExportInputs:
         return self.groups[0].dynamic_shapes
 
     def group_for(
-        self, structure_id: str, sizes: Iterable[int], state: str | None = DEFAULT
+        self, structure_id: str, sizes: Iterable[int], state: str | None = None
     ) -> ExportGroup | None:
         """The group (or regime) a call of `structure_id` with these input sizes belongs to.
 
@@ -302,18 +302,28 @@ class ExportInputs:
         Args:
             structure_id: The call's recorded input structure.
             sizes: Every input tensor size of the call, in leaf order (``calls.dims``).
-            state: The call's state key (``calls.state``; None or ``""``: the default state).
+            state: The call's state key (``calls.state``, null read as ``""``: the default
+                state); None: whatever the state, for a store whose calls ran under one.
 
         Returns:
             The group, or None when no group of the structure holds the call.
+
+        Raises:
+            ReplayError: `state` is None and the structure's groups are of several states.
 
         Example:
             >>> inputs.group_for(row["in_structure"], row["dims"]).name  # doctest: +SKIP
             'prefill[input_ids_1<=4]'
         """
         key = tuple(int(s) for s in sizes)
-        state = state or DEFAULT
-        mine = [g for g in self.groups if structure_id in g.structure_ids and g.state == state]
+        mine = [g for g in self.groups if structure_id in g.structure_ids]
+        if state is not None:
+            mine = [g for g in mine if g.state == (state or DEFAULT)]
+        elif len({g.state for g in mine}) > 1:
+            raise ReplayError(
+                f"the groups of structure {structure_id} ran under several states: pass the "
+                "call's state (calls.state) to group_for"
+            )
         if len(mine) <= 1:
             return mine[0] if mine else None
         for g in mine:

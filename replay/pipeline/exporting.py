@@ -40,7 +40,7 @@ from capture.errors import ReplayError
 from capture.output_paths import check_file
 from capture.state import state_label
 from capture.state.entering import StateNotEntered, entered, own_weights
-from replay.check.payload_rows import has_payloads, payload_rows
+from replay.check.payload_rows import payload_rows
 from replay.inputs.builder import ExportGroup, inputs_for
 from replay.inputs.options import ExportOptions, takes_options
 from replay.onnx.target import OnnxPart, output_path, write_onnx
@@ -325,34 +325,37 @@ def _result(job: Job, parts: list[Part]) -> ExportResult:
 def _payload_rows(
     job: Job, programs: dict[str, ExportedProgram], errors: dict[str, str]
 ) -> tuple[list[CoverageRow], list[str]]:
-    """The rows of the sampled real calls (`replay.check.payload_rows`), checked with the model
-    in the state of the groups' calls. A payload file does not say the state its call ran
-    under: with groups of several states they are not checked, and a note says so."""
-    states = {g.state for g in job.inputs.groups}
+    """The rows of the sampled real calls (`replay.check.payload_rows`), state by state: each
+    call checked with the model in the state it ran under (its payload file says which), against
+    the programs of that state's groups."""
+    states = sorted({g.state for g in job.inputs.groups})
     options = job.options
-    if len(states) > 1:
-        if options.max_payloads <= 0 or not has_payloads(job.store, job.inputs.model):
-            return [], []
-        return [], [
-            "payloads: not checked, the calls ran under several states and a payload file "
-            "does not say which"
-        ]
-    try:
-        with entered(job.module, next(iter(states), ""), options.set_state):
-            return payload_rows(
-                job.module,
-                job.store,
-                job.inputs,
-                programs,
-                errors,
-                atol=options.atol,
-                rtol=options.rtol,
-                limit=options.max_payloads,
-                max_bytes=options.max_payload_bytes,
-                device=options.device,
-            )
-    except StateNotEntered as e:
-        return [], [f"payloads: not checked ({e})"]
+    several = len(states) > 1
+    rows: list[CoverageRow] = []
+    notes: list[str] = []
+    for state in states:
+        mine = [g for g in job.inputs.groups if g.state == state]
+        try:
+            with entered(job.module, state, options.set_state):
+                found, said = payload_rows(
+                    job.module,
+                    job.store,
+                    dataclasses.replace(job.inputs, groups=mine) if several else job.inputs,
+                    programs,
+                    errors,
+                    atol=options.atol,
+                    rtol=options.rtol,
+                    limit=options.max_payloads,
+                    max_bytes=options.max_payload_bytes,
+                    device=options.device,
+                    state=state if several else None,
+                )
+        except StateNotEntered as e:
+            notes.append(f"payloads: not checked ({e})")
+            continue
+        rows += found
+        notes += [n for n in said if n not in notes]
+    return rows, notes
 
 
 def _onnx(
