@@ -92,10 +92,10 @@ same group-by written by hand over the Parquet files, docs/benchmarks.md).
 
 A ``dims`` row's ``path`` is an ENUM of the store's tensor paths (``_capture_path``, declared in
 sorted order, so it sorts and compares as the text does): the view names each of a call's
-sizes, tens of rows per call, and a query grouping them by path hashes a small integer per row
-instead of a string (a per-axis group-by over 2M calls cost 1.7x the same question asked by
-hand of the Parquet files, grouped by structure and position and named afterwards; with the
-ENUM about 1.2x). Arrow hands the column over dictionary-encoded."""
+sizes, tens of rows per call, before the user's group-by, where a query written by hand groups
+by structure and position and names the few counted rows afterwards; grouping by path then
+hashes a small integer per row, not a string (bench/bench_dims_view.py). Arrow hands the column
+over dictionary-encoded."""
 
 
 CALLS_VIEWS_NAMES = frozenset({"calls", "leaves", "dims"})
