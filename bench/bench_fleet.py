@@ -138,6 +138,9 @@ def capture_cli(store: str, *args: str, env: dict[str, str] | None = None) -> tu
             stderr=err,
             text=True,
             env=env,
+            # not the checkout: `-m` puts the working folder first on sys.path, before the
+            # PYTHONPATH that picks the code (--baseline)
+            cwd=tempfile.gettempdir(),
         )
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
