@@ -30,9 +30,10 @@ and the summary queries, as a user sees it), wall time of one run: with `--basel
 code before, then twice by this code: the first open of the store (the reader's cache of checked
 files, `capture.store.footer_cache`, is empty: every file is read) and a second one (the cache holds
 the files' verdicts and stats rows). Then `capture query "SELECT count(*) FROM calls"` (the first
-SQL over the calls: their footers are checked now), then `capture compact` (wall time and peak
-memory of the process), then `summary` again. The cache lives in a fresh folder per store
-(``CAPTURE_CACHE_DIR``).
+SQL over the calls: their footers are checked now; empty cache) beside plain DuckDB's count
+over the same files (a glob; the ratios of wall time and peak RSS), then `capture compact` (wall
+time and peak memory of the process), then `summary` again. The cache lives in a fresh folder
+per store (``CAPTURE_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -137,6 +138,9 @@ def capture_cli(store: str, *args: str, env: dict[str, str] | None = None) -> tu
             stderr=err,
             text=True,
             env=env,
+            # not the checkout: `-m` puts the working folder first on sys.path, before the
+            # PYTHONPATH that picks the code (--baseline)
+            cwd=tempfile.gettempdir(),
         )
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -168,19 +172,33 @@ def _summaries(
     env = {**env, "CAPTURE_CACHE_DIR": cache}
     before = ""
     if args.baseline and n <= (baseline_max or args.baseline_max):
-        before = f"{capture_cli(store, 'summary', env={**env, 'PYTHONPATH': args.baseline})[0]:.1f}"
+        # its own cache: the first open timed below must find none
+        shutil.rmtree(f"{cache}-before", ignore_errors=True)
+        old = {**env, "PYTHONPATH": args.baseline, "CAPTURE_CACHE_DIR": f"{cache}-before"}
+        before = f"{capture_cli(store, 'summary', env=old)[0]:.1f}"
     t_first, out = capture_cli(store, "summary", env=env)
     t_cached, out2 = capture_cli(store, "summary", env=env)
     ok = _counted(out, n) and out2 == out
     return [before, f"{t_first:.1f}", f"{t_cached:.1f}", "yes" if ok else "NO"]
 
 
-def _count_query(store: str, n: int, env: dict[str, str], key: str) -> str:
-    """Seconds of the first SQL over the calls (their footers are checked then)."""
+def _count_query(store: str, n: int, env: dict[str, str], key: str) -> list[str]:
+    """The first SQL over the calls (their footers are checked then), beside plain DuckDB's
+    count over the same files (a glob, local stores only), each a fresh process: [capture s,
+    DuckDB s, wall ratio, peak RSS ratio]."""
+    from fleet_day import _DUCKDB, timed
+
     cache = f"{STORES_DIR}/cache/{os.path.basename(key)}"
+    shutil.rmtree(cache, ignore_errors=True)
     sql = "SELECT count(*) AS n FROM calls"
     seconds, out = capture_cli(store, "query", sql, env={**env, "CAPTURE_CACHE_DIR": cache})
-    return f"{seconds:.1f}" if str(n * CALLS_PER_FILE) in out else f"{seconds:.1f} (WRONG)"
+    mb = PEAK_MB[-1]
+    got = f"{seconds:.1f}" if str(n * CALLS_PER_FILE) in out else f"{seconds:.1f} (WRONG)"
+    if "://" in store:
+        return [got, "", "", ""]
+    glob = f"{store}/calls/model={MODEL}/*/*.parquet"
+    plain_s, plain_mb, _ = timed([sys.executable, "-c", _DUCKDB, glob], env)
+    return [got, f"{plain_s:.1f}", f"{seconds / plain_s:.2f}x", f"{mb / plain_mb:.2f}x"]
 
 
 def _compacted(store: str, n: int, env: dict[str, str]) -> list[str]:
@@ -237,7 +255,7 @@ def main() -> None:
                 open(f"{path}/.generated", "w").close()
                 log(f"  generated in {gen:.0f} s; summary")
             row = [f"local, {n:,} files", layout, *_summaries(args, path, n, env, "")]
-            row.append(_count_query(path, n, env, path))
+            row += _count_query(path, n, env, path)
             if not args.no_compact:
                 row += _compacted(path, n, env)
                 shutil.rmtree(path, ignore_errors=True)  # compacted: no longer the store to reuse
@@ -265,7 +283,7 @@ def main() -> None:
                     key = f"s3-{n}-{layout.replace(' ', '-')}"
                     row = [f"S3 (moto, loopback), {n:,} files", layout]
                     row += _summaries(args, uri, n, s3env, key, args.s3_baseline_max)
-                    row.append(_count_query(uri, n, s3env, key))
+                    row += _count_query(uri, n, s3env, key)
                     row += _compacted(uri, n, s3env) if not args.no_compact else [""] * 4
                     rows.append(row)
                     log(f"  {row}")
@@ -282,7 +300,10 @@ def main() -> None:
                 "`summary`, first open (s)",
                 "`summary`, cached (s)",
                 "all calls counted",
-                "`query` over calls (s)",
+                "first `query` over calls (s)",
+                "plain DuckDB count (s)",
+                "`query` / DuckDB, wall",
+                "`query` / DuckDB, peak RSS",
                 "`compact` (s)",
                 "`compact` peak RSS (MiB)",
                 "`summary` after compact (s)",

@@ -33,6 +33,7 @@ from typing import Any
 
 from capture import untrusted
 from capture.errors import ReplayError
+from capture.renames import same_argument
 
 __all__ = [
     "Kind",
@@ -265,7 +266,8 @@ class Signature:
 
         Python keyword order carries no meaning (``f(a=1, b=2)`` is ``f(b=2, a=1)``), so a
         call's structure takes its keywords in one order: the parameters' order in the
-        signature (the order ``inspect.Signature.bind`` and torch.export bind them in), then
+        signature (the order ``inspect.Signature.bind`` and torch.export bind them in; a
+        renamed argument's other spelling, `capture.renames`, in its parameter's place), then
         the keywords it declares no parameter for (``**kwargs``), by name.
 
         Example:
@@ -276,7 +278,13 @@ class Signature:
         """
         given = tuple(keywords)
         index = self.index
-        ordered = tuple(sorted(given, key=lambda k: (index.get(k, len(index)), k)))
+
+        def place(name: str) -> tuple[int, str]:
+            # a renamed argument passed under its other spelling takes its parameter's place
+            declared = same_argument(name, index) or name
+            return index.get(declared, len(index)), name
+
+        ordered = tuple(sorted(given, key=place))
         return None if ordered == given else ordered
 
     def extra_keywords(self, keywords: Iterable[str]) -> list[str]:

@@ -262,11 +262,12 @@ def test_llama_groups_prefill_decode_with_and_without_mask(llama: Store) -> None
 def test_llama_decode_shares_batch_across_inputs_and_cache(llama: Store) -> None:
     decode = _by_name(analyze(llama))["decode"]
     batch = [(d.path, d.axis) for d in decode.dims if d.symbol == "batch"]
+    # leaves in the forward signature's keyword order (generate passes another)
     assert batch == [
         ("kwargs['input_ids']", 0),
-        *[(p, 0) for p in CACHE],
-        ("kwargs['position_ids']", 0),
         ("kwargs['attention_mask']", 0),
+        ("kwargs['position_ids']", 0),
+        *[(p, 0) for p in CACHE],
     ]
     assert {(d.min, d.max, d.distinct) for d in decode.dims if d.symbol == "batch"} == {(2, 3, 2)}
 
@@ -275,7 +276,7 @@ def test_llama_decode_mask_length_is_past_length_plus_input_length(llama: Store)
     # In decode steps the input length is always 1 (a static dim), so the relation
     # mask = past + input reads attention_mask_1 = <cache>_2 + 1.
     decode = _by_name(analyze(llama))["decode"]
-    assert _dynamic(decode)[-1] == (
+    assert _dynamic(decode)[2] == (
         "kwargs['attention_mask']",
         1,
         5,
@@ -308,10 +309,10 @@ def test_llama_prefill_ids_positions_and_mask_share_the_length(llama: Store) -> 
     assert _dynamic(prefill) == [
         ("kwargs['input_ids']", 0, 2, 3, 2, "batch", None),
         ("kwargs['input_ids']", 1, 4, 7, 3, "input_ids_1", None),
-        ("kwargs['position_ids']", 0, 2, 3, 2, "batch", None),
-        ("kwargs['position_ids']", 1, 4, 7, 3, "input_ids_1", None),
         ("kwargs['attention_mask']", 0, 2, 3, 2, "batch", None),
         ("kwargs['attention_mask']", 1, 4, 7, 3, "input_ids_1", None),
+        ("kwargs['position_ids']", 0, 2, 3, 2, "batch", None),
+        ("kwargs['position_ids']", 1, 4, 7, 3, "input_ids_1", None),
     ]
 
 
@@ -357,8 +358,8 @@ def test_llama_summary_groups_and_relations(llama: Store) -> None:
     ]
     assert [s["symbol"] for s in model["groups"][0]["symbols"]] == [
         "batch",
-        PAST,
         "attention_mask_1",
+        PAST,
     ]
 
 

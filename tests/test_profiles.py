@@ -286,14 +286,14 @@ def test_llama_fixture_profiles_cover_every_tensor_input(llama: Store) -> None:
     rows = llama.profiles(group="decode").to_pylist()
     by_name = {r["input"]: r for r in rows}
     c = cache_argument()
-    assert list(by_name) == [
+    assert list(by_name) == [  # the forward signature's order
         "input_ids",
+        "attention_mask",
+        "position_ids",
         f"{c}_key_cache_0",
         f"{c}_key_cache_1",
         f"{c}_value_cache_0",
         f"{c}_value_cache_1",
-        "position_ids",
-        "attention_mask",
     ]
     mask, cache = by_name["attention_mask"], by_name[f"{c}_key_cache_0"]
     # The opt signature keeps the recorded relation mask = cache + 1.

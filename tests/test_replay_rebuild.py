@@ -83,7 +83,7 @@ def test_prefill_cache_keeps_its_empty_layers(llama: Store) -> None:
 
 def test_token_ids_use_the_recorded_range_of_that_signature(llama: Store) -> None:
     group = _group(llama, "LlamaForCausalLM", "decode_no_attention_mask")
-    sizes = [1, 1] + [1, 2, 5, 16] * 4 + [1, 1]
+    sizes = [1, 1] + [1, 1] + [1, 2, 5, 16] * 4  # input_ids, position_ids, the cache
     lows, highs = value_ranges(llama, group)[tuple(sizes)]
     _, kwargs = _rebuild(llama, group, sizes)
     ids, positions = kwargs["input_ids"], kwargs["position_ids"]

@@ -75,16 +75,16 @@ def test_derived_dims_and_a_cache(store: Store) -> None:
         attention_mask_1 = Dim.DYNAMIC(min=5, max=10)  # = past_key_values_2 + 1 in every call
         dynamic_shapes = {
             'input_ids': {0: batch},
+            'attention_mask': {0: batch, 1: attention_mask_1},
+            'position_ids': {0: batch},
             'past_key_values': [
                 {0: batch, 2: past_key_values_2},
                 {0: batch, 2: past_key_values_2},
                 {0: batch, 2: past_key_values_2},
                 {0: batch, 2: past_key_values_2},
             ],
-            'position_ids': {0: batch},
-            'attention_mask': {0: batch, 1: attention_mask_1},
-            'logits_to_keep': None,
             'use_cache': None,
+            'logits_to_keep': None,
             'return_dict': None,
         }"""
     )

@@ -95,10 +95,10 @@ def test_first_screen_shows_the_groups_and_their_shapes(llama_page: str) -> None
     first = llama_page[: llama_page.index("<img")]
     row = first[first.index("</span>decode</td>") :].split("</tr>")[0]
     assert (
-        f"input_ids [batch, 1]\n{LLAMA_CACHE} 4 × [batch, 2, {LLAMA_CACHE}_2, 16]\n"
-        "position_ids [batch, 1]\nattention_mask [batch, attention_mask_1]" in row
+        "input_ids [batch, 1]\nattention_mask [batch, attention_mask_1]\n"
+        f"position_ids [batch, 1]\n{LLAMA_CACHE} 4 × [batch, 2, {LLAMA_CACHE}_2, 16]" in row
     )
-    assert f"batch 2–3\n{LLAMA_CACHE}_2 4–9\nattention_mask_1 5–10 (=" in row
+    assert f"batch 2–3\nattention_mask_1 5–10 (= {LLAMA_CACHE}_2 + 1)\n{LLAMA_CACHE}_2 4–9" in row
 
 
 def test_one_distribution_per_symbol_counts_batch_1(llama_page: str) -> None:

@@ -167,13 +167,18 @@ def _check_once(
         cache.save(table, {i.path: (stamps[i.path], verdicts[i.path]) for i in infos}, rows)
     exact = all(f.exact for f in counted if f.path not in replaced)
     waiting = frozenset(p for paths in pending.values() for p in paths)
-    folders: dict[str, tuple[int, int]] = {}
-    for f in counted:
-        if f.path not in replaced:
-            files, rows_in = folders.get(f.folder, (0, 0))
-            folders[f.folder] = (files + 1, rows_in + f.rows)
+    folders = _folders([f for f in counted if f.path not in replaced])
     result = CheckedTable(kept, skips, refused, kept_rows, exact, waiting, folders)
     return _Attempt(result, bool(vanished))
+
+
+def _folders(kept: list[FileInfo]) -> dict[str, tuple[int, int]]:
+    """Partition folder -> (files, rows) of `kept`."""
+    folders: dict[str, tuple[int, int]] = {}
+    for f in kept:
+        files, rows = folders.get(f.folder, (0, 0))
+        folders[f.folder] = (files + 1, rows + f.rows)
+    return folders
 
 
 def _checked_rows(

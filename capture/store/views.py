@@ -38,6 +38,10 @@ CREATE OR REPLACE VIEW signatures AS
 `capture.store.stats_merge`'s one rule."""
 
 CALLS_VIEWS = """
+CREATE TYPE _capture_path AS ENUM (
+    SELECT DISTINCT path FROM structures WHERE kind = 'tensor' AND rank > 0 ORDER BY path
+);
+
 CREATE OR REPLACE VIEW leaves AS
     SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
            s.dtype, s.device,
@@ -55,7 +59,8 @@ CREATE OR REPLACE VIEW leaves AS
     FROM calls c JOIN structures s ON s.structure_id = c.out_structure AND s.model = c.model;
 
 CREATE OR REPLACE VIEW _axes AS
-    SELECT model, structure_id, leaf, path, axis, dim_offset + axis AS position FROM (
+    SELECT model, structure_id, leaf, path::_capture_path AS path, axis,
+           dim_offset + axis AS position FROM (
         SELECT model, structure_id, leaf, path, dim_offset, unnest(range(rank)) AS axis
         FROM structures WHERE kind = 'tensor' AND rank > 0
     );
@@ -83,7 +88,14 @@ CREATE OR REPLACE VIEW dims AS
 axis. ``dims`` flattens each call's sizes with their positions and joins them to ``_axes`` (one
 row per structure, tensor leaf and axis: a few hundred rows), instead of slicing a list per
 leaf: it reads the calls' ``dims`` column once and does no per-leaf work (about as fast as the
-same group-by written by hand over the Parquet files, docs/benchmarks.md)."""
+same group-by written by hand over the Parquet files, docs/benchmarks.md).
+
+A ``dims`` row's ``path`` is an ENUM of the store's tensor paths (``_capture_path``, declared in
+sorted order, so it sorts and compares as the text does): the view names each of a call's
+sizes, tens of rows per call, before the user's group-by, where a query written by hand groups
+by structure and position and names the few counted rows afterwards; grouping by path then
+hashes a small integer per row, not a string (bench/bench_dims_view.py). Arrow hands the column
+over dictionary-encoded."""
 
 
 CALLS_VIEWS_NAMES = frozenset({"calls", "leaves", "dims"})
