@@ -19,6 +19,7 @@ from capture.errors import (
     QueryError,
     ReplayError,
     SchemaMismatch,
+    StateError,
     StoreNotFound,
     UnknownModel,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "ObservationMismatch",
     "ReplayError",
     "OutputNotWritable",
+    "StateError",
 ]
 
 _LAZY = {

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from replay.runtime import native
 from replay.runtime.guards import ArtifactError
-from replay.runtime.pt2 import native
 
 
 def test_a_build_that_kills_the_probe_is_an_artifact_error_not_a_dead_server() -> None:
@@ -35,7 +35,7 @@ def test_a_probe_that_loads_is_silent() -> None:
 
 
 def test_the_probe_runs_the_loader_on_the_artifact(tmp_path: object) -> None:
-    # The default child is this module's main: an artifact it cannot open fails there, in one line.
+    # The default child is the loader's probe_child: an artifact it cannot open fails there.
     with pytest.raises(ArtifactError, match=r"^missing.pt2: its AOTInductor builds do not load"):
         native.probe("missing.pt2", "cpu", [])
 

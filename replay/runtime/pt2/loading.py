@@ -33,12 +33,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from replay.runtime import native
 from replay.runtime.allowed import ALLOWED_MODULES, AllowOps, loadable_type, register_types
 from replay.runtime.allowed import allow_ops as allowed_ops
 from replay.runtime.digests import check_digest, digest_bytes, digest_file
 from replay.runtime.guards import ArtifactError, CallNotServed
 from replay.runtime.manifest import FORMAT, MANIFEST_CAP, Manifest
-from replay.runtime.pt2 import native
 from replay.runtime.pt2.archive import (
     ARCHIVE_FORMAT,
     ARCHIVE_VERSION,
@@ -464,3 +464,19 @@ def _compiled(
         {fqn: available[fqn].detach() for fqn in wanted}, check_full_update=True, user_managed=True
     )
     return runner
+
+
+def probe_child() -> None:
+    """The child `replay.runtime.native.probe` starts: ``argv`` = PATH DEVICE [ALLOWED_OP ...].
+
+    Opens the artifact with its builds, as ``load(compiled=True)`` would, without a probe of its
+    own; an `ArtifactError` is one ``Error:`` line on stderr and exit status 1.
+    """
+    import sys
+
+    path, device, *allowed = sys.argv[1:]
+    try:
+        open_artifact(path, device=device, compiled=True, allowed=allowed_ops(allowed), probe=False)
+    except ArtifactError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -9,9 +9,9 @@ build into the caller's process:
 - the torch release that exported the artifact (its manifest's ``versions``) must be this
   process's: a build is tied to the torch it was compiled with;
 - a child process (this Python, this ``sys.path``) loads the same builds on the same device
-  first (`main`); a child that is killed by a signal, exits with an error or outlasts
-  `PROBE_SECONDS` makes the load an `ArtifactError` naming what happened, and the caller's
-  process never loads the library.
+  first (`replay.runtime.pt2.loading.probe_child`); a child that is killed by a signal, exits
+  with an error or outlasts `PROBE_SECONDS` makes the load an `ArtifactError` naming what
+  happened, and the caller's process never loads the library.
 
 The probe costs one process start and one load (seconds), paid only with ``compiled=True``.
 """
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from replay.runtime.guards import ArtifactError
 
-__all__ = ["PROBE_SECONDS", "check_release", "probe", "main"]
+__all__ = ["PROBE_SECONDS", "check_release", "probe"]
 
 PROBE_SECONDS = 600.0
 """How long the child may take to load every build (a large CUDA build takes seconds)."""
@@ -67,12 +67,14 @@ def probe(path: str, device: str, allowed: Sequence[str], argv: Sequence[str] = 
         path: The artifact.
         device: Where the builds will run (``"cpu"``, ``"cuda:0"``).
         allowed: The operators the caller allowed beyond the list (the child validates alike).
-        argv: The child's command (default: this module's `main` under this Python).
+        argv: The child's command (default: `replay.runtime.pt2.loading.probe_child` under
+            this Python).
 
     Raises:
         ArtifactError: The child was killed by a signal, failed, or outlasted `PROBE_SECONDS`.
     """
-    command = list(argv) or [sys.executable, "-m", __name__, path, device, *allowed]
+    child = "from replay.runtime.pt2.loading import probe_child; probe_child()"
+    command = list(argv) or [sys.executable, "-c", child, path, device, *allowed]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
         result = subprocess.run(
@@ -99,20 +101,3 @@ def probe(path: str, device: str, allowed: Sequence[str], argv: Sequence[str] = 
         lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
         last = lines[-1][:300].removeprefix("Error: ") if lines else f"exit {result.returncode}"
         raise ArtifactError(f"{path}: its AOTInductor builds do not load on {device}: {last}")
-
-
-def main() -> None:
-    """The child: ``python -m replay.runtime.pt2.native PATH DEVICE [ALLOWED_OP ...]``."""
-    from replay.runtime.allowed import allow_ops
-    from replay.runtime.pt2.loading import open_artifact
-
-    path, device, *allowed = sys.argv[1:]
-    try:
-        open_artifact(path, device=device, compiled=True, allowed=allow_ops(allowed), probe=False)
-    except ArtifactError as e:
-        print(f"Error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-if __name__ == "__main__":
-    main()
