@@ -111,7 +111,7 @@ TAMPERED: dict[str, tuple[Callable[[Any], None] | bytes, str]] = {
     "Infinity": (b'{"format": "capture-artifact/1", "model": Infinity}', "is not valid JSON"),
     "NaN": (b'{"format": "capture-artifact/1", "model": NaN}', "is not valid JSON"),
     "1e999": (b'{"format": "capture-artifact/1", "model": 1e999}', "overflows a float"),
-    "deep nesting": (b"[" * 200_000, "is not valid JSON"),
+    "deep nesting": (b"[" * 200_000, "nests deeper than 200 levels"),
     "not UTF-8": (b'{"format": "\xff"}', "is not valid JSON"),
     "truncated": (b'{"format": "capture-', "is not valid JSON"),
 }

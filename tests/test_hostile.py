@@ -351,7 +351,12 @@ def test_wrong_schema_calls_file_is_skipped(store: Path) -> None:
 def test_wrong_schema_stats_file_breaks_no_command(store: Path, command: list[str]) -> None:
     path = _files(store, schema.STATS)[0].parent / "wrong.parquet"
     shutil.copy(_files(store, schema.STATS)[0], path)
-    _rewrite(path, lambda t: t.set_column(5, "calls", pa.array(["x"] * t.num_rows)))
+    _rewrite(
+        path,
+        lambda t: t.set_column(
+            t.schema.get_field_index("calls"), "calls", pa.array(["x"] * t.num_rows)
+        ),
+    )
     code, out, err = _run(store, *command)
     assert code == 0  # issue 11: was a traceback
     if command == ["compact"]:
