@@ -40,6 +40,9 @@ Bound = tuple[int, int | None]
 _UNBOUNDED: Bound = (0, None)
 _CAP = 2**256  # products stop growing here: the bound is only compared with the budget
 _SIZE_ARGS = ("as_ints", "as_sym_ints")
+_SIZE_NAMES = frozenset({"size", "sizes", "shape", "repeats", "output_size", "input_sizes"})
+"""The arguments that are a result's sizes (``expand(self, size)``, ``view(self, size)``,
+``reshape(self, shape)``, ``repeat(self, repeats)``), not dims or strides."""
 _DATA = ("item.default", "_local_scalar_dense.default")
 """Operators whose symbolic int is a tensor's value, not a size."""
 _SCALED = frozenset({"repeat", "tile", "repeat_interleave", "one_hot"})
@@ -141,7 +144,9 @@ class _Bounds:
         subgraphs = [a["as_graph"]["graph"] for a in args.values() if "as_graph" in a]
         op = target.split(".")[3] if target.startswith("torch.ops.aten.") else ""
         largest = 0
-        for arg in args.values():
+        for name, arg in args.items():
+            if name not in _SIZE_NAMES and not (op == "tile" and name == "dims"):
+                continue
             for kind in _SIZE_ARGS:
                 if kind in arg:
                     largest = max(largest, self.product(node, arg[kind]))
