@@ -36,7 +36,6 @@ in-place overloads that change their ``self``'s sizes, strides, storage or autog
 
 from __future__ import annotations
 
-import pprint
 import re
 import sys
 import textwrap
@@ -243,8 +242,9 @@ def table() -> tuple[list[str], list[str], list[str], list[str]]:
 
 
 def _random_off(names: set[str]) -> str:
-    table = {n: RANDOM_OFF.get(n.partition(".")[0]) for n in sorted(names)}
-    return pprint.pformat({n: v for n, v in table.items() if v is not None}, width=96)
+    rows = [(n, RANDOM_OFF.get(n.partition(".")[0])) for n in sorted(names)]
+    lines = [f"    {n!r}: {v!r},".replace("'", '"') for n, v in rows if v is not None]
+    return "{\n" + "\n".join(lines) + "\n}"
 
 
 def _block(names: list[str]) -> str:
