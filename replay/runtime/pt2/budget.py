@@ -118,6 +118,7 @@ class _Bounds:
         self.ints: dict[str, Bound] = {}
         self.data: set[str] = set()  # symbolic ints computed from a tensor's values
         self._declared: dict[str, int | None] = {}
+        self.exprs: dict[str, Bound] = {}
 
     def fail(self, node: Mapping[str, Any], what: str) -> ArtifactError:
         return ArtifactError(
@@ -132,7 +133,7 @@ class _Bounds:
             sizes = (self.values.get(name) or {}).get("sizes")
             total: int | None = 1
             for size in sizes if isinstance(sizes, list) else []:
-                high = _size_bound(size, self.maxima)[1]
+                high = _size_bound(size, self.maxima, self.exprs)[1]
                 total = None if high is None or total is None else total * high
             self._declared[name] = total
         return self._declared[name]
@@ -241,7 +242,7 @@ def _apply(target: str, operands: list[Bound], args: list[Any], walk: _Bounds) -
         if name == "int" and len(args) > 1 and isinstance(dims, list):
             dim = args[1].get("as_int") if isinstance(args[1], dict) else None
             if isinstance(dim, int) and -len(dims) <= dim < len(dims):
-                return (0, _size_bound(dims[dim], walk.maxima)[1])
+                return (0, _size_bound(dims[dim], walk.maxima, walk.exprs)[1])
         return (0, walk.declared(tensor))
     if target.startswith(("torch.ops.aten.sym_stride", "torch.ops.aten.sym_storage_offset")):
         return (0, walk.budget)
@@ -309,15 +310,22 @@ def _parse(text: str) -> ast.expr | None:
         return None
 
 
-def _size_bound(size: Any, maxima: Mapping[str, int]) -> Bound:
-    """A declared size (``{"as_int": 3}`` or ``{"as_expr": {"expr_str": ...}}``) at the maxima."""
+def _size_bound(size: Any, maxima: Mapping[str, int], seen: dict[str, Bound]) -> Bound:
+    """A declared size (``{"as_int": 3}`` or ``{"as_expr": {"expr_str": ...}}``) at the maxima;
+    `seen` caches each expression's bound (a graph repeats a few expressions thousands of
+    times)."""
     if not isinstance(size, dict):
         return _UNBOUNDED
     if isinstance(size.get("as_int"), int):
         return (size["as_int"], size["as_int"])
     text = (size.get("as_expr") or {}).get("expr_str")
-    tree = _parse(text) if isinstance(text, str) else None
-    return _UNBOUNDED if tree is None else _expr_bound(tree, maxima)
+    if not isinstance(text, str):
+        return _UNBOUNDED
+    found = seen.get(text)
+    if found is None:
+        tree = _parse(text)
+        found = seen[text] = _UNBOUNDED if tree is None else _expr_bound(tree, maxima)
+    return found
 
 
 def _expr_bound(node: ast.expr, maxima: Mapping[str, int]) -> Bound:
@@ -342,7 +350,10 @@ def _expr_bound(node: ast.expr, maxima: Mapping[str, int]) -> Bound:
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         func, args = node.func.id, [_expr_bound(a, maxima) for a in node.args]
         if func == "Symbol":
-            return _expr_bound(ast.Name(_plain_symbol(ast.unparse(node)) or ""), maxima)
+            first = node.args[0] if node.args else None
+            name = first.value if isinstance(first, ast.Constant) else None
+            high = maxima.get(name) if isinstance(name, str) else None
+            return _UNBOUNDED if high is None else (0, high)
         if func == "Integer" and node.args and isinstance(node.args[0], ast.Constant):
             value = node.args[0].value
             return (
