@@ -351,8 +351,8 @@ def _expr_bound(node: ast.expr, maxima: Mapping[str, int]) -> Bound:
         func, args = node.func.id, [_expr_bound(a, maxima) for a in node.args]
         if func == "Symbol":
             first = node.args[0] if node.args else None
-            name = first.value if isinstance(first, ast.Constant) else None
-            high = maxima.get(name) if isinstance(name, str) else None
+            symbol = first.value if isinstance(first, ast.Constant) else None
+            high = maxima.get(symbol) if isinstance(symbol, str) else None
             return _UNBOUNDED if high is None else (0, high)
         if func == "Integer" and node.args and isinstance(node.args[0], ast.Constant):
             value = node.args[0].value
