@@ -1,6 +1,6 @@
 """A served call leaves the serving process as it found it: torch's grad mode, autocast state,
 global random generator, default dtype and thread count, the artifact's weights and the
-caller's tensors (the rules of `replay.runtime.pt2.effects` and the operator table).
+caller's tensors (the rules of `replay.runtime.pt2.limits.effects` and the operator table).
 
 The model exported here uses what real models do inside ``forward``: dropout (eval mode), a
 ``no_grad`` block and an autocast-disabled block (torch.export writes the scoped wrappers for

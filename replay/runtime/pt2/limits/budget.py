@@ -164,7 +164,8 @@ class _Bounds:
             raise self.fail(
                 node,
                 f"makes a tensor of up to {float(largest):.3g} elements at the guards' largest "
-                f"sizes, over the budget of {float(self.budget):.3g} (replay.runtime.pt2.budget)",
+                f"sizes, over the budget of {float(self.budget):.3g} "
+                "(replay.runtime.pt2.limits.budget)",
             )
         self.symbols(node, target, list(args.values()))
         return subgraphs
