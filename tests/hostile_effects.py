@@ -278,6 +278,18 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
         ),
         "draws from torch's global random generator (train must be False)",
     ),  # fmt: skip
+    "dropout with train=False written in p's place": (
+        _nodes(
+            _op(
+                "dropout.default",
+                "dr",
+                input=_t("x"),
+                train={"as_bool": False},
+                p={"as_float": 0.5},
+            )
+        ),
+        "passes 'train' where the operator takes 'p'",
+    ),  # fmt: skip
     "attention with dropout": (
         _nodes(
             _op(
@@ -302,6 +314,13 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
             _op("sum.default", "total", self=_t("huge")),
         ),
         "over the budget of",
+    ),  # fmt: skip
+    "expand whose size is named otherwise": (
+        _nodes(
+            _op("expand.default", "huge", self=_t("x"), dims=_SIZES),
+            _op("sum.default", "total", self=_t("huge")),
+        ),
+        "passes 'dims' where the operator takes 'size'",
     ),  # fmt: skip
     "zeros of 1e14 elements": (
         _nodes(_op("zeros.default", "z", size={"as_ints": [10**7, 10**7]})),

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from replay.runtime.guards import ArtifactError
+from replay.runtime.pt2.limits.arguments import check_names
 from replay.runtime.pt2.shape_checks import ShapeChecks
 
 __all__ = ["Program", "build_program", "resolve_target"]
@@ -158,6 +159,7 @@ class _Builder:
             target = resolve_target(node["target"])
         except ArtifactError as e:
             raise self.fail(str(e)) from None
+        check_names(target, node, self.source)
         args: list[Any] = []
         kwargs: dict[str, Any] = {}
         for named in node["inputs"]:
