@@ -88,6 +88,28 @@ def _buffer_mutation_of_a_parameter(marker: Path) -> Change:
     return change
 
 
+def _buffer_in_a_weight_record(marker: Path) -> Change:
+    """A buffer the program writes, placed by its config in the parameter's own record."""
+
+    def change(e: dict[str, bytes]) -> None:
+        def graph(d: Any) -> None:
+            gm = d["graph_module"]
+            gm["signature"]["input_specs"].insert(
+                0,
+                {"buffer": {"arg": {"name": "b_evil"}, "buffer_name": "evil", "persistent": True}},
+            )
+            gm["graph"]["nodes"][:0] = [_fill("b_evil")]
+            gm["graph"]["tensor_values"]["evil_fill"] = gm["graph"]["tensor_values"][W]
+
+        def config(d: Any) -> None:
+            d["config"]["evil"] = dict(d["config"]["proj.weight"], is_param=False)
+
+        _edit(e, _program(e), graph)
+        _edit(e, "data/weights/g0_weights_config.json", config)
+
+    return change
+
+
 def _cond_with(inner: dict[str, Any]) -> dict[str, Any]:
     """A ``cond`` node whose true branch runs `inner` (a grad switch in a subgraph)."""
     sub = {"graph": {"inputs": [], "nodes": [inner], "outputs": [], "tensor_values": {},
@@ -200,6 +222,10 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
         ),
         "writes p_proj_weight, a parameter",
     ),  # fmt: skip
+    "a written buffer placed in a parameter's record": (
+        _buffer_in_a_weight_record,
+        "and the buffer evil, which g0 writes",
+    ),
     "buffer_mutation output naming a parameter": (
         _buffer_mutation_of_a_parameter,
         "writes back proj.weight, which is not a buffer",
@@ -252,6 +278,18 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
         ),
         "draws from torch's global random generator (train must be False)",
     ),  # fmt: skip
+    "dropout with train=False written in p's place": (
+        _nodes(
+            _op(
+                "dropout.default",
+                "dr",
+                input=_t("x"),
+                train={"as_bool": False},
+                p={"as_float": 0.5},
+            )
+        ),
+        "passes 'train' where the operator takes 'p'",
+    ),  # fmt: skip
     "attention with dropout": (
         _nodes(
             _op(
@@ -277,6 +315,13 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
         ),
         "over the budget of",
     ),  # fmt: skip
+    "expand whose size is named otherwise": (
+        _nodes(
+            _op("expand.default", "huge", self=_t("x"), dims=_SIZES),
+            _op("sum.default", "total", self=_t("huge")),
+        ),
+        "passes 'dims' where the operator takes 'size'",
+    ),  # fmt: skip
     "zeros of 1e14 elements": (
         _nodes(_op("zeros.default", "z", size={"as_ints": [10**7, 10**7]})),
         "over the budget of",
@@ -292,6 +337,18 @@ EFFECT_CASES: dict[str, tuple[Callable[[Path], Change], str]] = {
             ),
         ),
         "over the budget of",
+    ),  # fmt: skip
+    "a size read from a tensor's values": (
+        _nodes(
+            _sym("torch.ops.aten.item.default", "u", _t("x")),
+            _op(
+                "expand.default",
+                "e",
+                self=_t("x"),
+                size={"as_sym_ints": [{"as_name": "u"}, {"as_int": 3}]},
+            ),
+        ),
+        "passes a size the guards do not bound",
     ),  # fmt: skip
     "pow(3, 10**9) on sizes": (
         _nodes(_sym("_operator.pow", "big", {"as_int": 3}, {"as_int": 10**9})),

@@ -18,7 +18,13 @@ from capture import compat_archive
 from replay.runtime.guards import ArtifactError
 from replay.runtime.pt2.expressions import check_guard, check_sympy
 from replay.runtime.pt2.graph_check import check_program
-from replay.runtime.pt2.op_table import ALLOWED_OPS, INPLACE_OPS, VIEW_OPS
+from replay.runtime.pt2.op_table import (
+    ALLOWED_OPS,
+    INPLACE_OPS,
+    METADATA_OPS,
+    RANDOM_OFF,
+    VIEW_OPS,
+)
 from replay.runtime.pt2.operators import op_kind
 
 
@@ -154,3 +160,20 @@ def test_a_guard_is_bounded_too() -> None:
     check_guard("L['x'].size()[0] <= 4096 and 2 <= L['x'].size()[0]", "m.json")
     with pytest.raises(ArtifactError, match="not a literal of at most 64"):
         check_guard("L['x'].size()[0] ** 10 ** 12 > 0", "m.json")
+
+
+def test_the_table_refuses_unchecked_memory_random_draws_and_unscoped_switches() -> None:
+    every = ALLOWED_OPS | INPLACE_OPS
+    ops = {n.split(".")[0] for n in every}
+    assert not ops & {"_reshape_alias", "as_strided_", "set_", "_set_grad_enabled", "to_dense"}
+    assert not {o for o in ops if "sparse" in o or "coalesce" in o or "nested" in o}
+    assert not ops & {"randn", "rand", "random_", "normal_functional", "bernoulli", "randperm"}
+    assert set(RANDOM_OFF) <= every and "dropout.default" in RANDOM_OFF
+    # results that may be an argument: views, composites, and the ops that return their input
+    assert {"lift.default", "data.default", "split.Tensor", "unbind.int", "dropout.default",
+            "broadcast_tensors.default", "_unsafe_view.default"} <= VIEW_OPS  # fmt: skip
+    assert {"resize_.default", "t_.default", "requires_grad_.default"} <= METADATA_OPS
+    assert op_kind("math.factorial") is None and op_kind("math.ceil") == "pure"
+    assert op_kind("torch.ops.higher_order.while_loop") is None
+    assert op_kind("torch._C._set_grad_enabled") is None
+    assert op_kind("torch.ops.higher_order.wrap_with_autocast") == "pure"

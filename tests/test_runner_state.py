@@ -1,6 +1,6 @@
 """A served call leaves the serving process as it found it: torch's grad mode, autocast state,
 global random generator, default dtype and thread count, the artifact's weights and the
-caller's tensors (the rules of `replay.runtime.pt2.effects` and the operator table).
+caller's tensors (the rules of `replay.runtime.pt2.limits.effects` and the operator table).
 
 The model exported here uses what real models do inside ``forward``: dropout (eval mode), a
 ``no_grad`` block and an autocast-disabled block (torch.export writes the scoped wrappers for
@@ -96,3 +96,45 @@ def test_the_exported_program_uses_what_the_state_rules_allow(
     targets = {str(n.target) for n in replay.load(artifact[0]).programs["g0"].graph.nodes}
     assert {"wrap_with_autocast", "wrap_with_set_grad_enabled"} <= targets, targets
     assert {"aten.dropout.default", "aten.add_.Tensor"} <= targets, targets
+
+
+def _leaves(value: Any) -> list[torch.Tensor]:
+    import torch.utils._pytree as pytree
+
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.slow
+def test_a_tiny_llama_runner_changes_no_state_over_its_original_calls(tmp_path: Path) -> None:
+    import copy
+
+    from fixtures.models import run_generate
+    from fixtures.stores import record_llama
+
+    model, _ = record_llama(tmp_path / "store", workload=((1, 5), (2, 4)), max_new_tokens=3)
+    replay.export(model, tmp_path / "store").save(tmp_path / "llama.pt2")
+    runner = replay.load(tmp_path / "llama.pt2")
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def hook(module: Any, args: Any, kwargs: Any) -> None:
+        calls.append((copy.deepcopy(args), copy.deepcopy(kwargs)))
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)  # the ORIGINAL calls
+    run_generate(model, ((1, 5), (2, 4)), max_new_tokens=3)
+    handle.remove()
+    weights = {
+        (p, n): t.detach().clone()
+        for p, program in runner.programs.items()
+        for n, t in program.state_dict.items()
+    }
+    assert len(calls) == 6
+    for args, kwargs in calls:
+        given = [t.clone() for t in _leaves((args, kwargs))]
+        with torch.no_grad():
+            before = _state()
+            runner(*args, **kwargs)
+            after = _state()
+        _same(before, after)
+        assert all(torch.equal(a, b) for a, b in zip(_leaves((args, kwargs)), given, strict=True))
+    for (p, n), value in weights.items():
+        assert torch.equal(runner.programs[p].state_dict[n], value), (p, n)

@@ -45,7 +45,6 @@ in-place overloads that change their ``self``'s sizes, strides, storage or autog
 from __future__ import annotations
 
 import json
-import pprint
 import re
 import sys
 import textwrap
@@ -304,8 +303,9 @@ def table() -> tuple[list[str], list[str], list[str], list[str]]:
 
 
 def _random_off(names: set[str]) -> str:
-    table = {n: RANDOM_OFF.get(n.partition(".")[0]) for n in sorted(names)}
-    return pprint.pformat({n: v for n, v in table.items() if v is not None}, width=96)
+    rows = [(n, RANDOM_OFF.get(n.partition(".")[0])) for n in sorted(names)]
+    lines = [f"    {n!r}: {v!r},".replace("'", '"') for n, v in rows if v is not None]
+    return "{\n" + "\n".join(lines) + "\n}"
 
 
 def other_namespaces() -> list[str]:

@@ -12,8 +12,8 @@ one `ArtifactError` naming the entry and the string, anything that is not what t
 writes: arithmetic on sizes, comparisons, ``L[...].size()[i]``, sympy constructors, bounded
 (`replay.runtime.pt2.expressions`). Every node target must be an operator of the model's math
 (`replay.runtime.pt2.operators`), and what a node writes or draws is held to
-`replay.runtime.pt2.effects`: never a parameter, a constant or a caller's tensor outside its
-caches, never the global random generator. Needs no torch.
+`replay.runtime.pt2.limits.effects`: never a parameter, a constant or a caller's tensor
+outside its caches, never the global random generator. Needs no torch.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, NoReturn
 from replay.runtime.allowed import AllowOps
 from replay.runtime.checked_json import NAME, load
 from replay.runtime.guards import ArtifactError
-from replay.runtime.pt2.effects import Effects, check_effects
 from replay.runtime.pt2.expressions import check_guard, check_sympy, refuse
+from replay.runtime.pt2.limits.effects import Effects, check_effects
 from replay.runtime.pt2.operators import op_kind
 
 __all__ = ["check_program", "spec_types", "BUILTIN_SPEC_TYPES", "MAX_NESTING"]
@@ -86,7 +86,7 @@ def check_program(
             `replay.runtime.pt2.operators`.
         checked: The (key, string) pairs found good so far, updated: the programs of one
             artifact, checked with the same `known_type` and `allowed`, share one set.
-        effects: What the program may write (`replay.runtime.pt2.effects.Effects`) is
+        effects: What the program may write (`replay.runtime.pt2.limits.effects.Effects`) is
             appended here.
 
     Returns:
@@ -96,7 +96,7 @@ def check_program(
         ArtifactError: A string torch would evaluate, execute, import or paste into code is not
             one torch.export writes, bounded (`replay.runtime.pt2.expressions`); a node calls an
             operator that is not the model's math (`replay.runtime.pt2.operators`), writes a
-            tensor it may not or draws random numbers (`replay.runtime.pt2.effects`).
+            tensor it may not or draws random numbers (`replay.runtime.pt2.limits.effects`).
 
     Example:
         >>> check_program(b'{"guards_code": ["__import__(1)"]}', "m.json", str.isidentifier)

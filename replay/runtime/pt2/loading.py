@@ -58,9 +58,9 @@ from replay.runtime.pt2.archive import (
     ZIP_VERSION,
     Archive,
 )
-from replay.runtime.pt2.budget import check_budget, symbol_maxima
-from replay.runtime.pt2.effects import Effects
 from replay.runtime.pt2.graph_check import check_program, spec_types
+from replay.runtime.pt2.limits.budget import check_budget, symbol_maxima
+from replay.runtime.pt2.limits.effects import Effects
 from replay.runtime.pt2.program import Program, build_program
 from replay.runtime.pt2.records import check_extent, parse_config
 from replay.runtime.pt2.weights import ProgramSlots, load_tensors
@@ -100,7 +100,7 @@ class Artifact:
         trees: Program name -> that JSON, parsed (emptied by `open_artifact` once the
             programs are built).
         types: Pytree node types the graphs and the manifest name.
-        effects: Program name -> the buffers it may write (`replay.runtime.pt2.effects`).
+        effects: Program name -> the buffers it may write (`replay.runtime.pt2.limits.effects`).
     """
 
     archive: Archive

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from replay.runtime.guards import ArtifactError
+from replay.runtime.pt2.limits.arguments import check_names
 from replay.runtime.pt2.op_table import OTHER_MODULES
 from replay.runtime.pt2.shape_checks import ShapeChecks
 
@@ -163,6 +164,7 @@ class _Builder:
             target = resolve_target(node["target"])
         except ArtifactError as e:
             raise self.fail(str(e)) from None
+        check_names(target, node, self.source)
         args: list[Any] = []
         kwargs: dict[str, Any] = {}
         for named in node["inputs"]:

@@ -40,6 +40,9 @@ Bound = tuple[int, int | None]
 _UNBOUNDED: Bound = (0, None)
 _CAP = 2**256  # products stop growing here: the bound is only compared with the budget
 _SIZE_ARGS = ("as_ints", "as_sym_ints")
+_SIZE_NAMES = frozenset({"size", "sizes", "shape", "repeats", "output_size", "input_sizes"})
+"""The arguments that are a result's sizes (``expand(self, size)``, ``view(self, size)``,
+``reshape(self, shape)``, ``repeat(self, repeats)``), not dims or strides."""
 _DATA = ("item.default", "_local_scalar_dense.default")
 """Operators whose symbolic int is a tensor's value, not a size."""
 _SCALED = frozenset({"repeat", "tile", "repeat_interleave", "one_hot"})
@@ -115,6 +118,7 @@ class _Bounds:
         self.ints: dict[str, Bound] = {}
         self.data: set[str] = set()  # symbolic ints computed from a tensor's values
         self._declared: dict[str, int | None] = {}
+        self.exprs: dict[str, Bound] = {}
 
     def fail(self, node: Mapping[str, Any], what: str) -> ArtifactError:
         return ArtifactError(
@@ -129,7 +133,7 @@ class _Bounds:
             sizes = (self.values.get(name) or {}).get("sizes")
             total: int | None = 1
             for size in sizes if isinstance(sizes, list) else []:
-                high = _size_bound(size, self.maxima)[1]
+                high = _size_bound(size, self.maxima, self.exprs)[1]
                 total = None if high is None or total is None else total * high
             self._declared[name] = total
         return self._declared[name]
@@ -141,7 +145,9 @@ class _Bounds:
         subgraphs = [a["as_graph"]["graph"] for a in args.values() if "as_graph" in a]
         op = target.split(".")[3] if target.startswith("torch.ops.aten.") else ""
         largest = 0
-        for arg in args.values():
+        for name, arg in args.items():
+            if name not in _SIZE_NAMES and not (op == "tile" and name == "dims"):
+                continue
             for kind in _SIZE_ARGS:
                 if kind in arg:
                     largest = max(largest, self.product(node, arg[kind]))
@@ -158,7 +164,8 @@ class _Bounds:
             raise self.fail(
                 node,
                 f"makes a tensor of up to {float(largest):.3g} elements at the guards' largest "
-                f"sizes, over the budget of {float(self.budget):.3g} (replay.runtime.pt2.budget)",
+                f"sizes, over the budget of {float(self.budget):.3g} "
+                "(replay.runtime.pt2.limits.budget)",
             )
         self.symbols(node, target, list(args.values()))
         return subgraphs
@@ -236,7 +243,7 @@ def _apply(target: str, operands: list[Bound], args: list[Any], walk: _Bounds) -
         if name == "int" and len(args) > 1 and isinstance(dims, list):
             dim = args[1].get("as_int") if isinstance(args[1], dict) else None
             if isinstance(dim, int) and -len(dims) <= dim < len(dims):
-                return (0, _size_bound(dims[dim], walk.maxima)[1])
+                return (0, _size_bound(dims[dim], walk.maxima, walk.exprs)[1])
         return (0, walk.declared(tensor))
     if target.startswith(("torch.ops.aten.sym_stride", "torch.ops.aten.sym_storage_offset")):
         return (0, walk.budget)
@@ -304,15 +311,22 @@ def _parse(text: str) -> ast.expr | None:
         return None
 
 
-def _size_bound(size: Any, maxima: Mapping[str, int]) -> Bound:
-    """A declared size (``{"as_int": 3}`` or ``{"as_expr": {"expr_str": ...}}``) at the maxima."""
+def _size_bound(size: Any, maxima: Mapping[str, int], seen: dict[str, Bound]) -> Bound:
+    """A declared size (``{"as_int": 3}`` or ``{"as_expr": {"expr_str": ...}}``) at the maxima;
+    `seen` caches each expression's bound (a graph repeats a few expressions thousands of
+    times)."""
     if not isinstance(size, dict):
         return _UNBOUNDED
     if isinstance(size.get("as_int"), int):
         return (size["as_int"], size["as_int"])
     text = (size.get("as_expr") or {}).get("expr_str")
-    tree = _parse(text) if isinstance(text, str) else None
-    return _UNBOUNDED if tree is None else _expr_bound(tree, maxima)
+    if not isinstance(text, str):
+        return _UNBOUNDED
+    found = seen.get(text)
+    if found is None:
+        tree = _parse(text)
+        found = seen[text] = _UNBOUNDED if tree is None else _expr_bound(tree, maxima)
+    return found
 
 
 def _expr_bound(node: ast.expr, maxima: Mapping[str, int]) -> Bound:
@@ -337,7 +351,10 @@ def _expr_bound(node: ast.expr, maxima: Mapping[str, int]) -> Bound:
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         func, args = node.func.id, [_expr_bound(a, maxima) for a in node.args]
         if func == "Symbol":
-            return _expr_bound(ast.Name(_plain_symbol(ast.unparse(node)) or ""), maxima)
+            first = node.args[0] if node.args else None
+            symbol = first.value if isinstance(first, ast.Constant) else None
+            high = maxima.get(symbol) if isinstance(symbol, str) else None
+            return _UNBOUNDED if high is None else (0, high)
         if func == "Integer" and node.args and isinstance(node.args[0], ast.Constant):
             value = node.args[0].value
             return (

@@ -16,8 +16,9 @@ write back to the graph inputs it may be, and refuses a program that:
 
 "May be" is conservative: a view, an operator defined by others (``dropout`` in eval mode
 returns its input, ``type_as`` may), an operator that returns its input's memory (``lift``,
-``data``, ``_unsafe_view``, ``split``: `replay.runtime.pt2.operators.VIEW_OPS`) and a
-higher-order node may be any of their tensor arguments; an in-place node's result is its
+``data``, ``_unsafe_view``, ``split``: `replay.runtime.pt2.operators.VIEW_OPS`), a
+higher-order node and any target outside ``aten`` (``operator.getitem`` of a list, a caller's
+operator library) may be any of their tensor arguments; an in-place node's result is its
 ``self``. Needs no torch.
 """
 
@@ -175,7 +176,7 @@ class _Writes:
                 for root in roots:
                     self.write(node, name, root, kind == "metadata")
                 may_be |= roots
-        elif kind == "view" or subgraphs or target.startswith("torch.ops.higher_order."):
+        elif kind == "view" or subgraphs or not target.startswith("torch.ops.aten."):
             for item in inputs:
                 for name in tensor_names(item.get("arg")):
                     may_be |= alias.get(name, frozenset())
