@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from replay.runtime import native
+from replay.runtime.pt2 import native
 from replay.runtime.guards import ArtifactError
 
 

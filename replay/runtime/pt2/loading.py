@@ -33,12 +33,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from replay.runtime import native
 from replay.runtime.allowed import ALLOWED_MODULES, AllowOps, loadable_type, register_types
 from replay.runtime.allowed import allow_ops as allowed_ops
 from replay.runtime.digests import check_digest, digest_bytes, digest_file
 from replay.runtime.guards import ArtifactError, CallNotServed
 from replay.runtime.manifest import FORMAT, MANIFEST_CAP, Manifest
+from replay.runtime.pt2 import native
 from replay.runtime.pt2.archive import (
     ARCHIVE_FORMAT,
     ARCHIVE_VERSION,
@@ -467,7 +467,7 @@ def _compiled(
 
 
 def probe_child() -> None:
-    """The child `replay.runtime.native.probe` starts: ``argv`` = PATH DEVICE [ALLOWED_OP ...].
+    """The child `replay.runtime.pt2.native.probe` starts: ``argv`` = PATH DEVICE [ALLOWED_OP ...].
 
     Opens the artifact with its builds, as ``load(compiled=True)`` would, without a probe of its
     own; an `ArtifactError` is one ``Error:`` line on stderr and exit status 1.
