@@ -36,7 +36,7 @@ import torch
 from capture import compat
 from capture.pytree import nodes
 from capture.pytree.cachespec import blocking_reason
-from replay.artifact.loadable import LoaderRefusal, refusal
+from replay.artifact.loadable import LoaderRefusal, refusal, refused_operators
 from replay.check.checking import coverage_rows
 from replay.inputs.options import ExportOptions
 from replay.pipeline.bounded import export_bounded, export_unbounded
@@ -217,7 +217,8 @@ def _loadable(job: Job, done: Exported) -> Exported:
     why = refusal(done.group.name, done.program, allow_ops(job.options.allow_ops))
     if why is None:
         return done
-    return dataclasses.replace(done, program=None, error=LoaderRefusal(why))
+    by_operator = bool(refused_operators(done.program, allow_ops(job.options.allow_ops)))
+    return dataclasses.replace(done, program=None, error=LoaderRefusal(why, by_operator))
 
 
 def _dynamic(job: Job, group: ExportGroup, budget: Budget) -> list[Exported]:
@@ -241,10 +242,14 @@ def _unserved(part: Part) -> list[tuple[int, ...]]:
 
 def _with_fallback(job: Job, done: Exported, budget: Budget) -> list[Part]:
     """`done` checked; the recorded signatures its program does not serve get static
-    programs (`replay.pipeline.budget.static`), standing before it."""
+    programs (`replay.pipeline.budget.static`), standing before it. A program the loader
+    refuses for an operator it calls gets none: a static program calls it too."""
+    done = _loadable(job, done)
     part = _part(job, done)
     unserved = _unserved(part)
     if not unserved or job.options.max_static <= 0:
+        return [part]
+    if isinstance(done.error, LoaderRefusal) and done.error.by_operator:
         return [part]
     why = part.error or "its program does not serve them"
     fallback = export_static(
