@@ -4,11 +4,13 @@ Real torch.export programs of quantized modules (fp8 ``_scaled_mm`` over a float
 packed weights, torch's ``quantized_decomposed`` (de)quantize pair) pass the loader's whole
 validation without ``allow_ops`` (`replay.artifact.loadable.refusal`); the namespaces outside
 ``aten`` resolve in a fresh process (their modules imported by the loader); ``allow_ops`` takes
-any single operator or overload of any namespace, never ``aten`` whole.
+any single operator or overload of any namespace, never ``aten`` whole. A model with float8
+and int4-packed buffers is exported, saved, loaded and serves its ORIGINAL calls.
 """
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import replay
+from capture import Recorder
 from replay.artifact.loadable import refusal
 from replay.runtime.allowed import allow_ops
 from replay.runtime.guards import ArtifactError
@@ -144,3 +148,23 @@ def test_a_named_operator_and_only_it_is_allowed(
     target: str, named: list[str], kind: str | None
 ) -> None:
     assert op_kind(target, allow_ops(named)) == kind
+
+
+@pytest.mark.parametrize(("module", "shape"), [(_Float8, (16, 32)), (_Int4, (4, 64))])
+def test_a_float8_or_int4_model_is_saved_loaded_and_serves_its_calls(
+    module: type[torch.nn.Module], shape: tuple[int, int], tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    model = module().eval()
+    originals: list[tuple[torch.Tensor, ...]] = []
+    hook = model.register_forward_pre_hook(lambda _m, args: originals.append(copy.deepcopy(args)))
+    with Recorder(model, tmp_path / "store"), torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(*shape))
+    hook.remove()
+    result = replay.export(model, tmp_path / "store", probes=0)
+    assert result.complete, result.coverage.to_pylist()
+    result.save(tmp_path / "m.pt2")
+    runner = replay.load(tmp_path / "m.pt2", verify_weights=True)  # float8/int4 records hashed
+    for args in originals:
+        assert torch.equal(runner(*args), model(*args))
