@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class _Float8(torch.nn.Module):
+    weight: torch.Tensor
+    scale: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("weight", torch.randn(16, 32).to(torch.float8_e4m3fn))
@@ -42,6 +45,9 @@ class _Float8(torch.nn.Module):
 
 
 class _Int4(torch.nn.Module):
+    weight: torch.Tensor
+    scales_and_zeros: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         packed = torch.randint(0, 16, (32, 64), dtype=torch.int32)

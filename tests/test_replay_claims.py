@@ -38,7 +38,8 @@ class _Custom(torch.nn.Module):
         self.proj = torch.nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.capture_claims.scaled(self.proj(x), 2.0)
+        out: torch.Tensor = torch.ops.capture_claims.scaled(self.proj(x), 2.0)
+        return out
 
 
 @pytest.fixture(scope="module")

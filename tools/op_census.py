@@ -80,9 +80,9 @@ def _shrink(config: Any) -> None:
         if isinstance(getattr(config, key, None), int) and not isinstance(value, bool):
             setattr(config, key, min(getattr(config, key), value))
     for key in ("depths", "layers_per_stage"):
-        value = getattr(config, key, None)
-        if isinstance(value, list) and all(isinstance(v, int) for v in value):
-            setattr(config, key, [1] * len(value))
+        depths = getattr(config, key, None)
+        if isinstance(depths, list) and all(isinstance(v, int) for v in depths):
+            setattr(config, key, [1] * len(depths))
     for key in _SUBCONFIGS:
         sub = getattr(config, key, None)
         if sub is not None and hasattr(sub, "to_dict"):
@@ -124,8 +124,8 @@ def inputs(model: Any) -> dict[str, Any]:
         kwargs["input_ids"] = torch.randint(3, max(4, min(int(vocab), 100)), (1, 8))
         kwargs["attention_mask"] = torch.ones(1, 8, dtype=torch.long)
     if main == "pixel_values":
-        size = getattr(vision, "image_size", 32)
-        size = size[0] if isinstance(size, (list, tuple)) else size
+        found = getattr(vision, "image_size", 32)
+        size = found[0] if isinstance(found, (list, tuple)) else found
         channels = getattr(vision, "num_channels", 3)
         kwargs["pixel_values"] = torch.randn(1, channels, int(size), int(size))
     if main == "input_values":
@@ -155,7 +155,7 @@ def operators(program: Any) -> list[str]:
             if isinstance(target, torch._ops.OpOverload):
                 out.add(f"torch.ops.{target.namespace}.{target._opname}.{target._overloadname}")
             elif isinstance(target, torch._ops.HigherOrderOperator):
-                out.add(f"torch.ops.higher_order.{target.name()}")
+                out.add(f"torch.ops.higher_order.{target.name()}")  # type: ignore[no-untyped-call]
             else:
                 module_name = getattr(target, "__module__", "") or ""
                 out.add(f"{module_name}.{getattr(target, '__name__', str(target))}")
@@ -221,13 +221,14 @@ def contained(name: str, make: Any, limit_s: float, max_bytes: int) -> dict[str,
         time.sleep(0.2)
     with os.fdopen(read, "rb") as f:
         data = f.read()
+    entry: dict[str, Any]
     if why is not None or not data:
         status, reason = why or ("crashed", "the process died")
         entry = {"name": name, "status": status, "reason": reason, "ops": []}
     else:
         entry = json.loads(data)
     entry["seconds"] = round(time.monotonic() - start, 1)
-    return entry  # type: ignore[no-any-return]
+    return entry
 
 
 def _transformers_job(model_type: str, class_name: str) -> Any:
