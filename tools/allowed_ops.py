@@ -63,16 +63,18 @@ EVIDENCE = """
 _int_mm.default _weight_int8pack_mm.default _weight_int4pack_mm.default
 _weight_int4pack_mm_for_cpu.default _weight_int4pack_mm_with_scales_and_zeros.default
 _convert_weight_to_int4pack.default _convert_weight_to_int4pack_for_cpu.default
-_scaled_mm.default histc.default view_as_complex.default view_as_real.default
+_scaled_mm.default histc.default view_as_complex.default view_as_real.default max.default
+min.default var_mean.correction
 """.split()
 """Quantized matmuls (int8 activations x int8 weights: ``_int_mm``; weight-only int8 and int4
 packs with their scales; fp8 ``_scaled_mm`` with its scales), the int4 weight packers torchao
 calls on load, ``histc`` (a mixture-of-experts router counting tokens per expert: its output
 has ``bins`` elements, a constant of the graph), and the complex views of rotary embeddings
 (``view_as_complex``, ``view_as_real``: Llama 4; views, followed by the graph check like the
-others). Each kernel checks its operands' sizes, dtypes, strides and group sizes against each
-other before it reads them, writes only its own result, and does work bounded by its
-operands' sizes."""
+others), and the whole-tensor reductions torch tags ``reduction`` but not ``core``
+(``max()``, ``min()``: XLM, Flaubert, PhiMoE; ``var_mean``). Each kernel checks its operands'
+sizes, dtypes, strides and group sizes against each other before it reads them, writes only
+its own result, and does work bounded by its operands' sizes."""
 
 OTHER_NAMESPACES = {
     "quantized_decomposed": (
