@@ -240,16 +240,21 @@ def _transformers_job(model_type: str, class_name: str) -> Any:
 
 
 def jobs(only: set[str] | None) -> list[tuple[str, Any, str]]:
-    """``(name, make, family)`` of every architecture: transformers', then diffusers'."""
+    """``(name, make, family)`` of every architecture: diffusers' blocks, then transformers'
+    taken from each mapping in turn (a run cut short covers every family)."""
+    from itertools import chain, zip_longest
+
     from tools.census_diffusers import diffusers_jobs
 
-    out = [
-        (f"{t}:{c}", _transformers_job(t, c), m)
-        for t, c, m in classes()
-        if only is None or t in only
+    out: list[tuple[str, Any, str]] = [
+        (n, make, "diffusers") for n, make in diffusers_jobs() if only is None or n in only
     ]
-    out += [(n, make, "diffusers") for n, make in diffusers_jobs() if only is None or n in only]
-    return out
+    by_family: dict[str, list[tuple[str, Any, str]]] = {}
+    for t, c, m in classes():
+        if only is None or t in only:
+            by_family.setdefault(m, []).append((f"{t}:{c}", _transformers_job(t, c), m))
+    turns = zip_longest(*by_family.values())
+    return out + [job for job in chain.from_iterable(turns) if job is not None]
 
 
 def load() -> dict[str, Any]:
@@ -273,7 +278,9 @@ def save(data: dict[str, Any]) -> None:
     data["tried"] = len(data["architectures"])
     data["exported"] = sum(a["status"] == "exported" for a in done)
     data["ops"] = dict(sorted(counts.items()))
-    OUT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    temp = OUT.with_suffix(".json.tmp")
+    temp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    temp.replace(OUT)  # whole or not at all: a run may be stopped at any time
 
 
 def run(limit_s: int, budget_s: float, only: set[str] | None, max_mib: int) -> None:
@@ -315,6 +322,15 @@ def report() -> None:
         f"Architectures tried: {data['tried']}; exported: {data['exported']}; "
         + "; ".join(f"{k}: {v}" for k, v in sorted(status.items()) if k != "exported")
         + ".",
+        "",
+        "| family (where the class was found) | tried | exported |",
+        "|---|---|---|",
+    ]
+    families = Counter(a["family"] for a in archs)
+    for family, tried in sorted(families.items()):
+        exported = sum(a["family"] == family and a["status"] == "exported" for a in archs)
+        lines.append(f"| {family} | {tried} | {exported} |")
+    lines += [
         "",
         "| operator | architectures | verdict |",
         "|---|---|---|",
