@@ -195,9 +195,8 @@ def _noted(done: Exported, reasons: Sequence[str]) -> Exported:
 
 
 def _part(job: Job, done: Exported, notes: Sequence[str] = ()) -> Part:
-    """`done` checked: its coverage rows, its error when it has no program (or one the loader
-    would refuse)."""
-    done = _loadable(job, done)
+    """`done` checked: its coverage rows, its error when it has no program (`_loadable` has
+    taken away a program the loader would refuse)."""
     error = failure(done.error) if done.error is not None and done.program is None else None
     if error is not None:
         logger.warning("export of group %s failed: %s", done.group.name, error)
@@ -263,7 +262,7 @@ def _with_fallback(job: Job, done: Exported, budget: Budget) -> list[Part]:
     statics, dropped = [], []
     for static in fallback.exported:
         note = f"a static program for one recorded signature of {done.group.name} ({why})"
-        checked = _part(job, static, [note])
+        checked = _part(job, _loadable(job, static), [note])
         failed = next((r for r in checked.rows if not r.covered), None)
         if failed is None:
             statics.append(checked)
