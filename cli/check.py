@@ -111,11 +111,12 @@ def _summary(rows: Sequence[DriftRow]) -> str:
 @click.option(
     "--allow-ops",
     "allow_ops",
-    metavar="NAMESPACE",
+    metavar="NAME",
     multiple=True,
-    help="An operator namespace (or namespace.op; an ONNX domain for an ONNX set) the "
-    "programs may call beyond the model's math, as replay.load(path, allow_ops=[...]) "
-    "allows it. Repeat for several. Default: none (the model's math only).",
+    help="An operator namespace, operator or overload (mylib, aten.bincount, "
+    "mylib.op.default; an ONNX domain for an ONNX set) the programs may call beyond the "
+    "model's math, as replay.load(path, allow_ops=[...]) allows it. Repeat for several. "
+    "Default: none (the model's math only).",
 )
 @format_option()
 @no_headers_option

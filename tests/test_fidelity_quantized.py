@@ -4,7 +4,8 @@ Each model runs real greedy ``generate()`` (batches 1-3, left padding, one reque
 mask), recorded while a forward pre-hook keeps deep copies of the ORIGINAL calls: a Llama whose
 attention is weight-only int8 (dequantizing and ``torch._weight_int8pack_mm`` forms) with a
 weight-only int8 MLP or a W8A8 dynamic one (``torch._int_mm``), as torchao's and serving stacks'
-module swaps write them (`fixtures.quantized`), and a Mixtral (4 experts, 2 per token). Each is
+module swaps write them (`fixtures.quantized`), a Mixtral and a Qwen2-MoE (4 experts, 2 per
+token). Each is
 exported, saved and loaded with `replay.load`; every original call goes through the runner and
 through eager. The calls the export claims covered, those ``capture check`` says the artifact
 serves and those the loaded runner serves are the same number, every call, and none is wrong.
@@ -23,9 +24,9 @@ from click.testing import CliRunner
 import replay
 from capture.cli.main import cli
 from fixtures.generate_traffic import record_traffic, serve_originals, tiny_causal
-from fixtures.quantized import quantize, tiny_mixtral
+from fixtures.quantized import quantize, tiny_mixtral, tiny_qwen2_moe
 
-pytestmark = pytest.mark.slow  # three generate() recordings, exports and loads: minutes
+pytestmark = pytest.mark.slow  # four generate() recordings, exports and loads: minutes
 
 WORKLOAD = [(1, 7, True), (2, 9, True), (3, 10, True), (1, 12, False)]
 MODELS: dict[str, tuple[Callable[[], Any], str]] = {
@@ -35,6 +36,7 @@ MODELS: dict[str, tuple[Callable[[], Any], str]] = {
     ),
     "w8a8-int-mm": (lambda: quantize(tiny_causal("llama"), "w8a8"), "_int_mm"),
     "mixtral": (tiny_mixtral, "histc"),
+    "qwen2-moe": (tiny_qwen2_moe, "histc"),
 }
 """Name -> (the model, an operator its programs must call: the case is about it)."""
 
@@ -82,7 +84,7 @@ def test_no_served_call_answers_wrong(run: Run) -> None:
 
 
 def test_claimed_equals_checked_equals_served_equals_every_call(run: Run) -> None:
-    # The quantized Llama's artifact did not load (aten._int_mm off the list), and Mixtral's
-    # neither (aten.histc): claimed 30/30 and 35/35, served 0.
+    # The quantized Llama's artifact did not load (aten._int_mm off the list), nor Mixtral's
+    # and Qwen2-MoE's (aten.histc): claimed 30/30, 35/35 and 32/32, served 0.
     assert (run.claimed, run.check_served, run.served) == (len(run.originals),) * 3
     assert run.check_exit == 0

@@ -38,7 +38,8 @@ class _Custom(torch.nn.Module):
         self.proj = torch.nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.capture_claims.scaled(self.proj(x), 2.0)
+        out: torch.Tensor = torch.ops.capture_claims.scaled(self.proj(x), 2.0)
+        return out
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def _claimed(result: Any) -> list[tuple[bool, str | None]]:
 
 def test_a_program_the_loader_refuses_is_not_claimed(recorded: Any) -> None:
     model, root, _ = recorded
-    result = replay.export(model, root, probes=0, max_static=0)
+    result = replay.export(model, root, probes=0)
     rows = _claimed(result)
     reason = (
         "replay.load would refuse its program: models/{}.json: the program calls "
@@ -73,6 +74,8 @@ def test_a_program_the_loader_refuses_is_not_claimed(recorded: Any) -> None:
     assert rows and all(not covered for covered, _ in rows)
     assert all(str(error).startswith(reason.format(group)) for _, error in rows)
     assert result.programs == {} and not result.complete
+    # An operator refused: no static program is tried (each would call it too).
+    assert not any("static" in note for note in result.notes), result.notes
 
 
 def test_naming_the_operator_claims_it_and_the_artifact_loads(

@@ -9,11 +9,18 @@ from typing import Any
 Make = Callable[[], tuple[Any, dict[str, Any]]]
 
 
+def _model(name: str, **config: Any) -> Any:
+    """A diffusers model class built from `config`, in eval mode."""
+    import diffusers
+
+    return getattr(diffusers, name)(**config).eval()
+
+
 def _unet() -> tuple[Any, dict[str, Any]]:
     import torch
-    from diffusers import UNet2DConditionModel
 
-    model = UNet2DConditionModel(
+    model = _model(
+        "UNet2DConditionModel",
         sample_size=16,
         in_channels=4,
         out_channels=4,
@@ -24,7 +31,7 @@ def _unet() -> tuple[Any, dict[str, Any]]:
         cross_attention_dim=32,
         attention_head_dim=8,
         norm_num_groups=16,
-    ).eval()
+    )
     return model, {
         "sample": torch.randn(1, 4, 16, 16),
         "timestep": torch.tensor([10]),
@@ -34,23 +41,23 @@ def _unet() -> tuple[Any, dict[str, Any]]:
 
 def _vae() -> tuple[Any, dict[str, Any]]:
     import torch
-    from diffusers import AutoencoderKL
 
-    model = AutoencoderKL(
+    model = _model(
+        "AutoencoderKL",
         block_out_channels=(32, 64),
         down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
         up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
         latent_channels=4,
         norm_num_groups=16,
-    ).eval()
+    )
     return model, {"sample": torch.randn(1, 3, 32, 32)}
 
 
 def _sd3() -> tuple[Any, dict[str, Any]]:
     import torch
-    from diffusers import SD3Transformer2DModel
 
-    model = SD3Transformer2DModel(
+    model = _model(
+        "SD3Transformer2DModel",
         sample_size=16,
         patch_size=2,
         in_channels=4,
@@ -62,7 +69,7 @@ def _sd3() -> tuple[Any, dict[str, Any]]:
         pooled_projection_dim=16,
         out_channels=4,
         pos_embed_max_size=32,
-    ).eval()
+    )
     return model, {
         "hidden_states": torch.randn(1, 4, 16, 16),
         "encoder_hidden_states": torch.randn(1, 7, 32),
@@ -73,9 +80,9 @@ def _sd3() -> tuple[Any, dict[str, Any]]:
 
 def _flux() -> tuple[Any, dict[str, Any]]:
     import torch
-    from diffusers import FluxTransformer2DModel
 
-    model = FluxTransformer2DModel(
+    model = _model(
+        "FluxTransformer2DModel",
         patch_size=1,
         in_channels=16,
         num_layers=1,
@@ -85,7 +92,7 @@ def _flux() -> tuple[Any, dict[str, Any]]:
         joint_attention_dim=32,
         pooled_projection_dim=16,
         axes_dims_rope=(4, 6, 6),
-    ).eval()
+    )
     return model, {
         "hidden_states": torch.randn(1, 64, 16),
         "encoder_hidden_states": torch.randn(1, 7, 32),
@@ -98,9 +105,9 @@ def _flux() -> tuple[Any, dict[str, Any]]:
 
 def _dit() -> tuple[Any, dict[str, Any]]:
     import torch
-    from diffusers import DiTTransformer2DModel
 
-    model = DiTTransformer2DModel(
+    model = _model(
+        "DiTTransformer2DModel",
         num_attention_heads=2,
         attention_head_dim=16,
         in_channels=4,
@@ -108,7 +115,7 @@ def _dit() -> tuple[Any, dict[str, Any]]:
         sample_size=8,
         patch_size=2,
         num_embeds_ada_norm=10,
-    ).eval()
+    )
     return model, {
         "hidden_states": torch.randn(1, 4, 8, 8),
         "timestep": torch.tensor([3]),

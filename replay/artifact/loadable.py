@@ -29,11 +29,20 @@ from replay.runtime.pt2.weights import WeightTable
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-__all__ = ["LoaderRefusal", "refusal"]
+__all__ = ["LoaderRefusal", "refusal", "refused_operators"]
 
 
 class LoaderRefusal(Exception):
-    """A program the loader would refuse (its message is the loader's)."""
+    """A program the loader would refuse (its message is the loader's).
+
+    Attributes:
+        by_operator: The refusal names an operator the program calls: a program of the same
+            model at other sizes calls it too (a static one included).
+    """
+
+    def __init__(self, reason: str, by_operator: bool) -> None:
+        super().__init__(reason)
+        self.by_operator = by_operator
 
 
 def refusal(name: str, program: ExportedProgram, allowed: AllowOps = frozenset()) -> str | None:
@@ -74,3 +83,35 @@ def refusal(name: str, program: ExportedProgram, allowed: AllowOps = frozenset()
         text = (str(e).strip().splitlines() or [""])[0]
         return f"{source}: torch cannot serialize or read this program: {type(e).__name__}: {text}"
     return None
+
+
+def refused_operators(program: ExportedProgram, allowed: AllowOps = frozenset()) -> list[str]:
+    """The operators of `program` (as its serialized graph names them) the loader refuses.
+
+    Example:
+        >>> refused_operators(torch.export.export(model, args))  # doctest: +SKIP
+        ['torch.ops.aten.bincount.default']
+    """
+    import json
+
+    from capture.pytree import nodes
+    from replay.artifact.saving import program_graph
+    from replay.runtime.pt2.operators import op_kind
+
+    try:
+        with nodes.register_flattening_functions():
+            graph = program_graph(program)  # made by `refusal` already
+    except Exception:  # torch cannot serialize it: no operator to name
+        return []
+    stack: list[object] = [json.loads(graph)]
+    out = set()
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            target = value.get("target")
+            if isinstance(target, str) and op_kind(target, allowed) is None:
+                out.add(target)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return sorted(out)

@@ -37,7 +37,7 @@ from capture import compat
 from capture.pytree import nodes
 from capture.pytree.cachespec import blocking_reason
 from capture.untrusted import printable
-from replay.artifact.loadable import LoaderRefusal, refusal
+from replay.artifact.loadable import LoaderRefusal, refusal, refused_operators
 from replay.check.checking import coverage_rows
 from replay.inputs.options import ExportOptions
 from replay.pipeline.bounded import export_bounded, export_unbounded
@@ -210,9 +210,8 @@ def _noted(done: Exported, reasons: Sequence[str]) -> Exported:
 
 
 def _part(job: Job, done: Exported, notes: Sequence[str] = ()) -> Part:
-    """`done` checked: its coverage rows, its error when it has no program (or one the loader
-    would refuse)."""
-    done = _loadable(job, done)
+    """`done` checked: its coverage rows, its error when it has no program (`_loadable` has
+    taken away a program the loader would refuse)."""
     error = failure(done.error) if done.error is not None and done.program is None else None
     if error is not None:
         logger.warning(
@@ -234,7 +233,8 @@ def _loadable(job: Job, done: Exported) -> Exported:
     why = refusal(done.group.name, done.program, allow_ops(job.options.allow_ops))
     if why is None:
         return done
-    return dataclasses.replace(done, program=None, error=LoaderRefusal(why))
+    by_operator = bool(refused_operators(done.program, allow_ops(job.options.allow_ops)))
+    return dataclasses.replace(done, program=None, error=LoaderRefusal(why, by_operator))
 
 
 def _dynamic(job: Job, group: ExportGroup, budget: Budget) -> list[Exported]:
@@ -258,10 +258,14 @@ def _unserved(part: Part) -> list[tuple[int, ...]]:
 
 def _with_fallback(job: Job, done: Exported, budget: Budget) -> list[Part]:
     """`done` checked; the recorded signatures its program does not serve get static
-    programs (`replay.pipeline.budget.static`), standing before it."""
+    programs (`replay.pipeline.budget.static`), standing before it. A program the loader
+    refuses for an operator it calls gets none: a static program calls it too."""
+    done = _loadable(job, done)
     part = _part(job, done)
     unserved = _unserved(part)
     if not unserved or job.options.max_static <= 0:
+        return [part]
+    if isinstance(done.error, LoaderRefusal) and done.error.by_operator:
         return [part]
     why = part.error or "its program does not serve them"
     fallback = export_static(
@@ -275,7 +279,7 @@ def _with_fallback(job: Job, done: Exported, budget: Budget) -> list[Part]:
     statics, dropped = [], []
     for static in fallback.exported:
         note = f"a static program for one recorded signature of {done.group.name} ({why})"
-        checked = _part(job, static, [note])
+        checked = _part(job, _loadable(job, static), [note])
         failed = next((r for r in checked.rows if not r.covered), None)
         if failed is None:
             statics.append(checked)
