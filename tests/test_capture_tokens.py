@@ -102,7 +102,7 @@ def test_device_ranges_are_read_by_the_segment() -> None:
     table = torch.tensor([IMAGE, END])
     deferred: Any = DeviceRanges(tensors, [0, 1], [(0, (IMAGE, END), table)])
     segment = Segment()
-    segment.add((1, 0, "s", None, (1, 3, 0), None, deferred, deferred, 10, None))
+    segment.add((1, 0, "s", None, (1, 3, 0), None, deferred, deferred, 10, None, None))
     table_ = segment.calls_tables("m", "h", 1)
     (calls,) = table_.values()
     # The writer thread resolves the deferred read: ranges, empty tensor, then the counts.

@@ -255,7 +255,7 @@ def test_llama_named_and_derived_dims_export_without_grouped_query_attention(
     assert not any("rejected" in n for n in result.notes)
 
 
-def test_inputs_are_rebuilt_for_every_run(tmp_path: Path) -> None:
+def test_a_program_that_writes_its_callers_input_is_not_claimed(tmp_path: Path) -> None:
     class Inplace(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             x.add_(1)
@@ -264,7 +264,12 @@ def test_inputs_are_rebuilt_for_every_run(tmp_path: Path) -> None:
     store = _record(tmp_path, Inplace(), [(torch.ones(2, 3),), (torch.ones(4, 3),)])
     with store:
         result = replay.export(Inplace(), store)
-    _all_covered(result)
+    # A served call must leave the caller's tensors as they were: the loader refuses the
+    # program, so the export claims none of its calls and says why.
+    rows = _recorded(result)
+    assert rows and not any(r["covered"] for r in rows)
+    assert all("writes x, an input of the caller" in r["error"] for r in rows)
+    assert not result.complete
 
 
 def test_a_signature_the_program_rejects_is_not_covered(tmp_path: Path) -> None:

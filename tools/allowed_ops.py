@@ -120,6 +120,8 @@ REFUSED = {
     "packed weight's bytes",
     "_dyn_quant_pack_4bit_weight.default": "it trusts the integer sizes it is given against "
     "its weights' bytes",
+    "uniform_.default": "it draws from torch's global random generator: a served call would "
+    "change the serving process's random state (BigBird's random attention blocks)",
 }
 """``aten`` operators real models emit that stay off the list, and why; a caller who accepts
 the risk names one (``allow_ops=["aten.bincount"]``)."""

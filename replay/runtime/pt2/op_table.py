@@ -568,5 +568,9 @@ REFUSED_OPS = {
         "its output has as many elements as the largest value of its input plus one: the "
         "work is bounded by the values a call passes, not by the guards' sizes"
     ),
+    "uniform_.default": (
+        "it draws from torch's global random generator: a served call would change the "
+        "serving process's random state (BigBird's random attention blocks)"
+    ),
 }
 """``aten`` operators real models emit that stay off the list -> why (docs/trust.md)."""

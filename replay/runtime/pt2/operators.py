@@ -98,7 +98,7 @@ def op_kind(target: str, allowed: AllowOps = frozenset()) -> str | None:
     strides or autograd flags), or None when the program may not call it.
 
     Example:
-        >>> op_kind("torch.ops.aten.linear.default"), op_kind("torch.ops.aten.from_file.default")
+        >>> op_kind("torch.ops.aten.mm.default"), op_kind("torch.ops.aten.from_file.default")
         ('pure', None)
         >>> op_kind("torch.ops.mylib.fused.default", allow_ops(["mylib"]))
         'pure'
