@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from replay.runtime.pt2 import native
 from replay.runtime.guards import ArtifactError
+from replay.runtime.pt2 import native
 
 
 def test_a_build_that_kills_the_probe_is_an_artifact_error_not_a_dead_server() -> None:
