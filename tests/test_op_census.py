@@ -27,9 +27,10 @@ def _unexplained(ops: list[str]) -> list[str]:
     out = []
     for op in ops:
         name = op.removeprefix("torch.ops.aten.")
+        shown = f"aten.{name}" if name != op else op  # as docs/trust.md lists it
         if op_kind(op) is not None:
             continue
-        if name in REFUSED_OPS and f"`aten.{name}`: {REFUSED_OPS[name]}" in trust:
+        if name in REFUSED_OPS and f"`{shown}`: {REFUSED_OPS[name]}" in trust:
             continue
         out.append(op)
     return out

@@ -113,6 +113,15 @@ of its input by the offsets it is given (slices stay inside the tensors whatever
 work bounded by the experts' count and the tensors' sizes). The loader imports the module
 (``transformers`` is already the one library whose types an artifact may name)."""
 
+_RANDOM = (
+    "it draws from torch's global random generator: a served call would change the serving "
+    "process's random state (BigBird's random attention, ViT-MAE's masking, VITS's noise)"
+)
+_VMAP = (
+    "torch.vmap inside forward: it changes functorch's process-wide vmap nesting level, "
+    "process state a program may not change"
+)
+
 REFUSED = {
     "bincount.default": "its output has as many elements as the largest value of its input "
     "plus one: the work is bounded by the values a call passes, not by the guards' sizes",
@@ -120,11 +129,21 @@ REFUSED = {
     "packed weight's bytes",
     "_dyn_quant_pack_4bit_weight.default": "it trusts the integer sizes it is given against "
     "its weights' bytes",
-    "uniform_.default": "it draws from torch's global random generator: a served call would "
-    "change the serving process's random state (BigBird's random attention blocks)",
+    "rand.default": _RANDOM,
+    "randn.default": _RANDOM,
+    "randn_like.default": _RANDOM,
+    "uniform_.default": _RANDOM,
+    "torch._functorch.predispatch._vmap_increment_nesting": _VMAP,
+    "torch._functorch.predispatch._vmap_decrement_nesting": _VMAP,
+    "torch._functorch.predispatch._add_batch_dim": _VMAP,
+    "torch._functorch.predispatch._remove_batch_dim": _VMAP,
+    "torch._functorch.predispatch.lazy_load_decompositions": _VMAP,
+    "torch.ops.higher_order.flat_apply": "it calls a Python function the graph names, code "
+    "the artifact would choose",
 }
-"""``aten`` operators real models emit that stay off the list, and why; a caller who accepts
-the risk names one (``allow_ops=["aten.bincount"]``)."""
+"""Operators real models emit that stay off the list, and why (``aten`` ones by
+``<op>.<overload>``, others by the target a graph names); a caller who accepts the risk of an
+``aten`` one names it (``allow_ops=["aten.bincount"]``)."""
 
 DENIED = frozenset(
     {

@@ -353,7 +353,8 @@ def report() -> None:
         short = op.removeprefix("torch.ops.")
         name = short.removeprefix("aten.")
         kind = op_kind(op)
-        verdict = kind or (f"refused: {REFUSED_OPS[name]}" if name in REFUSED_OPS else "REFUSED")
+        reason = REFUSED_OPS.get(name, REFUSED_OPS.get(op))
+        verdict = kind or (f"refused: {reason}" if reason else "REFUSED, no reason given")
         lines.append(f"| `{short}` | {count} | {verdict} |")
     lines += ["", "## Not exported", "", "| architecture | status | reason |", "|---|---|---|"]
     for a in sorted(archs, key=lambda a: a["name"]):

@@ -568,9 +568,48 @@ REFUSED_OPS = {
         "its output has as many elements as the largest value of its input plus one: the "
         "work is bounded by the values a call passes, not by the guards' sizes"
     ),
+    "rand.default": (
+        "it draws from torch's global random generator: a served call would change the "
+        "serving process's random state (BigBird's random attention, ViT-MAE's masking, "
+        "VITS's noise)"
+    ),
+    "randn.default": (
+        "it draws from torch's global random generator: a served call would change the "
+        "serving process's random state (BigBird's random attention, ViT-MAE's masking, "
+        "VITS's noise)"
+    ),
+    "randn_like.default": (
+        "it draws from torch's global random generator: a served call would change the "
+        "serving process's random state (BigBird's random attention, ViT-MAE's masking, "
+        "VITS's noise)"
+    ),
+    "torch._functorch.predispatch._add_batch_dim": (
+        "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
+        "level, process state a program may not change"
+    ),
+    "torch._functorch.predispatch._remove_batch_dim": (
+        "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
+        "level, process state a program may not change"
+    ),
+    "torch._functorch.predispatch._vmap_decrement_nesting": (
+        "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
+        "level, process state a program may not change"
+    ),
+    "torch._functorch.predispatch._vmap_increment_nesting": (
+        "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
+        "level, process state a program may not change"
+    ),
+    "torch._functorch.predispatch.lazy_load_decompositions": (
+        "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
+        "level, process state a program may not change"
+    ),
+    "torch.ops.higher_order.flat_apply": (
+        "it calls a Python function the graph names, code the artifact would choose"
+    ),
     "uniform_.default": (
         "it draws from torch's global random generator: a served call would change the "
-        "serving process's random state (BigBird's random attention blocks)"
+        "serving process's random state (BigBird's random attention, ViT-MAE's masking, "
+        "VITS's noise)"
     ),
 }
 """``aten`` operators real models emit that stay off the list -> why (docs/trust.md)."""
