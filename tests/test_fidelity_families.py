@@ -131,6 +131,13 @@ def test_qwen2_vl_image_prefills_are_checked_on_inputs_eager_accepts(tmp_path: P
     originals = record_requests(model, tmp_path / "store", _qwen2_vl_requests())
     result = replay.export(model, tmp_path / "store")
     rows = [r for r in result.coverage.to_pylist() if "mm_encoder_outputs" in r["signature"]]
+    if tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13):
+        # torch 2.11/2.12 cannot serialize the image prefill's cast_symbool_to_symint_guardless
+        # node: the artifact could not hold that program, so none of its rows is claimed, and
+        # each says why (the loader's validation runs before a claim).
+        assert rows and not any(r["covered"] for r in rows)
+        assert all("cannot serialize or read this program" in r["error"] for r in rows)
+        return
     # issue 22: rebuilt ids used to hold no image token ("Image features and image tokens do
     # not match, tokens: 0"); now each image prefill row is checked, and served here.
     assert rows and all(r["covered"] for r in rows)
