@@ -63,7 +63,11 @@ MAX_NESTING = 200
 adds about ten)."""
 _STRING_KEYS = _NAME_KEYS | {"expr_str", "target", "as_operator", "in_spec", "out_spec"}
 """Keys whose string values torch evaluates, executes, imports or pastes into code."""
-_SYMBOL = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+# A range constraint's key: a symbol, or (torch 2.11 and 2.12, for a derived dim) a linear
+# expression of symbols and small integers as sympy prints it ("s5 + 1", "2*s3 - 1"): nothing
+# sympy could call or raise to a power.
+_LINEAR = re.compile(r"(?:\d{1,6}\*)?[A-Za-z][A-Za-z0-9_]{0,15}|\d{1,6}")
+_RANGE_KEY = re.compile(rf"-?(?:{_LINEAR.pattern})(?: [+-] (?:{_LINEAR.pattern})){{0,8}}\Z")
 
 
 def check_program(
@@ -144,7 +148,7 @@ class _Walk:
             self.too_deep()
         if key == "range_constraints":
             for symbol in value:
-                _require(_SYMBOL.match(symbol), self.source, "symbol", symbol)
+                _require(_RANGE_KEY.match(symbol), self.source, "symbol", symbol)
         if key == "as_custom_obj" or "custom_obj" in value:
             raise ArtifactError(
                 f"{self.source}: the program uses a custom object; an artifact holds tensors "
