@@ -231,10 +231,14 @@ def test_llama_named_dims_fall_back_when_torch_cannot_prove_a_guard(
     result = replay.export(model, store, named_dims=True, groups=["decode", "prefill"])
     _all_covered(result)
     notes = [n for n in result.notes if "named dims rejected by torch.export" in n]
-    assert [n.split(":")[0] for n in notes] == ["decode"]
+    older = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13)
+    # torch 2.11/2.12 cannot prove the prefill's guards on named Dims either: bounded hints too
+    assert [n.split(":")[0] for n in notes] == (["decode", "prefill"] if older else ["decode"])
     assert "satisfy the generated guard min(" in notes[0]
     assert "bounded Dim.DYNAMIC hints for past_key_values_2 in [4, 9]" in notes[0]
     assert result.not_honoured == {}
+    if older:
+        return
     prefill = result.inputs.group("prefill").dynamic_shapes
     assert (
         str(prefill["input_ids"]) == "{0: Dim('batch', max=3), 1: Dim('input_ids_1', min=4, max=7)}"
