@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 import sys
@@ -558,11 +559,9 @@ def mark_unbacked(t: torch.Tensor, axis: int, bounds: Mapping[str, int]) -> None
     Example:
         >>> mark_unbacked(torch.ones(3, 4), 0, {"min": 2, "max": 8})  # doctest: +SKIP
     """
-    import inspect
-
     from torch._dynamo.decorators import mark_unbacked as mark
 
-    if bounds and "min" not in inspect.signature(mark).parameters:
+    if bounds and not _mark_unbacked_takes_range():
         _lost(
             "mark_unbacked",
             "torch.compile hints mark unbacked sizes without their recorded ranges",
@@ -570,3 +569,14 @@ def mark_unbacked(t: torch.Tensor, axis: int, bounds: Mapping[str, int]) -> None
         )
         bounds = {}
     mark(t, axis, **bounds)
+
+
+@functools.cache
+def _mark_unbacked_takes_range() -> bool:
+    """Whether this torch's ``mark_unbacked`` takes ``min=``/``max=`` (read once: the hints'
+    pre-hook marks tensors on every call)."""
+    import inspect
+
+    from torch._dynamo.decorators import mark_unbacked
+
+    return "min" in inspect.signature(mark_unbacked).parameters
