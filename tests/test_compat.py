@@ -17,6 +17,7 @@ import torch.utils._pytree as pytree
 from torch.export import Dim
 
 from capture import compat, compat_archive
+from capture.compat import versions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def no_lost_api(caplog: pytest.LogCaptureFixture) -> object:
     """Each test fails when the function it calls finds its private API missing (warned)."""
     caplog.set_level(logging.WARNING, logger="capture.compat")
-    compat._warned.clear()
+    versions._warned.clear()
     yield
     lost = [r.getMessage() for r in caplog.records if r.name == "capture.compat"]
     assert lost == []
