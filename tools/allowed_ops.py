@@ -348,6 +348,27 @@ def other_namespaces() -> list[str]:
     return sorted(out)
 
 
+SHARED_REASONS = {"_RANDOM": _RANDOM, "_VMAP": _VMAP}
+"""Reasons of `REFUSED` that several operators share: written once in the table, by name."""
+
+_DECODE = '''
+def _overloads(text: str) -> Iterator[tuple[str, str, bool]]:
+    """(operator, overload, whether its in-place twin is allowed too) of each overload a table
+    names: ``abs`` is ``abs.default``, ``add.Scalar,Tensor`` two overloads, and ``add(_)``
+    stands for ``add`` and its in-place ``add_`` with the same overloads."""
+    for token in text.split():
+        op, _, overloads = token.partition(".")
+        twin = op.endswith("(_)")
+        for overload in (overloads or "default").split(","):
+            yield op.removesuffix("(_)"), overload, twin
+
+
+def _table(text: str) -> frozenset[str]:
+    return frozenset(f"{op}.{overload}" for op, overload, _ in _overloads(text))
+'''
+"""The generated table's reader of its own tokens (`_compact` writes them)."""
+
+
 def _lines(text: str) -> list[str]:
     return textwrap.wrap(text, 80, drop_whitespace=False)
 
@@ -356,17 +377,76 @@ def _block(names: list[str]) -> str:
     return "\n".join(textwrap.wrap(" ".join(names), 96, break_on_hyphens=False))
 
 
+def _by_operator(names: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name in sorted(names):
+        op, _, overload = name.partition(".")
+        out.setdefault(op, []).append(overload)
+    return out
+
+
+def _compact(names: list[str], twins: dict[str, list[str]] | None = None) -> str:
+    """`names` (``<op>.<overload>``) as the table's tokens (`_DECODE` reads them back): one per
+    operator, ``(_)`` after an operator whose in-place form in `twins` has its overloads."""
+    tokens = []
+    for op, overloads in _by_operator(names).items():
+        mark = "(_)" if twins is not None and twins.get(op + "_") == overloads else ""
+        tail = "" if overloads == ["default"] else "." + ",".join(overloads)
+        tokens.append(f"{op}{mark}{tail}")
+    return _block(tokens)
+
+
+def _parenthesized(reason: str, indent: str) -> str:
+    return "(\n" + "".join(f"{indent}    {json.dumps(p)}\n" for p in _lines(reason)) + indent + ")"
+
+
+def _refused() -> str:
+    """`SHARED_REASONS` once each, then ``REFUSED_OPS`` naming them."""
+    shared = {reason: name for name, reason in SHARED_REASONS.items()}
+    constants = "".join(
+        f"{name} = {_parenthesized(reason, '')}\n" for name, reason in SHARED_REASONS.items()
+    )
+    rows = "".join(
+        f"    {json.dumps(name)}: {shared.get(reason) or _parenthesized(reason, '    ')},\n"
+        for name, reason in sorted(REFUSED.items())
+    )
+    return f"{constants}\nREFUSED_OPS = {{\n{rows}}}\n"
+
+
+def _tables(pure: list[str], inplace: list[str], views: list[str], metadata: list[str]) -> str:
+    """The ``aten`` tables' text and the frozensets read from them."""
+    twins = _by_operator(inplace)
+    twinned = {
+        f"{op}_.{overload}"
+        for op, overloads in _by_operator(pure).items()
+        if twins.get(op + "_") == overloads
+        for overload in overloads
+    }
+    return (
+        f'_PURE = """\n{_compact(pure, twins)}\n"""\n\n'
+        f'_INPLACE = """\n{_compact(sorted(set(inplace) - twinned))}\n"""\n\n'
+        f'_VIEWS = """\n{_compact(views)}\n"""\n\n'
+        f'_METADATA = """\n{_compact(metadata)}\n"""\n\n'
+        f"{_DECODE}\n\n"
+        "ALLOWED_OPS = _table(_PURE)\n"
+        '"""``aten`` overloads (``<op>.<overload>``) a program may call."""\n'
+        "INPLACE_OPS = _table(_INPLACE) | {\n"
+        '    f"{op}_.{overload}" for op, overload, twin in _overloads(_PURE) if twin\n'
+        "}\n"
+        '"""``aten`` overloads that write their ``self`` (and nothing else)."""\n'
+        "VIEW_OPS = _table(_VIEWS)\n"
+        '"""``aten`` overloads whose result may share memory with a tensor argument."""\n'
+        "METADATA_OPS = _table(_METADATA)\n"
+        '"""In-place overloads that change their ``self``\'s sizes, strides or autograd '
+        'flags."""\n'
+    )
+
+
 def main() -> None:
     pure, inplace, views, metadata = table()
     others = other_namespaces()
     modules = "".join(
         f"    {json.dumps(n)}: {json.dumps(m)},\n" for n, (m, _) in OTHER_NAMESPACES.items()
-    )
-    refused = "".join(
-        f"    {json.dumps(name)}: (\n"
-        + "".join(f"        {json.dumps(p)}\n" for p in _lines(reason))
-        + "    ),\n"
-        for name, reason in sorted(REFUSED.items())
     )
     out = Path(__file__).resolve().parents[1] / "replay/runtime/pt2/op_table.py"
     out.write_text(
@@ -377,32 +457,26 @@ def main() -> None:
         f"{len(inplace)} in-place\n({len(metadata)} of them change metadata), {len(views)} "
         "overloads whose result may alias an argument;\n"
         f"{len(others)} of other namespaces (with the modules that register them), and the "
-        "operators\nreal models emit that stay off the list, with why.\n"
+        "operators\nreal models emit that stay off the list, with why.\n\n"
+        "The ``aten`` tables name one operator per token (`_overloads` reads them): ``abs`` is\n"
+        "its ``default`` overload, ``add.Scalar,Tensor`` the overloads listed, and ``add(_)``\n"
+        "the operator and its in-place twin ``add_`` (the same overloads) at once.\n"
         '"""\n\n'
-        f'_PURE = """\n{_block(pure)}\n"""\n\n'
-        f'_INPLACE = """\n{_block(inplace)}\n"""\n\n'
-        f'_VIEWS = """\n{_block(views)}\n"""\n\n'
-        f'_METADATA = """\n{_block(metadata)}\n"""\n\n'
-        f'_OTHER = """\n{_block(others)}\n"""\n\n'
+        "from __future__ import annotations\n\n"
+        "from collections.abc import Iterator\n\n"
+        + _tables(pure, inplace, views, metadata)
+        + f'\n_OTHER = """\n{_block(others)}\n"""\n\n'
         f"RANDOM_OFF = {_random_off({*pure, *inplace})}\n"
         '"""Random overloads allowed only with their randomness off: overload -> (argument, '
         'value,\nwhether leaving the argument out means that value)."""\n'
-        "ALLOWED_OPS = frozenset(_PURE.split())\n"
-        '"""``aten`` overloads (``<op>.<overload>``) a program may call."""\n'
-        "INPLACE_OPS = frozenset(_INPLACE.split())\n"
-        '"""``aten`` overloads that write their ``self`` (and nothing else)."""\n'
-        "VIEW_OPS = frozenset(_VIEWS.split())\n"
-        '"""``aten`` overloads whose result may share memory with a tensor argument."""\n'
-        "METADATA_OPS = frozenset(_METADATA.split())\n"
-        '"""In-place overloads that change their ``self``\'s sizes, strides or autograd '
-        'flags."""\n'
         "OTHER_OPS = frozenset(_OTHER.split())\n"
         '"""Pure overloads outside ``aten`` (``<namespace>.<op>.<overload>``) a program may '
         'call."""\n'
         f"OTHER_MODULES = {{\n{modules}}}\n"
         '"""Namespace of `OTHER_OPS` -> the module whose import registers its operators."""\n'
-        f"REFUSED_OPS = {{\n{refused}}}\n"
-        '"""``aten`` operators real models emit that stay off the list -> why (docs/trust.md)."""\n'
+        + _refused()
+        + '"""``aten`` operators real models emit that stay off the list -> why '
+        '(docs/trust.md)."""\n'
     )
     print(f"{out}: {len(pure)} pure, {len(inplace)} in-place, {len(views)} views", file=sys.stderr)
 

@@ -5,495 +5,344 @@ from torch's operator metadata) with torch 2.13.0+cpu: 1144 pure, 291 in-place
 (14 of them change metadata), 518 overloads whose result may alias an argument;
 18 of other namespaces (with the modules that register them), and the operators
 real models emit that stay off the list, with why.
+
+The ``aten`` tables name one operator per token (`_overloads` reads them): ``abs`` is
+its ``default`` overload, ``add.Scalar,Tensor`` the overloads listed, and ``add(_)``
+the operator and its in-place twin ``add_`` (the same overloads) at once.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterator
+
 _PURE = """
-__and__.Scalar __and__.Tensor __lshift__.Scalar __lshift__.Tensor __or__.Scalar __or__.Tensor
-__rshift__.Scalar __rshift__.Tensor __xor__.Scalar __xor__.Tensor _adaptive_avg_pool2d.default
-_adaptive_avg_pool2d_backward.default _adaptive_avg_pool3d.default _add_batch_dim.default
-_amp_foreach_non_finite_check_and_unscale.default _amp_update_scale.default
-_assert_async.default _assert_async.msg _assert_scalar.default _assert_tensor_metadata.default
-_autocast_to_full_precision.default _autocast_to_reduced_precision.default _backward.default
-_batch_norm_impl_index.default _batch_norm_impl_index_backward.default
-_batch_norm_no_update.default _batch_norm_with_update_functional.default _cast_Byte.default
-_cast_Char.default _cast_Double.default _cast_Float.default _cast_Half.default _cast_Int.default
-_cast_Long.default _cast_Short.default _cdist_forward.default _choose_qparams_per_tensor.default
-_chunk_cat.default _conj.default _conj_physical.default _convert_weight_to_int4pack.default
-_convert_weight_to_int4pack_for_cpu.default _convolution.default _convolution.deprecated
-_convolution_double_backward.default _convolution_mode.default _dim_arange.default
-_embedding_bag.default _euclidean_dist.default _fft_c2r.default _fft_r2c.default
-_foreach_abs.default _foreach_acos.default _foreach_add.List _foreach_add.Scalar
-_foreach_add.ScalarList _foreach_add.Tensor _foreach_addcdiv.Scalar _foreach_addcdiv.ScalarList
-_foreach_addcdiv.Tensor _foreach_addcmul.Scalar _foreach_addcmul.ScalarList
-_foreach_addcmul.Tensor _foreach_asin.default _foreach_atan.default _foreach_ceil.default
-_foreach_clamp_max.List _foreach_clamp_max.Scalar _foreach_clamp_max.ScalarList
-_foreach_clamp_min.List _foreach_clamp_min.Scalar _foreach_clamp_min.ScalarList
-_foreach_clone.default _foreach_copy.default _foreach_cos.default _foreach_cosh.default
-_foreach_div.List _foreach_div.Scalar _foreach_div.ScalarList _foreach_div.Tensor
-_foreach_erf.default _foreach_erfc.default _foreach_exp.default _foreach_expm1.default
-_foreach_floor.default _foreach_frac.default _foreach_lerp.List _foreach_lerp.Scalar
-_foreach_lerp.ScalarList _foreach_lgamma.default _foreach_log.default _foreach_log10.default
-_foreach_log1p.default _foreach_log2.default _foreach_max.default _foreach_maximum.List
-_foreach_maximum.Scalar _foreach_maximum.ScalarList _foreach_minimum.List
-_foreach_minimum.Scalar _foreach_minimum.ScalarList _foreach_mm.default _foreach_mul.List
-_foreach_mul.Scalar _foreach_mul.ScalarList _foreach_mul.Tensor _foreach_neg.default
-_foreach_norm.Scalar _foreach_pow.List _foreach_pow.Scalar _foreach_pow.ScalarAndTensor
-_foreach_pow.ScalarList _foreach_powsum.Scalar _foreach_reciprocal.default
-_foreach_round.default _foreach_rsqrt.default _foreach_sigmoid.default _foreach_sign.default
-_foreach_sin.default _foreach_sinh.default _foreach_sqrt.default _foreach_sub.List
-_foreach_sub.Scalar _foreach_sub.ScalarList _foreach_tan.default _foreach_tanh.default
-_foreach_trunc.default _foreach_zero.default _functional_assert_async.msg
-_functional_assert_scalar.default _functional_sym_constrain_range.default
-_functional_sym_constrain_range_for_size.default _fused_adagrad.default _fused_adagrad.tensor_lr
-_fused_adam.default _fused_adam.tensor_lr _fused_adamw.default _fused_adamw.tensor_lr
-_fused_moving_avg_obs_fq_helper_functional.default _fused_rms_norm.default
-_fused_rms_norm_backward.default _fused_sgd.default _fused_sgd.tensor_lr _fw_primal.default
-_grid_sampler_2d_cpu_fallback.default _grid_sampler_2d_cpu_fallback_backward.default
-_grouped_mm.default _has_compatible_shallow_copy_type.default _has_same_storage_numel.default
-_index_put_impl.default _int_mm.default _is_all_true.default _is_any_true.default
-_is_zerotensor.default _lazy_clone.default _linalg_check_errors.default
-_local_scalar_dense.default _log_softmax.default _log_softmax_backward_data.default
-_lu_with_info.default _make_dual.default _native_batch_norm_legit.no_stats
-_native_batch_norm_legit_functional.default _native_batch_norm_legit_no_training.default
-_neg_view.default _new_zeros_with_same_feature_meta.default _nnpack_available.default
-_nnpack_spatial_convolution.default _pack_padded_sequence.default
-_pack_padded_sequence_backward.default _pad_circular.default _pad_enum.default
-_pad_packed_sequence.default _pdist_forward.default _philox_normal.default
-_philox_randint.default _philox_uniform.default _pin_memory.default _prelu_kernel.default
-_prelu_kernel_backward.default _propagate_xla_data.default _remove_batch_dim.default
-_reshape_copy.default _reshape_from_tensor.default _resize_output.default _rowwise_prune.default
-_safe_softmax.default _saturate_weight_to_fp16.default
-_scaled_dot_product_attention_math.default _scaled_dot_product_cudnn_attention.default
-_scaled_dot_product_efficient_attention.default _scaled_dot_product_flash_attention.default
-_scaled_dot_product_flash_attention_for_cpu.default
-_scaled_dot_product_fused_attention_overrideable.default
-_scaled_dot_product_fused_attention_overrideable_backward.default _scaled_mm.default
-_shape_as_tensor.default _sobol_engine_draw.default _softmax.default
-_softmax_backward_data.default _stack.default _thnn_differentiable_gru_cell_backward.default
-_thnn_differentiable_lstm_cell_backward.default _thnn_fused_lstm_cell_backward.default
-_to_copy.default _to_cpu.default _unpack_dual.default _unsafe_index.Tensor
-_unsafe_index_put.default _unsafe_masked_index.default
-_unsafe_masked_index_put_accumulate.default _unsafe_view.default _upsample_bicubic2d_aa.vec
-_upsample_bilinear2d_aa.vec _upsample_lanczos2d_aa.vec _upsample_nearest_exact1d.default
-_upsample_nearest_exact1d.vec _upsample_nearest_exact2d.default _upsample_nearest_exact2d.vec
-_upsample_nearest_exact3d.default _upsample_nearest_exact3d.vec _version.default
-_weight_int4pack_mm.default _weight_int4pack_mm_for_cpu.default
-_weight_int4pack_mm_with_scales_and_zeros.default _weight_int8pack_mm.default
-_weight_norm.default _weight_norm_differentiable_backward.default _weight_norm_interface.default
-_wrapped_linear_prepack.default _wrapped_quantized_linear_prepacked.default abs.default
-absolute.default acos.default acosh.default adaptive_avg_pool1d.default
-adaptive_avg_pool2d.default adaptive_avg_pool3d.default adaptive_max_pool1d.default add.Scalar
-add.Tensor addcdiv.default addcmul.default addmm.default addr.default adjoint.default
-affine_grid_generator.default affine_grid_generator_backward.default alias.default
-alias_copy.default all.default all.dim all.dims allclose.default alpha_dropout.default
-amax.default amin.default aminmax.default angle.default any.default any.dim any.dims
-arange.default arange.start arange.start_step arccos.default arccosh.default arcsin.default
-arcsinh.default arctan.default arctan2.default arctanh.default argmax.default argmin.default
-argsort.default argsort.stable argwhere.default as_strided.default asin.default asinh.default
-atan.default atan2.default atanh.default atleast_1d.Sequence atleast_1d.default
-atleast_2d.Sequence atleast_2d.default atleast_3d.Sequence atleast_3d.default avg_pool1d.default
-avg_pool2d.default avg_pool2d_backward.default avg_pool3d.default baddbmm.default baddbmm.dtype
-bartlett_window.default bartlett_window.periodic batch_norm.default bilinear.default
-binary_cross_entropy.default binary_cross_entropy_backward.default
-binary_cross_entropy_with_logits.default bitwise_and.Scalar bitwise_and.Scalar_Tensor
-bitwise_and.Tensor bitwise_left_shift.Scalar_Tensor bitwise_left_shift.Tensor
-bitwise_left_shift.Tensor_Scalar bitwise_not.default bitwise_or.Scalar bitwise_or.Scalar_Tensor
-bitwise_or.Tensor bitwise_right_shift.Scalar_Tensor bitwise_right_shift.Tensor
-bitwise_right_shift.Tensor_Scalar bitwise_xor.Scalar bitwise_xor.Scalar_Tensor
-bitwise_xor.Tensor blackman_window.default blackman_window.periodic block_diag.default
-bmm.default broadcast_tensors.default broadcast_to.default can_cast.default
-cartesian_prod.default cat.default cdist.default ceil.default celu.default chain_matmul.default
-chalf.default channel_shuffle.default cholesky_solve.default choose_qparams_optimized.default
-chunk.default clamp.Tensor clamp.default clamp_max.Tensor clamp_max.default clamp_min.Tensor
-clamp_min.default clip.Tensor clip.default clone.default col2im.default column_stack.default
-combinations.default complex.default concat.default concatenate.default conj.default
-conj_physical.default constant_pad_nd.default contiguous.default conv1d.default conv1d.padding
-conv2d.default conv2d.padding conv3d.default conv3d.padding conv_tbc.default
-conv_tbc_backward.default conv_transpose1d.default conv_transpose2d.input conv_transpose3d.input
-convolution.default convolution_backward.default convolution_backward_overrideable.default
-convolution_overrideable.default copy.default copysign.Scalar copysign.Tensor corrcoef.default
-cos.default cosh.default cosine_embedding_loss.default cosine_similarity.default
-count_nonzero.default count_nonzero.dim_IntList cov.default cross.default
-cross_entropy_loss.default ctc_loss.IntList ctc_loss.Tensor cudnn_batch_norm.default
-cudnn_batch_norm_backward.default cudnn_is_acceptable.default cummax.default
-cummaxmin_backward.default cummin.default cumprod_backward.default cumsum.default
-cumulative_trapezoid.dx cumulative_trapezoid.x data.default deg2rad.default dense_dim.default
-det.default detach.default diag.default diag_embed.default diagflat.default diagonal.default
-diagonal_backward.default diagonal_copy.default diff.default digamma.default dim.default
-dist.default div.Scalar div.Scalar_mode div.Tensor div.Tensor_mode divide.Scalar
-divide.Scalar_mode divide.Tensor divide.Tensor_mode dot.default dropout.default dsplit.array
-dsplit.int dstack.default einsum.default elu.default elu_backward.default embedding.default
-embedding_backward.default embedding_bag.default embedding_bag.padding_idx
-embedding_dense_backward.default embedding_renorm.default empty.memory_format empty_like.default
-empty_permuted.default empty_strided.default eq.Scalar eq.Tensor equal.default erf.default
-erfc.default erfinv.default exp.default exp2.default expand.default expand_as.default
-expand_copy.default expm1.default eye.default eye.m fake_quantize_per_channel_affine.default
-fake_quantize_per_channel_affine_cachemask_backward.default
-fake_quantize_per_tensor_affine.default fake_quantize_per_tensor_affine.tensor_qparams
-fake_quantize_per_tensor_affine_cachemask_backward.default fbgemm_linear_fp16_weight.default
-fbgemm_linear_fp16_weight_fp32_activation.default fbgemm_linear_int8_weight.default
-fbgemm_linear_int8_weight_fp32_activation.default fbgemm_linear_quantize_weight.default
-fbgemm_pack_gemm_matrix_fp16.default fbgemm_pack_quantized_matrix.KN
-fbgemm_pack_quantized_matrix.default feature_alpha_dropout.default feature_dropout.default
-fft_fft.default fft_fft2.default fft_fftfreq.default fft_fftn.default fft_fftshift.default
-fft_hfft.default fft_hfft2.default fft_hfftn.default fft_ifft.default fft_ifft2.default
-fft_ifftn.default fft_ifftshift.default fft_ihfft.default fft_ihfft2.default fft_ihfftn.default
-fft_irfft.default fft_irfft2.default fft_irfftn.default fft_rfft.default fft_rfft2.default
-fft_rfftfreq.default fft_rfftn.default fill.Scalar fill.Tensor fix.default flatten.using_ints
-flatten_dense_tensors.default flip.default fliplr.default flipud.default float_power.Scalar
-float_power.Tensor_Scalar float_power.Tensor_Tensor floor.default floor_divide.Scalar
-floor_divide.default fmax.default fmin.default fmod.Scalar fmod.Tensor frac.default frexp.Tensor
-frobenius_norm.dim full.default full_like.default gather.default gather_backward.default
-gcd.default ge.Scalar ge.Tensor gelu.default gelu_backward.default ger.default
-get_device.default get_gradients.default glu.default glu_backward.default gradient.array
-gradient.scalararray gradient.scalarint gradient.scalarrayarray gradient.scalarrayint
-gradient.tensorarray gradient.tensorarrayint greater.Scalar greater.Tensor greater_equal.Scalar
-greater_equal.Tensor grid_sampler.default grid_sampler_2d.default group_norm.default gru.data
-gru.input gru_cell.default gt.Scalar gt.Tensor hamming_window.default hamming_window.periodic
-hamming_window.periodic_alpha hamming_window.periodic_alpha_beta hann_window.default
-hann_window.periodic hardshrink.default hardsigmoid.default hardsigmoid_backward.default
-hardswish.default hardswish_backward.default hardtanh.default hardtanh_backward.default
-heaviside.default hinge_embedding_loss.default histc.default histogramdd.TensorList_bins
-histogramdd.default histogramdd.int_bins hsplit.array hsplit.int hstack.default
-huber_loss.default huber_loss_backward.default hypot.default i0.default igamma.default
-igammac.default im2col.default imag.default index.Tensor index_add.default index_copy.default
-index_fill.int_Scalar index_fill.int_Tensor index_put.default index_select.default
-index_select_backward.default infinitely_differentiable_gelu_backward.default inner.default
-instance_norm.default inverse.default is_complex.default is_conj.default is_contiguous.default
-is_contiguous.memory_format is_distributed.default is_floating_point.default
-is_inference.default is_leaf.default is_neg.default is_nonzero.default is_pinned.default
-is_same_size.default is_signed.default is_vulkan_available.default isclose.default
-isfinite.default isin.Scalar_Tensor isin.Tensor_Scalar isin.Tensor_Tensor isinf.default
-isnan.default isneginf.default isposinf.default isreal.default istft.default item.default
-kaiser_window.beta kaiser_window.default kaiser_window.periodic kl_div.default kron.default
-kthvalue.default l1_loss.default layer_norm.default lcm.default ldexp.Tensor le.Scalar le.Tensor
-leaky_relu.default leaky_relu_backward.default lerp.Scalar lerp.Tensor less.Scalar less.Tensor
-less_equal.Scalar less_equal.Tensor lgamma.default lift.default lift_fresh.default
-lift_fresh_copy.default linalg__powsum.default linalg_cholesky.default linalg_cond.default
-linalg_cond.p_str linalg_cross.default linalg_det.default linalg_diagonal.default
-linalg_eigh.default linalg_eigvals.default linalg_eigvalsh.default linalg_inv.default
-linalg_ldl_factor.default linalg_lstsq.default linalg_lu_factor.default linalg_matmul.default
-linalg_matrix_norm.default linalg_matrix_norm.str_ord linalg_matrix_power.default
-linalg_matrix_rank.atol_rtol_float linalg_matrix_rank.atol_rtol_tensor
-linalg_matrix_rank.default linalg_matrix_rank.tol_tensor linalg_multi_dot.default
-linalg_norm.default linalg_norm.ord_str linalg_pinv.atol_rtol_float linalg_pinv.default
-linalg_pinv.rcond_tensor linalg_slogdet.default linalg_solve.default linalg_solve_ex.default
-linalg_svd.default linalg_svdvals.default linalg_tensorinv.default linalg_tensorsolve.default
-linalg_vander.default linalg_vecdot.default linalg_vector_norm.default linear.default
-linspace.Scalar_Tensor linspace.Tensor_Scalar linspace.Tensor_Tensor linspace.default
-log.default log10.default log1p.default log2.default log_sigmoid.default
-log_sigmoid_backward.default log_sigmoid_forward.default log_softmax.int logaddexp.default
-logaddexp2.default logcumsumexp.default logdet.default logical_and.default logical_not.default
-logical_or.default logical_xor.default logit.default logit_backward.default
-logspace.Scalar_Tensor logspace.Tensor_Scalar logspace.Tensor_Tensor logspace.default
-logsumexp.default lstm.data lstm.input lstm_cell.default lt.Scalar lt.Tensor lu_solve.default
-mH.default mT.default margin_ranking_loss.default masked_fill.Scalar masked_fill.Tensor
-masked_scatter.default masked_scatter_backward.default masked_select_backward.default
-matmul.default matrix_H.default matrix_exp.default matrix_exp_backward.default
-matrix_power.default max.default max.dim max.other max_pool1d.default
-max_pool1d_with_indices.default max_pool2d.default max_pool2d_with_indices.default
-max_pool2d_with_indices_backward.default max_pool3d.default max_pool3d_with_indices.default
-max_unpool2d.default max_unpool3d.default maximum.default mean.default mean.dim median.dim
-meshgrid.default meshgrid.indexing min.default min.dim min.other minimum.default
-miopen_batch_norm_backward.default mish.default mish_backward.default mkldnn_convolution.default
-mm.default moveaxis.int moveaxis.intlist movedim.int movedim.intlist mse_loss.default
-mse_loss_backward.default msort.default mul.Scalar mul.Tensor multi_margin_loss.default
-multilabel_margin_loss.default multilabel_margin_loss_forward.default multiply.Scalar
-multiply.Tensor mv.default mvlgamma.default nan_to_num.default nanmean.default nanmedian.dim
-nanquantile.default nanquantile.scalar nansum.default narrow.Tensor narrow.default
-native_batch_norm_backward.default native_channel_shuffle.default native_dropout.default
-native_dropout_backward.default native_group_norm.default native_group_norm_backward.default
-native_layer_norm.default native_layer_norm_backward.default ne.Scalar ne.Tensor neg.default
-negative.default new_empty.default new_full.default new_ones.default new_zeros.default
-nextafter.default nll_loss.default nll_loss2d.default nll_loss2d_backward.default
-nll_loss2d_forward.default nll_loss_backward.default nll_loss_forward.default
-nll_loss_nd.default nonzero.default nonzero_numpy.default norm.Scalar norm.ScalarOpt_dim
-norm.ScalarOpt_dim_dtype norm.ScalarOpt_dtype norm_except_dim.default not_equal.Scalar
-not_equal.Tensor nuclear_norm.default nuclear_norm.dim numel.default numpy_T.default
-one_hot.default ones.default ones_like.default orgqr.default outer.default output_nr.default
-pad.default pad_sequence.default pairwise_distance.default pdist.default permute.default
-pin_memory.default pinverse.default pixel_shuffle.default pixel_unshuffle.default
-poisson_nll_loss.default polar.default polygamma.default positive.default pow.Scalar
-pow.Tensor_Scalar pow.Tensor_Tensor prelu.default prod.default prod.dim_int
-promote_types.default put.default qr.default quantile.default quantile.scalar
-quantized_gru_cell.default quantized_lstm_cell.default quantized_rnn_relu_cell.default
-quantized_rnn_tanh_cell.default rad2deg.default range.default range.step ravel.default
-real.default reciprocal.default reflection_pad1d.default reflection_pad1d_backward.default
-reflection_pad2d.default reflection_pad2d_backward.default reflection_pad3d.default
-reflection_pad3d_backward.default relu.default relu6.default remainder.Scalar
-remainder.Scalar_Tensor remainder.Tensor renorm.default repeat.default
-repeat_interleave.self_Tensor repeat_interleave.self_int replication_pad1d.default
-replication_pad2d.default replication_pad3d.default reshape.default reshape_as.default
-resize.default resize_as.default resolve_conj.default resolve_neg.default result_type.Scalar
-result_type.Scalar_Scalar result_type.Scalar_Tensor result_type.Tensor retains_grad.default
-rms_norm.default rnn_relu.data rnn_relu.input rnn_relu_cell.default rnn_tanh.data rnn_tanh.input
-rnn_tanh_cell.default roll.default rot90.default round.decimals round.default row_stack.default
-rrelu.default rrelu_with_noise_backward.default rsqrt.default rsub.Scalar rsub.Tensor
-scalar_tensor.default scaled_dot_product_attention.default scatter.src scatter.value
-scatter_add.default scatter_reduce.two select.int select_backward.default select_scatter.default
-selu.default sgn.default sigmoid.default sigmoid_backward.default sign.default signbit.default
-silu.default silu_backward.default sin.default sinc.default sinh.default size.int slice.Tensor
-slice_backward.default slice_inverse.default slice_scatter.default slogdet.default
-slow_conv3d.default smm.default smooth_l1_loss.default smooth_l1_loss_backward.default
-soft_margin_loss.default soft_margin_loss_backward.default softmax.int softplus.default
-softplus_backward.default softshrink.default sort.default special_airy_ai.default
-special_bessel_j0.default special_bessel_j1.default special_bessel_y0.default
-special_bessel_y1.default special_chebyshev_polynomial_t.default
-special_chebyshev_polynomial_t.n_scalar special_chebyshev_polynomial_t.x_scalar
-special_chebyshev_polynomial_u.default special_chebyshev_polynomial_u.n_scalar
-special_chebyshev_polynomial_u.x_scalar special_chebyshev_polynomial_v.default
-special_chebyshev_polynomial_v.n_scalar special_chebyshev_polynomial_v.x_scalar
-special_chebyshev_polynomial_w.default special_chebyshev_polynomial_w.n_scalar
-special_chebyshev_polynomial_w.x_scalar special_digamma.default special_entr.default
-special_erf.default special_erfc.default special_erfcx.default special_erfinv.default
-special_exp2.default special_expit.default special_expm1.default special_gammainc.default
-special_gammaincc.default special_gammaln.default special_hermite_polynomial_h.default
-special_hermite_polynomial_h.n_scalar special_hermite_polynomial_h.x_scalar
-special_hermite_polynomial_he.default special_hermite_polynomial_he.n_scalar
-special_hermite_polynomial_he.x_scalar special_i0.default special_i0e.default special_i1.default
-special_i1e.default special_laguerre_polynomial_l.default special_laguerre_polynomial_l.n_scalar
-special_laguerre_polynomial_l.x_scalar special_legendre_polynomial_p.default
-special_legendre_polynomial_p.n_scalar special_legendre_polynomial_p.x_scalar
-special_log1p.default special_log_ndtr.default special_log_softmax.default special_logit.default
-special_logsumexp.default special_modified_bessel_i0.default special_modified_bessel_i1.default
-special_modified_bessel_k0.default special_modified_bessel_k1.default
-special_multigammaln.default special_ndtr.default special_ndtri.default
-special_polygamma.default special_psi.default special_round.default
-special_scaled_modified_bessel_k0.default special_scaled_modified_bessel_k1.default
-special_shifted_chebyshev_polynomial_t.default special_shifted_chebyshev_polynomial_t.n_scalar
-special_shifted_chebyshev_polynomial_t.x_scalar special_shifted_chebyshev_polynomial_u.default
-special_shifted_chebyshev_polynomial_u.n_scalar special_shifted_chebyshev_polynomial_u.x_scalar
-special_shifted_chebyshev_polynomial_v.default special_shifted_chebyshev_polynomial_v.n_scalar
-special_shifted_chebyshev_polynomial_v.x_scalar special_shifted_chebyshev_polynomial_w.default
-special_shifted_chebyshev_polynomial_w.n_scalar special_shifted_chebyshev_polynomial_w.x_scalar
-special_sinc.default special_softmax.default special_spherical_bessel_j0.default
-special_xlog1py.default special_xlog1py.other_scalar special_xlog1py.self_scalar
-special_xlogy.default special_xlogy.other_scalar special_xlogy.self_scalar special_zeta.default
-special_zeta.other_scalar special_zeta.self_scalar split.Tensor split.sizes
-split_with_sizes.default split_with_sizes_copy.default sqrt.default square.default
-squeeze.default squeeze.dim squeeze.dims squeeze_copy.default squeeze_copy.dim squeeze_copy.dims
-sspaddmm.default stack.default std.correction std.default std.dim std_mean.correction
-std_mean.default std_mean.dim stft.center stft.default storage_offset.default stride.int
-sub.Scalar sub.Tensor subtract.Scalar subtract.Tensor sum.default sum.dim_IntList
-sum_to_size.default svd.default swapaxes.default swapdims.default sym_constrain_range.default
-sym_constrain_range_for_size.default sym_is_contiguous.default sym_numel.default sym_size.int
-sym_storage_offset.default sym_stride.int t.default t_copy.default take.default
-take_along_dim.default tan.default tanh.default tanh_backward.default tensor_split.indices
-tensor_split.sections tensor_split.tensor_indices_or_sections tensordot.default
-thnn_conv2d.default threshold.default threshold_backward.default tile.default to.device to.dtype
-to.dtype_layout to.other to.prim_Device to.prim_dtype to.prim_other to_mkldnn_backward.default
-topk.default trace.default trace_backward.default transpose.int transpose_copy.int trapezoid.dx
-trapezoid.x trapz.dx trapz.x tril.default triplet_margin_loss.default triu.default
-true_divide.Scalar true_divide.Tensor trunc.default type_as.default unbind.int unflatten.int
-unflatten_dense_tensors.default unfold_backward.default unfold_copy.default unsafe_chunk.default
-unsafe_split.Tensor unsafe_split_with_sizes.default unsqueeze.default unsqueeze_copy.default
-upsample_bicubic2d.vec upsample_bilinear2d.vec upsample_linear1d.default upsample_linear1d.vec
-upsample_nearest1d.default upsample_nearest1d.vec upsample_nearest2d.default
-upsample_nearest2d.vec upsample_nearest3d.default upsample_nearest3d.vec
-upsample_trilinear3d.vec value_selecting_reduction_backward.default vander.default
-var.correction var.default var.dim var_mean.correction var_mean.default var_mean.dim
-vdot.default view.default view.dtype view_as.default view_as_complex.default
-view_as_real.default vsplit.array vsplit.int vstack.default where.Scalar where.ScalarOther
-where.ScalarSelf where.default where.self xlogy.Scalar_Other xlogy.Scalar_Self xlogy.Tensor
-zero.default zeros.default zeros_like.default
+__and__.Scalar,Tensor __lshift__.Scalar,Tensor __or__.Scalar,Tensor __rshift__.Scalar,Tensor
+__xor__.Scalar,Tensor _adaptive_avg_pool2d _adaptive_avg_pool2d_backward _adaptive_avg_pool3d
+_add_batch_dim _amp_foreach_non_finite_check_and_unscale _amp_update_scale
+_assert_async.default,msg _assert_scalar _assert_tensor_metadata _autocast_to_full_precision
+_autocast_to_reduced_precision _backward _batch_norm_impl_index _batch_norm_impl_index_backward
+_batch_norm_no_update _batch_norm_with_update_functional _cast_Byte _cast_Char _cast_Double
+_cast_Float _cast_Half _cast_Int _cast_Long _cast_Short _cdist_forward
+_choose_qparams_per_tensor _chunk_cat _conj _conj_physical _convert_weight_to_int4pack
+_convert_weight_to_int4pack_for_cpu _convolution.default,deprecated _convolution_double_backward
+_convolution_mode _dim_arange _embedding_bag _euclidean_dist _fft_c2r _fft_r2c _foreach_abs(_)
+_foreach_acos(_) _foreach_add(_).List,Scalar,ScalarList,Tensor
+_foreach_addcdiv(_).Scalar,ScalarList,Tensor _foreach_addcmul(_).Scalar,ScalarList,Tensor
+_foreach_asin(_) _foreach_atan(_) _foreach_ceil(_) _foreach_clamp_max(_).List,Scalar,ScalarList
+_foreach_clamp_min(_).List,Scalar,ScalarList _foreach_clone _foreach_copy(_) _foreach_cos(_)
+_foreach_cosh(_) _foreach_div(_).List,Scalar,ScalarList,Tensor _foreach_erf(_) _foreach_erfc(_)
+_foreach_exp(_) _foreach_expm1(_) _foreach_floor(_) _foreach_frac(_)
+_foreach_lerp(_).List,Scalar,ScalarList _foreach_lgamma(_) _foreach_log(_) _foreach_log10(_)
+_foreach_log1p(_) _foreach_log2(_) _foreach_max _foreach_maximum(_).List,Scalar,ScalarList
+_foreach_minimum(_).List,Scalar,ScalarList _foreach_mm
+_foreach_mul(_).List,Scalar,ScalarList,Tensor _foreach_neg(_) _foreach_norm.Scalar
+_foreach_pow.List,Scalar,ScalarAndTensor,ScalarList _foreach_powsum.Scalar
+_foreach_reciprocal(_) _foreach_round(_) _foreach_rsqrt(_) _foreach_sigmoid(_) _foreach_sign(_)
+_foreach_sin(_) _foreach_sinh(_) _foreach_sqrt(_) _foreach_sub(_).List,Scalar,ScalarList
+_foreach_tan(_) _foreach_tanh(_) _foreach_trunc(_) _foreach_zero(_) _functional_assert_async.msg
+_functional_assert_scalar _functional_sym_constrain_range
+_functional_sym_constrain_range_for_size _fused_adagrad.default,tensor_lr
+_fused_adam.default,tensor_lr _fused_adamw.default,tensor_lr
+_fused_moving_avg_obs_fq_helper_functional _fused_rms_norm _fused_rms_norm_backward
+_fused_sgd.default,tensor_lr _fw_primal _grid_sampler_2d_cpu_fallback
+_grid_sampler_2d_cpu_fallback_backward _grouped_mm _has_compatible_shallow_copy_type
+_has_same_storage_numel _index_put_impl(_) _int_mm _is_all_true _is_any_true _is_zerotensor
+_lazy_clone _linalg_check_errors _local_scalar_dense _log_softmax _log_softmax_backward_data
+_lu_with_info _make_dual _native_batch_norm_legit.no_stats _native_batch_norm_legit_functional
+_native_batch_norm_legit_no_training _neg_view _new_zeros_with_same_feature_meta
+_nnpack_available _nnpack_spatial_convolution _pack_padded_sequence
+_pack_padded_sequence_backward _pad_circular _pad_enum _pad_packed_sequence _pdist_forward
+_philox_normal(_) _philox_randint _philox_uniform(_) _pin_memory _prelu_kernel
+_prelu_kernel_backward _propagate_xla_data _remove_batch_dim _reshape_copy _reshape_from_tensor
+_resize_output(_) _rowwise_prune _safe_softmax _saturate_weight_to_fp16
+_scaled_dot_product_attention_math _scaled_dot_product_cudnn_attention
+_scaled_dot_product_efficient_attention _scaled_dot_product_flash_attention
+_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_fused_attention_overrideable
+_scaled_dot_product_fused_attention_overrideable_backward _scaled_mm _shape_as_tensor
+_sobol_engine_draw _softmax _softmax_backward_data _stack _thnn_differentiable_gru_cell_backward
+_thnn_differentiable_lstm_cell_backward _thnn_fused_lstm_cell_backward _to_copy _to_cpu
+_unpack_dual _unsafe_index.Tensor _unsafe_index_put _unsafe_masked_index
+_unsafe_masked_index_put_accumulate _unsafe_view _upsample_bicubic2d_aa.vec
+_upsample_bilinear2d_aa.vec _upsample_lanczos2d_aa.vec _upsample_nearest_exact1d.default,vec
+_upsample_nearest_exact2d.default,vec _upsample_nearest_exact3d.default,vec _version
+_weight_int4pack_mm _weight_int4pack_mm_for_cpu _weight_int4pack_mm_with_scales_and_zeros
+_weight_int8pack_mm _weight_norm _weight_norm_differentiable_backward _weight_norm_interface
+_wrapped_linear_prepack _wrapped_quantized_linear_prepacked abs(_) absolute(_) acos(_) acosh(_)
+adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d
+add(_).Scalar,Tensor addcdiv(_) addcmul(_) addmm(_) addr(_) adjoint affine_grid_generator
+affine_grid_generator_backward alias alias_copy all.default,dim,dims allclose alpha_dropout(_)
+amax amin aminmax angle any.default,dim,dims arange.default,start,start_step arccos(_)
+arccosh(_) arcsin(_) arcsinh(_) arctan(_) arctan2(_) arctanh(_) argmax argmin
+argsort.default,stable argwhere as_strided asin(_) asinh(_) atan(_) atan2(_) atanh(_)
+atleast_1d.Sequence,default atleast_2d.Sequence,default atleast_3d.Sequence,default avg_pool1d
+avg_pool2d avg_pool2d_backward avg_pool3d baddbmm.default,dtype bartlett_window.default,periodic
+batch_norm bilinear binary_cross_entropy binary_cross_entropy_backward
+binary_cross_entropy_with_logits bitwise_and.Scalar,Scalar_Tensor,Tensor
+bitwise_left_shift.Scalar_Tensor,Tensor,Tensor_Scalar bitwise_not(_)
+bitwise_or.Scalar,Scalar_Tensor,Tensor bitwise_right_shift.Scalar_Tensor,Tensor,Tensor_Scalar
+bitwise_xor.Scalar,Scalar_Tensor,Tensor blackman_window.default,periodic block_diag bmm
+broadcast_tensors broadcast_to can_cast cartesian_prod cat cdist ceil(_) celu(_) chain_matmul
+chalf channel_shuffle cholesky_solve choose_qparams_optimized chunk clamp(_).Tensor,default
+clamp_max(_).Tensor,default clamp_min(_).Tensor,default clip(_).Tensor,default clone col2im
+column_stack combinations complex concat concatenate conj conj_physical(_) constant_pad_nd
+contiguous conv1d.default,padding conv2d.default,padding conv3d.default,padding conv_tbc
+conv_tbc_backward conv_transpose1d conv_transpose2d.input conv_transpose3d.input convolution
+convolution_backward convolution_backward_overrideable convolution_overrideable copy(_)
+copysign(_).Scalar,Tensor corrcoef cos(_) cosh(_) cosine_embedding_loss cosine_similarity
+count_nonzero.default,dim_IntList cov cross cross_entropy_loss ctc_loss.IntList,Tensor
+cudnn_batch_norm cudnn_batch_norm_backward cudnn_is_acceptable cummax cummaxmin_backward cummin
+cumprod_backward cumsum(_) cumulative_trapezoid.dx,x data deg2rad(_) dense_dim det detach(_)
+diag diag_embed diagflat diagonal diagonal_backward diagonal_copy diff digamma(_) dim dist
+div(_).Scalar,Scalar_mode,Tensor,Tensor_mode divide(_).Scalar,Scalar_mode,Tensor,Tensor_mode dot
+dropout(_) dsplit.array,int dstack einsum elu(_) elu_backward embedding embedding_backward
+embedding_bag.default,padding_idx embedding_dense_backward embedding_renorm(_)
+empty.memory_format empty_like empty_permuted empty_strided eq(_).Scalar,Tensor equal erf(_)
+erfc(_) erfinv(_) exp(_) exp2(_) expand expand_as expand_copy expm1(_) eye.default,m
+fake_quantize_per_channel_affine fake_quantize_per_channel_affine_cachemask_backward
+fake_quantize_per_tensor_affine.default,tensor_qparams
+fake_quantize_per_tensor_affine_cachemask_backward fbgemm_linear_fp16_weight
+fbgemm_linear_fp16_weight_fp32_activation fbgemm_linear_int8_weight
+fbgemm_linear_int8_weight_fp32_activation fbgemm_linear_quantize_weight
+fbgemm_pack_gemm_matrix_fp16 fbgemm_pack_quantized_matrix.KN,default feature_alpha_dropout(_)
+feature_dropout(_) fft_fft fft_fft2 fft_fftfreq fft_fftn fft_fftshift fft_hfft fft_hfft2
+fft_hfftn fft_ifft fft_ifft2 fft_ifftn fft_ifftshift fft_ihfft fft_ihfft2 fft_ihfftn fft_irfft
+fft_irfft2 fft_irfftn fft_rfft fft_rfft2 fft_rfftfreq fft_rfftn fill(_).Scalar,Tensor fix(_)
+flatten.using_ints flatten_dense_tensors flip fliplr flipud
+float_power.Scalar,Tensor_Scalar,Tensor_Tensor floor(_) floor_divide.Scalar,default fmax fmin
+fmod(_).Scalar,Tensor frac(_) frexp.Tensor frobenius_norm.dim full full_like gather
+gather_backward gcd(_) ge(_).Scalar,Tensor gelu(_) gelu_backward ger get_device get_gradients
+glu glu_backward
+gradient.array,scalararray,scalarint,scalarrayarray,scalarrayint,tensorarray,tensorarrayint
+greater(_).Scalar,Tensor greater_equal(_).Scalar,Tensor grid_sampler grid_sampler_2d group_norm
+gru.data,input gru_cell gt(_).Scalar,Tensor
+hamming_window.default,periodic,periodic_alpha,periodic_alpha_beta hann_window.default,periodic
+hardshrink hardsigmoid(_) hardsigmoid_backward hardswish(_) hardswish_backward hardtanh(_)
+hardtanh_backward heaviside(_) hinge_embedding_loss histc
+histogramdd.TensorList_bins,default,int_bins hsplit.array,int hstack huber_loss
+huber_loss_backward hypot(_) i0(_) igamma(_) igammac(_) im2col imag index.Tensor index_add(_)
+index_copy(_) index_fill(_).int_Scalar,int_Tensor index_put(_) index_select
+index_select_backward infinitely_differentiable_gelu_backward inner instance_norm inverse
+is_complex is_conj is_contiguous.default,memory_format is_distributed is_floating_point
+is_inference is_leaf is_neg is_nonzero is_pinned is_same_size is_signed is_vulkan_available
+isclose isfinite isin.Scalar_Tensor,Tensor_Scalar,Tensor_Tensor isinf isnan isneginf isposinf
+isreal istft item kaiser_window.beta,default,periodic kl_div kron kthvalue l1_loss layer_norm
+lcm(_) ldexp.Tensor le(_).Scalar,Tensor leaky_relu(_) leaky_relu_backward lerp(_).Scalar,Tensor
+less(_).Scalar,Tensor less_equal(_).Scalar,Tensor lgamma(_) lift lift_fresh lift_fresh_copy
+linalg__powsum linalg_cholesky linalg_cond.default,p_str linalg_cross linalg_det linalg_diagonal
+linalg_eigh linalg_eigvals linalg_eigvalsh linalg_inv linalg_ldl_factor linalg_lstsq
+linalg_lu_factor linalg_matmul linalg_matrix_norm.default,str_ord linalg_matrix_power
+linalg_matrix_rank.atol_rtol_float,atol_rtol_tensor,default,tol_tensor linalg_multi_dot
+linalg_norm.default,ord_str linalg_pinv.atol_rtol_float,default,rcond_tensor linalg_slogdet
+linalg_solve linalg_solve_ex linalg_svd linalg_svdvals linalg_tensorinv linalg_tensorsolve
+linalg_vander linalg_vecdot linalg_vector_norm linear
+linspace.Scalar_Tensor,Tensor_Scalar,Tensor_Tensor,default log(_) log10(_) log1p(_) log2(_)
+log_sigmoid log_sigmoid_backward log_sigmoid_forward log_softmax.int logaddexp logaddexp2
+logcumsumexp logdet logical_and(_) logical_not(_) logical_or(_) logical_xor(_) logit(_)
+logit_backward logspace.Scalar_Tensor,Tensor_Scalar,Tensor_Tensor,default logsumexp
+lstm.data,input lstm_cell lt(_).Scalar,Tensor lu_solve mH mT margin_ranking_loss
+masked_fill(_).Scalar,Tensor masked_scatter(_) masked_scatter_backward masked_select_backward
+matmul matrix_H matrix_exp matrix_exp_backward matrix_power max.default,dim,other max_pool1d
+max_pool1d_with_indices max_pool2d max_pool2d_with_indices max_pool2d_with_indices_backward
+max_pool3d max_pool3d_with_indices max_unpool2d max_unpool3d maximum mean.default,dim median.dim
+meshgrid.default,indexing min.default,dim,other minimum miopen_batch_norm_backward mish(_)
+mish_backward mkldnn_convolution mm moveaxis.int,intlist movedim.int,intlist mse_loss
+mse_loss_backward msort mul(_).Scalar,Tensor multi_margin_loss multilabel_margin_loss
+multilabel_margin_loss_forward multiply(_).Scalar,Tensor mv mvlgamma(_) nan_to_num(_) nanmean
+nanmedian.dim nanquantile.default,scalar nansum narrow.Tensor,default native_batch_norm_backward
+native_channel_shuffle native_dropout native_dropout_backward native_group_norm
+native_group_norm_backward native_layer_norm native_layer_norm_backward ne(_).Scalar,Tensor
+neg(_) negative(_) new_empty new_full new_ones new_zeros nextafter(_) nll_loss nll_loss2d
+nll_loss2d_backward nll_loss2d_forward nll_loss_backward nll_loss_forward nll_loss_nd nonzero
+nonzero_numpy norm.Scalar,ScalarOpt_dim,ScalarOpt_dim_dtype,ScalarOpt_dtype norm_except_dim
+not_equal(_).Scalar,Tensor nuclear_norm.default,dim numel numpy_T one_hot ones ones_like orgqr
+outer output_nr pad pad_sequence pairwise_distance pdist permute pin_memory pinverse
+pixel_shuffle pixel_unshuffle poisson_nll_loss polar polygamma(_) positive
+pow.Scalar,Tensor_Scalar,Tensor_Tensor prelu prod.default,dim_int promote_types put(_) qr
+quantile.default,scalar quantized_gru_cell quantized_lstm_cell quantized_rnn_relu_cell
+quantized_rnn_tanh_cell rad2deg(_) range.default,step ravel real reciprocal(_) reflection_pad1d
+reflection_pad1d_backward reflection_pad2d reflection_pad2d_backward reflection_pad3d
+reflection_pad3d_backward relu(_) relu6(_) remainder.Scalar,Scalar_Tensor,Tensor renorm(_)
+repeat repeat_interleave.self_Tensor,self_int replication_pad1d replication_pad2d
+replication_pad3d reshape reshape_as resize(_) resize_as(_) resolve_conj resolve_neg
+result_type.Scalar,Scalar_Scalar,Scalar_Tensor,Tensor retains_grad rms_norm rnn_relu.data,input
+rnn_relu_cell rnn_tanh.data,input rnn_tanh_cell roll rot90 round(_).decimals,default row_stack
+rrelu rrelu_with_noise_backward rsqrt(_) rsub.Scalar,Tensor scalar_tensor
+scaled_dot_product_attention scatter(_).src,value scatter_add(_) scatter_reduce(_).two
+select.int select_backward select_scatter selu(_) sgn(_) sigmoid(_) sigmoid_backward sign(_)
+signbit silu(_) silu_backward sin(_) sinc(_) sinh(_) size.int slice.Tensor slice_backward
+slice_inverse slice_scatter slogdet slow_conv3d smm smooth_l1_loss smooth_l1_loss_backward
+soft_margin_loss soft_margin_loss_backward softmax.int softplus softplus_backward softshrink
+sort special_airy_ai special_bessel_j0 special_bessel_j1 special_bessel_y0 special_bessel_y1
+special_chebyshev_polynomial_t.default,n_scalar,x_scalar
+special_chebyshev_polynomial_u.default,n_scalar,x_scalar
+special_chebyshev_polynomial_v.default,n_scalar,x_scalar
+special_chebyshev_polynomial_w.default,n_scalar,x_scalar special_digamma special_entr
+special_erf special_erfc special_erfcx special_erfinv special_exp2 special_expit special_expm1
+special_gammainc special_gammaincc special_gammaln
+special_hermite_polynomial_h.default,n_scalar,x_scalar
+special_hermite_polynomial_he.default,n_scalar,x_scalar special_i0 special_i0e special_i1
+special_i1e special_laguerre_polynomial_l.default,n_scalar,x_scalar
+special_legendre_polynomial_p.default,n_scalar,x_scalar special_log1p special_log_ndtr
+special_log_softmax special_logit special_logsumexp special_modified_bessel_i0
+special_modified_bessel_i1 special_modified_bessel_k0 special_modified_bessel_k1
+special_multigammaln special_ndtr special_ndtri special_polygamma special_psi special_round
+special_scaled_modified_bessel_k0 special_scaled_modified_bessel_k1
+special_shifted_chebyshev_polynomial_t.default,n_scalar,x_scalar
+special_shifted_chebyshev_polynomial_u.default,n_scalar,x_scalar
+special_shifted_chebyshev_polynomial_v.default,n_scalar,x_scalar
+special_shifted_chebyshev_polynomial_w.default,n_scalar,x_scalar special_sinc special_softmax
+special_spherical_bessel_j0 special_xlog1py.default,other_scalar,self_scalar
+special_xlogy.default,other_scalar,self_scalar special_zeta.default,other_scalar,self_scalar
+split.Tensor,sizes split_with_sizes split_with_sizes_copy sqrt(_) square(_)
+squeeze(_).default,dim,dims squeeze_copy.default,dim,dims sspaddmm stack
+std.correction,default,dim std_mean.correction,default,dim stft.center,default storage_offset
+stride.int sub(_).Scalar,Tensor subtract(_).Scalar,Tensor sum.default,dim_IntList sum_to_size
+svd swapaxes(_) swapdims(_) sym_constrain_range sym_constrain_range_for_size sym_is_contiguous
+sym_numel sym_size.int sym_storage_offset sym_stride.int t(_) t_copy take take_along_dim tan(_)
+tanh(_) tanh_backward tensor_split.indices,sections,tensor_indices_or_sections tensordot
+thnn_conv2d threshold(_) threshold_backward tile
+to.device,dtype,dtype_layout,other,prim_Device,prim_dtype,prim_other to_mkldnn_backward topk
+trace trace_backward transpose.int transpose_copy.int trapezoid.dx,x trapz.dx,x tril(_)
+triplet_margin_loss triu(_) true_divide(_).Scalar,Tensor trunc(_) type_as unbind.int
+unflatten.int unflatten_dense_tensors unfold_backward unfold_copy unsafe_chunk
+unsafe_split.Tensor unsafe_split_with_sizes unsqueeze(_) unsqueeze_copy upsample_bicubic2d.vec
+upsample_bilinear2d.vec upsample_linear1d.default,vec upsample_nearest1d.default,vec
+upsample_nearest2d.default,vec upsample_nearest3d.default,vec upsample_trilinear3d.vec
+value_selecting_reduction_backward vander var.correction,default,dim
+var_mean.correction,default,dim vdot view.default,dtype view_as view_as_complex view_as_real
+vsplit.array,int vstack where.Scalar,ScalarOther,ScalarSelf,default,self
+xlogy.Scalar_Other,Scalar_Self,Tensor zero(_) zeros zeros_like
 """
 
 _INPLACE = """
-__iand__.Scalar __iand__.Tensor __ilshift__.Scalar __ilshift__.Tensor __ior__.Scalar
-__ior__.Tensor __ixor__.Scalar __ixor__.Tensor _foreach_abs_.default _foreach_acos_.default
-_foreach_add_.List _foreach_add_.Scalar _foreach_add_.ScalarList _foreach_add_.Tensor
-_foreach_addcdiv_.Scalar _foreach_addcdiv_.ScalarList _foreach_addcdiv_.Tensor
-_foreach_addcmul_.Scalar _foreach_addcmul_.ScalarList _foreach_addcmul_.Tensor
-_foreach_asin_.default _foreach_atan_.default _foreach_ceil_.default _foreach_clamp_max_.List
-_foreach_clamp_max_.Scalar _foreach_clamp_max_.ScalarList _foreach_clamp_min_.List
-_foreach_clamp_min_.Scalar _foreach_clamp_min_.ScalarList _foreach_copy_.default
-_foreach_cos_.default _foreach_cosh_.default _foreach_div_.List _foreach_div_.Scalar
-_foreach_div_.ScalarList _foreach_div_.Tensor _foreach_erf_.default _foreach_erfc_.default
-_foreach_exp_.default _foreach_expm1_.default _foreach_floor_.default _foreach_frac_.default
-_foreach_lerp_.List _foreach_lerp_.Scalar _foreach_lerp_.ScalarList _foreach_lgamma_.default
-_foreach_log10_.default _foreach_log1p_.default _foreach_log2_.default _foreach_log_.default
-_foreach_maximum_.List _foreach_maximum_.Scalar _foreach_maximum_.ScalarList
-_foreach_minimum_.List _foreach_minimum_.Scalar _foreach_minimum_.ScalarList _foreach_mul_.List
-_foreach_mul_.Scalar _foreach_mul_.ScalarList _foreach_mul_.Tensor _foreach_neg_.default
-_foreach_pow_.List _foreach_pow_.Scalar _foreach_pow_.ScalarList _foreach_reciprocal_.default
-_foreach_round_.default _foreach_rsqrt_.default _foreach_sigmoid_.default _foreach_sign_.default
-_foreach_sin_.default _foreach_sinh_.default _foreach_sqrt_.default _foreach_sub_.List
-_foreach_sub_.Scalar _foreach_sub_.ScalarList _foreach_tan_.default _foreach_tanh_.default
-_foreach_trunc_.default _foreach_zero_.default _index_put_impl_.default _philox_normal_.default
-_philox_uniform_.default _resize_output_.default _sobol_engine_ff_.default
-_sobol_engine_initialize_state_.default _sobol_engine_scramble_.default abs_.default
-absolute_.default acos_.default acosh_.default add_.Scalar add_.Tensor addcdiv_.default
-addcmul_.default addmm_.default addr_.default alpha_dropout_.default arccos_.default
-arccosh_.default arcsin_.default arcsinh_.default arctan2_.default arctan_.default
-arctanh_.default asin_.default asinh_.default atan2_.default atan_.default atanh_.default
-baddbmm_.default bitwise_and_.Scalar bitwise_and_.Tensor bitwise_left_shift_.Tensor
-bitwise_left_shift_.Tensor_Scalar bitwise_not_.default bitwise_or_.Scalar bitwise_or_.Tensor
-bitwise_right_shift_.Tensor bitwise_right_shift_.Tensor_Scalar bitwise_xor_.Scalar
-bitwise_xor_.Tensor ceil_.default celu_.default clamp_.Tensor clamp_.default clamp_max_.Tensor
-clamp_max_.default clamp_min_.Tensor clamp_min_.default clip_.Tensor clip_.default
-conj_physical_.default copy_.default copysign_.Scalar copysign_.Tensor cos_.default
-cosh_.default cumsum_.default deg2rad_.default detach_.default digamma_.default div_.Scalar
-div_.Scalar_mode div_.Tensor div_.Tensor_mode divide_.Scalar divide_.Scalar_mode divide_.Tensor
-divide_.Tensor_mode dropout_.default elu_.default embedding_renorm_.default eq_.Scalar
-eq_.Tensor erf_.default erfc_.default erfinv_.default exp2_.default exp_.default expm1_.default
-feature_alpha_dropout_.default feature_dropout_.default fill_.Scalar fill_.Tensor
-fill_diagonal_.default fix_.default float_power_.Scalar float_power_.Tensor floor_.default
-floor_divide_.Scalar fmod_.Scalar fmod_.Tensor frac_.default gcd_.default ge_.Scalar ge_.Tensor
-gelu_.default greater_.Scalar greater_.Tensor greater_equal_.Scalar greater_equal_.Tensor
-gt_.Scalar gt_.Tensor hardsigmoid_.default hardswish_.default hardtanh_.default
-heaviside_.default hypot_.default i0_.default igamma_.default igammac_.default
-index_add_.default index_copy_.default index_fill_.int_Scalar index_fill_.int_Tensor
-index_put_.default lcm_.default ldexp_.default le_.Scalar le_.Tensor leaky_relu_.default
-lerp_.Scalar lerp_.Tensor less_.Scalar less_.Tensor less_equal_.Scalar less_equal_.Tensor
-lgamma_.default log10_.default log1p_.default log2_.default log_.default logical_and_.default
-logical_not_.default logical_or_.default logical_xor_.default logit_.default lt_.Scalar
-lt_.Tensor masked_fill_.Scalar masked_fill_.Tensor masked_scatter_.default mish_.default
-mul_.Scalar mul_.Tensor multiply_.Scalar multiply_.Tensor mvlgamma_.default nan_to_num_.default
-ne_.Scalar ne_.Tensor neg_.default negative_.default nextafter_.default not_equal_.Scalar
-not_equal_.Tensor polygamma_.default pow_.Scalar pow_.Tensor put_.default rad2deg_.default
-reciprocal_.default relu6_.default relu_.default remainder_.Scalar remainder_.Tensor
-renorm_.default requires_grad_.default resize_.default resize_as_.default retain_grad.default
-round_.decimals round_.default rsqrt_.default scatter_.src scatter_.value scatter_add_.default
-scatter_reduce_.two selu_.default sgn_.default sigmoid_.default sign_.default silu_.default
-sin_.default sinc_.default sinh_.default sqrt_.default square_.default squeeze_.default
-squeeze_.dim squeeze_.dims sub_.Scalar sub_.Tensor subtract_.Scalar subtract_.Tensor
-swapaxes_.default swapdims_.default t_.default tan_.default tanh_.default threshold_.default
-transpose_.default tril_.default triu_.default true_divide_.Scalar true_divide_.Tensor
-trunc_.default unsqueeze_.default xlogy_.Scalar_Other xlogy_.Tensor zero_.default
+__iand__.Scalar,Tensor __ilshift__.Scalar,Tensor __ior__.Scalar,Tensor __ixor__.Scalar,Tensor
+_foreach_pow_.List,Scalar,ScalarList _sobol_engine_ff_ _sobol_engine_initialize_state_
+_sobol_engine_scramble_ baddbmm_ bitwise_and_.Scalar,Tensor
+bitwise_left_shift_.Tensor,Tensor_Scalar bitwise_or_.Scalar,Tensor
+bitwise_right_shift_.Tensor,Tensor_Scalar bitwise_xor_.Scalar,Tensor fill_diagonal_
+float_power_.Scalar,Tensor floor_divide_.Scalar ldexp_ pow_.Scalar,Tensor
+remainder_.Scalar,Tensor requires_grad_ retain_grad transpose_ xlogy_.Scalar_Other,Tensor
 """
 
 _VIEWS = """
-__and__.Scalar __and__.Tensor __or__.Scalar __or__.Tensor __xor__.Scalar __xor__.Tensor
-_add_batch_dim.default _autocast_to_full_precision.default
-_autocast_to_reduced_precision.default _backward.default _batch_norm_impl_index.default
-_batch_norm_impl_index_backward.default _cast_Byte.default _cast_Char.default
-_cast_Double.default _cast_Float.default _cast_Half.default _cast_Int.default _cast_Long.default
-_cast_Short.default _choose_qparams_per_tensor.default _conj.default _convolution.deprecated
-_convolution_double_backward.default _convolution_mode.default _dim_arange.default
-_fused_rms_norm.default _fw_primal.default _has_compatible_shallow_copy_type.default
-_is_zerotensor.default _lazy_clone.default _lu_with_info.default _make_dual.default
-_neg_view.default _nnpack_available.default _pack_padded_sequence_backward.default
-_pad_circular.default _pad_enum.default _pad_packed_sequence.default _pin_memory.default
-_pin_memory.out _propagate_xla_data.default _remove_batch_dim.default
-_reshape_from_tensor.default _rowwise_prune.default _saturate_weight_to_fp16.default
-_scaled_dot_product_attention_math.default _shape_as_tensor.default _sobol_engine_draw.default
-_thnn_differentiable_gru_cell_backward.default _thnn_differentiable_lstm_cell_backward.default
-_thnn_fused_lstm_cell_backward.default _to_cpu.default _unpack_dual.default _unsafe_view.default
-_unsafe_view.out _upsample_bicubic2d_aa.vec _upsample_bilinear2d_aa.vec
+__and__.Scalar,Tensor __or__.Scalar,Tensor __xor__.Scalar,Tensor _add_batch_dim
+_autocast_to_full_precision _autocast_to_reduced_precision _backward _batch_norm_impl_index
+_batch_norm_impl_index_backward _cast_Byte _cast_Char _cast_Double _cast_Float _cast_Half
+_cast_Int _cast_Long _cast_Short _choose_qparams_per_tensor _conj _convolution.deprecated
+_convolution_double_backward _convolution_mode _dim_arange _fused_rms_norm _fw_primal
+_has_compatible_shallow_copy_type _is_zerotensor _lazy_clone _lu_with_info _make_dual _neg_view
+_nnpack_available _pack_padded_sequence_backward _pad_circular _pad_enum _pad_packed_sequence
+_pin_memory.default,out _propagate_xla_data _remove_batch_dim _reshape_from_tensor
+_rowwise_prune _saturate_weight_to_fp16 _scaled_dot_product_attention_math _shape_as_tensor
+_sobol_engine_draw _thnn_differentiable_gru_cell_backward
+_thnn_differentiable_lstm_cell_backward _thnn_fused_lstm_cell_backward _to_cpu _unpack_dual
+_unsafe_view.default,out _upsample_bicubic2d_aa.vec _upsample_bilinear2d_aa.vec
 _upsample_lanczos2d_aa.vec _upsample_nearest_exact1d.vec _upsample_nearest_exact2d.vec
-_upsample_nearest_exact3d.vec _version.default _weight_norm.default
-_weight_norm_differentiable_backward.default _wrapped_linear_prepack.default
-_wrapped_quantized_linear_prepacked.default absolute.default adaptive_avg_pool1d.default
-adaptive_avg_pool2d.default adaptive_avg_pool3d.default adaptive_max_pool1d.default
-adjoint.default affine_grid_generator_backward.default alias.default alpha_dropout.default
-arccos.default arccosh.default arcsin.default arcsinh.default arctan.default arctan2.default
-arctanh.default argsort.default argsort.stable argwhere.default as_strided.default
-atleast_1d.Sequence atleast_1d.default atleast_2d.Sequence atleast_2d.default
-atleast_3d.Sequence atleast_3d.default avg_pool1d.default batch_norm.default bilinear.default
-broadcast_tensors.default broadcast_to.default can_cast.default cartesian_prod.default
-cdist.default chain_matmul.default chalf.default choose_qparams_optimized.default chunk.default
-clip.Tensor clip.default column_stack.default combinations.default concat.default
-concatenate.default conj.default conj_physical.default contiguous.default conv1d.default
-conv1d.padding conv2d.default conv2d.padding conv3d.default conv3d.padding
-conv_tbc_backward.default conv_transpose1d.default conv_transpose2d.input conv_transpose3d.input
-corrcoef.default cosine_embedding_loss.default cosine_similarity.default cov.default
-cross.default cross_entropy_loss.default ctc_loss.IntList ctc_loss.Tensor
-cudnn_is_acceptable.default cummaxmin_backward.default cumprod_backward.default
-cumulative_trapezoid.dx cumulative_trapezoid.x data.default det.default detach.default
-diag.default diagflat.default diagonal.default diff.default dim.default divide.Scalar
-divide.Scalar_mode divide.Tensor divide.Tensor_mode dropout.default dsplit.array dsplit.int
-dstack.default einsum.default embedding_backward.default embedding_bag.default
-embedding_bag.padding_idx expand.default expand_as.default
-fake_quantize_per_channel_affine.default
-fake_quantize_per_channel_affine_cachemask_backward.default
-fake_quantize_per_tensor_affine.default fake_quantize_per_tensor_affine.tensor_qparams
-fake_quantize_per_tensor_affine_cachemask_backward.default fbgemm_linear_fp16_weight.default
-fbgemm_linear_fp16_weight_fp32_activation.default fbgemm_linear_int8_weight.default
-fbgemm_linear_int8_weight_fp32_activation.default fbgemm_linear_quantize_weight.default
-fbgemm_pack_gemm_matrix_fp16.default fbgemm_pack_quantized_matrix.KN
-fbgemm_pack_quantized_matrix.default feature_alpha_dropout.default feature_dropout.default
-fft_fft.default fft_fft2.default fft_fftn.default fft_fftshift.default fft_hfft.default
-fft_hfft2.default fft_hfftn.default fft_ifft.default fft_ifft2.default fft_ifftn.default
-fft_ifftshift.default fft_ihfft.default fft_ihfft2.default fft_ihfftn.default fft_irfft.default
-fft_irfft2.default fft_irfftn.default fft_rfft.default fft_rfft2.default fft_rfftn.default
-fix.default flatten.using_ints flatten_dense_tensors.default fliplr.default flipud.default
-float_power.Scalar float_power.Tensor_Scalar float_power.Tensor_Tensor frobenius_norm.dim
-gather_backward.default ger.default get_device.default get_gradients.default gradient.array
-gradient.scalararray gradient.scalarint gradient.scalarrayarray gradient.scalarrayint
-gradient.tensorarray gradient.tensorarrayint greater.Scalar greater.Tensor greater_equal.Scalar
-greater_equal.Tensor grid_sampler.default group_norm.default gru.data gru.input gru_cell.default
-hinge_embedding_loss.default histogramdd.TensorList_bins histogramdd.default
-histogramdd.int_bins hsplit.array hsplit.int hstack.default imag.default
-index_select_backward.default infinitely_differentiable_gelu_backward.default inner.default
-instance_norm.default inverse.default is_complex.default is_conj.default is_contiguous.default
-is_contiguous.memory_format is_distributed.default is_floating_point.default
-is_inference.default is_leaf.default is_neg.default is_nonzero.default is_signed.default
-is_vulkan_available.default isclose.default isfinite.default isreal.default istft.default
-item.default kl_div.default kron.default l1_loss.default layer_norm.default less.Scalar
-less.Tensor less_equal.Scalar less_equal.Tensor lift.default lift.out lift_fresh.default
-linalg_cholesky.default linalg_cond.default linalg_cond.p_str linalg_det.default
-linalg_diagonal.default linalg_eigh.default linalg_eigvals.default linalg_eigvalsh.default
-linalg_inv.default linalg_ldl_factor.default linalg_lu_factor.default linalg_matmul.default
-linalg_matrix_norm.default linalg_matrix_norm.str_ord linalg_matrix_power.default
-linalg_matrix_rank.atol_rtol_float linalg_matrix_rank.atol_rtol_tensor
-linalg_matrix_rank.default linalg_matrix_rank.tol_tensor linalg_multi_dot.default
-linalg_norm.default linalg_norm.ord_str linalg_pinv.atol_rtol_float linalg_pinv.default
-linalg_pinv.rcond_tensor linalg_slogdet.default linalg_solve.default linalg_solve_ex.default
-linalg_svd.default linalg_svdvals.default linalg_tensorinv.default linalg_tensorsolve.default
-linalg_vander.default linalg_vecdot.default linear.default log_sigmoid.default log_softmax.int
-logdet.default lstm.data lstm.input lstm_cell.default lu_solve.default mH.default mT.default
-margin_ranking_loss.default masked_select_backward.default matmul.default matrix_H.default
-matrix_exp.default matrix_exp_backward.default matrix_power.default max.other max_pool1d.default
-max_pool1d_with_indices.default max_pool2d.default max_pool3d.default meshgrid.default
-meshgrid.indexing min.other mish_backward.default moveaxis.int moveaxis.intlist movedim.int
-movedim.intlist msort.default multilabel_margin_loss.default multiply.Scalar multiply.Tensor
-nanmean.default nanquantile.default nanquantile.scalar narrow.Tensor narrow.default
-native_channel_shuffle.default negative.default nll_loss.default nll_loss2d.default
-nll_loss_nd.default nonzero_numpy.default norm_except_dim.default not_equal.Scalar
-not_equal.Tensor nuclear_norm.default nuclear_norm.dim numel.default numpy_T.default
-one_hot.default orgqr.default outer.default output_nr.default pad.default pad_sequence.default
-pairwise_distance.default pdist.default permute.default pin_memory.default pinverse.default
-poisson_nll_loss.default positive.default prelu.default promote_types.default qr.default
-quantile.default quantile.scalar quantized_gru_cell.default quantized_lstm_cell.default
-quantized_rnn_relu_cell.default quantized_rnn_tanh_cell.default ravel.default real.default
-relu6.default repeat_interleave.self_Tensor repeat_interleave.self_int reshape.default
-reshape_as.default resolve_conj.default resolve_neg.default result_type.Scalar
-result_type.Scalar_Scalar result_type.Scalar_Tensor result_type.Tensor retains_grad.default
-rms_norm.default rnn_relu.data rnn_relu.input rnn_relu_cell.default rnn_tanh.data rnn_tanh.input
-rnn_tanh_cell.default row_stack.default rrelu.default scaled_dot_product_attention.default
-select.int selu.default silu_backward.default size.int slice.Tensor slice_inverse.default
-slogdet.default slow_conv3d.default smm.default softmax.int special_digamma.default
-special_erf.default special_erfc.default special_erfinv.default special_exp2.default
-special_expit.default special_expm1.default special_gammainc.default special_gammaincc.default
-special_gammaln.default special_i0.default special_log1p.default special_log_softmax.default
-special_logit.default special_logsumexp.default special_multigammaln.default
-special_ndtr.default special_polygamma.default special_psi.default special_round.default
-special_sinc.default special_softmax.default special_xlogy.default special_xlogy.other_scalar
-special_xlogy.self_scalar split.Tensor split.sizes split_with_sizes.default square.default
-squeeze.default squeeze.dim squeeze.dims sspaddmm.default std.default std.dim std_mean.default
-std_mean.dim stft.center stft.default storage_offset.default stride.int subtract.Scalar
-subtract.Tensor sum_to_size.default svd.default swapaxes.default swapdims.default
-sym_is_contiguous.default sym_numel.default sym_size.int sym_storage_offset.default
-sym_stride.int t.default take_along_dim.default tensor_split.indices tensor_split.sections
-tensor_split.tensor_indices_or_sections tensordot.default thnn_conv2d.default tile.default
-to.device to.dtype to.dtype_layout to.other to.prim_Device to.prim_dtype to.prim_other
-to_mkldnn_backward.default trace_backward.default transpose.int trapezoid.dx trapezoid.x
-trapz.dx trapz.x triplet_margin_loss.default true_divide.Scalar true_divide.Tensor
-type_as.default unbind.int unflatten.int unflatten_dense_tensors.default unsafe_chunk.default
-unsafe_split.Tensor unsafe_split.Tensor_out unsafe_split_with_sizes.default
-unsafe_split_with_sizes.out unsqueeze.default upsample_bicubic2d.vec upsample_bilinear2d.vec
-upsample_linear1d.vec upsample_nearest1d.vec upsample_nearest2d.vec upsample_nearest3d.vec
-upsample_trilinear3d.vec value_selecting_reduction_backward.default vander.default var.default
-var.dim var_mean.default var_mean.dim view.default view.dtype view_as.default
-view_as_complex.default view_as_real.default vsplit.array vsplit.int vstack.default where.Scalar
-where.ScalarOther where.ScalarSelf where.default
+_upsample_nearest_exact3d.vec _version _weight_norm _weight_norm_differentiable_backward
+_wrapped_linear_prepack _wrapped_quantized_linear_prepacked absolute adaptive_avg_pool1d
+adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d adjoint
+affine_grid_generator_backward alias alpha_dropout arccos arccosh arcsin arcsinh arctan arctan2
+arctanh argsort.default,stable argwhere as_strided atleast_1d.Sequence,default
+atleast_2d.Sequence,default atleast_3d.Sequence,default avg_pool1d batch_norm bilinear
+broadcast_tensors broadcast_to can_cast cartesian_prod cdist chain_matmul chalf
+choose_qparams_optimized chunk clip.Tensor,default column_stack combinations concat concatenate
+conj conj_physical contiguous conv1d.default,padding conv2d.default,padding
+conv3d.default,padding conv_tbc_backward conv_transpose1d conv_transpose2d.input
+conv_transpose3d.input corrcoef cosine_embedding_loss cosine_similarity cov cross
+cross_entropy_loss ctc_loss.IntList,Tensor cudnn_is_acceptable cummaxmin_backward
+cumprod_backward cumulative_trapezoid.dx,x data det detach diag diagflat diagonal diff dim
+divide.Scalar,Scalar_mode,Tensor,Tensor_mode dropout dsplit.array,int dstack einsum
+embedding_backward embedding_bag.default,padding_idx expand expand_as
+fake_quantize_per_channel_affine fake_quantize_per_channel_affine_cachemask_backward
+fake_quantize_per_tensor_affine.default,tensor_qparams
+fake_quantize_per_tensor_affine_cachemask_backward fbgemm_linear_fp16_weight
+fbgemm_linear_fp16_weight_fp32_activation fbgemm_linear_int8_weight
+fbgemm_linear_int8_weight_fp32_activation fbgemm_linear_quantize_weight
+fbgemm_pack_gemm_matrix_fp16 fbgemm_pack_quantized_matrix.KN,default feature_alpha_dropout
+feature_dropout fft_fft fft_fft2 fft_fftn fft_fftshift fft_hfft fft_hfft2 fft_hfftn fft_ifft
+fft_ifft2 fft_ifftn fft_ifftshift fft_ihfft fft_ihfft2 fft_ihfftn fft_irfft fft_irfft2
+fft_irfftn fft_rfft fft_rfft2 fft_rfftn fix flatten.using_ints flatten_dense_tensors fliplr
+flipud float_power.Scalar,Tensor_Scalar,Tensor_Tensor frobenius_norm.dim gather_backward ger
+get_device get_gradients
+gradient.array,scalararray,scalarint,scalarrayarray,scalarrayint,tensorarray,tensorarrayint
+greater.Scalar,Tensor greater_equal.Scalar,Tensor grid_sampler group_norm gru.data,input
+gru_cell hinge_embedding_loss histogramdd.TensorList_bins,default,int_bins hsplit.array,int
+hstack imag index_select_backward infinitely_differentiable_gelu_backward inner instance_norm
+inverse is_complex is_conj is_contiguous.default,memory_format is_distributed is_floating_point
+is_inference is_leaf is_neg is_nonzero is_signed is_vulkan_available isclose isfinite isreal
+istft item kl_div kron l1_loss layer_norm less.Scalar,Tensor less_equal.Scalar,Tensor
+lift.default,out lift_fresh linalg_cholesky linalg_cond.default,p_str linalg_det linalg_diagonal
+linalg_eigh linalg_eigvals linalg_eigvalsh linalg_inv linalg_ldl_factor linalg_lu_factor
+linalg_matmul linalg_matrix_norm.default,str_ord linalg_matrix_power
+linalg_matrix_rank.atol_rtol_float,atol_rtol_tensor,default,tol_tensor linalg_multi_dot
+linalg_norm.default,ord_str linalg_pinv.atol_rtol_float,default,rcond_tensor linalg_slogdet
+linalg_solve linalg_solve_ex linalg_svd linalg_svdvals linalg_tensorinv linalg_tensorsolve
+linalg_vander linalg_vecdot linear log_sigmoid log_softmax.int logdet lstm.data,input lstm_cell
+lu_solve mH mT margin_ranking_loss masked_select_backward matmul matrix_H matrix_exp
+matrix_exp_backward matrix_power max.other max_pool1d max_pool1d_with_indices max_pool2d
+max_pool3d meshgrid.default,indexing min.other mish_backward moveaxis.int,intlist
+movedim.int,intlist msort multilabel_margin_loss multiply.Scalar,Tensor nanmean
+nanquantile.default,scalar narrow.Tensor,default native_channel_shuffle negative nll_loss
+nll_loss2d nll_loss_nd nonzero_numpy norm_except_dim not_equal.Scalar,Tensor
+nuclear_norm.default,dim numel numpy_T one_hot orgqr outer output_nr pad pad_sequence
+pairwise_distance pdist permute pin_memory pinverse poisson_nll_loss positive prelu
+promote_types qr quantile.default,scalar quantized_gru_cell quantized_lstm_cell
+quantized_rnn_relu_cell quantized_rnn_tanh_cell ravel real relu6
+repeat_interleave.self_Tensor,self_int reshape reshape_as resolve_conj resolve_neg
+result_type.Scalar,Scalar_Scalar,Scalar_Tensor,Tensor retains_grad rms_norm rnn_relu.data,input
+rnn_relu_cell rnn_tanh.data,input rnn_tanh_cell row_stack rrelu scaled_dot_product_attention
+select.int selu silu_backward size.int slice.Tensor slice_inverse slogdet slow_conv3d smm
+softmax.int special_digamma special_erf special_erfc special_erfinv special_exp2 special_expit
+special_expm1 special_gammainc special_gammaincc special_gammaln special_i0 special_log1p
+special_log_softmax special_logit special_logsumexp special_multigammaln special_ndtr
+special_polygamma special_psi special_round special_sinc special_softmax
+special_xlogy.default,other_scalar,self_scalar split.Tensor,sizes split_with_sizes square
+squeeze.default,dim,dims sspaddmm std.default,dim std_mean.default,dim stft.center,default
+storage_offset stride.int subtract.Scalar,Tensor sum_to_size svd swapaxes swapdims
+sym_is_contiguous sym_numel sym_size.int sym_storage_offset sym_stride.int t take_along_dim
+tensor_split.indices,sections,tensor_indices_or_sections tensordot thnn_conv2d tile
+to.device,dtype,dtype_layout,other,prim_Device,prim_dtype,prim_other to_mkldnn_backward
+trace_backward transpose.int trapezoid.dx,x trapz.dx,x triplet_margin_loss
+true_divide.Scalar,Tensor type_as unbind.int unflatten.int unflatten_dense_tensors unsafe_chunk
+unsafe_split.Tensor,Tensor_out unsafe_split_with_sizes.default,out unsqueeze
+upsample_bicubic2d.vec upsample_bilinear2d.vec upsample_linear1d.vec upsample_nearest1d.vec
+upsample_nearest2d.vec upsample_nearest3d.vec upsample_trilinear3d.vec
+value_selecting_reduction_backward vander var.default,dim var_mean.default,dim
+view.default,dtype view_as view_as_complex view_as_real vsplit.array,int vstack
+where.Scalar,ScalarOther,ScalarSelf,default
 """
 
 _METADATA = """
-_resize_output_.default detach_.default requires_grad_.default resize_.default
-resize_as_.default retain_grad.default squeeze_.default squeeze_.dim squeeze_.dims
-swapaxes_.default swapdims_.default t_.default transpose_.default unsqueeze_.default
+_resize_output_ detach_ requires_grad_ resize_ resize_as_ retain_grad squeeze_.default,dim,dims
+swapaxes_ swapdims_ t_ transpose_ unsqueeze_
 """
+
+
+def _overloads(text: str) -> Iterator[tuple[str, str, bool]]:
+    """(operator, overload, whether its in-place twin is allowed too) of each overload a table
+    names: ``abs`` is ``abs.default``, ``add.Scalar,Tensor`` two overloads, and ``add(_)``
+    stands for ``add`` and its in-place ``add_`` with the same overloads."""
+    for token in text.split():
+        op, _, overloads = token.partition(".")
+        twin = op.endswith("(_)")
+        for overload in (overloads or "default").split(","):
+            yield op.removesuffix("(_)"), overload, twin
+
+
+def _table(text: str) -> frozenset[str]:
+    return frozenset(f"{op}.{overload}" for op, overload, _ in _overloads(text))
+
+
+ALLOWED_OPS = _table(_PURE)
+"""``aten`` overloads (``<op>.<overload>``) a program may call."""
+INPLACE_OPS = _table(_INPLACE) | {
+    f"{op}_.{overload}" for op, overload, twin in _overloads(_PURE) if twin
+}
+"""``aten`` overloads that write their ``self`` (and nothing else)."""
+VIEW_OPS = _table(_VIEWS)
+"""``aten`` overloads whose result may share memory with a tensor argument."""
+METADATA_OPS = _table(_METADATA)
+"""In-place overloads that change their ``self``'s sizes, strides or autograd flags."""
 
 _OTHER = """
 quantized_decomposed.choose_qparams.tensor quantized_decomposed.choose_qparams_per_token.default
@@ -542,14 +391,6 @@ RANDOM_OFF = {
 }
 """Random overloads allowed only with their randomness off: overload -> (argument, value,
 whether leaving the argument out means that value)."""
-ALLOWED_OPS = frozenset(_PURE.split())
-"""``aten`` overloads (``<op>.<overload>``) a program may call."""
-INPLACE_OPS = frozenset(_INPLACE.split())
-"""``aten`` overloads that write their ``self`` (and nothing else)."""
-VIEW_OPS = frozenset(_VIEWS.split())
-"""``aten`` overloads whose result may share memory with a tensor argument."""
-METADATA_OPS = frozenset(_METADATA.split())
-"""In-place overloads that change their ``self``'s sizes, strides or autograd flags."""
 OTHER_OPS = frozenset(_OTHER.split())
 """Pure overloads outside ``aten`` (``<namespace>.<op>.<overload>``) a program may call."""
 OTHER_MODULES = {
@@ -557,6 +398,16 @@ OTHER_MODULES = {
     "transformers": "transformers.integrations.moe",
 }
 """Namespace of `OTHER_OPS` -> the module whose import registers its operators."""
+_RANDOM = (
+    "it draws from torch's global random generator: a served call would change the "
+    "serving process's random state (BigBird's random attention, ViT-MAE's masking, "
+    "VITS's noise)"
+)
+_VMAP = (
+    "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
+    "level, process state a program may not change"
+)
+
 REFUSED_OPS = {
     "_dyn_quant_matmul_4bit.default": (
         "it trusts the integer sizes it is given against the packed weight's bytes"
@@ -568,48 +419,17 @@ REFUSED_OPS = {
         "its output has as many elements as the largest value of its input plus one: the "
         "work is bounded by the values a call passes, not by the guards' sizes"
     ),
-    "rand.default": (
-        "it draws from torch's global random generator: a served call would change the "
-        "serving process's random state (BigBird's random attention, ViT-MAE's masking, "
-        "VITS's noise)"
-    ),
-    "randn.default": (
-        "it draws from torch's global random generator: a served call would change the "
-        "serving process's random state (BigBird's random attention, ViT-MAE's masking, "
-        "VITS's noise)"
-    ),
-    "randn_like.default": (
-        "it draws from torch's global random generator: a served call would change the "
-        "serving process's random state (BigBird's random attention, ViT-MAE's masking, "
-        "VITS's noise)"
-    ),
-    "torch._functorch.predispatch._add_batch_dim": (
-        "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
-        "level, process state a program may not change"
-    ),
-    "torch._functorch.predispatch._remove_batch_dim": (
-        "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
-        "level, process state a program may not change"
-    ),
-    "torch._functorch.predispatch._vmap_decrement_nesting": (
-        "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
-        "level, process state a program may not change"
-    ),
-    "torch._functorch.predispatch._vmap_increment_nesting": (
-        "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
-        "level, process state a program may not change"
-    ),
-    "torch._functorch.predispatch.lazy_load_decompositions": (
-        "torch.vmap inside forward: it changes functorch's process-wide vmap nesting "
-        "level, process state a program may not change"
-    ),
+    "rand.default": _RANDOM,
+    "randn.default": _RANDOM,
+    "randn_like.default": _RANDOM,
+    "torch._functorch.predispatch._add_batch_dim": _VMAP,
+    "torch._functorch.predispatch._remove_batch_dim": _VMAP,
+    "torch._functorch.predispatch._vmap_decrement_nesting": _VMAP,
+    "torch._functorch.predispatch._vmap_increment_nesting": _VMAP,
+    "torch._functorch.predispatch.lazy_load_decompositions": _VMAP,
     "torch.ops.higher_order.flat_apply": (
         "it calls a Python function the graph names, code the artifact would choose"
     ),
-    "uniform_.default": (
-        "it draws from torch's global random generator: a served call would change the "
-        "serving process's random state (BigBird's random attention, ViT-MAE's masking, "
-        "VITS's noise)"
-    ),
+    "uniform_.default": _RANDOM,
 }
 """``aten`` operators real models emit that stay off the list -> why (docs/trust.md)."""
