@@ -1,23 +1,7 @@
-"""A program of an artifact, built straight from its graph JSON into a runnable fx graph.
-
-torch's own deserializer rebuilds a whole `torch.export.ExportedProgram` from a program's JSON:
-a ShapeEnv, a sympy expression for every symbolic size and a fake tensor for every node, all
-to reproduce what export knew at trace time. Running the graph needs none of it: the runner
-checks its own guards before a call reaches a program (`replay.runtime.guards`), so a program
-here is only its operators, wired as the JSON says. `build_program` reads the parsed (already
-checked, `replay.runtime.pt2.graph_check`) JSON once, maps each node's target to its torch
-operator through one table (`resolve_target`), each argument to its value (tensors and sizes
-to the nodes that produce them, dtypes, devices, layouts, memory formats and scalars to
-their torch values, a subgraph to a sub-module), and each input of the graph signature to
-the artifact's parameter, buffer or constant, or to the call's flattened input. The result
-is a `torch.fx.GraphModule` wrapped in a `Program`, which flattens a call by the program's
-input treespec, runs the graph, writes buffer mutations back to the buffers (as the unlifted
-module torch builds does) and rebuilds the output structure. The load builds every program's
-fx graph and the Python code torch.fx generates for it, so a loaded runner answers its first
-call at the eager model's speed; the parsed JSON is dropped once the graph is built.
-
-Nothing is evaluated: the JSON is data read field by field, and an operator is reached only by
-name through `resolve_target`.
+"""torch.export's graph JSON read into a `torch.fx.Graph`: each node's target resolved to its
+torch operator by name (`resolve_target`), each argument to its value (tensors and sizes to the
+nodes that produce them, dtypes, devices, layouts, memory formats and scalars to their torch
+values, a subgraph to a sub-module). Nothing is evaluated: the JSON is data read field by field.
 """
 
 from __future__ import annotations
@@ -31,9 +15,8 @@ from typing import Any
 from replay.runtime.guards import ArtifactError
 from replay.runtime.pt2.limits.arguments import check_names
 from replay.runtime.pt2.op_table import OTHER_MODULES
-from replay.runtime.pt2.shape_checks import ShapeChecks
 
-__all__ = ["Program", "build_program", "resolve_target"]
+__all__ = ["GraphBuilder", "one_field", "resolve_target"]
 
 _DTYPES = {
     1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float16", 7: "float32",
@@ -94,7 +77,7 @@ def _lookup(name: str) -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
-class _Builder:
+class GraphBuilder:
     """Builds one fx graph (and its sub-graphs) from torch.export's graph JSON."""
 
     def __init__(self, root: Any, device: Any, source: str) -> None:
@@ -116,7 +99,7 @@ class _Builder:
         graph = fx.Graph()
         names: dict[str, Any] = {}
         for i, arg in enumerate(tree["inputs"]):
-            kind, value = _one(arg)
+            kind, value = one_field(arg)
             if kind in ("as_tensor", "as_custom_obj"):
                 key = value["name"]
             elif kind == "as_sym_int" and "as_name" in value:
@@ -134,7 +117,7 @@ class _Builder:
         return graph
 
     def output(self, arg: Mapping[str, Any], names: dict[str, Any]) -> Any:
-        kind, value = _one(arg)
+        kind, value = one_field(arg)
         if kind == "as_tensor":
             return self.ref(names, value["name"])
         if kind in ("as_sym_int", "as_sym_bool", "as_sym_float"):
@@ -154,7 +137,7 @@ class _Builder:
         return found
 
     def sym(self, value: Mapping[str, Any], names: dict[str, Any]) -> Any:
-        kind, inner = _one(value)
+        kind, inner = one_field(value)
         if kind == "as_name":
             return self.ref(names, inner)
         return _float(inner) if kind == "as_float" else inner  # as_int, as_bool
@@ -185,7 +168,7 @@ class _Builder:
             return
         hop = node["target"].startswith("torch.ops.higher_order.")
         if len(outs) == 1 and not (hop and node.get("is_hop_single_tensor_return") is False):
-            kind, value = _one(outs[0])
+            kind, value = one_field(outs[0])
             if kind == "as_tensor":
                 names[value["name"]] = created
                 return
@@ -201,7 +184,7 @@ class _Builder:
 
     def items(self, graph: Any, parent: Any, outs: list[Any], names: dict[str, Any]) -> None:
         for i, out in enumerate(outs):
-            kind, value = _one(out)
+            kind, value = one_field(out)
             if kind == "as_none":
                 continue
             item = graph.call_function(operator.getitem, (parent, i))
@@ -219,7 +202,7 @@ class _Builder:
 
     def value(self, arg: Mapping[str, Any], names: dict[str, Any], graph: Any) -> Any:
         torch = self.torch
-        kind, value = _one(arg)
+        kind, value = one_field(arg)
         if kind == "as_tensor":
             return self.ref(names, value["name"])
         if kind == "as_float":
@@ -256,7 +239,7 @@ class _Builder:
         if kind == "as_optional_tensors":
             out = []
             for v in value:
-                k, inner = _one(v)
+                k, inner = one_field(v)
                 out.append(self.ref(names, inner["name"]) if k == "as_tensor" else None)
             return out
         if kind == "as_complex":
@@ -293,14 +276,14 @@ def _float(value: Any) -> Any:
     return _NON_FINITE.get(value, value) if isinstance(value, str) else value
 
 
-def _one(arg: Any) -> tuple[str, Any]:
+def one_field(arg: Any) -> tuple[str, Any]:
     """The one (kind, value) pair of a serialized union."""
     if not isinstance(arg, dict) or len(arg) != 1:
         raise ArtifactError(f"a graph value is not a one-field union: {str(arg)[:200]}")
     return next(iter(arg.items()))
 
 
-def _table(table: Mapping[int, str], value: Any, what: str, builder: _Builder) -> str:
+def _table(table: Mapping[int, str], value: Any, what: str, builder: GraphBuilder) -> str:
     found = table.get(value) if isinstance(value, int) else None
     if found is None:
         raise builder.fail(f"{what} {str(value)[:20]} is not one torch.export writes")
@@ -310,205 +293,3 @@ def _table(table: Mapping[int, str], value: Any, what: str, builder: _Builder) -
 def _identifier(name: str) -> str:
     text = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
     return text if text and not text[0].isdigit() and not keyword.iskeyword(text) else f"v_{text}"
-
-
-class Program:
-    """One program of an artifact, runnable: its graph, its tensors, and its call structure.
-
-    Called like the exported program's module (``ExportedProgram.module()``): the call is
-    flattened by the program's input treespec, its sizes checked as torch's module checks them
-    (`replay.runtime.pt2.shape_checks`), its constant inputs compared with the values export
-    saw, the graph runs on the artifact's tensors and the call's, buffer
-    mutations are written back, and the output is rebuilt by the output treespec.
-
-    Attributes:
-        name: The program's name.
-        state_dict: Parameter and buffer name -> tensor (the artifact's memory-mapped one).
-        constants: Tensor constant (and non-persistent buffer) name -> tensor.
-        graph_module: The `torch.fx.GraphModule` that runs it (inputs: the graph's, in order).
-    """
-
-    def __init__(
-        self,
-        name: str,
-        graph_module: Any,
-        state_dict: dict[str, Any],
-        constants: dict[str, Any],
-        feeds: list[tuple[int, Any]],
-        checks: list[tuple[int, str, Any]],
-        writes: list[tuple[int, Any]],
-        user_outputs: list[int],
-        in_spec: Any,
-        out_spec: Any,
-        single: bool,
-        shapes: ShapeChecks,
-    ) -> None:
-        self.name = name
-        self.graph_module = graph_module
-        self.state_dict = state_dict
-        self.constants = constants
-        self._feeds = feeds
-        self._checks = checks
-        self._writes = writes
-        self._user_outputs = user_outputs
-        self._in_spec = in_spec
-        self._out_spec = out_spec
-        self._single = single  # the graph returns one tensor, not a tuple
-        self._shapes = shapes
-        keys = in_spec.child(1).context if in_spec.num_children == 2 else None
-        self._keys = list(keys) if isinstance(keys, list) else None
-
-    @property
-    def graph(self) -> Any:
-        """The program's `torch.fx.Graph`."""
-        return self.graph_module.graph
-
-    def module(self) -> Program:
-        """Itself (a program is already runnable; `ExportedProgram.module()`'s counterpart)."""
-        return self
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Runs the program on a call (see the class docstring).
-
-        Raises:
-            ValueError: The call's structure is not the program's, or a constant input differs
-                from the value the program was exported with.
-        """
-        import torch.utils._pytree as pytree
-
-        if self._keys is not None and list(kwargs) != self._keys:
-            if set(kwargs) != set(self._keys):
-                raise ValueError(
-                    f"program {self.name} takes the keyword arguments {self._keys}, "
-                    f"not {sorted(kwargs)}"
-                )
-            kwargs = {k: kwargs[k] for k in self._keys}
-        paths = None
-        if self._shapes.needs_paths():
-            with_paths, spec = pytree.tree_flatten_with_path((args, kwargs))
-            paths = [p for p, _ in with_paths]
-            flat = [v for _, v in with_paths]
-        else:
-            flat, spec = pytree.tree_flatten((args, kwargs))
-        if spec != self._in_spec:
-            raise ValueError(f"the call's structure is not the one program {self.name} takes")
-        refused = self._shapes.check(flat, paths)
-        if refused is not None:
-            raise ValueError(f"program {self.name} was not traced for this call: {refused}")
-        for index, what, expected in self._checks:
-            if flat[index] != expected:
-                raise ValueError(
-                    f"program {self.name} was exported with {what} = {expected!r}, "
-                    f"the call gives {flat[index]!r}"
-                )
-        values = [flat[src] if tensor is None else tensor for src, tensor in self._feeds]
-        out = self.graph_module(*values)
-        if self._single:
-            out = (out,)
-        for index, target in self._writes:
-            target.copy_(out[index])
-        return pytree.tree_unflatten([out[i] for i in self._user_outputs], self._out_spec)
-
-    def __repr__(self) -> str:
-        return f"Program({self.name}, {len(self.graph.nodes)} nodes)"
-
-
-def build_program(
-    name: str,
-    tree: Mapping[str, Any],
-    state_dict: dict[str, Any],
-    constants: dict[str, Any],
-    device: str | None,
-    source: str,
-) -> Program:
-    """A runnable `Program` from a program's parsed graph JSON and its tensors.
-
-    Args:
-        name: The program's name.
-        tree: The program's JSON, parsed and checked (`replay.runtime.pt2.graph_check`).
-        state_dict: Its parameters and buffers (`replay.runtime.pt2.weights.load_tensors`).
-        constants: Its tensor constants.
-        device: Every device argument of the graph becomes this one (None: as saved).
-        source: The entry's name, for errors.
-
-    Raises:
-        ArtifactError: The JSON names an operator torch lacks, a value the loader does not
-            run, an input no tensor backs, or an output a served program never has.
-    """
-    import torch
-    import torch.fx as fx
-    import torch.utils._pytree as pytree
-
-    gm_tree = tree["graph_module"]
-    signature = gm_tree["signature"]
-    moved = torch.device(device) if device else None
-    root = torch.nn.Module()
-    builder = _Builder(root, moved, source)
-    feeds: list[tuple[int, Any]] = []
-    checks: list[tuple[int, str, Any]] = []
-    user = 0
-    spec_names: list[str] = []
-    user_names: list[str | None] = []
-    for spec in signature["input_specs"]:
-        kind, value = _one(spec)
-        if kind == "parameter":
-            feeds.append((-1, _tensor(state_dict, value["parameter_name"], builder)))
-            spec_names.append(value["arg"]["name"])
-        elif kind == "buffer":
-            table = state_dict if value["buffer_name"] in state_dict else constants
-            feeds.append((-1, _tensor(table, value["buffer_name"], builder)))
-            spec_names.append(value["arg"]["name"])
-        elif kind == "tensor_constant":
-            feeds.append((-1, _tensor(constants, value["tensor_constant_name"], builder)))
-            spec_names.append(value["arg"]["name"])
-        elif kind == "user_input":
-            feeds.append((user, None))
-            arg_kind, arg = _one(value["arg"])
-            spec_names.append(arg.get("name", "") if isinstance(arg, dict) else f"arg{user}")
-            user_names.append(arg["name"] if arg_kind == "as_tensor" else None)
-            user += 1
-        elif kind == "constant_input":
-            const_kind, const = _one(value["value"])
-            checks.append((user, value["name"], None if const_kind == "as_none" else const))
-            feeds.append((user, None))
-            spec_names.append(value["name"])
-            user_names.append(None)
-            user += 1
-        else:
-            raise builder.fail(f"an input of kind {kind[:40]} is not one the loader runs")
-    graph = builder.graph(gm_tree["graph"], spec_names)
-    if sum(node.op == "placeholder" for node in graph.nodes) != len(feeds):
-        raise builder.fail("the graph's inputs are not its signature's")
-
-    writes: list[tuple[int, Any]] = []
-    user_outputs: list[int] = []
-    for i, spec in enumerate(signature["output_specs"]):
-        kind, value = _one(spec)
-        if kind == "user_output":
-            user_outputs.append(i)
-        elif kind == "buffer_mutation":
-            table = state_dict if value["buffer_name"] in state_dict else constants
-            writes.append((i, _tensor(table, value["buffer_name"], builder)))
-        else:
-            raise builder.fail(f"an output of kind {kind[:40]} is not one a served program has")
-    calls = gm_tree["module_call_graph"]
-    top = calls[0]["signature"] if calls and calls[0].get("fqn") == "" else None
-    if top is None:
-        raise builder.fail("the program has no call signature")
-    in_spec = pytree.treespec_loads(top["in_spec"])
-    out_spec = pytree.treespec_loads(top["out_spec"])
-    if in_spec.num_leaves != user:
-        raise builder.fail("the input treespec does not match the program's inputs")
-    module = fx.GraphModule(root, graph)  # torch.fx writes and compiles its Python code
-    return Program(
-        name, module, state_dict, constants, feeds, checks, writes, user_outputs,
-        in_spec, out_spec, bool(gm_tree["graph"].get("is_single_tensor_return")),
-        ShapeChecks(tree, user_names),
-    )  # fmt: skip
-
-
-def _tensor(table: dict[str, Any], name: str, builder: _Builder) -> Any:
-    found = table.get(name)
-    if found is None:
-        raise builder.fail(f"the program needs {name[:200]}, which the artifact does not hold")
-    return found
