@@ -158,35 +158,11 @@ def read_artifact(
     # Unknown entries are refused by name before any config or graph is read.
     archive.check_layout(fixed | {n for n in archive.entries if Archive.is_record(n)}, aoti)
     art = Artifact(archive, manifest)
-    for entry in manifest.programs:
-        for name in entry.pytree_types:
-            if not known(name):
-                raise ArtifactError(
-                    f"{archive.name(MANIFEST)}: program {entry.program} names the pytree type "
-                    f"{name[:200]}, which the loader does not register (only "
-                    f"{', '.join(ALLOWED_MODULES)} types are, and those registered in the "
-                    "loading process)"
-                )
-        art.types.update(entry.pytree_types)
+    _check_types(art, known)
     records: set[str] = set()
     checked: set[tuple[str, Any]] = set()  # strings found good, shared by the programs
     for p in names:
-        if archive.entries[SAMPLE_INPUTS.format(p)].size:
-            raise ArtifactError(
-                f"{archive.name(SAMPLE_INPUTS.format(p))} is not empty: capture never ships "
-                "example inputs (torch would unpickle them)"
-            )
-        art.slots[p] = _slots(archive, p, records, manifest.digests)
-        inner = MODELS.format(p)
-        graph = archive.read(inner, PROGRAM_CAP)
-        check_digest(manifest.digests.get(inner), digest_bytes(graph), archive.name(inner))
-        found: list[Effects] = []
-        tree = check_program(graph, archive.name(inner), known, allowed, checked, found)
-        art.effects[p] = found[0]
-        check_budget(tree, symbol_maxima(tree, _recorded_maxima(manifest, p)), archive.name(inner))
-        art.types |= spec_types(tree)
-        art.graphs[p] = graph
-        art.trees[p] = tree
+        _read_program(art, p, records, checked, known, allowed)
     # Every record is named by a config, every named record exists.
     archive.check_layout(fixed | records, aoti)
     _check_written_records(art)
@@ -200,14 +176,56 @@ def read_artifact(
     return art
 
 
+def _check_types(art: Artifact, known: Callable[[str], bool]) -> None:
+    """Every pytree type the manifest names is one the loader registers (kept in `art`)."""
+    for entry in art.manifest.programs:
+        for name in entry.pytree_types:
+            if not known(name):
+                where = art.archive.name(MANIFEST)
+                raise ArtifactError(
+                    f"{where}: program {entry.program} names the pytree type {name[:200]}, "
+                    f"which the loader does not register (only {', '.join(ALLOWED_MODULES)} "
+                    "types are, and those registered in the loading process)"
+                )
+        art.types.update(entry.pytree_types)
+
+
+def _read_program(
+    art: Artifact,
+    p: str,
+    records: set[str],
+    checked: set[tuple[str, Any]],
+    known: Callable[[str], bool],
+    allowed: AllowOps,
+) -> None:
+    """One program's entries checked into `art`: no example inputs, its payload configs (records
+    added to `records`), its graph (digest, operators, effects, size budget)."""
+    archive, manifest = art.archive, art.manifest
+    if archive.entries[SAMPLE_INPUTS.format(p)].size:
+        raise ArtifactError(
+            f"{archive.name(SAMPLE_INPUTS.format(p))} is not empty: capture never ships "
+            "example inputs (torch would unpickle them)"
+        )
+    art.slots[p] = _slots(archive, p, records, manifest.digests)
+    inner = MODELS.format(p)
+    graph = archive.read(inner, PROGRAM_CAP)
+    check_digest(manifest.digests.get(inner), digest_bytes(graph), archive.name(inner))
+    found: list[Effects] = []
+    tree = check_program(graph, archive.name(inner), known, allowed, checked, found)
+    art.effects[p] = found[0]
+    check_budget(tree, symbol_maxima(tree, _recorded_maxima(manifest, p)), archive.name(inner))
+    art.types |= spec_types(tree)
+    art.graphs[p] = graph
+    art.trees[p] = tree
+
+
 def _recorded_maxima(manifest: Manifest, program: str) -> list[list[int | None]]:
     """Per recorded input leaf of the program, the largest size the runner admits per axis."""
     for entry in manifest.programs:
         if entry.program == program:
-            guard = entry.guard
             out: list[list[int | None]] = []
-            for leaf in guard.leaves:
-                axes = {a.axis: a.max for a in guard.axes if a.path == leaf.path}
+            for leaf in entry.guard.leaves:
+                axes = {a.axis: a.max for a in entry.guard.axes if a.path == leaf.path}
                 out.append([axes.get(i) for i in range(max(axes, default=-1) + 1)])
             return out
     return []
@@ -362,11 +380,7 @@ def _module(art: Artifact, name: str, program: Any) -> Any:
     try:
         return program.module()
     except Exception as e:
-        text = str(e).strip().splitlines()
-        raise ArtifactError(
-            f"{art.archive.name(MODELS.format(name))}: torch cannot build this program: "
-            f"{type(e).__name__}: {text[0][:200] if text else ''}"
-        ) from e
+        raise _torch_refused(art.archive.name(MODELS.format(name)), "build", e) from e
 
 
 def load(
@@ -434,11 +448,15 @@ def _program(
     except ArtifactError:
         raise
     except Exception as e:  # torch refusing a node (an operator's signature, a treespec)
-        text = str(e).strip().splitlines()
-        raise ArtifactError(
-            f"{source}: torch cannot read this program: "
-            f"{type(e).__name__}: {text[0][:200] if text else ''}"
-        ) from e
+        raise _torch_refused(source, "read", e) from e
+
+
+def _torch_refused(source: str, verb: str, error: Exception) -> ArtifactError:
+    """One line for what torch raised on a program: its type and its message's first line."""
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    return ArtifactError(
+        f"{source}: torch cannot {verb} this program: {type(error).__name__}: {first}"
+    )
 
 
 def _compiled(
