@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from capture.analysis.symbols import unique_names
 from capture.pytree.cachespec import is_cache_argument, is_cache_counter
 from capture.pytree.structure import PRESENT, RecordedStructure
 from capture.state import state_label
@@ -41,7 +42,7 @@ def group_names(groups: Sequence[Group]) -> list[str]:
     states = list(dict.fromkeys(g.state for g in groups))
     cache_args = _cache_arguments(groups)
     if len(states) < 2:
-        return _unique(_structure_names(groups, cache_args))
+        return unique_names(_structure_names(groups, cache_args))
     names = [""] * len(groups)
     for state in states:
         members = [i for i, g in enumerate(groups) if g.state == state]
@@ -49,20 +50,7 @@ def group_names(groups: Sequence[Group]) -> list[str]:
         mine = _structure_names([groups[i] for i in members], cache_args)
         for i, name in zip(members, mine, strict=True):
             names[i] = f"{name}{STATE_SEPARATOR}{label}"
-    return _unique(names)
-
-
-def _unique(names: list[str]) -> list[str]:
-    """`names`, a later duplicate suffixed ``_2``, ``_3``, ..."""
-    used: set[str] = set()
-    out = []
-    for name in names:
-        unique, n = name, 2
-        while unique in used:
-            unique, n = f"{name}_{n}", n + 1
-        used.add(unique)
-        out.append(unique)
-    return out
+    return unique_names(names)
 
 
 def _holding(group: Group) -> set[str | None]:

@@ -44,13 +44,22 @@ from __future__ import annotations
 
 import keyword
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ABSENT", "Axis", "Relation", "Symbols", "MIN_SUPPORT", "find_symbols", "format_expr"]
+__all__ = [
+    "ABSENT",
+    "Axis",
+    "Relation",
+    "Symbols",
+    "MIN_SUPPORT",
+    "find_symbols",
+    "format_expr",
+    "unique_names",
+]
 
 ABSENT = -1
 """A matrix entry for a leaf a signature does not have (any negative entry reads as this)."""
@@ -134,24 +143,36 @@ def _class_names(
 ) -> list[str]:
     """Readable, unique identifiers: 'batch' for axis 0 shared across arguments (or forced as
     a batch dim), else ``<argument>_<axis>`` of the class's first dim."""
-    names: list[str] = []
-    used: set[str] = set()
+    bases: list[str] = []
     for cols in members:
         first = axes[cols[0]]
         arguments = {axes[c].argument or axes[c].path for c in cols}
         is_batch = all(axes[c].axis == 0 for c in cols) and (
             len(arguments) > 1 or all(forced[c] for c in cols)
         )
-        if is_batch and "batch" not in used:
-            base = "batch"
+        if is_batch and "batch" not in bases:  # an identifier never is: it ends in its axis
+            bases.append("batch")
         else:
-            base = _identifier(f"{first.argument or first.path or 'dim'}_{first.axis}")
-        name, n = base, 2
-        while name in used:
-            name, n = f"{base}_{n}", n + 1
-        used.add(name)
-        names.append(name)
-    return names
+            bases.append(_identifier(f"{first.argument or first.path or 'dim'}_{first.axis}"))
+    return unique_names(bases)
+
+
+def unique_names(names: Iterable[str]) -> list[str]:
+    """`names`, a later duplicate suffixed ``_2``, ``_3``, ...
+
+    Example:
+        >>> unique_names(["batch", "seq", "batch", "batch"])
+        ['batch', 'seq', 'batch_2', 'batch_3']
+    """
+    used: set[str] = set()
+    out = []
+    for name in names:
+        unique, n = name, 2
+        while unique in used:
+            unique, n = f"{name}_{n}", n + 1
+        used.add(unique)
+        out.append(unique)
+    return out
 
 
 def _distinct_rows(values: IntMatrix) -> IntMatrix:
@@ -207,30 +228,10 @@ def find_symbols(
         raise ValueError("find_symbols needs at least one signature")
     force = np.zeros(n_cols, dtype=bool) if forced is None else np.asarray(forced, dtype=bool)
     m = np.where(m < 0, ABSENT, m)
-    ordered = np.sort(m, axis=0)
-    distinct = 1 + np.count_nonzero(np.diff(ordered, axis=0), axis=0)
-    minimum, maximum = ordered[0], ordered[-1]
-    n_absent = np.count_nonzero(m == ABSENT, axis=0)
-    if n_absent.any():  # absent entries sort first: skip them, and their value
-        distinct = distinct - (n_absent > 0)
-        minimum = ordered[np.minimum(n_absent, n_rows - 1), np.arange(n_cols)]
-        minimum = np.where(n_absent == n_rows, 0, minimum)
-        maximum = np.where(n_absent == n_rows, 0, maximum)
-    varying = distinct > 1
-    dynamic = varying | force
-
-    # Equality classes: dynamic columns with identical values in every signature.
+    distinct, minimum, maximum = _column_ranges(m)
+    dynamic = (distinct > 1) | force
     columns = np.ascontiguousarray(m.T)
-    by_values: dict[bytes, int] = {}
-    members: list[list[int]] = []
-    class_of = np.full(n_cols, -1)
-    for c in np.flatnonzero(dynamic):
-        key = columns[c].tobytes()
-        k = by_values.setdefault(key, len(members))
-        if k == len(members):
-            members.append([])
-        members[k].append(int(c))
-        class_of[c] = k
+    members, class_of = _equality_classes(columns, dynamic)
     names = _class_names(members, axes, force)
     values = columns[[cols[0] for cols in members]] if members else np.empty((0, n_rows), np.int64)
     class_distinct = [int(distinct[cols[0]]) for cols in members]
@@ -254,6 +255,39 @@ def find_symbols(
         expr=[exprs[class_of[c]] if class_of[c] >= 0 else None for c in range(n_cols)],
         relations=relations,
     )
+
+
+def _column_ranges(m: IntMatrix) -> tuple[IntMatrix, IntMatrix, IntMatrix]:
+    """Per column: how many distinct sizes, the smallest and the largest, `ABSENT` entries
+    left out (a column absent from every signature: 0 distinct, 0 and 0)."""
+    n_rows, n_cols = m.shape
+    ordered = np.sort(m, axis=0)
+    distinct = 1 + np.count_nonzero(np.diff(ordered, axis=0), axis=0)
+    minimum, maximum = ordered[0], ordered[-1]
+    n_absent = np.count_nonzero(m == ABSENT, axis=0)
+    if n_absent.any():  # absent entries sort first: skip them, and their value
+        distinct = distinct - (n_absent > 0)
+        minimum = ordered[np.minimum(n_absent, n_rows - 1), np.arange(n_cols)]
+        minimum = np.where(n_absent == n_rows, 0, minimum)
+        maximum = np.where(n_absent == n_rows, 0, maximum)
+    return distinct, minimum, maximum
+
+
+def _equality_classes(
+    columns: IntMatrix, dynamic: npt.NDArray[np.bool_]
+) -> tuple[list[list[int]], IntMatrix]:
+    """Dynamic columns with identical values in every signature, grouped: each class's
+    columns, and each column's class (-1: static)."""
+    by_values: dict[bytes, int] = {}
+    members: list[list[int]] = []
+    class_of = np.full(len(columns), -1)
+    for c in np.flatnonzero(dynamic):
+        k = by_values.setdefault(columns[c].tobytes(), len(members))
+        if k == len(members):
+            members.append([])
+        members[k].append(int(c))
+        class_of[c] = k
+    return members, class_of
 
 
 def _relations(
