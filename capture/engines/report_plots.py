@@ -140,6 +140,24 @@ def _edges(tl: Timeline) -> tuple[np.ndarray[Any, Any], str]:
     return edges, f"{name} since {start:%Y-%m-%d %H:%M:%S} UTC"
 
 
+def _over_time(
+    tl: Timeline,
+    body: Callable[[Any, Any, Any, str], None],
+    alt: str,
+    size: tuple[float, float],
+    left: float = 0.8,
+    top: float = 0.4,
+) -> str:
+    """A figure of one axes over the timeline's bins: ``body(figure, axes, bin edges, x
+    label)`` draws on it (`figure_html` makes the ``<img>``)."""
+
+    def draw(fig: Any) -> None:
+        edges, label = _edges(tl)
+        body(fig, fig.subplots(), edges, label)
+
+    return figure_html(draw, alt, size, left, top)
+
+
 def timeline_plot(tl: Timeline) -> str:
     """Stacked whole calls per time bin, one colour per group.
 
@@ -150,9 +168,7 @@ def timeline_plot(tl: Timeline) -> str:
         The figure as an ``<img>`` (`figure_html`).
     """
 
-    def draw(fig: Any) -> None:
-        ax = fig.subplots()
-        edges, label = _edges(tl)
+    def draw(fig: Any, ax: Any, edges: Any, label: str) -> None:
         bottom = np.zeros(tl.calls.shape[1])
         for i, (name, row) in enumerate(zip(tl.groups, tl.calls, strict=True)):
             color = COLORS[i % len(COLORS)]
@@ -169,9 +185,8 @@ def timeline_plot(tl: Timeline) -> str:
         ax.grid(alpha=0.3)
 
     rows = -(-len(tl.groups) // 4)
-    return figure_html(
-        draw, "calls over time per call group", (10, 3.4 + 0.25 * rows), top=0.15 + 0.25 * rows
-    )
+    size = (10, 3.4 + 0.25 * rows)
+    return _over_time(tl, draw, "calls over time per call group", size, top=0.15 + 0.25 * rows)
 
 
 def drift_plot(tl: Timeline) -> str:
@@ -184,9 +199,7 @@ def drift_plot(tl: Timeline) -> str:
         The figure as an ``<img>`` (`figure_html`).
     """
 
-    def draw(fig: Any) -> None:
-        ax = fig.subplots()
-        edges, label = _edges(tl)
+    def draw(fig: Any, ax: Any, edges: Any, label: str) -> None:
         shown = np.where(tl.calls > 0, tl.calls, np.nan)
         image = ax.imshow(
             shown,
@@ -206,7 +219,7 @@ def drift_plot(tl: Timeline) -> str:
 
     longest = max((len(g) for g in tl.groups), default=4)
     height = 1.6 + 0.35 * len(tl.groups)
-    return figure_html(draw, "input structures over time", (10, height), 0.3 + 0.075 * longest)
+    return _over_time(tl, draw, "input structures over time", (10, height), 0.3 + 0.075 * longest)
 
 
 def symbol_plot(view: SymbolView) -> str:
@@ -220,80 +233,94 @@ def symbol_plot(view: SymbolView) -> str:
     Returns:
         The figure as an ``<img>`` (`figure_html`).
     """
-    dist = view.sizes
 
     def draw(fig: Any) -> None:
         from matplotlib.ticker import MaxNLocator
 
         ax = fig.subplots()
-        sizes = dist.sizes
+        sizes = view.sizes.sizes
         low, high = sizes[0], sizes[-1]
         wide = high - low > 120  # too many sizes for one bar each: bins over the range
-        bins = np.histogram_bin_edges(sizes, bins=60, range=(low, high + 1)) if wide else None
-        bottom: dict[float, float] = {}
-        width: Any
-        for name, values, calls in dist.groups:
-            color = view.colors[name]
-            if bins is not None:
-                counts, edges = np.histogram(values, bins=bins, weights=calls)
-                x, heights, width = edges[:-1], counts, np.diff(edges)
-                align = "edge"
-            else:
-                x, heights, width, align = np.array(values), np.array(calls), 0.8, "center"
-            base = np.array([bottom.get(float(v), 0.0) for v in x])
-            ax.bar(x, heights, bottom=base, width=width, align=align, color=color, label=name)
-            for v, b, h in zip(x, base, heights, strict=True):
-                bottom[float(v)] = float(b + h)
-        peak = max(bottom.values(), default=1.0)
-        lanes = 2 + len(view.exported)
-        ax.set_ylim(0, peak * (1.15 + 0.13 * lanes))
-        for q, value in view.percentiles.items():
-            ax.axvline(value, color=_MUTED, linestyle=":", linewidth=1.2)
-            ax.text(value, peak * 1.06, f"p{q}", ha="center", fontsize="x-small", color=_MUTED)
-        lane = peak * 1.18
-
-        def bracket(lo: float, hi: float, text: str, color: str) -> None:
-            nonlocal lane
-            ax.plot([lo, hi], [lane, lane], color=color, linewidth=2.2, marker="|", markersize=9)
-            ax.text(hi + 0.02 * (high - low + 1), lane, text, va="center", fontsize="x-small")
-            lane += peak * 0.13
-
-        bracket(low, high, f"recorded {low}–{high}", _INK)
-        for name, (lo, hi) in view.exported.items():
-            top = hi if hi is not None else high
-            bracket(lo, top, f"exported ({name}) {lo}–{hi if hi is not None else '∞'}", _MUTED)
-        if view.buckets:
-            ax.vlines(
-                view.buckets,
-                0,
-                peak,
-                colors=_BUCKET,
-                linestyles="--",
-                linewidth=1.2,
-                label=f"buckets ({len(view.buckets)})",
-            )
-        if view.probes:
-            ax.plot(
-                view.probes,
-                [0] * len(view.probes),
-                linestyle="none",
-                marker="^",
-                markersize=9,
-                color=_PROBE,
-                clip_on=False,
-                zorder=5,
-                label="probes",
-            )
+        peak = _stacked_sizes(ax, view, wide)
+        _decisions(ax, view, peak)
         ax.set_xlim(low - 0.02 * (high - low) - 0.8, high + 0.25 * (high - low) + 2.5)
         if not wide:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=16))
         _integer_counts(ax)
-        ax.set_xlabel(f"{view.symbol} ({dist.kind})")
+        ax.set_xlabel(f"{view.symbol} ({view.sizes.kind})")
         ax.set_ylabel("calls")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="x-small")
 
     return figure_html(draw, f"distribution of {view.symbol}", (10.5, 3.6), top=0.2, right=2.4)
+
+
+def _stacked_sizes(ax: Any, view: SymbolView, wide: bool) -> float:
+    """The symbol's calls per size, one bar colour per group, stacked (binned when `wide`);
+    returns the highest stack."""
+    dist = view.sizes
+    low, high = dist.sizes[0], dist.sizes[-1]
+    bins = np.histogram_bin_edges(dist.sizes, bins=60, range=(low, high + 1)) if wide else None
+    bottom: dict[float, float] = {}
+    width: Any
+    for name, values, calls in dist.groups:
+        color = view.colors[name]
+        if bins is not None:
+            counts, edges = np.histogram(values, bins=bins, weights=calls)
+            x, heights, width = edges[:-1], counts, np.diff(edges)
+            align = "edge"
+        else:
+            x, heights, width, align = np.array(values), np.array(calls), 0.8, "center"
+        base = np.array([bottom.get(float(v), 0.0) for v in x])
+        ax.bar(x, heights, bottom=base, width=width, align=align, color=color, label=name)
+        for v, b, h in zip(x, base, heights, strict=True):
+            bottom[float(v)] = float(b + h)
+    return max(bottom.values(), default=1.0)
+
+
+def _decisions(ax: Any, view: SymbolView, peak: float) -> None:
+    """What decides an export, over bars `peak` high: p50/p90/p99, the recorded and each
+    group's exported range (one lane each), the chosen buckets and the probes."""
+    low, high = view.sizes.sizes[0], view.sizes.sizes[-1]
+    lanes = 2 + len(view.exported)
+    ax.set_ylim(0, peak * (1.15 + 0.13 * lanes))
+    for q, value in view.percentiles.items():
+        ax.axvline(value, color=_MUTED, linestyle=":", linewidth=1.2)
+        ax.text(value, peak * 1.06, f"p{q}", ha="center", fontsize="x-small", color=_MUTED)
+    lane = peak * 1.18
+
+    def bracket(lo: float, hi: float, text: str, color: str) -> None:
+        nonlocal lane
+        ax.plot([lo, hi], [lane, lane], color=color, linewidth=2.2, marker="|", markersize=9)
+        ax.text(hi + 0.02 * (high - low + 1), lane, text, va="center", fontsize="x-small")
+        lane += peak * 0.13
+
+    bracket(low, high, f"recorded {low}–{high}", _INK)
+    for name, (lo, hi) in view.exported.items():
+        top = hi if hi is not None else high
+        bracket(lo, top, f"exported ({name}) {lo}–{hi if hi is not None else '∞'}", _MUTED)
+    if view.buckets:
+        ax.vlines(
+            view.buckets,
+            0,
+            peak,
+            colors=_BUCKET,
+            linestyles="--",
+            linewidth=1.2,
+            label=f"buckets ({len(view.buckets)})",
+        )
+    if view.probes:
+        ax.plot(
+            view.probes,
+            [0] * len(view.probes),
+            linestyle="none",
+            marker="^",
+            markersize=9,
+            color=_PROBE,
+            clip_on=False,
+            zorder=5,
+            label="probes",
+        )
 
 
 def optional_plot(rows: Sequence[OptionalInput]) -> str:
