@@ -193,7 +193,8 @@ def drift_plot(tl: Timeline) -> str:
     """One row per group, one column per time bin, coloured by calls, with a colour bar.
 
     Args:
-        tl: The model's `Timeline`.
+        tl: The model's `Timeline`: its groups are the heatmap's rows, its time bins the
+            columns.
 
     Returns:
         The figure as an ``<img>`` (`figure_html`).
