@@ -52,7 +52,7 @@ def _release(version: str) -> str:
 
 
 def test_installed_pair_is_one_ci_tests() -> None:
-    # Every test of this file exercises one entry of capture/compat.py on the installed torch:
+    # Every test of this file exercises one entry of capture/compat/ on the installed torch:
     # the pairs of compat.TESTED are what .ci/run installs, so CHECKED_ON (derived from them)
     # lists exactly the torch versions these tests passed on. A new pair goes into TESTED.
     transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""A guard's flat checks (replay/runtime/guards.py, `Plan`) accept exactly the calls its full check
+"""A guard's flat checks (`replay.runtime.guards.Plan`) accept exactly the calls its full check
 accepts, and drop only size conditions the other checks imply."""
 
 from __future__ import annotations
