@@ -37,6 +37,14 @@ __all__ = [
     "RecorderOptions",
     "Payloads",
     "__version__",
+    # Showing text a store holds, and checking where a command writes (capture.untrusted,
+    # capture.output_paths): what the `capture` command uses, and any tool built on stores.
+    "printable",
+    "printable_lines",
+    "terminal_data",
+    "check_file",
+    "check_folder",
+    "writing",
     # capture.errors' classes, so callers can catch them without a second import.
     "CaptureError",
     "StoreNotFound",
@@ -63,10 +71,17 @@ _LAZY = {
     "register_cache": "capture.pytree.cachespec",
     "RecorderOptions": "capture.record.recorder_options",
     "Payloads": "capture.record.recorder_options",
+    "printable": "capture.untrusted",
+    "printable_lines": "capture.untrusted",
+    "terminal_data": "capture.untrusted",
+    "check_file": "capture.output_paths",
+    "check_folder": "capture.output_paths",
+    "writing": "capture.output_paths",
 }
 
 if TYPE_CHECKING:
     __version__: str
+    from capture.output_paths import check_file, check_folder, writing
     from capture.pytree.cachespec import register_cache
     from capture.pytree.nodes import make_dynamic_cache, register_flattening_functions
     from capture.record.recorder import Recorder
@@ -75,6 +90,7 @@ if TYPE_CHECKING:
     from capture.seeds.strings import string_type
     from capture.store.compaction import compact
     from capture.store_api import Store, open_store
+    from capture.untrusted import printable, printable_lines, terminal_data
 
 
 def _version() -> str:

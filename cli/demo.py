@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from capture.output_paths import check_folder
+from capture import check_folder
 
 from .fit import Fit, terminal_width, wide_option
 from .main import store_path
@@ -128,8 +128,7 @@ def _nothing_at(store: str) -> bool:
 
 def _check_store(store: str) -> None:
     """Refuses a store that already holds a demo recording (the demo would double it)."""
-    from capture.errors import EmptyStore, StoreNotFound
-    from capture.store_api import open_store
+    from capture import EmptyStore, StoreNotFound, open_store
 
     _remove_interrupted(store)
     try:
@@ -150,8 +149,8 @@ def _check_store(store: str) -> None:
 
 def _record(store: str) -> Any:
     """Builds the tiny Llama and serves WORKLOAD through generate() with the recorder on."""
+    from capture import Recorder
     from capture.demo_model import run_generate, tiny_llama
-    from capture.record.recorder import Recorder
 
     start = _step(1, 4, "building a tiny Llama causal LM from a config (random weights)")
     model = tiny_llama(seed=0)
@@ -198,7 +197,6 @@ def _show_analysis(store: Any, width: int | None) -> None:
 def _export(model: Any, store: Any, signatures: bool, width: int | None) -> bool:
     """Exports the decode step from the store and prints its coverage and the total line."""
     import replay
-    from replay.runtime.coverage import coverage_total, group_coverage
 
     start = _step(
         4,
@@ -206,7 +204,7 @@ def _export(model: Any, store: Any, signatures: bool, width: int | None) -> bool
         f"exporting the {EXPORT_GROUP} step with torch.export, then running it on every "
         "recorded signature",
     )
-    result = replay.export(model, store, model=DEMO_MODEL, groups=[EXPORT_GROUP])
+    result = replay.export(model, store, DEMO_MODEL, groups=[EXPORT_GROUP])
     _done(start)
     for note in result.notes:
         click.echo(f"      note: {note}", err=True)
@@ -218,13 +216,13 @@ def _export(model: Any, store: Any, signatures: bool, width: int | None) -> bool
         note, table = f"{checked}: one row each.", result.coverage
     else:
         note = f"{checked}; covered/total per group (--signatures: one row each)."
-        table = group_coverage(result.coverage)
+        table = replay.group_coverage(result.coverage)
     _section(
         f"Export of the {EXPORT_GROUP} group (capture export)",
         note,
         table_text(table, fit=Fit(width)),
     )
-    write_text(coverage_total(result.coverage))
+    write_text(replay.coverage_total(result.coverage))
     return bool(result.complete)
 
 
@@ -294,7 +292,7 @@ def demo_command(
     _mark(store, incomplete=True)
     model = _record(store)
 
-    from capture.store_api import open_store
+    from capture import open_store
 
     width = terminal_width(wide)
     with open_store(store) as opened:

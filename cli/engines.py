@@ -53,7 +53,7 @@ _PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt"
 @click.pass_context
 def profiles_command(
     ctx: click.Context,
-    model: str | None,
+    model_name: str | None,
     group: str | None,
     opt: str,
     max_profiles: int,
@@ -78,12 +78,14 @@ def profiles_command(
       capture profiles --model LlamaForCausalLM -f onnxruntime --max-profiles 3
       capture profiles -f torch-tensorrt --opt p90
     """
+    from capture import open_store
     from capture.engines.profile_formats import TEXT_FORMATS, format_profiles
     from capture.engines.profiles import profiles_to_table, store_profiles
-    from capture.store_api import open_store
 
     with open_store(store_path(ctx)) as store:
-        profiles = store_profiles(store, model, group=group, opt=opt, max_profiles=max_profiles)
+        profiles = store_profiles(
+            store, model_name, group=group, opt=opt, max_profiles=max_profiles
+        )
     if fmt in TEXT_FORMATS:
         write_text(format_profiles(profiles, fmt))
     else:
@@ -188,7 +190,7 @@ def buckets_command(
     ctx: click.Context,
     symbol: str | None,
     budget: int,
-    model: str | None,
+    model_name: str | None,
     group: str | None,
     fmt: str,
 ) -> None:
@@ -212,11 +214,11 @@ def buckets_command(
       capture buckets --symbol input_ids_1 --budget 4 --group prefill
       capture buckets --symbol batch --budget 4 -f json
     """
-    from capture.engines.buckets import METADATA_BUCKETS, buckets_table
-    from capture.store_api import open_store
+    from capture import open_store
+    from capture.engines.buckets import METADATA_BUCKETS
 
     with open_store(store_path(ctx)) as store:
-        table = buckets_table(store, symbol, budget, model=model, group=group)
+        table = store.buckets(symbol, budget, model=model_name, group=group)
     summary = json.loads((table.schema.metadata or {})[METADATA_BUCKETS])
     rows = table.to_pylist()
     if fmt == "json":

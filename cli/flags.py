@@ -20,7 +20,8 @@ EVERY_MODEL = "Only this model (the Recorder's name). Default: every model in th
 
 
 def model_option(help: str = EVERY_MODEL) -> Callable[[F], F]:
-    """The ``--model NAME`` option (default None), stored in the ``model`` parameter.
+    """The ``--model NAME`` option (default None), stored in the ``model_name`` parameter: a
+    store's name for a model, never the model itself.
 
     Args:
         help: The option's help text, stating its default.
@@ -31,10 +32,10 @@ def model_option(help: str = EVERY_MODEL) -> Callable[[F], F]:
     Example:
         >>> @click.command()
         ... @model_option()
-        ... def cmd(model: str | None) -> None:
-        ...     click.echo(model)
+        ... def cmd(model_name: str | None) -> None:
+        ...     click.echo(model_name)
     """
-    return click.option("--model", metavar="NAME", default=None, help=help)
+    return click.option("--model", "model_name", metavar="NAME", default=None, help=help)
 
 
 def group_option(help: str) -> Callable[[F], F]:

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from capture.errors import OutputNotWritable
-from capture.output_paths import check_file, writing
+from capture import OutputNotWritable, check_file, writing
 
 from .flags import model_option
 from .main import store_path
@@ -74,7 +73,9 @@ def served_rows(store: Any, path: str) -> tuple[str, list[DriftRow]]:
     "programs serve. Default: no artifact section.",
 )
 @click.pass_context
-def report_command(ctx: click.Context, out: str, model: str | None, artifact: str | None) -> None:
+def report_command(
+    ctx: click.Context, out: str, model_name: str | None, artifact: str | None
+) -> None:
     """Write an HTML page with plots of the store's traffic.
 
     One self-contained file (plots inlined, no network needed to view it):
@@ -105,7 +106,9 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
             served = served_rows(store, artifact)
         from replay.inputs.source import export_plan  # what capture export does; no torch
 
-        page = build_report(store, model, served=served, plan=export_plan, progress=progress.phase)
+        page = build_report(
+            store, model_name, served=served, plan=export_plan, progress=progress.phase
+        )
         progress.phase(f"writing {out}")
         _write(path, page)
     click.echo(f"wrote {out} ({len(page) / 1024:,.0f} KiB)", err=True)

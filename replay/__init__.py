@@ -13,6 +13,9 @@ __all__ = [
     "export",
     "ExportInputs",
     "ExportResult",
+    "ExportOptions",
+    "group_coverage",
+    "coverage_total",
     "ModelInputs",
     "all_dynamic_shape_from_inputs",
     "load",
@@ -26,6 +29,9 @@ _LAZY = {
     "ExportInputs": "replay.inputs.builder",
     "export": "replay.pipeline.exporting",
     "ExportResult": "replay.pipeline.result",
+    "ExportOptions": "replay.inputs.options",
+    "group_coverage": "replay.runtime.coverage",
+    "coverage_total": "replay.runtime.coverage",
     "ModelInputs": "replay.inputs.modelinputs",
     "all_dynamic_shape_from_inputs": "replay.inputs.modelinputs",
     "load": "replay.loader",
@@ -37,11 +43,13 @@ _LAZY = {
 if TYPE_CHECKING:
     from replay.inputs.builder import ExportInputs, export_inputs
     from replay.inputs.modelinputs import ModelInputs, all_dynamic_shape_from_inputs
+    from replay.inputs.options import ExportOptions
     from replay.inputs.specs.additional import additional_inputs
     from replay.inputs.specs.compilehints import CompileHints, compile_hints
     from replay.loader import load
     from replay.pipeline.exporting import export
     from replay.pipeline.result import ExportResult
+    from replay.runtime.coverage import coverage_total, group_coverage
 
 
 def __getattr__(name: str) -> Any:
