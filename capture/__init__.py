@@ -45,6 +45,15 @@ __all__ = [
     "check_file",
     "check_folder",
     "writing",
+    # A store's files: where a path or URI leads (capture.store.files), the payload files kept
+    # with Recorder(payloads=...) (capture.store.payload_files), and the store's column names
+    # and SCHEMA_VERSION (the module capture.schema, docs/schema.md).
+    "resolve_store",
+    "list_payloads",
+    "delete_payloads",
+    "schema",
+    # The tiny models of `capture demo` and the docs (``capture.demo_model:tiny_llama``).
+    "demo_model",
     # capture.errors' classes, so callers can catch them without a second import.
     "CaptureError",
     "StoreNotFound",
@@ -77,10 +86,17 @@ _LAZY = {
     "check_file": "capture.output_paths",
     "check_folder": "capture.output_paths",
     "writing": "capture.output_paths",
+    "resolve_store": "capture.store.files",
+    "list_payloads": "capture.store.payload_files",
+    "delete_payloads": "capture.store.payload_files",
 }
+
+_MODULES = ("schema", "demo_model")
+"""Public modules of the package, imported on first use (``from capture import schema``)."""
 
 if TYPE_CHECKING:
     __version__: str
+    from capture import demo_model, schema
     from capture.output_paths import check_file, check_folder, writing
     from capture.pytree.cachespec import register_cache
     from capture.pytree.nodes import make_dynamic_cache, register_flattening_functions
@@ -89,6 +105,8 @@ if TYPE_CHECKING:
     from capture.seeds.observer import InputObserver
     from capture.seeds.strings import string_type
     from capture.store.compaction import compact
+    from capture.store.files import resolve_store
+    from capture.store.payload_files import delete_payloads, list_payloads
     from capture.store_api import Store, open_store
     from capture.untrusted import printable, printable_lines, terminal_data
 
@@ -108,6 +126,8 @@ def __getattr__(name: str) -> Any:
     if name == "__version__":
         globals()[name] = version = _version()
         return version
+    if name in _MODULES:
+        return importlib.import_module(f"capture.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'capture' has no attribute {name!r}")

@@ -34,7 +34,7 @@ from .main import store_path
 from .output import format_option, no_headers_option, render
 
 if TYPE_CHECKING:
-    from replay.check.drift import DriftRow
+    from replay import DriftRow
 
 __all__ = ["check_command", "EXIT_NOT_SERVED", "parse_since"]
 
@@ -158,15 +158,13 @@ def check_command(
       capture --store s3://bucket/prod check model.pt2 --since 2026-11-20 -f json
     """
     import capture
-    from replay.validation import validate
+    import replay
 
     _refuse_folder(artifact, store_path(ctx))
-    manifest = validate(artifact, allow_ops=allow_ops, verify_weights=True).manifest
+    manifest = replay.validate(artifact, allow_ops=allow_ops, verify_weights=True).manifest
     moment = parse_since(since)
-    from replay.check.drift import check_rows
-
     with capture.open_store(store_path(ctx)) as store:
-        rows = check_rows(store, manifest, moment, model_name)
+        rows = replay.check_rows(store, manifest, moment, model_name)
     # One model (the usual case): its column says nothing on a terminal.
     one_model = ("model",) if len({r.model for r in rows}) == 1 else ()
     table = [r.to_json() for r in rows]

@@ -82,8 +82,7 @@ def _remove_interrupted(store: str) -> None:
     """Deletes the recording of a demo that was interrupted (its marker file is present)."""
     import pyarrow.fs as pafs
 
-    from capture import schema
-    from capture.store.files import resolve_store
+    from capture import resolve_store, schema
 
     try:
         fs, root = resolve_store(store)
@@ -102,7 +101,7 @@ def _remove_interrupted(store: str) -> None:
 
 def _mark(store: str, incomplete: bool) -> None:
     """Creates (before recording) or removes (once recorded) the `INCOMPLETE` marker."""
-    from capture.store.files import resolve_store
+    from capture import resolve_store
 
     fs, root = resolve_store(store)
     if incomplete:
@@ -117,7 +116,7 @@ def _nothing_at(store: str) -> bool:
     """Whether nothing (no file, no folder) is at `store` yet."""
     import pyarrow.fs as pafs
 
-    from capture.store.files import resolve_store
+    from capture import resolve_store
 
     try:
         fs, root = resolve_store(store)
@@ -149,11 +148,10 @@ def _check_store(store: str) -> None:
 
 def _record(store: str) -> Any:
     """Builds the tiny Llama and serves WORKLOAD through generate() with the recorder on."""
-    from capture import Recorder
-    from capture.demo_model import run_generate, tiny_llama
+    from capture import Recorder, demo_model
 
     start = _step(1, 4, "building a tiny Llama causal LM from a config (random weights)")
-    model = tiny_llama(seed=0)
+    model = demo_model.tiny_llama(seed=0)
     _done(start)
     requests = ", ".join(f"{b}x{n}" for b, n in WORKLOAD)
     start = _step(
@@ -164,7 +162,7 @@ def _record(store: str) -> Any:
     )
     recorder = Recorder(model, store, name=DEMO_MODEL)
     with recorder:
-        run_generate(model, WORKLOAD, max_new_tokens=MAX_NEW_TOKENS)
+        demo_model.run_generate(model, WORKLOAD, max_new_tokens=MAX_NEW_TOKENS)
     stats = recorder.stats()
     _done(start, f"{stats['recorded']} forward calls recorded, {stats['dropped']} dropped")
     return model

@@ -80,7 +80,7 @@ def payloads_command(
       capture payloads --delete-before 2026-11-01
       capture payloads --model LlamaForCausalLM --delete-all --dry-run
     """
-    from capture.store.payload_files import delete_payloads, list_payloads
+    from capture import delete_payloads, list_payloads
 
     if delete_before is not None and delete_all:
         raise click.UsageError("--delete-before and --delete-all exclude each other; pick one")

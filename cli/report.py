@@ -21,7 +21,7 @@ from .main import store_path
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from replay.check.drift import DriftRow
+    from replay import DriftRow
 
 __all__ = ["report_command", "served_rows"]
 
@@ -42,7 +42,7 @@ def _write(path: Path, page: str) -> None:
 
 
 def served_rows(store: Any, path: str) -> tuple[str, list[DriftRow]]:
-    """Which recorded calls the artifact at `path` serves (`replay.check.drift.check_rows`).
+    """Which recorded calls the artifact at `path` serves (`replay.check_rows`).
 
     Raises:
         click.ClickException: The file is missing.
@@ -51,10 +51,9 @@ def served_rows(store: Any, path: str) -> tuple[str, list[DriftRow]]:
         raise click.ClickException(
             f"no artifact at {path}; pass the .pt2 (or .onnx) that capture export wrote"
         )
-    from replay.check.drift import check_rows
-    from replay.loader import read_any_manifest
+    import replay
 
-    return path, check_rows(store, read_any_manifest(path), None, None)
+    return path, replay.check_rows(store, replay.read_any_manifest(path), None, None)
 
 
 @click.command("report")
@@ -94,8 +93,8 @@ def report_command(
       capture --store runs/prod report --model LlamaForCausalLM --out llama.html
       capture report --artifact model.pt2 --out report.html
     """
+    from capture import open_store
     from capture.engines.report_html import build_report, require_matplotlib
-    from capture.store_api import open_store
 
     path = Path(check_file(out, option="--out", what="page", example="report.html"))
     require_matplotlib()
