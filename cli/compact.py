@@ -10,6 +10,7 @@ import click
 import capture
 from capture import CaptureError, check_folder
 
+from .flags import count_option
 from .main import store_path
 from .output import write_text
 from .progress import Progress
@@ -18,12 +19,10 @@ __all__ = ["compact_command"]
 
 
 @click.command("compact")
-@click.option(
+@count_option(
     "--target-rows",
-    type=click.IntRange(min=1),
-    default=1_000_000,
-    metavar="N",
-    help="Most calls per merged calls file; calls files this big already are left alone. "
+    1_000_000,
+    "Most calls per merged calls file; calls files this big already are left alone. "
     "Default: 1000000.",
 )
 @click.option(

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .fit import Fit, constant_columns, terminal_width, wide_option
-from .flags import choice_format_option, group_option, model_option
+from .flags import choice_format_option, count_option, group_option, model_option
 from .main import store_path
 from .output import render, render_document, write_text
 
@@ -35,12 +35,10 @@ _PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt"
     "90th percentile over calls; opt is then the recorded signature nearest to the targets. "
     "Default: mode.",
 )
-@click.option(
+@count_option(
     "--max-profiles",
-    type=click.IntRange(min=1),
-    default=1,
-    metavar="N",
-    help="Most profiles per group; a group gets several only when its size distribution has "
+    1,
+    "Most profiles per group; a group gets several only when its size distribution has "
     "several peaks. Default: 1.",
 )
 @choice_format_option(
@@ -171,13 +169,7 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
     "several, their batch symbol (the sizes CUDA graphs are captured for), named on the "
     "output's first line.",
 )
-@click.option(
-    "--budget",
-    type=click.IntRange(min=1),
-    required=True,
-    metavar="N",
-    help="How many sizes to choose. Default: none, required.",
-)
+@count_option("--budget", None, "How many sizes to choose. Default: none, required.")
 @model_option("The model (the Recorder's name). Default: the store's only model.")
 @group_option("Only this call group's calls. Default: every group that has the symbol.")
 @choice_format_option(

@@ -110,6 +110,10 @@ class OptionDoc:
     none_as: float | None = None
 
 
+_NAMES: dict[str, Any] = {"metavar": "NAME", "repeatable": True}
+"""An option given as names, one per occurrence on the command line."""
+
+
 def _doc(help: str, **cli: Any) -> dict[str, OptionDoc]:
     return {"doc": OptionDoc(help, **cli)}
 
@@ -146,8 +150,7 @@ class ExportOptions:
             cli_help="Repeatable; 'all' for every input tensor.",
             api_help="True: every input tensor.",
             default_text="only dims that varied",
-            metavar="NAME",
-            repeatable=True,
+            **_NAMES,
         ),
     )
     named_dims: bool = field(
@@ -187,8 +190,7 @@ class ExportOptions:
             cli_help="Repeatable.",
             api_help="None: every group.",
             default_text="every group",
-            metavar="NAME",
-            repeatable=True,
+            **_NAMES,
         ),
     )
     # ``capture export --out x.onnx`` sets it.
@@ -294,8 +296,7 @@ class ExportOptions:
             flag="--allow-ops",
             cli_help="Repeat for several.",
             default_text="none",
-            metavar="NAME",
-            repeatable=True,
+            **_NAMES,
         ),
     )
     # Entering a state: `capture.state.entering`.
