@@ -52,6 +52,10 @@ __all__ = [
     "list_payloads",
     "delete_payloads",
     "schema",
+    # TensorRT shape profiles of the recorded traffic (Store.profiles() is their table), and
+    # the engines' own syntax for them (trtexec flags, torch_tensorrt.Input, ONNX Runtime).
+    "store_profiles",
+    "format_profiles",
     # The tiny models of `capture demo` and the docs (``capture.demo_model:tiny_llama``).
     "demo_model",
     # capture.errors' classes, so callers can catch them without a second import.
@@ -89,6 +93,8 @@ _LAZY = {
     "resolve_store": "capture.store.files",
     "list_payloads": "capture.store.payload_files",
     "delete_payloads": "capture.store.payload_files",
+    "store_profiles": "capture.engines.profiles",
+    "format_profiles": "capture.engines.profile_formats",
 }
 
 _MODULES = ("schema", "demo_model")
@@ -97,6 +103,8 @@ _MODULES = ("schema", "demo_model")
 if TYPE_CHECKING:
     __version__: str
     from capture import demo_model, schema
+    from capture.engines.profile_formats import format_profiles
+    from capture.engines.profiles import store_profiles
     from capture.output_paths import check_file, check_folder, writing
     from capture.pytree.cachespec import register_cache
     from capture.pytree.nodes import make_dynamic_cache, register_flattening_functions

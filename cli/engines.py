@@ -14,11 +14,11 @@ import click
 from .fit import Fit, constant_columns, terminal_width, wide_option
 from .flags import choice_format_option, count_option, group_option, model_option
 from .main import store_path
-from .output import render, render_document, write_text
+from .output import FORMATS, render, render_document, write_text
 
 __all__ = ["profiles_command", "buckets_command"]
 
-_PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt", "onnxruntime")
+_PROFILE_FORMATS = (*FORMATS, "trtexec", "torch-tensorrt", "onnxruntime")
 
 
 @click.command("profiles")
@@ -76,27 +76,24 @@ def profiles_command(
       capture profiles --model LlamaForCausalLM -f onnxruntime --max-profiles 3
       capture profiles -f torch-tensorrt --opt p90
     """
-    from capture import open_store
-    from capture.engines.profile_formats import TEXT_FORMATS, format_profiles
-    from capture.engines.profiles import profiles_to_table, store_profiles
+    import capture
 
-    with open_store(store_path(ctx)) as store:
-        profiles = store_profiles(
-            store, model_name, group=group, opt=opt, max_profiles=max_profiles
-        )
-    if fmt in TEXT_FORMATS:
-        write_text(format_profiles(profiles, fmt))
-    else:
-        table = profiles_to_table(profiles)
-        hide = ("path", *constant_columns(table, ["model", "profile"]))
-        fit = Fit(
-            terminal_width(wide),
-            hide=hide,
-            keep_end=("input",),
-            whole=_SHAPES,
-            drop_first=("opt_calls", "calls", "dtype"),
-        )
-        render(table, fmt, fit=fit)
+    options: dict[str, Any] = {"group": group, "opt": opt, "max_profiles": max_profiles}
+    with capture.open_store(store_path(ctx)) as store:
+        if fmt not in FORMATS:  # the engine's own syntax
+            profiles = capture.store_profiles(store, model_name, **options)
+            write_text(capture.format_profiles(profiles, fmt))
+            return
+        table = store.profiles(model_name, **options)
+    hide = ("path", *constant_columns(table, ["model", "profile"]))
+    fit = Fit(
+        terminal_width(wide),
+        hide=hide,
+        keep_end=("input",),
+        whole=_SHAPES,
+        drop_first=("opt_calls", "calls", "dtype"),
+    )
+    render(table, fmt, fit=fit)
 
 
 _SHAPES = ("min_shape", "opt_shape", "max_shape")
