@@ -68,6 +68,9 @@ _PATHS = ("dims",)
 
 
 def _section(title: str, rows: Sequence[dict[str, Any]], width: int | None) -> list[str]:
+    """A titled table; nothing when there are no rows (the section is left out)."""
+    if not rows:
+        return []
     fit = Fit(width, keep_end=_PATHS)
     return ["", title, table_text(rows, indent=_INDENT, fit=fit)]
 
@@ -97,11 +100,8 @@ def _groups(groups: Sequence[summaries.GroupSummary], width: int | None) -> list
 
 
 def _states(groups: Sequence[summaries.GroupSummary], width: int | None) -> list[str]:
-    rows = summaries.state_rows(groups)
-    if not rows:
-        return []
     title = "States (what the calls ran under besides their arguments; never one group)"
-    return _section(title, rows, width)
+    return _section(title, summaries.state_rows(groups), width)
 
 
 def _symbols(groups: Sequence[summaries.GroupSummary], width: int | None) -> list[str]:
@@ -135,10 +135,7 @@ def _optional(model_summary: summaries.ModelSummary, width: int | None) -> list[
         }
         for o in model_summary.optional_inputs
     ]
-    if rows:
-        lines += _section(
-            "Optional inputs (passed in some calls only; counts are calls)", rows, width
-        )
+    lines += _section("Optional inputs (passed in some calls only; counts are calls)", rows, width)
     if model_summary.always_absent:
         lines += [
             "",
@@ -149,23 +146,16 @@ def _optional(model_summary: summaries.ModelSummary, width: int | None) -> list[
 
 def _drift(model_summary: summaries.ModelSummary, width: int | None) -> list[str]:
     rows = summaries.drift_rows(model_summary)
-    if not rows:
-        return []
     return _section("Drift (inputs seen with several kinds, dtypes or ranks)", rows, width)
 
 
 def _blocked(groups: Sequence[summaries.GroupSummary], width: int | None) -> list[str]:
-    rows = summaries.blocked_rows(groups)
-    if not rows:
-        return []
     title = "Not exportable (a recorded class capture cannot rebuild; calls still recorded)"
-    return _section(title, rows, width)
+    return _section(title, summaries.blocked_rows(groups), width)
 
 
 def _relations(model_summary: summaries.ModelSummary, width: int | None) -> list[str]:
     rows = [{"group": r.group, "relation": r.relation} for r in model_summary.relations]
-    if not rows:
-        return []
     return _section("Relations between dims (true in every recorded call)", rows, width)
 
 
