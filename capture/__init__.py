@@ -56,6 +56,8 @@ __all__ = [
     # the engines' own syntax for them (trtexec flags, torch_tensorrt.Input, ONNX Runtime).
     "store_profiles",
     "format_profiles",
+    # The key of Store.buckets()'s totals (JSON) in its table's schema metadata.
+    "METADATA_BUCKETS",
     # The tiny models of `capture demo` and the docs (``capture.demo_model:tiny_llama``).
     "demo_model",
     # capture.errors' classes, so callers can catch them without a second import.
@@ -95,6 +97,7 @@ _LAZY = {
     "delete_payloads": "capture.store.payload_files",
     "store_profiles": "capture.engines.profiles",
     "format_profiles": "capture.engines.profile_formats",
+    "METADATA_BUCKETS": "capture.engines.buckets",
 }
 
 _MODULES = ("schema", "demo_model")
@@ -103,6 +106,7 @@ _MODULES = ("schema", "demo_model")
 if TYPE_CHECKING:
     __version__: str
     from capture import demo_model, schema
+    from capture.engines.buckets import METADATA_BUCKETS
     from capture.engines.profile_formats import format_profiles
     from capture.engines.profiles import store_profiles
     from capture.output_paths import check_file, check_folder, writing

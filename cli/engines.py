@@ -203,8 +203,7 @@ def buckets_command(
       capture buckets --symbol input_ids_1 --budget 4 --group prefill
       capture buckets --symbol batch --budget 4 -f json
     """
-    from capture import open_store
-    from capture.engines.buckets import METADATA_BUCKETS
+    from capture import METADATA_BUCKETS, open_store
 
     with open_store(store_path(ctx)) as store:
         table = store.buckets(symbol, budget, model=model_name, group=group)
