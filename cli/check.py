@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING
 import click
 
 from .fit import Fit, terminal_width, wide_option
+from .flags import model_option
 from .main import store_path
 from .output import format_option, no_headers_option, render
 
 if TYPE_CHECKING:
-    from replay.check.drift import DriftRow
+    from replay import DriftRow
 
 __all__ = ["check_command", "EXIT_NOT_SERVED", "parse_since"]
 
@@ -101,12 +102,9 @@ def _summary(rows: Sequence[DriftRow]) -> str:
     help="Only calls recorded at or after DATE (YYYY-MM-DD, midnight UTC, or an ISO "
     "timestamp). Default: every call in the store.",
 )
-@click.option(
-    "--model",
-    metavar="NAME",
-    default=None,
-    help="The model's name in the store, when it differs from the artifact's (sub-modules "
-    "are NAME.<sub-module>). Default: the name in the artifact's manifest.",
+@model_option(
+    "The model's name in the store, when it differs from the artifact's (sub-modules "
+    "are NAME.<sub-module>). Default: the name in the artifact's manifest."
 )
 @click.option(
     "--allow-ops",
@@ -126,7 +124,7 @@ def check_command(
     ctx: click.Context,
     artifact: str,
     since: str | None,
-    model: str | None,
+    model_name: str | None,
     allow_ops: tuple[str, ...],
     fmt: str,
     no_headers: bool,
@@ -160,15 +158,13 @@ def check_command(
       capture --store s3://bucket/prod check model.pt2 --since 2026-11-20 -f json
     """
     import capture
-    from replay.validation import validate
+    import replay
 
     _refuse_folder(artifact, store_path(ctx))
-    manifest = validate(artifact, allow_ops=allow_ops, verify_weights=True).manifest
+    manifest = replay.validate(artifact, allow_ops=allow_ops, verify_weights=True).manifest
     moment = parse_since(since)
-    from replay.check.drift import check_rows
-
     with capture.open_store(store_path(ctx)) as store:
-        rows = check_rows(store, manifest, moment, model)
+        rows = replay.check_rows(store, manifest, moment, model_name)
     # One model (the usual case): its column says nothing on a terminal.
     one_model = ("model",) if len({r.model for r in rows}) == 1 else ()
     table = [r.to_json() for r in rows]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import click
 
-from capture.errors import CaptureError
-from capture.output_paths import check_folder
+import capture
+from capture import CaptureError, check_folder
 
+from .flags import count_option
 from .main import store_path
 from .output import write_text
 from .progress import Progress
@@ -18,12 +19,10 @@ __all__ = ["compact_command"]
 
 
 @click.command("compact")
-@click.option(
+@count_option(
     "--target-rows",
-    type=click.IntRange(min=1),
-    default=1_000_000,
-    metavar="N",
-    help="Most calls per merged calls file; calls files this big already are left alone. "
+    1_000_000,
+    "Most calls per merged calls file; calls files this big already are left alone. "
     "Default: 1000000.",
 )
 @click.option(
@@ -50,13 +49,11 @@ def compact_command(ctx: click.Context, target_rows: int, dry_run: bool) -> None
       capture compact
       capture --store s3://bucket/capture compact --dry-run
     """
-    from capture.store.compaction import compact
-
     if not dry_run:  # a read-only or full store: one line before any file is read
         check_folder(store_path(ctx), option="--store", created=False)
     with Progress("compact") as progress:  # on stderr, only when it is a terminal
         progress.phase("merging small files" if not dry_run else "listing files")
-        result = compact(store_path(ctx), target_rows=target_rows, dry_run=dry_run)
+        result = capture.compact(store_path(ctx), target_rows=target_rows, dry_run=dry_run)
     lines = [
         f"{'would compact' if dry_run else 'compacted'} {store_path(ctx)} "
         f"(target {target_rows:,} calls per file)",

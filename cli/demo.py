@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from capture.output_paths import check_folder
+from capture import check_folder
 
 from .fit import Fit, terminal_width, wide_option
 from .main import store_path
@@ -82,8 +82,7 @@ def _remove_interrupted(store: str) -> None:
     """Deletes the recording of a demo that was interrupted (its marker file is present)."""
     import pyarrow.fs as pafs
 
-    from capture import schema
-    from capture.store.files import resolve_store
+    from capture import resolve_store, schema
 
     try:
         fs, root = resolve_store(store)
@@ -102,7 +101,7 @@ def _remove_interrupted(store: str) -> None:
 
 def _mark(store: str, incomplete: bool) -> None:
     """Creates (before recording) or removes (once recorded) the `INCOMPLETE` marker."""
-    from capture.store.files import resolve_store
+    from capture import resolve_store
 
     fs, root = resolve_store(store)
     if incomplete:
@@ -117,7 +116,7 @@ def _nothing_at(store: str) -> bool:
     """Whether nothing (no file, no folder) is at `store` yet."""
     import pyarrow.fs as pafs
 
-    from capture.store.files import resolve_store
+    from capture import resolve_store
 
     try:
         fs, root = resolve_store(store)
@@ -128,8 +127,7 @@ def _nothing_at(store: str) -> bool:
 
 def _check_store(store: str) -> None:
     """Refuses a store that already holds a demo recording (the demo would double it)."""
-    from capture.errors import EmptyStore, StoreNotFound
-    from capture.store_api import open_store
+    from capture import EmptyStore, StoreNotFound, open_store
 
     _remove_interrupted(store)
     try:
@@ -150,11 +148,10 @@ def _check_store(store: str) -> None:
 
 def _record(store: str) -> Any:
     """Builds the tiny Llama and serves WORKLOAD through generate() with the recorder on."""
-    from capture.demo_model import run_generate, tiny_llama
-    from capture.record.recorder import Recorder
+    from capture import Recorder, demo_model
 
     start = _step(1, 4, "building a tiny Llama causal LM from a config (random weights)")
-    model = tiny_llama(seed=0)
+    model = demo_model.tiny_llama(seed=0)
     _done(start)
     requests = ", ".join(f"{b}x{n}" for b, n in WORKLOAD)
     start = _step(
@@ -165,7 +162,7 @@ def _record(store: str) -> Any:
     )
     recorder = Recorder(model, store, name=DEMO_MODEL)
     with recorder:
-        run_generate(model, WORKLOAD, max_new_tokens=MAX_NEW_TOKENS)
+        demo_model.run_generate(model, WORKLOAD, max_new_tokens=MAX_NEW_TOKENS)
     stats = recorder.stats()
     _done(start, f"{stats['recorded']} forward calls recorded, {stats['dropped']} dropped")
     return model
@@ -198,7 +195,6 @@ def _show_analysis(store: Any, width: int | None) -> None:
 def _export(model: Any, store: Any, signatures: bool, width: int | None) -> bool:
     """Exports the decode step from the store and prints its coverage and the total line."""
     import replay
-    from replay.runtime.coverage import coverage_total, group_coverage
 
     start = _step(
         4,
@@ -206,7 +202,7 @@ def _export(model: Any, store: Any, signatures: bool, width: int | None) -> bool
         f"exporting the {EXPORT_GROUP} step with torch.export, then running it on every "
         "recorded signature",
     )
-    result = replay.export(model, store, model=DEMO_MODEL, groups=[EXPORT_GROUP])
+    result = replay.export(model, store, DEMO_MODEL, groups=[EXPORT_GROUP])
     _done(start)
     for note in result.notes:
         click.echo(f"      note: {note}", err=True)
@@ -218,13 +214,13 @@ def _export(model: Any, store: Any, signatures: bool, width: int | None) -> bool
         note, table = f"{checked}: one row each.", result.coverage
     else:
         note = f"{checked}; covered/total per group (--signatures: one row each)."
-        table = group_coverage(result.coverage)
+        table = replay.group_coverage(result.coverage)
     _section(
         f"Export of the {EXPORT_GROUP} group (capture export)",
         note,
         table_text(table, fit=Fit(width)),
     )
-    write_text(coverage_total(result.coverage))
+    write_text(replay.coverage_total(result.coverage))
     return bool(result.complete)
 
 
@@ -294,7 +290,7 @@ def demo_command(
     _mark(store, incomplete=True)
     model = _record(store)
 
-    from capture.store_api import open_store
+    from capture import open_store
 
     width = terminal_width(wide)
     with open_store(store) as opened:

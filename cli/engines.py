@@ -12,13 +12,13 @@ from typing import Any
 import click
 
 from .fit import Fit, constant_columns, terminal_width, wide_option
-from .flags import choice_format_option, group_option, model_option
+from .flags import choice_format_option, count_option, group_option, model_option
 from .main import store_path
-from .output import render, render_document, write_text
+from .output import FORMATS, render, render_document, write_text
 
 __all__ = ["profiles_command", "buckets_command"]
 
-_PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt", "onnxruntime")
+_PROFILE_FORMATS = (*FORMATS, "trtexec", "torch-tensorrt", "onnxruntime")
 
 
 @click.command("profiles")
@@ -35,12 +35,10 @@ _PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt"
     "90th percentile over calls; opt is then the recorded signature nearest to the targets. "
     "Default: mode.",
 )
-@click.option(
+@count_option(
     "--max-profiles",
-    type=click.IntRange(min=1),
-    default=1,
-    metavar="N",
-    help="Most profiles per group; a group gets several only when its size distribution has "
+    1,
+    "Most profiles per group; a group gets several only when its size distribution has "
     "several peaks. Default: 1.",
 )
 @choice_format_option(
@@ -53,7 +51,7 @@ _PROFILE_FORMATS = ("table", "json", "jsonl", "csv", "trtexec", "torch-tensorrt"
 @click.pass_context
 def profiles_command(
     ctx: click.Context,
-    model: str | None,
+    model_name: str | None,
     group: str | None,
     opt: str,
     max_profiles: int,
@@ -78,25 +76,24 @@ def profiles_command(
       capture profiles --model LlamaForCausalLM -f onnxruntime --max-profiles 3
       capture profiles -f torch-tensorrt --opt p90
     """
-    from capture.engines.profile_formats import TEXT_FORMATS, format_profiles
-    from capture.engines.profiles import profiles_to_table, store_profiles
-    from capture.store_api import open_store
+    import capture
 
-    with open_store(store_path(ctx)) as store:
-        profiles = store_profiles(store, model, group=group, opt=opt, max_profiles=max_profiles)
-    if fmt in TEXT_FORMATS:
-        write_text(format_profiles(profiles, fmt))
-    else:
-        table = profiles_to_table(profiles)
-        hide = ("path", *constant_columns(table, ["model", "profile"]))
-        fit = Fit(
-            terminal_width(wide),
-            hide=hide,
-            keep_end=("input",),
-            whole=_SHAPES,
-            drop_first=("opt_calls", "calls", "dtype"),
-        )
-        render(table, fmt, fit=fit)
+    options: dict[str, Any] = {"group": group, "opt": opt, "max_profiles": max_profiles}
+    with capture.open_store(store_path(ctx)) as store:
+        if fmt not in FORMATS:  # the engine's own syntax
+            profiles = capture.store_profiles(store, model_name, **options)
+            write_text(capture.format_profiles(profiles, fmt))
+            return
+        table = store.profiles(model_name, **options)
+    hide = ("path", *constant_columns(table, ["model", "profile"]))
+    fit = Fit(
+        terminal_width(wide),
+        hide=hide,
+        keep_end=("input",),
+        whole=_SHAPES,
+        drop_first=("opt_calls", "calls", "dtype"),
+    )
+    render(table, fmt, fit=fit)
 
 
 _SHAPES = ("min_shape", "opt_shape", "max_shape")
@@ -169,13 +166,7 @@ def _buckets_text(summary: dict[str, Any], rows: list[dict[str, int]]) -> str:
     "several, their batch symbol (the sizes CUDA graphs are captured for), named on the "
     "output's first line.",
 )
-@click.option(
-    "--budget",
-    type=click.IntRange(min=1),
-    required=True,
-    metavar="N",
-    help="How many sizes to choose. Default: none, required.",
-)
+@count_option("--budget", None, "How many sizes to choose. Default: none, required.")
 @model_option("The model (the Recorder's name). Default: the store's only model.")
 @group_option("Only this call group's calls. Default: every group that has the symbol.")
 @choice_format_option(
@@ -188,7 +179,7 @@ def buckets_command(
     ctx: click.Context,
     symbol: str | None,
     budget: int,
-    model: str | None,
+    model_name: str | None,
     group: str | None,
     fmt: str,
 ) -> None:
@@ -212,11 +203,10 @@ def buckets_command(
       capture buckets --symbol input_ids_1 --budget 4 --group prefill
       capture buckets --symbol batch --budget 4 -f json
     """
-    from capture.engines.buckets import METADATA_BUCKETS, buckets_table
-    from capture.store_api import open_store
+    from capture import METADATA_BUCKETS, open_store
 
     with open_store(store_path(ctx)) as store:
-        table = buckets_table(store, symbol, budget, model=model, group=group)
+        table = store.buckets(symbol, budget, model=model_name, group=group)
     summary = json.loads((table.schema.metadata or {})[METADATA_BUCKETS])
     rows = table.to_pylist()
     if fmt == "json":

@@ -39,11 +39,12 @@ from typing import Any
 
 import click
 
-from capture.output_paths import check_file
-from capture.untrusted import printable
-from replay.inputs.options import SPECS, ExportOptions
+import capture
+import replay
 
+from .export_flags import export_keywords, export_option_flags
 from .fit import Fit, terminal_width, wide_option
+from .flags import model_option
 from .main import store_path
 from .output import format_option, no_headers_option, render
 from .progress import Progress
@@ -140,21 +141,13 @@ def _build_model(target: str) -> Any:
     return model
 
 
-def _weights(module: Any) -> int:
+def _weights(model: Any) -> int:
     """Bytes of the model's parameters and buffers, each storage counted once."""
     storages: dict[int, int] = {}
-    for tensor in [*module.parameters(), *module.buffers()]:
+    for tensor in [*model.parameters(), *model.buffers()]:
         storage = tensor.untyped_storage()
         storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
-
-
-def _batch_option(values: tuple[str, ...]) -> bool | list[str | int] | None:
-    if not values:
-        return None
-    if "all" in values:
-        return True
-    return [int(v) if v.isdigit() else v for v in values]
 
 
 @contextlib.contextmanager
@@ -186,35 +179,75 @@ def stdout_to_stderr() -> Iterator[None]:
             os.close(saved)
 
 
-def _render_coverage(
-    coverage: Any, fmt: str, headers: bool, signatures: bool, width: int | None
-) -> None:
-    """The coverage per group (table) or per signature (--signatures, other formats); the
-    total line goes to stderr after it, as `capture check` writes its own."""
-    from replay.runtime.coverage import group_coverage
+def _render_coverage(result: Any, fmt: str, headers: bool, signatures: bool, wide: bool) -> None:
+    """The coverage per group (table) or per signature (--signatures, other formats), then the
+    total line on stderr, as `capture check` writes its own."""
+    coverage = result.all_coverage()
+    rows = replay.group_coverage(coverage) if fmt == "table" and not signatures else coverage
+    render(rows, fmt, headers=headers, fit=Fit(terminal_width(wide)))
 
-    if fmt == "table" and not signatures:
-        render(group_coverage(coverage), fmt, headers=headers, fit=Fit(width))
-    else:
-        render(coverage, fmt, headers=headers, fit=Fit(width))
+
+def _check_out(out: str | None, aoti: bool, signatures: bool, fmt: str) -> str | None:
+    """Usage errors of ``--out``, ``--aoti`` and ``--signatures``, and an ``--out`` that cannot
+    be written, before the minutes of export; the ONNX path when ``--out`` is one."""
+    if signatures and fmt != "table":
+        raise click.UsageError(
+            f"--signatures applies to the table format; -f {fmt} always has one row per signature"
+        )
+    if out is not None and not out.endswith(OUT_SUFFIXES):
+        raise click.BadParameter(f"{out!r} must end with .pt2 or .onnx", param_hint="'--out'")
+    onnx = out if out is not None and out.endswith(".onnx") else None
+    if aoti and (out is None or onnx is not None):
+        raise click.BadParameter("--aoti needs --out MODEL.pt2", param_hint="'--aoti'")
+    if out is not None:  # a missing or read-only folder, a full disk
+        capture.check_file(out, option="--out", what="artifact", example="model.pt2")
+    return onnx
+
+
+def _tell(result: Any) -> None:
+    """The notes and the per-group errors on stderr, the sub-modules' named ``<sub>.<group>``."""
+    parts = [("", result), *((f"{s}.", r) for s, r in result.modules.items())]
+    for prefix, part in parts:
+        for note in part.notes:
+            click.echo(capture.printable(f"note: {prefix}{note}"), err=True)
+    for prefix, part in parts:
+        for group, error in part.errors.items():
+            click.echo(capture.printable(f"error: group {prefix}{group}: {error}"), err=True)
+
+
+def _written(result: Any, out: str | None, onnx: str | None, aoti: bool) -> list[str]:
+    """The files ``--out`` wrote: the ONNX set (written by the export) or the .pt2 artifact."""
+    parts = [result, *result.modules.values()]
+    written = [f for part in parts for f in part.onnx.values()]
+    if onnx is not None and written:
+        from replay.runtime.ort.manifest import manifest_path, weights_path
+
+        written += [weights_path(onnx), manifest_path(onnx)]
+    if out is not None and onnx is None and result.programs:
+        with stdout_to_stderr():
+            written = [result.save(out, aoti=aoti)]
+    return written
+
+
+def _finish(ctx: click.Context, result: Any) -> None:
+    """The total line; what is not honoured and exit 3 when the export is incomplete."""
+    total = replay.coverage_total(result.all_coverage())
+    if result.complete:  # the sub-modules included
+        click.echo(total, err=True)
+        return
+    parts = [("", result), *((f"{s}.", r) for s, r in result.modules.items())]
+    for prefix, part in parts:
+        for group, why in part.not_honoured.items():
+            click.echo(capture.printable(f"not honoured: {prefix}{group}: {why}"), err=True)
+    click.echo(f"export incomplete: {total} (see the error column)", err=True)
+    ctx.exit(EXIT_PARTIAL)
 
 
 @click.command("export")
 @click.argument("target", metavar="MODULE:FACTORY")
-@click.option(
-    "--model",
-    metavar="NAME",
-    default=None,
-    help="The model name in the store (the Recorder's name). Default: the store's only model, "
-    "or the one named like the model's class.",
-)
-@click.option(
-    "--group",
-    "groups",
-    metavar="NAME",
-    multiple=True,
-    help="Export only this call group (decode, prefill, g0, ... as `capture dims` shows them); "
-    "repeatable. Default: every group.",
+@model_option(
+    "The model name in the store (the Recorder's name). Default: the store's only model, "
+    "or the one named like the model's class."
 )
 @click.option(
     "--out",
@@ -236,87 +269,7 @@ def _render_coverage(
     "its weights (replay.load(path, compiled=True) runs the compiled form on the artifact's "
     "one copy of the weights). Slow: minutes per program. Default: off.",
 )
-@click.option(
-    "--set-batch-dimension-for",
-    "batch",
-    metavar="NAME",
-    multiple=True,
-    help="Make axis 0 of this argument (name or position) dynamic even when it never varied; "
-    "repeatable; 'all' for every input tensor. Default: only dims that varied.",
-)
-@click.option(
-    "--named-dims",
-    is_flag=True,
-    default=ExportOptions.named_dims,
-    help="Use named Dim(symbol, min, max) with the recorded ranges, shared and derived dims; "
-    "where torch.export rejects them, bounded Dim.DYNAMIC(min, max) hints (exit 3 when neither "
-    "is accepted). Default: Dim.DYNAMIC.",
-)
-@click.option(
-    "--spec",
-    type=click.Choice(list(SPECS)),
-    default=ExportOptions.spec,
-    help="The form of dynamic_shapes: torch.export.Dim objects (dims), or torch's ShapesSpec "
-    "learned from the store (shapes, torch >= 2.14: recorded ranges, the most called size as "
-    "optimization hint, trusted divisors as assumptions; every size unbacked, no retries or "
-    f"regimes). Default: {ExportOptions.spec}.",
-)
-@click.option(
-    "--probes",
-    type=click.IntRange(min=0),
-    default=ExportOptions.probes,
-    help="Unseen sizes inside the recorded ranges checked per group besides every recorded "
-    f"signature (coverage rows of kind probe); 0 for none. Default: {ExportOptions.probes}.",
-)
-@click.option(
-    "--max-regimes",
-    type=click.IntRange(min=1),
-    default=ExportOptions.max_regimes,
-    help="Where torch.export cuts a group's recorded range (a sliding window, a branch on a "
-    "size), export each side as a regime of its own (prefill[input_ids_1<=4], ...), at most "
-    f"this many per group; 1 never splits. Default: {ExportOptions.max_regimes}.",
-)
-@click.option(
-    "--merge/--no-merge",
-    default=ExportOptions.merge,
-    help="Serve a group lacking an optional input (generate()'s batch-1 calls without "
-    "attention_mask) with the program of a group passing it, the input filled, where the "
-    "check proves it on the group's own signatures. Default: --merge.",
-)
-@click.option(
-    "--time-budget",
-    type=click.FloatRange(min=0),
-    default=ExportOptions.time_budget or 0.0,
-    metavar="SECONDS",
-    help="Seconds of torch.export per call group; each export is stopped at the deadline. The "
-    "dynamic exports (plain, retries, regimes) may use half; the recorded signatures they do "
-    "not serve get one static program each, most calls first, in the rest. A group past it is "
-    "named on stderr with what served it instead; 0 for no bound. Default: 300.",
-)
-@click.option(
-    "--max-static",
-    type=click.IntRange(min=0),
-    default=ExportOptions.max_static,
-    help="Most static programs per group, one per recorded signature its dynamic program does "
-    "not serve (past the time budget, or cut where regimes cannot serve), most calls first; "
-    f"0: none. Default: {ExportOptions.max_static}.",
-)
-@click.option(
-    "--allow-ops",
-    "allow_ops",
-    metavar="NAME",
-    multiple=True,
-    help="An operator namespace, operator or overload (mylib, aten.bincount, "
-    "mylib.op.default) the programs may call beyond the model's math, as the artifact will be "
-    "loaded with replay.load(path, allow_ops=[...]); a program the loader would refuse is "
-    "reported not covered, with the loader's reason. Repeat for several. Default: none.",
-)
-@click.option(
-    "--keyword-only",
-    is_flag=True,
-    default=ExportOptions.keyword_only,
-    help="Pass positional arguments by keyword in the exported program. Default: as recorded.",
-)
+@export_option_flags
 @click.option(
     "--signatures",
     is_flag=True,
@@ -331,25 +284,16 @@ def _render_coverage(
 @click.pass_context
 def export_command(
     ctx: click.Context,
+    /,
     target: str,
-    model: str | None,
-    groups: tuple[str, ...],
+    model_name: str | None,
     out: str | None,
     aoti: bool,
-    batch: tuple[str, ...],
-    named_dims: bool,
-    spec: str,
-    keyword_only: bool,
-    probes: int,
-    max_regimes: int,
-    merge: bool,
-    time_budget: float,
-    max_static: int,
-    allow_ops: tuple[str, ...],
     signatures: bool,
     fmt: str,
     no_headers: bool,
     wide: bool,
+    **options: Any,
 ) -> None:
     """Export a model with torch.export using the recorded calls.
 
@@ -380,75 +324,20 @@ def export_command(
       capture --store runs/prod export models.py:build --out llama.pt2
       capture export mymodels:build --group decode --set-batch-dimension-for all -f json
     """
-    if signatures and fmt != "table":
-        raise click.UsageError(
-            f"--signatures applies to the table format; -f {fmt} always has one row per signature"
-        )
-    if out is not None and not out.endswith(OUT_SUFFIXES):
-        raise click.BadParameter(f"{out!r} must end with .pt2 or .onnx", param_hint="'--out'")
-    onnx = out if out is not None and out.endswith(".onnx") else None
-    if aoti and (out is None or onnx is not None):
-        raise click.BadParameter("--aoti needs --out MODEL.pt2", param_hint="'--aoti'")
-    if out is not None:  # before the minutes of export: a missing or read-only folder, a full disk
-        check_file(out, option="--out", what="artifact", example="model.pt2")
-    if onnx is not None:
-        from replay.pipeline.exporting import require_onnx
-
-        require_onnx()
-    module = _build_model(target)
+    onnx = _check_out(out, aoti, signatures, fmt)
+    model = _build_model(target)
     if out is not None:  # the weights are written once, whatever the number of programs
-        check_file(out, option="--out", what="artifact", example="model.pt2", need=_weights(module))
-
-    from replay.pipeline.exporting import export_with
-
-    # The same object replay.export builds from its keywords; sub-modules (recorded with
-    # Recorder(modules=...)) are exported by the library for an artifact or an ONNX set.
-    options = ExportOptions.of(
-        set_batch_dimension_for=_batch_option(batch),
-        named_dims=named_dims,
-        spec=spec,
-        keyword_only=keyword_only,
-        probes=probes,
-        max_regimes=max_regimes,
-        merge=merge,
-        time_budget=time_budget or None,
-        max_static=max_static,
-        allow_ops=allow_ops,
-        groups=groups or None,
-        onnx=onnx,
-        modules=out is not None,
-    )
+        need = _weights(model)
+        capture.check_file(out, option="--out", what="artifact", example="model.pt2", need=need)
+    # Sub-modules (recorded with Recorder(modules=...)) go into an artifact or an ONNX set.
+    keywords = export_keywords(options)
     with Progress("export") as progress, stdout_to_stderr():  # progress: only on a terminal
         progress.phase("exporting each call group and checking every recorded signature")
-        result = export_with(module, store_path(ctx), model, options)
-    subs = result.modules
-    for note in result.notes:
-        click.echo(printable(f"note: {note}"), err=True)
-    for sub, sub_result in subs.items():
-        for note in sub_result.notes:
-            click.echo(printable(f"note: {sub}.{note}"), err=True)
-    for prefix, errors in [("", result.errors)] + [(f"{s}.", r.errors) for s, r in subs.items()]:
-        for group, error in errors.items():
-            click.echo(printable(f"error: group {prefix}{group}: {error}"), err=True)
-    written = [*result.onnx.values(), *(f for r in subs.values() for f in r.onnx.values())]
-    if onnx is not None and written:
-        from replay.runtime.ort.manifest import manifest_path, weights_path
-
-        written += [weights_path(onnx), manifest_path(onnx)]
-    if out is not None and onnx is None and result.programs:
-        with stdout_to_stderr():
-            written = [result.save(out, aoti=aoti)]
-    for path in written:
-        click.echo(printable(f"wrote {path}"), err=True)
-    coverage = result.all_coverage()
-    _render_coverage(coverage, fmt, not no_headers, signatures, terminal_width(wide))
-    from replay.runtime.coverage import coverage_total
-
-    if result.complete:  # the sub-modules included
-        click.echo(coverage_total(coverage), err=True)
-        return
-    for prefix, sub_result in [("", result)] + [(f"{s}.", r) for s, r in subs.items()]:
-        for group, why in sub_result.not_honoured.items():
-            click.echo(printable(f"not honoured: {prefix}{group}: {why}"), err=True)
-    click.echo(f"export incomplete: {coverage_total(coverage)} (see the error column)", err=True)
-    ctx.exit(EXIT_PARTIAL)
+        result = replay.export(
+            model, store_path(ctx), model_name, onnx=onnx, modules=out is not None, **keywords
+        )
+    _tell(result)
+    for path in _written(result, out, onnx, aoti):
+        click.echo(capture.printable(f"wrote {path}"), err=True)
+    _render_coverage(result, fmt, not no_headers, signatures, wide)
+    _finish(ctx, result)

@@ -11,7 +11,13 @@ from typing import Any, TypeVar
 
 import click
 
-__all__ = ["EVERY_MODEL", "model_option", "group_option", "choice_format_option"]
+__all__ = [
+    "EVERY_MODEL",
+    "model_option",
+    "group_option",
+    "count_option",
+    "choice_format_option",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -20,7 +26,8 @@ EVERY_MODEL = "Only this model (the Recorder's name). Default: every model in th
 
 
 def model_option(help: str = EVERY_MODEL) -> Callable[[F], F]:
-    """The ``--model NAME`` option (default None), stored in the ``model`` parameter.
+    """The ``--model NAME`` option (default None), stored in the ``model_name`` parameter: a
+    store's name for a model, never the model itself.
 
     Args:
         help: The option's help text, stating its default.
@@ -31,10 +38,10 @@ def model_option(help: str = EVERY_MODEL) -> Callable[[F], F]:
     Example:
         >>> @click.command()
         ... @model_option()
-        ... def cmd(model: str | None) -> None:
-        ...     click.echo(model)
+        ... def cmd(model_name: str | None) -> None:
+        ...     click.echo(model_name)
     """
-    return click.option("--model", metavar="NAME", default=None, help=help)
+    return click.option("--model", "model_name", metavar="NAME", default=None, help=help)
 
 
 def group_option(help: str) -> Callable[[F], F]:
@@ -47,6 +54,28 @@ def group_option(help: str) -> Callable[[F], F]:
         A click decorator.
     """
     return click.option("--group", metavar="NAME", default=None, help=help)
+
+
+def count_option(flag: str, default: int | None, help: str) -> Callable[[F], F]:
+    """An option taking a count N of at least 1 (``--budget N``), with its help stating the
+    default; a default of None makes the option required.
+
+    Args:
+        flag: The long option.
+        default: Its default, or None when it must be given.
+        help: The option's help text, stating its default.
+
+    Returns:
+        A click decorator.
+    """
+    return click.option(
+        flag,
+        type=click.IntRange(min=1),
+        default=default,
+        required=default is None,
+        metavar="N",
+        help=help,
+    )
 
 
 def choice_format_option(formats: Sequence[str], help: str) -> Callable[[F], F]:

@@ -18,7 +18,7 @@ __all__ = ["compile_hints_command"]
 @click.command("hints")
 @model_option("The model (the Recorder's name). Default: the store's only model.")
 @click.pass_context
-def compile_hints_command(ctx: click.Context, model: str | None) -> None:
+def compile_hints_command(ctx: click.Context, model_name: str | None) -> None:
     """Print torch.compile dynamic marks per call group, as JSON.
 
     One entry per call group: its recorded call structure and, per dynamic
@@ -32,11 +32,11 @@ def compile_hints_command(ctx: click.Context, model: str | None) -> None:
       capture hints > hints.json
       capture hints --model LlamaForCausalLM
     """
-    from capture.store_api import open_store
-    from replay.inputs.specs.compilehints import compile_hints
+    import capture
+    import replay
 
-    with open_store(store_path(ctx)) as store:
-        if model is not None:
-            store.check_model(model)
-        hints = compile_hints(store, model)
+    with capture.open_store(store_path(ctx)) as store:
+        if model_name is not None:
+            store.check_model(model_name)
+        hints = replay.compile_hints(store, model_name)
     write_text(hints.to_json(), data=True)

@@ -35,8 +35,7 @@ from typing import Any, TextIO
 
 import click
 
-from capture.errors import CaptureError
-from capture.untrusted import printable
+from capture import CaptureError, printable
 
 __all__ = ["cli", "CaptureGroup", "Settings", "store_path", "COMMANDS", "DEFAULT_STORE"]
 

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union, cast
 
 import click
 
-from capture.untrusted import printable, printable_lines, terminal_data
+from capture import printable, printable_lines, terminal_data
 
 from .cells import (
     Column,

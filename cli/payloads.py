@@ -12,9 +12,10 @@ from typing import Any
 import click
 import pyarrow as pa
 
-from capture.output_paths import check_folder
+from capture import check_folder
 
 from .fit import Fit, terminal_width, wide_option
+from .flags import model_option
 from .main import store_path
 from .output import format_option, no_headers_option, render
 
@@ -38,7 +39,7 @@ def _summary(files: Iterable[Any]) -> pa.Table:
 
 
 @click.command("payloads")
-@click.option("--model", default=None, help="Only this model's payloads. Default: every model.")
+@model_option("Only this model's payloads. Default: every model.")
 @click.option(
     "--delete-before",
     type=click.DateTime(formats=["%Y-%m-%d"]),
@@ -58,7 +59,7 @@ def _summary(files: Iterable[Any]) -> pa.Table:
 @click.pass_context
 def payloads_command(
     ctx: click.Context,
-    model: str | None,
+    model_name: str | None,
     delete_before: dt.datetime | None,
     delete_all: bool,
     dry_run: bool,
@@ -79,7 +80,7 @@ def payloads_command(
       capture payloads --delete-before 2026-11-01
       capture payloads --model LlamaForCausalLM --delete-all --dry-run
     """
-    from capture.store.payload_files import delete_payloads, list_payloads
+    from capture import delete_payloads, list_payloads
 
     if delete_before is not None and delete_all:
         raise click.UsageError("--delete-before and --delete-all exclude each other; pick one")
@@ -87,12 +88,12 @@ def payloads_command(
         raise click.UsageError("--dry-run needs --delete-before or --delete-all")
     store = store_path(ctx)
     if delete_before is None and not delete_all:
-        files = list_payloads(store, model)
+        files = list_payloads(store, model_name)
     else:
         if not dry_run:  # a read-only store: one line before any file is listed
             check_folder(store, option="--store", created=False)
         before = delete_before.date() if delete_before is not None else None
-        files = delete_payloads(store, before=before, model=model, dry_run=dry_run)
+        files = delete_payloads(store, before=before, model=model_name, dry_run=dry_run)
         verb = "would delete" if dry_run else "deleted"
         total = sum(p.size for p in files)
         click.echo(f"{verb} {len(files)} payload file(s), {total:,} bytes", err=True)

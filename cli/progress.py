@@ -19,7 +19,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from types import TracebackType
 from typing import TextIO
 
 __all__ = ["Progress", "LOG_EVERY_S"]
@@ -132,12 +131,7 @@ class Progress:
             except (OSError, ValueError):  # a closed log must not fail the command
                 self._log_every = None
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

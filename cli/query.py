@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from .fit import Fit, constant_columns, terminal_width, wide_option
+from .flags import model_option
 from .main import store_path
 from .output import (
     check_headers,
@@ -46,8 +47,6 @@ _DIMS_LAST = ("dynamic", "calls", "distinct")
 
 _PATHS = ("path",)
 """Columns of key paths: shortened on a terminal, they keep their end (``…_cache[0]``)."""
-
-_MODEL_HELP = "Only this model (the Recorder's name). Default: every model in the store."
 
 
 def parse_value(text: str) -> int | float | str:
@@ -166,7 +165,7 @@ def query_command(
 
 
 @click.command("summary")
-@click.option("--model", metavar="NAME", default=None, help=_MODEL_HELP)
+@model_option()
 @click.option(
     "--artifact",
     metavar="PATH",
@@ -180,7 +179,7 @@ def query_command(
 @wide_option
 @click.pass_context
 def summary_command(
-    ctx: click.Context, model: str | None, artifact: str | None, fmt: str, wide: bool
+    ctx: click.Context, model_name: str | None, artifact: str | None, fmt: str, wide: bool
 ) -> None:
     """Summarize what the store recorded, per model.
 
@@ -203,7 +202,7 @@ def summary_command(
 
         manifest = read_any_manifest(artifact)
     with _open_store(ctx) as store:
-        data = store.summary(model)
+        data = store.summary(model_name)
     if manifest is not None:
         from replay.runtime.routes import routes
 
@@ -223,7 +222,7 @@ def summary_command(
 
 
 @click.command("dims")
-@click.option("--model", metavar="NAME", default=None, help=_MODEL_HELP)
+@model_option()
 @click.option(
     "--python",
     "as_python",
@@ -246,7 +245,7 @@ def summary_command(
 @click.pass_context
 def dims_command(
     ctx: click.Context,
-    model: str | None,
+    model_name: str | None,
     as_python: bool,
     spec: str,
     fmt: str,
@@ -281,12 +280,12 @@ def dims_command(
         from replay.inputs.source import dynamic_shapes_source
 
         with _open_store(ctx) as store:
-            store.check_model(model)
-            source = dynamic_shapes_source(store, model=model, spec=spec)
+            store.check_model(model_name)
+            source = dynamic_shapes_source(store, model=model_name, spec=spec)
         write_text(source, data=True)
         return
     with _open_store(ctx) as store:
-        table = store.dims(model)
+        table = store.dims(model_name)
     hide = _DIMS_IDS + constant_columns(table, ["model"])
     fit = Fit(terminal_width(wide), hide=hide, keep_end=_PATHS, drop_first=_DIMS_LAST)
     render(table, fmt, headers=not no_headers, fit=fit)

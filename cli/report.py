@@ -14,15 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from capture.errors import OutputNotWritable
-from capture.output_paths import check_file, writing
+from capture import OutputNotWritable, check_file, writing
 
 from .flags import model_option
 from .main import store_path
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from replay.check.drift import DriftRow
+    from replay import DriftRow
 
 __all__ = ["report_command", "served_rows"]
 
@@ -43,7 +42,7 @@ def _write(path: Path, page: str) -> None:
 
 
 def served_rows(store: Any, path: str) -> tuple[str, list[DriftRow]]:
-    """Which recorded calls the artifact at `path` serves (`replay.check.drift.check_rows`).
+    """Which recorded calls the artifact at `path` serves (`replay.check_rows`).
 
     Raises:
         click.ClickException: The file is missing.
@@ -52,10 +51,9 @@ def served_rows(store: Any, path: str) -> tuple[str, list[DriftRow]]:
         raise click.ClickException(
             f"no artifact at {path}; pass the .pt2 (or .onnx) that capture export wrote"
         )
-    from replay.check.drift import check_rows
-    from replay.loader import read_any_manifest
+    import replay
 
-    return path, check_rows(store, read_any_manifest(path), None, None)
+    return path, replay.check_rows(store, replay.read_any_manifest(path), None, None)
 
 
 @click.command("report")
@@ -74,7 +72,9 @@ def served_rows(store: Any, path: str) -> tuple[str, list[DriftRow]]:
     "programs serve. Default: no artifact section.",
 )
 @click.pass_context
-def report_command(ctx: click.Context, out: str, model: str | None, artifact: str | None) -> None:
+def report_command(
+    ctx: click.Context, out: str, model_name: str | None, artifact: str | None
+) -> None:
     """Write an HTML page with plots of the store's traffic.
 
     One self-contained file (plots inlined, no network needed to view it):
@@ -93,8 +93,8 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
       capture --store runs/prod report --model LlamaForCausalLM --out llama.html
       capture report --artifact model.pt2 --out report.html
     """
+    from capture import open_store
     from capture.engines.report_html import build_report, require_matplotlib
-    from capture.store_api import open_store
 
     path = Path(check_file(out, option="--out", what="page", example="report.html"))
     require_matplotlib()
@@ -105,7 +105,9 @@ def report_command(ctx: click.Context, out: str, model: str | None, artifact: st
             served = served_rows(store, artifact)
         from replay.inputs.source import export_plan  # what capture export does; no torch
 
-        page = build_report(store, model, served=served, plan=export_plan, progress=progress.phase)
+        page = build_report(
+            store, model_name, served=served, plan=export_plan, progress=progress.phase
+        )
         progress.phase(f"writing {out}")
         _write(path, page)
     click.echo(f"wrote {out} ({len(page) / 1024:,.0f} KiB)", err=True)

@@ -11,15 +11,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from capture.analysis.summary import (
-    GroupSummary,
-    ModelSummary,
-    Summary,
-    blocked_rows,
-    drift_rows,
-    group_table_rows,
-    state_rows,
-)
+from capture.analysis import summary as summaries
 
 from .fit import Fit
 from .output import table_text
@@ -54,7 +46,7 @@ def _utc(timestamp: Any) -> datetime:
     return moment.astimezone(timezone.utc) if moment.tzinfo else moment
 
 
-def _span(entry: Summary | ModelSummary) -> str:
+def _span(entry: summaries.Summary | summaries.ModelSummary) -> str:
     """``from 2026-11-24 08:40:46 to 08:41:02 UTC``: to the second (json keeps microseconds)."""
     first, last = entry.first_ts, entry.last_ts
     if first is None:
@@ -64,7 +56,7 @@ def _span(entry: Summary | ModelSummary) -> str:
     return f"from {start:%Y-%m-%d %H:%M:%S} to {until} UTC"
 
 
-def _counts(entry: Summary | ModelSummary) -> str:
+def _counts(entry: summaries.Summary | summaries.ModelSummary) -> str:
     return (
         f"{entry.calls} calls ({entry.errors} raised), "
         f"{entry.signatures} distinct signatures, {_span(entry)}"
@@ -76,11 +68,14 @@ _PATHS = ("dims",)
 
 
 def _section(title: str, rows: Sequence[dict[str, Any]], width: int | None) -> list[str]:
+    """A titled table; nothing when there are no rows (the section is left out)."""
+    if not rows:
+        return []
     fit = Fit(width, keep_end=_PATHS)
     return ["", title, table_text(rows, indent=_INDENT, fit=fit)]
 
 
-def _differing_scalars(groups: Sequence[GroupSummary]) -> list[str]:
+def _differing_scalars(groups: Sequence[summaries.GroupSummary]) -> list[str]:
     """Scalar paths whose recorded value is not the same in every group."""
     paths: list[str] = []
     for g in groups:
@@ -88,7 +83,7 @@ def _differing_scalars(groups: Sequence[GroupSummary]) -> list[str]:
     return [p for p in paths if len({g.scalars.get(p) for g in groups}) > 1]
 
 
-def _groups(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
+def _groups(groups: Sequence[summaries.GroupSummary], width: int | None) -> list[str]:
     differing = _differing_scalars(groups)
     rows = [
         {
@@ -99,20 +94,17 @@ def _groups(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
                 else {}
             ),
         }
-        for row, g in zip(group_table_rows(groups), groups, strict=True)
+        for row, g in zip(summaries.group_table_rows(groups), groups, strict=True)
     ]
     return _section("Call groups (calls sharing one input structure), largest first", rows, width)
 
 
-def _states(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
-    rows = state_rows(groups)
-    if not rows:
-        return []
+def _states(groups: Sequence[summaries.GroupSummary], width: int | None) -> list[str]:
     title = "States (what the calls ran under besides their arguments; never one group)"
-    return _section(title, rows, width)
+    return _section(title, summaries.state_rows(groups), width)
 
 
-def _symbols(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
+def _symbols(groups: Sequence[summaries.GroupSummary], width: int | None) -> list[str]:
     rows = [
         {
             "group": g.name,
@@ -131,7 +123,7 @@ def _symbols(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
     return _section("Dynamic dims (dims sharing a symbol are equal in every call)", rows, width)
 
 
-def _optional(model: ModelSummary, width: int | None) -> list[str]:
+def _optional(model_summary: summaries.ModelSummary, width: int | None) -> list[str]:
     lines: list[str] = []
     rows = [
         {
@@ -141,44 +133,34 @@ def _optional(model: ModelSummary, width: int | None) -> list[str]:
             "none": o.none,
             "absent in": _join(o.absent_in),
         }
-        for o in model.optional_inputs
+        for o in model_summary.optional_inputs
     ]
-    if rows:
-        lines += _section(
-            "Optional inputs (passed in some calls only; counts are calls)", rows, width
-        )
-    if model.always_absent:
+    lines += _section("Optional inputs (passed in some calls only; counts are calls)", rows, width)
+    if model_summary.always_absent:
         lines += [
             "",
-            f"Never passed (missing or None in every call): {_join(model.always_absent)}",
+            f"Never passed (missing or None in every call): {_join(model_summary.always_absent)}",
         ]
     return lines
 
 
-def _drift(model: ModelSummary, width: int | None) -> list[str]:
-    rows = drift_rows(model)
-    if not rows:
-        return []
+def _drift(model_summary: summaries.ModelSummary, width: int | None) -> list[str]:
+    rows = summaries.drift_rows(model_summary)
     return _section("Drift (inputs seen with several kinds, dtypes or ranks)", rows, width)
 
 
-def _blocked(groups: Sequence[GroupSummary], width: int | None) -> list[str]:
-    rows = blocked_rows(groups)
-    if not rows:
-        return []
+def _blocked(groups: Sequence[summaries.GroupSummary], width: int | None) -> list[str]:
     title = "Not exportable (a recorded class capture cannot rebuild; calls still recorded)"
-    return _section(title, rows, width)
+    return _section(title, summaries.blocked_rows(groups), width)
 
 
-def _relations(model: ModelSummary, width: int | None) -> list[str]:
-    rows = [{"group": r.group, "relation": r.relation} for r in model.relations]
-    if not rows:
-        return []
+def _relations(model_summary: summaries.ModelSummary, width: int | None) -> list[str]:
+    rows = [{"group": r.group, "relation": r.relation} for r in model_summary.relations]
     return _section("Relations between dims (true in every recorded call)", rows, width)
 
 
-def _programs(model: ModelSummary, width: int | None) -> list[str]:
-    rows = model.programs
+def _programs(model_summary: summaries.ModelSummary, width: int | None) -> list[str]:
+    rows = model_summary.programs
     if rows is None:
         return []
     if not rows:
@@ -191,7 +173,7 @@ def _programs(model: ModelSummary, width: int | None) -> list[str]:
     )
 
 
-def summary_report(summary: Summary, width: int | None = None) -> str:
+def summary_report(summary: summaries.Summary, width: int | None = None) -> str:
     """Formats `Store.summary()` as sections of aligned tables.
 
     Args:
@@ -202,23 +184,23 @@ def summary_report(summary: Summary, width: int | None = None) -> str:
         The report, without a trailing newline.
 
     Example:
-        >>> print(summary_report(Summary("s", 0, 0, 0, None, None, (), ())))
+        >>> print(summary_report(summaries.Summary("s", 0, 0, 0, None, None, (), ())))
         Store s
         0 calls (0 raised), 0 distinct signatures, no call recorded
     """
     lines = [f"Store {summary.store}", _counts(summary)]
     for path in summary.skipped_files:
         lines.append(f"Skipped unreadable file: {path}")
-    for model in summary.models:
-        lines += ["", f"== Model {model.model} ==", _counts(model)]
-        groups = model.groups
+    for model_summary in summary.models:
+        lines += ["", f"== Model {model_summary.model} ==", _counts(model_summary)]
+        groups = model_summary.groups
         if groups:
             lines += _states(groups, width)
             lines += _groups(groups, width)
             lines += _blocked(groups, width)
             lines += _symbols(groups, width)
-        lines += _optional(model, width)
-        lines += _drift(model, width)
-        lines += _relations(model, width)
-        lines += _programs(model, width)
+        lines += _optional(model_summary, width)
+        lines += _drift(model_summary, width)
+        lines += _relations(model_summary, width)
+        lines += _programs(model_summary, width)
     return "\n".join(lines)

@@ -13,6 +13,13 @@ __all__ = [
     "export",
     "ExportInputs",
     "ExportResult",
+    "ExportOptions",
+    "group_coverage",
+    "coverage_total",
+    "validate",
+    "read_any_manifest",
+    "check_rows",
+    "DriftRow",
     "ModelInputs",
     "all_dynamic_shape_from_inputs",
     "load",
@@ -26,6 +33,13 @@ _LAZY = {
     "ExportInputs": "replay.inputs.builder",
     "export": "replay.pipeline.exporting",
     "ExportResult": "replay.pipeline.result",
+    "ExportOptions": "replay.inputs.options",
+    "group_coverage": "replay.runtime.coverage",
+    "coverage_total": "replay.runtime.coverage",
+    "validate": "replay.validation",
+    "read_any_manifest": "replay.loader",
+    "check_rows": "replay.check.drift",
+    "DriftRow": "replay.check.drift",
     "ModelInputs": "replay.inputs.modelinputs",
     "all_dynamic_shape_from_inputs": "replay.inputs.modelinputs",
     "load": "replay.loader",
@@ -35,13 +49,17 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from replay.check.drift import DriftRow, check_rows
     from replay.inputs.builder import ExportInputs, export_inputs
     from replay.inputs.modelinputs import ModelInputs, all_dynamic_shape_from_inputs
+    from replay.inputs.options import ExportOptions
     from replay.inputs.specs.additional import additional_inputs
     from replay.inputs.specs.compilehints import CompileHints, compile_hints
-    from replay.loader import load
+    from replay.loader import load, read_any_manifest
     from replay.pipeline.exporting import export
     from replay.pipeline.result import ExportResult
+    from replay.runtime.coverage import coverage_total, group_coverage
+    from replay.validation import validate
 
 
 def __getattr__(name: str) -> Any:

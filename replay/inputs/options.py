@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ExportOptions",
+    "OptionDoc",
     "batch_option",
     "DEFAULT_SEED",
     "DEFAULT_TIME_BUDGET",
@@ -56,6 +58,8 @@ costs nothing until it passes (`replay.pipeline.budget.deadline`)."""
 
 BatchOption = bool | tuple[str | int, ...] | None
 
+_T = TypeVar("_T")
+
 
 def batch_option(value: bool | Iterable[str | int] | None) -> BatchOption:
     """``set_batch_dimension_for`` as an immutable value: None, a bool, or a tuple of names
@@ -70,74 +74,250 @@ def batch_option(value: bool | Iterable[str | int] | None) -> BatchOption:
     return tuple(value)
 
 
+SPECS = ("dims", "shapes")
+"""The forms of ``dynamic_shapes`` an export can use (`ExportOptions.spec`)."""
+
+
+@dataclass(frozen=True)
+class OptionDoc:
+    """What an `ExportOptions` field means, kept in the field's metadata: the one source of its
+    help in ``help(ExportOptions)`` and of its ``capture export`` option (name, help, default).
+
+    Attributes:
+        help: What the option does, for the Python API and the command line alike.
+        flag: The ``capture export`` option (``--probes``, ``--merge/--no-merge``); None: the
+            Python API only (a tensor, a callable, or what ``--out`` decides).
+        cli_help: Said on the command line only, after `help` (its spelling of a value).
+        api_help: Said in the Python docs only, after `help`.
+        default_text: The default as the command line's help states it; None: the default
+            itself (``--merge`` for a flag on by default).
+        metavar: The option's value in the usage line.
+        minimum: The least value the command line accepts.
+        choices: The values the option accepts.
+        repeatable: The command line gives one value per occurrence (a tuple in Python).
+        none_as: The command line's value for None (``--time-budget 0``: no bound).
+    """
+
+    help: str
+    flag: str | None = None
+    cli_help: str = ""
+    api_help: str = ""
+    default_text: str | None = None
+    metavar: str | None = None
+    minimum: float | None = None
+    choices: tuple[str, ...] = ()
+    repeatable: bool = False
+    none_as: float | None = None
+
+
+_NAMES: dict[str, Any] = {"metavar": "NAME", "repeatable": True}
+"""An option given as names, one per occurrence on the command line."""
+
+
+def _doc(help: str, **cli: Any) -> dict[str, OptionDoc]:
+    return {"doc": OptionDoc(help, **cli)}
+
+
+def _with_attributes(cls: type[_T]) -> type[_T]:
+    """Appends an ``Attributes:`` section written from each field's `OptionDoc` to the class
+    docstring, so ``help(ExportOptions)`` and ``capture export --help`` say the same."""
+    lines = ["", "    Attributes:"]
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        doc: OptionDoc = f.metadata["doc"]
+        text = " ".join(t for t in (doc.help, doc.api_help) if t)
+        lines += textwrap.wrap(
+            f"{f.name}: {text}", 96, initial_indent=" " * 8, subsequent_indent=" " * 12
+        )
+    cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n" + "\n".join(lines) + "\n"
+    return cls
+
+
+@_with_attributes
 @dataclass(frozen=True)
 class ExportOptions:
     """Every option of `replay.export_inputs` and `replay.export` (see their docstrings).
 
-    Attributes:
-        set_batch_dimension_for: None, True, or argument names/positions whose axis 0 is
-            dynamic even when it never varied.
-        named_dims: Named ``Dim(symbol, min=, max=)`` instead of ``Dim.DYNAMIC``.
-        keyword_only: Pass positional arguments by keyword.
-        value_if_missing: Name -> tensor given where that argument is missing (fill_missing).
-        fill_missing: Give every program the tensor arguments some group of the model passes.
-        seed: Seed of the example tensors.
-        device: Device of the example tensors.
-        groups: Only these call groups (None: all).
-        onnx: Also write ONNX to this path (`replay.export` only).
-        modules: Also export the sub-modules recorded with ``Recorder(modules=...)`` into
-            `replay.pipeline.exporting.ExportResult.modules` (`replay.export` only).
-        strict: Passed to ``torch.export.export``.
-        atol: Absolute tolerance of the output comparison.
-        rtol: Relative tolerance of the output comparison.
-        probes: Most probes checked per group.
-        max_payloads: Most sampled real calls checked.
-        max_payload_bytes: Most bytes of tensors a sampled call's file may hold (bigger ones
-            are not covered, never read).
-        max_regimes: Most regimes a call group is split into where torch.export cuts its
-            recorded range (`replay.pipeline.splitting`); 1: never split.
-        merge: Serve a group that lacks an optional input with another group's program, the
-            input filled, where the check proves it on the group's own signatures
-            (`replay.pipeline.merging`); False: one program per group.
-        time_budget: Seconds of torch.export per call group (its dynamic exports, retries and
-            regimes get half, the static fallback the rest;
-            `replay.pipeline.budget.deadline`); None: no bound.
-        max_static: Most static programs per group for the recorded signatures its dynamic
-            program does not serve (`replay.pipeline.budget.static`); 0: no static fallback.
-        spec: ``"dims"``: ``dynamic_shapes`` of ``torch.export.Dim`` objects; ``"shapes"``:
-            torch's ``ShapesSpec`` (torch >= 2.14) learned from the store
-            (`replay.inputs.specs.shapesspec`).
-        allow_ops: Operators the programs may call beyond the allow-list, as the artifact will
-            be loaded with (``replay.load(path, allow_ops=...)``): a program the loader would
-            refuse is not claimed (`replay.artifact.loadable`).
-        set_state: Puts the model in a recorded state's declared items (``fn(items)``) and
-            back (``fn(None)``), for a store recorded with ``Recorder(..., state=fn)``
-            (`capture.state.entering`); peft adapters and ``training`` are entered without it.
+    Each field's `OptionDoc` (``ExportOptions.docs()``) says what it does; the ``Attributes``
+    section below is written from them, and ``capture export`` builds its options from them.
     """
 
-    set_batch_dimension_for: BatchOption = None
-    named_dims: bool = False
-    keyword_only: bool = False
-    value_if_missing: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    fill_missing: bool = False
-    seed: int = DEFAULT_SEED
-    device: str | None = None
-    groups: tuple[str, ...] | None = None
-    onnx: str | None = None
-    modules: bool = False
-    strict: bool = False
-    atol: float = 1e-4
-    rtol: float = 1e-4
-    probes: int = 4
-    max_payloads: int = 64
-    max_payload_bytes: int = DEFAULT_MAX_CALL_BYTES
-    max_regimes: int = 4
-    merge: bool = True
-    time_budget: float | None = DEFAULT_TIME_BUDGET
-    max_static: int = 16
-    spec: str = "dims"
-    allow_ops: tuple[str, ...] = ()
-    set_state: Callable[[dict[str, Any] | None], None] | None = None
+    set_batch_dimension_for: BatchOption = field(
+        default=None,
+        metadata=_doc(
+            "Make axis 0 of these arguments (names or positions) dynamic even when it never "
+            "varied.",
+            flag="--set-batch-dimension-for",
+            cli_help="Repeatable; 'all' for every input tensor.",
+            api_help="True: every input tensor.",
+            default_text="only dims that varied",
+            **_NAMES,
+        ),
+    )
+    named_dims: bool = field(
+        default=False,
+        metadata=_doc(
+            "Use named Dim(symbol, min, max) with the recorded ranges, shared and derived "
+            "dims; where torch.export rejects them, bounded Dim.DYNAMIC(min, max) hints "
+            "(reported not honoured when neither is accepted: the command exits 3).",
+            flag="--named-dims",
+            default_text="Dim.DYNAMIC",
+        ),
+    )
+    keyword_only: bool = field(
+        default=False,
+        metadata=_doc(
+            "Pass positional arguments by keyword in the exported program.",
+            flag="--keyword-only",
+            default_text="as recorded",
+        ),
+    )
+    value_if_missing: Mapping[str, torch.Tensor] = field(
+        default_factory=dict,
+        metadata=_doc("Name -> tensor given where that argument is missing (fill_missing)."),
+    )
+    fill_missing: bool = field(
+        default=False,
+        metadata=_doc("Give every program the tensor arguments some group of the model passes."),
+    )
+    seed: int = field(default=DEFAULT_SEED, metadata=_doc("Seed of the example tensors."))
+    device: str | None = field(default=None, metadata=_doc("Device of the example tensors."))
+    groups: tuple[str, ...] | None = field(
+        default=None,
+        metadata=_doc(
+            "Export only these call groups (decode, prefill, g0, ... as `capture dims` shows "
+            "them).",
+            flag="--group",
+            cli_help="Repeatable.",
+            api_help="None: every group.",
+            default_text="every group",
+            **_NAMES,
+        ),
+    )
+    # ``capture export --out x.onnx`` sets it.
+    onnx: str | None = field(
+        default=None, metadata=_doc("Also write ONNX to this path (`replay.export` only).")
+    )
+    # ``capture export --out`` sets it: an artifact holds the recorded sub-modules' programs.
+    modules: bool = field(
+        default=False,
+        metadata=_doc(
+            "Also export the sub-modules recorded with ``Recorder(modules=...)`` into "
+            "``ExportResult.modules`` (`replay.export` only)."
+        ),
+    )
+    strict: bool = field(default=False, metadata=_doc("Passed to ``torch.export.export``."))
+    atol: float = field(default=1e-4, metadata=_doc("Absolute tolerance of the output comparison."))
+    rtol: float = field(default=1e-4, metadata=_doc("Relative tolerance of the output comparison."))
+    probes: int = field(
+        default=4,
+        metadata=_doc(
+            "Unseen sizes inside the recorded ranges checked per group besides every recorded "
+            "signature (coverage rows of kind probe); 0 for none.",
+            flag="--probes",
+            minimum=0,
+        ),
+    )
+    max_payloads: int = field(default=64, metadata=_doc("Most sampled real calls checked."))
+    max_payload_bytes: int = field(
+        default=DEFAULT_MAX_CALL_BYTES,
+        metadata=_doc(
+            "Most bytes of tensors a sampled call's file may hold (bigger ones are not "
+            "covered, never read)."
+        ),
+    )
+    # The split: `replay.pipeline.splitting`.
+    max_regimes: int = field(
+        default=4,
+        metadata=_doc(
+            "Where torch.export cuts a group's recorded range (a sliding window, a branch on a "
+            "size), export each side as a regime of its own (prefill[input_ids_1<=4], ...), at "
+            "most this many per group; 1 never splits.",
+            flag="--max-regimes",
+            minimum=1,
+        ),
+    )
+    # The merge: `replay.pipeline.merging`.
+    merge: bool = field(
+        default=True,
+        metadata=_doc(
+            "Serve a group lacking an optional input (generate()'s batch-1 calls without "
+            "attention_mask) with the program of a group passing it, the input filled, where "
+            "the check proves it on the group's own signatures.",
+            flag="--merge/--no-merge",
+            api_help="False: one program per group.",
+        ),
+    )
+    # The deadline and the static fallback: `replay.pipeline.budget`.
+    time_budget: float | None = field(
+        default=DEFAULT_TIME_BUDGET,
+        metadata=_doc(
+            "Seconds of torch.export per call group; each export is stopped at the deadline. "
+            "The dynamic exports (plain, retries, regimes) may use half; the recorded "
+            "signatures they do not serve get one static program each, most calls first, in "
+            "the rest. A group past it is named with what served it instead.",
+            flag="--time-budget",
+            cli_help="0 for no bound.",
+            api_help="None: no bound.",
+            metavar="SECONDS",
+            minimum=0,
+            none_as=0,
+        ),
+    )
+    max_static: int = field(
+        default=16,
+        metadata=_doc(
+            "Most static programs per group, one per recorded signature its dynamic program "
+            "does not serve (past the time budget, or cut where regimes cannot serve), most "
+            "calls first; 0: none.",
+            flag="--max-static",
+            minimum=0,
+        ),
+    )
+    # shapes: `replay.inputs.specs.shapesspec`.
+    spec: str = field(
+        default="dims",
+        metadata=_doc(
+            "The form of dynamic_shapes: torch.export.Dim objects (dims), or torch's "
+            "ShapesSpec learned from the store (shapes, torch >= 2.14: recorded ranges, the "
+            "most called size as optimization hint, trusted divisors as assumptions; every "
+            "size unbacked, no retries or regimes).",
+            flag="--spec",
+            choices=SPECS,
+        ),
+    )
+    # The loader's refusal: `replay.artifact.loadable`.
+    allow_ops: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "Operator namespaces, operators or overloads (mylib, aten.bincount, "
+            "mylib.op.default) the programs may call beyond the model's math, as the artifact "
+            "will be loaded with replay.load(path, allow_ops=[...]); a program the loader "
+            "would refuse is reported not covered, with the loader's reason.",
+            flag="--allow-ops",
+            cli_help="Repeat for several.",
+            default_text="none",
+            **_NAMES,
+        ),
+    )
+    # Entering a state: `capture.state.entering`.
+    set_state: Callable[[dict[str, Any] | None], None] | None = field(
+        default=None,
+        metadata=_doc(
+            "Puts the model in a recorded state's declared items (``fn(items)``) and back "
+            "(``fn(None)``), for a store recorded with ``Recorder(..., state=fn)``; peft "
+            "adapters and ``training`` are entered without it."
+        ),
+    )
+
+    @classmethod
+    def docs(cls) -> dict[str, OptionDoc]:
+        """Option name -> its `OptionDoc`, in the fields' order.
+
+        Example:
+            >>> ExportOptions.docs()["probes"].flag
+            '--probes'
+        """
+        return {f.name: f.metadata["doc"] for f in dataclasses.fields(cls)}
 
     @classmethod
     def of(cls, **options: Any) -> ExportOptions:
@@ -193,10 +373,6 @@ class ExportOptions:
         if only:
             raise TypeError(f"{', '.join(only)}: an option of replay.export, not of export_inputs")
         return cls.of(**options)
-
-
-SPECS = ("dims", "shapes")
-"""The forms of ``dynamic_shapes`` an export can use (`ExportOptions.spec`)."""
 
 
 @dataclass(frozen=True)
