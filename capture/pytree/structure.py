@@ -46,12 +46,13 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-# The fields of the recorder's `capture.record.flatten.Leaf` plus the stored leaf index, read back
-# from rows (two classes: the recorder builds its leaves positionally before they are numbered).
 @dataclass(frozen=True)
 class RecordedLeaf:
     """One leaf of a recorded structure (one ``structures`` row, without the structure-wide
-    columns). The attributes are the columns of `capture.schema.STRUCTURES_SCHEMA`."""
+    columns). The attributes are the columns of `capture.schema.STRUCTURES_SCHEMA`.
+
+    The one leaf record: the recorder builds it (`capture.record.structure.describe`) and
+    writes its fields, a reader builds it back from the row (`from_row`)."""
 
     leaf: int
     path: str

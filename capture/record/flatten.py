@@ -30,9 +30,8 @@ import torch
 from capture import compat
 from capture.pytree import nodes, outputs
 from capture.record.structure import (
-    Leaf,
+    OpaqueArgument,
     Structure,
-    Summary,
     Unreadable,
     describe,
     dtype_name,
@@ -40,7 +39,6 @@ from capture.record.structure import (
 from capture.signature import Signature
 
 __all__ = [
-    "Leaf",
     "Structure",
     "describe",
     "walk",
@@ -49,7 +47,7 @@ __all__ = [
     "dtype_name",
     "Oversized",
     "Unreadable",
-    "Summary",
+    "OpaqueArgument",
     "MAX_ITEMS",
     "MAX_KEY",
     "shapes_of",
@@ -72,7 +70,7 @@ MAX_KEY = 4_000
 
 
 class Oversized(Exception):
-    """Raised by `walk()` past `MAX_ITEMS`/`MAX_KEY`: the recorder then uses `Summary` leaves."""
+    """Raised by `walk()` past `MAX_ITEMS`/`MAX_KEY`: the recorder then uses `OpaqueArgument`s."""
 
 
 def _freeze(context: Any) -> Any:

@@ -9,6 +9,7 @@ consistent.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import struct
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from capture import schema
+from capture.pytree.structure import RecordedLeaf
 from capture.store.stats_merge import merge, merge_items
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
@@ -313,6 +315,10 @@ def _day(ts_ns: int) -> str:
     return dt.datetime.fromtimestamp(ts_ns / 1e9, tz=dt.timezone.utc).date().isoformat()
 
 
+_LEAF_COLUMNS = tuple(f.name for f in dataclasses.fields(RecordedLeaf))
+"""The ``structures`` columns a leaf fills (`capture.pytree.structure.RecordedLeaf`)."""
+
+
 def structure_table(model: str, structures: Sequence[Structure], signature: Signature) -> pa.Table:
     """One row per leaf of each structure (the `structures` table).
 
@@ -325,20 +331,7 @@ def structure_table(model: str, structures: Sequence[Structure], signature: Sign
         for index, leaf in enumerate(st.leaves):
             cols["structure_id"].append(st.structure_id)
             cols["model"].append(model)
-            cols["leaf"].append(index)
-            for name in (
-                "path",
-                "argument",
-                "position",
-                "kind",
-                "type",
-                "dtype",
-                "rank",
-                "device",
-                "value",
-                "dim_offset",
-                "range_index",
-            ):
+            for name in _LEAF_COLUMNS:
                 cols[name].append(getattr(leaf, name))
             cols["treespec"].append(st.treespec if index == 0 else None)
             cols["signature"].append(sig_json)
