@@ -192,6 +192,34 @@ def _structure_id(leaves: list[RecordedLeaf], treespec: str | None) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def _flatten(
+    obj: Any, tensors: list[torch.Tensor], root: str, strict: bool
+) -> tuple[list[tuple[Any, Any]], str | None, bool]:
+    """`obj`'s leaves with their key paths, its serialized treespec (None when it has none),
+    and whether its calls must be flattened with torch's pytree (`Structure.slow`)."""
+    slow = False
+    treespec: str | None = None
+    try:
+        flat, spec = pytree.tree_flatten_with_path(obj)
+    except Exception as e:  # a user-registered flatten function failed: describe what we saw
+        if strict:
+            raise Unreadable(f"{type(e).__name__}: {e}") from e
+        logger.warning("torch pytree could not flatten a %s: %s", root, e)
+        flat, spec = [((pytree.SequenceKey(i),), t) for i, t in enumerate(tensors)], None
+        slow = True
+    if spec is not None:
+        try:
+            treespec = pytree.treespec_dumps(spec)
+        except Exception as e:  # a node type without serialized_type_name: keep going without
+            logger.info("treespec of a %s cannot be serialized: %s", root, e)
+    pytree_tensors = [v for _, v in flat if isinstance(v, _Tensor)]
+    if len(pytree_tensors) != len(tensors) or any(
+        a is not b for a, b in zip(pytree_tensors, tensors, strict=False)
+    ):
+        slow = True
+    return flat, treespec, slow
+
+
 def describe(
     obj: Any,
     tensors: list[torch.Tensor],
@@ -219,26 +247,7 @@ def describe(
     Raises:
         Unreadable: With `strict`, a flatten function failed.
     """
-    slow = False
-    treespec: str | None = None
-    try:
-        flat, spec = pytree.tree_flatten_with_path(obj)
-    except Exception as e:  # a user-registered flatten function failed: describe what we saw
-        if strict:
-            raise Unreadable(f"{type(e).__name__}: {e}") from e
-        logger.warning("torch pytree could not flatten a %s: %s", root, e)
-        flat, spec = [((pytree.SequenceKey(i),), t) for i, t in enumerate(tensors)], None
-        slow = True
-    if spec is not None:
-        try:
-            treespec = pytree.treespec_dumps(spec)
-        except Exception as e:  # a node type without serialized_type_name: keep going without
-            logger.info("treespec of a %s cannot be serialized: %s", root, e)
-    pytree_tensors = [v for _, v in flat if isinstance(v, _Tensor)]
-    if len(pytree_tensors) != len(tensors) or any(
-        a is not b for a, b in zip(pytree_tensors, tensors, strict=False)
-    ):
-        slow = True
+    flat, treespec, slow = _flatten(obj, tensors, root, strict)
     leaves: list[RecordedLeaf] = []
     offset = 0
     range_tensors: list[int] = []
@@ -252,13 +261,7 @@ def describe(
         leaf, is_tensor = _leaf_of(len(leaves), value, path, argument, position)
         if is_tensor:
             range_index = None
-            if (
-                value.dtype in _INTEGER_DTYPES
-                and value.dtype not in _NO_RANGE_DTYPES
-                and value.layout is torch.strided
-                and not value.is_nested
-                and _tracked(path, value, track_ranges, fills, root)
-            ):
+            if _tracked(path, value, track_ranges, fills, root):
                 range_index = len(range_tensors)
                 range_tensors.append(n_seen)
                 deferred = deferred or value.device.type != "cpu"
@@ -305,11 +308,18 @@ def _tracked(
     fills: set[str],
     root: str,
 ) -> bool:
-    """Whether an integer tensor's value range is recorded.
+    """Whether a tensor's value range is recorded: a dense integer tensor's only.
 
     A static cache's fill level is recorded on any device: its first layer's, once
     per cache (every layer of a cache advances alike; replay gives the others the same value).
     """
+    if (
+        value.dtype not in _INTEGER_DTYPES
+        or value.dtype in _NO_RANGE_DTYPES
+        or value.layout is not torch.strided
+        or value.is_nested
+    ):
+        return False
     at = path.find(_FILL)
     if at < 0:
         return track_ranges(value)
