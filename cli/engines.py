@@ -216,7 +216,7 @@ def buckets_command(
     from capture.store_api import open_store
 
     with open_store(store_path(ctx)) as store:
-        table = buckets_table(store, symbol, budget, model=model, group=group)
+        table = buckets_table(store, symbol, budget, model_name=model, group=group)
     summary = json.loads((table.schema.metadata or {})[METADATA_BUCKETS])
     rows = table.to_pylist()
     if fmt == "json":

@@ -353,7 +353,7 @@ def build_profiles(
 
 def store_profiles(
     store: StoreReader,
-    model: str | None = None,
+    model_name: str | None = None,
     *,
     group: str | None = None,
     opt: str = "mode",
@@ -368,7 +368,7 @@ def store_profiles(
     from capture.analysis.groups import analyze
     from capture.errors import UnknownModel
 
-    groups = analyze(store, model)
+    groups = analyze(store, model_name)
     if group is not None:
         chosen = [g for g in groups if g.name == group]
         if not chosen:
@@ -382,7 +382,7 @@ def store_profiles(
 
 def profiles_table(
     store: StoreReader,
-    model: str | None = None,
+    model_name: str | None = None,
     *,
     group: str | None = None,
     opt: str = "mode",
@@ -392,7 +392,7 @@ def profiles_table(
 
     Args:
         store: An open store.
-        model: A model name, or None for every model.
+        model_name: A model name, or None for every model.
         group: Only this call group. Default: every group.
         opt: ``mode``, ``p50`` or ``p90`` (module docstring).
         max_profiles: Most profiles per group.
@@ -407,7 +407,7 @@ def profiles_table(
     Example:
         >>> profiles_table(open_store("store"), "M").column("opt_shape")  # doctest: +SKIP
     """
-    profiles = store_profiles(store, model, group=group, opt=opt, max_profiles=max_profiles)
+    profiles = store_profiles(store, model_name, group=group, opt=opt, max_profiles=max_profiles)
     return profiles_to_table(profiles)
 
 
