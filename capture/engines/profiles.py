@@ -380,22 +380,15 @@ def store_profiles(
     return build_profiles(groups, opt, max_profiles)
 
 
-def profiles_table(
-    store: StoreReader,
-    model_name: str | None = None,
-    *,
-    group: str | None = None,
-    opt: str = "mode",
-    max_profiles: int = 1,
-) -> pa.Table:
+def profiles_table(store: StoreReader, model_name: str | None = None, **options: Any) -> pa.Table:
     """`Store.profiles()`: one row per model, group, profile and tensor input (`PROFILES_SCHEMA`).
 
     Args:
         store: An open store.
         model_name: A model name, or None for every model.
-        group: Only this call group. Default: every group.
-        opt: ``mode``, ``p50`` or ``p90`` (module docstring).
-        max_profiles: Most profiles per group.
+        **options: Passed to `store_profiles`: ``group`` (only this call group; default every
+            group), ``opt`` (``mode``, ``p50`` or ``p90``: module docstring), ``max_profiles``
+            (most profiles per group, default 1).
 
     Returns:
         The table; ``min_shape`` / ``opt_shape`` / ``max_shape`` are lists of sizes.
@@ -407,8 +400,7 @@ def profiles_table(
     Example:
         >>> profiles_table(open_store("store"), "M").column("opt_shape")  # doctest: +SKIP
     """
-    profiles = store_profiles(store, model_name, group=group, opt=opt, max_profiles=max_profiles)
-    return profiles_to_table(profiles)
+    return profiles_to_table(store_profiles(store, model_name, **options))
 
 
 def profiles_to_table(profiles: Sequence[Profile]) -> pa.Table:
