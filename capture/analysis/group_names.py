@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from capture.pytree.cachespec import is_cache_argument, is_cache_counter
-from capture.pytree.structure import PRESENT, RecordedStructure
+from capture.pytree.recorded_structure import PRESENT, RecordedStructure
 from capture.state import state_label
 
 

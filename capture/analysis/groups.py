@@ -41,7 +41,7 @@ import pyarrow as pa
 from capture.analysis.group_names import group_names
 from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
 from capture.errors import CorruptStoreFile
-from capture.pytree.structure import RecordedLeaf, RecordedStructure
+from capture.pytree.recorded_structure import RecordedLeaf, RecordedStructure
 from capture.renames import RENAMED, spelling_key
 from capture.schema import STATE
 from capture.state import DEFAULT
@@ -111,7 +111,7 @@ class Group:
         calls: Recorded calls in the group.
         signatures: Distinct size vectors in the group.
         structure: The group's input structure, typed and read once from its ``structures`` rows
-            (`capture.pytree.structure`).
+            (`capture.pytree.recorded_structure`).
         dims: Every tensor leaf x axis, leaf order then axis order.
         relations: Derived symbols, true in every call of the group.
         errors: Calls of the group whose forward raised.

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from capture import schema
 from capture.analysis.groups import Group, analyze
 from capture.pytree.cachespec import blocking_reason
-from capture.pytree.structure import MISSING, NONE, PRESENT
+from capture.pytree.recorded_structure import MISSING, NONE, PRESENT
 
 if TYPE_CHECKING:
     from capture.store.reader import StoreReader

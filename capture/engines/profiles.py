@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from capture.engines.buckets import optimal_buckets
-from capture.pytree.structure import RecordedLeaf, as_leaves
+from capture.pytree.recorded_structure import RecordedLeaf, as_leaves
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from capture import schema
-from capture.pytree.structure import RecordedLeaf
+from capture.pytree.recorded_structure import RecordedLeaf
 from capture.store.stats_merge import merge, merge_items
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
@@ -316,7 +316,7 @@ def _day(ts_ns: int) -> str:
 
 
 _LEAF_COLUMNS = tuple(f.name for f in dataclasses.fields(RecordedLeaf))
-"""The ``structures`` columns a leaf fills (`capture.pytree.structure.RecordedLeaf`)."""
+"""The ``structures`` columns a leaf fills (`capture.pytree.recorded_structure.RecordedLeaf`)."""
 
 
 def structure_table(

@@ -125,8 +125,8 @@ def token_counts(
     """Marks the token leaves whose special ids are counted, and where their counts go.
 
     Args:
-        leaves: A structure's leaves (`capture.pytree.structure.RecordedLeaf`), argument names
-            filled.
+        leaves: A structure's leaves (`capture.pytree.recorded_structure.RecordedLeaf`),
+            argument names filled.
         tensor_of: Leaf index -> position of that tensor in the call's tensor list.
         n_ranges: Value range items a call has before the counts.
         ids: `special_token_ids` of the model.

@@ -103,7 +103,7 @@ _TENSOR = schema.KIND_TENSOR
 
 class LeafFacts(Protocol):
     """The facts of a leaf that matching compares (`LEAF_FIELDS`): a
-    recorded leaf (`capture.pytree.structure.RecordedLeaf`) or a live call's
+    recorded leaf (`capture.pytree.recorded_structure.RecordedLeaf`) or a live call's
     (`capture.record.flatten.Leaf`)."""
 
     @property
@@ -122,7 +122,7 @@ def leaf_key(leaves: Iterable[LeafFacts]) -> tuple[tuple[Any, ...], ...]:
     """The comparable form of a structure's leaves.
 
     Example:
-        >>> from capture.pytree.structure import RecordedLeaf
+        >>> from capture.pytree.recorded_structure import RecordedLeaf
         >>> leaf_key([RecordedLeaf(0, "args[0]", None, 0, "tensor", dtype="float32", rank=2)])
         (('args[0]', 'tensor', 'float32', 2, None),)
     """
@@ -204,7 +204,7 @@ def structure_difference(
         sentence naming them by key path, at most `SHOWN` of them.
 
     Example:
-        >>> from capture.pytree.structure import RecordedLeaf
+        >>> from capture.pytree.recorded_structure import RecordedLeaf
         >>> x = RecordedLeaf(0, "args[0]", None, 0, "tensor", dtype="float32", rank=2)
         >>> mask = RecordedLeaf(1, "kwargs['m']", "m", None, "tensor", dtype="float32", rank=2)
         >>> structure_difference("t1", [x, mask], "t0", [x])

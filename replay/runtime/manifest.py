@@ -21,7 +21,7 @@ from typing import Any
 
 from capture import schema
 from capture.errors import ReplayError, StateError
-from capture.pytree.structure import RecordedLeaf
+from capture.pytree.recorded_structure import RecordedLeaf
 from capture.signature import Signature
 from capture.state import parse_key
 from replay.runtime.callform import CallForm

@@ -1,7 +1,8 @@
 """A call's input structure, the recorder's side: described once per new structure key.
 
-The store side of the same concept is `capture.pytree.structure` (`RecordedStructure`, read
-back from the ``structures`` table); this module builds what is written there: `describe()`
+The store side of the same concept is `capture.pytree.recorded_structure` (`RecordedStructure`,
+read back from the ``structures`` table; `RecordedLeaf`, the leaf record both sides use); this
+module builds what is written there: `describe()`
 flattens a call's ``(args, kwargs)`` (or output) with torch's pytree, names each leaf's path and
 argument, marks the missing optionals, decides which integer tensors have their value range
 recorded (and a static cache's fill level on any device, and the special token
@@ -22,7 +23,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from capture.pytree import nodes
-from capture.pytree.structure import RecordedLeaf
+from capture.pytree.recorded_structure import RecordedLeaf
 from capture.record import tokens
 from capture.renames import same_argument
 from capture.schema import (
