@@ -103,8 +103,8 @@ _TENSOR = schema.KIND_TENSOR
 
 class LeafFacts(Protocol):
     """The facts of a leaf that matching compares (`LEAF_FIELDS`): a
-    recorded leaf (`capture.pytree.recorded_structure.RecordedLeaf`) or a live call's
-    (`capture.record.flatten.Leaf`)."""
+    recorded leaf or a live call's, both a `capture.pytree.recorded_structure.RecordedLeaf`
+    (a live call's described by `capture.record.call_structure.describe`)."""
 
     @property
     def path(self) -> str: ...
