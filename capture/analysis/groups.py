@@ -413,13 +413,13 @@ def _build(
     min_support: int,
 ) -> Group | None:
     """One group from rows ``start:stop`` of the merged signatures (all of one structure)."""
-    model, structure_id = key
+    model_name, structure_id = key
     if leaves is None:
         logger.warning(
             "capture: %d calls of model %s use structure %s, which no readable structures file "
             "describes; they are left out of the analysis",
             int(calls[start:stop].sum()),
-            printable(model),
+            printable(model_name),
             printable(structure_id),
         )
         return None
@@ -433,7 +433,7 @@ def _build(
             "capture: %d signatures of model %s, structure %s do not have the %d sizes their "
             "structure describes; they are left out of the analysis",
             stop - start - keep.size,
-            printable(model),
+            printable(model_name),
             printable(structure_id),
             width,
         )
@@ -455,7 +455,7 @@ def _build(
             merged[position] = summed.astype(np.int64)
             matrix, weights = matrix[order], merged
     return _group(
-        model, structure_id, structure, matrix, weights, set_batch_dimension_for, min_support
+        model_name, structure_id, structure, matrix, weights, set_batch_dimension_for, min_support
     )
 
 
