@@ -10,19 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from capture.errors import (
-    CaptureError,
-    CorruptStoreFile,
-    EmptyStore,
-    ObservationMismatch,
-    OutputNotWritable,
-    QueryError,
-    ReplayError,
-    SchemaMismatch,
-    StateError,
-    StoreNotFound,
-    UnknownModel,
-)
+from capture import errors
+from capture.errors import *  # noqa: F403  (its classes, so callers catch them without a second import)
 
 __all__ = [
     "Recorder",
@@ -60,19 +49,8 @@ __all__ = [
     "METADATA_BUCKETS",
     # The tiny models of `capture demo` and the docs (``capture.demo_model:tiny_llama``).
     "demo_model",
-    # capture.errors' classes, so callers can catch them without a second import.
-    "CaptureError",
-    "StoreNotFound",
-    "CorruptStoreFile",
-    "EmptyStore",
-    "SchemaMismatch",
-    "UnknownModel",
-    "QueryError",
-    "ObservationMismatch",
-    "ReplayError",
-    "OutputNotWritable",
-    "StateError",
 ]
+__all__ += errors.__all__
 
 _LAZY = {
     "Recorder": "capture.record.recorder",

@@ -8,7 +8,7 @@ module, never through a name test of its own:
 
 - the recorder binds a call passing an old name to the parameter it renames (a model declaring
   ``cache`` and called with ``past_key_values=`` has no missing ``cache``:
-  `capture.record.structure`);
+  `capture.record.call_structure`);
 - the analysis gives the structures that differ only by spelling one call group, named and
   shaped after its most recent recording (`capture.analysis.groups`), so the groups, dims and
   symbols of a store spanning an upgrade are those of a store recorded under one version;

@@ -1,12 +1,12 @@
 """Which parameter is positional and its name: a method's signature, and how a call binds to it.
 
-The one binder of capture: the recorder names the positional leaves of a call and finds
-the optionals it did not pass (`capture.record.flatten`), the seed API aligns calls by argument
-name (`capture.seeds.alignment`), replay decides a program's call form (`replay.inputs.shapes`) and
+The one binder of capture: the recorder names the positional leaves of a call and finds the
+optionals it did not pass (`capture.record.flatten`), the seed API aligns calls by argument name
+(`capture.seeds.alignment`), replay decides a program's call form (`replay.inputs.shapes`) and
 checks that ``model.forward`` still accepts the recorded calls (`replay.pipeline.binding`), and the
 store keeps the signature as JSON (the ``signature`` column, read back by
-`capture.pytree.structure.RecordedStructure`): all of them ask a `Signature`. A parameter's kind
-is ``inspect.Parameter.kind``; binding follows ``inspect.Signature.bind`` (positional arguments
+`capture.pytree.recorded_structure.RecordedStructure`): all of them ask a `Signature`. A parameter's
+kind is ``inspect.Parameter.kind``; binding follows ``inspect.Signature.bind`` (positional arguments
 fill the positional parameters in order, then ``*args``; keywords fill their parameters, then
 ``**kwargs``), and `Signature.check` is ``bind`` itself. Imports nothing but the standard library
 (the store side reads signatures without torch).

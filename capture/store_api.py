@@ -31,7 +31,7 @@ class Store(StoreReader):
     `profiles()` and `buckets()` ask the analysis modules, imported when first called.
     """
 
-    def dims(self, model: str | None = None, **options: Any) -> pa.Table:
+    def dims(self, model_name: str | None = None, **options: Any) -> pa.Table:
         """Per model, call group, tensor leaf and axis: dynamic or not, range, shared symbol.
 
         See `capture.analysis.groups.dims_table` for the columns and options.
@@ -41,9 +41,9 @@ class Store(StoreReader):
         """
         from capture.analysis.groups import dims_table
 
-        return dims_table(self, model, **options)
+        return dims_table(self, model_name, **options)
 
-    def summary(self, model: str | None = None) -> Summary:
+    def summary(self, model_name: str | None = None) -> Summary:
         """Models, call counts, call groups, optional inputs, drift (`capture.analysis.summary`).
 
         Example:
@@ -52,9 +52,9 @@ class Store(StoreReader):
         """
         from capture.analysis.summary import summary
 
-        return summary(self, model)
+        return summary(self, model_name)
 
-    def profiles(self, model: str | None = None, **options: Any) -> pa.Table:
+    def profiles(self, model_name: str | None = None, **options: Any) -> pa.Table:
         """TensorRT optimization profiles (min/opt/max per input) per call group.
 
         See `capture.engines.profiles.profiles_table` for the columns and options (``group``,
@@ -62,13 +62,13 @@ class Store(StoreReader):
         """
         from capture.engines.profiles import profiles_table
 
-        return profiles_table(self, model, **options)
+        return profiles_table(self, model_name, **options)
 
     def buckets(self, symbol: str | None, budget: int, **options: Any) -> pa.Table:
         """The `budget` sizes of a shared symbol that minimise padding over the recorded calls.
 
         See `capture.engines.buckets.buckets_table` for the columns, the symbol chosen when
-        `symbol` is None, and the options (``model``, ``group``).
+        `symbol` is None, and the options (``model_name``, ``group``).
         """
         from capture.engines.buckets import buckets_table
 

@@ -206,7 +206,7 @@ def buckets_command(
     from capture import METADATA_BUCKETS, open_store
 
     with open_store(store_path(ctx)) as store:
-        table = store.buckets(symbol, budget, model=model_name, group=group)
+        table = store.buckets(symbol, budget, model_name=model_name, group=group)
     summary = json.loads((table.schema.metadata or {})[METADATA_BUCKETS])
     rows = table.to_pylist()
     if fmt == "json":

@@ -34,16 +34,22 @@ def load(
 ) -> Runner | OnnxRunner:
     """Loads what ``capture export --out`` wrote and returns a runner callable like the model.
 
-    The artifact is validated in full first (`replay.validation.validate`, what
-    ``capture check`` runs): its files against the manifest's digests, its programs' operators
-    against the model's math, and everything the loader reads, as data.
+    Works in a fresh process: no capture context is needed, nothing is printed, nothing is
+    unpickled, imported or evaluated from the artifact. It is validated in full first
+    (`replay.validation.validate`, what ``capture check`` runs): its files against the
+    manifest's digests, its programs' operators against the model's math, and everything the
+    loader reads, as data. A ``.pt2``'s weights are materialised once (memory-mapped on CPU)
+    and every program uses them.
 
     Args:
-        path: A ``.pt2`` artifact (`replay.runtime.pt2.loading.load`), or the ``onnx=`` path of an
-            ONNX set (``model.onnx``, or ``model.onnx.json``;
+        path: A ``.pt2`` artifact (`replay.runtime.pt2.loading.open_artifact`), or the ``onnx=``
+            path of an ONNX set (``model.onnx``, or ``model.onnx.json``;
             `replay.runtime.ort.runner.load_onnx`).
-        device: Where a ``.pt2``'s weights go and its programs run (default ``cpu``).
-        compiled: Run a ``.pt2``'s AOTInductor builds (`replay.runtime.pt2.loading.load`).
+        device: Where a ``.pt2``'s weights go and its programs run (``cuda``, ``cuda:1``;
+            default ``cpu``): each weight is copied there once, and every program's graph is
+            moved.
+        compiled: Run the AOTInductor builds of a ``.pt2`` saved with ``aoti=True`` (native
+            code from the archive: loading it runs it, so it is asked for, never assumed).
         allow_ops: Operator namespaces (``mylib``) or operators (``mylib.op``) the programs
             may call beyond the model's math (`replay.runtime.pt2.operators`; ONNX domains for
             an ONNX set, `replay.runtime.ort.checks`).
@@ -56,11 +62,14 @@ def load(
 
     Returns:
         A `replay.runtime.runner.Runner` or an `replay.runtime.ort.runner.OnnxRunner`: the same
-        contract (structure and guards pick the program; `CallNotServed` names the groups tried).
+        contract (structure and guards pick the program; `CallNotServed` names the groups tried;
+        ``runner.modules[name]`` serves a recorded sub-module).
 
     Raises:
         ArtifactError: Not a capture artifact, a changed one, or one the loader refuses (see
-            `replay.validation.validate`), or `device` or `compiled` asked of an ONNX set.
+            `replay.validation.validate`: an operator that is not the model's math, a pytree
+            type it cannot register, a program torch cannot read, ``compiled`` for an artifact
+            without AOTInductor builds), or `device` or `compiled` asked of an ONNX set.
         OnnxFileError: Not a capture ONNX set (an `ArtifactError` too).
 
     Example:

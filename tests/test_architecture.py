@@ -249,7 +249,6 @@ TWO_SIDES_OF_ONE_CONCEPT: dict[str, frozenset[str]] = {
     "entries": frozenset({"replay.artifact.entries", "replay.onnx.entries"}),
     "manifest": frozenset({"replay.runtime.manifest", "replay.runtime.ort.manifest"}),
     "runner": frozenset({"replay.runtime.runner", "replay.runtime.ort.runner"}),
-    "structure": frozenset({"capture.record.structure", "capture.pytree.structure"}),
     "tokens": frozenset({"capture.record.tokens", "replay.inputs.tokens"}),
     "weights": frozenset({"replay.runtime.pt2.weights", "replay.runtime.ort.weights"}),
 }

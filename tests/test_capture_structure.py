@@ -1,4 +1,5 @@
-"""capture.pytree.structure: a recorded structure read once into typed leaves (issue 13 item 2)."""
+"""capture.pytree.recorded_structure: a recorded structure read once into typed leaves
+(issue 13 item 2)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from capture.analysis.groups import analyze
 from capture.errors import ReplayError
-from capture.pytree.structure import MISSING, PRESENT, RecordedLeaf, RecordedStructure
+from capture.pytree.recorded_structure import MISSING, PRESENT, RecordedLeaf, RecordedStructure
 from capture.pytree.treespec import UnsafeTreespec
 from capture.store_api import Store
 

@@ -15,7 +15,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from capture.pytree import nodes
-from capture.pytree.structure import RecordedLeaf, RecordedStructure
+from capture.pytree.recorded_structure import RecordedLeaf, RecordedStructure
 from fixtures.generate_traffic import tiny_causal
 from fixtures.models import prompts
 

@@ -27,7 +27,7 @@ import replay
 from capture import schema
 from capture.cli.main import cli
 from capture.errors import ReplayError
-from capture.pytree.structure import RecordedStructure
+from capture.pytree.recorded_structure import RecordedStructure
 from capture.record.recorder import Recorder
 
 CALLS = 6

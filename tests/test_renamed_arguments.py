@@ -23,7 +23,7 @@ import capture
 import replay
 from capture.analysis.groups import Group, analyze
 from capture.cli.main import cli
-from capture.record.structure import describe
+from capture.record.call_structure import describe
 from capture.signature import Signature
 from capture.store_api import open_store
 from fixtures.names import cache_argument

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from capture.analysis.symbols import unique_names
 from capture.pytree.cachespec import is_cache_argument, is_cache_counter
-from capture.pytree.structure import PRESENT, RecordedStructure
+from capture.pytree.recorded_structure import PRESENT, RecordedStructure
 from capture.state import state_label
 
 

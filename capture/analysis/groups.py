@@ -41,7 +41,7 @@ import pyarrow as pa
 from capture.analysis.group_names import group_names
 from capture.analysis.symbols import MIN_SUPPORT, Axis, Relation, find_symbols, format_expr
 from capture.errors import CorruptStoreFile
-from capture.pytree.structure import RecordedLeaf, RecordedStructure
+from capture.pytree.recorded_structure import RecordedLeaf, RecordedStructure
 from capture.renames import RENAMED, spelling_key
 from capture.schema import STATE
 from capture.state import DEFAULT
@@ -111,7 +111,7 @@ class Group:
         calls: Recorded calls in the group.
         signatures: Distinct size vectors in the group.
         structure: The group's input structure, typed and read once from its ``structures`` rows
-            (`capture.pytree.structure`).
+            (`capture.pytree.recorded_structure`).
         dims: Every tensor leaf x axis, leaf order then axis order.
         relations: Derived symbols, true in every call of the group.
         errors: Calls of the group whose forward raised.
@@ -211,7 +211,7 @@ def _batch_matcher(spec: BatchSpec, structure: RecordedStructure) -> set[int]:
 
 
 def _group(
-    model: str,
+    model_name: str,
     structure_id: str,
     structure: RecordedStructure,
     matrix: np.ndarray[Any, np.dtype[np.int64]],
@@ -229,9 +229,9 @@ def _group(
             columns.append(int(r.dim_offset or 0) + axis)
     if columns and max(columns) >= matrix.shape[1]:
         raise CorruptStoreFile(
-            f"the structures rows of {structure_id!r} (model {model!r}) place a tensor's sizes "
-            f"at position {max(columns)} of its calls' dims, which hold {matrix.shape[1]}: the "
-            "store's structures and calls files disagree; restore them from a copy"
+            f"the structures rows of {structure_id!r} (model {model_name!r}) place a tensor's "
+            f"sizes at position {max(columns)} of its calls' dims, which hold {matrix.shape[1]}: "
+            "the store's structures and calls files disagree; restore them from a copy"
         )
     forced_leaves = _batch_matcher(set_batch_dimension_for, structure)
     forced = [ax.axis == 0 and r.leaf in forced_leaves for ax, r in zip(axes, leaf_of, strict=True)]
@@ -255,7 +255,7 @@ def _group(
         for j, (ax, r) in enumerate(zip(axes, leaf_of, strict=True))
     ]
     return Group(
-        model=model,
+        model=model_name,
         name="",
         structure_id=structure_id,
         calls=calls,
@@ -270,7 +270,7 @@ def _group(
 
 def analyze(
     store: StoreReader,
-    model: str | None = None,
+    model_name: str | None = None,
     *,
     set_batch_dimension_for: BatchSpec = None,
     min_support: int = MIN_SUPPORT,
@@ -279,7 +279,7 @@ def analyze(
 
     Args:
         store: An open store (`capture.open_store`).
-        model: A model name, or None for every model.
+        model_name: A model name, or None for every model.
         set_batch_dimension_for: None, True (axis 0 of every input tensor), or argument names
             and/or positions: axis 0 of those leaves is dynamic even when it never varied.
         min_support: Refuting chances a relation must survive to be reported; see
@@ -289,15 +289,15 @@ def analyze(
         Groups sorted by model, then by calls (largest first), first call, structure id.
 
     Raises:
-        UnknownModel: `model` is not in the store.
+        UnknownModel: `model_name` is not in the store.
 
     Example:
         >>> groups = analyze(open_store("capture-store"), "LlamaForCausalLM")  # doctest: +SKIP
         >>> [(g.name, g.calls) for g in groups]  # doctest: +SKIP
         [('decode', 9), ('decode_no_attention_mask', 6), ('prefill', 3), ...]
     """
-    models = store.check_model(model)
-    params = {"models": models}
+    model_names = store.check_model(model_name)
+    params = {"models": model_names}
     sigs = store.query(_SIGNATURES_SQL, params)
     structures = store.query(_STRUCTURES_SQL, params).to_pylist()
     leaves_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -344,13 +344,13 @@ def analyze(
                     state=state,
                 )
                 groups.append(group)
-    return _named(groups, models)
+    return _named(groups, model_names)
 
 
-def _named(groups: list[Group], models: list[str]) -> list[Group]:
+def _named(groups: list[Group], model_names: list[str]) -> list[Group]:
     """The groups by model, largest first, each with its name (`group_names`)."""
     out: list[Group] = []
-    for m in models:
+    for m in model_names:
         mine = [g for g in groups if g.model == m]
         mine.sort(key=lambda g: (-g.calls, _timestamp(g.first_ts), g.structure_id, g.state))
         names = group_names(mine)
@@ -373,11 +373,11 @@ def _one_spelling(
     merged = [keys for keys in spelled.values() if len(keys) > 1]
     if not merged or not sigs.num_rows:
         return sigs, {}
-    models = sigs.column("model").to_pylist()
+    model_names = sigs.column("model").to_pylist()
     structures = sigs.column("in_structure").to_pylist()
     last = sigs.column("last_ts").to_pylist()
     latest: dict[tuple[str, str], float] = {}
-    for m, st, ts in zip(models, structures, last, strict=True):
+    for m, st, ts in zip(model_names, structures, last, strict=True):
         t = ts.timestamp() if ts is not None else -float("inf")
         latest[(m, st)] = max(latest.get((m, st), -float("inf")), t)
     stands_for: dict[tuple[str, str], str] = {}
@@ -388,9 +388,9 @@ def _one_spelling(
         members[head] = tuple(k[1] for k in ordered)
         for k in ordered:
             stands_for[k] = head[1]
-    target = [stands_for.get((m, st), st) for m, st in zip(models, structures, strict=True)]
+    target = [stands_for.get((m, st), st) for m, st in zip(model_names, structures, strict=True)]
     states = sigs.column(STATE).to_pylist()
-    order = sorted(range(len(target)), key=lambda i: (models[i], states[i], target[i], i))
+    order = sorted(range(len(target)), key=lambda i: (model_names[i], states[i], target[i], i))
     out = sigs.take(pa.array(order, pa.int64()))
     column = out.schema.get_field_index("in_structure")
     out = out.set_column(column, "in_structure", pa.array([target[i] for i in order], pa.string()))
@@ -413,13 +413,13 @@ def _build(
     min_support: int,
 ) -> Group | None:
     """One group from rows ``start:stop`` of the merged signatures (all of one structure)."""
-    model, structure_id = key
+    model_name, structure_id = key
     if leaves is None:
         logger.warning(
             "capture: %d calls of model %s use structure %s, which no readable structures file "
             "describes; they are left out of the analysis",
             int(calls[start:stop].sum()),
-            printable(model),
+            printable(model_name),
             printable(structure_id),
         )
         return None
@@ -433,7 +433,7 @@ def _build(
             "capture: %d signatures of model %s, structure %s do not have the %d sizes their "
             "structure describes; they are left out of the analysis",
             stop - start - keep.size,
-            printable(model),
+            printable(model_name),
             printable(structure_id),
             width,
         )
@@ -455,16 +455,16 @@ def _build(
             merged[position] = summed.astype(np.int64)
             matrix, weights = matrix[order], merged
     return _group(
-        model, structure_id, structure, matrix, weights, set_batch_dimension_for, min_support
+        model_name, structure_id, structure, matrix, weights, set_batch_dimension_for, min_support
     )
 
 
-def dims_table(store: StoreReader, model: str | None = None, **options: Any) -> pa.Table:
+def dims_table(store: StoreReader, model_name: str | None = None, **options: Any) -> pa.Table:
     """One row per model, call group, tensor leaf and axis (`Store.dims()`).
 
     Args:
         store: An open store.
-        model: A model name, or None for every model.
+        model_name: A model name, or None for every model.
         **options: Passed to `analyze` (``set_batch_dimension_for``, ``min_support``).
 
     Returns:
@@ -472,13 +472,13 @@ def dims_table(store: StoreReader, model: str | None = None, **options: Any) -> 
         path, argument, axis, dynamic, min, max, distinct, calls, symbol, expr.
 
     Raises:
-        UnknownModel: `model` is not in the store.
+        UnknownModel: `model_name` is not in the store.
 
     Example:
         >>> dims_table(open_store("capture-store"), "add").column("symbol")  # doctest: +SKIP
     """
     rows: dict[str, list[Any]] = {f.name: [] for f in DIMS_SCHEMA}
-    for g in analyze(store, model, **options):
+    for g in analyze(store, model_name, **options):
         for d in g.dims:
             rows["model"].append(g.model)
             rows["group"].append(g.name)

@@ -56,7 +56,7 @@ def regime(group: Group, rows: Sequence[int], name: str) -> Group:
         >>> dims = [DimInfo(0, "args[0]", "x", a, found.dynamic[i], found.minimum[i],
         ...                 found.maximum[i], found.distinct[i], 4, found.symbol[i], None)
         ...         for i, a in enumerate((0, 1, 1))]
-        >>> from capture.pytree.structure import RecordedStructure
+        >>> from capture.pytree.recorded_structure import RecordedStructure
         >>> g = Group("m", "g0", "sid", 4, 4, RecordedStructure("sid", "m", ()), dims, [],
         ...           matrix=sizes, weights=np.ones(4, dtype=np.int64))
         >>> low = regime(g, [0, 1], "g0[x_1<=4]")

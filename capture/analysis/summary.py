@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from capture import schema
 from capture.analysis.groups import Group, analyze
 from capture.pytree.cachespec import blocking_reason
-from capture.pytree.structure import MISSING, NONE, PRESENT
+from capture.pytree.recorded_structure import MISSING, NONE, PRESENT
 
 if TYPE_CHECKING:
     from capture.store.reader import StoreReader
@@ -336,13 +336,13 @@ def _drift(groups: Sequence[Group]) -> tuple[Drift, ...]:
     return tuple(out)
 
 
-def _model_entry(model: str, groups: Sequence[Group]) -> ModelSummary:
+def _model_entry(model_name: str, groups: Sequence[Group]) -> ModelSummary:
     calls = sum(g.calls for g in groups)
     firsts = [g.first_ts for g in groups if g.first_ts is not None]
     lasts = [g.last_ts for g in groups if g.last_ts is not None]
     optional, always_absent = _optional_inputs(groups)
     return ModelSummary(
-        model=model,
+        model=model_name,
         calls=calls,
         errors=sum(g.errors for g in groups),
         signatures=sum(g.signatures for g in groups),
@@ -358,34 +358,36 @@ def _model_entry(model: str, groups: Sequence[Group]) -> ModelSummary:
     )
 
 
-def summary(store: StoreReader, model: str | None = None) -> Summary:
+def summary(store: StoreReader, model_name: str | None = None) -> Summary:
     """What the store recorded, per model (`Store.summary()`).
 
     Args:
         store: An open store.
-        model: A model name, or None for every model.
+        model_name: A model name, or None for every model.
 
     Returns:
         The `Summary`: totals, date range, and per model its call groups, inputs sometimes
         missing or None, dtype/rank drift and relations (`Summary.to_json` for its JSON form).
 
     Raises:
-        UnknownModel: `model` is not in the store.
+        UnknownModel: `model_name` is not in the store.
 
     Example:
         >>> summary(open_store("capture-store")).calls  # doctest: +SKIP
         20
     """
-    models = store.check_model(model)
-    return build_summary(store, models, analyze(store, model))
+    model_names = store.check_model(model_name)
+    return build_summary(store, model_names, analyze(store, model_name))
 
 
-def build_summary(store: StoreReader, models: Sequence[str], groups: Sequence[Group]) -> Summary:
-    """The `Summary` of `groups`, one entry per model of `models`.
+def build_summary(
+    store: StoreReader, model_names: Sequence[str], groups: Sequence[Group]
+) -> Summary:
+    """The `Summary` of `groups`, one entry per model of `model_names`.
 
     Args:
         store: The store the groups come from (its path and skipped files are reported).
-        models: The models to report, in order (a model without recorded calls gets zeros).
+        model_names: The models to report, in order (a model without recorded calls gets zeros).
         groups: `capture.analysis.groups.analyze()` over those models.
 
     Returns:
@@ -395,7 +397,7 @@ def build_summary(store: StoreReader, models: Sequence[str], groups: Sequence[Gr
         >>> build_summary(store, ["add"], analyze(store, "add")).calls  # doctest: +SKIP
         3
     """
-    entries = tuple(_model_entry(m, [g for g in groups if g.model == m]) for m in models)
+    entries = tuple(_model_entry(m, [g for g in groups if g.model == m]) for m in model_names)
     firsts = [g.first_ts for g in groups if g.first_ts is not None]
     lasts = [g.last_ts for g in groups if g.last_ts is not None]
     return Summary(
@@ -410,7 +412,7 @@ def build_summary(store: StoreReader, models: Sequence[str], groups: Sequence[Gr
     )
 
 
-def drift_rows(model: ModelSummary) -> list[dict[str, Any]]:
+def drift_rows(model_summary: ModelSummary) -> list[dict[str, Any]]:
     """One flat table row per variant of every drifting input of a model.
 
     Returns:
@@ -427,7 +429,7 @@ def drift_rows(model: ModelSummary) -> list[dict[str, Any]]:
             "calls": v.calls,
             "groups": ", ".join(v.groups),
         }
-        for d in model.drift
+        for d in model_summary.drift
         for v in d.variants
     ]
 

@@ -277,7 +277,9 @@ class BucketPlan:
         return out
 
 
-def plan_buckets(groups: Sequence[Group], symbol: str, budget: int, model: str = "") -> BucketPlan:
+def plan_buckets(
+    groups: Sequence[Group], symbol: str, budget: int, model_name: str = ""
+) -> BucketPlan:
     """Optimal buckets for `symbol` over `groups`, and vLLM's default ladder cut to `budget`.
 
     Raises:
@@ -294,7 +296,7 @@ def plan_buckets(groups: Sequence[Group], symbol: str, budget: int, model: str =
     ladder = vllm_default_sizes()[:budget]
     vllm_waste, vllm_uncovered = padding_waste(sizes, calls, ladder)
     return BucketPlan(
-        model=model,
+        model=model_name,
         symbol=symbol,
         kind=distribution.kind,
         groups=found,
@@ -339,28 +341,28 @@ def default_symbol(groups: Sequence[Group]) -> str:
 
 
 def _model_groups(
-    store: StoreReader, model: str | None, group: str | None
+    store: StoreReader, model_name: str | None, group: str | None
 ) -> tuple[str, list[Group]]:
     from capture.analysis.groups import analyze
     from capture.errors import UnknownModel
 
-    models = store.check_model(model)
-    if len(models) > 1:
+    model_names = store.check_model(model_name)
+    if len(model_names) > 1:
         raise UnknownModel(
-            f"the store at {store.path} holds several models ({', '.join(models)}); "
+            f"the store at {store.path} holds several models ({', '.join(model_names)}); "
             "pass --model with one of them"
         )
-    groups = analyze(store, models[0])
+    groups = analyze(store, model_names[0])
     if group is not None:
         chosen = [g for g in groups if g.name == group]
         if not chosen:
             names = ", ".join(g.name for g in groups) or "none"
             raise UnknownModel(
-                f"model {models[0]!r} has no call group {group!r} (groups: {names}); "
+                f"model {model_names[0]!r} has no call group {group!r} (groups: {names}); "
                 "pass --group with one of them"
             )
         groups = chosen
-    return models[0], groups
+    return model_names[0], groups
 
 
 def buckets_table(
@@ -368,7 +370,7 @@ def buckets_table(
     symbol: str | None,
     budget: int,
     *,
-    model: str | None = None,
+    model_name: str | None = None,
     group: str | None = None,
 ) -> pa.Table:
     """`Store.buckets()`: the optimal sizes for one shared symbol, as a table.
@@ -379,7 +381,7 @@ def buckets_table(
             for `default_symbol`: the only free symbol of the selected groups, else their
             batch symbol.
         budget: How many sizes to choose.
-        model: The model; may be left out when the store holds one.
+        model_name: The model; may be left out when the store holds one.
         group: Only this call group's calls. Default: every group having the symbol.
 
     Returns:
@@ -396,7 +398,7 @@ def buckets_table(
     """
     if budget < 1:
         raise ValueError(f"the budget must be at least 1, not {budget}")
-    name, groups = _model_groups(store, model, group)
-    plan = plan_buckets(groups, symbol or default_symbol(groups), budget, model=name)
+    name, groups = _model_groups(store, model_name, group)
+    plan = plan_buckets(groups, symbol or default_symbol(groups), budget, model_name=name)
     table = pa.Table.from_pylist(plan.rows(), schema=BUCKETS_SCHEMA)
     return table.replace_schema_metadata({METADATA_BUCKETS: json.dumps(plan.summary())})

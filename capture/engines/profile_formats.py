@@ -62,11 +62,11 @@ def _torch_tensorrt(profiles: Sequence[Profile]) -> list[str]:
     by_group: dict[tuple[str, str], list[Profile]] = {}
     for p in profiles:
         by_group.setdefault((p.model, p.group), []).append(p)
-    for (model, group), members in by_group.items():
+    for (model_name, group), members in by_group.items():
         variable = re.sub(r"\W", "_", f"inputs_{group}")
         lines += [
             "",
-            f"# {model}, group {group}: {len(members)} profile(s), "
+            f"# {model_name}, group {group}: {len(members)} profile(s), "
             f"{sum(p.calls for p in members)} calls",
         ]
         lines += [f"#   profile {p.index}: " + _header(p).split(": ", 1)[1] for p in members]
@@ -105,7 +105,7 @@ def _onnxruntime(profiles: Sequence[Profile]) -> list[str]:
     by_group: dict[tuple[str, str], list[Profile]] = {}
     for p in profiles:
         by_group.setdefault((p.model, p.group), []).append(p)
-    for (model, group), members in by_group.items():
+    for (model_name, group), members in by_group.items():
         # Several profiles: the same input name repeated, one shape per profile (the
         # TensorRT provider's syntax for multiple optimization profiles).
         options = {
@@ -115,7 +115,7 @@ def _onnxruntime(profiles: Sequence[Profile]) -> list[str]:
             for attr in ("min", "opt", "max")
         }
         lines += [
-            f"# {model}, group {group}: {len(members)} profile(s), "
+            f"# {model_name}, group {group}: {len(members)} profile(s), "
             f"{sum(p.calls for p in members)} calls",
             json.dumps(options),
         ]

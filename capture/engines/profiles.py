@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from capture.engines.buckets import optimal_buckets
-from capture.pytree.structure import RecordedLeaf, as_leaves
+from capture.pytree.recorded_structure import RecordedLeaf, as_leaves
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
@@ -353,7 +353,7 @@ def build_profiles(
 
 def store_profiles(
     store: StoreReader,
-    model: str | None = None,
+    model_name: str | None = None,
     *,
     group: str | None = None,
     opt: str = "mode",
@@ -368,7 +368,7 @@ def store_profiles(
     from capture.analysis.groups import analyze
     from capture.errors import UnknownModel
 
-    groups = analyze(store, model)
+    groups = analyze(store, model_name)
     if group is not None:
         chosen = [g for g in groups if g.name == group]
         if not chosen:
@@ -380,22 +380,15 @@ def store_profiles(
     return build_profiles(groups, opt, max_profiles)
 
 
-def profiles_table(
-    store: StoreReader,
-    model: str | None = None,
-    *,
-    group: str | None = None,
-    opt: str = "mode",
-    max_profiles: int = 1,
-) -> pa.Table:
+def profiles_table(store: StoreReader, model_name: str | None = None, **options: Any) -> pa.Table:
     """`Store.profiles()`: one row per model, group, profile and tensor input (`PROFILES_SCHEMA`).
 
     Args:
         store: An open store.
-        model: A model name, or None for every model.
-        group: Only this call group. Default: every group.
-        opt: ``mode``, ``p50`` or ``p90`` (module docstring).
-        max_profiles: Most profiles per group.
+        model_name: A model name, or None for every model.
+        **options: Passed to `store_profiles`: ``group`` (only this call group; default every
+            group), ``opt`` (``mode``, ``p50`` or ``p90``: module docstring), ``max_profiles``
+            (most profiles per group, default 1).
 
     Returns:
         The table; ``min_shape`` / ``opt_shape`` / ``max_shape`` are lists of sizes.
@@ -407,8 +400,7 @@ def profiles_table(
     Example:
         >>> profiles_table(open_store("store"), "M").column("opt_shape")  # doctest: +SKIP
     """
-    profiles = store_profiles(store, model, group=group, opt=opt, max_profiles=max_profiles)
-    return profiles_to_table(profiles)
+    return profiles_to_table(store_profiles(store, model_name, **options))
 
 
 def profiles_to_table(profiles: Sequence[Profile]) -> pa.Table:

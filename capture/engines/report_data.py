@@ -79,12 +79,14 @@ class Timeline:
     calls: np.ndarray[Any, np.dtype[np.int64]]
 
 
-def timeline(store: StoreReader, model: str, groups: Sequence[Group], bins: int = 60) -> Timeline:
-    """Calls over time per group of `model`, from the stats rows (module docstring).
+def timeline(
+    store: StoreReader, model_name: str, groups: Sequence[Group], bins: int = 60
+) -> Timeline:
+    """Calls over time per group of `model_name`, from the stats rows (module docstring).
 
     Args:
         store: An open store.
-        model: The model.
+        model_name: The model.
         groups: Its call groups (`capture.analysis.groups.analyze`), to name the structures.
         bins: Number of time bins.
 
@@ -95,7 +97,7 @@ def timeline(store: StoreReader, model: str, groups: Sequence[Group], bins: int 
         >>> tl = timeline(store, "M", analyze(store, "M"))  # doctest: +SKIP
         >>> tl.calls.sum(axis=1)  # doctest: +SKIP
     """
-    table = store.query(_STATS_SQL, {"model": model})
+    table = store.query(_STATS_SQL, {"model": model_name})
     names = [g.name for g in groups]
     # A group is one structure under one state (`capture.state`).
     row_of = {(g.state, s): i for i, g in enumerate(groups) for s in g.structure_ids}

@@ -298,27 +298,27 @@ def _served_section(served: Sequence[ServedGroup], source: str) -> list[str]:
 
 def _model_section(
     store: StoreReader,
-    model: ModelSummary,
+    entry: ModelSummary,
     groups: Sequence[Group],
     served: tuple[str, Sequence[ServedRow]] | None,
     plan: Callable[[Group], ExportPlan] | None,
 ) -> list[str]:
-    name = model.model
+    name = entry.model
     parts = [
         f"<h2>Model {_esc(name)}</h2>",
-        f'<p class="meta">{model.calls:,} calls ({model.errors:,} raised), '
-        f"{model.signatures:,} distinct signatures, {_esc(_span_of(model))}</p>",
+        f'<p class="meta">{entry.calls:,} calls ({entry.errors:,} raised), '
+        f"{entry.signatures:,} distinct signatures, {_esc(_span_of(entry))}</p>",
     ]
-    states = state_rows(model.groups)
+    states = state_rows(entry.groups)
     if states:  # calls of two states are never one group: their names end with the state
         parts += ["<h3>States the calls ran under</h3>", _table(states, ids=("state",))]
-    blocked = blocked_rows(model.groups)
+    blocked = blocked_rows(entry.groups)
     if blocked:  # the calls are recorded; the class keeps them from export
         parts += ["<h3>Not exportable</h3>", _table(blocked)]
     if not groups:
-        return [*parts, _table(group_table_rows(model.groups))]
+        return [*parts, _table(group_table_rows(entry.groups))]
     colors = {g.name: COLORS[i % len(COLORS)] for i, g in enumerate(groups)}
-    parts += _first_screen(groups, colors, model.calls)
+    parts += _first_screen(groups, colors, entry.calls)
     plans, unplanned = _plans(groups, plan)
     parts += _symbols_section(symbol_views(groups, plans, colors), plan is not None)
     parts.append("<h3>Per group: its symbols and the dynamic_shapes to paste</h3>")
@@ -340,7 +340,7 @@ def _model_section(
         "two are placed exactly, the calls between them evenly in between (every exact time "
         'is in the calls view: <code>capture query "SELECT ts FROM calls"</code>).</p>',
     ]
-    parts += _optional_section(model)
+    parts += _optional_section(entry)
     parts += [
         "<h3>Structures over time (drift)</h3>",
         "<p>One row per call group (input structure); colour: calls per time bin (scale on the "
@@ -348,7 +348,7 @@ def _model_section(
         "appeared or disappeared.</p>",
         drift_plot(tl),
     ]
-    drift = drift_rows(model)
+    drift = drift_rows(entry)
     if drift:
         parts += ["<p>Inputs seen with several kinds, dtypes or ranks:</p>", _table(drift)]
     else:
@@ -359,9 +359,9 @@ def _model_section(
     return parts
 
 
-def _optional_section(model: ModelSummary) -> list[str]:
+def _optional_section(entry: ModelSummary) -> list[str]:
     parts = ["<h3>Optional inputs</h3>"]
-    optional = model.optional_inputs
+    optional = entry.optional_inputs
     if optional:
         keys = ("argument", "present", "missing", "none")
         rows = [{k: getattr(o, k) for k in keys} for o in optional]
@@ -369,14 +369,14 @@ def _optional_section(model: ModelSummary) -> list[str]:
         parts.append(optional_plot(optional))
     else:
         parts.append("<p>Every input was passed in every call, or in none.</p>")
-    if model.always_absent:
-        parts.append(f"<p>Never passed (missing or None): {_esc(_join(model.always_absent))}</p>")
+    if entry.always_absent:
+        parts.append(f"<p>Never passed (missing or None): {_esc(_join(entry.always_absent))}</p>")
     return parts
 
 
 def build_report(
     store: StoreReader,
-    model: str | None = None,
+    model_name: str | None = None,
     *,
     served: tuple[str, Sequence[ServedRow]] | None = None,
     plan: Callable[[Group], ExportPlan] | None = None,
@@ -386,7 +386,7 @@ def build_report(
 
     Args:
         store: An open store.
-        model: One model, or None for every model in the store.
+        model_name: One model, or None for every model in the store.
         served: ``(source, rows)`` for an artifact, the rows of `replay.check.drift.check_rows`:
             adds which recorded calls it serves (`capture.engines.report_data.served_calls`).
         plan: What ``capture export`` does with a group (`replay.inputs.source.export_plan`): adds
@@ -397,7 +397,7 @@ def build_report(
         The page, a complete ``<!DOCTYPE html>`` document.
 
     Raises:
-        UnknownModel: `model` is not in the store.
+        UnknownModel: `model_name` is not in the store.
         CaptureError: matplotlib is not installed.
 
     Example:
@@ -411,9 +411,9 @@ def build_report(
     require_matplotlib()
     say = progress or (lambda message: None)
     say("reading the store")
-    models = store.check_model(model)
-    groups = analyze(store, model)
-    summary = build_summary(store, models, groups)
+    model_names = store.check_model(model_name)
+    groups = analyze(store, model_name)
+    summary = build_summary(store, model_names, groups)
     title = f"capture report: {store.path}"
     parts = [
         "<!DOCTYPE html>",

@@ -22,7 +22,7 @@ from capture import schema, untrusted
 from capture.errors import CaptureError
 
 if TYPE_CHECKING:
-    from capture.pytree.structure import RecordedStructure
+    from capture.pytree.recorded_structure import RecordedStructure
 
 __all__ = [
     "CacheSpec",
@@ -364,9 +364,9 @@ def _reason(name: str) -> str | None:
 def unsupported_reason(structure: RecordedStructure) -> str | None:
     """Why a recorded structure holds cache state we cannot rebuild exactly, or None.
 
-    Reads the typed structure (`capture.pytree.structure`): an opaque leaf of an unsupported class,
-    or a layer of one in a cache's treespec context (the treespec parsed with its protocol
-    checked; one that cannot be parsed names no layer).
+    Reads the typed structure (`capture.pytree.recorded_structure`): an opaque leaf of an
+    unsupported class, or a layer of one in a cache's treespec context (the treespec parsed
+    with its protocol checked; one that cannot be parsed names no layer).
 
     Args:
         structure: The recorded structure (`capture.analysis.groups.Group.structure`).
@@ -375,7 +375,7 @@ def unsupported_reason(structure: RecordedStructure) -> str | None:
         ``"<path>: <Class> <reason>"`` for the first such class, or None.
 
     Example:
-        >>> from capture.pytree.structure import RecordedLeaf, RecordedStructure
+        >>> from capture.pytree.recorded_structure import RecordedLeaf, RecordedStructure
         >>> unsupported_reason(RecordedStructure("s", "m", (RecordedLeaf(0, "x", None, None,
         ...     "tensor", "Tensor"),))) is None
         True
@@ -448,7 +448,7 @@ def blocking_reason(structure: RecordedStructure) -> str | None:
         ``"cache state not reproducible: ..."`` or ``"not reproducible: ..."``, or None.
 
     Example:
-        >>> from capture.pytree.structure import RecordedLeaf, RecordedStructure
+        >>> from capture.pytree.recorded_structure import RecordedLeaf, RecordedStructure
         >>> blocking_reason(RecordedStructure("s", "m", (RecordedLeaf(0, "kwargs['state']",
         ...     "state", None, "opaque", "my_models.Memory"),)))
         ... # doctest: +NORMALIZE_WHITESPACE +ELLIPSIS

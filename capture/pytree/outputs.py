@@ -4,7 +4,7 @@ transformers registers every `ModelOutput` subclass with torch's pytree, key pat
 a ``CausalLMOutputWithPast`` flattens to ``output['logits']``, ... . diffusers registers its
 `BaseOutput` subclasses too (``UNet2DConditionOutput``, ``AutoencoderKLOutput``: a dict of
 fields), but without a ``flatten_with_keys_fn``: ``tree_flatten_with_path`` (what the
-recorder's `capture.record.structure.describe`, torch.export's output spec and the ONNX output
+recorder's `capture.record.call_structure.describe`, torch.export's output spec and the ONNX output
 names use) refuses them, and the recorder would keep the whole output as one opaque leaf.
 
 capture owns this registration: `FAMILIES` lists the libraries whose output classes it takes,

@@ -6,7 +6,7 @@ Two walks over the same tree:
   tuple of tokens (container types and lengths, dict keys, tensor dtype/device/rank, scalar
   values) that identifies the structure without building a pytree `TreeSpec`. It costs well
   under a microsecond per leaf.
-- `describe()` (`capture.record.structure`, re-exported here) runs once per new key. It uses
+- `describe()` (`capture.record.call_structure`, re-exported here) runs once per new key. It uses
   torch's pytree (`tree_flatten_with_path`) to get the treespec and readable key paths, and
   produces the `Structure` written to the store. It checks that torch's leaves are the ones
   `walk()` found, in the same order; when they are not (a custom node that flattens
@@ -29,10 +29,9 @@ import torch
 
 from capture import compat
 from capture.pytree import nodes, outputs
-from capture.record.structure import (
-    Leaf,
+from capture.record.call_structure import (
+    OpaqueArgument,
     Structure,
-    Summary,
     Unreadable,
     describe,
     dtype_name,
@@ -40,7 +39,6 @@ from capture.record.structure import (
 from capture.signature import Signature
 
 __all__ = [
-    "Leaf",
     "Structure",
     "describe",
     "walk",
@@ -49,7 +47,7 @@ __all__ = [
     "dtype_name",
     "Oversized",
     "Unreadable",
-    "Summary",
+    "OpaqueArgument",
     "MAX_ITEMS",
     "MAX_KEY",
     "shapes_of",
@@ -72,7 +70,7 @@ MAX_KEY = 4_000
 
 
 class Oversized(Exception):
-    """Raised by `walk()` past `MAX_ITEMS`/`MAX_KEY`: the recorder then uses `Summary` leaves."""
+    """Raised by `walk()` past `MAX_ITEMS`/`MAX_KEY`: the recorder then uses `OpaqueArgument`s."""
 
 
 def _freeze(context: Any) -> Any:

@@ -111,13 +111,13 @@ class _Kept:
 class PayloadKeeper:
     """Samples calls, copies their tensors and writes them on its own thread."""
 
-    def __init__(self, policy: Payloads, store: str | os.PathLike[str], model: str) -> None:
+    def __init__(self, policy: Payloads, store: str | os.PathLike[str], model_name: str) -> None:
         from capture.store.files import resolve_store, safe_name
 
         self.policy = policy
-        self.model = model
+        self.model_name = model_name
         self.fs, self.root = resolve_store(store)
-        self._model_part = safe_name(model)
+        self._model_part = safe_name(model_name)
         self._host_part = safe_name(os.uname().nodename if hasattr(os, "uname") else "host")
         self._thread: threading.Thread | None = None
         self._fresh()
@@ -144,7 +144,7 @@ class PayloadKeeper:
         except Exception as e:  # an unreadable store: the Parquet writer reports it too
             self._warn(f"listing the payloads of {self.root} ({e})")
         self._thread = threading.Thread(
-            target=self._run, name=f"capture-payloads-{self.model}", daemon=True
+            target=self._run, name=f"capture-payloads-{self.model_name}", daemon=True
         )
         self._thread.start()
 
@@ -263,7 +263,7 @@ class PayloadKeeper:
             "capture.kind": "payload",
             "capture.payload_version": str(PAYLOAD_VERSION),
             "capture.library_version": library_version(),
-            "model": self.model,
+            "model": self.model_name,
             "call_id": str(kept.call_id),
             "ts_ns": str(kept.ts_ns),
             "in_structure": kept.in_structure,

@@ -9,6 +9,7 @@ consistent.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import struct
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from capture import schema
+from capture.pytree.recorded_structure import RecordedLeaf
 from capture.store.stats_merge import merge, merge_items
 
 if TYPE_CHECKING:  # flatten imports torch; the store readers import this module without it
@@ -216,12 +218,12 @@ class Segment:
         sig.duration_ns_min = min(sig.duration_ns_min, duration)
         sig.duration_ns_max = max(sig.duration_ns_max, duration)
 
-    def calls_tables(self, model: str, host: str, pid: int) -> dict[str, pa.Table]:
+    def calls_tables(self, model_name: str, host: str, pid: int) -> dict[str, pa.Table]:
         """One calls table per UTC date, its columns in `schema.CALLS_SCHEMA` order."""
         n = len(self)
         fields = dict(zip(schema.CALL_RECORD_FIELDS, zip(*self.rows, strict=True), strict=True))
         fields.update(zip(_KEY, zip(*self.keys, strict=True), strict=True))
-        constant = dict(zip(schema.WRITER_COLUMNS, (model, host, pid), strict=True))
+        constant = dict(zip(schema.WRITER_COLUMNS, (model_name, host, pid), strict=True))
         columns = [
             _column(f, [constant[f.name]] * n if f.name in constant else fields[f.name])
             for f in schema.CALLS_SCHEMA
@@ -235,9 +237,9 @@ class Segment:
         col = pa.array(all_days)
         return {day: full.filter(pc.equal(col, day)) for day in sorted(set(all_days))}
 
-    def stats_table(self, model: str) -> pa.Table:
+    def stats_table(self, model_name: str) -> pa.Table:
         """One row per distinct signature, its columns in `schema.STATS_SCHEMA` order."""
-        return stats_table(model, [(k, s) for k, s in self.signatures.values()])
+        return stats_table(model_name, [(k, s) for k, s in self.signatures.values()])
 
 
 _RowKey = tuple[_Key, int]
@@ -257,10 +259,10 @@ class StatsRollup:
     was (all or nothing).
     """
 
-    def __init__(self, model: str) -> None:
-        self.model = model
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
         self.rows: dict[_RowKey, _Signature] = {}
-        self.table = stats_table(model, [])
+        self.table = stats_table(model_name, [])
         """Row ``i`` is that of the ``i``-th key of `rows`."""
 
     def __len__(self) -> int:
@@ -275,23 +277,23 @@ class StatsRollup:
             before = self.rows.get(at)  # the segment's own object is taken over: it is dropped
             touched[at] = sig if before is None else _Signature(**merge(vars(before), vars(sig)))
         out = StatsRollup.__new__(StatsRollup)
-        out.model = self.model
+        out.model_name = self.model_name
         if not touched:
             out.rows, out.table = self.rows, self.table
             return out
         keep = [at not in touched for at in self.rows]
         out.rows = {at: sig for at, sig in self.rows.items() if at not in touched}
         out.rows.update(touched)  # the touched rows move to the end, in the table too
-        fresh = stats_table(self.model, [(key, sig) for (key, _), sig in touched.items()])
+        fresh = stats_table(self.model_name, [(key, sig) for (key, _), sig in touched.items()])
         kept = self.table if all(keep) else self.table.filter(pa.array(keep, pa.bool_()))
         out.table = pa.concat_tables([kept, fresh]).combine_chunks()
         return out
 
 
-def stats_table(model: str, entries: Sequence[tuple[_Key, _Signature]]) -> pa.Table:
-    """The stats rows of `entries` (signature key, merged columns) for `model`."""
+def stats_table(model_name: str, entries: Sequence[tuple[_Key, _Signature]]) -> pa.Table:
+    """The stats rows of `entries` (signature key, merged columns) for `model_name`."""
     fields: dict[str, Sequence[Any]] = {
-        name: [model] * len(entries)  # the one writer column of a signature key
+        name: [model_name] * len(entries)  # the one writer column of a signature key
         for name in schema.SIGNATURE_KEY
         if name in schema.WRITER_COLUMNS
     }
@@ -313,7 +315,13 @@ def _day(ts_ns: int) -> str:
     return dt.datetime.fromtimestamp(ts_ns / 1e9, tz=dt.timezone.utc).date().isoformat()
 
 
-def structure_table(model: str, structures: Sequence[Structure], signature: Signature) -> pa.Table:
+_LEAF_COLUMNS = tuple(f.name for f in dataclasses.fields(RecordedLeaf))
+"""The ``structures`` columns a leaf fills (`capture.pytree.recorded_structure.RecordedLeaf`)."""
+
+
+def structure_table(
+    model_name: str, structures: Sequence[Structure], signature: Signature
+) -> pa.Table:
     """One row per leaf of each structure (the `structures` table).
 
     The treespec is on the structure's first row (leaf 0) only, null on the others: repeating it
@@ -324,21 +332,8 @@ def structure_table(model: str, structures: Sequence[Structure], signature: Sign
     for st in structures:
         for index, leaf in enumerate(st.leaves):
             cols["structure_id"].append(st.structure_id)
-            cols["model"].append(model)
-            cols["leaf"].append(index)
-            for name in (
-                "path",
-                "argument",
-                "position",
-                "kind",
-                "type",
-                "dtype",
-                "rank",
-                "device",
-                "value",
-                "dim_offset",
-                "range_index",
-            ):
+            cols["model"].append(model_name)
+            for name in _LEAF_COLUMNS:
                 cols[name].append(getattr(leaf, name))
             cols["treespec"].append(st.treespec if index == 0 else None)
             cols["signature"].append(sig_json)

@@ -4,8 +4,8 @@ Two causes, one remedy. `capture.record.flatten.walk` raises `Oversized` past `M
 in one container or `MAX_KEY` key tokens in one call; and an argument capture cannot flatten
 (an unregistered class, a flatten function that raises, a cache layer the registry refuses)
 makes the walk or torch's pytree fail. The recorder then walks each argument alone and replaces
-those that do not fit, or cannot be read, by a `Summary` (their type name only); when each fits
-but not all together, every argument is summarised. The call is still recorded, with the
+those that do not fit, or cannot be read, by an `OpaqueArgument` (their type name only); when
+each fits but not all together, every argument is summarised. The call is still recorded, with the
 summarised arguments as opaque leaves, and counted (``stats()["oversized"]`` or
 ``stats()["unreadable"]``): a recorder never records nothing.
 
@@ -15,7 +15,7 @@ recorder's `capture.record.accounting.Counters`) and warns once per cause and cl
 Example:
     >>> args, kwargs, tensors, key, summarised = summarise(([0] * 2_000,), {"n": 1})
     >>> args, kwargs, summarised
-    ((Summary(type_name='builtins.list'),), {'n': 1}, ['builtins.list'])
+    ((OpaqueArgument(type_name='builtins.list'),), {'n': 1}, ['builtins.list'])
 """
 
 from __future__ import annotations
@@ -26,21 +26,21 @@ import torch
 import torch.utils._pytree as pytree
 
 from capture.record.accounting import Counters, OnceLog
-from capture.record.flatten import MAX_ITEMS, MAX_KEY, Oversized, Summary, walk
+from capture.record.flatten import MAX_ITEMS, MAX_KEY, OpaqueArgument, Oversized, walk
 
 __all__ = ["summary_of", "summarise", "Summaries"]
 
 
-def summary_of(obj: Any) -> Summary:
+def summary_of(obj: Any) -> OpaqueArgument:
     """The opaque leaf standing for `obj` (its type's full name)."""
     tp = type(obj)
-    return Summary(f"{tp.__module__}.{tp.__qualname__}")
+    return OpaqueArgument(f"{tp.__module__}.{tp.__qualname__}")
 
 
 def summarise(
     args: tuple[Any, ...], kwargs: dict[str, Any], unreadable: bool = False
 ) -> tuple[tuple[Any, ...], dict[str, Any], list[torch.Tensor], list[Any], list[str]]:
-    """A call with each argument too large to walk, or unreadable, replaced by its `Summary`.
+    """A call with each argument too large to walk, or unreadable, replaced by its `OpaqueArgument`.
 
     Args:
         args: The call's positional arguments.
@@ -80,7 +80,7 @@ def summarise(
         tensors, key = [], [len(args)]
         walk(args, tensors, key)
         walk(kwargs, tensors, key)
-    summarised = [v.type_name for v in (*args, *kwargs.values()) if type(v) is Summary]
+    summarised = [v.type_name for v in (*args, *kwargs.values()) if type(v) is OpaqueArgument]
     key.append(tuple(summarised))
     return args, kwargs, tensors, key, summarised
 
@@ -114,7 +114,7 @@ class Summaries:
             self._warn_oversized(summarised[0] if summarised else "argument")
         return args, kwargs, tensors, key
 
-    def output(self, out: Any, error: BaseException) -> tuple[Summary, list[Any]]:
+    def output(self, out: Any, error: BaseException) -> tuple[OpaqueArgument, list[Any]]:
         """An output too large or unreadable: one opaque leaf, and its structure key."""
         summary = summary_of(out)
         if isinstance(error, Oversized):

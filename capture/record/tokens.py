@@ -16,6 +16,7 @@ prefill; models without special ids in their config count nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -124,7 +125,8 @@ def token_counts(
     """Marks the token leaves whose special ids are counted, and where their counts go.
 
     Args:
-        leaves: A structure's leaves (`capture.record.flatten.Leaf`), argument names filled.
+        leaves: A structure's leaves (`capture.pytree.recorded_structure.RecordedLeaf`),
+            argument names filled.
         tensor_of: Leaf index -> position of that tensor in the call's tensor list.
         n_ranges: Value range items a call has before the counts.
         ids: `special_token_ids` of the model.
@@ -147,7 +149,7 @@ def token_counts(
         ):
             continue
         where = {str(i): item + k for k, i in enumerate(ids)}
-        out[index] = type(leaf)(**{**leaf.__dict__, "value": json.dumps({COUNTS: where})})
+        out[index] = dataclasses.replace(leaf, value=json.dumps({COUNTS: where}))
         counts.append((tensor_of[index], tuple(ids), torch.tensor(ids, dtype=torch.int64)))
         item += len(ids)
     return out, tuple(counts)

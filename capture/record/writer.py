@@ -89,7 +89,7 @@ class StoreWriter:
     def __init__(
         self,
         store: str | os.PathLike[str],
-        model: str,
+        model_name: str,
         signature: Signature,
         *,
         queue_size: int = 100_000,
@@ -98,7 +98,7 @@ class StoreWriter:
         poll_seconds: float = 0.05,
     ) -> None:
         self.fs, self.root = resolve_store(store)
-        self.model = model
+        self.model_name = model_name
         self.signature = signature
         self.queue_size = queue_size
         self.flush_rows = flush_rows
@@ -142,7 +142,7 @@ class StoreWriter:
         # The stats rollup (module docstring): its rows, the files of its chain still in the
         # store (the latest first; older ones whose delete failed are claimed again), and the
         # monotonic time of its latest write.
-        self._rollup = StatsRollup(self.model)
+        self._rollup = StatsRollup(self.model_name)
         self._rollup_files: list[tuple[str, int]] = []
         self._rollup_at = 0.0
         self._rollup_closed = False
@@ -176,7 +176,7 @@ class StoreWriter:
             return
         self._stop.clear()
         self._thread = threading.Thread(
-            target=self._run, name=f"capture-writer-{self.model}", daemon=True
+            target=self._run, name=f"capture-writer-{self.model_name}", daemon=True
         )
         self._thread.start()
 
@@ -279,11 +279,11 @@ class StoreWriter:
         """Forgets the written structures when the store's structures folder was removed."""
         if not self._written_ids:
             return
-        folder = f"{self.root}/{schema.STRUCTURES}/{model_folder(self.model)}"
+        folder = f"{self.root}/{schema.STRUCTURES}/{model_folder(self.model_name)}"
         if self.fs.get_file_info(folder).type == pafs.FileType.NotFound:
             self._written_ids.clear()
             # the rollup's rows went with the store
-            self._rollup, self._rollup_files = StatsRollup(self.model), []
+            self._rollup, self._rollup_files = StatsRollup(self.model_name), []
             self.store_resets += 1
             self._fail("reset", f"finding the store's structures under {folder} (removed?)")
 
@@ -298,11 +298,11 @@ class StoreWriter:
         if not structures:
             return
         seq = next(self._seq) if seq is None else seq
-        table = structure_table(self.model, structures, self.signature)
+        table = structure_table(self.model_name, structures, self.signature)
         try:
             path = write_parquet(
                 self.fs,
-                f"{self.root}/{schema.STRUCTURES}/{model_folder(self.model)}",
+                f"{self.root}/{schema.STRUCTURES}/{model_folder(self.model_name)}",
                 f"{self.prefix}-{seq:06d}.parquet",
                 table,
                 schema.STRUCTURES,
@@ -316,14 +316,14 @@ class StoreWriter:
 
     def _write_segment(self) -> None:
         segment, self._segment = self._segment, Segment()
-        model = model_folder(self.model)
+        folder_name = model_folder(self.model_name)
         seq = next(self._seq)
         name = f"{self.prefix}-{seq:06d}.parquet"
         staged: _Staged | None = None
         try:
             self._check_store()
             self._write_structures(segment.structure_ids(), seq)
-            tables = segment.calls_tables(self.model, self.host, self.pid)
+            tables = segment.calls_tables(self.model_name, self.host, self.pid)
             # The rollup first, naming the calls files: they are its commit, written next
             # (capture.store.commits). A kill in between leaves the previous rollup counting
             # and these calls hidden; before, calls landed first and a kill left calls no
@@ -332,7 +332,11 @@ class StoreWriter:
             staged = self._stage_stats(segment, name, days, self._open_chain())
             for day, table in tables.items():
                 write_parquet(
-                    self.fs, f"{self.root}/{schema.CALLS}/{model}/date={day}", name, table, "calls"
+                    self.fs,
+                    f"{self.root}/{schema.CALLS}/{folder_name}/date={day}",
+                    name,
+                    table,
+                    "calls",
                 )
         except Exception as e:
             # All or nothing: the segment's calls files go, then its rollup; a
@@ -365,7 +369,7 @@ class StoreWriter:
         if time.monotonic() - self._rollup_at >= schema.ROLLUP_CONTINUE_S:
             return []
         chain = self._rollup_files
-        folder = f"{self.root}/{schema.STATS}/{model_folder(self.model)}"
+        folder = f"{self.root}/{schema.STATS}/{model_folder(self.model_name)}"
         if chain and self.fs.get_file_info(f"{folder}/{chain[0][0]}").type != pafs.FileType.File:
             return []  # removed by someone else: its rows are not ours to carry on
         return chain
@@ -383,10 +387,10 @@ class StoreWriter:
         `_commit_stats`, once the calls files exist. Raises when the file cannot be written
         (nothing changed then).
         """
-        folder = f"{self.root}/{schema.STATS}/{model_folder(self.model)}"
-        rollup = (self._rollup if chain else StatsRollup(self.model)).merged(segment)
+        folder = f"{self.root}/{schema.STATS}/{model_folder(self.model_name)}"
+        rollup = (self._rollup if chain else StatsRollup(self.model_name)).merged(segment)
         if chain and len(rollup) > schema.ROLLUP_ROWS:  # full: a new rollup for this segment
-            chain, rollup = [], StatsRollup(self.model).merged(segment)
+            chain, rollup = [], StatsRollup(self.model_name).merged(segment)
         meta = {schema.METADATA_ROLLUP: b"closed" if self._closing else b"open"}
         if chain:
             meta[METADATA_REPLACES] = json.dumps([n for n, _ in chain]).encode()
@@ -395,8 +399,10 @@ class StoreWriter:
             meta[schema.METADATA_SEGMENT_CALLS] = json.dumps(days, sort_keys=True).encode()
         name = name or f"{self.prefix}-{next(self._seq):06d}.parquet"
         path = write_parquet(self.fs, folder, name, rollup.table, schema.STATS, meta)
-        model = model_folder(self.model)
-        calls = [f"{self.root}/{schema.CALLS}/{model}/date={day}/{name}" for day in sorted(days)]
+        folder_name = model_folder(self.model_name)
+        calls = [
+            f"{self.root}/{schema.CALLS}/{folder_name}/date={day}/{name}" for day in sorted(days)
+        ]
         return _Staged(path, name, rollup, list(chain), calls)
 
     def _commit_stats(self, staged: _Staged) -> None:
@@ -439,7 +445,7 @@ class StoreWriter:
         now = time.time()
         for table in schema.TABLES:
             selector = pafs.FileSelector(
-                f"{self.root}/{table}/{model_folder(self.model)}",
+                f"{self.root}/{table}/{model_folder(self.model_name)}",
                 recursive=True,
                 allow_not_found=True,
             )

@@ -8,28 +8,7 @@ state). This package's names are the key's (`capture.state.key`); it imports no 
 
 from __future__ import annotations
 
-from capture.state.key import (
-    ADAPTER,
-    ADAPTERS_DISABLED,
-    DEFAULT,
-    MAX_ITEMS,
-    RESERVED,
-    TRAINING,
-    declared_items,
-    parse_key,
-    state_key,
-    state_label,
-)
+from capture.state import key
+from capture.state.key import *  # noqa: F403  (the package's names are the key's, listed there)
 
-__all__ = [
-    "ADAPTER",
-    "ADAPTERS_DISABLED",
-    "TRAINING",
-    "RESERVED",
-    "DEFAULT",
-    "MAX_ITEMS",
-    "state_key",
-    "declared_items",
-    "parse_key",
-    "state_label",
-]
+__all__ = key.__all__

@@ -59,17 +59,17 @@ def state_reader(model: Any, declared: Callable[[], Any] | None) -> Callable[[],
     layers = peft_layers(model)
     if not layers and declared is None:
         return None
-    module = model if has_training(model) else None
-    return _full_reader(module, layers[0] if layers else None, declared)
+    watched = model if has_training(model) else None
+    return _full_reader(watched, layers[0] if layers else None, declared)
 
 
 def _full_reader(
-    module: Any, layer: Any, declared: Callable[[], Any] | None
+    model: Any, layer: Any, declared: Callable[[], Any] | None
 ) -> Callable[[], str | None]:
     cache: dict[Any, str | None] = {}
 
     def read() -> str | None:
-        training = module is not None and module.training
+        training = model is not None and model.training
         adapters: Any = None
         if layer is not None:
             active = layer._active_adapter

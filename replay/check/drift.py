@@ -151,7 +151,7 @@ def _structures(
 ) -> tuple[dict[str, Any], dict[str, tuple[Any, ...]], dict[tuple[Any, ...], list[str]]]:
     """The model's recorded structures by id, each one's spelling key (`capture.renames`), and
     the structures of each spelling key."""
-    from capture.pytree.structure import RecordedStructure
+    from capture.pytree.recorded_structure import RecordedStructure
     from capture.renames import spelling_key
 
     by_id: dict[str, list[dict[str, Any]]] = {}

@@ -43,7 +43,7 @@ from replay.runtime.coverage import KIND_PAYLOAD, TARGET_TORCH, CheckOutcome, Co
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-    from capture.pytree.structure import RecordedStructure
+    from capture.pytree.recorded_structure import RecordedStructure
     from replay.inputs.builder import ExportGroup, ExportInputs
 
 __all__ = ["payload_rows", "real_call", "Serve"]

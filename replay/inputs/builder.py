@@ -50,7 +50,7 @@ from replay.runtime import callform
 
 if TYPE_CHECKING:
     from capture.analysis.groups import Group
-    from capture.pytree.structure import RecordedLeaf
+    from capture.pytree.recorded_structure import RecordedLeaf
     from capture.store.reader import StoreReader
 
 __all__ = [

@@ -42,7 +42,7 @@ from replay.runtime.fills import Fill, fill_call
 
 if TYPE_CHECKING:
     from capture.analysis.groups import DimInfo, Group, Relation
-    from capture.pytree.structure import RecordedStructure
+    from capture.pytree.recorded_structure import RecordedStructure
 
 __all__ = ["Example", "ExportGroup", "ExportInputs"]
 

@@ -32,7 +32,7 @@ import torch
 from capture.pytree import nodes
 
 if TYPE_CHECKING:
-    from capture.pytree.structure import RecordedLeaf
+    from capture.pytree.recorded_structure import RecordedLeaf
 
 __all__ = ["apply", "past_length"]
 

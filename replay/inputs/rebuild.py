@@ -41,7 +41,7 @@ from replay.inputs import patterns, tokens
 from replay.inputs.options import DEFAULT_SEED
 
 if TYPE_CHECKING:
-    from capture.pytree.structure import RecordedLeaf, RecordedStructure
+    from capture.pytree.recorded_structure import RecordedLeaf, RecordedStructure
 
 __all__ = [
     "DEFAULT_SEED",

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from capture.errors import ReplayError
-from capture.pytree.structure import RecordedLeaf, as_leaves
+from capture.pytree.recorded_structure import RecordedLeaf, as_leaves
 from capture.pytree.treespec import Node, UnsafeTreespec
 from capture.pytree.treespec import parse as parse_treespec
 
@@ -184,7 +184,7 @@ def spec_tree(
     Args:
         treespec: The stored JSON treespec (``torch.utils._pytree.treespec_dumps`` format) of
             ``(args, kwargs)``, or it already parsed
-            (`capture.pytree.structure.RecordedStructure.tree`).
+            (`capture.pytree.recorded_structure.RecordedStructure.tree`).
         leaves: One value per treespec leaf, in order (missing arguments have none).
 
     Returns:

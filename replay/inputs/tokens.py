@@ -24,7 +24,7 @@ from capture.errors import ReplayError
 from replay.inputs import select
 
 if TYPE_CHECKING:
-    from capture.pytree.structure import RecordedLeaf, RecordedStructure
+    from capture.pytree.recorded_structure import RecordedLeaf, RecordedStructure
 
 __all__ = ["counted_ids", "place", "probe_ranges"]
 
@@ -38,7 +38,7 @@ def counted_ids(leaf: RecordedLeaf) -> dict[int, int]:
         ReplayError: The leaf's ``value`` is not the JSON the recorder writes.
 
     Example:
-        >>> from capture.pytree.structure import RecordedLeaf
+        >>> from capture.pytree.recorded_structure import RecordedLeaf
         >>> counted_ids(RecordedLeaf(0, "kwargs['input_ids']", "input_ids", None, "tensor",
         ...     "Tensor", value='{"counts": {"151655": 3}}'))
         {151655: 3}

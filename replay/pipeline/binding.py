@@ -1,10 +1,10 @@
 """Does ``model.forward`` still accept the recorded calls, the same way? (`check_signature`)
 
 A recorded structure keeps the recorded method's parameters and how many arguments its calls passed
-positionally (`capture.pytree.structure.RecordedStructure`). Before exporting, `replay.export` binds
-every group's recorded call form to the current ``forward``: a renamed positional parameter, a
-removed one or a call that no longer binds stops the export with a message naming it, instead of
-exporting a program that silently takes its inputs in the wrong places.
+positionally (`capture.pytree.recorded_structure.RecordedStructure`). Before exporting,
+`replay.export` binds every group's recorded call form to the current ``forward``: a renamed
+positional parameter, a removed one or a call that no longer binds stops the export with a message
+naming it, instead of exporting a program that silently takes its inputs in the wrong places.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from capture.renames import same_argument
 from capture.signature import Signature
 
 if TYPE_CHECKING:
-    from capture.pytree.structure import RecordedStructure
+    from capture.pytree.recorded_structure import RecordedStructure
     from replay.inputs.exportgroup import ExportGroup
 
 __all__ = ["check_signature"]

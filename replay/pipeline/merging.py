@@ -37,7 +37,7 @@ from replay.check.checking import coverage_rows
 from replay.runtime.fills import Fill, FillAxis
 
 if TYPE_CHECKING:
-    from capture.pytree.structure import RecordedLeaf
+    from capture.pytree.recorded_structure import RecordedLeaf
     from replay.inputs.exportgroup import ExportGroup, ExportInputs
     from replay.inputs.options import ExportOptions
     from replay.runtime.coverage import CoverageRow

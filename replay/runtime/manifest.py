@@ -21,7 +21,7 @@ from typing import Any
 
 from capture import schema
 from capture.errors import ReplayError, StateError
-from capture.pytree.structure import RecordedLeaf
+from capture.pytree.recorded_structure import RecordedLeaf
 from capture.signature import Signature
 from capture.state import parse_key
 from replay.runtime.callform import CallForm
@@ -305,13 +305,13 @@ class Manifest:
     format: str = FORMAT
     digests: Mapping[str, str] = field(default_factory=dict)
 
-    def for_module(self, module: str) -> list[ProgramEntry]:
-        """The entries serving `module`, in order."""
-        return [p for p in self.programs if p.module == module]
+    def for_module(self, module_name: str) -> list[ProgramEntry]:
+        """The entries serving `module_name`, in order."""
+        return [p for p in self.programs if p.module == module_name]
 
-    def states(self, module: str = "") -> list[str]:
-        """The state keys `module`'s programs serve, in the order of their entries."""
-        return list(dict.fromkeys(p.state for p in self.for_module(module)))
+    def states(self, module_name: str = "") -> list[str]:
+        """The state keys `module_name`'s programs serve, in the order of their entries."""
+        return list(dict.fromkeys(p.state for p in self.for_module(module_name)))
 
     @property
     def program_names(self) -> list[str]:

@@ -41,19 +41,19 @@ class Router:
     """Which entry of a manifest serves a live call: `route` over the entries' guards.
 
     Args:
-        model: The model's name (for messages).
-        module: The sub-module served (``""``: the model itself).
+        model_name: The model's name (for messages).
+        module_name: The sub-module served (``""``: the model itself).
         entries: The manifest's program entries of that module, in the order they are tried.
 
     Attributes:
-        model: The model's name.
-        module: The sub-module served.
+        model_name: The model's name.
+        module_name: The sub-module served.
         entries: The entries, in order.
     """
 
-    def __init__(self, model: str, module: str, entries: Sequence[ProgramEntry]) -> None:
-        self.model = model
-        self.module = module
+    def __init__(self, model_name: str, module_name: str, entries: Sequence[ProgramEntry]) -> None:
+        self.model_name = model_name
+        self.module_name = module_name
         self.entries = list(entries)
         self._by_guard = {id(e.guard): e for e in self.entries}
         self._names = {
@@ -208,7 +208,7 @@ class Router:
         chosen, reasons = route([e.guard for e in tried], facts, distances)
         if chosen is not None:
             return self._by_guard[id(chosen)], seen[id(chosen)]
-        who = f"{self.model}.{self.module}" if self.module else self.model
+        who = f"{self.model_name}.{self.module_name}" if self.module_name else self.model_name
         why = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "the artifact has no program"
         closest = ""
         if len(distances) > 1:  # the first group tried among the fewest differing inputs
@@ -334,8 +334,8 @@ class Routed:
 
     def _who(self) -> str:
         """The model (and sub-module) served, for messages."""
-        module = self._router.module
-        return self._router.model + (f".{module}" if module else "")
+        module_name = self._router.module_name
+        return self._router.model_name + (f".{module_name}" if module_name else "")
 
 
 class Runner(Routed):
@@ -346,7 +346,7 @@ class Runner(Routed):
         programs: Program name -> its `replay.runtime.pt2.program.Program`.
         modules: Program name -> what runs it (``program.module()``: the program itself).
         compiled: Program name -> its AOTInductor build (run instead of the module).
-        module: The sub-module this runner serves.
+        module_name: The sub-module this runner serves.
         state: Serve only the programs of this state key (`state` builds such a view); None:
             every program, a call refused when they serve several states.
 
@@ -356,7 +356,7 @@ class Runner(Routed):
             ``state_dict`` and ``constants``: the artifact's tensors).
         compiled: Program name -> its AOTInductor build, for artifacts loaded with
             ``compiled=True`` (calls then run it instead of the exported program).
-        module: The sub-module this runner serves (``""``: the model itself).
+        module_name: The sub-module this runner serves (``""``: the model itself).
         modules: Sub-module name -> its `Runner` (``runner.modules["encoder"]``).
     """
 
@@ -366,20 +366,20 @@ class Runner(Routed):
         programs: Mapping[str, Any],
         modules: Mapping[str, Any],
         compiled: Mapping[str, Any] | None = None,
-        module: str = "",
+        module_name: str = "",
         state: str | None = None,
     ) -> None:
         self.manifest = manifest
         self.programs = dict(programs)
         self.compiled = dict(compiled or {})
-        self.module = module
-        self.states = manifest.states(module)
+        self.module_name = module_name
+        self.states = manifest.states(module_name)
         """The state keys this runner's programs serve (`capture.state`; ``""``: default)."""
-        entries = manifest.for_module(module)
+        entries = manifest.for_module(module_name)
         if state is not None:
             entries = [e for e in entries if e.state == state]
             self.states = [state]
-        self._router = Router(manifest.model, module, entries)
+        self._router = Router(manifest.model, module_name, entries)
         self._all_modules = modules
         self._runnables = {
             e.program: self.compiled.get(e.program) or modules[e.program]
@@ -387,7 +387,7 @@ class Runner(Routed):
         }
         self._views: dict[str, Runner] = {}
         self.modules: dict[str, Runner] = {}
-        if not module:
+        if not module_name:
             for name in manifest.modules:
                 if name:
                     self.modules[name] = Runner(manifest, programs, modules, compiled, name, state)
@@ -397,7 +397,12 @@ class Runner(Routed):
         view = self._views.get(key)
         if view is None:
             view = self._views[key] = Runner(
-                self.manifest, self.programs, self._all_modules, self.compiled, self.module, key
+                self.manifest,
+                self.programs,
+                self._all_modules,
+                self.compiled,
+                self.module_name,
+                key,
             )
         return view
 

@@ -65,7 +65,7 @@ def representative_signatures(group: Any, limit: int = 8) -> list[tuple[int, ...
 
 def additional_inputs(
     store: Any,
-    model: str | None = None,
+    model_name: str | None = None,
     *,
     group: str | None = None,
     limit: int = 8,
@@ -76,7 +76,7 @@ def additional_inputs(
 
     Args:
         store: A store path (or URI) or an open `capture.Store`.
-        model: The model name in the store; optional when it holds one model.
+        model_name: The model name in the store; optional when it holds one model.
         group: The call group (default: the model's group with the most calls; a program
             serves one group, so one object describes one group).
         limit: Most calls added (the signatures of `representative_signatures`).
@@ -99,7 +99,7 @@ def additional_inputs(
         ... # doctest: +SKIP
     """
     options = ExportOptions.of(groups=None if group is None else [group], seed=seed, device=device)
-    inputs = inputs_for(store, model, options)
+    inputs = inputs_for(store, model_name, options)
     chosen = inputs.groups[0]
     if group is None:  # the group with the most calls
         chosen = max(inputs.groups, key=lambda g: g.calls)

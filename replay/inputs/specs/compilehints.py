@@ -83,11 +83,11 @@ class CompileHints:
     """Dynamic marks per call group, for ``torch.compile`` (module docstring).
 
     Attributes:
-        model: The model name in the store.
+        model_name: The model name in the store.
         groups: One `GroupHints` per call group, most calls first.
     """
 
-    model: str
+    model_name: str
     groups: list[GroupHints]
     _seen: dict[Any, int | None] = field(default_factory=dict, repr=False, compare=False)
 
@@ -130,7 +130,7 @@ class CompileHints:
                 torch._dynamo.mark_dynamic(t, m.axis, **bounds)
         return group.group
 
-    def apply(self, module: Any) -> Any:
+    def apply(self, model: Any) -> Any:
         """Registers the forward pre-hook that marks every call (module docstring).
 
         Returns:
@@ -145,7 +145,7 @@ class CompileHints:
         def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self.mark(args, kwargs)
 
-        return module.register_forward_pre_hook(hook, with_kwargs=True)
+        return model.register_forward_pre_hook(hook, with_kwargs=True)
 
     def to_json(self) -> str:
         """The hints as a JSON document (``capture hints`` prints it)."""
@@ -153,7 +153,7 @@ class CompileHints:
             {
                 "format": FORMAT,
                 "version": _VERSION,
-                "model": self.model,
+                "model": self.model_name,
                 "groups": [
                     {**asdict(g), "leaves": [list(leaf) for leaf in g.leaves]} for g in self.groups
                 ],
@@ -211,15 +211,15 @@ def _hints(group: Any) -> GroupHints:
     )
 
 
-def compile_hints(store: Any, model: str | None = None) -> CompileHints:
+def compile_hints(store: Any, model_name: str | None = None) -> CompileHints:
     """The dynamic marks of every call group of a recorded model, for ``torch.compile``.
 
     Args:
         store: A store path (or URI) or an open `capture.Store`.
-        model: The model name in the store; optional when it holds one model.
+        model_name: The model name in the store; optional when it holds one model.
 
     Returns:
-        A `CompileHints`; ``apply(module)`` before ``torch.compile`` (module docstring).
+        A `CompileHints`; ``apply(model)`` before ``torch.compile`` (module docstring).
 
     Raises:
         StoreNotFound, EmptyStore, UnknownModel: The store or model cannot be found.
@@ -234,7 +234,7 @@ def compile_hints(store: Any, model: str | None = None) -> CompileHints:
     from replay.inputs.builder import reading, resolve_model
 
     with reading(store) as opened:
-        name = resolve_model(opened, model)
+        name = resolve_model(opened, model_name)
         groups = analyze(opened, name)
         if not groups:
             raise ReplayError(f"model {name} has no analysable recorded call in {opened.path}")

@@ -29,8 +29,8 @@ _TENSOR = schema.KIND_TENSOR
 
 class LeafFacts(Protocol):
     """The facts of a leaf that matching compares (`LEAF_FIELDS`): a
-    recorded leaf (`capture.pytree.structure.RecordedLeaf`) or a live call's
-    (`capture.record.flatten.Leaf`)."""
+    recorded leaf or a live call's, both a `capture.pytree.recorded_structure.RecordedLeaf`
+    (a live call's described by `capture.record.call_structure.describe`)."""
 
     @property
     def path(self) -> str: ...
@@ -48,7 +48,7 @@ def leaf_key(leaves: Iterable[LeafFacts]) -> tuple[tuple[Any, ...], ...]:
     """The comparable form of a structure's leaves.
 
     Example:
-        >>> from capture.pytree.structure import RecordedLeaf
+        >>> from capture.pytree.recorded_structure import RecordedLeaf
         >>> leaf_key([RecordedLeaf(0, "args[0]", None, 0, "tensor", dtype="float32", rank=2)])
         (('args[0]', 'tensor', 'float32', 2, None),)
     """
@@ -130,7 +130,7 @@ def structure_difference(
         sentence naming them by key path, at most `SHOWN` of them.
 
     Example:
-        >>> from capture.pytree.structure import RecordedLeaf
+        >>> from capture.pytree.recorded_structure import RecordedLeaf
         >>> x = RecordedLeaf(0, "args[0]", None, 0, "tensor", dtype="float32", rank=2)
         >>> mask = RecordedLeaf(1, "kwargs['m']", "m", None, "tensor", dtype="float32", rank=2)
         >>> structure_difference("t1", [x, mask], "t0", [x])

@@ -7,7 +7,7 @@ programs use it (`replay.runtime.pt2.weights`), and the manifest (`replay.runtim
 program its recorded input structure and guards, per module the coverage table, the versions and the
 store it was exported from. Example inputs are not shipped (torch would pickle them).
 
-`load` reads it back in any process, without a capture context, and never unpickles, imports or
+`replay.load` reads it back in any process, with no capture context, and never unpickles, imports or
 evaluates anything the archive names: `read_artifact` checks every entry against what `save`
 writes (`replay.runtime.pt2.archive`), parses the manifest and the payload configs into typed
 objects with bounded sizes, and checks every string of the program graphs that torch would run
@@ -22,14 +22,14 @@ name are registered (transformers caches through `capture.pytree.nodes`, other
 structure and guards accept it (`replay.runtime.guards.route`).
 
 An artifact saved with ``aoti=True`` also holds AOTInductor builds, compiled without their
-weights; ``load(path, compiled=True)`` runs them on the artifact's single copy of the weights
+weights; ``replay.load(path, compiled=True)`` runs them on the artifact's single copy of the weights
 (``user_managed`` constants). A build is native code: loading it runs it, so it is opt-in.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +71,6 @@ __all__ = [
     "CallNotServed",
     "Runner",
     "Artifact",
-    "load",
     "read_artifact",
     "read_manifest",
     "open_artifact",
@@ -383,56 +382,6 @@ def _module(art: Artifact, name: str, program: Any) -> Any:
         raise _torch_refused(art.archive.name(MODELS.format(name)), "build", e) from e
 
 
-def load(
-    path: str | os.PathLike[str],
-    *,
-    device: str | None = None,
-    compiled: bool = False,
-    allow_ops: Iterable[str] | None = None,
-    verify_weights: bool = False,
-) -> Runner:
-    """Loads an artifact written by `save` and returns a runner callable like the model.
-
-    Works in a fresh process: no capture context is needed, nothing is printed, nothing is
-    unpickled, imported or evaluated from the archive (`read_artifact` checks it all first,
-    `replay.validation.validate`: what ``capture check`` runs too). Every weight is
-    materialised once (memory-mapped on CPU) and every program uses it.
-
-    Args:
-        path: The ``.pt2`` written by `ExportResult.save` or ``capture export --out``.
-        device: Where the weights go and the programs run (``cuda``, ``cuda:1``; default
-            ``cpu``): each weight is copied there once, and every program's graph is moved.
-        compiled: Run the AOTInductor builds of an artifact saved with ``aoti=True``
-            (native code from the archive: loading it runs it, so it is asked for, never
-            assumed).
-        allow_ops: Operator namespaces (``mylib``) or operators (``mylib.op``) a program may
-            call beyond the model's math (`replay.runtime.pt2.operators`).
-        verify_weights: Hash every weight record against the manifest's digest first (the
-            graphs and configs are always verified).
-
-    Returns:
-        A `Runner`; ``runner.modules[name]`` serves a recorded sub-module.
-
-    Raises:
-        ArtifactError: Not a capture artifact, an entry that is not what `save` writes, a file
-            whose digest differs, an operator that is not the model's math, a pytree type the
-            loader cannot register, a program torch cannot read, or ``compiled`` for an
-            artifact without AOTInductor builds.
-
-    Example:
-        >>> runner = replay.load("model.pt2")  # doctest: +SKIP
-        >>> out = runner(input_ids=ids, attention_mask=mask)  # doctest: +SKIP
-    """
-    opened = open_artifact(
-        path,
-        device=device,
-        compiled=compiled,
-        allowed=allowed_ops(allow_ops),
-        verify_weights=verify_weights,
-    )
-    return opened.runner()
-
-
 def _program(
     art: Artifact, name: str, tensors: tuple[dict[str, Any], dict[str, Any]], device: str
 ) -> Program:
@@ -487,8 +436,8 @@ def _compiled(
 def probe_child() -> None:
     """The child `replay.runtime.pt2.native.probe` starts: ``argv`` = PATH DEVICE [ALLOWED_OP ...].
 
-    Opens the artifact with its builds, as ``load(compiled=True)`` would, without a probe of its
-    own; an `ArtifactError` is one ``Error:`` line on stderr and exit status 1.
+    Opens the artifact with its builds, as ``replay.load(compiled=True)`` would, without a probe
+    of its own; an `ArtifactError` is one ``Error:`` line on stderr and exit status 1.
     """
     import sys
 

@@ -7,10 +7,11 @@ analysis (`capture.analysis.groups.analyze`) reads those rows once per structure
 positional count) and every reader after it (the analysis itself, ``capture summary``, the
 `replay` package) asks that object instead of reading dict rows again.
 
-This module is the store-side, torch-free twin of the recorder's `capture.record.flatten.Structure`
-(which holds live tensors' metadata while a call is being recorded): ``Recorded*`` names say
-that these objects come back from a store. The recorded method's parameters are a
-`capture.signature.Signature`, the one binder both sides ask.
+This module is the store-side, torch-free twin of the recorder's
+`capture.record.call_structure.Structure` (which holds live tensors' metadata while a call is being
+recorded); `RecordedLeaf` is the one leaf record of both sides (the recorder builds it, a reader
+reads it back). The recorded method's parameters are a `capture.signature.Signature`, the one
+binder both sides ask.
 """
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-# The fields of the recorder's `capture.record.flatten.Leaf` plus the stored leaf index, read back
-# from rows (two classes: the recorder builds its leaves positionally before they are numbered).
 @dataclass(frozen=True)
 class RecordedLeaf:
     """One leaf of a recorded structure (one ``structures`` row, without the structure-wide
-    columns). The attributes are the columns of `capture.schema.STRUCTURES_SCHEMA`."""
+    columns). The attributes are the columns of `capture.schema.STRUCTURES_SCHEMA`.
+
+    The one leaf record: the recorder builds it (`capture.record.call_structure.describe`) and
+    writes its fields, a reader builds it back from the row (`from_row`)."""
 
     leaf: int
     path: str

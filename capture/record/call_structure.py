@@ -1,7 +1,8 @@
 """A call's input structure, the recorder's side: described once per new structure key.
 
-The store side of the same concept is `capture.pytree.structure` (`RecordedStructure`, read
-back from the ``structures`` table); this module builds what is written there: `describe()`
+The store side of the same concept is `capture.pytree.recorded_structure` (`RecordedStructure`,
+read back from the ``structures`` table; `RecordedLeaf`, the leaf record both sides use); this
+module builds what is written there: `describe()`
 flattens a call's ``(args, kwargs)`` (or output) with torch's pytree, names each leaf's path and
 argument, marks the missing optionals, decides which integer tensors have their value range
 recorded (and a static cache's fill level on any device, and the special token
@@ -15,13 +16,14 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from capture.pytree import nodes
+from capture.pytree.recorded_structure import RecordedLeaf
 from capture.record import tokens
 from capture.renames import same_argument
 from capture.schema import (
@@ -38,9 +40,8 @@ from capture.schema import (
 from capture.signature import Signature
 
 __all__ = [
-    "Leaf",
+    "OpaqueArgument",
     "Structure",
-    "Summary",
     "Unreadable",
     "describe",
     "dtype_name",
@@ -61,14 +62,15 @@ _NO_RANGE_DTYPES = frozenset({getattr(torch, "uint64", torch.int64)} - {torch.in
 class Unreadable(Exception):
     """Raised by `describe(strict=True)` when torch's pytree cannot flatten what `walk()` read.
 
-    The recorder then records the argument that fails as a `Summary` leaf: the call
+    The recorder then records the argument that fails as an `OpaqueArgument`: the call
     is recorded, the leaf names the class.
     """
 
 
 @dataclass(frozen=True)
-class Summary:
-    """Stands for an argument too large to record leaf by leaf (an opaque leaf of its type)."""
+class OpaqueArgument:
+    """Stands for an argument too large to record leaf by leaf, or unreadable: one opaque leaf
+    naming its type (`capture.record.summaries`)."""
 
     type_name: str
 
@@ -76,33 +78,12 @@ class Summary:
 _UNKNOWN = Signature()  # a method Python cannot tell the signature of: nothing is named
 
 
-# Not `capture.pytree.structure.RecordedLeaf`: that one carries its stored leaf index first, known
-# only once the structure is numbered; this one is built positionally while walking a call.
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """What the store keeps about one leaf of a call's (args, kwargs) or output."""
-
-    path: str
-    argument: str | None
-    position: int | None
-    kind: str
-    type: str
-    dtype: str | None = None
-    rank: int | None = None
-    device: str | None = None
-    value: str | None = None
-    dim_offset: int | None = None
-    range_index: int | None = None
-
-
 @dataclass
 class Structure:
     """A distinct call structure: everything but the sizes that vary between calls."""
 
     structure_id: str
-    leaves: list[Leaf]
+    leaves: list[RecordedLeaf]
     treespec: str | None
     n_args: int
     n_tensors: int
@@ -149,17 +130,16 @@ def _root_path(kp: Sequence[Any], root: str) -> tuple[str, str | None, int | Non
 
 
 def _leaf_of(
-    value: Any, path: str, argument: str | None, position: int | None
-) -> tuple[Leaf, bool]:
-    """Describes one leaf; the bool tells whether it is a tensor."""
+    index: int, value: Any, path: str, argument: str | None, position: int | None
+) -> tuple[RecordedLeaf, bool]:
+    """Describes leaf `index`; the bool tells whether it is a tensor."""
     tp = type(value)
-    if tp is Summary:
-        return Leaf(path, argument, position, KIND_OPAQUE, value.type_name), False
+    at = (index, path, argument, position)
+    if tp is OpaqueArgument:
+        return RecordedLeaf(*at, KIND_OPAQUE, value.type_name), False
     if isinstance(value, _Tensor):
-        leaf = Leaf(
-            path,
-            argument,
-            position,
+        leaf = RecordedLeaf(
+            *at,
             KIND_TENSOR,
             tp.__name__,
             dtype=dtype_name(value.dtype),
@@ -168,45 +148,77 @@ def _leaf_of(
         )
         return leaf, True
     if value is None:
-        return Leaf(path, argument, position, KIND_NONE, "NoneType"), False
+        return RecordedLeaf(*at, KIND_NONE, "NoneType"), False
     if tp in _SCALAR_KIND:
-        return (
-            Leaf(path, argument, position, _SCALAR_KIND[tp], tp.__name__, value=json.dumps(value)),
-            False,
-        )
-    return Leaf(path, argument, position, KIND_OPAQUE, f"{tp.__module__}.{tp.__qualname__}"), False
+        return RecordedLeaf(*at, _SCALAR_KIND[tp], tp.__name__, value=json.dumps(value)), False
+    return RecordedLeaf(*at, KIND_OPAQUE, f"{tp.__module__}.{tp.__qualname__}"), False
 
 
-def _argument_names(leaves: list[Leaf], signature: Signature) -> list[Leaf]:
+def _argument_names(leaves: list[RecordedLeaf], signature: Signature) -> list[RecordedLeaf]:
     """Fills `argument` for positional leaves from the signature ('x' for args[0])."""
     out = []
     for leaf in leaves:
         if leaf.position is not None and leaf.argument is None:
             name = signature.name_at(leaf.position)
-            leaf = Leaf(**{**leaf.__dict__, "argument": name or f"args[{leaf.position}]"})
+            leaf = replace(leaf, argument=name or f"args[{leaf.position}]")
         out.append(leaf)
     return out
 
 
-def _missing(signature: Signature, n_args: int, kwargs: dict[str, Any]) -> list[Leaf]:
-    """Optional parameters the caller did not pass (distinct from an explicit None).
+def _missing(
+    signature: Signature, n_args: int, kwargs: dict[str, Any], first: int
+) -> list[RecordedLeaf]:
+    """Optional parameters the caller did not pass (distinct from an explicit None), as leaves
+    numbered from `first`.
 
     A keyword passed under a renamed argument's other spelling (`capture.renames`) passes the
     parameter: a model declaring ``cache`` called with ``past_key_values=`` misses no cache.
     """
     passed = [same_argument(k, signature.keyword_names) or k for k in kwargs]
     return [
-        Leaf(f"kwargs['{p.name}']", p.name, None, KIND_MISSING, "missing")
-        for p in signature.missing(n_args, passed)
+        RecordedLeaf(first + i, f"kwargs['{p.name}']", p.name, None, KIND_MISSING, "missing")
+        for i, p in enumerate(signature.missing(n_args, passed))
     ]
 
 
-def _structure_id(leaves: list[Leaf], treespec: str | None) -> str:
+# What a structure id hashes of each leaf: its columns but its index (the position in the list).
+_HASHED = tuple(f.name for f in fields(RecordedLeaf) if f.name != "leaf")
+
+
+def _structure_id(leaves: list[RecordedLeaf], treespec: str | None) -> str:
     payload = json.dumps(
-        [STRUCTURE_ID_VERSION, [list(leaf.__dict__.values()) for leaf in leaves], treespec],
+        [STRUCTURE_ID_VERSION, [[getattr(leaf, f) for f in _HASHED] for leaf in leaves], treespec],
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _flatten(
+    obj: Any, tensors: list[torch.Tensor], root: str, strict: bool
+) -> tuple[list[tuple[Any, Any]], str | None, bool]:
+    """`obj`'s leaves with their key paths, its serialized treespec (None when it has none),
+    and whether its calls must be flattened with torch's pytree (`Structure.slow`)."""
+    slow = False
+    treespec: str | None = None
+    try:
+        flat, spec = pytree.tree_flatten_with_path(obj)
+    except Exception as e:  # a user-registered flatten function failed: describe what we saw
+        if strict:
+            raise Unreadable(f"{type(e).__name__}: {e}") from e
+        logger.warning("torch pytree could not flatten a %s: %s", root, e)
+        flat, spec = [((pytree.SequenceKey(i),), t) for i, t in enumerate(tensors)], None
+        slow = True
+    if spec is not None:
+        try:
+            treespec = pytree.treespec_dumps(spec)
+        except Exception as e:  # a node type without serialized_type_name: keep going without
+            logger.info("treespec of a %s cannot be serialized: %s", root, e)
+    pytree_tensors = [v for _, v in flat if isinstance(v, _Tensor)]
+    if len(pytree_tensors) != len(tensors) or any(
+        a is not b for a, b in zip(pytree_tensors, tensors, strict=False)
+    ):
+        slow = True
+    return flat, treespec, slow
 
 
 def describe(
@@ -236,27 +248,8 @@ def describe(
     Raises:
         Unreadable: With `strict`, a flatten function failed.
     """
-    slow = False
-    treespec: str | None = None
-    try:
-        flat, spec = pytree.tree_flatten_with_path(obj)
-    except Exception as e:  # a user-registered flatten function failed: describe what we saw
-        if strict:
-            raise Unreadable(f"{type(e).__name__}: {e}") from e
-        logger.warning("torch pytree could not flatten a %s: %s", root, e)
-        flat, spec = [((pytree.SequenceKey(i),), t) for i, t in enumerate(tensors)], None
-        slow = True
-    if spec is not None:
-        try:
-            treespec = pytree.treespec_dumps(spec)
-        except Exception as e:  # a node type without serialized_type_name: keep going without
-            logger.info("treespec of a %s cannot be serialized: %s", root, e)
-    pytree_tensors = [v for _, v in flat if isinstance(v, _Tensor)]
-    if len(pytree_tensors) != len(tensors) or any(
-        a is not b for a, b in zip(pytree_tensors, tensors, strict=False)
-    ):
-        slow = True
-    leaves: list[Leaf] = []
+    flat, treespec, slow = _flatten(obj, tensors, root, strict)
+    leaves: list[RecordedLeaf] = []
     offset = 0
     range_tensors: list[int] = []
     opaque: list[str] = []
@@ -266,21 +259,15 @@ def describe(
     n_seen = 0  # tensors before this leaf (a running count: a list scan per leaf was quadratic)
     for kp, value in flat:
         path, argument, position = _root_path(kp, root)
-        leaf, is_tensor = _leaf_of(value, path, argument, position)
+        leaf, is_tensor = _leaf_of(len(leaves), value, path, argument, position)
         if is_tensor:
             range_index = None
-            if (
-                value.dtype in _INTEGER_DTYPES
-                and value.dtype not in _NO_RANGE_DTYPES
-                and value.layout is torch.strided
-                and not value.is_nested
-                and _tracked(path, value, track_ranges, fills, root)
-            ):
+            if _tracked(path, value, track_ranges, fills, root):
                 range_index = len(range_tensors)
                 range_tensors.append(n_seen)
                 deferred = deferred or value.device.type != "cpu"
             tensor_of[len(leaves)] = n_seen
-            leaf = Leaf(**{**leaf.__dict__, "dim_offset": offset, "range_index": range_index})
+            leaf = replace(leaf, dim_offset=offset, range_index=range_index)
             offset += value.dim()
             n_seen += 1
             nested = nested or value.is_nested
@@ -293,7 +280,7 @@ def describe(
         n_args = len(args)
         leaves = _argument_names(leaves, signature)
         leaves, counts = tokens.token_counts(leaves, tensor_of, len(range_tensors), special_ids)
-        leaves += _missing(signature, n_args, kwargs)
+        leaves += _missing(signature, n_args, kwargs, len(leaves))
     else:
         counts = ()
     n_tensors = sum(1 for leaf in leaves if leaf.kind == KIND_TENSOR)
@@ -322,11 +309,18 @@ def _tracked(
     fills: set[str],
     root: str,
 ) -> bool:
-    """Whether an integer tensor's value range is recorded.
+    """Whether a tensor's value range is recorded: a dense integer tensor's only.
 
     A static cache's fill level is recorded on any device: its first layer's, once
     per cache (every layer of a cache advances alike; replay gives the others the same value).
     """
+    if (
+        value.dtype not in _INTEGER_DTYPES
+        or value.dtype in _NO_RANGE_DTYPES
+        or value.layout is not torch.strided
+        or value.is_nested
+    ):
+        return False
     at = path.find(_FILL)
     if at < 0:
         return track_ranges(value)
