@@ -212,18 +212,7 @@ class OnnxRunner(Routed):
         """
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
-        return self._run(entry, args, kwargs, tensors)
-
-    def _run(
-        self,
-        entry: ProgramEntry,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        tensors: Sequence[Any],
-    ) -> Any:
-        """Runs a call the entry's guard accepted on the entry's file."""
-        by_path = self._by_path(entry, args, kwargs, tensors)
-        return self.programs[entry.program].run(by_path)
+        return self.programs[entry.program].run(self._by_path(entry, args, kwargs, tensors))
 
     def _by_path(
         self,
@@ -267,11 +256,18 @@ class OnnxRunner(Routed):
             raise CallNotServed(f"no ONNX file serves group {group}", {group: "no ONNX file"})
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs, mine)
-        return self._run(entry, args, kwargs, tensors)
+        return self.programs[entry.program].run(self._by_path(entry, args, kwargs, tensors))
+
+    @property
+    def mode(self) -> str:
+        """How the set's files run: ``"combined"`` (each file a branch of one session, the
+        weights loaded and prepacked once) or ``"per-file"`` (a session per file)."""
+        return "combined" if any(p.branch for p in self.programs.values()) else "per-file"
 
     def __repr__(self) -> str:
         name = self.manifest.manifest.model + (f".{self.module}" if self.module else "")
-        return f"OnnxRunner({name}, groups={self.groups}, modules={sorted(self.modules)})"
+        groups, modules = self.groups, sorted(self.modules)
+        return f"OnnxRunner({name}, mode={self.mode}, groups={groups}, modules={modules})"
 
 
 def _register_types(types: set[str]) -> None:
