@@ -138,3 +138,20 @@ def test_the_set_s_one_session_answers_as_each_file_s_own_session(traffic: Any) 
             torch.testing.assert_close(a, b, rtol=0, atol=0, msg=arch)
         served += 1
     assert served == len(originals), arch
+
+
+@pytest.mark.slow
+def test_each_mode_says_which_it_is_and_serves_every_original_call_as_eager(traffic: Any) -> None:
+    arch, model, result, target, found, _, originals = traffic
+    chosen = replay.load(target)  # the set's files as branches of one session
+    forced = replay.load(target, share_weights=False)  # a session per file
+    assert (chosen.mode, forced.mode) == ("combined", "per-file"), arch
+    assert "mode=combined" in repr(chosen) and "mode=per-file" in repr(forced), arch
+    # the chosen mode's verdicts are the fixture's (`found`); the forced mode's, the same way
+    with capture.open_store(target.parent.parent / "store") as store:
+        verdicts = {
+            "combined": found,
+            "per-file": check_runner(model, forced, result, store, originals),
+        }
+    for mode, checked in verdicts.items():
+        assert [v.correct for v in checked] == [True] * len(originals) == [True] * 24, (arch, mode)
