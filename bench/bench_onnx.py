@@ -8,7 +8,7 @@ For each width a 2-layer LlamaForCausalLM (intermediate twice the width: 0.05, 0
 left-padded batches (4 prompts, 6 new tokens: 24 forward calls, 4 call groups) while a forward
 pre-hook keeps the original calls, and exported with ``onnx=`` and merging off (4 files sharing
 one weights file). Then, in fresh processes, the load of the runner in each mode (one combined
-session, the default; a session per file) and of one bare session of one file, and the
+session; a session per file) and of one bare session of one file, and the
 resident memory each added after one call per file (every weight read). Finally every original
 call through the runner in both modes, the runner's combined session alone (fed as a bare
 session is: its branch's flag set, the call's arrays) and two bare sessions of the call's file
@@ -16,9 +16,10 @@ session is: its branch's flag set, the call's arrays) and two bare sessions of t
 opened before it), alternated in a fresh random order each round (the machine is shared:
 neighbours see the same load, and no target always follows the same one): the median wall time
 and the median CPU time of the calling thread (onnxruntime runs a one-thread session on it),
-as ratios to the geometric mean of the two bare sessions'. "runner - session" is the runner's
+as ratios to the geometric mean of the two bare sessions'; in bold, those of the mode the runner
+picks for the set by default (`replay.runtime.ort.sessions`). "runner - session" is the runner's
 own Python work per call as it runs in place, right after onnxruntime's pass over the weights
-(the median CPU time of the runner less that of its session alone). Prints Markdown on
+(the median CPU time of the combined runner less that of its session alone). Prints Markdown on
 stdout with the machine's load average at each size; progress goes to stderr.
 """
 
@@ -63,7 +64,7 @@ if kind == "bare-one":  # one file alone: onnxruntime's own floor for the weight
         os.path.join(os.path.dirname(path), files[0].file), options,
         providers=["CPUExecutionProvider"])
 else:
-    runner = load_onnx(path, share_weights=kind == "combined")
+    runner = load_onnx(path, mode=kind)
 # One call per file at its smallest shapes: every weight is read (paged in) once.
 for f in files:
     zeros = {i.name: np.zeros(i.min, dtype=i.dtype) for i in f.inputs}
@@ -147,11 +148,12 @@ def _time_calls(
 
     from replay.runtime.ort.manifest import read_onnx_set
     from replay.runtime.ort.runner import load_onnx
+    from replay.runtime.ort.sessions import chosen_mode
 
     files = read_onnx_set(onnx_path).program_files()
     first = {n: _bare(onnx_path.parent / f.file, threads) for n, f in files.items()}
-    one = load_onnx(onnx_path, threads=threads)
-    copies = load_onnx(onnx_path, threads=threads, share_weights=False)
+    one = load_onnx(onnx_path, threads=threads, mode="combined")
+    copies = load_onnx(onnx_path, threads=threads, mode="per-file")
     last = {n: _bare(onnx_path.parent / f.file, threads) for n, f in files.items()}
     shuffled = functools.partial(random.Random(0).sample, k=len(TARGETS))
     wall: dict[tuple[str, str], list[float]] = {}
@@ -175,7 +177,8 @@ def _time_calls(
                     runs[name](*a, **k) if name in (ONE, COPIES) else runs[name]()
                     wall.setdefault((kind, name), []).append(time.perf_counter_ns() - t)
                     cpu.setdefault((kind, name), []).append(time.thread_time_ns() - c)
-    return wall, cpu, one.mode
+    weights = onnx_path.parent / read_onnx_set(onnx_path).weights
+    return wall, cpu, chosen_mode("auto", True, str(weights))
 
 
 def _row(hidden: int, weights: int, measured: dict[str, Any]) -> list[str]:
@@ -202,7 +205,8 @@ def _row(hidden: int, weights: int, measured: dict[str, Any]) -> list[str]:
     return [
         f"{hidden} ({weights / 2**30:.2f} GiB)",
         mode,
-        f"**{ratios(ONE)}**",
+        f"**{ratios(ONE if mode == 'combined' else COPIES)}**",
+        ratios(ONE),
         ratios(COPIES),
         ratios(SESSION),
         f"{bare_decode / 1e6:.1f} ms, {python / 1e3:.0f} µs",
@@ -246,7 +250,8 @@ def main() -> int:
     header = [
         "hidden (weights)",
         "mode chosen",
-        "runner / bare: prefill wall/CPU, decode wall/CPU",
+        "runner (mode chosen) / bare: prefill wall/CPU, decode wall/CPU",
+        "runner combined / bare",
         "runner per file / bare",
         "session alone / bare",
         "bare decode, runner - session",
