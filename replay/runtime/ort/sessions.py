@@ -8,14 +8,14 @@ A set runs in one of two modes (`OnnxRunner.mode`):
 - **per-file**: a session per file, each with its own prepacked copy of the weights (about four
   times the weights for a four-file set).
 
-Measured (bench/bench_onnx.py, docs/benchmarks.md, and the same on another machine): a call in
-the combined session costs its file's bare session's time plus a few hundred microseconds of
-CPU, whatever the size (the ``If`` branches run as subgraphs); that is 4-10 % of a call below
-about 0.12 GiB of weights (2-layer Llama, 0.05 and 0.11 GiB; a session per file is within a
-few % of bare there), and within noise from 0.16 GiB up. So ``"auto"`` picks a session per file
-for a set whose weights file is under `COMBINED_FROM` bytes (where the extra copies are small
-in absolute terms), the combined session from there up; ``"combined"`` or ``"per-file"`` force
-one.
+Measured (bench/bench_onnx.py, docs/benchmarks.md: two runs on a loaded machine, and one on
+another): below about 0.12 GiB of weights (a 2-layer Llama of 0.05 and 0.11 GiB) a call through
+the combined model costs 3-8 % more CPU than through a session per file, which stays within a few
+% of a bare session; from 0.16 GiB up the difference is within the runs' noise. The kernels are
+the same in both (onnxruntime's profile: the same nodes, the same fusions); the difference is
+the ``If`` around them. So ``"auto"`` picks a session per file for a set whose weights file is
+under `COMBINED_FROM` bytes (the extra copies small in absolute terms: under half a GiB for
+four files), the combined session from there up; ``"combined"`` or ``"per-file"`` force one.
 """
 
 from __future__ import annotations
