@@ -1,25 +1,26 @@
-"""Benchmark of the ONNX target: export cost, size on disk, session creation, memory,
-and latency per call of the ONNX runner against the ``.pt2`` runner and eager.
+"""Benchmark of the ONNX runner against a bare ``onnxruntime.InferenceSession``, per model size:
+latency per call (prefill and decode), resident memory against the weights, the mode chosen.
 
-    python bench/bench_onnx.py [--hidden 256] [--repeat 20]
+    python bench/bench_onnx.py [--hidden 864 1280 1536 2048] [--repeat 10] [--workdir DIR]
 
-Records a 2-layer LlamaForCausalLM (``--hidden`` wide) under greedy generate() with left-padded
-batches (4 prompts, 6 new tokens: 24 forward calls, 4 call groups, exported with merging off:
-4 programs, 4 files) while a forward pre-hook keeps the original calls; exports it with
-and without ``onnx=`` (the difference is the ONNX
-cost: conversion, writing, the onnxruntime check of every row); then, in fresh processes, times
-the load of the ONNX set (the runner's one session for the set, the default; its session per
-file, ``share_weights=False``; plain ``onnxruntime.InferenceSession``s of the files, and of one
-file alone) and of the ``.pt2`` artifact, and reads the resident memory it added, also after
-one call per file (every weight read); finally the latency of every original call through
-eager, the ``.pt2`` runner, both ONNX runner modes and the runner's one session alone,
-alternated per call in a shuffled order with two bare sessions of the call's file fed the same
-tensors (one opened before the runners, one after: where a session's memory lands depends on
-what was opened before it): the median wall time and the median CPU time of the calling thread
-(onnxruntime runs a one-thread session on it), each as a ratio to the geometric mean of the two
-bare sessions'; then the same with the ONNX targets only (the runner's two modes and the two
-bare sessions), as a server calls its runner, no torch call in between. Prints Markdown on
-stdout; progress goes to stderr.
+For each width a 2-layer LlamaForCausalLM (intermediate twice the width: 0.05, 0.11, 0.16 and
+0.28 GiB of float32 weights at the defaults) is recorded under greedy generate() with
+left-padded batches (4 prompts, 6 new tokens: 24 forward calls, 4 call groups) while a forward
+pre-hook keeps the original calls, and exported with ``onnx=`` and merging off (4 files sharing
+one weights file). Then, in fresh processes, the load of the runner in each mode (one combined
+session; a session per file) and of one bare session of one file, and the
+resident memory each added after one call per file (every weight read). Finally every original
+call through the runner in both modes, the runner's combined session alone (fed as a bare
+session is: its branch's flag set, the call's arrays) and two bare sessions of the call's file
+(one opened before the runners, one after: where a session's memory lands depends on what was
+opened before it), alternated in a fresh random order each round (the machine is shared:
+neighbours see the same load, and no target always follows the same one): the median wall time
+and the median CPU time of the calling thread (onnxruntime runs a one-thread session on it),
+as ratios to the geometric mean of the two bare sessions'; in bold, those of the mode the runner
+picks for the set by default (`replay.runtime.ort.sessions`). "runner - session" is the runner's
+own Python work per call as it runs in place, right after onnxruntime's pass over the weights
+(the median CPU time of the combined runner less that of its session alone). Prints Markdown on
+stdout with the machine's load average at each size; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 CHILD = """
-import json, os, sys, time
+import json, os, sys
 # code, in every kind's baseline: what the runner and its first calls import
 import numpy as np, onnx, torch, onnxruntime, replay
 import capture.pytree.treespec, replay.runtime.ort.combined, replay.runtime.guards
@@ -50,56 +51,39 @@ def rss():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
 path, kind = sys.argv[1], sys.argv[2]
-if kind.startswith("onnx"):
-    files = list(read_onnx_set(path).program_files().values())
-    # what every kind imports, before the baseline: the output types the runner registers
-    register_types({t for e in read_onnx_set(path).manifest.programs for t in e.pytree_types})
+files = list(read_onnx_set(path).program_files().values())
+# what every kind imports, before the baseline: the output types the runner registers
+register_types({t for e in read_onnx_set(path).manifest.programs for t in e.pytree_types})
 before = rss()
-t = time.perf_counter()
 runner = None
-if kind.startswith("onnx-bare"):  # plain sessions, as a user would open the files
+if kind == "bare-one":  # one file alone: onnxruntime's own floor for the weights
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
-    if kind == "onnx-bare-one":  # one file alone: onnxruntime's own floor for the weights
-        files = [max(files, key=lambda f: len(f.inputs))]
-    sessions = {f.file: onnxruntime.InferenceSession(
-        os.path.join(os.path.dirname(path), f.file), options, providers=["CPUExecutionProvider"]
-    ) for f in files}
-elif kind in ("onnx", "onnx-copies"):
-    runner = load_onnx(path, share_weights=kind == "onnx")
+    files = [max(files, key=lambda f: len(f.inputs))]
+    session = onnxruntime.InferenceSession(
+        os.path.join(os.path.dirname(path), files[0].file), options,
+        providers=["CPUExecutionProvider"])
 else:
-    runner = replay.load(path)
-seconds = time.perf_counter() - t
-loaded = rss() - before
-if kind.startswith("onnx"):
-    # One call per file at its smallest shapes: every weight is read (paged in) once.
-    for f in files:
-        zeros = {i.name: np.zeros(i.min, dtype=i.dtype) for i in f.inputs}
-        if runner is None:
-            sessions[f.file].run(None, zeros)
-        else:
-            program = next(p for p in runner.programs.values() if p.file.file == f.file)
-            program.run({i.path: torch.from_numpy(zeros[i.name]) for i in f.inputs})
-    print(json.dumps({"load_s": seconds, "rss": loaded, "rss_run": rss() - before}))
-else:
-    print(json.dumps({"load_s": seconds, "rss": loaded}))
+    runner = load_onnx(path, mode=kind)
+# One call per file at its smallest shapes: every weight is read (paged in) once.
+for f in files:
+    zeros = {i.name: np.zeros(i.min, dtype=i.dtype) for i in f.inputs}
+    if runner is None:
+        session.run(None, zeros)
+    else:
+        program = next(p for p in runner.programs.values() if p.file.file == f.file)
+        program.run({i.path: torch.from_numpy(zeros[i.name]) for i in f.inputs})
+print(json.dumps({"rss": rss() - before, "mode": runner.mode if runner else "bare"}))
 """
 
 WORKLOAD = [(1, 4, True), (2, 6, True), (3, 5, True), (1, 11, True)]
 
-
-BARE_FIRST = "bare InferenceSession, opened before the runners (same file, same feeds)"
-BARE_LAST = "bare InferenceSession, opened after the runners"
-SESSION = "the runner's one session alone (same feeds)"
-ONE = "ONNX runner, one session (default)"
-COPIES = "ONNX runner, a session per file"
-LOADS = {
-    "onnx-bare-one": "one bare InferenceSession of one file",
-    "onnx-bare": "a bare InferenceSession per file",
-    "onnx": "ONNX runner, one session (default)",
-    "onnx-copies": "ONNX runner, a session per file",
-    "pt2": "replay.load of the .pt2",
-}
+BARE_FIRST = "bare, opened first"
+BARE_LAST = "bare, opened last"
+SESSION = "session alone"
+ONE = "runner, combined"
+COPIES = "runner, per file"
+TARGETS = [ONE, COPIES, SESSION, BARE_FIRST, BARE_LAST]
 
 
 def _bare(path: Path, threads: int) -> Any:
@@ -114,8 +98,8 @@ def _bare(path: Path, threads: int) -> Any:
 
 
 def _session_alone(program: Any, arrays: dict[str, Any]) -> Any:
-    """The runner's one session run on a call's numpy arrays (its branch's flag set), as the
-    bare session is run: what the combined model costs, without the runner's Python work."""
+    """The runner's combined session run on a call's numpy arrays (its branch's flag set), as
+    the bare session is run: what the combined model costs, without the runner's Python work."""
     import numpy as np
 
     branch = program.branch
@@ -124,46 +108,8 @@ def _session_alone(program: Any, arrays: dict[str, Any]) -> Any:
     return functools.partial(program.session.run, fetch, feeds)
 
 
-def _latency_table(
-    times: dict[tuple[str, str], list[float]],
-    cpu: dict[tuple[str, str], list[float]],
-    names: list[str],
-) -> str:
-    """Median wall and thread CPU time per call, per kind of call, as ratios to the geometric
-    mean of the two bare sessions' medians."""
-    from bench.common import md_table
-
-    rows = []
-    for kind in ("prefill", "decode"):
-        if (kind, BARE_FIRST) not in times:
-            continue
-        base, base_cpu = (
-            statistics.geometric_mean(
-                statistics.median(m[(kind, b)]) for b in (BARE_FIRST, BARE_LAST)
-            )
-            for m in (times, cpu)
-        )
-        for name in names:
-            values = times.get((kind, name), [])
-            if values:
-                median, on_cpu = statistics.median(values), statistics.median(cpu[(kind, name)])
-                onnx = name.startswith(("ONNX", "bare", SESSION))
-                rows.append(
-                    [
-                        kind,
-                        name,
-                        len(values),
-                        f"{median / 1e3:.0f}",
-                        f"{median / base:.3f}" if onnx else "",
-                        f"{on_cpu / 1e3:.0f}",
-                        f"{on_cpu / base_cpu:.3f}" if onnx else "",
-                    ]
-                )
-    header = ["calls", "target", "n", "median µs", "/ bare*", "CPU µs (thread)", "/ bare*"]
-    return md_table(header, rows)
-
-
-def _child(root: Path, path: Path, kind: str) -> dict[str, float]:
+def _child(root: Path, path: Path, kind: str) -> dict[str, Any]:
+    """A fresh process's resident memory after loading `kind` and one call per file."""
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(path), kind],
         capture_output=True,
@@ -171,151 +117,148 @@ def _child(root: Path, path: Path, kind: str) -> dict[str, float]:
         check=True,
         env={**os.environ, "PYTHONPATH": str(root)},
     )
-    result: dict[str, float] = json.loads(done.stdout)
+    result: dict[str, Any] = json.loads(done.stdout)
     return result
+
+
+def _export(hidden: int, work: Path) -> tuple[Path, list[Any], int]:
+    """The recorded original calls and the ONNX set of the `hidden`-wide Llama (reused when
+    `work` has it), and the weights' bytes."""
+    import replay
+    from fixtures.generate_traffic import record_traffic, tiny_causal
+
+    model = tiny_causal("llama", hidden_size=hidden, intermediate_size=2 * hidden)
+    weights = sum(p.nbytes for p in model.state_dict().values())
+    onnx_path = work / "out" / "model.onnx"
+    sys.stderr.write(f"hidden {hidden}: recording generate() traffic...\n")
+    store = work / f"store-{time.time_ns()}"
+    originals = record_traffic(model, store, WORKLOAD, max_new_tokens=6)
+    if not Path(f"{onnx_path}.json").exists():
+        sys.stderr.write(f"hidden {hidden}: exporting with onnx=...\n")
+        onnx_path.parent.mkdir(parents=True, exist_ok=True)
+        replay.export(model, store, onnx=onnx_path, merge=False)
+    return onnx_path, originals, weights
+
+
+def _time_calls(
+    onnx_path: Path, originals: list[Any], threads: int, repeat: int
+) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]], str]:
+    """Wall and thread CPU times (ns) per (kind of call, target), and the mode the runner chose."""
+    import torch
+
+    from replay.runtime.ort.manifest import read_onnx_set
+    from replay.runtime.ort.runner import load_onnx
+    from replay.runtime.ort.sessions import chosen_mode
+
+    files = read_onnx_set(onnx_path).program_files()
+    first = {n: _bare(onnx_path.parent / f.file, threads) for n, f in files.items()}
+    one = load_onnx(onnx_path, threads=threads, mode="combined")
+    copies = load_onnx(onnx_path, threads=threads, mode="per-file")
+    last = {n: _bare(onnx_path.parent / f.file, threads) for n, f in files.items()}
+    shuffled = functools.partial(random.Random(0).sample, k=len(TARGETS))
+    wall: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
+    with torch.no_grad():
+        for args, kwargs in originals:
+            program, feeds = copies.feeds(*args, **kwargs)
+            kind = "prefill" if kwargs["input_ids"].shape[-1] > 1 else "decode"
+            arrays = {n: t.numpy() for n, t in feeds.items()}
+            runs = {
+                ONE: one,
+                COPIES: copies,
+                SESSION: _session_alone(one.programs[program.name], arrays),
+                BARE_FIRST: functools.partial(first[program.name].run, None, arrays),
+                BARE_LAST: functools.partial(last[program.name].run, None, arrays),
+            }
+            for _ in range(repeat):
+                for name in shuffled(TARGETS):
+                    a, k = copy.deepcopy((args, kwargs))
+                    t, c = time.perf_counter_ns(), time.thread_time_ns()
+                    runs[name](*a, **k) if name in (ONE, COPIES) else runs[name]()
+                    wall.setdefault((kind, name), []).append(time.perf_counter_ns() - t)
+                    cpu.setdefault((kind, name), []).append(time.thread_time_ns() - c)
+    weights = onnx_path.parent / read_onnx_set(onnx_path).weights
+    return wall, cpu, chosen_mode("auto", True, str(weights))
+
+
+def _row(hidden: int, weights: int, measured: dict[str, Any]) -> list[str]:
+    """One size's row: ratios to the bare sessions' geometric mean, memory, mode, load."""
+    wall, cpu, mode, memory = (measured[k] for k in ("wall", "cpu", "mode", "memory"))
+
+    def median(times: dict[tuple[str, str], list[float]], kind: str, name: str) -> float:
+        return statistics.median(times[(kind, name)])
+
+    def ratios(name: str) -> str:
+        cells = []
+        for kind in ("prefill", "decode"):
+            for times in (wall, cpu):
+                bare = statistics.geometric_mean(
+                    median(times, kind, b) for b in (BARE_FIRST, BARE_LAST)
+                )
+                cells.append(f"{median(times, kind, name) / bare:.2f}")
+        return "{}/{}, {}/{}".format(*cells)
+
+    bare_decode = statistics.geometric_mean(
+        median(wall, "decode", b) for b in (BARE_FIRST, BARE_LAST)
+    )
+    python = median(cpu, "decode", ONE) - median(cpu, "decode", SESSION)
+    return [
+        f"{hidden} ({weights / 2**30:.2f} GiB)",
+        mode,
+        f"**{ratios(ONE if mode == 'combined' else COPIES)}**",
+        ratios(ONE),
+        ratios(COPIES),
+        ratios(SESSION),
+        f"{bare_decode / 1e6:.1f} ms, {python / 1e3:.0f} µs",
+        "{combined:.2f}x, {per-file:.2f}x, {bare-one:.2f}x".format(
+            **{k: v["rss"] / weights for k, v in memory.items()}
+        ),
+        "{:.1f}".format(measured["load"]),
+    ]
 
 
 def main() -> int:
     """Runs the benchmark and prints the Markdown section."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch and onnxruntime threads (timings)"
-    )
-    parser.add_argument("--no-latency", action="store_true", help="sizes, load and memory only")
-    parser.add_argument("--workdir", default=None, help="keep (and reuse) the export here")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[864, 1280, 1536, 2048])
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    parser.add_argument("--workdir", default=None, help="keep (and reuse) the exports here")
     options = parser.parse_args()
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
     import torch
 
-    import replay
     from bench.common import code_line, machine_line, md_table
-    from fixtures.generate_traffic import record_traffic, tiny_causal
-    from replay.runtime.ort.manifest import read_onnx_set
-    from replay.runtime.ort.runner import load_onnx
 
-    hidden = options.hidden
     torch.set_num_threads(options.threads)
-    model = tiny_causal("llama", hidden_size=hidden, intermediate_size=2 * hidden)
-    weights = sum(p.nbytes for p in model.state_dict().values())
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(options.workdir or tmp)
-        onnx_path, pt2 = work / "out" / "model.onnx", work / "model.pt2"
-        sys.stderr.write("recording generate() traffic...\n")
-        store = work / f"store-{time.time_ns()}"
-        originals = record_traffic(model, store, WORKLOAD, max_new_tokens=6)
-        torch_s = onnx_s = float("nan")
-        if not Path(f"{onnx_path}.json").exists() or not pt2.exists():
-            sys.stderr.write("exporting without ONNX...\n")
-            t = time.perf_counter()
-            plain = replay.export(model, store, merge=False)
-            torch_s = time.perf_counter() - t
-            plain.save(pt2)
-            sys.stderr.write("exporting with ONNX...\n")
-            onnx_path.parent.mkdir(exist_ok=True)
-            t = time.perf_counter()
-            replay.export(model, store, onnx=onnx_path, merge=False)
-            onnx_s = time.perf_counter() - t
-        on_disk = sum(f.stat().st_size for f in onnx_path.parent.iterdir() if f.suffix != ".json")
-        loads = {
-            kind: _child(root, p, kind)
-            for kind, p in [
-                ("onnx-bare-one", onnx_path),
-                ("onnx-bare", onnx_path),
-                ("onnx", onnx_path),
-                ("onnx-copies", onnx_path),
-                ("pt2", pt2),
-            ]
-        }
-        router = replay.load(pt2)
-        # Where a session's memory lands depends on what was opened before it (measured: the
-        # sessions opened last ran up to 10 % faster), so bare sessions are opened both before
-        # and after the runners, and the ratios are to the geometric mean of the two.
-        files = read_onnx_set(onnx_path).program_files()
-        first = {n: _bare(onnx_path.parent / f.file, options.threads) for n, f in files.items()}
-        one = load_onnx(onnx_path, threads=options.threads)
-        copies = load_onnx(onnx_path, threads=options.threads, share_weights=False)
-        targets = {
-            "eager": model,
-            "pt2 runner": router,
-            ONE: one,
-            COPIES: copies,
-        }
-        last = {n: _bare(onnx_path.parent / f.file, options.threads) for n, f in files.items()}
-        sys.stderr.write("timing every original call...\n")
-        shuffled = functools.partial(random.Random(0).sample, k=len(targets) + 3)
-        shuffled_onnx = functools.partial(random.Random(1).sample, k=4)
-        times: dict[tuple[str, str], list[float]] = {}
-        cpu: dict[tuple[str, str], list[float]] = {}
-        # the same, ONNX targets only: a serving process calls its runner call after call,
-        # with no eager torch in between to evict what the runner's Python work reads
-        onnx_only = [ONE, COPIES, BARE_FIRST, BARE_LAST]
-        times_onnx: dict[tuple[str, str], list[float]] = {}
-        cpu_onnx: dict[tuple[str, str], list[float]] = {}
-        with torch.no_grad():
-            for args, kwargs in [] if options.no_latency else originals:
-                group = router.select(*args, **kwargs)
-                kind = "prefill" if group.startswith("prefill") else "decode"
-                program, feeds = copies.feeds(*args, **kwargs)
-                arrays = {n: t.numpy() for n, t in feeds.items()}
-                # alternated per call, in a fresh random order each round: the machine is
-                # shared (neighbours see the same load), and a call's speed depends on what
-                # ran before it (caches), so no target always follows the same one
-                runs = {
-                    **targets,
-                    BARE_FIRST: functools.partial(first[program.name].run, None, arrays),
-                    BARE_LAST: functools.partial(last[program.name].run, None, arrays),
-                    SESSION: _session_alone(one.programs[program.name], arrays),
-                }
-                for _ in range(options.repeat):
-                    for order, wall, on_cpu in (
-                        (shuffled(list(runs)), times, cpu),
-                        (shuffled_onnx(onnx_only), times_onnx, cpu_onnx),
-                    ):
-                        for name in order:
-                            a, k = copy.deepcopy((args, kwargs))
-                            t, c = time.perf_counter_ns(), time.thread_time_ns()
-                            runs[name](*a, **k) if name in targets else runs[name]()
-                            wall.setdefault((kind, name), []).append(time.perf_counter_ns() - t)
-                            on_cpu.setdefault((kind, name), []).append(time.thread_time_ns() - c)
-    print(f"### ONNX target: 2-layer Llama, hidden {hidden}, 4 groups\n")
-    print(f"Machine: {machine_line(('torch', 'onnxruntime', 'onnxscript'))}; timings with ")
-    print(f"{options.threads} thread(s) for torch and onnxruntime; {code_line(('replay',))}; ")
-    print("load average {:.2f} / {:.2f} / {:.2f} at the end\n".format(*os.getloadavg()))
-    print(
-        md_table(
-            ["what", "value"],
-            [
-                ["export, torch only (4 groups, checks)", f"{torch_s:.1f} s"],
-                ["export with onnx= (+ conversion, write, onnxruntime check)", f"{onnx_s:.1f} s"],
-                ["weights (parameters + buffers)", f"{weights / 2**20:.2f} MiB"],
-                [
-                    "ONNX set on disk (4 files + shared weights)",
-                    f"{on_disk / 2**20:.2f} MiB ({on_disk / weights:.3f}x)",
-                ],
-                *[
-                    [
-                        f"load: {LOADS[kind]} (fresh process)",
-                        f"{v['load_s'] * 1e3:.0f} ms, +{v['rss'] / 2**20:.1f} MiB RSS"
-                        + (
-                            f" (+{v['rss_run'] / 2**20:.1f} MiB after one call per file: "
-                            f"{v['rss_run'] / weights:.2f}x the weights)"
-                            if "rss_run" in v
-                            else ""
-                        ),
-                    ]
-                    for kind, v in loads.items()
-                ],
-            ],
-        )
-    )
-    print()
-    print(_latency_table(times, cpu, [BARE_FIRST, BARE_LAST, SESSION, *targets]))
-    print("\n\\* bare: the geometric mean of the two bare sessions' medians\n")
-    print("ONNX targets only, in a shuffled order per round (no torch call in between):\n")
-    print(_latency_table(times_onnx, cpu_onnx, onnx_only))
+        for hidden in options.hidden:
+            work = Path(options.workdir or tmp) / f"h{hidden}"
+            onnx_path, originals, weights = _export(hidden, work)
+            sys.stderr.write(f"hidden {hidden}: loads in fresh processes...\n")
+            memory = {k: _child(root, onnx_path, k) for k in ("combined", "per-file", "bare-one")}
+            sys.stderr.write(f"hidden {hidden}: timing every original call...\n")
+            wall, cpu, mode = _time_calls(onnx_path, originals, options.threads, options.repeat)
+            measured = {"wall": wall, "cpu": cpu, "mode": mode, "memory": memory}
+            rows.append(_row(hidden, weights, measured | {"load": os.getloadavg()[0]}))
+    print("### The ONNX runner against a bare session, per model size\n")
+    print(f"Machine: {machine_line(('torch', 'onnxruntime', 'onnxscript'))}; ")
+    print(f"{options.threads} onnxruntime thread(s); {code_line(('replay',))}; ")
+    print(f"each call {options.repeat} times per target\n")
+    header = [
+        "hidden (weights)",
+        "mode chosen",
+        "runner (mode chosen) / bare: prefill wall/CPU, decode wall/CPU",
+        "runner combined / bare",
+        "runner per file / bare",
+        "session alone / bare",
+        "bare decode, runner - session",
+        "RSS / weights: combined, per file, bare one file",
+        "load (1 min)",
+    ]
+    print(md_table(header, rows))
     return 0
 
 

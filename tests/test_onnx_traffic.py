@@ -25,6 +25,7 @@ import replay
 from fixtures.generate_traffic import CallVerdict, check_runner, record_traffic, tiny_causal
 from fixtures.models import tiny_gpt2
 from replay.runtime.guards import CallNotServed
+from replay.runtime.ort.runner import load_onnx
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
@@ -118,7 +119,7 @@ def test_a_four_group_causal_lm_writes_its_weights_once(traffic: Any) -> None:
 @pytest.mark.slow
 def test_the_set_s_one_session_answers_as_each_file_s_own_session(traffic: Any) -> None:
     arch, _, _, target, _, _, originals = traffic
-    one = replay.load(target)  # every file a branch of one combined model, one session
+    one = load_onnx(target, mode="combined")  # every file a branch of one model, one session
     own = replay.load(target, share_weights=False)  # a session per file
     assert len({id(p.session) for p in one.programs.values()}) == 1
     assert len({id(p.session) for p in own.programs.values()}) == len(own.programs) > 1
@@ -138,3 +139,20 @@ def test_the_set_s_one_session_answers_as_each_file_s_own_session(traffic: Any) 
             torch.testing.assert_close(a, b, rtol=0, atol=0, msg=arch)
         served += 1
     assert served == len(originals), arch
+
+
+@pytest.mark.slow
+def test_each_mode_says_which_it_is_and_serves_every_original_call_as_eager(traffic: Any) -> None:
+    arch, model, result, target, found, _, originals = traffic
+    chosen = replay.load(target)  # weights under 128 MiB: a session per file
+    forced = load_onnx(target, mode="combined")  # the set's files as branches of one session
+    assert (chosen.mode, forced.mode) == ("per-file", "combined"), arch
+    assert "mode=per-file" in repr(chosen) and "mode=combined" in repr(forced), arch
+    # the chosen mode's verdicts are the fixture's (`found`); the forced mode's, the same way
+    with capture.open_store(target.parent.parent / "store") as store:
+        verdicts = {
+            "chosen": found,
+            "forced": check_runner(model, forced, result, store, originals),
+        }
+    for mode, checked in verdicts.items():
+        assert [v.correct for v in checked] == [True] * len(originals) == [True] * 24, (arch, mode)

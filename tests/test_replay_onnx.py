@@ -27,12 +27,14 @@ import replay
 from capture.analysis.groups import analyze
 from capture.cli.main import cli
 from capture.engines.profiles import build_profiles
+from capture.errors import ReplayError
 from fixtures.seeds import LinearModel
 from replay.runtime.guards import CallNotServed
 from replay.runtime.ort.checks import external_initializers, read_checked
 from replay.runtime.ort.combined import Checked, combine
 from replay.runtime.ort.manifest import read_onnx_set
 from replay.runtime.ort.runner import OnnxRunner, load_onnx
+from replay.runtime.ort.sessions import COMBINED_FROM, chosen_mode
 from replay.runtime.ort.weights import OnnxFileError
 
 pytest.importorskip("onnxruntime")
@@ -276,7 +278,7 @@ def test_all_files_share_one_weights_file_holding_each_weight_once(linear: Any) 
 
 def test_one_session_serves_both_files_with_the_weight_once(linear: Any) -> None:
     _, _, _, _, target = linear
-    runner = load_onnx(target)
+    runner = load_onnx(target, mode="combined")
     assert len(runner.programs) == 2
     assert len({id(p.session) for p in runner.programs.values()}) == 1
     folder = os.path.dirname(target)
@@ -299,7 +301,7 @@ def test_the_one_session_answers_each_original_call_as_the_file_s_own_session(
     linear: Any,
 ) -> None:
     _, _, originals, _, target = linear
-    one, own = load_onnx(target), load_onnx(target, share_weights=False)
+    one, own = load_onnx(target, mode="combined"), load_onnx(target, share_weights=False)
     assert len({id(p.session) for p in own.programs.values()}) == 2
     for args, kwargs in originals:  # with and without labels: both branches, a scalar loss
         got = one(*copy.deepcopy(args), **copy.deepcopy(kwargs))
@@ -307,12 +309,12 @@ def test_the_one_session_answers_each_original_call_as_the_file_s_own_session(
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("share_weights", [True, False])
-def test_feeds_by_dlpack_answer_as_feeds_by_numpy(linear: Any, share_weights: bool) -> None:
+@pytest.mark.parametrize("mode", ["combined", "per-file"])
+def test_feeds_by_dlpack_answer_as_feeds_by_numpy(linear: Any, mode: str) -> None:
     # an element type numpy lacks (bfloat16) goes by DLPack OrtValues: the same answers, the
     # same output types
     _, _, originals, _, target = linear
-    by_numpy, by_dlpack = (load_onnx(target, share_weights=share_weights) for _ in range(2))
+    by_numpy, by_dlpack = (load_onnx(target, mode=mode) for _ in range(2))
     assert all(p._numpy for p in by_numpy.programs.values())
     for program in by_dlpack.programs.values():
         program._numpy = False
@@ -322,6 +324,24 @@ def test_feeds_by_dlpack_answer_as_feeds_by_numpy(linear: Any, share_weights: bo
         expected = by_numpy(*copy.deepcopy(args), **copy.deepcopy(kwargs))
         assert type(got) is type(expected)
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_auto_mode_serves_by_the_weights_size_and_says_which(linear: Any, tmp_path: Path) -> None:
+    _, _, _, _, target = linear
+    # a few bytes of weights: a session per file (the combined session's branches cost more
+    # than the copies save at this size); a forced mode is served as asked
+    assert (load_onnx(target).mode, load_onnx(target, mode="combined").mode) == (
+        "per-file",
+        "combined",
+    )
+    assert "mode=per-file" in repr(load_onnx(target))
+    big = tmp_path / "weights.data"
+    with open(big, "wb") as f:  # sparse: the size is what the rule reads
+        f.truncate(COMBINED_FROM)
+    assert chosen_mode("auto", True, str(big)) == "combined"
+    assert chosen_mode("auto", False, str(big)) == "per-file"  # share_weights=False forces it
+    with pytest.raises(ReplayError, match=r"^unknown ONNX runner mode 'fast'; use one of auto"):
+        load_onnx(target, mode="fast")
 
 
 def test_capture_check_reads_an_onnx_set(linear: Any) -> None:

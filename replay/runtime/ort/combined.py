@@ -102,63 +102,24 @@ def combine(models: Sequence[Checked], weights: str) -> tuple[Any, dict[str, Bra
         OnnxFileError: An input or output that is not a tensor of a fixed-size element type
             (capture's files have none).
     """
-    from onnx import FunctionProto, GraphProto, TensorProto, helper
+    from onnx import TensorProto, helper
 
     shared: dict[tuple[int, int, int, tuple[int, ...]], Any] = {}
-    nodes, inputs, outputs, defaults = [], [], [], []
+    nodes: list[Any] = []
+    inputs: list[Any] = []
+    outputs: list[Any] = []
+    defaults: list[Any] = []
     branches: dict[str, Branch] = {}
     opsets: dict[str, int] = {}
-    functions = []
+    functions: list[Any] = []
     for k, checked in enumerate(models):
         proto = checked.proto
         graph = proto.graph
         opsets.update({o.domain: o.version for o in proto.opset_import})
-        places = {init.name: init for init in checked.external}
-        weight_names: dict[str, str] = {}
-        for init in graph.initializer:
-            if init.name not in places:
-                continue
-            place = places[init.name]
-            key = (place.offset, place.length, place.data_type, place.dims)
-            if key not in shared:
-                tensor = TensorProto()
-                tensor.CopyFrom(init)
-                tensor.name = f"w/{len(shared)}"
-                del tensor.external_data[:]
-                for field, value in (
-                    ("location", weights),
-                    ("offset", place.offset),
-                    ("length", place.length),
-                ):
-                    tensor.external_data.add(key=field, value=str(value))
-                shared[key] = tensor
-            weight_names[init.name] = shared[key].name
+        weight_names = _share_weights(checked, shared, weights)
         prefix = f"{k}/"
-        local = {(f.domain, f.name) for f in proto.functions}
-        names = _Names(prefix, weight_names, local)
-        branch_graph = GraphProto()
-        branch_graph.CopyFrom(graph)
-        branch_graph.name = f"{prefix}then"
-        names.graph(branch_graph)
-        for function in proto.functions:
-            renamed = FunctionProto()
-            renamed.CopyFrom(function)
-            renamed.name = prefix + function.name
-            for node in renamed.node:  # its values are its own scope: only calls are renamed
-                names.calls(node)
-            functions.append(renamed)
+        branch_graph, known = _renamed(checked, prefix, weight_names, functions)
         constant = {i.name for i in branch_graph.initializer} | set(weight_names.values())
-        # an output the exporter left untyped (a constant it folded): typed by what it names
-        known = {t.name: (t.data_type, len(t.dims)) for t in branch_graph.initializer}
-        known.update(
-            (v.name, (v.type.tensor_type.elem_type, len(v.type.tensor_type.shape.dim)))
-            for v in branch_graph.value_info
-            if v.type.WhichOneof("value") == "tensor_type"
-        )
-        for field in (branch_graph.initializer, branch_graph.value_info):  # the weights: outside
-            kept = [_copy(v) for v in field if v.name not in weight_names.values()]
-            del field[:]
-            field.extend(kept)
         feeds: dict[str, str] = {}
         for original, value in zip(graph.input, branch_graph.input, strict=True):
             if value.name in constant:  # an initializer listed as an input: not fed
@@ -167,36 +128,16 @@ def combine(models: Sequence[Checked], weights: str) -> tuple[Any, dict[str, Bra
             inputs.append(_copy(value))
             defaults.append(_default(value, checked.file))
         del branch_graph.input[:]
-        fetches: dict[str, str] = {}
-        empties, branch_outputs = [], []
-        for i, (original, value) in enumerate(zip(graph.output, branch_graph.output, strict=True)):
-            if value.type.WhichOneof("value") is None and value.name not in known:
-                known.update(_inferred(proto, prefix))
-            elem, rank = _tensor_type(value, checked.file, "output", known)
-            name = f"out/{k}/{i}"
-            fetches[original.name] = name
-            outputs.append(helper.make_tensor_value_info(name, elem, [None] * rank))
-            empty = f"empty/{k}/{i}"
-            tensor = _zeros(empty, elem, [0] * rank)  # a scalar output: one zero
-            empties.append(helper.make_node("Constant", [], [empty], value=tensor))
-            branch_outputs.append(helper.make_tensor_value_info(empty, elem, None))
-            if value.name in feeds.values() or value.name in constant:
-                # an output that is an input or a constant: a branch outputs its own values
-                passed = f"pass/{k}/{i}"
-                branch_graph.node.append(helper.make_node("Identity", [value.name], [passed]))
-                value.name = passed
+        fetches, otherwise = _outputs(checked, k, branch_graph, known, {*feeds.values(), *constant})
+        outputs.extend(helper.make_tensor_value_info(n, *t) for n, t in otherwise.items())
         flag = f"run/{k}"
         inputs.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, []))
         defaults.append(helper.make_tensor(flag, TensorProto.BOOL, [], [False]))
-        otherwise = helper.make_graph(empties, f"{prefix}else", [], branch_outputs)
+        then, orelse = branch_graph, _empty_branch(otherwise, prefix)
+        outs = [fetches[o.name] for o in graph.output]
         nodes.append(
             helper.make_node(
-                "If",
-                [flag],
-                [fetches[o.name] for o in graph.output],
-                name=f"{prefix}if",
-                then_branch=branch_graph,
-                else_branch=otherwise,
+                "If", [flag], outs, name=f"{prefix}if", then_branch=then, else_branch=orelse
             )
         )
         branches[checked.file] = Branch(flag, feeds, fetches)
@@ -210,6 +151,111 @@ def combine(models: Sequence[Checked], weights: str) -> tuple[Any, dict[str, Bra
         functions=functions,
     )
     return model, branches
+
+
+def _renamed(
+    checked: Checked, prefix: str, weights: dict[str, str], functions: list[Any]
+) -> tuple[Any, dict[str, tuple[int, int]]]:
+    """The file's graph, every name prefixed (its weights named as the main graph's, and left
+    out of it: they live outside), its local functions renamed into `functions`; and the
+    element type and rank of each value it types (an output the exporter left untyped, a
+    constant it folded, is typed by what it names)."""
+    from onnx import FunctionProto, GraphProto
+
+    proto = checked.proto
+    names = _Names(prefix, weights, {(f.domain, f.name) for f in proto.functions})
+    graph = GraphProto()
+    graph.CopyFrom(proto.graph)
+    graph.name = f"{prefix}then"
+    names.graph(graph)
+    for function in proto.functions:
+        renamed = FunctionProto()
+        renamed.CopyFrom(function)
+        renamed.name = prefix + function.name
+        for node in renamed.node:  # its values are its own scope: only calls are renamed
+            names.calls(node)
+        functions.append(renamed)
+    known = {t.name: (t.data_type, len(t.dims)) for t in graph.initializer}
+    known.update(
+        (v.name, (v.type.tensor_type.elem_type, len(v.type.tensor_type.shape.dim)))
+        for v in graph.value_info
+        if v.type.WhichOneof("value") == "tensor_type"
+    )
+    shared = set(weights.values())
+    for field in (graph.initializer, graph.value_info):
+        kept = [_copy(v) for v in field if v.name not in shared]
+        del field[:]
+        field.extend(kept)
+    return graph, known
+
+
+def _share_weights(
+    checked: Checked, shared: dict[tuple[int, int, int, tuple[int, ...]], Any], weights: str
+) -> dict[str, str]:
+    """Each weight of `checked` as one initializer of the combined model's main graph, found
+    by its bytes' place in the weights file (added to `shared` at its first reader): the
+    file's initializer name -> the main graph's."""
+    from onnx import TensorProto
+
+    places = {init.name: init for init in checked.external}
+    names: dict[str, str] = {}
+    for init in checked.proto.graph.initializer:
+        if init.name not in places:
+            continue
+        place = places[init.name]
+        key = (place.offset, place.length, place.data_type, place.dims)
+        if key not in shared:
+            tensor = TensorProto()
+            tensor.CopyFrom(init)
+            tensor.name = f"w/{len(shared)}"
+            del tensor.external_data[:]
+            for field, value in (
+                ("location", weights),
+                ("offset", place.offset),
+                ("length", place.length),
+            ):
+                tensor.external_data.add(key=field, value=str(value))
+            shared[key] = tensor
+        names[init.name] = shared[key].name
+    return names
+
+
+def _outputs(
+    checked: Checked, k: int, branch: Any, known: dict[str, tuple[int, int]], passed: set[str]
+) -> tuple[dict[str, str], dict[str, tuple[int, list[None]]]]:
+    """File `k`'s outputs as its ``If``'s: the file's output name -> the combined model's
+    (``out/k/i``), and each of those's element type and dynamic shape. An output that is an
+    input or a constant (in `passed`) gets an ``Identity`` in `branch`: a branch outputs its
+    own values."""
+    from onnx import helper
+
+    fetches: dict[str, str] = {}
+    types: dict[str, tuple[int, list[None]]] = {}
+    graph = checked.proto.graph
+    for i, (original, value) in enumerate(zip(graph.output, branch.output, strict=True)):
+        if value.type.WhichOneof("value") is None and value.name not in known:
+            known.update(_inferred(checked.proto, f"{k}/"))
+        elem, rank = _tensor_type(value, checked.file, "output", known)
+        fetches[original.name] = f"out/{k}/{i}"
+        types[f"out/{k}/{i}"] = (elem, [None] * rank)
+        if value.name in passed:
+            branch.node.append(helper.make_node("Identity", [value.name], [f"pass/{k}/{i}"]))
+            value.name = f"pass/{k}/{i}"
+    return fetches, types
+
+
+def _empty_branch(types: dict[str, tuple[int, list[None]]], prefix: str) -> Any:
+    """The ``else`` branch of a file's ``If``: an empty tensor per output (0 along each axis;
+    a scalar output: one zero)."""
+    from onnx import helper
+
+    nodes, outputs = [], []
+    for name, (elem, dims) in types.items():
+        empty = "empty/" + name.removeprefix("out/")
+        tensor = _zeros(empty, elem, [0] * len(dims))
+        nodes.append(helper.make_node("Constant", [], [empty], value=tensor))
+        outputs.append(helper.make_tensor_value_info(empty, elem, None))
+    return helper.make_graph(nodes, f"{prefix}else", [], outputs)
 
 
 class _Names:

@@ -19,12 +19,10 @@ types:
 As with the ``.pt2`` runner, an input cache is not grown in place: the new cache is in the
 output. Sessions use onnxruntime's CPU execution provider unless `load_onnx` is given others.
 
-**One session, the weights once** (``share_weights=True``, the default): the set's files are
-combined in memory into one model (`replay.runtime.ort.combined`: each file an ``If`` branch, the
-weights initializers of the main graph) served by one onnxruntime session, which loads the
-weights once and prepacks each matmul weight once: onnxruntime's own speed, one copy. With
-``share_weights=False`` each file has its own session and its own prepacked copy of the weights
-(docs/onnx.md measures both).
+**Modes** (`replay.runtime.ort.sessions`, `OnnxRunner.mode`): the set's files combined into one
+model served by one session (each file an ``If`` branch, the weights loaded and prepacked once),
+or a session per file (a copy of the weights each); by default the one whose calls cost
+onnxruntime's own time at the set's size, measured: a session per file under 128 MiB of weights.
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ from typing import Any
 from replay.runtime.fills import fill_call
 from replay.runtime.guards import CallNotServed
 from replay.runtime.manifest import ProgramEntry
+from replay.runtime.ort import sessions as sessions_
 from replay.runtime.ort.checks import read_checked
 from replay.runtime.ort.combined import Branch, Checked, combine, partition
 from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, manifest_path, read_onnx_set
@@ -212,18 +211,7 @@ class OnnxRunner(Routed):
         """
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
-        return self._run(entry, args, kwargs, tensors)
-
-    def _run(
-        self,
-        entry: ProgramEntry,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        tensors: Sequence[Any],
-    ) -> Any:
-        """Runs a call the entry's guard accepted on the entry's file."""
-        by_path = self._by_path(entry, args, kwargs, tensors)
-        return self.programs[entry.program].run(by_path)
+        return self.programs[entry.program].run(self._by_path(entry, args, kwargs, tensors))
 
     def _by_path(
         self,
@@ -267,11 +255,18 @@ class OnnxRunner(Routed):
             raise CallNotServed(f"no ONNX file serves group {group}", {group: "no ONNX file"})
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs, mine)
-        return self._run(entry, args, kwargs, tensors)
+        return self.programs[entry.program].run(self._by_path(entry, args, kwargs, tensors))
+
+    @property
+    def mode(self) -> str:
+        """How the set's files run: ``"combined"`` (each file a branch of one session, the
+        weights loaded and prepacked once) or ``"per-file"`` (a session per file)."""
+        return "combined" if any(p.branch for p in self.programs.values()) else "per-file"
 
     def __repr__(self) -> str:
         name = self.manifest.manifest.model + (f".{self.module}" if self.module else "")
-        return f"OnnxRunner({name}, groups={self.groups}, modules={sorted(self.modules)})"
+        groups, modules = self.groups, sorted(self.modules)
+        return f"OnnxRunner({name}, mode={self.mode}, groups={groups}, modules={modules})"
 
 
 def _register_types(types: set[str]) -> None:
@@ -298,20 +293,25 @@ def load_onnx(
     threads: int | None = None,
     allow_ops: Iterable[str] | None = None,
     verify_weights: bool = False,
+    mode: str = "auto",
 ) -> OnnxRunner:
     """Loads the ONNX set written by ``replay.export(..., onnx=path)`` as a runner, validated
     in full first (`replay.validation.validate`, what ``capture check`` runs).
 
     Args:
         path: The path given to ``onnx=`` (``model.onnx``) or its manifest ``model.onnx.json``.
-        share_weights: One session for the whole set, the weights loaded and prepacked once
-            (module docstring); False: one session per file, each with its own copy.
+        share_weights: False: one session per file, each with its own copy of the weights
+            (``mode="per-file"``); True: as `mode` says.
         providers: onnxruntime execution providers (default: CPU).
         threads: onnxruntime's intra-op threads per session (default: its own, one per core).
         allow_ops: Operator domains the models may use beyond the standard ones
             (`replay.runtime.ort.checks.DOMAINS`).
         verify_weights: Also hash the weights file against the manifest (the model files
             always are).
+        mode: ``"auto"`` (a session per file under 128 MiB of weights, where the combined
+            session's ``If`` branches cost a few % per call; one combined session, the weights
+            once, from there), ``"combined"`` or ``"per-file"``
+            (`replay.runtime.ort.sessions`); `OnnxRunner.mode` says which serves.
 
     Returns:
         An `OnnxRunner`.
@@ -320,7 +320,7 @@ def load_onnx(
         OnnxFileError: No manifest, a malformed one, a file it names that is missing, a link,
             changed (its digest) or not ONNX, an operator outside the allowed domains, or
             weights referenced outside the set's weights file.
-        ReplayError: onnxruntime is not installed.
+        ReplayError: onnxruntime is not installed, or an unknown `mode`.
 
     Example:
         >>> runner = replay.load("model.onnx")  # doctest: +SKIP
@@ -335,6 +335,7 @@ def load_onnx(
         share_weights=share_weights,
         providers=providers,
         threads=threads,
+        mode=mode,
     )
     return opened.runner()
 
@@ -364,6 +365,7 @@ def open_onnx(
     share_weights: bool = True,
     providers: Sequence[str] = CPU,
     threads: int | None = None,
+    mode: str = "auto",
 ) -> OpenedSet:
     """Validates and opens an ONNX set: `replay.validation.validate` for a set.
 
@@ -391,6 +393,7 @@ def open_onnx(
         providers=providers,
         threads=threads,
         allowed=allowed,
+        mode=mode,
     )
     return OpenedSet(manifest, runner)
 
@@ -403,6 +406,7 @@ def open_set(
     providers: Sequence[str] = CPU,
     threads: int | None = None,
     allowed: Iterable[str] = (),
+    mode: str = "auto",
 ) -> OnnxRunner:
     """A runner over the ONNX files of `manifest` in `folder` (`load_onnx` without reading the
     manifest: the export's check opens the files it just wrote this way, before its manifest).
@@ -435,67 +439,20 @@ def open_set(
     paths = {f: os.path.join(folder, f) for f in files}
     checked = [Checked(f, *read_checked(paths[f], weights, allowed, served[f])) for f in files]
     sessions: dict[str, tuple[Any, Branch | None]] = {}
-    if share_weights:
+    if sessions_.chosen_mode(mode, share_weights, os.path.join(folder, weights)) == "combined":
         for group in partition(checked):
             model, branches = combine(group, weights)
             names = ", ".join(c.file for c in group)
-            session = _session(ort, model.SerializeToString(), names, folder, providers, threads)
+            model_bytes = model.SerializeToString()
+            session = sessions_.session(ort, model_bytes, names, folder, providers, threads)
             sessions.update({f: (session, branches[f]) for f in branches})
     else:
         for c in checked:
             path = os.path.join(folder, c.file)
-            sessions[c.file] = (_session(ort, path, c.file, folder, providers, threads), None)
-    _release_freed_memory()
+            opened = sessions_.session(ort, path, c.file, folder, providers, threads)
+            sessions[c.file] = (opened, None)
+    sessions_.release_freed_memory()
     programs = {
         name: OnnxProgram(name, owned, *sessions[owned.file]) for name, owned in owners.items()
     }
     return OnnxRunner(manifest, programs)
-
-
-def _session(
-    ort: Any,
-    model: str | bytes,
-    names: str,
-    folder: str,
-    providers: Sequence[str],
-    threads: int | None,
-) -> Any:
-    """An onnxruntime session of a model file, or of a combined model's bytes whose weights
-    are in the set's folder.
-
-    Raises:
-        OnnxFileError: onnxruntime cannot load it.
-    """
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # onnxruntime's warnings are not the caller's output
-    if threads is not None:
-        options.intra_op_num_threads = threads
-    if isinstance(model, bytes):  # external data is looked for beside the combined model
-        options.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path", folder
-        )
-    try:
-        return ort.InferenceSession(model, options, providers=list(providers))
-    except Exception as e:  # onnxruntime's own load errors: one clear line
-        text = str(e).strip().splitlines()
-        raise OnnxFileError(
-            f"onnxruntime cannot load {names}: {type(e).__name__}: {text[0][:200] if text else ''}"
-        ) from None
-
-
-def _release_freed_memory() -> None:
-    """Hands the C heap's free pages back to the system (glibc's ``malloc_trim``).
-
-    onnxruntime prepacks a weight once per kernel that reads it and keeps one packed copy per
-    session; the other kernels' packs are freed, but glibc's allocator keeps such freed blocks
-    (its mmap threshold grows with each large block freed) and the process would hold about a
-    third of the weights more per extra file. Elsewhere than glibc there is nothing to call.
-    """
-    import ctypes
-
-    try:  # the process's own symbols (dlopen(NULL)): libc's, where the C heap is glibc's
-        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    except (OSError, TypeError):  # Windows: no process handle by None
-        trim = None
-    if trim is not None:
-        trim(0)
