@@ -55,10 +55,11 @@ def load(
             an ONNX set, `replay.runtime.ort.checks`).
         verify_weights: Also hash the weights against the manifest (the graphs and model
             files always are): docs/benchmarks.md says what it costs per GiB.
-        share_weights: An ONNX set's files are served by one onnxruntime session, the
-            weights loaded and prepacked once (True), or each file by its own session with its
-            own copy (False); docs/onnx.md measures both. A ``.pt2``'s programs always share
-            one copy.
+        share_weights: An ONNX set's files may be served by one onnxruntime session, the
+            weights loaded and prepacked once (True: from 128 MiB of weights; below it a
+            session per file costs less per call, `replay.runtime.ort.sessions`), or each file
+            by its own session with its own copy (False); ``runner.mode`` says which serves and
+            docs/onnx.md measures both. A ``.pt2``'s programs always share one copy.
 
     Returns:
         A `replay.runtime.runner.Runner` or an `replay.runtime.ort.runner.OnnxRunner`: the same

@@ -83,8 +83,9 @@ def validate(
             (``capture check`` always does; ``replay.load`` when asked).
         device: A ``.pt2``'s device (default ``cpu``).
         compiled: Load a ``.pt2``'s AOTInductor builds (native code: `replay.load` only).
-        share_weights: An ONNX set's files are served by one session, the weights once (True),
-            or each by its own session (False).
+        share_weights: An ONNX set's files may be served by one session, the weights once
+            (True: from 128 MiB of weights, `replay.runtime.ort.sessions`), or each by its own
+            session (False).
         providers: An ONNX set's onnxruntime execution providers (default: CPU).
         threads: An ONNX set's intra-op threads per session.
 
