@@ -29,7 +29,6 @@ from replay.runtime.manifest import (
 from replay.runtime.pt2.graph_check import BUILTIN_SPEC_TYPES
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from torch.export import ExportedProgram
 
     from replay.inputs.exportgroup import ExportGroup, ExportInputs
@@ -50,7 +49,7 @@ class SavedResult(Protocol):
     @property
     def programs(self) -> Mapping[str, ExportedProgram]: ...
     @property
-    def coverage(self) -> pa.Table: ...
+    def rows(self) -> Sequence[CoverageRow]: ...
     @property
     def inputs(self) -> ExportInputs: ...
     @property
@@ -273,7 +272,7 @@ def manifest_of(results: Mapping[str, SavedResult], *, aoti: bool = False) -> Ma
     programs: list[ProgramEntry] = []
     modules: dict[str, ModuleEntry] = {}
     for module, result in results.items():
-        coverage = CoverageRow.from_table(result.coverage)
+        coverage = list(result.rows)
         for group in result.inputs.groups:
             # a merged group runs the program of the group serving it (`replay.pipeline.merging`)
             program = result.programs.get(group.program_name)

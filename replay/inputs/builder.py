@@ -49,9 +49,14 @@ from replay.inputs.options import INPUT_OPTIONS, ExportOptions, takes_options
 from replay.runtime import callform
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from capture.analysis.groups import Group
     from capture.pytree.structure import RecordedLeaf
     from capture.store.reader import StoreReader
+
+    StoreSource: TypeAlias = StoreReader | str | os.PathLike[str]
+    """A store as the API takes it: an open `capture.Store`, or its path or URI."""
 
 __all__ = [
     "Example",
@@ -96,9 +101,10 @@ def resolve_model(store: StoreReader, name: str | None, module: Any = None) -> s
 
 
 @contextlib.contextmanager
-def reading(store: Any) -> Iterator[StoreReader]:
+def reading(store: StoreSource) -> Iterator[StoreReader]:
     """The store as a reader: `store` itself when it is an open store, else opened (a path or
-    URI) and closed at the end of the block.
+    URI) and closed at the end of the block. An export opens its store here once and passes
+    the reader down.
 
     Raises:
         TypeError: `store` is neither a path nor an open store.
@@ -318,7 +324,7 @@ def _shapes_spec(
 # defined); tests/test_replay_options.py checks that the two stay the same.
 @takes_options(INPUT_OPTIONS)
 def export_inputs(
-    store: Any, model: str | None = None, *, module: Any = None, **options: Any
+    store: StoreSource, model: str | None = None, *, module: Any = None, **options: Any
 ) -> ExportInputs:
     """Export arguments and dynamic shapes for every call group of a recorded model.
 
@@ -358,7 +364,7 @@ def export_inputs(
 
 
 def inputs_for(
-    store: Any, model: str | None, options: ExportOptions, *, module: Any = None
+    store: StoreSource, model: str | None, options: ExportOptions, *, module: Any = None
 ) -> ExportInputs:
     """`export_inputs` with its options already built (the pipeline behind the API).
 

@@ -36,28 +36,28 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from capture import schema
-from capture.errors import ReplayError
 from capture.output_paths import check_file
-from capture.state import state_label
 from capture.state.entering import StateNotEntered, entered, own_weights
 from replay.check.payload_rows import payload_rows
-from replay.inputs.builder import ExportGroup, inputs_for
+from replay.inputs.builder import ExportGroup, inputs_for, reading
 from replay.inputs.options import ExportOptions, takes_options
-from replay.onnx.target import OnnxPart, output_path, write_onnx
+from replay.onnx.target import output_path, require_one_state, require_onnx
 from replay.pipeline.binding import check_signature
 from replay.pipeline.chain import Job, Part, export_group, refused
-from replay.pipeline.result import ExportResult
+from replay.pipeline.result import ExportResult, Origin, with_onnx
 from replay.pipeline.submodules import recorded_submodules, submodule
 from replay.runtime.coverage import (
     COVERAGE_SCHEMA,
     KIND_PROBE,
     KIND_RECORDED,
     CoverageRow,
-    coverage_table,
 )
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
+
+    from capture.store.reader import StoreReader
+    from replay.inputs.builder import StoreSource
 
 __all__ = [
     "ExportResult",
@@ -73,26 +73,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ONNX_HINT = "pip install capture[onnx]"
-
-
-def require_onnx() -> None:
-    """Checks that the optional ONNX dependencies are installed.
-
-    Raises:
-        ReplayError: onnx, onnxscript or onnxruntime is missing; the message names the extra
-            to install.
-    """
-    import importlib.util
-
-    missing = [
-        m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None
-    ]
-    if missing:
-        raise ReplayError(
-            f"ONNX export needs {' and '.join(missing)}, which are not installed; run `{ONNX_HINT}`"
-        )
-
 
 def _export_groups(job: Job) -> list[tuple[int, Part]]:
     """Every group through the chain (`replay.pipeline.chain.export_group`), each part with
@@ -107,7 +87,7 @@ def _export_groups(job: Job) -> list[tuple[int, Part]]:
         indices = list(members)
         with contextlib.ExitStack() as stack:
             try:
-                done = stack.enter_context(entered(job.module, state, job.options.set_state))
+                done = stack.enter_context(entered(job.model, state, job.options.set_state))
             except StateNotEntered as e:
                 parts += [(i, refused(job, groups[i], str(e))) for i in indices]
                 continue
@@ -228,13 +208,18 @@ def export(module: Any, store: Any, model: str | None = None, **options: Any) ->
     return export_with(module, store, model, ExportOptions.of(**options))
 
 
-def export_with(module: Any, store: Any, model: str | None, options: ExportOptions) -> ExportResult:
+def export_with(
+    model: Any, store: StoreSource, model_name: str | None, options: ExportOptions
+) -> ExportResult:
     """`export` with its options already built (``capture export`` builds them itself).
 
+    The store is opened once (or read as it is, when it is an open store) and every step of
+    the export (inputs, payload rows, sub-modules, ONNX check) reads that one handle.
+
     Args:
-        module: The model whose calls were recorded.
+        model: The model (a `torch.nn.Module`) whose calls were recorded.
         store: A store path (or URI) or an open `capture.Store`.
-        model: Its name in the store; default: the only model, or the module's class name.
+        model_name: Its name in the store; default: the only model, or the model's class name.
         options: The replay's options.
 
     Returns:
@@ -244,82 +229,74 @@ def export_with(module: Any, store: Any, model: str | None, options: ExportOptio
         StoreNotFound, EmptyStore, UnknownModel: The store or model cannot be found.
         ReplayError: See `export`.
     """
-    options = _prepared(module, options)
-    inputs = inputs_for(store, model, options, module=module)
-    states = sorted({g.state for g in inputs.groups})
-    if options.onnx is not None and len(states) > 1:
-        raise ReplayError(
-            f"onnx= is not available for calls of several states "
-            f"({', '.join(state_label(s or None) for s in states)}): export the .pt2 "
-            "artifact, which serves each state, or pass groups= of one state"
-        )
-    check_signature(module, inputs.groups)
-    parts = _export_groups(Job(module, store, inputs, options))
+    options = _prepared(model, options)
+    with reading(store) as opened:
+        result = _exported(model, opened, model_name, options)
+        modules = _submodules(model, opened, store, result, options)
+        result = dataclasses.replace(result, modules=modules, origin=Origin(model, store, options))
+        if options.onnx is None:
+            return result
+        return with_onnx(result, options.onnx, modules, opened)
+
+
+def _exported(
+    model: Any, store: StoreReader, model_name: str | None, options: ExportOptions
+) -> ExportResult:
+    """The model's groups exported and checked (its sub-modules aside)."""
+    inputs = inputs_for(store, model_name, options, module=model)
+    if options.onnx is not None:
+        require_one_state(inputs)
+    check_signature(model, inputs.groups)
+    parts = _export_groups(Job(model, store, inputs, options))
     # The groups as exported: regimes and static programs in their group's place.
     inputs = dataclasses.replace(inputs, groups=[p.group for _, p in sorted(parts, key=_place)])
-    return _result(Job(module, store, inputs, options), [p for _, p in parts])
+    job = Job(model, store, inputs, options)
+    exported = tuple(p for _, p in parts)
+    programs = {p.group.name: p.program for p in exported if p.program is not None}
+    errors = {p.group.name: p.error for p in exported if p.error is not None}
+    payloads, notes = _payload_rows(job, programs, errors)
+    return ExportResult(exported, inputs, tuple(payloads), tuple(notes), source=_source(store))
 
 
-def _submodules(job: Job) -> dict[str, ExportResult]:
-    """Every group of each recorded sub-module (``modules=True``), with the model's options;
-    their ONNX files (with ``onnx=``) join the model's set."""
-    if not job.options.modules:
+def _source(store: StoreReader) -> str:
+    """The store's path or URI, as the artifact names it."""
+    return str(store.path)
+
+
+def _submodules(
+    model: Any,
+    store: StoreReader,
+    source: StoreSource,
+    result: ExportResult,
+    options: ExportOptions,
+) -> dict[str, ExportResult]:
+    """Every group of each recorded sub-module (``modules=True``), with the model's options
+    (no ONNX of their own: their files join the model's set) and the same open store."""
+    if not options.modules:
         return {}
-    sub_options = dataclasses.replace(job.options, groups=None, onnx=None, modules=False)
-    model = job.inputs.model
+    sub_options = dataclasses.replace(options, groups=None, onnx=None, modules=False)
+    name = result.inputs.model
+    subs = {m: submodule(model, m) for m in recorded_submodules(store, name)}
     return {
-        name: export_with(submodule(job.module, name), job.store, f"{model}.{name}", sub_options)
-        for name in recorded_submodules(job.store, model)
+        module_name: dataclasses.replace(
+            _exported(module, store, f"{name}.{module_name}", sub_options),
+            origin=Origin(module, source, sub_options),
+        )
+        for module_name, module in subs.items()
     }
 
 
-def _prepared(module: Any, options: ExportOptions) -> ExportOptions:
+def _prepared(model: Any, options: ExportOptions) -> ExportOptions:
     """The options checked before any work (the ONNX extra and path), with the model's device
     when none is given."""
     if options.onnx is not None:
         require_onnx()
         check_file(options.onnx, what="ONNX set", example="model.onnx")  # before the export
-    if options.device is None and isinstance(module, torch.nn.Module):
-        first = next(iter(module.parameters()), None)
+    if options.device is None and isinstance(model, torch.nn.Module):
+        first = next(iter(model.parameters()), None)
         if first is not None:
             return dataclasses.replace(options, device=str(first.device))
     return options
-
-
-def _result(job: Job, parts: list[Part]) -> ExportResult:
-    """The result of the exported parts: their programs, errors and notes, their rows and
-    those of the sampled real calls (and of the ONNX files, with ``onnx=``)."""
-    store, inputs, options = job.store, job.inputs, job.options
-    programs = {p.group.name: p.program for p in parts if p.program is not None}
-    errors = {p.group.name: p.error for p in parts if p.error is not None}
-    not_honoured = {p.group.name: p.not_honoured for p in parts if p.not_honoured is not None}
-    notes = [f"{p.group.name}: {note}" for p in parts for note in p.group.notes]
-    rows = [row for p in parts for row in p.rows]
-    found, payload_notes = _payload_rows(job, programs, errors)
-    rows += found
-    notes += payload_notes
-    complete = bool(rows) and all(r.covered for r in rows) and not not_honoured
-    source = str(getattr(store, "path", store)) if store is not None else None
-    modules = _submodules(job)
-    onnx_files: dict[str, str] = {}
-    if options.onnx is not None:
-        # Every ONNX file is checked on the same rows; its rows count in `complete`.
-        onnx_files, onnx_rows, onnx_notes = _onnx(job, programs, errors, rows, complete, modules)
-        rows += onnx_rows
-        notes += onnx_notes
-        complete = complete and all(r.covered for r in onnx_rows)
-    return ExportResult(
-        programs,
-        coverage_table(rows),
-        notes,
-        complete and all(m.complete for m in modules.values()),
-        inputs,
-        errors,
-        onnx_files,
-        not_honoured=not_honoured,
-        source=source,
-        modules=modules,
-    )
 
 
 def _payload_rows(
@@ -336,9 +313,9 @@ def _payload_rows(
     for state in states:
         mine = [g for g in job.inputs.groups if g.state == state]
         try:
-            with entered(job.module, state, options.set_state):
+            with entered(job.model, state, options.set_state):
                 found, said = payload_rows(
-                    job.module,
+                    job.model,
                     job.store,
                     dataclasses.replace(job.inputs, groups=mine) if several else job.inputs,
                     programs,
@@ -356,50 +333,3 @@ def _payload_rows(
         rows += found
         notes += [n for n in said if n not in notes]
     return rows, notes
-
-
-def _onnx(
-    job: Job,
-    programs: dict[str, ExportedProgram],
-    errors: dict[str, str],
-    rows: list[CoverageRow],
-    complete: bool,
-    modules: dict[str, ExportResult],
-) -> tuple[dict[str, str], list[CoverageRow], list[str]]:
-    """The ONNX set of the model and its sub-modules: files, rows and notes; each sub-module's
-    result gains its files, rows and notes."""
-    module, store, inputs, options = job.module, job.store, job.inputs, job.options
-    parts = [
-        OnnxPart(
-            name,
-            submodule(module, name),
-            sub.inputs,
-            sub.programs,
-            sub.errors,
-            CoverageRow.from_table(sub.coverage),
-            sub.complete,
-        )
-        for name, sub in modules.items()
-    ]
-    source = str(getattr(store, "path", store)) if store is not None else None
-    with entered(module, next(iter({g.state for g in inputs.groups}), ""), options.set_state):
-        outcome = write_onnx(
-            module,
-            store,
-            inputs,
-            programs,
-            errors,
-            rows,
-            options,
-            complete_torch=complete,
-            source=source,
-            submodules=parts,
-        )
-    for part in parts:
-        sub = modules[part.name]
-        written = part.outcome
-        sub.coverage = coverage_table([*part.torch_rows, *written.rows])
-        sub.onnx = written.files
-        sub.notes.extend(written.notes)
-        sub.complete = sub.complete and all(r.covered for r in written.rows)
-    return outcome.files, list(outcome.rows), list(outcome.notes)

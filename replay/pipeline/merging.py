@@ -38,6 +38,7 @@ from replay.runtime.fills import Fill, FillAxis
 
 if TYPE_CHECKING:
     from capture.pytree.structure import RecordedLeaf
+    from capture.store.reader import StoreReader
     from replay.inputs.exportgroup import ExportGroup, ExportInputs
     from replay.inputs.options import ExportOptions
     from replay.runtime.coverage import CoverageRow
@@ -213,7 +214,7 @@ def prove(
     program: Any,
     fills: Sequence[Fill],
     options: ExportOptions,
-    store: Any,
+    store: StoreReader,
     inputs: ExportInputs,
 ) -> tuple[ExportGroup, list[CoverageRow], str | None]:
     """`lacking` served by `full`'s program with `fills`, checked on its own traffic (step 3).
@@ -225,7 +226,7 @@ def prove(
         program: A's `torch.export.ExportedProgram`.
         fills: The fills to prove.
         options: The tolerances, probes and payload limit of the export.
-        store: The store (payloads).
+        store: The open store (payloads).
         inputs: The export's inputs (its model name and analysed groups).
 
     Returns:
@@ -275,7 +276,7 @@ def merge(
     lacking: ExportGroup,
     exported: Sequence[tuple[ExportGroup, Any]],
     options: ExportOptions,
-    store: Any,
+    store: StoreReader,
     inputs: ExportInputs,
 ) -> Merged:
     """`lacking` served by one of the `exported` programs, proven; or why none serves it.
@@ -285,7 +286,7 @@ def merge(
         lacking: The group to serve (B).
         exported: ``(group, program)`` of every program made so far.
         options: The export's options.
-        store: The store (payloads).
+        store: The open store (payloads).
         inputs: The export's inputs.
 
     Returns:
