@@ -437,7 +437,7 @@ def export_command(
         written += [weights_path(onnx), manifest_path(onnx)]
     if out is not None and onnx is None and result.programs:
         with stdout_to_stderr():
-            written = [result.save(out, aoti=aoti)]
+            written = list(result.save(out, aoti=aoti).files)
     for path in written:
         click.echo(printable(f"wrote {path}"), err=True)
     coverage = result.all_coverage()

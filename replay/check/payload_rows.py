@@ -176,14 +176,21 @@ def _check(
     return CheckOutcome(True, diff, None)
 
 
-def _listed(store: StoreReader, model_name: str) -> tuple[Any, list[Any]] | CoverageRow:
-    """The store's filesystem and the model's payload files, or the row saying they cannot be
-    listed (an unreachable store, a folder that cannot be listed)."""
+def _listed(
+    store: StoreReader, model_name: str, limit: int
+) -> tuple[Any, list[Any], list[str]] | CoverageRow:
+    """The store's filesystem, the model's newest `limit` payload files and a note when there
+    are more; or the row saying they cannot be listed (an unreachable store, a folder that
+    cannot be listed)."""
     try:
-        return store.fs, list_payloads((store.fs, store.root), model_name)
+        files = list_payloads((store.fs, store.root), model_name)
     except (CaptureError, OSError) as e:
         why = " ".join(str(e).split())
         return _row(None, "payloads", error=f"the payloads cannot be listed ({why})")
+    if len(files) <= limit:
+        return store.fs, files, []
+    note = f"payloads: checked the newest {limit} of {len(files)} sampled calls"
+    return store.fs, files[-limit:], [note]
 
 
 def payload_rows(
@@ -230,16 +237,10 @@ def payload_rows(
     """
     if limit <= 0:
         return [], []
-    listed = _listed(store, inputs.model)
+    listed = _listed(store, inputs.model, limit)
     if isinstance(listed, CoverageRow):
         return [listed], []
-    fs, files = listed
-    if not files:
-        return [], []
-    notes = []
-    if len(files) > limit:
-        notes.append(f"payloads: checked the newest {limit} of {len(files)} sampled calls")
-        files = files[-limit:]
+    fs, files, notes = listed
     exported = {s for g in inputs.groups for s in g.structure_ids}
     analysed = {s for g in inputs.analysed for s in g.structure_ids}
     rows: list[CoverageRow] = []

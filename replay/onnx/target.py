@@ -1,6 +1,8 @@
-"""``export(..., onnx=PATH)``: convert every checked program, write the set, check it, describe it.
+"""The ONNX set of an export: convert every checked program, write the set, check it, describe it.
 
-`write_onnx` is what `replay.pipeline.exporting.export_with` calls after the torch check:
+`write_onnx` is what ``ExportResult.save("m.onnx")`` (and ``export(..., onnx=PATH)``, which
+takes the same step) calls with the torch check done; it returns what it wrote and checked,
+per module (`OnnxOutcome`), and changes nothing it is given:
 
 1. every torch program is converted (`replay.onnx.convert`), from the group (or regime) that
    owns it; a group served by another's program (`replay.pipeline.merging`) is served by that file,
@@ -9,8 +11,7 @@
 2. the files are written with one shared weights file (`replay.runtime.ort.weights`):
    ``PATH`` for one group, ``<stem>.<group>.onnx`` for several, and ``PATH.data``;
 3. the written files are opened as the runner ``replay.load`` gives (`replay.runtime.ort.runner`)
-and
-   checked on every row of the torch check, then on the sampled real calls
+   and checked on every row of the torch check, then on the sampled real calls
    (`replay.onnx.parity`, `replay.check.payload_rows`): rows of target ``onnx``;
 4. the manifest ``PATH.json`` is written last (`replay.onnx.entries`), with the signatures
    the ONNX check failed in each file's guard.

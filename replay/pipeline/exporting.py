@@ -17,12 +17,15 @@ lacking an optional input another group passes is served by that group's program
 filled, where the check proves it on its own signatures, probes and payloads
 (`replay.pipeline.merging`); groups that pass more inputs are exported first for that reason. A
 group (or regime) torch.export rejects has no program; its signatures are in the coverage table,
-uncovered, with the error. With ``onnx=PATH`` every program is also converted to ONNX and every
-row is checked again on its ONNX file with onnxruntime (rows of target ``onnx``,
-`replay.onnx.target`). `ExportResult.complete` is true when every row (every kind, every
-target) is covered and every option asked for was honoured.
+uncovered, with the error. With ``onnx=PATH`` the result then takes the step
+``ExportResult.save(PATH)`` takes: every program converted to ONNX and every row checked again
+on its ONNX file with onnxruntime (rows of target ``onnx``, `replay.onnx.target`).
+`ExportResult.complete` is true when every row (every kind, every target) is covered and every
+option asked for was honoured.
 
-Nothing is printed: the CLI (`cli.export`) renders the result.
+The store is opened once (`replay.inputs.builder.reading`) and that reader is what every step
+reads: the inputs, the merges' and the payload check's sampled calls, the sub-modules. Nothing
+is printed: the CLI (`cli.export`) renders the result.
 """
 
 from __future__ import annotations
@@ -112,29 +115,27 @@ def _absent(group: ExportGroup) -> int:
 
 
 @takes_options(field.name for field in dataclasses.fields(ExportOptions))
-def export(module: Any, store: Any, model: str | None = None, **options: Any) -> ExportResult:
-    """Exports `module` once per recorded call group and checks every recorded signature.
+def export(
+    model: Any, store: StoreSource, model_name: str | None = None, **options: Any
+) -> ExportResult:
+    """Exports `model` once per recorded call group and checks every recorded signature.
 
     Besides the recorded signatures, up to `probes` unseen size vectors per group inside the
-    recorded ranges (`replay.inputs.select.probes`: the ends of every dynamic dim together, a value
-    between recorded ones) are checked the same way: coverage rows of kind ``probe`` tell
-    whether the program generalizes inside the range it claims.
+    recorded ranges (`replay.inputs.select.probes`) are checked the same way: coverage rows of
+    kind ``probe`` tell whether the program generalizes inside the range it claims.
 
     Args:
-        module: The model (a `torch.nn.Module`) whose calls were recorded.
+        model: The model (a `torch.nn.Module`) whose calls were recorded.
         store: A store path (or URI) or an open `capture.Store`.
-        model: Its name in the store; default: the only model, or the module's class name.
+        model_name: Its name in the store; default: the only model, or the model's class name.
         groups: Export only these call groups (default: all of them).
-        onnx: Also write ONNX (``torch.onnx.export(..., dynamo=True)``): this path for one
-            group, ``<stem>.<group>.onnx`` for several, their shared weights ``PATH.data`` and
-            a manifest ``PATH.json``; every file is checked with onnxruntime on the same rows
-            (coverage rows of target ``onnx``) and ``replay.load(PATH)`` serves the set
-            (`replay.onnx`). Needs ``capture[onnx]``.
+        onnx: Also write the ONNX set at this path, as `ExportResult.save` writes it: every
+            file checked with onnxruntime on the same rows (coverage rows of target ``onnx``,
+            which count in ``complete``). Needs ``capture[onnx]``.
         modules: Also export every sub-module recorded with ``Recorder(modules=...)`` (store
-            models ``<model>.<name>``; the sub-module is ``module.get_<name>()`` or
-            ``module.get_submodule(name)``), with the same options for all its groups and no
-            ONNX, into ``ExportResult.modules``; ``complete`` then covers them too, and
-            ``save`` stores them in the same artifact.
+            models ``<model_name>.<module_name>``; `replay.pipeline.submodules`) with the same
+            options, into ``ExportResult.modules``; ``complete`` then covers them too, and
+            ``save`` writes them in the same artifact.
         strict: Passed to ``torch.export.export``.
         atol: Absolute tolerance of the output comparison.
         rtol: Relative tolerance (times the largest eager magnitude of the output).
@@ -149,47 +150,29 @@ def export(module: Any, store: Any, model: str | None = None, **options: Any) ->
         seed: Seed of the rebuilt tensors.
         device: Device of the rebuilt tensors (default: the model's).
         probes: Most probes checked per group (default 4; 0: recorded signatures only).
-        max_payloads: Check at most this many sampled real calls (`replay.check.payload_rows`;
-        stores
-            recorded with ``payloads=``), the newest ones; 0 skips them.
+        max_payloads: Check at most this many sampled real calls, the newest ones
+            (`replay.check.payload_rows`); 0 skips them.
         max_payload_bytes: Most bytes of tensors a sampled call's file may hold; a bigger one
-            is a not-covered row, never read (default 16 MiB, the recorder's default
-            ``Payloads.max_call_bytes``; pass what the store was recorded with).
-        max_regimes: Where torch.export cuts a group's recorded range (a sliding window, a
-            branch on a size), export each side as a regime of its own, at most this many
-            per group (`replay.pipeline.splitting`); 1 never splits.
-        merge: Serve a group that lacks an optional input (generate()'s batch-1 calls without
-            ``attention_mask``) with the program of a group that passes it, the input
-            filled, where the check proves it on the group's own signatures, probes and
-            payloads (`replay.pipeline.merging`); False: one program per group.
-        time_budget: Seconds of torch.export per call group (default 300; None: no bound).
-            Each export is stopped at the deadline, in this process
-            (`replay.pipeline.budget.deadline`): the dynamic exports (plain, bounded retries,
-            regimes) may use half of the budget, the static fallback the rest. A group past
-            it has the error ``torch.export ran past the time budget`` and its notes say
-            what served its signatures instead.
+            is a not-covered row, never read (default: the recorder's default).
+        max_regimes: Where torch.export cuts a group's recorded range, export each side as a
+            regime of its own, at most this many per group (`replay.pipeline.splitting`).
+        merge: Serve a group that lacks an optional input with the program of a group that
+            passes it, the input filled, where the check proves it (`replay.pipeline.merging`).
+        time_budget: Seconds of torch.export per call group (default 300; None: no bound):
+            half for the dynamic exports, the rest for the static fallback
+            (`replay.pipeline.budget.deadline`); a group past it says what served it instead.
         max_static: Most static programs per group, one per recorded signature its dynamic
-            program does not serve (past the budget, or cut where regimes cannot serve),
-            most calls first (`replay.pipeline.budget.static`); 0: no static fallback.
+            program does not serve (`replay.pipeline.budget.static`); 0: no static fallback.
         set_state: For a store recorded with ``Recorder(..., state=fn)``: ``set_state(items)``
-            puts the model in the state whose declared items are ``items`` (a dict), and
-            ``set_state(None)`` back, around the export of that state's groups. peft adapters
-            (``set_adapter``, ``disable_adapter``) and ``training`` are entered without it.
-            Each recorded state's groups are exported and checked with the model in that
-            state (`capture.state.entering`); a state it cannot be put in has its groups not
-            covered, with the reason.
+            puts the model in a recorded state, ``set_state(None)`` back; each state's groups
+            are exported and checked in that state (`capture.state.entering`; peft adapters
+            and ``training`` are entered without it).
         spec: ``"dims"`` (default): ``torch.export.Dim`` shapes, with the retries and regimes
             above; ``"shapes"``: torch's ``ShapesSpec`` learned from the store (torch >= 2.14,
-            `replay.inputs.specs.shapesspec`): every dynamic size unbacked, so a group is never
-            split and 0 or 1 is never specialized (the notes name the dims recorded there),
-            trusted divisors as ``assumptions`` (checked by the program and by the router of
-            a saved artifact). A group torch rejects in this form is reported, never retried
-            in the ``Dim`` form.
-        allow_ops: Operator namespaces, operators or overloads the programs may call beyond
-            the allow-list (`replay.runtime.pt2.operators`), as the artifact will be loaded
-            with (``replay.load(path, allow_ops=...)``). Every program goes through the
-            loader's validation before its rows are claimed (`replay.artifact.loadable`): one
-            it would refuse is not covered, with the loader's reason.
+            `replay.inputs.specs.shapesspec`), every dynamic size unbacked, never retried.
+        allow_ops: Operators the programs may call beyond the allow-list, as the artifact will
+            be loaded with (``replay.load(path, allow_ops=...)``): a program the loader would
+            refuse is not covered, with its reason (`replay.artifact.loadable`).
 
     Returns:
         An `ExportResult`.
@@ -205,7 +188,7 @@ def export(module: Any, store: Any, model: str | None = None, **options: Any) ->
         >>> result.complete, result.coverage.column("covered").to_pylist()  # doctest: +SKIP
         (True, [True, True, True])
     """
-    return export_with(module, store, model, ExportOptions.of(**options))
+    return export_with(model, store, model_name, ExportOptions.of(**options))
 
 
 def export_with(
@@ -243,7 +226,7 @@ def _exported(
     model: Any, store: StoreReader, model_name: str | None, options: ExportOptions
 ) -> ExportResult:
     """The model's groups exported and checked (its sub-modules aside)."""
-    inputs = inputs_for(store, model_name, options, module=model)
+    inputs = inputs_for(store, model_name, options, model=model)
     if options.onnx is not None:
         require_one_state(inputs)
     check_signature(model, inputs.groups)
