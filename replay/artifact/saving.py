@@ -84,10 +84,10 @@ def save(
         manifest = manifest_of(results, aoti=aoti)
         wanted = set(manifest.program_names)
         programs = {
-            program_name(module, key): program
-            for module, result in results.items()
+            program_name(module_name, key): program
+            for module_name, result in results.items()
             for key, program in result.programs.items()
-            if program_name(module, key) in wanted
+            if program_name(module_name, key) in wanted
         }
         table = WeightTable()
         for name, program in programs.items():

@@ -165,10 +165,11 @@ def _summary(e: BaseException) -> str:
 
 @dataclass(frozen=True)
 class OnnxPart:
-    """One module of the set: the model (``name`` ``""``) or a recorded sub-module (``encoder``).
+    """One module of the set: the model (``module_name`` ``""``) or a recorded sub-module
+    (``encoder``).
 
     Attributes:
-        name: The sub-module's name (``""``: the model itself).
+        module_name: The sub-module's name (``""``: the model itself).
         module: The eager module.
         inputs: Its export inputs.
         programs: Group name -> checked torch program.
@@ -178,7 +179,7 @@ class OnnxPart:
             honoured): its manifest ``complete`` also needs every ONNX row covered.
     """
 
-    name: str
+    module_name: str
     module: Any
     inputs: ExportInputs
     programs: Mapping[str, ExportedProgram]
@@ -188,7 +189,7 @@ class OnnxPart:
 
     def label(self, group: str) -> str:
         """``decode``, or ``encoder.g0`` for a sub-module's group (its program's name)."""
-        return f"{self.name}.{group}" if self.name else group
+        return f"{self.module_name}.{group}" if self.module_name else group
 
 
 @dataclass
@@ -230,34 +231,41 @@ def write_onnx(
     written = _convert(parts, path, notes)
     runner = _opened(parts, written, path, notes)
     checked = {
-        part.name: _check_part(
+        part.module_name: _check_part(
             part,
             store,
-            runner if runner is None or not part.name else runner.modules.get(part.name),
+            runner
+            if runner is None or not part.module_name
+            else runner.modules.get(part.module_name),
             options,
-            written.errors[part.name],
+            written.errors[part.module_name],
         )
         for part in parts
     }
     if not written.files:
         checked[""][1].append("onnx: no group could be converted; nothing written")
     outcomes = {
-        part.name: OnnxOutcome(
-            {n: written.files[part.label(n)] for n in written.converted[part.name]},
-            tuple(checked[part.name][0]),
-            tuple([*(() if part.name else notes), *checked[part.name][1]]),
+        part.module_name: OnnxOutcome(
+            {n: written.files[part.label(n)] for n in written.converted[part.module_name]},
+            tuple(checked[part.module_name][0]),
+            tuple([*(() if part.module_name else notes), *checked[part.module_name][1]]),
             None,
-            written.errors[part.name],
+            written.errors[part.module_name],
         )
         for part in parts
     }
     if not written.files:
         return outcomes
-    entries = {p.name: _module_entry(p, outcomes[p.name], source) for p in parts}
+    entries = {p.module_name: _module_entry(p, outcomes[p.module_name], source) for p in parts}
     final = _manifest(parts, written, outcomes, entries)
-    model = parts[0].name
-    outcomes[model] = dataclasses.replace(outcomes[model], manifest=write_manifest(path, final))
+    first = parts[0].module_name
+    outcomes[first] = dataclasses.replace(outcomes[first], manifest=write_manifest(path, final))
     return outcomes
+
+
+def _served_by(runner: OnnxRunner | None, module_name: str) -> OnnxRunner | None:
+    """The runner of the set's module `module_name` (``""``: the model's own)."""
+    return runner if runner is None or not module_name else runner.modules.get(module_name)
 
 
 def _module_entry(part: OnnxPart, outcome: OnnxOutcome, source: str | None) -> ModuleEntry:
@@ -279,13 +287,15 @@ def _convert(parts: Sequence[OnnxPart], path: str, notes: list[str]) -> _Set:
     for part in parts:
         refused = refusal(part.module, part.inputs)
         if refused is None:
-            converted[part.name], errors[part.name] = _convert_part(part)
+            converted[part.module_name], errors[part.module_name] = _convert_part(part)
             continue
-        errors[part.name] = {g.name: f"ONNX export refused: {refused}" for g in part.inputs.groups}
+        errors[part.module_name] = {
+            g.name: f"ONNX export refused: {refused}" for g in part.inputs.groups
+        }
         logger.warning("ONNX export of %s refused: %s", part.inputs.model, refused)
         notes.append(f"onnx: {part.inputs.model} refused: {refused}")
-        converted[part.name] = {}
-    labels = [part.label(n) for part in parts for n in converted[part.name]]
+        converted[part.module_name] = {}
+    labels = [part.label(n) for part in parts for n in converted[part.module_name]]
     several = len(labels) > 1
     files = {label: output_path(path, label, several) for label in labels}
     if len(set(files.values())) != len(files):
@@ -304,19 +314,21 @@ def _opened(
         return None
     pairs = []
     for part in parts:
-        for name, c in written.converted[part.name].items():
+        for name, c in written.converted[part.module_name].items():
             c.model.metadata_props["capture.manifest"] = os.path.basename(manifest_path(path))
             pairs.append((written.files[part.label(name)], c.model))
     written.size = write_models(pairs, written.weights)
-    stubs = {p.name: ModuleEntry(p.inputs.model, None, None, None, complete=False) for p in parts}
+    stubs = {
+        p.module_name: ModuleEntry(p.inputs.model, None, None, None, complete=False) for p in parts
+    }
     try:
         return open_set(_manifest(parts, written, None, stubs), os.path.dirname(path))
     except OnnxFileError as e:
         _remove([*written.files.values(), written.weights])
         notes.append(f"onnx: not written: {e}")
         for part in parts:
-            written.converted[part.name] = {}
-            written.errors[part.name] = {
+            written.converted[part.module_name] = {}
+            written.errors[part.module_name] = {
                 g.name: f"ONNX set not written: {e}" for g in part.inputs.groups
             }
         written.files.clear()
@@ -430,8 +442,8 @@ def _manifest(
     """The set's manifest (the draft the check opens has no outcomes, so no ``rejected`` yet)."""
     entries: list[tuple[ProgramEntry, OnnxFile]] = []
     for part in parts:
-        mine = written.converted[part.name]
-        rows = outcomes[part.name].rows if outcomes is not None else ()
+        mine = written.converted[part.module_name]
+        rows = outcomes[part.module_name].rows if outcomes is not None else ()
         owners = {g.name: g for g in part.inputs.groups if g.name in mine}
         entries.extend(
             onnx_entry(
@@ -441,7 +453,7 @@ def _manifest(
                 os.path.basename(written.files[part.label(group.program_name)]),
                 rows,
                 owners[group.program_name],
-                module=part.name,
+                module_name=part.module_name,
             )
             for group in part.inputs.groups
             if group.program_name in mine

@@ -208,7 +208,7 @@ def derive_fills(
 
 
 def prove(
-    module: Any,
+    model: Any,
     lacking: ExportGroup,
     full: ExportGroup,
     program: Any,
@@ -220,7 +220,7 @@ def prove(
     """`lacking` served by `full`'s program with `fills`, checked on its own traffic (step 3).
 
     Args:
-        module: The eager model.
+        model: The eager model.
         lacking: B.
         full: A (its call form is the program's).
         program: A's `torch.export.ExportedProgram`.
@@ -246,10 +246,10 @@ def prove(
     served = dataclasses.replace(lacking, example=example, served_by=full.program_name)
     with nodes.register_flattening_functions():
         rows = coverage_rows(
-            module, served, program, None, options.atol, options.rtol, options.probes
+            model, served, program, None, options.atol, options.rtol, options.probes
         )
     real, _ = payload_rows(
-        module,
+        model,
         store,
         ExportInputs(inputs.model, [served], inputs.analysed),
         {served.program_name: program},
@@ -272,7 +272,7 @@ def prove(
 
 
 def merge(
-    module: Any,
+    model: Any,
     lacking: ExportGroup,
     exported: Sequence[tuple[ExportGroup, Any]],
     options: ExportOptions,
@@ -282,7 +282,7 @@ def merge(
     """`lacking` served by one of the `exported` programs, proven; or why none serves it.
 
     Args:
-        module: The eager model.
+        model: The eager model.
         lacking: The group to serve (B).
         exported: ``(group, program)`` of every program made so far.
         options: The export's options.
@@ -308,7 +308,7 @@ def merge(
             continue
         candidates, why = derive_fills(lacking, full, arguments)
         for fills in candidates:
-            served, rows, why = prove(module, lacking, full, program, fills, options, store, inputs)
+            served, rows, why = prove(model, lacking, full, program, fills, options, store, inputs)
             if why is None:
                 return Merged(served, tuple(rows))
         reasons.append(

@@ -256,10 +256,10 @@ def with_onnx(
     origin = _origin(result)
     require_one_state(result.inputs)
     model = origin.model
-    subs = [(name, submodule(model, name), sub) for name, sub in modules.items()]
+    subs = [(m, submodule(model, m), sub) for m, sub in modules.items()]
     parts = [
         OnnxPart(
-            name,
+            module_name,
             module,
             sub.inputs,
             sub.programs,
@@ -267,14 +267,12 @@ def with_onnx(
             sub.torch_rows,
             sub.torch_complete,
         )
-        for name, module, sub in [("", model, result), *subs]
+        for module_name, module, sub in [("", model, result), *subs]
     ]
     state = next(iter({g.state for g in result.inputs.groups}), "")
     with entered(model, state, origin.options.set_state):
         outcomes = write_onnx(parts, path, store, origin.options, source=result.source)
-    shipped = {
-        name: dataclasses.replace(sub, onnx_outcome=outcomes[name]) for name, sub in modules.items()
-    }
+    shipped = {m: dataclasses.replace(sub, onnx_outcome=outcomes[m]) for m, sub in modules.items()}
     return dataclasses.replace(result, onnx_outcome=outcomes[""], modules=shipped)
 
 
