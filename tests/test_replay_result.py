@@ -21,6 +21,7 @@ import replay
 from capture.errors import ReplayError
 from fixtures.seeds import LinearModel
 from replay.pipeline.result import ExportResult, Saved
+from replay.runtime.coverage import CoverageRow, coverage_total, group_coverage
 from replay.runtime.runner import Runner
 
 pytest.importorskip("onnxruntime")
@@ -96,6 +97,9 @@ def test_the_derived_fields_are_copies_read_from_the_parts(result: ExportResult)
         result.parts[0].group.name
     ] * len(result.parts[0].rows)
     assert result.coverage.num_rows == len(result.rows) and result.onnx == {}
+    assert CoverageRow.from_table(result.coverage) == list(result.rows)
+    assert group_coverage(result.rows) == group_coverage(result.coverage)
+    assert coverage_total(result.rows) == coverage_total(result.coverage)
 
 
 def test_save_to_onnx_checks_the_files_against_the_original_calls(
