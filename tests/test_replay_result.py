@@ -22,6 +22,7 @@ from capture.errors import ReplayError
 from fixtures.seeds import LinearModel
 from replay.pipeline.result import ExportResult, Saved
 from replay.runtime.coverage import CoverageRow, coverage_total, group_coverage
+from replay.runtime.ort.runner import OnnxRunner
 from replay.runtime.runner import Runner
 
 pytest.importorskip("onnxruntime")
@@ -190,3 +191,50 @@ def test_save_without_a_path_or_with_two_onnx_sets_is_refused(
         result.save(tmp_path / "a.onnx", onnx=tmp_path / "b.onnx")
     with pytest.raises(ReplayError, match="no model to check"):
         dataclasses.replace(result, origin=None).save(tmp_path / "c.onnx")
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.proj(x))
+
+
+class EncoderDecoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Encoder()
+        self.head = torch.nn.Linear(4, 2)
+
+    def get_encoder(self) -> Encoder:
+        return self.encoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x) + x)
+
+
+def test_save_writes_the_sub_modules_into_the_same_onnx_set(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = EncoderDecoder().eval()
+    seen: list[tuple[Any, ...]] = []  # the encoder's real calls, copied before it ran
+    hook = model.encoder.register_forward_pre_hook(
+        lambda m, args: seen.append(tuple(a.clone() for a in args))
+    )
+    with torch.no_grad(), capture.Recorder(model, tmp_path / "store", modules=["encoder"]):
+        for batch, seq in [(2, 3), (3, 5), (4, 2)]:
+            model(torch.randn(batch, seq, 4))
+    hook.remove()
+    result = replay.export(model, tmp_path / "store", modules=True, probes=0)
+    shipped = result.save(tmp_path / "ed.onnx").result
+    encoder = shipped.modules["encoder"]
+    assert sorted(encoder.onnx) == ["g0"] and result.modules["encoder"].onnx == {}
+    assert [r.target for r in encoder.rows] == ["torch"] * 3 + ["onnx"] * 3
+    assert shipped.complete and encoder.complete
+    runner = replay.load(tmp_path / "ed.onnx")
+    assert isinstance(runner, OnnxRunner)
+    with torch.no_grad():
+        for args in seen:
+            got = torch.as_tensor(runner.modules["encoder"](*args))
+            torch.testing.assert_close(got, model.encoder(*args), atol=1e-5, rtol=1e-5)
