@@ -212,7 +212,8 @@ class EncoderDecoder(torch.nn.Module):
         return self.encoder
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(x) + x)
+        out: torch.Tensor = self.head(self.encoder(x) + x)
+        return out
 
 
 def test_save_writes_the_sub_modules_into_the_same_onnx_set(tmp_path: Path) -> None:
