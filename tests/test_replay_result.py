@@ -239,3 +239,30 @@ def test_save_writes_the_sub_modules_into_the_same_onnx_set(tmp_path: Path) -> N
         for args in seen:
             got = torch.as_tensor(runner.modules["encoder"](*args))
             torch.testing.assert_close(got, model.encoder(*args), atol=1e-5, rtol=1e-5)
+
+
+def test_an_export_opens_its_store_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from capture.store import reader
+
+    torch.manual_seed(0)
+    model = EncoderDecoder().eval()
+    with (
+        torch.no_grad(),
+        capture.Recorder(model, tmp_path / "store", modules=["encoder"], payloads=1.0),
+    ):
+        for batch, seq in [(2, 3), (3, 5), (4, 2)]:
+            model(torch.randn(batch, seq, 4))
+    opened: list[str] = []
+    init = reader.StoreReader.__init__
+
+    def counted(self: Any, path: Any, **kwargs: Any) -> None:
+        opened.append(str(path))
+        init(self, path, **kwargs)
+
+    monkeypatch.setattr(reader.StoreReader, "__init__", counted)
+    result = replay.export(
+        model, tmp_path / "store", modules=True, probes=0, onnx=tmp_path / "ed.onnx"
+    )
+    kinds = {(r.kind, r.target) for r in result.all_rows()}
+    assert ("payload", "onnx") in kinds and result.complete
+    assert opened == [str(tmp_path / "store")]
