@@ -13,6 +13,7 @@ __all__ = [
     "export",
     "ExportInputs",
     "ExportResult",
+    "Saved",
     "ModelInputs",
     "all_dynamic_shape_from_inputs",
     "load",
@@ -26,6 +27,7 @@ _LAZY = {
     "ExportInputs": "replay.inputs.builder",
     "export": "replay.pipeline.exporting",
     "ExportResult": "replay.pipeline.result",
+    "Saved": "replay.pipeline.result",
     "ModelInputs": "replay.inputs.modelinputs",
     "all_dynamic_shape_from_inputs": "replay.inputs.modelinputs",
     "load": "replay.loader",
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from replay.inputs.specs.compilehints import CompileHints, compile_hints
     from replay.loader import load
     from replay.pipeline.exporting import export
-    from replay.pipeline.result import ExportResult
+    from replay.pipeline.result import ExportResult, Saved
 
 
 def __getattr__(name: str) -> Any:
