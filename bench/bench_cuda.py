@@ -267,7 +267,7 @@ def _cross(model: Any, work: Path, device: str, quick: bool) -> dict[str, str]:
     for made, served in (("cpu", device), (device, "cpu")):
         store = work / f"cross-{made}"
         record_traffic(on[made], store, workload, name="llama")
-        replay.export(on[made], store, model="llama").save(work / f"cross-{made}.pt2")
+        replay.export(on[made], store, model_name="llama").save(work / f"cross-{made}.pt2")
         originals = record_traffic(on[served], work / f"cross-calls-{served}", workload)
         runner = replay.load(work / f"cross-{made}.pt2", device=served)
         tol = 2e-2 if not quick else 1e-4
@@ -315,7 +315,7 @@ def main() -> None:
 
     started = time.perf_counter()
     originals = record_traffic(model, work / "store", WORKLOAD, name="llama", max_new_tokens=8)
-    result = replay.export(model, work / "store", model="llama")
+    result = replay.export(model, work / "store", model_name="llama")
     exported = time.perf_counter() - started
     result.save(work / "model.pt2")
     runner = replay.load(work / "model.pt2", device=device)

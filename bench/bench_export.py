@@ -5,7 +5,7 @@
 
 Records the demo's workload once (`capture.cli.demo.WORKLOAD` through `generate()` on the
 demo's tiny Llama, as `capture demo` does) into a temporary store, then times
-`replay.export(model, store, model=DEMO_MODEL, groups=[EXPORT_GROUP], ...)`
+`replay.export(model, store, model_name=DEMO_MODEL, groups=[EXPORT_GROUP], ...)`
 (torch.export of the group plus the coverage check) in this process, per variant,
 interleaved across repetitions:
 

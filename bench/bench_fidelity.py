@@ -66,7 +66,7 @@ def _run(
     times, result = [], None
     for _ in range(repeat):
         start = time.perf_counter()
-        result = replay.export(model, root, model=name, **options)
+        result = replay.export(model, root, model_name=name, **options)
         times.append(time.perf_counter() - start)
     assert result is not None
     with capture.open_store(root) as store:

@@ -202,7 +202,7 @@ def _export(model: Any, store: Any, signatures: bool, width: int | None) -> bool
         f"exporting the {EXPORT_GROUP} step with torch.export, then running it on every "
         "recorded signature",
     )
-    result = replay.export(model, store, DEMO_MODEL, groups=[EXPORT_GROUP])
+    result = replay.export(model, store, model_name=DEMO_MODEL, groups=[EXPORT_GROUP])
     _done(start)
     for note in result.notes:
         click.echo(f"      note: {note}", err=True)

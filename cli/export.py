@@ -187,9 +187,9 @@ def _render_coverage(result: Any, fmt: str, headers: bool, signatures: bool, wid
     render(rows, fmt, headers=headers, fit=Fit(terminal_width(wide)))
 
 
-def _check_out(out: str | None, aoti: bool, signatures: bool, fmt: str) -> str | None:
-    """Usage errors of ``--out``, ``--aoti`` and ``--signatures``, and an ``--out`` that cannot
-    be written, before the minutes of export; the ONNX path when ``--out`` is one."""
+def _check_out(out: str | None, aoti: bool, signatures: bool, fmt: str) -> None:
+    """Usage errors of ``--out``, ``--aoti`` and ``--signatures``, an ``--out`` that cannot be
+    written and an ONNX ``--out`` without its dependencies, before the minutes of export."""
     if signatures and fmt != "table":
         raise click.UsageError(
             f"--signatures applies to the table format; -f {fmt} always has one row per signature"
@@ -201,7 +201,8 @@ def _check_out(out: str | None, aoti: bool, signatures: bool, fmt: str) -> str |
         raise click.BadParameter("--aoti needs --out MODEL.pt2", param_hint="'--aoti'")
     if out is not None:  # a missing or read-only folder, a full disk
         capture.check_file(out, option="--out", what="artifact", example="model.pt2")
-    return onnx
+    if onnx is not None:
+        replay.require_onnx()
 
 
 def _tell(result: Any) -> None:
@@ -213,20 +214,6 @@ def _tell(result: Any) -> None:
     for prefix, part in parts:
         for group, error in part.errors.items():
             click.echo(capture.printable(f"error: group {prefix}{group}: {error}"), err=True)
-
-
-def _written(result: Any, out: str | None, onnx: str | None, aoti: bool) -> list[str]:
-    """The files ``--out`` wrote: the ONNX set (written by the export) or the .pt2 artifact."""
-    parts = [result, *result.modules.values()]
-    written = [f for part in parts for f in part.onnx.values()]
-    if onnx is not None and written:
-        from replay.runtime.ort.manifest import manifest_path, weights_path
-
-        written += [weights_path(onnx), manifest_path(onnx)]
-    if out is not None and onnx is None and result.programs:
-        with stdout_to_stderr():
-            written = [result.save(out, aoti=aoti)]
-    return written
 
 
 def _finish(ctx: click.Context, result: Any) -> None:
@@ -324,7 +311,7 @@ def export_command(
       capture --store runs/prod export models.py:build --out llama.pt2
       capture export mymodels:build --group decode --set-batch-dimension-for all -f json
     """
-    onnx = _check_out(out, aoti, signatures, fmt)
+    _check_out(out, aoti, signatures, fmt)
     model = _build_model(target)
     if out is not None:  # the weights are written once, whatever the number of programs
         need = _weights(model)
@@ -334,10 +321,15 @@ def export_command(
     with Progress("export") as progress, stdout_to_stderr():  # progress: only on a terminal
         progress.phase("exporting each call group and checking every recorded signature")
         result = replay.export(
-            model, store_path(ctx), model_name, onnx=onnx, modules=out is not None, **keywords
+            model, store_path(ctx), model_name, modules=out is not None, **keywords
         )
+        written: tuple[str, ...] = ()
+        if out is not None and result.programs:  # the one ship step, .pt2 or ONNX alike
+            progress.phase(f"writing {out}")
+            saved = result.save(out, aoti=aoti)
+            result, written = saved.result, saved.files
     _tell(result)
-    for path in _written(result, out, onnx, aoti):
+    for path in written:
         click.echo(capture.printable(f"wrote {path}"), err=True)
     _render_coverage(result, fmt, not no_headers, signatures, wide)
     _finish(ctx, result)

@@ -20,6 +20,8 @@ __all__ = [
     "read_any_manifest",
     "check_rows",
     "DriftRow",
+    "Saved",
+    "require_onnx",
     "ModelInputs",
     "all_dynamic_shape_from_inputs",
     "load",
@@ -40,6 +42,8 @@ _LAZY = {
     "read_any_manifest": "replay.loader",
     "check_rows": "replay.check.drift",
     "DriftRow": "replay.check.drift",
+    "Saved": "replay.pipeline.result",
+    "require_onnx": "replay.onnx.target",
     "ModelInputs": "replay.inputs.modelinputs",
     "all_dynamic_shape_from_inputs": "replay.inputs.modelinputs",
     "load": "replay.loader",
@@ -56,8 +60,9 @@ if TYPE_CHECKING:
     from replay.inputs.specs.additional import additional_inputs
     from replay.inputs.specs.compilehints import CompileHints, compile_hints
     from replay.loader import load, read_any_manifest
+    from replay.onnx.target import require_onnx
     from replay.pipeline.exporting import export
-    from replay.pipeline.result import ExportResult
+    from replay.pipeline.result import ExportResult, Saved
     from replay.runtime.coverage import coverage_total, group_coverage
     from replay.validation import validate
 

@@ -18,7 +18,6 @@ PUBLIC = {"capture": set(capture.__all__), "replay": set(replay.__all__)}
 # may only shrink: a new internal import fails `test_the_cli_imports_only_public_names`.
 STILL_INTERNAL = {
     ("engines.py", "capture.analysis.symbol_sizes"): "BATCH, the kind of a batch symbol",
-    ("export.py", "replay.runtime.ort.manifest"): "the ONNX set's file names for 'wrote'",
     ("query.py", "capture.store_api"): "the query command's store",
     ("query.py", "replay.inputs.source"): "dims --python",
     ("query.py", "replay.loader"): "summary --artifact",

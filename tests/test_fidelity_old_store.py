@@ -37,7 +37,7 @@ def test_old_store_opens(old_store: Path) -> None:
 
 
 def test_old_llama_store_exports_and_covers_decode(old_store: Path) -> None:
-    result = replay.export(tiny_causal("llama"), old_store, model="llama")
+    result = replay.export(tiny_causal("llama"), old_store, model_name="llama")
     # Recorded signatures only: with two distinct decode signatures the analysis cannot tell
     # mask = past + 1 from chance, so probes vary them apart and the program's guard refuses them.
     decode = [
@@ -50,7 +50,7 @@ def test_old_llama_store_exports_and_covers_decode(old_store: Path) -> None:
 
 def test_old_sliding_window_store_is_reported_not_covered(old_store: Path) -> None:
     model = tiny_causal("mistral", sliding_window=4)
-    result = replay.export(model, old_store, model="mistral")
+    result = replay.export(model, old_store, model_name="mistral")
     decode = [r for r in result.coverage.to_pylist() if r["group"].startswith("decode")]
     # a window recorded without its fill level cannot be rebuilt exactly: never covered.
     assert decode and not any(r["covered"] for r in decode)

@@ -28,6 +28,7 @@ import replay
 from capture.cli.main import cli
 from capture.store import nofollow
 from capture.store.payload_files import PayloadError, list_payloads, read_payload
+from capture.store.reader import StoreReader
 from replay.check.payload_rows import payload_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +104,8 @@ def _write(path: Path, header: Any, data: bytes, length: int | None = None) -> N
 
 def _rows(exported: tuple[Tiny, Any, Any], root: Path) -> list[dict[str, Any]]:
     model, inputs, programs = exported
-    rows, _ = payload_rows(model, str(root), inputs, programs, {})
+    with StoreReader(root) as store:
+        rows, _ = payload_rows(model, store, inputs, programs, {})
     return [dataclasses.asdict(row) for row in rows]
 
 

@@ -22,7 +22,7 @@ from replay.inputs.options import ExportOptions
 from replay.pipeline.exporting import export
 
 # Keywords of the functions that are not options.
-_NOT_OPTIONS = {"module", "store", "model"}
+_NOT_OPTIONS = {"model", "store", "model_name"}
 # Options only `replay.export` takes (the inputs are the same whatever the check does).
 _EXPORT_ONLY = {
     "onnx",

@@ -19,6 +19,7 @@ import torch.utils._pytree as pytree
 import capture
 import replay
 from capture.store.payload_files import list_payloads
+from capture.store.reader import StoreReader
 from fixtures.models import run_generate, tiny_llama
 from fixtures.names import cache_argument
 from replay.check.payload_rows import payload_rows
@@ -123,7 +124,8 @@ def test_payload_row_catches_a_program_that_differs_from_eager(tmp_path: Path) -
     model = _record_tiny(tmp_path)
     result = replay.export(model, tmp_path)
     other = Tiny(seed=1)  # eager is another model: the program (of `model`) disagrees with it
-    rows, _ = payload_rows(other, tmp_path, result.inputs, result.programs, result.errors)
+    with StoreReader(tmp_path) as store:
+        rows, _ = payload_rows(other, store, result.inputs, result.programs, result.errors)
     assert [r.covered for r in rows] == [False, False, False]
     assert all((r.error or "").startswith("program vs eager on the real call") for r in rows)
 

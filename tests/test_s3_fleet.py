@@ -140,7 +140,7 @@ def test_replay_export_reads_the_s3_store(fleet: dict[str, Any], s3_env: None) -
     import replay
     from fixtures.models import tiny_llama
 
-    result = replay.export(tiny_llama(0), fleet["uri"], model="llama")
+    result = replay.export(tiny_llama(0), fleet["uri"], model_name="llama")
     assert result.complete
     assert sum(int(c) for c in result.coverage.column("calls").to_pylist()) == sum(
         r["flushed"] for r in fleet["reports"].values()

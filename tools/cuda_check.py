@@ -34,7 +34,7 @@ def prepare(work: Path) -> None:
 
     model = tiny_causal("llama")
     record_traffic(model, work / "store-cpu", WORKLOAD, name="llama")
-    result = replay.export(model, work / "store-cpu", model="llama")
+    result = replay.export(model, work / "store-cpu", model_name="llama")
     result.save(work / "llama.pt2")
     model.save_pretrained(work / "model")
     print(json.dumps({"prepared": str(work), "notes": len(result.notes)}))

@@ -96,7 +96,7 @@ def _story(work: Path) -> dict[str, int]:
         run_generate(model, WORKLOAD)
     hook.remove()
 
-    result = replay.export(model, store, model="llama")
+    result = replay.export(model, store, model_name="llama")
     artifact = work / "llama.pt2"
     result.save(artifact)
     runner = replay.load(artifact)

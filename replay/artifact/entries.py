@@ -29,7 +29,6 @@ from replay.runtime.manifest import (
 from replay.runtime.pt2.graph_check import BUILTIN_SPEC_TYPES
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from torch.export import ExportedProgram
 
     from replay.inputs.exportgroup import ExportGroup, ExportInputs
@@ -50,7 +49,7 @@ class SavedResult(Protocol):
     @property
     def programs(self) -> Mapping[str, ExportedProgram]: ...
     @property
-    def coverage(self) -> pa.Table: ...
+    def rows(self) -> Sequence[CoverageRow]: ...
     @property
     def inputs(self) -> ExportInputs: ...
     @property
@@ -63,7 +62,7 @@ class SavedResult(Protocol):
     def source(self) -> str | None: ...
 
 
-def program_name(module: str, group: str) -> str:
+def program_name(module_name: str, group: str) -> str:
     """The program's name in the archive: ``decode``, or ``encoder.g0`` for a sub-module's.
 
     Raises:
@@ -73,7 +72,7 @@ def program_name(module: str, group: str) -> str:
         >>> program_name("encoder", "g0")
         'encoder.g0'
     """
-    name = f"{module}.{group}" if module else group
+    name = f"{module_name}.{group}" if module_name else group
     if not PROGRAM_NAME.match(name):
         raise ArtifactError(f"the group name {name!r} cannot name a program file of an artifact")
     return name
@@ -159,7 +158,7 @@ def _assumptions(group: ExportGroup) -> tuple[Condition, ...]:
 
 
 def program_entry(
-    module: str,
+    module_name: str,
     group: ExportGroup,
     program: ExportedProgram,
     coverage: Sequence[CoverageRow],
@@ -169,7 +168,7 @@ def program_entry(
     the group serving it, `replay.pipeline.merging`): its guard, call form, pytree types and fills.
 
     Args:
-        module: The sub-module (``""``: the model itself).
+        module_name: The sub-module (``""``: the model itself).
         group: The call group.
         program: The torch program that serves it.
         coverage: The export's rows: the group's failed recorded signatures of `target`
@@ -194,9 +193,9 @@ def program_entry(
     _pytree_types(program.call_spec.out_spec, types)
     structure = group.structure
     guard = ProgramGuard(
-        module=module,
+        module=module_name,
         group=group.name,
-        program=program_name(module, group.program_name),
+        program=program_name(module_name, group.program_name),
         treespec=structure.treespec,
         leaves=tuple(structure.leaves),
         axes=_axes(group),
@@ -272,14 +271,14 @@ def manifest_of(results: Mapping[str, SavedResult], *, aoti: bool = False) -> Ma
     """
     programs: list[ProgramEntry] = []
     modules: dict[str, ModuleEntry] = {}
-    for module, result in results.items():
-        coverage = CoverageRow.from_table(result.coverage)
+    for module_name, result in results.items():
+        coverage = list(result.rows)
         for group in result.inputs.groups:
             # a merged group runs the program of the group serving it (`replay.pipeline.merging`)
             program = result.programs.get(group.program_name)
             if program is not None:
-                programs.append(program_entry(module, group, program, coverage))
-        modules[module] = module_entry(
+                programs.append(program_entry(module_name, group, program, coverage))
+        modules[module_name] = module_entry(
             result.inputs, result.source, result.complete, coverage, result.errors, result.notes
         )
     if "" not in modules:

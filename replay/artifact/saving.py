@@ -74,9 +74,6 @@ def save(
         >>> save("model.pt2", replay.export(model, "capture-store"))  # doctest: +SKIP
         'model.pt2'
     """
-    from torch.export.pt2_archive import PT2ArchiveWriter
-
-    from capture import compat_archive
     from capture.pytree import nodes
     from replay.artifact.entries import manifest_of, program_name
 
@@ -87,10 +84,10 @@ def save(
         manifest = manifest_of(results, aoti=aoti)
         wanted = set(manifest.program_names)
         programs = {
-            program_name(module, key): program
-            for module, result in results.items()
+            program_name(module_name, key): program
+            for module_name, result in results.items()
             for key, program in result.programs.items()
-            if program_name(module, key) in wanted
+            if program_name(module_name, key) in wanted
         }
         table = WeightTable()
         for name, program in programs.items():
@@ -98,6 +95,22 @@ def save(
         graphs = {name: program_graph(p) for name, p in programs.items()}
         compiled = {name: _compile(name, p) for name, p in programs.items()} if aoti else {}
     manifest = replace(manifest, digests=_digests(table, graphs, compiled))
+    _write(target, table, graphs, compiled, manifest.to_json())
+    return target
+
+
+def _write(
+    target: str,
+    table: WeightTable,
+    graphs: Mapping[str, bytes],
+    compiled: Mapping[str, list[str]],
+    manifest: str,
+) -> None:
+    """The archive written under a temporary name, then renamed: whole or not at all."""
+    from torch.export.pt2_archive import PT2ArchiveWriter
+
+    from capture import compat_archive
+
     folder = os.path.dirname(os.path.abspath(target))
     prefix = f".{os.path.basename(target)}."
     with writing(target, what="artifact"):
@@ -114,7 +127,7 @@ def save(
             for name, files in compiled.items():
                 for file in files:
                     writer.write_file(f"{AOTI_DIR}{name}/{os.path.basename(file)}", file)
-            writer.write_string(MANIFEST, manifest.to_json())
+            writer.write_string(MANIFEST, manifest)
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(temp, 0o666 & ~mask)  # as open() would have made it (mkstemp makes it 0600)
@@ -127,7 +140,6 @@ def save(
         if os.path.exists(temp):
             os.unlink(temp)
         raise
-    return target
 
 
 def _digests(

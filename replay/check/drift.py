@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from capture.store.reader import StoreReader
     from replay.runtime.manifest import Manifest
 
 __all__ = ["DriftRow", "check_rows"]
@@ -70,7 +71,7 @@ FROM structures WHERE model = $model ORDER BY structure_id, leaf
 
 
 def check_rows(
-    store: Any, manifest: Manifest, since: datetime | None, model: str | None
+    store: StoreReader, manifest: Manifest, since: datetime | None, model_name: str | None
 ) -> list[DriftRow]:
     """One row per distinct recorded signature of the window, for every module of the artifact.
 
@@ -85,7 +86,7 @@ def check_rows(
         store: An open `capture.Store`.
         manifest: The artifact's typed manifest (`replay.runtime.pt2.loading.read_manifest`).
         since: Only calls at or after this moment (None: every call).
-        model: The model's name in the store when it differs from the artifact's.
+        model_name: The model's name in the store when it differs from the artifact's.
 
     Returns:
         One `DriftRow` per distinct recorded signature.
@@ -100,7 +101,7 @@ def check_rows(
     from replay.runtime.guards import route
     from replay.runtime.runner import describe_states
 
-    base = model or manifest.model
+    base = model_name or manifest.model
     rows: list[DriftRow] = []
     for module in manifest.modules:
         name = f"{base}.{module}" if module else base
@@ -147,7 +148,7 @@ def check_rows(
 
 
 def _structures(
-    store: Any, name: str
+    store: StoreReader, model_name: str
 ) -> tuple[dict[str, Any], dict[str, tuple[Any, ...]], dict[tuple[Any, ...], list[str]]]:
     """The model's recorded structures by id, each one's spelling key (`capture.renames`), and
     the structures of each spelling key."""
@@ -155,7 +156,7 @@ def _structures(
     from capture.renames import spelling_key
 
     by_id: dict[str, list[dict[str, Any]]] = {}
-    for row in store.query(_STRUCTURES, {"model": name}).to_pylist():
+    for row in store.query(_STRUCTURES, {"model": model_name}).to_pylist():
         by_id.setdefault(row["structure_id"], []).append(row)
     structures = {sid: RecordedStructure.from_rows(rows) for sid, rows in by_id.items()}
     keys = {sid: spelling_key(rows) for sid, rows in by_id.items()}

@@ -9,7 +9,7 @@ A store recorded with ``Recorder(..., payloads=RATE)`` holds the real tensors of
 2. rebuilds the call's ``(args, kwargs)`` from the group's structure rows: tensors from the file
    (``in/<leaf>``), scalars and Nones from the structure, the treespec (transformers caches
    included, through `capture.pytree.nodes`) around them; no pickle, nothing evaluated;
-3. runs it through eager (``module``) and through the group's program (fresh copies each: a
+3. runs it through eager (``model``) and through the group's program (fresh copies each: a
    forward may change its inputs), and compares every output tensor;
 4. when the file also holds the outputs the model returned in production, compares the
    program's outputs with *those* too: a program (and an eager replay) that both lose something
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from capture.pytree.recorded_structure import RecordedStructure
+    from capture.store.reader import StoreReader
     from replay.inputs.builder import ExportGroup, ExportInputs
 
 __all__ = ["payload_rows", "real_call", "Serve"]
@@ -136,7 +137,7 @@ def _program_call(group: ExportGroup, runnable: Any) -> Serve:
 
 
 def _check(
-    module: Any,
+    model: Any,
     group: ExportGroup,
     serve: Serve,
     payload: Payload,
@@ -147,7 +148,7 @@ def _check(
     with torch.no_grad():
         try:
             args, kwargs = real_call(group.structure, payload, device)
-            expected = module(*args, **kwargs)
+            expected = model(*args, **kwargs)
         except ReplayError as e:
             return CheckOutcome.failed(str(e))
         except Exception as e:  # eager fails on the real call: reported
@@ -175,25 +176,26 @@ def _check(
     return CheckOutcome(True, diff, None)
 
 
-def _listed(store: Any, model: str) -> tuple[Any, list[Any]] | CoverageRow:
-    """The store's filesystem and the model's payload files, or the row saying they cannot be
-    listed (an unreachable store, a folder that cannot be listed)."""
-    from capture.store.files import resolve_store
-    from capture.store.reader import StoreReader
-
+def _listed(
+    store: StoreReader, model_name: str, limit: int
+) -> tuple[Any, list[Any], list[str]] | CoverageRow:
+    """The store's filesystem, the model's newest `limit` payload files and a note when there
+    are more; or the row saying they cannot be listed (an unreachable store, a folder that
+    cannot be listed)."""
     try:
-        fs, root = (
-            (store.fs, store.root) if isinstance(store, StoreReader) else resolve_store(store)
-        )
-        return fs, list_payloads((fs, root), model)
+        files = list_payloads((store.fs, store.root), model_name)
     except (CaptureError, OSError) as e:
         why = " ".join(str(e).split())
         return _row(None, "payloads", error=f"the payloads cannot be listed ({why})")
+    if len(files) <= limit:
+        return store.fs, files, []
+    note = f"payloads: checked the newest {limit} of {len(files)} sampled calls"
+    return store.fs, files[-limit:], [note]
 
 
 def payload_rows(
-    module: Any,
-    store: Any,
+    model: Any,
+    store: StoreReader,
     inputs: ExportInputs,
     programs: Mapping[str, ExportedProgram],
     errors: Mapping[str, str],
@@ -210,8 +212,8 @@ def payload_rows(
     """Coverage rows of kind ``payload`` (module docstring) and notes about them.
 
     Args:
-        module: The model.
-        store: The store path (or URI) or an open `capture.Store`.
+        model: The model (``nn.Module``).
+        store: The open store.
         inputs: What the programs were exported from.
         programs: Group name -> exported program.
         errors: Group name -> why it has no program.
@@ -225,7 +227,7 @@ def payload_rows(
             torch program serving the group, in its call form, fills added). A group with a
             program but no entry here is not covered (its target was not produced).
         state: Only the sampled calls of this state key (`capture.state`; the file's
-            ``state``), checked with `module` in that state (the caller puts it there); None:
+            ``state``), checked with `model` in that state (the caller puts it there); None:
             every sampled call.
 
     Returns:
@@ -235,21 +237,15 @@ def payload_rows(
     """
     if limit <= 0:
         return [], []
-    listed = _listed(store, inputs.model)
+    listed = _listed(store, inputs.model, limit)
     if isinstance(listed, CoverageRow):
         return [listed], []
-    fs, files = listed
-    if not files:
-        return [], []
-    notes = []
-    if len(files) > limit:
-        notes.append(f"payloads: checked the newest {limit} of {len(files)} sampled calls")
-        files = files[-limit:]
+    fs, files, notes = listed
     exported = {s for g in inputs.groups for s in g.structure_ids}
     analysed = {s for g in inputs.analysed for s in g.structure_ids}
     rows: list[CoverageRow] = []
     runnables: dict[str, Serve] = dict(serve or {})  # group name -> how its calls run
-    modules: dict[str, Any] = {}  # program name -> program.module(), shared by merged groups
+    graphs: dict[str, Any] = {}  # program name -> program.module(), shared by merged groups
     with nodes.register_flattening_functions():
         for item in iter_payloads(files, fs, max_bytes):
             if isinstance(item, str):
@@ -257,31 +253,13 @@ def payload_rows(
                 continue
             if state is not None and item.state != state:
                 continue  # checked with the model in its own state
-            label = f"call {item.call_id}"
-            if item.in_structure not in exported:
-                if item.in_structure in analysed:
-                    continue  # its group was left out with groups=
-                rows.append(
-                    _row(
-                        None,
-                        label,
-                        error=f"its input structure {item.in_structure} matches no exported "
-                        "group (its calls are not in the store's calls, or were analysed away)",
-                        target=target,
-                    )
-                )
+            if item.in_structure not in exported and item.in_structure in analysed:
+                continue  # its group was left out with groups=
+            found = _matched(inputs, exported, item, target)
+            if isinstance(found, CoverageRow):
+                rows.append(found)
                 continue
-            first = next(g for g in inputs.groups if item.in_structure in g.structure_ids)
-            sizes = _sizes(first.structure, item)
-            # A group split into regimes: the regime whose range holds the call.
-            group = inputs.group_for(item.in_structure, sizes)
-            if group is None:
-                signature = f"{shapes.describe_sizes(first.structure.leaves, sizes)} [{label}]"
-                why = "outside the recorded range of every regime of its group"
-                rows.append(_row(first.name, signature, sizes, error=why, target=target))
-                continue
-            leaves = group.structure.leaves
-            signature = f"{shapes.describe_sizes(leaves, sizes)} [{label}]"
+            group, sizes, signature = found
             name = group.program_name  # a merged group runs the program serving it
             program = programs.get(name)
             if program is None or (serve is not None and group.name not in runnables):
@@ -289,9 +267,32 @@ def payload_rows(
                 rows.append(_row(group.name, signature, sizes, error=why, target=target))
                 continue
             if group.name not in runnables:
-                if name not in modules:
-                    modules[name] = program.module()
-                runnables[group.name] = _program_call(group, modules[name])
-            outcome = _check(module, group, runnables[group.name], item, device, atol, rtol)
+                if name not in graphs:
+                    graphs[name] = program.module()
+                runnables[group.name] = _program_call(group, graphs[name])
+            outcome = _check(model, group, runnables[group.name], item, device, atol, rtol)
             rows.append(_row(group.name, signature, sizes, target=target).checked(outcome))
     return rows, notes
+
+
+def _matched(
+    inputs: ExportInputs, exported: set[str], item: Payload, target: str
+) -> tuple[ExportGroup, list[int], str] | CoverageRow:
+    """The exported group (the regime, for a group split into regimes) whose structure and
+    range hold the sampled call, with its sizes and signature; else the not-covered row
+    saying why none does."""
+    label = f"call {item.call_id}"
+    if item.in_structure not in exported:
+        why = (
+            f"its input structure {item.in_structure} matches no exported group (its calls "
+            "are not in the store's calls, or were analysed away)"
+        )
+        return _row(None, label, error=why, target=target)
+    first = next(g for g in inputs.groups if item.in_structure in g.structure_ids)
+    sizes = _sizes(first.structure, item)
+    group = inputs.group_for(item.in_structure, sizes)
+    if group is None:
+        signature = f"{shapes.describe_sizes(first.structure.leaves, sizes)} [{label}]"
+        why = "outside the recorded range of every regime of its group"
+        return _row(first.name, signature, sizes, error=why, target=target)
+    return group, sizes, f"{shapes.describe_sizes(group.structure.leaves, sizes)} [{label}]"

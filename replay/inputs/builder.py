@@ -49,9 +49,14 @@ from replay.inputs.options import INPUT_OPTIONS, ExportOptions, takes_options
 from replay.runtime import callform
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from capture.analysis.groups import Group
     from capture.pytree.recorded_structure import RecordedLeaf
     from capture.store.reader import StoreReader
+
+    StoreSource: TypeAlias = StoreReader | str | os.PathLike[str]
+    """A store as the API takes it: an open `capture.Store`, or its path or URI."""
 
 __all__ = [
     "Example",
@@ -65,13 +70,14 @@ __all__ = [
 ]
 
 
-def resolve_model(store: StoreReader, name: str | None, module: Any = None) -> str:
-    """The store model to use: `name`, the only one, or the one named like `module`'s class.
+def resolve_model(store: StoreReader, model_name: str | None, model: Any = None) -> str:
+    """The store model to use: `model_name`, the only one, or the one named like `model`'s
+    class.
 
     Args:
         store: An open store.
-        name: The model name asked for, or None.
-        module: The model object (its class name is tried when the store has several models).
+        model_name: The model name asked for, or None.
+        model: The model object (its class name is tried when the store has several models).
 
     Returns:
         A model name of the store.
@@ -84,11 +90,11 @@ def resolve_model(store: StoreReader, name: str | None, module: Any = None) -> s
         >>> resolve_model(open_store("capture-store"), None)  # doctest: +SKIP
         'LlamaForCausalLM'
     """
-    models = store.check_model(name)
-    if name is not None or len(models) == 1:
+    models = store.check_model(model_name)
+    if model_name is not None or len(models) == 1:
         return models[0]
-    if module is not None and type(module).__name__ in models:
-        return type(module).__name__
+    if model is not None and type(model).__name__ in models:
+        return type(model).__name__
     raise ReplayError(
         f"the store at {store.path} holds several models ({', '.join(models)}); "
         "choose one with model=... (--model NAME)"
@@ -96,9 +102,10 @@ def resolve_model(store: StoreReader, name: str | None, module: Any = None) -> s
 
 
 @contextlib.contextmanager
-def reading(store: Any) -> Iterator[StoreReader]:
+def reading(store: StoreSource) -> Iterator[StoreReader]:
     """The store as a reader: `store` itself when it is an open store, else opened (a path or
-    URI) and closed at the end of the block.
+    URI) and closed at the end of the block. An export opens its store here once and passes
+    the reader down.
 
     Raises:
         TypeError: `store` is neither a path nor an open store.
@@ -275,7 +282,21 @@ def build_group(
     form = shaped.form
     kwargs_.update(added)
     args, kwargs_ = callform.arrange(form, args, kwargs_)
-    if options.keyword_only and shaped.positional:
+    notes += _call_notes(group, form, added, options.keyword_only and bool(shaped.positional))
+    dynamic_shapes = shaped.dynamic_shapes
+    if options.spec == "shapes":
+        dynamic_shapes = _shapes_spec(group, options, list(added), form, notes)
+    example = Example(args, kwargs_, dynamic_shapes, form, chosen, added)
+    return ExportGroup(group, example, options, ranges=ranges, notes=tuple(notes))
+
+
+def _call_notes(
+    group: Group, form: callform.CallForm, added: Mapping[str, torch.Tensor], moved: bool
+) -> list[str]:
+    """What the group's call form does to the recorded calls: keywords moved, constants kept,
+    ``**kwargs`` entries named, optionals left out."""
+    notes = []
+    if moved:
         notes.append("positional arguments moved to keyword arguments (keyword_only)")
     constants = _constants_note(group)
     if constants:
@@ -285,14 +306,10 @@ def build_group(
             f"passed through **kwargs: {', '.join(form.extra)}; exported from group.module(model), "
             "a wrapper naming them (torch.export cannot match dynamic_shapes to **kwargs entries)"
         )
-    absent = [a for a in structure.arguments_of([schema.KIND_MISSING]) if a not in added]
+    absent = [a for a in group.structure.arguments_of([schema.KIND_MISSING]) if a not in added]
     if absent:
         notes.append(f"not passed (missing in the recorded calls): {', '.join(map(str, absent))}")
-    dynamic_shapes = shaped.dynamic_shapes
-    if options.spec == "shapes":
-        dynamic_shapes = _shapes_spec(group, options, list(added), form, notes)
-    example = Example(args, kwargs_, dynamic_shapes, form, chosen, added)
-    return ExportGroup(group, example, options, ranges=ranges, notes=tuple(notes))
+    return notes
 
 
 def _shapes_spec(
@@ -318,13 +335,13 @@ def _shapes_spec(
 # defined); tests/test_replay_options.py checks that the two stay the same.
 @takes_options(INPUT_OPTIONS)
 def export_inputs(
-    store: Any, model: str | None = None, *, module: Any = None, **options: Any
+    store: StoreSource, model_name: str | None = None, *, model: Any = None, **options: Any
 ) -> ExportInputs:
     """Export arguments and dynamic shapes for every call group of a recorded model.
 
     Args:
         store: A store path (or URI) or an open `capture.Store`.
-        model: The model name in the store; optional when it holds one model.
+        model_name: The model name in the store; optional when it holds one model.
         set_batch_dimension_for: True (axis 0 of every input tensor) or argument names or
             positions whose axis 0 is dynamic even when it never varied (as in the seeds).
         named_dims: Named ``Dim(symbol, min=, max=)`` with the observed ranges, shared per
@@ -335,7 +352,7 @@ def export_inputs(
         fill_missing: Give every program the tensor arguments some group of the model passes.
         seed: Seed of the example tensors.
         device: Device of the example tensors (default: recorded device if available, else CPU).
-        module: The model object, used only to pick the store model by class name.
+        model: The model object, used only to pick the store model by class name.
         groups: Only these call groups (default: all of them).
         spec: ``"dims"`` (default): ``dynamic_shapes`` of ``torch.export.Dim`` objects;
             ``"shapes"``: torch's ``ShapesSpec`` learned from the store (torch >= 2.14;
@@ -354,19 +371,19 @@ def export_inputs(
         >>> inputs.dynamic_shapes  # doctest: +SKIP
         ({0: Dim.DYNAMIC, 1: Dim.DYNAMIC}, {0: Dim.DYNAMIC, 1: Dim.DYNAMIC})
     """
-    return inputs_for(store, model, ExportOptions.of_inputs(**options), module=module)
+    return inputs_for(store, model_name, ExportOptions.of_inputs(**options), model=model)
 
 
 def inputs_for(
-    store: Any, model: str | None, options: ExportOptions, *, module: Any = None
+    store: StoreSource, model_name: str | None, options: ExportOptions, *, model: Any = None
 ) -> ExportInputs:
     """`export_inputs` with its options already built (the pipeline behind the API).
 
     Args:
         store: A store path (or URI) or an open `capture.Store`.
-        model: The model name in the store; optional when it holds one model.
+        model_name: The model name in the store; optional when it holds one model.
         options: The replay's options.
-        module: The model object, used only to pick the store model by class name.
+        model: The model object, used only to pick the store model by class name.
 
     Returns:
         An `ExportInputs`.
@@ -378,7 +395,7 @@ def inputs_for(
     from capture.analysis.groups import analyze
 
     with reading(store) as opened:
-        name = resolve_model(opened, model, module)
+        name = resolve_model(opened, model_name, model)
         analysed = analyze(opened, name, set_batch_dimension_for=options.set_batch_dimension_for)
         if not analysed:
             raise ReplayError(f"model {name} has no analysable recorded call in {opened.path}")

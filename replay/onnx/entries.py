@@ -133,7 +133,7 @@ def onnx_entry(
     rows: Sequence[CoverageRow],
     owner: ExportGroup | None = None,
     *,
-    module: str = "",
+    module_name: str = "",
 ) -> tuple[ProgramEntry, OnnxFile]:
     """The manifest entry of one group served by one ONNX file (module docstring).
 
@@ -146,8 +146,8 @@ def onnx_entry(
             become ``rejected``.
         owner: The group the program was exported from (default: `group` itself); another
             group's when `group` is served by its program with inputs filled.
-        module: The sub-module the group belongs to (``""``: the model itself); its program
-            is then ``<module>.<group>``, as in a ``.pt2``.
+        module_name: The sub-module the group belongs to (``""``: the model itself); its
+            program is then ``<module_name>.<group>``, as in a ``.pt2``.
 
     Returns:
         The typed entry (its guard as the ONNX runner checks it) and its ONNX fields.
@@ -158,7 +158,7 @@ def onnx_entry(
     """
     owner = owner or group
     mapping = _dim_map(group, owner)
-    entry = program_entry(module, group, program, rows, TARGET_ONNX)
+    entry = program_entry(module_name, group, program, rows, TARGET_ONNX)
     axes, conditions = _program_guard(entry.guard.axes, converted, mapping)
     guard = dataclasses.replace(entry.guard, axes=axes, conditions=conditions)
     entry = dataclasses.replace(entry, guard=guard)
@@ -199,7 +199,7 @@ def onnx_entry(
 
 
 def onnx_manifest(
-    model: str,
+    model_name: str,
     entries: Sequence[tuple[ProgramEntry, OnnxFile]],
     modules: Mapping[str, ModuleEntry],
     weights: str,
@@ -208,7 +208,7 @@ def onnx_manifest(
     """The set's typed manifest.
 
     Args:
-        model: The model's name in the store.
+        model_name: The model's name in the store.
         entries: One `onnx_entry` per group served (of every module).
         modules: Module name (``""``: the model; ``encoder``) -> its export's entry (store,
             complete, coverage, errors, notes; `replay.artifact.entries.module_entry`).
@@ -216,7 +216,7 @@ def onnx_manifest(
         size: Its size in bytes.
     """
     manifest = Manifest(
-        model=model,
+        model=model_name,
         created=datetime.now().astimezone().isoformat(),
         versions=onnx_versions(),
         modules=dict(modules),

@@ -53,6 +53,7 @@ from replay.runtime.coverage import KIND_RECORDED, CoverageRow
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
+    from capture.store.reader import StoreReader
     from replay.inputs.exportgroup import ExportGroup, ExportInputs
 
 __all__ = [
@@ -149,10 +150,11 @@ class Part:
 
 @dataclass(frozen=True)
 class Job:
-    """What every group of one export shares: the model, the store, its inputs, the options."""
+    """What every group of one export shares: the model, the open store, its inputs, the
+    options."""
 
-    module: Any
-    store: Any
+    model: Any
+    store: StoreReader
     inputs: ExportInputs
     options: ExportOptions
 
@@ -173,13 +175,13 @@ def export_group(job: Job, group: ExportGroup, served: Served) -> tuple[Part, ..
     if blocked is not None:  # a class we cannot rebuild exactly is never called covered
         return (_refused(job, group, blocked, probes=0),)
     merged = (
-        merge(job.module, group, served, job.options, job.store, job.inputs)
+        merge(job.model, group, served, job.options, job.store, job.inputs)
         if job.options.merge
         else Merged(None)
     )
     if merged.group is not None:
         return (Part(merged.group, None, None, merged.rows),)
-    mismatch = eager_failure(job.module, group)
+    mismatch = eager_failure(job.model, group)
     if mismatch is not None:  # not the recorded model: torch.export would fail deep inside
         return (_refused(job, group, mismatch, probes=job.options.probes),)
     budget = Budget(job.options.time_budget)
@@ -198,7 +200,7 @@ def refused(job: Job, group: ExportGroup, why: str) -> Part:
 def _refused(job: Job, group: ExportGroup, why: str, probes: int) -> Part:
     logger.warning("group %s not exported: %s", printable(group.name), printable(why))
     options = job.options
-    rows = coverage_rows(job.module, group, None, why, options.atol, options.rtol, probes)
+    rows = coverage_rows(job.model, group, None, why, options.atol, options.rtol, probes)
     return Part(group, None, why, tuple(rows))
 
 
@@ -221,7 +223,7 @@ def _part(job: Job, done: Exported, notes: Sequence[str] = ()) -> Part:
     options = job.options
     with nodes.register_flattening_functions():
         rows = coverage_rows(
-            job.module, group, done.program, error, options.atol, options.rtol, options.probes
+            job.model, group, done.program, error, options.atol, options.rtol, options.probes
         )
     return Part(group, done.program, error, tuple(rows), done.not_honoured)
 
@@ -239,16 +241,16 @@ def _loadable(job: Job, done: Exported) -> Exported:
 
 def _dynamic(job: Job, group: ExportGroup, budget: Budget) -> list[Exported]:
     """The group's dynamic exports: plain, then its retries and regimes (``spec="dims"``)."""
-    module, options = job.module, job.options
+    model, options = job.model, job.options
     if options.spec == "shapes":  # unbacked sizes: torch cuts no range, nothing to retry
-        program, error = _export_group(module, group, options.strict, budget.dynamic)
+        program, error = _export_group(model, group, options.strict, budget.dynamic)
         return [Exported(group, program, error)]
     return export_regimes(
         group,
         options,
         job.inputs.analysed,
-        lambda g: _export_group(module, g, options.strict, budget.dynamic),
-        lambda g, e: _retry(module, g, e, options, budget.dynamic),
+        lambda g: _export_group(model, g, options.strict, budget.dynamic),
+        lambda g, e: _retry(model, g, e, options, budget.dynamic),
     )
 
 
@@ -274,7 +276,7 @@ def _with_fallback(job: Job, done: Exported, budget: Budget) -> list[Part]:
         why,
         job.options,
         job.inputs.analysed,
-        lambda g: _export_group(job.module, g, job.options.strict, budget.static),
+        lambda g: _export_group(job.model, g, job.options.strict, budget.static),
     )
     statics, dropped = [], []
     for static in fallback.exported:
@@ -295,7 +297,7 @@ def _with_fallback(job: Job, done: Exported, budget: Budget) -> list[Part]:
 
 
 def _retry(
-    module: Any,
+    model: Any,
     group: ExportGroup,
     error: BaseException,
     options: ExportOptions,
@@ -309,7 +311,7 @@ def _retry(
     """
 
     def attempt(g: ExportGroup) -> tuple[ExportedProgram | None, BaseException | None]:
-        return _export_group(module, g, options.strict, deadline)
+        return _export_group(model, g, options.strict, deadline)
 
     if not options.named_dims:
         return group, None, error, None

@@ -38,6 +38,7 @@ from replay.runtime.fills import Fill, FillAxis
 
 if TYPE_CHECKING:
     from capture.pytree.recorded_structure import RecordedLeaf
+    from capture.store.reader import StoreReader
     from replay.inputs.exportgroup import ExportGroup, ExportInputs
     from replay.inputs.options import ExportOptions
     from replay.runtime.coverage import CoverageRow
@@ -207,25 +208,25 @@ def derive_fills(
 
 
 def prove(
-    module: Any,
+    model: Any,
     lacking: ExportGroup,
     full: ExportGroup,
     program: Any,
     fills: Sequence[Fill],
     options: ExportOptions,
-    store: Any,
+    store: StoreReader,
     inputs: ExportInputs,
 ) -> tuple[ExportGroup, list[CoverageRow], str | None]:
     """`lacking` served by `full`'s program with `fills`, checked on its own traffic (step 3).
 
     Args:
-        module: The eager model.
+        model: The eager model.
         lacking: B.
         full: A (its call form is the program's).
         program: A's `torch.export.ExportedProgram`.
         fills: The fills to prove.
         options: The tolerances, probes and payload limit of the export.
-        store: The store (payloads).
+        store: The open store (payloads).
         inputs: The export's inputs (its model name and analysed groups).
 
     Returns:
@@ -245,10 +246,10 @@ def prove(
     served = dataclasses.replace(lacking, example=example, served_by=full.program_name)
     with nodes.register_flattening_functions():
         rows = coverage_rows(
-            module, served, program, None, options.atol, options.rtol, options.probes
+            model, served, program, None, options.atol, options.rtol, options.probes
         )
     real, _ = payload_rows(
-        module,
+        model,
         store,
         ExportInputs(inputs.model, [served], inputs.analysed),
         {served.program_name: program},
@@ -271,21 +272,21 @@ def prove(
 
 
 def merge(
-    module: Any,
+    model: Any,
     lacking: ExportGroup,
     exported: Sequence[tuple[ExportGroup, Any]],
     options: ExportOptions,
-    store: Any,
+    store: StoreReader,
     inputs: ExportInputs,
 ) -> Merged:
     """`lacking` served by one of the `exported` programs, proven; or why none serves it.
 
     Args:
-        module: The eager model.
+        model: The eager model.
         lacking: The group to serve (B).
         exported: ``(group, program)`` of every program made so far.
         options: The export's options.
-        store: The store (payloads).
+        store: The open store (payloads).
         inputs: The export's inputs.
 
     Returns:
@@ -307,7 +308,7 @@ def merge(
             continue
         candidates, why = derive_fills(lacking, full, arguments)
         for fills in candidates:
-            served, rows, why = prove(module, lacking, full, program, fills, options, store, inputs)
+            served, rows, why = prove(model, lacking, full, program, fills, options, store, inputs)
             if why is None:
                 return Merged(served, tuple(rows))
         reasons.append(

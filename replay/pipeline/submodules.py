@@ -8,37 +8,39 @@ A sub-module ``encoder`` of a model recorded as ``T5ForConditionalGeneration`` i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capture.errors import ReplayError
-from replay.inputs.builder import reading
+
+if TYPE_CHECKING:
+    from capture.store.reader import StoreReader
 
 __all__ = ["recorded_submodules", "submodule"]
 
 
-def recorded_submodules(store: Any, model: str) -> list[str]:
-    """The names of the sub-modules of `model` the store holds recordings of, sorted.
+def recorded_submodules(store: StoreReader, model_name: str) -> list[str]:
+    """The names of the sub-modules of `model_name` the store holds recordings of, sorted.
 
     Args:
-        store: A store path (or URI) or an open `capture.Store`.
-        model: The model's name in the store.
+        store: The open store.
+        model_name: The model's name in the store.
 
     Returns:
         Sub-module names (``encoder``; ``vision.tower`` for a store model
         ``<model>.vision.tower``).
 
     Example:
-        >>> recorded_submodules("capture-store", "T5ForConditionalGeneration")  # doctest: +SKIP
+        >>> recorded_submodules(open_store("capture-store"), "T5ForConditionalGeneration")
+        ... # doctest: +SKIP
         ['encoder']
     """
-    prefix = f"{model}."
-    with reading(store) as opened:
-        return [m.removeprefix(prefix) for m in opened.models() if m.startswith(prefix)]
+    prefix = f"{model_name}."
+    return [m.removeprefix(prefix) for m in store.models() if m.startswith(prefix)]
 
 
-def submodule(module: Any, name: str) -> Any:
-    """The object recorded as sub-module `name`: ``module.get_<name>()``, else the sub-module
-    at path `name`.
+def submodule(model: Any, module_name: str) -> Any:
+    """The object recorded as sub-module `module_name`: ``model.get_<module_name>()``, else
+    the sub-module at path `module_name`.
 
     Raises:
         ReplayError: The model has neither.
@@ -49,13 +51,13 @@ def submodule(module: Any, name: str) -> Any:
         >>> submodule(model, "0")
         Linear(in_features=2, out_features=2, bias=True)
     """
-    getter = getattr(module, f"get_{name}", None)
+    getter = getattr(model, f"get_{module_name}", None)
     if callable(getter):
         return getter()
     try:
-        return module.get_submodule(name)
+        return model.get_submodule(module_name)
     except AttributeError as e:
         raise ReplayError(
-            f"the store has recordings of sub-module {name!r}, but the model has no "
-            f"get_{name}() and no sub-module {name!r}"
+            f"the store has recordings of sub-module {module_name!r}, but the model has no "
+            f"get_{module_name}() and no sub-module {module_name!r}"
         ) from e

@@ -163,12 +163,18 @@ def _share(rows: list[CoverageRow]) -> str:
     return f"{sum(1 for r in rows if r.covered)}/{len(rows)}" if rows else "-"
 
 
-def group_coverage(coverage: pa.Table) -> list[dict[str, Any]]:
+def _typed(coverage: pa.Table | Iterable[CoverageRow]) -> list[CoverageRow]:
+    """The rows of a coverage table, or the typed rows as they are."""
+    return CoverageRow.from_table(coverage) if isinstance(coverage, pa.Table) else list(coverage)
+
+
+def group_coverage(coverage: pa.Table | Iterable[CoverageRow]) -> list[dict[str, Any]]:
     """One row per group of a coverage table: what ``capture export`` and ``capture demo``
     print for people (the full table stays in ``-f json`` and behind ``--signatures``).
 
     Args:
-        coverage: A coverage table (`COVERAGE_SCHEMA`).
+        coverage: A coverage table (`COVERAGE_SCHEMA`), or its typed rows
+            (``ExportResult.rows``).
 
     Returns:
         Rows in the order the groups first appear (one per group and target, with a
@@ -185,7 +191,7 @@ def group_coverage(coverage: pa.Table) -> list[dict[str, Any]]:
         [{'group': 'g0', 'signatures': '1/1', 'calls': '3/3', 'probes': '1/1', \
 'worst diff': '1.79e-07', 'error': ''}]
     """
-    rows = CoverageRow.from_table(coverage)
+    rows = _typed(coverage)
     payloads = any(r.kind == KIND_PAYLOAD for r in rows)
     targets = len({r.target for r in rows}) > 1
     out = []
@@ -214,11 +220,12 @@ def group_coverage(coverage: pa.Table) -> list[dict[str, Any]]:
     return out
 
 
-def coverage_total(coverage: pa.Table) -> str:
+def coverage_total(coverage: pa.Table | Iterable[CoverageRow]) -> str:
     """The total line under a coverage table: signatures, calls, probes, worst difference.
 
     Args:
-        coverage: A coverage table (`COVERAGE_SCHEMA`).
+        coverage: A coverage table (`COVERAGE_SCHEMA`), or its typed rows
+            (``ExportResult.rows``).
 
     Returns:
         E.g. ``'35 of 35 recorded signatures covered (35 of 35 calls), 3 of 3 probes
@@ -230,7 +237,7 @@ def coverage_total(coverage: pa.Table) -> str:
         ...     CoverageRow("g0", KIND_RECORDED, "x=2", 2, error="Guard failed")]))
         '0 of 1 recorded signatures covered (0 of 2 calls), max abs diff -'
     """
-    rows = CoverageRow.from_table(coverage)
+    rows = _typed(coverage)
     texts = []
     for target in dict.fromkeys(r.target for r in rows) or [TARGET_TORCH]:
         mine = [r for r in rows if r.target == target]
