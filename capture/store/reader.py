@@ -203,7 +203,7 @@ class StoreReader:
             )
         self._hint_compact(table, found.folders)
         if table == schema.CALLS:
-            self._exact_calls = found.exact
+            self._uniform_calls = found.uniform
             # calls of segments whose rollup is not counted yet (capture.store.commits)
             return [path for path in found.kept if path not in self._waiting]
         self._rows[table] = found.rows
@@ -269,9 +269,9 @@ class StoreReader:
             elif local:
                 # The `model` column of a file is the recorded name; its `model=` folder is a
                 # sanitized copy ('org/name' -> 'org_name'), so only `date` comes from the path.
-                # Merging the columns by name reads every file's schema when the view is made
-                # (about 1 ms a file): only when a file has columns of another version.
-                mixed = "false" if self._exact_calls else "true"
+                # Merging the columns by name reads every file's schema each time a statement
+                # binds the view (about 1 ms a file): only when the files' columns differ.
+                mixed = "false" if self._uniform_calls else "true"
                 self.con.execute(
                     f"CREATE OR REPLACE VIEW {name} AS SELECT * EXCLUDE (filename), "
                     f"{DATE_FROM_PATH} AS date FROM read_parquet({_sql_list(files)}, "
