@@ -163,8 +163,9 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
         if isinstance(verdict, Skip):
             cols["reason"].append(verdict.reason)
             cols["corrupt"].append(verdict.corrupt)
-            for k in ("rows", "size", "replaces", "lo", "hi", "exact", "rollup", "segment", "columns"):
-                cols[k].append(None)
+            for k in cols:
+                if k not in ("path", "stamp", "reason", "corrupt"):
+                    cols[k].append(None)
             continue
         cols["reason"].append(None)
         cols["corrupt"].append(None)
@@ -187,7 +188,8 @@ def _entries(index: pa.Table, table: str) -> dict[str, tuple[str, Verdict]]:
     cols = [index.column(k).to_pylist() for k in index.column_names]
     out: dict[str, tuple[str, Verdict]] = {}
     for row in zip(*cols, strict=True):
-        path, stamp, reason, rows, size, replaces, lo, hi, exact, rollup, segment, corrupt, names = row
+        path, stamp, reason, rows, size, replaces, lo, hi, exact, rollup, segment = row[:11]
+        corrupt, names = row[11:]
         verdict: Verdict
         if reason is not None:
             verdict = Skip(path, reason, bool(corrupt))
