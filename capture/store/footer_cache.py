@@ -113,7 +113,6 @@ def with_files(tables: list[pa.Table], paths: list[str]) -> pa.Table:
         rows = pa.concat_tables(tables, promote_options="none")
     except pa.ArrowInvalid:  # columns of other versions: unified
         rows = pa.concat_tables(tables, promote_options="permissive")
-    rows = rows.combine_chunks()
     # each file's path repeated over its rows, built in C++ (runs of one value each)
     ends, names, total = [], [], 0
     for table, path in zip(tables, paths, strict=True):
@@ -124,7 +123,12 @@ def with_files(tables: list[pa.Table], paths: list[str]) -> pa.Table:
     runs = pa.RunEndEncodedArray.from_arrays(
         pa.array(ends, pa.int64()), pa.array(names, pa.string())
     )
-    return rows.append_column(_FILE, pc.run_end_decode(runs))
+    files = (
+        pa.chunked_array([pc.run_end_decode(runs)])
+        if len(rows)
+        else pa.chunked_array([], pa.string())
+    )
+    return rows.append_column(_FILE, files)
 
 
 def _read(path: str) -> pa.Table:
