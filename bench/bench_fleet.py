@@ -159,7 +159,13 @@ def first_query(files: int, env: dict[str, str], reuse: bool) -> None:
         if not (reuse and os.path.exists(f"{path}/.generated")):
             shutil.rmtree(path, ignore_errors=True)
             log(f"generating {files:,} flushes at {path}")
-            generate(path, files, per_flush_stats=old)
+            # in a child process: this one stays small, so the peak RSS of the processes it
+            # starts later is theirs (Linux carries the parent's RSS over fork into the child)
+            script = (
+                f"import sys; sys.path[:0] = [{os.path.dirname(os.path.abspath(__file__))!r}]; "
+                f"import bench_fleet; bench_fleet.generate({path!r}, {files}, {old})"
+            )
+            subprocess.run([py, "-c", script], check=True, env=env)
             open(f"{path}/.generated", "w").close()
         stores[old] = path
     glob = f"{stores[False]}/calls/model={MODEL}/*/*.parquet"
