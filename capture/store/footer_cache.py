@@ -109,25 +109,13 @@ def rows_of(rows: pa.Table, paths: list[str], every: bool = False) -> pa.Table:
 
 def with_files(tables: list[pa.Table], paths: list[str]) -> pa.Table:
     """The rows of `tables` (one per file of `paths`) in one table with the file column."""
-    try:  # files of one version (the usual case) concatenate as they are
-        rows = pa.concat_tables(tables, promote_options="none")
-    except pa.ArrowInvalid:  # columns of other versions: unified
-        rows = pa.concat_tables(tables, promote_options="permissive")
-    # each file's path repeated over its rows, built in C++ (runs of one value each)
-    ends, names, total = [], [], 0
-    for table, path in zip(tables, paths, strict=True):
-        if table.num_rows:
-            total += table.num_rows
-            ends.append(total)
-            names.append(path)
-    runs = pa.RunEndEncodedArray.from_arrays(
-        pa.array(ends, pa.int64()), pa.array(names, pa.string())
-    )
-    files = (
-        pa.chunked_array([pc.run_end_decode(runs)])
-        if len(rows)
-        else pa.chunked_array([], pa.string())
-    )
+    first = tables[0].schema
+    # files of one version (the usual case) concatenate as they are; others are unified
+    same = all(t.schema.equals(first) for t in tables)
+    rows = pa.concat_tables(tables, promote_options="none" if same else "permissive")
+    rows = rows.combine_chunks()
+    index = [i for i, t in enumerate(tables) for _ in range(t.num_rows)]
+    files = pc.take(pa.array(paths, pa.string()), pa.array(index, pa.int32()))
     return rows.append_column(_FILE, files)
 
 
