@@ -144,7 +144,7 @@ def measured(argv: list[str], env: dict[str, str]) -> tuple[float, float, float,
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, stdout
 
 
-def first_query(files: int, env: dict[str, str], reuse: bool) -> None:
+def first_query(files: int, env: dict[str, str], reuse: bool, summary: bool = True) -> None:
     """The first ``capture query`` count and the first ``capture summary`` of raw stores.
 
     Two stores of `files` calls files, no upkeep (`generate`): with the stats rollups of this
@@ -154,7 +154,7 @@ def first_query(files: int, env: dict[str, str], reuse: bool) -> None:
     """
     py = sys.executable
     stores = {}
-    for old in (False, True):
+    for old in (False, True) if summary else (False,):
         path = f"{STORES_DIR}/raw-{files}{'-old' if old else ''}"
         if not (reuse and os.path.exists(f"{path}/.generated")):
             shutil.rmtree(path, ignore_errors=True)
@@ -186,17 +186,9 @@ def first_query(files: int, env: dict[str, str], reuse: bool) -> None:
             + [ratio, "yes" if ok else "NO"]
         )
         log(f"  {rows[-1]} ({load_line()})")
-    cache = f"{STORES_DIR}/cache/first-summary"
-    shutil.rmtree(cache, ignore_errors=True)
-    summ = measured(
-        [py, "-m", "cli", "--store", stores[True], "summary"], {**env, "CAPTURE_CACHE_DIR": cache}
-    )
-    ok = _counted(summ[3], files)
-    rows.append(
-        [f"`summary`, {files:,} calls + {files:,} stats files", *(f"{v:.1f}" for v in summ[:3])]
-        + ["", "", "", "", "yes" if ok else "NO"]
-    )
-    log(f"  {rows[-1]}")
+    if summary:
+        rows.append(_first_summary(stores[True], files, env))
+        log(f"  {rows[-1]}")
     shutil.rmtree(f"{STORES_DIR}/cache", ignore_errors=True)
     print(f"### First SQL on a raw store of {files:,} flushes\n")
     print(f"- Machine: {machine_line(('pyarrow', 'duckdb'))}")
@@ -204,6 +196,25 @@ def first_query(files: int, env: dict[str, str], reuse: bool) -> None:
     head = ["step", "capture wall (s)", "CPU (s)", "peak RSS (MiB)", "DuckDB wall (s)", "CPU (s)"]
     head += ["peak RSS (MiB)", "capture / DuckDB: wall, CPU, RSS", "right"]
     print(md_table(head, rows))
+
+
+def _first_summary(store: str, files: int, env: dict[str, str]) -> list[str]:
+    """The row of ``capture summary`` on the per-flush store, a fresh process, empty cache."""
+    cache = f"{STORES_DIR}/cache/first-summary"
+    shutil.rmtree(cache, ignore_errors=True)
+    argv = [sys.executable, "-m", "cli", "--store", store, "summary"]
+    summ = measured(argv, {**env, "CAPTURE_CACHE_DIR": cache})
+    ok = _counted(summ[3], files)
+    return [
+        f"`summary`, {files:,} calls + {files:,} stats files",
+        *(f"{v:.1f}" for v in summ[:3]),
+    ] + [
+        "",
+        "",
+        "",
+        "",
+        "yes" if ok else "NO",
+    ]
 
 
 PEAK_MB: list[float] = []
@@ -324,6 +335,7 @@ def main() -> None:
     parser.add_argument(
         "--raw-files", type=int, default=100_000, help="--fleet: flushes in the raw store"
     )
+    parser.add_argument("--no-summary", action="store_true", help="--first-query: count only")
     parser.add_argument(
         "--first-query",
         type=int,
@@ -338,7 +350,7 @@ def main() -> None:
         fleet(args, env)
         return
     if args.first_query:
-        first_query(args.first_query, env, args.reuse)
+        first_query(args.first_query, env, args.reuse, not args.no_summary)
         return
     for layout in args.layouts:
         old = layout == "per flush"
