@@ -7,6 +7,8 @@
     python bench/bench_fleet.py --reuse              # keep and reuse stores already generated
     python bench/bench_fleet.py --fleet              # a simulated day of N writers, and the
                                                      # first SQL on 100,000 flushes (fleet_day.py)
+    python bench/bench_fleet.py --first-query 10000  # the first SQL and summary beside DuckDB
+                                                     # on a raw store of N flushes (no upkeep)
 
 Prints one Markdown section on stdout (progress goes to stderr).
 
@@ -120,6 +122,99 @@ def generate(uri: str, files: int, per_flush_stats: bool = False) -> float:
                 meta = {schema.METADATA_ROLLUP: b"closed"}
                 write_parquet(fs, stats_dir, last, rollup, schema.STATS, meta)
     return time.perf_counter() - t0
+
+
+def measured(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
+    """(wall s, CPU s, peak RSS MiB, stdout) of a fresh child process; raises when it fails."""
+    import tempfile
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        # not the checkout as working folder: `-m cli` must import the PYTHONPATH's code
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=err, text=True, env=env, cwd=tempfile.gettempdir()
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{argv[:6]} failed: {stderr.strip()[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, stdout
+
+
+def first_query(files: int, env: dict[str, str], reuse: bool, summary: bool = True) -> None:
+    """The first ``capture query`` count and the first ``capture summary`` of raw stores.
+
+    Two stores of `files` calls files, no upkeep (`generate`): with the stats rollups of this
+    version's writers (count beside plain DuckDB's over a glob of the same files), and with one
+    stats file per flush, as older writers left them (`files` x 2 files: the summary). Each
+    step a fresh process with an empty reader cache; the two counts run alternately, twice.
+    """
+    py = sys.executable
+    stores = {}
+    for old in (False, True) if summary else (False,):
+        path = f"{STORES_DIR}/raw-{files}{'-old' if old else ''}"
+        if not (reuse and os.path.exists(f"{path}/.generated")):
+            shutil.rmtree(path, ignore_errors=True)
+            log(f"generating {files:,} flushes at {path}")
+            # in a child process: this one stays small, so the peak RSS of the processes it
+            # starts later is theirs (Linux carries the parent's RSS over fork into the child)
+            script = (
+                f"import sys; sys.path[:0] = [{os.path.dirname(os.path.abspath(__file__))!r}]; "
+                f"import bench_fleet; bench_fleet.generate({path!r}, {files}, {old})"
+            )
+            subprocess.run([py, "-c", script], check=True, env=env)
+            open(f"{path}/.generated", "w").close()
+        stores[old] = path
+    glob = f"{stores[False]}/calls/model={MODEL}/*/*.parquet"
+    from fleet_day import _DUCKDB
+
+    rows = []
+    for turn in (1, 2):
+        cache = f"{STORES_DIR}/cache/first-{turn}"
+        shutil.rmtree(cache, ignore_errors=True)
+        sql = "SELECT count(*) AS n FROM calls"
+        run = {**env, "CAPTURE_CACHE_DIR": cache}
+        cap = measured([py, "-m", "cli", "--store", stores[False], "query", sql, "-f", "csv"], run)
+        duck = measured([py, "-c", _DUCKDB, glob], env)
+        ok = cap[3].split()[-1] == duck[3].strip() == str(files * CALLS_PER_FILE)
+        ratio = f"{cap[0] / duck[0]:.2f}x, {cap[1] / duck[1]:.2f}x, {cap[2] / duck[2]:.2f}x"
+        rows.append(
+            [f"count, turn {turn}", *(f"{v:.1f}" for v in cap[:3]), *(f"{v:.1f}" for v in duck[:3])]
+            + [ratio, "yes" if ok else "NO"]
+        )
+        log(f"  {rows[-1]} ({load_line()})")
+    if summary:
+        rows.append(_first_summary(stores[True], files, env))
+        log(f"  {rows[-1]}")
+    shutil.rmtree(f"{STORES_DIR}/cache", ignore_errors=True)
+    print(f"### First SQL on a raw store of {files:,} flushes\n")
+    print(f"- Machine: {machine_line(('pyarrow', 'duckdb'))}")
+    print(f"- Load: {load_line()}\n")
+    head = ["step", "capture wall (s)", "CPU (s)", "peak RSS (MiB)", "DuckDB wall (s)", "CPU (s)"]
+    head += ["peak RSS (MiB)", "capture / DuckDB: wall, CPU, RSS", "right"]
+    print(md_table(head, rows))
+
+
+def _first_summary(store: str, files: int, env: dict[str, str]) -> list[str]:
+    """The row of ``capture summary`` on the per-flush store, a fresh process, empty cache."""
+    cache = f"{STORES_DIR}/cache/first-summary"
+    shutil.rmtree(cache, ignore_errors=True)
+    argv = [sys.executable, "-m", "cli", "--store", store, "summary"]
+    summ = measured(argv, {**env, "CAPTURE_CACHE_DIR": cache})
+    ok = _counted(summ[3], files)
+    return [
+        f"`summary`, {files:,} calls + {files:,} stats files",
+        *(f"{v:.1f}" for v in summ[:3]),
+    ] + [
+        "",
+        "",
+        "",
+        "",
+        "yes" if ok else "NO",
+    ]
 
 
 PEAK_MB: list[float] = []
@@ -237,12 +332,25 @@ def main() -> None:
         "--store-dir", default="/work/fleet-bench-store", help="--fleet: where stores are kept"
     )
     parser.add_argument("--raw-query", action="store_true", help="--fleet: capture on raw files")
+    parser.add_argument(
+        "--raw-files", type=int, default=100_000, help="--fleet: flushes in the raw store"
+    )
+    parser.add_argument("--no-summary", action="store_true", help="--first-query: count only")
+    parser.add_argument(
+        "--first-query",
+        type=int,
+        metavar="N",
+        help="only the first count beside DuckDB and the summary, on raw stores of N flushes",
+    )
     args = parser.parse_args()
     rows: list[list[Any]] = []
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if args.fleet:
         fleet(args, env)
+        return
+    if args.first_query:
+        first_query(args.first_query, env, args.reuse, not args.no_summary)
         return
     for layout in args.layouts:
         old = layout == "per flush"
@@ -319,12 +427,13 @@ def fleet(args: argparse.Namespace, env: dict[str, str]) -> None:
     import fleet_day
 
     os.makedirs(args.store_dir, exist_ok=True)
-    raw = f"{args.store_dir}/raw-100000"
+    n = args.raw_files
+    raw = f"{args.store_dir}/raw-{n}"
     if not os.path.exists(raw):
-        log(f"generating 100,000 flushes at {raw} (kept for later runs)")
+        log(f"generating {n:,} flushes at {raw} (kept for later runs)")
         script = (
             f"import sys; sys.path[:0] = [{os.path.dirname(os.path.abspath(__file__))!r}]; "
-            f"import bench_fleet; bench_fleet.generate({raw + '.tmp'!r}, 100_000)"
+            f"import bench_fleet; bench_fleet.generate({raw + '.tmp'!r}, {n})"
         )
         subprocess.run([sys.executable, "-c", script], check=True, env=env)
         os.rename(f"{raw}.tmp", raw)
@@ -345,8 +454,8 @@ def fleet(args: argparse.Namespace, env: dict[str, str]) -> None:
     day_s = time.perf_counter() - t0
     log(f"  {day} in {day_s:.0f} s")
     shutil.rmtree(f"{args.store_dir}/day", ignore_errors=True)
-    log("100,000 flushes")
-    rows = fleet_day.hundred_k(raw, f"{args.store_dir}/work-100000", env, args.raw_query)
+    log(f"{n:,} flushes")
+    rows = fleet_day.hundred_k(raw, f"{args.store_dir}/work-{n}", env, args.raw_query, n)
     print(f"### A fleet's store without an operator ({args.label})\n")
     print(f"- Machine: {machine_line(('pyarrow', 'duckdb'))}")
     print(f"- Load: {load_line()}\n")
@@ -372,7 +481,7 @@ def fleet(args: argparse.Namespace, env: dict[str, str]) -> None:
         )
     )
     print()
-    print("100,000 flushes (1,000,000 calls), each step a fresh process:\n")
+    print(f"{n:,} flushes ({n * CALLS_PER_FILE:,} calls), each step a fresh process:\n")
     print(md_table(["step", "wall (s)", "peak RSS (MiB)", "result"], rows))
 
 

@@ -244,6 +244,7 @@ def generate(
                 "int_max": _list_array(int_max),
                 "duration_ns": pa.array(duration),
                 "error": pa.nulls(rows, pa.string()),
+                schema.STATE: pa.nulls(rows, pa.string()),  # no state declared
             },
             schema=schema.CALLS_SCHEMA,
         )
@@ -273,6 +274,7 @@ def generate(
                 "duration_ns_sum": pa.array(red(np.add, duration)),
                 "duration_ns_min": pa.array(red(np.minimum, duration)),
                 "duration_ns_max": pa.array(red(np.maximum, duration)),
+                schema.STATE: pa.nulls(len(present), pa.string()),
             },
             schema=schema.STATS_SCHEMA,
         )

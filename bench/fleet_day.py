@@ -155,12 +155,14 @@ def simulated_day(writers: int, flush_s: float, upkeep_s: float, root: str) -> d
     }
 
 
-def hundred_k(raw: str, work: str, env: dict[str, str], raw_query: bool) -> list[list[str]]:
-    """Rows: plain DuckDB and capture on the 100,000-flush store, raw and after the upkeep."""
+def hundred_k(
+    raw: str, work: str, env: dict[str, str], raw_query: bool, flushes: int = 100_000
+) -> list[list[str]]:
+    """Rows: plain DuckDB and capture on the store of `flushes`, raw and after the upkeep."""
     py = sys.executable
     glob = f"{{}}/calls/model={MODEL}/*/*.parquet"
     sql = "SELECT count(*) AS n FROM calls"
-    expected = str(100_000 * CALLS_PER_FILE)
+    expected = str(flushes * CALLS_PER_FILE)
     rows = []
     s, mb, out = timed([py, "-c", _DUCKDB, glob.format(raw)], env)
     rows.append(["plain DuckDB, glob over the raw files", f"{s:.1f}", f"{mb:.0f}", out.strip()])

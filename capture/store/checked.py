@@ -50,12 +50,15 @@ class CheckedTable:
     rows: pa.Table | None
     """The rows of the kept files (stats and structures; None for calls or no file)."""
     exact: bool
-    """Every kept file has exactly the table's columns (no merging by name needed)."""
+    """Every kept file has exactly the table's columns."""
     waiting: frozenset[str] = frozenset()
     """Stats: the calls files of segments not committed yet (`capture.store.commits`): their
     calls are hidden, as their rollup is not counted."""
     folders: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Partition folder -> (kept files, their rows): what a compaction would merge."""
+    uniform: bool = True
+    """Every kept file has the same columns, in the same order (no merging by name needed:
+    columns that all of them lack, added by a later version, are added as nulls)."""
 
 
 def check_table(
@@ -165,10 +168,11 @@ def _check_once(
             kept_rows = footer_cache.rows_of(rows, kept, len(kept) == len(good))
     if cache is not None and (todo or len(cached) != len(infos)):
         cache.save(table, {i.path: (stamps[i.path], verdicts[i.path]) for i in infos}, rows)
-    exact = all(f.exact for f in counted if f.path not in replaced)
+    final = [f for f in counted if f.path not in replaced]
+    exact = all(f.exact for f in final)
+    uniform = len({f.columns for f in final}) <= 1
     waiting = frozenset(p for paths in pending.values() for p in paths)
-    folders = _folders([f for f in counted if f.path not in replaced])
-    result = CheckedTable(kept, skips, refused, kept_rows, exact, waiting, folders)
+    result = CheckedTable(kept, skips, refused, kept_rows, exact, waiting, _folders(final), uniform)
     return _Attempt(result, bool(vanished))
 
 

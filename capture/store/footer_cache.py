@@ -44,7 +44,7 @@ MIN_FILES = 256
 
 _FILE = "_capture_file"
 _TOKEN = b"capture.cache_token"
-_VERSION = "5"
+_VERSION = "6"
 
 Verdict = FileInfo | Skip
 
@@ -154,6 +154,7 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
             "rollup",
             "segment",
             "corrupt",
+            "columns",
         )
     }
     for path, (stamp, verdict) in entries.items():
@@ -162,8 +163,9 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
         if isinstance(verdict, Skip):
             cols["reason"].append(verdict.reason)
             cols["corrupt"].append(verdict.corrupt)
-            for k in ("rows", "size", "replaces", "lo", "hi", "exact", "rollup", "segment"):
-                cols[k].append(None)
+            for k in cols:
+                if k not in ("path", "stamp", "reason", "corrupt"):
+                    cols[k].append(None)
             continue
         cols["reason"].append(None)
         cols["corrupt"].append(None)
@@ -176,6 +178,7 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
         cols["exact"].append(verdict.exact)
         cols["rollup"].append(verdict.rollup)
         cols["segment"].append(json.dumps(verdict.segment) if verdict.segment else None)
+        cols["columns"].append(verdict.columns)
     types = {"rows": pa.int64(), "size": pa.int64(), "lo": pa.int64(), "hi": pa.int64()}
     types["exact"] = types["corrupt"] = pa.bool_()
     return pa.table({k: pa.array(v, types.get(k, pa.string())) for k, v in cols.items()})
@@ -185,7 +188,8 @@ def _entries(index: pa.Table, table: str) -> dict[str, tuple[str, Verdict]]:
     cols = [index.column(k).to_pylist() for k in index.column_names]
     out: dict[str, tuple[str, Verdict]] = {}
     for row in zip(*cols, strict=True):
-        path, stamp, reason, rows, size, replaces, lo, hi, exact, rollup, segment, corrupt = row
+        path, stamp, reason, rows, size, replaces, lo, hi, exact, rollup, segment = row[:11]
+        corrupt, names = row[11:]
         verdict: Verdict
         if reason is not None:
             verdict = Skip(path, reason, bool(corrupt))
@@ -193,7 +197,9 @@ def _entries(index: pa.Table, table: str) -> dict[str, tuple[str, Verdict]]:
             claims = json.loads(replaces) if replaces else {}
             ids = (lo, hi) if lo is not None and hi is not None else None
             days = json.loads(segment) if segment else None
-            verdict = FileInfo(path, table, rows, size, claims, ids, bool(exact), rollup, days)
+            verdict = FileInfo(
+                path, table, rows, size, claims, ids, bool(exact), rollup, days, names
+            )
         out[path] = (stamp, verdict)
     return out
 

@@ -33,6 +33,8 @@ class SchemaFacts:
     """Why it is not the table's schema (None: it is)."""
     exact: bool
     """Exactly the table's columns, in order."""
+    names: str
+    """The file's column names, comma-separated (files of one version share them)."""
     call_id: int
     """Index of the ``call_id`` column in the Arrow schema (-1: none)."""
     leaves: dict[str, int]
@@ -68,6 +70,7 @@ def facts(meta: pq.FileMetaData, table: str, version: int) -> SchemaFacts:
     found = SchemaFacts(
         problem,
         arrow.names == schema.SCHEMAS[table].names if table in schema.SCHEMAS else False,
+        ",".join(arrow.names),
         arrow.get_field_index("call_id"),
         leaves,
     )

@@ -89,6 +89,8 @@ class FileInfo:
     segment: dict[str, int] | None = None
     """Stats rollups: the calls files of the segment the rollup adds, day -> rows
     (`schema.METADATA_SEGMENT_CALLS`; `capture.store.commits`); None when it names none."""
+    columns: str | None = None
+    """The file's column names, comma-separated, when not `exact` (None: exactly the table's)."""
 
     @property
     def folder(self) -> str:
@@ -303,7 +305,8 @@ def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInf
     rows, ids = int(meta.num_rows), _call_ids(meta, table, known.call_id)
     rollup = kv.get(schema.METADATA_ROLLUP)
     mark = rollup.decode("ascii", "replace")[:10] if rollup is not None else None
-    return FileInfo(path, table, rows, size, replaces, ids, known.exact, mark, segment)
+    columns = None if known.exact else known.names
+    return FileInfo(path, table, rows, size, replaces, ids, known.exact, mark, segment, columns)
 
 
 T = TypeVar("T")

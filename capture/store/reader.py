@@ -65,14 +65,13 @@ class SkippedFile:
     reason: str
 
 
-def _sql_list(paths: Sequence[str]) -> str:
-    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
-
-
 _NO_EXTENSION_LOADING: dict[str, str | bool | int | float | list[str]] = {
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
 }
+
+_CALLS_FILES = "capture_calls_files"
+"""The DuckDB variable holding the calls files the ``calls`` view reads (local stores)."""
 
 _HINT_FILES = 1_000
 _HINT_RATIO = 10
@@ -203,7 +202,7 @@ class StoreReader:
             )
         self._hint_compact(table, found.folders)
         if table == schema.CALLS:
-            self._exact_calls = found.exact
+            self._uniform_calls = found.uniform
             # calls of segments whose rollup is not counted yet (capture.store.commits)
             return [path for path in found.kept if path not in self._waiting]
         self._rows[table] = found.rows
@@ -239,7 +238,7 @@ class StoreReader:
         # Only the calls files are read by DuckDB (stats and structures rows are in memory).
         files = self.files[schema.CALLS] if self._with_calls else []
         if isinstance(self.fs, pafs.LocalFileSystem) and files:
-            self.con.execute(f"SET allowed_paths = {_sql_list(files)}")
+            self.con.execute(f"SET allowed_paths = getvariable('{_CALLS_FILES}')")
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
 
@@ -269,12 +268,15 @@ class StoreReader:
             elif local:
                 # The `model` column of a file is the recorded name; its `model=` folder is a
                 # sanitized copy ('org/name' -> 'org_name'), so only `date` comes from the path.
-                # Merging the columns by name reads every file's schema when the view is made
-                # (about 1 ms a file): only when a file has columns of another version.
-                mixed = "false" if self._exact_calls else "true"
+                # Merging the columns by name reads every file's schema each time a statement
+                # binds the view (about 1 ms a file): only when the files' columns differ.
+                mixed = "false" if self._uniform_calls else "true"
+                # The list is a bound value, not SQL text: a literal of 100,000 paths is
+                # parsed, and copied at each bind, as an expression per path (GBs).
+                self.con.execute(f"SET VARIABLE {_CALLS_FILES} = ?::VARCHAR[]", [files])
                 self.con.execute(
                     f"CREATE OR REPLACE VIEW {name} AS SELECT * EXCLUDE (filename), "
-                    f"{DATE_FROM_PATH} AS date FROM read_parquet({_sql_list(files)}, "
+                    f"{DATE_FROM_PATH} AS date FROM read_parquet(getvariable('{_CALLS_FILES}'), "
                     f"hive_partitioning = false, union_by_name = {mixed}, filename = true)"
                 )
             else:
