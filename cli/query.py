@@ -208,7 +208,7 @@ def summary_command(
 
         models = tuple(
             dataclasses.replace(m, programs=tuple(routes(manifest, m)))
-            if m.model == manifest.model
+            if m.model_name == manifest.model_name
             else m
             for m in data.models
         )

@@ -206,7 +206,7 @@ def served_calls(groups: Sequence[Group], rows: Sequence[ServedRow]) -> list[Ser
         mine = [
             r
             for r in rows
-            if r.model == g.model and r.structure in g.structure_ids and r.state == label
+            if r.model == g.model_name and r.structure in g.structure_ids and r.state == label
         ]
         served = [r for r in mine if r.served]
         out.append(

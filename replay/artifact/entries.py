@@ -206,7 +206,7 @@ def program_entry(
     form = group.example.form
     return ProgramEntry(
         guard=guard,
-        model=group.model,
+        model_name=group.model_name,
         structure_id=group.structure_id,
         calls=group.calls,
         signatures=group.signatures,
@@ -244,7 +244,7 @@ def module_entry(
     starts = [g.first_ts for g in inputs.analysed if g.first_ts]
     ends = [g.last_ts for g in inputs.analysed if g.last_ts]
     return ModuleEntry(
-        model=inputs.model,
+        model_name=inputs.model_name,
         store=source,
         first=_iso(min(starts)) if starts else None,
         last=_iso(max(ends)) if ends else None,
@@ -287,7 +287,7 @@ def manifest_of(results: Mapping[str, SavedResult], *, aoti: bool = False) -> Ma
         raise ArtifactError("no program to save: torch.export rejected every group")
     several = len({(p.module, p.state) for p in programs}) > len({p.module for p in programs})
     return Manifest(
-        model=modules[""].model,
+        model_name=modules[""].model_name,
         created=datetime.now().astimezone().isoformat(),
         versions=_versions(),
         modules=modules,

@@ -101,7 +101,7 @@ def check_rows(
     from replay.runtime.guards import route
     from replay.runtime.runner import describe_states
 
-    base = model_name or manifest.model
+    base = model_name or manifest.model_name
     rows: list[DriftRow] = []
     for module in manifest.modules:
         name = f"{base}.{module}" if module else base

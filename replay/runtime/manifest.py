@@ -89,7 +89,7 @@ class ProgramEntry:
 
     Attributes:
         guard: What the program accepts (structure, ranges, refused signatures).
-        model: The recorded model name of its module.
+        model_name: The recorded model name of its module (``model`` in the JSON).
         structure_id: The recorded input structure (the store's id, for people and reports).
         calls: Recorded calls of the group.
         signatures: Distinct recorded signatures of the group.
@@ -106,7 +106,7 @@ class ProgramEntry:
     """
 
     guard: ProgramGuard
-    model: str
+    model_name: str
     structure_id: str
     calls: int
     signatures: int
@@ -141,7 +141,7 @@ class ProgramEntry:
             "module": g.module,
             "group": g.group,
             "program": g.program,
-            "model": self.model,
+            "model": self.model_name,
             "structure_id": self.structure_id,
             "calls": self.calls,
             "signatures": self.signatures,
@@ -204,7 +204,7 @@ class ProgramEntry:
         )
         return cls(
             guard=guard,
-            model=f.text("model"),
+            model_name=f.text("model"),
             structure_id=f.text("structure_id", max_len=256),
             calls=f.integer("calls", low=0),
             signatures=f.integer("signatures", low=0),
@@ -257,7 +257,7 @@ class ModuleEntry:
     """One exported module of the artifact (``""`` the model, ``encoder`` a sub-module).
 
     Attributes:
-        model: Its recorded model name in the store.
+        model_name: Its recorded model name in the store (``model`` in the JSON).
         store: The store it was exported from (path or URI), if known.
         first: First recorded call of the export's window (ISO text), if known.
         last: Last recorded call of the window (ISO text), if known.
@@ -267,7 +267,7 @@ class ModuleEntry:
         notes: What was done and why, per group.
     """
 
-    model: str
+    model_name: str = field(metadata={"key": "model"})
     store: str | None
     first: str | None = field(metadata={"key": "window.first", "max_len": 64})
     last: str | None = field(metadata={"key": "window.last", "max_len": 64})
@@ -282,7 +282,7 @@ class Manifest:
     """An artifact's manifest, validated (`parse`) or built by `replay.artifact.saving.save`.
 
     Attributes:
-        model: The model's recorded name.
+        model_name: The model's recorded name (``model`` in the JSON).
         created: When the artifact was written (ISO text).
         versions: torch / transformers / capture versions of the export.
         modules: Module name -> its `ModuleEntry` (``""`` always present).
@@ -296,7 +296,7 @@ class Manifest:
             `replay.runtime.digests`.
     """
 
-    model: str
+    model_name: str
     created: str
     versions: Mapping[str, str | None]
     modules: Mapping[str, ModuleEntry]
@@ -322,7 +322,7 @@ class Manifest:
         """The manifest as JSON-serializable data."""
         return {
             "format": self.format,
-            "model": self.model,
+            "model": self.model_name,
             "created": self.created,
             "versions": dict(self.versions),
             "aoti": self.aoti,
@@ -400,7 +400,7 @@ class Manifest:
             if not (isinstance(value, str) and DIGEST.match(value)) or len(str(name)) > 512:
                 f.fail(f"{source}.digests", f"has {str(name)[:60]!r}: not a sha256 digest")
         return cls(
-            model=f.text("model"),
+            model_name=f.text("model"),
             created=f.text("created", optional=True, max_len=64) or "",
             versions={str(k): versions.text(k, optional=True, max_len=128) for k in versions.raw},
             modules=modules,
