@@ -31,7 +31,7 @@ def _summary(files: Iterable[Any]) -> pa.Table:
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for p in files:
         row = rows.setdefault(
-            (p.model, p.date), {"model": p.model, "date": p.date, "files": 0, "bytes": 0}
+            (p.model_name, p.date), {"model": p.model_name, "date": p.date, "files": 0, "bytes": 0}
         )
         row["files"] += 1
         row["bytes"] += p.size

@@ -105,10 +105,17 @@ def payload_folder(root: str, model: str, day: str) -> str:
 
 @dataclass(frozen=True)
 class PayloadFile:
-    """One payload file of a store."""
+    """One payload file of a store.
+
+    Attributes:
+        path: Its path in the store's filesystem.
+        model_name: Its model's partition name (the store's model name, made safe for a path).
+        date: Its day partition (``YYYY-MM-DD``).
+        size: Its size in bytes.
+    """
 
     path: str
-    model: str
+    model_name: str
     date: str
     size: int
 
@@ -175,7 +182,7 @@ def list_payloads(
         PayloadFile(path, _partition(path, "model"), _partition(path, "date"), size)
         for path, size in sized
     ]
-    return sorted(out, key=lambda p: (p.model, p.date, p.path))
+    return sorted(out, key=lambda p: (p.model_name, p.date, p.path))
 
 
 def delete_payloads(
