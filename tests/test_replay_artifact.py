@@ -154,7 +154,7 @@ def test_a_file_that_is_not_an_artifact_is_refused(tmp_path: Path) -> None:
 
 def _guard(**changes: Any) -> ProgramGuard:
     fields: dict[str, Any] = {
-        "module": "",
+        "module_name": "",
         "group": "decode",
         "program": "decode",
         "treespec": None,

@@ -193,7 +193,7 @@ def program_entry(
     _pytree_types(program.call_spec.out_spec, types)
     structure = group.structure
     guard = ProgramGuard(
-        module=module_name,
+        module_name=module_name,
         group=group.name,
         program=program_name(module_name, group.program_name),
         treespec=structure.treespec,
@@ -285,7 +285,9 @@ def manifest_of(results: Mapping[str, SavedResult], *, aoti: bool = False) -> Ma
         raise ArtifactError("an artifact needs the model's own ExportResult (module name '')")
     if not programs:
         raise ArtifactError("no program to save: torch.export rejected every group")
-    several = len({(p.module, p.state) for p in programs}) > len({p.module for p in programs})
+    several = len({(p.module_name, p.state) for p in programs}) > len(
+        {p.module_name for p in programs}
+    )
     return Manifest(
         model_name=modules[""].model_name,
         created=datetime.now().astimezone().isoformat(),

@@ -125,9 +125,9 @@ class ProgramEntry:
         return self.guard.program
 
     @property
-    def module(self) -> str:
-        """The sub-module it serves (``""``: the model itself)."""
-        return self.guard.module
+    def module_name(self) -> str:
+        """The sub-module it serves (``""``: the model itself; ``module`` in the JSON)."""
+        return self.guard.module_name
 
     @property
     def group(self) -> str:
@@ -138,7 +138,7 @@ class ProgramEntry:
         """The entry as the manifest's JSON object."""
         g = self.guard
         return {
-            "module": g.module,
+            "module": g.module_name,
             "group": g.group,
             "program": g.program,
             "model": self.model_name,
@@ -192,7 +192,7 @@ class ProgramEntry:
         except ReplayError as e:
             f.fail(f"{f.where}.signature", f"is malformed ({e})")
         guard = ProgramGuard(
-            module=f.text("module", optional=True, pattern=_MODULE) or "",
+            module_name=f.text("module", optional=True, pattern=_MODULE) or "",
             group=f.text("group", pattern=PROGRAM_NAME),
             program=f.text("program", pattern=PROGRAM_NAME),
             treespec=f.text("treespec", optional=True, max_len=10_000_000),
@@ -307,7 +307,7 @@ class Manifest:
 
     def for_module(self, module_name: str) -> list[ProgramEntry]:
         """The entries serving `module_name`, in order."""
-        return [p for p in self.programs if p.module == module_name]
+        return [p for p in self.programs if p.module_name == module_name]
 
     def states(self, module_name: str = "") -> list[str]:
         """The state keys `module_name`'s programs serve, in the order of their entries."""
@@ -384,15 +384,20 @@ class Manifest:
         # the program of the group serving it).
         seen: set[tuple[str, str]] = set()
         for i, p in enumerate(programs):
-            if (p.module, p.group) in seen:
+            if (p.module_name, p.group) in seen:
                 f.fail(f"{source}.programs[{i}]", f"lists the group {p.guard.label} twice")
-            if p.module not in modules:
-                f.fail(f"{source}.programs[{i}]", f"serves the module {p.module!r}, not listed")
-            seen.add((p.module, p.group))
+            if p.module_name not in modules:
+                f.fail(
+                    f"{source}.programs[{i}]", f"serves the module {p.module_name!r}, not listed"
+                )
+            seen.add((p.module_name, p.group))
         if not programs:
             f.fail(f"{source}.programs", "is empty")
-        states = {(p.module, p.state) for p in programs}
-        if len(states) > len({p.module for p in programs}) and f.raw.get("format") != FORMAT_STATES:
+        states = {(p.module_name, p.state) for p in programs}
+        if (
+            len(states) > len({p.module_name for p in programs})
+            and f.raw.get("format") != FORMAT_STATES
+        ):
             f.fail(f"{source}.programs", f"serve several states under format {FORMAT!r}")
         digests = f.child("digests")
         for name in digests.raw:

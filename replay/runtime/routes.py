@@ -67,7 +67,7 @@ def routes(manifest: Manifest, model: ModelSummary) -> list[dict[str, Any]]:
     names = {g.structure_id: g.name for g in model.groups}
     rows = []
     for entry in manifest.programs:
-        if entry.module:
+        if entry.module_name:
             continue
         fills = [fill.text or fill.argument for fill in entry.fills]
         rows.append(
