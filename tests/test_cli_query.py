@@ -440,7 +440,7 @@ def test_dims_python_prints_the_library_source(store: str) -> None:
     from replay.inputs.source import dynamic_shapes_source
 
     with capture.open_store(store) as opened:
-        expected = dynamic_shapes_source(opened, model="toy")
+        expected = dynamic_shapes_source(opened, model_name="toy")
     code, out, err = _invoke(store, "dims", "--model", "toy", "--python")
     assert code == 0
     assert out == expected.rstrip("\n") + "\n"

@@ -193,7 +193,7 @@ def _group_source(
 
 def dynamic_shapes_source(
     store: StoreReader,
-    model: str | None = None,
+    model_name: str | None = None,
     *,
     group: str | None = None,
     named_dims: bool = True,
@@ -205,7 +205,7 @@ def dynamic_shapes_source(
 
     Args:
         store: An open store.
-        model: One model, or None for every model of the store.
+        model_name: One model, or None for every model of the store.
         group: Only this call group.
         named_dims: Named Dims with ranges (default) instead of ``Dim.DYNAMIC``.
         set_batch_dimension_for: See `replay.export_inputs`.
@@ -219,7 +219,7 @@ def dynamic_shapes_source(
         The source text (no trailing newline).
 
     Raises:
-        UnknownModel: `model` is not in the store.
+        UnknownModel: `model_name` is not in the store.
         ReplayError: `group` is not a group of the model(s), or a structure cannot be rebuilt.
 
     Example:
@@ -241,7 +241,7 @@ def dynamic_shapes_source(
         keyword_only=keyword_only,
         spec=spec,
     )
-    groups = analyze(store, model, set_batch_dimension_for=options.set_batch_dimension_for)
+    groups = analyze(store, model_name, set_batch_dimension_for=options.set_batch_dimension_for)
     if group is not None:
         known = sorted({g.name for g in groups})
         groups = [g for g in groups if g.name == group]
