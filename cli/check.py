@@ -166,7 +166,7 @@ def check_command(
     with capture.open_store(store_path(ctx)) as store:
         rows = replay.check_rows(store, manifest, moment, model_name)
     # One model (the usual case): its column says nothing on a terminal.
-    one_model = ("model",) if len({r.model for r in rows}) == 1 else ()
+    one_model = ("model",) if len({r.model_name for r in rows}) == 1 else ()
     table = [r.to_json() for r in rows]
     if len({r.state for r in rows}) < 2:  # one state (the usual case): its column says nothing
         for item in table:

@@ -31,7 +31,7 @@ def _summary(files: Iterable[Any]) -> pa.Table:
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for p in files:
         row = rows.setdefault(
-            (p.model, p.date), {"model": p.model, "date": p.date, "files": 0, "bytes": 0}
+            (p.model_name, p.date), {"model": p.model_name, "date": p.date, "files": 0, "bytes": 0}
         )
         row["files"] += 1
         row["bytes"] += p.size
@@ -93,7 +93,7 @@ def payloads_command(
         if not dry_run:  # a read-only store: one line before any file is listed
             check_folder(store, option="--store", created=False)
         before = delete_before.date() if delete_before is not None else None
-        files = delete_payloads(store, before=before, model=model_name, dry_run=dry_run)
+        files = delete_payloads(store, before=before, model_name=model_name, dry_run=dry_run)
         verb = "would delete" if dry_run else "deleted"
         total = sum(p.size for p in files)
         click.echo(f"{verb} {len(files)} payload file(s), {total:,} bytes", err=True)

@@ -208,7 +208,7 @@ def summary_command(
 
         models = tuple(
             dataclasses.replace(m, programs=tuple(routes(manifest, m)))
-            if m.model == manifest.model
+            if m.model_name == manifest.model_name
             else m
             for m in data.models
         )
@@ -281,7 +281,7 @@ def dims_command(
 
         with _open_store(ctx) as store:
             store.check_model(model_name)
-            source = dynamic_shapes_source(store, model=model_name, spec=spec)
+            source = dynamic_shapes_source(store, model_name, spec=spec)
         write_text(source, data=True)
         return
     with _open_store(ctx) as store:

@@ -192,7 +192,7 @@ def summary_report(summary: summaries.Summary, width: int | None = None) -> str:
     for path in summary.skipped_files:
         lines.append(f"Skipped unreadable file: {path}")
     for model_summary in summary.models:
-        lines += ["", f"== Model {model_summary.model} ==", _counts(model_summary)]
+        lines += ["", f"== Model {model_summary.model_name} ==", _counts(model_summary)]
         groups = model_summary.groups
         if groups:
             lines += _states(groups, width)

@@ -99,7 +99,7 @@ def read_any_manifest(path: str | os.PathLike[str]) -> Manifest:
         OnnxFileError: Not a capture ONNX set, or changed or damaged (an `ArtifactError` too).
 
     Example:
-        >>> read_any_manifest("model.onnx").model  # doctest: +SKIP
+        >>> read_any_manifest("model.onnx").model_name  # doctest: +SKIP
         'LlamaForCausalLM'
     """
     from replay.runtime.ort.manifest import is_onnx_path

@@ -97,7 +97,7 @@ def validate(
             for an ONNX set).
 
     Example:
-        >>> validate("model.pt2").manifest.model  # doctest: +SKIP
+        >>> validate("model.pt2").manifest.model_name  # doctest: +SKIP
         'LlamaForCausalLM'
     """
     with collector_paused():

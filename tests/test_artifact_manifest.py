@@ -147,3 +147,20 @@ def test_a_saved_manifest_parses_back_to_what_was_written(template: tuple[Path, 
     again = Manifest.parse(manifest.to_json().encode(), "again")
     assert again == manifest
     assert [p.program for p in manifest.programs] == ["g0", "g1"]
+
+
+def test_the_saved_manifest_names_the_store_model_under_model(
+    template: tuple[Path, Path],
+) -> None:
+    """`model_name` in Python, ``model`` in the JSON: the manifest's keys stay what they were."""
+    manifest = read_manifest(template[1])
+    raw = json.loads(entries(template[1])[MANIFEST])
+    name = manifest.model_name
+    assert raw["model"] == name
+    assert [m["model"] for m in raw["modules"].values()] == [name]
+    assert {p["model"] for p in raw["programs"]} == {name}
+    assert "model_name" not in {
+        *raw,
+        *raw["modules"][""],
+        *(k for p in raw["programs"] for k in p),
+    }

@@ -193,7 +193,7 @@ def test_unknown_model_raises(seeds: Store) -> None:
 
 
 def test_analyze_all_models_sorted_by_model_then_calls(seeds: Store) -> None:
-    assert [(g.model, g.name) for g in analyze(seeds)] == [
+    assert [(g.model_name, g.name) for g in analyze(seeds)] == [
         ("add", "g0"),
         ("add_broadcast", "g0"),
         ("linear", "g0"),

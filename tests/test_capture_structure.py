@@ -78,7 +78,7 @@ def test_the_analysis_builds_one_structure_per_group_matching_its_rows(llama: St
     for group in analyze(llama):
         rows = llama.query(
             "SELECT * FROM structures WHERE model = $model AND structure_id = $sid ORDER BY leaf",
-            {"model": group.model, "sid": group.structure_id},
+            {"model": group.model_name, "sid": group.structure_id},
         ).to_pylist()
         assert group.structure == RecordedStructure.from_rows(rows)
         assert [leaf.path for leaf in group.structure.leaves] == [r["path"] for r in rows]

@@ -174,3 +174,10 @@ def test_mappings_and_fixed_tuples_are_read_with_their_bounds() -> None:
         read(Node, {"name": "n", "tags": {"a": -1}}, "m")
     with pytest.raises(ArtifactError, match=re.escape("m.pair has 1 items, not 2")):
         read(Node, {"name": "n", "pair": [2]}, "m")
+
+
+def test_a_module_entry_writes_its_store_model_name_under_model() -> None:
+    entry = next(p for p in PARTS if isinstance(p, ModuleEntry))
+    written = to_json(entry)
+    assert list(written)[:2] == ["model", "store"]
+    assert written["model"] == entry.model_name == "m"

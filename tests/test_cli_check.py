@@ -112,6 +112,11 @@ def test_check_lists_exactly_the_newer_calls_outside_the_accepted_ranges(
     code, out, err = _check(store, str(artifact), "--since", since, "-f", "json")
     assert code == 3  # some calls are not served (issue 10)
     rows = json.loads(out)
+    # the store's column names (`DriftRow.model_name` is printed as ``model``), in their order
+    assert [list(r) for r in rows] == [
+        ["model", "group", "signature", "calls", "served", "reason"]
+    ] * 5
+    assert {r["model"] for r in rows} == {"twice"}
     assert [(r["signature"], r["calls"], r["group"]) for r in rows] == [
         ("x=3x7", 1, "g0"),
         ("x=5x7", 1, None),

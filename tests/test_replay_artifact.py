@@ -64,7 +64,7 @@ def test_save_writes_one_archive_with_every_program_and_a_manifest(
         programs = sorted(n.split("/")[-1] for n in archive.namelist() if "/models/" in n)
     assert programs == ["g0.json", "g1.json"]
     manifest = read_manifest(path)
-    assert manifest.model == "twice"
+    assert manifest.model_name == "twice"
     assert [(p.group, p.calls) for p in manifest.programs] == [("g0", 3), ("g1", 2)]
     assert manifest.versions["torch"] == torch.__version__
     assert manifest.modules[""].store == str(tmp_path / "store")
@@ -154,7 +154,7 @@ def test_a_file_that_is_not_an_artifact_is_refused(tmp_path: Path) -> None:
 
 def _guard(**changes: Any) -> ProgramGuard:
     fields: dict[str, Any] = {
-        "module": "",
+        "module_name": "",
         "group": "decode",
         "program": "decode",
         "treespec": None,
@@ -328,7 +328,7 @@ def test_a_tiny_t5_encoder_and_decoder_in_one_artifact(tmp_path: Path) -> None:
     # issue 23: the library exports the recorded sub-modules with the model (modules=True)
     result = replay.export(model, tmp_path / "store", "T5ForConditionalGeneration", modules=True)
     assert sorted(result.modules) == ["encoder"]
-    assert result.modules["encoder"].inputs.model == "T5ForConditionalGeneration.encoder"
+    assert result.modules["encoder"].inputs.model_name == "T5ForConditionalGeneration.encoder"
     assert result.complete and result.modules["encoder"].complete
     result.save(tmp_path / "t5.pt2")
     # issue 20: the encoder's embedding is the decoder's: stored once for both modules

@@ -37,7 +37,7 @@ def test_a_group_reads_through_to_its_analysis_and_example(tmp_path: Path) -> No
     _record(tmp_path, [2, 3, 5, 6])
     inputs = replay.export_inputs(tmp_path)
     group = inputs.groups[0]
-    assert (group.name, group.model, group.calls, group.signatures) == ("g0", "m", 4, 4)
+    assert (group.name, group.model_name, group.calls, group.signatures) == ("g0", "m", 4, 4)
     # No copies of the analysis or the example: the properties are theirs.
     assert group.dims is group.analysis.dims
     assert group.relations is group.analysis.relations

@@ -118,7 +118,7 @@ def test_fill_missing_uses_the_recorded_dtype_and_shape(seeds: Store) -> None:
 
 def test_a_store_path_is_accepted(tmp_path: Path) -> None:
     record_seed_scenarios(tmp_path, names=["add"])
-    assert replay.export_inputs(str(tmp_path)).model == "add"
+    assert replay.export_inputs(str(tmp_path)).model_name == "add"
 
 
 def test_several_models_need_a_name(seeds: Store) -> None:

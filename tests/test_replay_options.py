@@ -130,7 +130,7 @@ def test_export_with_modules_exports_the_recorded_submodules(tmp_path: Path) -> 
     assert sorted(result.modules) == ["encoder"]
     encoder = result.modules["encoder"]
     assert result.complete and encoder.complete
-    assert encoder.inputs.model == "EncoderDecoder.encoder"
+    assert encoder.inputs.model_name == "EncoderDecoder.encoder"
     # The encoder's program on the calls the encoder really received, not on rebuilt ones.
     program = encoder.programs["g0"].module()
     with torch.no_grad():

@@ -152,14 +152,14 @@ def test_calls_over_time_are_whole_calls_and_say_how_they_are_placed(
     llama: Store, llama_page: str
 ) -> None:
     groups = analyze(llama)
-    tl = timeline(llama, groups[0].model, groups)
+    tl = timeline(llama, groups[0].model_name, groups)
     assert tl.calls.dtype.kind == "i"  # issue 24: bars of 0.2 calls
     assert "those two are placed exactly, the calls between them evenly" in llama_page
 
 
 def test_timeline_keeps_every_call(llama: Store) -> None:
     groups = analyze(llama)
-    tl = timeline(llama, groups[0].model, groups)
+    tl = timeline(llama, groups[0].model_name, groups)
     assert tl.calls.sum(axis=1).tolist() == [g.calls for g in groups]
 
 

@@ -105,7 +105,7 @@ class Group:
     """A call group: the calls sharing one input structure.
 
     Attributes:
-        model: The model name.
+        model_name: The model's name in the store.
         name: Stable, readable name (``decode``, ``prefill``, ``g0``), unique within the model.
         structure_id: The ``calls.in_structure`` of the group.
         calls: Recorded calls in the group.
@@ -123,7 +123,7 @@ class Group:
             Calls of two states are never one group.
     """
 
-    model: str
+    model_name: str
     name: str
     structure_id: str
     calls: int
@@ -255,7 +255,7 @@ def _group(
         for j, (ax, r) in enumerate(zip(axes, leaf_of, strict=True))
     ]
     return Group(
-        model=model_name,
+        model_name=model_name,
         name="",
         structure_id=structure_id,
         calls=calls,
@@ -351,7 +351,7 @@ def _named(groups: list[Group], model_names: list[str]) -> list[Group]:
     """The groups by model, largest first, each with its name (`group_names`)."""
     out: list[Group] = []
     for m in model_names:
-        mine = [g for g in groups if g.model == m]
+        mine = [g for g in groups if g.model_name == m]
         mine.sort(key=lambda g: (-g.calls, _timestamp(g.first_ts), g.structure_id, g.state))
         names = group_names(mine)
         out.extend(dataclasses.replace(g, name=n) for g, n in zip(mine, names, strict=True))
@@ -480,7 +480,7 @@ def dims_table(store: StoreReader, model_name: str | None = None, **options: Any
     rows: dict[str, list[Any]] = {f.name: [] for f in DIMS_SCHEMA}
     for g in analyze(store, model_name, **options):
         for d in g.dims:
-            rows["model"].append(g.model)
+            rows["model"].append(g.model_name)
             rows["group"].append(g.name)
             rows["structure_id"].append(g.structure_id)
             for name in ("leaf", "path", "argument", "axis", "dynamic", "min", "max"):

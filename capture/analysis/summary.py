@@ -185,11 +185,13 @@ class ModelSummary(_Record):
     """One model of the store: totals and its groups, optional inputs, drift, relations.
 
     Attributes:
+        model_name: The model's name in the store (``model`` in the JSON form, as in the
+            store's tables).
         programs: Filled by ``capture summary --artifact``: one row per group saying which
             program of the artifact serves it (`replay.runtime.routes`); None otherwise.
     """
 
-    model: str
+    model_name: str
     calls: int
     errors: int
     signatures: int
@@ -203,7 +205,8 @@ class ModelSummary(_Record):
     programs: tuple[Mapping[str, Any], ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = super().to_json()
+        out = {"model": self.model_name, **super().to_json()}
+        del out["model_name"]
         if self.programs is None:
             del out["programs"]
         return out
@@ -342,7 +345,7 @@ def _model_entry(model_name: str, groups: Sequence[Group]) -> ModelSummary:
     lasts = [g.last_ts for g in groups if g.last_ts is not None]
     optional, always_absent = _optional_inputs(groups)
     return ModelSummary(
-        model=model_name,
+        model_name=model_name,
         calls=calls,
         errors=sum(g.errors for g in groups),
         signatures=sum(g.signatures for g in groups),
@@ -397,7 +400,7 @@ def build_summary(
         >>> build_summary(store, ["add"], analyze(store, "add")).calls  # doctest: +SKIP
         3
     """
-    entries = tuple(_model_entry(m, [g for g in groups if g.model == m]) for m in model_names)
+    entries = tuple(_model_entry(m, [g for g in groups if g.model_name == m]) for m in model_names)
     firsts = [g.first_ts for g in groups if g.first_ts is not None]
     lasts = [g.last_ts for g in groups if g.last_ts is not None]
     return Summary(

@@ -218,7 +218,7 @@ def padding_waste(
 class BucketPlan:
     """The chosen sizes for one symbol, with the padding they cost and vLLM's for comparison."""
 
-    model: str
+    model_name: str
     symbol: str
     kind: str
     groups: list[str]
@@ -244,7 +244,7 @@ class BucketPlan:
     def summary(self) -> dict[str, Any]:
         """JSON-serializable totals (the ``capture.buckets`` metadata of `buckets_table`)."""
         return {
-            "model": self.model,
+            "model": self.model_name,
             "symbol": self.symbol,
             "measures": self.kind,
             "groups": self.groups,
@@ -296,7 +296,7 @@ def plan_buckets(
     ladder = vllm_default_sizes()[:budget]
     vllm_waste, vllm_uncovered = padding_waste(sizes, calls, ladder)
     return BucketPlan(
-        model=model_name,
+        model_name=model_name,
         symbol=symbol,
         kind=distribution.kind,
         groups=found,

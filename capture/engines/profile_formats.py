@@ -31,7 +31,7 @@ def _dims(shape: Sequence[int]) -> str:
 
 def _header(p: Profile) -> str:
     return (
-        f"# {p.model}, group {p.group}, profile {p.index}: {p.calls} calls, "
+        f"# {p.model_name}, group {p.group}, profile {p.index}: {p.calls} calls, "
         f"opt = a signature sent by {p.opt_calls} of them"
     )
 
@@ -61,7 +61,7 @@ def _torch_tensorrt(profiles: Sequence[Profile]) -> list[str]:
     lines = ["import torch", "import torch_tensorrt"]
     by_group: dict[tuple[str, str], list[Profile]] = {}
     for p in profiles:
-        by_group.setdefault((p.model, p.group), []).append(p)
+        by_group.setdefault((p.model_name, p.group), []).append(p)
     for (model_name, group), members in by_group.items():
         variable = re.sub(r"\W", "_", f"inputs_{group}")
         lines += [
@@ -104,7 +104,7 @@ def _onnxruntime(profiles: Sequence[Profile]) -> list[str]:
     lines: list[str] = []
     by_group: dict[tuple[str, str], list[Profile]] = {}
     for p in profiles:
-        by_group.setdefault((p.model, p.group), []).append(p)
+        by_group.setdefault((p.model_name, p.group), []).append(p)
     for (model_name, group), members in by_group.items():
         # Several profiles: the same input name repeated, one shape per profile (the
         # TensorRT provider's syntax for multiple optimization profiles).

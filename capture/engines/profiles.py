@@ -100,7 +100,7 @@ class InputRange:
 class Profile:
     """min / opt / max for every tensor input of one call group (or of one range of it)."""
 
-    model: str
+    model_name: str
     group: str
     index: int
     calls: int
@@ -294,7 +294,7 @@ def _profile(
             )
         )
     return Profile(
-        model=group.model,
+        model_name=group.model_name,
         group=group.name,
         index=index,
         calls=int(weights.sum()),
@@ -407,7 +407,7 @@ def profiles_to_table(profiles: Sequence[Profile]) -> pa.Table:
     """Profiles as a `pyarrow.Table` with the columns of `PROFILES_SCHEMA`."""
     rows = [
         {
-            "model": p.model,
+            "model": p.model_name,
             "group": p.group,
             "profile": p.index,
             "input": i.name,

@@ -159,7 +159,7 @@ class ServedRow(Protocol):
     ``replay.check.drift.DriftRow`` holds; the report reads it without importing replay)."""
 
     @property
-    def model(self) -> str: ...
+    def model_name(self) -> str: ...
     @property
     def structure(self) -> str: ...
     @property
@@ -206,7 +206,7 @@ def served_calls(groups: Sequence[Group], rows: Sequence[ServedRow]) -> list[Ser
         mine = [
             r
             for r in rows
-            if r.model == g.model and r.structure in g.structure_ids and r.state == label
+            if r.model_name == g.model_name and r.structure in g.structure_ids and r.state == label
         ]
         served = [r for r in mine if r.served]
         out.append(

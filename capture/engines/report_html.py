@@ -303,7 +303,7 @@ def _model_section(
     served: tuple[str, Sequence[ServedRow]] | None,
     plan: Callable[[Group], ExportPlan] | None,
 ) -> list[str]:
-    name = entry.model
+    name = entry.model_name
     parts = [
         f"<h2>Model {_esc(name)}</h2>",
         f'<p class="meta">{entry.calls:,} calls ({entry.errors:,} raised), '
@@ -428,8 +428,8 @@ def build_report(
     for path in summary.skipped_files:
         parts.append(f'<p class="note">Skipped unreadable file: {_esc(path)}</p>')
     for i, entry in enumerate(summary.models):
-        say(f"model {i + 1}/{len(summary.models)}: {entry.model}")
-        mine = [g for g in groups if g.model == entry.model]
+        say(f"model {i + 1}/{len(summary.models)}: {entry.model_name}")
+        mine = [g for g in groups if g.model_name == entry.model_name]
         parts += _model_section(store, entry, mine, served, plan)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

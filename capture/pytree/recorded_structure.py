@@ -122,7 +122,7 @@ class RecordedStructure:
 
     Attributes:
         structure_id: The ``calls.in_structure`` it describes.
-        model: The model name.
+        model_name: The model's name in the store.
         leaves: Its leaves, in leaf order.
         treespec: The stored JSON treespec of ``(args, kwargs)`` (None when unserializable).
         signature: The stored JSON signature of the recorded method (None when unknown).
@@ -134,7 +134,7 @@ class RecordedStructure:
     """
 
     structure_id: str
-    model: str
+    model_name: str
     leaves: tuple[RecordedLeaf, ...]
     treespec: str | None = None
     signature: str | None = None
@@ -172,7 +172,7 @@ class RecordedStructure:
             error = str(e)
         return cls(
             structure_id=str(first.get("structure_id")),
-            model=str(first.get("model")),
+            model_name=str(first.get("model")),
             leaves=tuple(RecordedLeaf.from_row(r) for r in rows),
             treespec=first.get("treespec"),
             signature=signature,
@@ -185,7 +185,7 @@ class RecordedStructure:
     @property
     def source(self) -> str:
         """How errors name this structure."""
-        return f"the structure {self.structure_id!r} of model {self.model!r}"
+        return f"the structure {self.structure_id!r} of model {self.model_name!r}"
 
     @cached_property
     def tree(self) -> Node:

@@ -177,6 +177,6 @@ def safe_name(value: str) -> str:
     return safe or "_"
 
 
-def model_folder(model: str) -> str:
+def model_folder(model_name: str) -> str:
     """The ``model=<m>`` folder name of a model (the full name stays in the `model` column)."""
-    return f"model={safe_name(model)}"
+    return f"model={safe_name(model_name)}"

@@ -98,17 +98,24 @@ def require_safetensors() -> None:
         ) from e
 
 
-def payload_folder(root: str, model: str, day: str) -> str:
-    """``<root>/payloads/model=<model>/date=<day>`` (`model` already made safe)."""
-    return f"{root}/{PAYLOADS}/model={model}/date={day}"
+def payload_folder(root: str, model_name: str, day: str) -> str:
+    """``<root>/payloads/model=<model_name>/date=<day>`` (`model_name` already made safe)."""
+    return f"{root}/{PAYLOADS}/model={model_name}/date={day}"
 
 
 @dataclass(frozen=True)
 class PayloadFile:
-    """One payload file of a store."""
+    """One payload file of a store.
+
+    Attributes:
+        path: Its path in the store's filesystem.
+        model_name: Its model's partition name (the store's model name, made safe for a path).
+        date: Its day partition (``YYYY-MM-DD``).
+        size: Its size in bytes.
+    """
 
     path: str
-    model: str
+    model_name: str
     date: str
     size: int
 
@@ -125,13 +132,13 @@ def _is_payload(name: str) -> bool:
 
 
 def list_payloads(
-    store: str | os.PathLike[str] | tuple[pafs.FileSystem, str], model: str | None = None
+    store: str | os.PathLike[str] | tuple[pafs.FileSystem, str], model_name: str | None = None
 ) -> list[PayloadFile]:
     """The complete payload files of a store, oldest partition first, then by name.
 
     Args:
         store: A store path or URI, or a ``(filesystem, root)`` pair.
-        model: Only this model's payloads (its partition name).
+        model_name: Only this model's payloads (its partition name).
 
     Returns:
         One `PayloadFile` per file; temporary dot-files are left out, and so are symbolic
@@ -153,8 +160,8 @@ def list_payloads(
         # One line for a missing store, a file, an unreachable or refused endpoint.
         fs, root = open_root(store, "record into it first or pass --store")
     folder = f"{root}/{PAYLOADS}"
-    if model is not None:
-        folder += f"/model={safe_name(model)}"
+    if model_name is not None:
+        folder += f"/model={safe_name(model_name)}"
     if isinstance(fs, pafs.LocalFileSystem):
         found = nofollow.walk(folder, _is_payload)
         for path in found.links:
@@ -175,14 +182,14 @@ def list_payloads(
         PayloadFile(path, _partition(path, "model"), _partition(path, "date"), size)
         for path, size in sized
     ]
-    return sorted(out, key=lambda p: (p.model, p.date, p.path))
+    return sorted(out, key=lambda p: (p.model_name, p.date, p.path))
 
 
 def delete_payloads(
     store: str | os.PathLike[str],
     *,
     before: dt.date | None = None,
-    model: str | None = None,
+    model_name: str | None = None,
     dry_run: bool = False,
 ) -> list[PayloadFile]:
     """Deletes payload files (every one, or those of days before `before`).
@@ -190,7 +197,7 @@ def delete_payloads(
     Args:
         store: A store path or URI.
         before: Only files of ``date=`` partitions strictly before this day (UTC); None: all.
-        model: Only this model's files.
+        model_name: Only this model's files.
         dry_run: Delete nothing; return what would be deleted.
 
     Returns:
@@ -209,7 +216,9 @@ def delete_payloads(
 
     fs, root = open_root(store, "nothing to delete")
     chosen = [
-        p for p in list_payloads((fs, root), model) if before is None or p.date < before.isoformat()
+        p
+        for p in list_payloads((fs, root), model_name)
+        if before is None or p.date < before.isoformat()
     ]
     if not dry_run:
         for done, p in enumerate(chosen):

@@ -440,22 +440,22 @@ class StoreReader:
         )
         return [str(m) for m in rows.column("model").to_pylist()]
 
-    def check_model(self, model: str | None) -> list[str]:
-        """The models to analyse: all of them, or `model` after checking that it exists."""
+    def check_model(self, model_name: str | None) -> list[str]:
+        """The models to analyse: all of them, or `model_name` after checking that it exists."""
         models = self.models()
-        if model is None:
+        if model_name is None:
             return models
-        if model not in models:
+        if model_name not in models:
             known = ", ".join(models) or "none"
             raise UnknownModel(
-                f"no model {model!r} in the store at {self.path} (models: {known}); "
+                f"no model {model_name!r} in the store at {self.path} (models: {known}); "
                 "pass --model with one of them"
             )
-        return [model]
+        return [model_name]
 
-    def signatures(self, model: str | None = None) -> pa.Table:
+    def signatures(self, model_name: str | None = None) -> pa.Table:
         """Distinct call signatures (structure + every size) with their call counts."""
-        models = self.check_model(model)
+        models = self.check_model(model_name)
         return self.query(
             "SELECT * FROM signatures WHERE model IN (SELECT unnest($models)) "
             "ORDER BY model, in_structure, calls DESC",

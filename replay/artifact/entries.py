@@ -193,7 +193,7 @@ def program_entry(
     _pytree_types(program.call_spec.out_spec, types)
     structure = group.structure
     guard = ProgramGuard(
-        module=module_name,
+        module_name=module_name,
         group=group.name,
         program=program_name(module_name, group.program_name),
         treespec=structure.treespec,
@@ -206,7 +206,7 @@ def program_entry(
     form = group.example.form
     return ProgramEntry(
         guard=guard,
-        model=group.model,
+        model_name=group.model_name,
         structure_id=group.structure_id,
         calls=group.calls,
         signatures=group.signatures,
@@ -244,7 +244,7 @@ def module_entry(
     starts = [g.first_ts for g in inputs.analysed if g.first_ts]
     ends = [g.last_ts for g in inputs.analysed if g.last_ts]
     return ModuleEntry(
-        model=inputs.model,
+        model_name=inputs.model_name,
         store=source,
         first=_iso(min(starts)) if starts else None,
         last=_iso(max(ends)) if ends else None,
@@ -285,9 +285,11 @@ def manifest_of(results: Mapping[str, SavedResult], *, aoti: bool = False) -> Ma
         raise ArtifactError("an artifact needs the model's own ExportResult (module name '')")
     if not programs:
         raise ArtifactError("no program to save: torch.export rejected every group")
-    several = len({(p.module, p.state) for p in programs}) > len({p.module for p in programs})
+    several = len({(p.module_name, p.state) for p in programs}) > len(
+        {p.module_name for p in programs}
+    )
     return Manifest(
-        model=modules[""].model,
+        model_name=modules[""].model_name,
         created=datetime.now().astimezone().isoformat(),
         versions=_versions(),
         modules=modules,

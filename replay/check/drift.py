@@ -28,7 +28,8 @@ class DriftRow:
     """One distinct recorded signature of the window, and whether the artifact serves it.
 
     Attributes:
-        model: The model's name in the store (``model.encoder`` for a recorded sub-module).
+        model_name: The model's name in the store (``model.encoder`` for a recorded
+            sub-module; the ``model`` column of ``capture check``).
         structure: The recorded input structure id.
         group: The program serving the signature, or None.
         signature: The sizes in the seeds' notation (``T7s2x5,T7s2x5``).
@@ -39,7 +40,7 @@ class DriftRow:
             only the programs of that state may serve it, as the runner's ``state()`` view.
     """
 
-    model: str
+    model_name: str
     structure: str
     group: str | None
     signature: str
@@ -49,9 +50,10 @@ class DriftRow:
     state: str = "default"
 
     def to_json(self) -> dict[str, Any]:
-        """The row as ``capture check`` prints it (the structure id left out: its group says it)."""
-        out = dataclasses.asdict(self)
-        del out["structure"]
+        """The row as ``capture check`` prints it (the structure id left out: its group says it;
+        the model's name under the store's column name, ``model``)."""
+        out = {"model": self.model_name, **dataclasses.asdict(self)}
+        del out["model_name"], out["structure"]
         return out
 
 
@@ -101,7 +103,7 @@ def check_rows(
     from replay.runtime.guards import route
     from replay.runtime.runner import describe_states
 
-    base = model_name or manifest.model
+    base = model_name or manifest.model_name
     rows: list[DriftRow] = []
     for module in manifest.modules:
         name = f"{base}.{module}" if module else base
@@ -132,7 +134,7 @@ def check_rows(
                     break
             rows.append(
                 DriftRow(
-                    model=name,
+                    model_name=name,
                     structure=call["in_structure"],
                     group=served.label if served is not None else None,
                     signature=describe_sizes(leaves, dims) if leaves else "?",

@@ -237,7 +237,7 @@ def payload_rows(
     """
     if limit <= 0:
         return [], []
-    listed = _listed(store, inputs.model, limit)
+    listed = _listed(store, inputs.model_name, limit)
     if isinstance(listed, CoverageRow):
         return [listed], []
     fs, files, notes = listed

@@ -102,9 +102,9 @@ class ExportGroup:
         return self.analysis.name
 
     @property
-    def model(self) -> str:
-        """The model name in the store."""
-        return self.analysis.model
+    def model_name(self) -> str:
+        """The model's name in the store."""
+        return self.analysis.model_name
 
     @property
     def state(self) -> str:
@@ -270,7 +270,7 @@ class ExportInputs:
     ``args``, ``kwargs`` and ``dynamic_shapes`` are those of the largest group.
     """
 
-    model: str
+    model_name: str
     groups: list[ExportGroup]
     analysed: list[Group] = field(repr=False, default_factory=list)
     """Every analysed call group of the model (also those left out by ``groups=``)."""
@@ -342,7 +342,7 @@ class ExportInputs:
             if g.name == name:
                 return g
         known = ", ".join(g.name for g in self.groups)
-        raise ReplayError(f"no group {name!r} for model {self.model} (groups: {known})")
+        raise ReplayError(f"no group {name!r} for model {self.model_name} (groups: {known})")
 
 
 def _renamed_since(model: torch.nn.Module, keywords: Iterable[str]) -> bool:

@@ -115,7 +115,7 @@ def value_ranges(store: StoreReader, group: Group) -> dict[tuple[int, ...], Rang
         f"SELECT {ranges} FROM signatures WHERE model = $model "
         "AND in_structure IN (SELECT unnest($structures)) AND coalesce(state, '') = $state "
         "AND int_min IS NOT NULL GROUP BY dims",
-        {"model": group.model, "structures": list(group.structure_ids), "state": group.state},
+        {"model": group.model_name, "structures": list(group.structure_ids), "state": group.state},
     )
     return {
         tuple(int(v) for v in row["dims"]): (list(row["int_min"]), list(row["int_max"]))

@@ -168,7 +168,7 @@ def _group_source(
     named_dims = options.named_dims
     lines = [
         _comment(
-            f"{group.model}, group {group.name}: {group.calls} calls, "
+            f"{group.model_name}, group {group.name}: {group.calls} calls, "
             f"{group.signatures} distinct signatures"
         )
     ]
@@ -179,7 +179,7 @@ def _group_source(
         lines.append("# (torch.export cannot match dynamic_shapes to **kwargs entries)")
     # Both lines below run as they are once uncommented ("with g = ...:" did not).
     lines.append(
-        _comment(f"g = replay.export_inputs(store, {group.model!r}{options_text})")
+        _comment(f"g = replay.export_inputs(store, {group.model_name!r}{options_text})")
         + f".group({group.name!r})"
     )
     lines.append(
@@ -193,7 +193,7 @@ def _group_source(
 
 def dynamic_shapes_source(
     store: StoreReader,
-    model: str | None = None,
+    model_name: str | None = None,
     *,
     group: str | None = None,
     named_dims: bool = True,
@@ -205,7 +205,7 @@ def dynamic_shapes_source(
 
     Args:
         store: An open store.
-        model: One model, or None for every model of the store.
+        model_name: One model, or None for every model of the store.
         group: Only this call group.
         named_dims: Named Dims with ranges (default) instead of ``Dim.DYNAMIC``.
         set_batch_dimension_for: See `replay.export_inputs`.
@@ -219,7 +219,7 @@ def dynamic_shapes_source(
         The source text (no trailing newline).
 
     Raises:
-        UnknownModel: `model` is not in the store.
+        UnknownModel: `model_name` is not in the store.
         ReplayError: `group` is not a group of the model(s), or a structure cannot be rebuilt.
 
     Example:
@@ -241,13 +241,13 @@ def dynamic_shapes_source(
         keyword_only=keyword_only,
         spec=spec,
     )
-    groups = analyze(store, model, set_batch_dimension_for=options.set_batch_dimension_for)
+    groups = analyze(store, model_name, set_batch_dimension_for=options.set_batch_dimension_for)
     if group is not None:
         known = sorted({g.name for g in groups})
         groups = [g for g in groups if g.name == group]
         if not groups:
             raise ReplayError(f"no group {group!r} (groups: {', '.join(known)})")
-    models = list(dict.fromkeys(g.model for g in groups))
+    models = list(dict.fromkeys(g.model_name for g in groups))
     # The options export_inputs needs to build the same example inputs.
     options_text = ""
     if set_batch_dimension_for:
@@ -265,7 +265,7 @@ def dynamic_shapes_source(
         elif len(models) == 1:
             variable = f"dynamic_shapes_{_identifier(g.name)}"
         else:
-            variable = f"dynamic_shapes_{_identifier(g.model)}_{_identifier(g.name)}"
+            variable = f"dynamic_shapes_{_identifier(g.model_name)}_{_identifier(g.name)}"
         lines, _ = _group_source(g, variable, options, options_text)
         sections.append("\n".join(lines))
     if len(groups) > 1 and len(models) == 1:
@@ -292,15 +292,16 @@ def _shapes_source(
         elif len(models) == 1:
             variable = f"shapes_spec_{_identifier(g.name)}"
         else:
-            variable = f"shapes_spec_{_identifier(g.model)}_{_identifier(g.name)}"
+            variable = f"shapes_spec_{_identifier(g.model_name)}_{_identifier(g.name)}"
         facts = group_facts(g)
         tree = shapesspec.spec_tree(g, options, facts)
         lines = [
             _comment(
-                f"{g.model}, group {g.name}: {g.calls} calls, {g.signatures} distinct signatures"
+                f"{g.model_name}, group {g.name}: {g.calls} calls, "
+                f"{g.signatures} distinct signatures"
             ),
             *(_comment(note) for note in facts.notes),
-            _comment(f"g = replay.export_inputs(store, {g.model!r}{options_text})")
+            _comment(f"g = replay.export_inputs(store, {g.model_name!r}{options_text})")
             + f".group({g.name!r})",
             f"# torch.export.export(g.module(model), g.args, g.kwargs, dynamic_shapes={variable})",
             *shapesspec.source_lines(tree, facts, variable),

@@ -216,7 +216,7 @@ def onnx_manifest(
         size: Its size in bytes.
     """
     manifest = Manifest(
-        model=model_name,
+        model_name=model_name,
         created=datetime.now().astimezone().isoformat(),
         versions=onnx_versions(),
         modules=dict(modules),

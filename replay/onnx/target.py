@@ -292,8 +292,8 @@ def _convert(parts: Sequence[OnnxPart], path: str, notes: list[str]) -> _Set:
         errors[part.module_name] = {
             g.name: f"ONNX export refused: {refused}" for g in part.inputs.groups
         }
-        logger.warning("ONNX export of %s refused: %s", part.inputs.model, refused)
-        notes.append(f"onnx: {part.inputs.model} refused: {refused}")
+        logger.warning("ONNX export of %s refused: %s", part.inputs.model_name, refused)
+        notes.append(f"onnx: {part.inputs.model_name} refused: {refused}")
         converted[part.module_name] = {}
     labels = [part.label(n) for part in parts for n in converted[part.module_name]]
     several = len(labels) > 1
@@ -319,7 +319,8 @@ def _opened(
             pairs.append((written.files[part.label(name)], c.model))
     written.size = write_models(pairs, written.weights)
     stubs = {
-        p.module_name: ModuleEntry(p.inputs.model, None, None, None, complete=False) for p in parts
+        p.module_name: ModuleEntry(p.inputs.model_name, None, None, None, complete=False)
+        for p in parts
     }
     try:
         return open_set(_manifest(parts, written, None, stubs), os.path.dirname(path))
@@ -459,4 +460,4 @@ def _manifest(
             if group.program_name in mine
         )
     weights = os.path.basename(written.weights)
-    return onnx_manifest(parts[0].inputs.model, entries, modules, weights, written.size)
+    return onnx_manifest(parts[0].inputs.model_name, entries, modules, weights, written.size)

@@ -59,7 +59,7 @@ def check_signature(model: Any, groups: Iterable[ExportGroup]) -> None:
         if [(p.name, p.kind) for p in recorded] == [(p.name, p.kind) for p in current]:
             continue
         n_args, keywords, positional = _recorded_keywords(structure)
-        where = f"group {group.name} of model {group.model}"
+        where = f"group {group.name} of model {group.model_name}"
         for i, name in enumerate(positional):
             now = current.name_at(i)
             if name in recorded.plain and now != name:

@@ -258,7 +258,7 @@ def _submodules(
     if not options.modules:
         return {}
     sub_options = dataclasses.replace(options, groups=None, onnx=None, modules=False)
-    name = result.inputs.model
+    name = result.inputs.model_name
     subs = {m: submodule(model, m) for m in recorded_submodules(store, name)}
     return {
         module_name: dataclasses.replace(

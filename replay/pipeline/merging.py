@@ -251,7 +251,7 @@ def prove(
     real, _ = payload_rows(
         model,
         store,
-        ExportInputs(inputs.model, [served], inputs.analysed),
+        ExportInputs(inputs.model_name, [served], inputs.analysed),
         {served.program_name: program},
         {},
         atol=options.atol,

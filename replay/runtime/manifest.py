@@ -89,7 +89,7 @@ class ProgramEntry:
 
     Attributes:
         guard: What the program accepts (structure, ranges, refused signatures).
-        model: The recorded model name of its module.
+        model_name: The recorded model name of its module (``model`` in the JSON).
         structure_id: The recorded input structure (the store's id, for people and reports).
         calls: Recorded calls of the group.
         signatures: Distinct recorded signatures of the group.
@@ -106,7 +106,7 @@ class ProgramEntry:
     """
 
     guard: ProgramGuard
-    model: str
+    model_name: str
     structure_id: str
     calls: int
     signatures: int
@@ -125,9 +125,9 @@ class ProgramEntry:
         return self.guard.program
 
     @property
-    def module(self) -> str:
-        """The sub-module it serves (``""``: the model itself)."""
-        return self.guard.module
+    def module_name(self) -> str:
+        """The sub-module it serves (``""``: the model itself; ``module`` in the JSON)."""
+        return self.guard.module_name
 
     @property
     def group(self) -> str:
@@ -138,10 +138,10 @@ class ProgramEntry:
         """The entry as the manifest's JSON object."""
         g = self.guard
         return {
-            "module": g.module,
+            "module": g.module_name,
             "group": g.group,
             "program": g.program,
-            "model": self.model,
+            "model": self.model_name,
             "structure_id": self.structure_id,
             "calls": self.calls,
             "signatures": self.signatures,
@@ -192,7 +192,7 @@ class ProgramEntry:
         except ReplayError as e:
             f.fail(f"{f.where}.signature", f"is malformed ({e})")
         guard = ProgramGuard(
-            module=f.text("module", optional=True, pattern=_MODULE) or "",
+            module_name=f.text("module", optional=True, pattern=_MODULE) or "",
             group=f.text("group", pattern=PROGRAM_NAME),
             program=f.text("program", pattern=PROGRAM_NAME),
             treespec=f.text("treespec", optional=True, max_len=10_000_000),
@@ -204,7 +204,7 @@ class ProgramEntry:
         )
         return cls(
             guard=guard,
-            model=f.text("model"),
+            model_name=f.text("model"),
             structure_id=f.text("structure_id", max_len=256),
             calls=f.integer("calls", low=0),
             signatures=f.integer("signatures", low=0),
@@ -257,7 +257,7 @@ class ModuleEntry:
     """One exported module of the artifact (``""`` the model, ``encoder`` a sub-module).
 
     Attributes:
-        model: Its recorded model name in the store.
+        model_name: Its recorded model name in the store (``model`` in the JSON).
         store: The store it was exported from (path or URI), if known.
         first: First recorded call of the export's window (ISO text), if known.
         last: Last recorded call of the window (ISO text), if known.
@@ -267,7 +267,7 @@ class ModuleEntry:
         notes: What was done and why, per group.
     """
 
-    model: str
+    model_name: str = field(metadata={"key": "model"})
     store: str | None
     first: str | None = field(metadata={"key": "window.first", "max_len": 64})
     last: str | None = field(metadata={"key": "window.last", "max_len": 64})
@@ -282,7 +282,7 @@ class Manifest:
     """An artifact's manifest, validated (`parse`) or built by `replay.artifact.saving.save`.
 
     Attributes:
-        model: The model's recorded name.
+        model_name: The model's recorded name (``model`` in the JSON).
         created: When the artifact was written (ISO text).
         versions: torch / transformers / capture versions of the export.
         modules: Module name -> its `ModuleEntry` (``""`` always present).
@@ -296,7 +296,7 @@ class Manifest:
             `replay.runtime.digests`.
     """
 
-    model: str
+    model_name: str
     created: str
     versions: Mapping[str, str | None]
     modules: Mapping[str, ModuleEntry]
@@ -307,7 +307,7 @@ class Manifest:
 
     def for_module(self, module_name: str) -> list[ProgramEntry]:
         """The entries serving `module_name`, in order."""
-        return [p for p in self.programs if p.module == module_name]
+        return [p for p in self.programs if p.module_name == module_name]
 
     def states(self, module_name: str = "") -> list[str]:
         """The state keys `module_name`'s programs serve, in the order of their entries."""
@@ -322,7 +322,7 @@ class Manifest:
         """The manifest as JSON-serializable data."""
         return {
             "format": self.format,
-            "model": self.model,
+            "model": self.model_name,
             "created": self.created,
             "versions": dict(self.versions),
             "aoti": self.aoti,
@@ -384,15 +384,20 @@ class Manifest:
         # the program of the group serving it).
         seen: set[tuple[str, str]] = set()
         for i, p in enumerate(programs):
-            if (p.module, p.group) in seen:
+            if (p.module_name, p.group) in seen:
                 f.fail(f"{source}.programs[{i}]", f"lists the group {p.guard.label} twice")
-            if p.module not in modules:
-                f.fail(f"{source}.programs[{i}]", f"serves the module {p.module!r}, not listed")
-            seen.add((p.module, p.group))
+            if p.module_name not in modules:
+                f.fail(
+                    f"{source}.programs[{i}]", f"serves the module {p.module_name!r}, not listed"
+                )
+            seen.add((p.module_name, p.group))
         if not programs:
             f.fail(f"{source}.programs", "is empty")
-        states = {(p.module, p.state) for p in programs}
-        if len(states) > len({p.module for p in programs}) and f.raw.get("format") != FORMAT_STATES:
+        states = {(p.module_name, p.state) for p in programs}
+        if (
+            len(states) > len({p.module_name for p in programs})
+            and f.raw.get("format") != FORMAT_STATES
+        ):
             f.fail(f"{source}.programs", f"serve several states under format {FORMAT!r}")
         digests = f.child("digests")
         for name in digests.raw:
@@ -400,7 +405,7 @@ class Manifest:
             if not (isinstance(value, str) and DIGEST.match(value)) or len(str(name)) > 512:
                 f.fail(f"{source}.digests", f"has {str(name)[:60]!r}: not a sha256 digest")
         return cls(
-            model=f.text("model"),
+            model_name=f.text("model"),
             created=f.text("created", optional=True, max_len=64) or "",
             versions={str(k): versions.text(k, optional=True, max_len=128) for k in versions.raw},
             modules=modules,

@@ -32,12 +32,12 @@ def _ranges(axes: Sequence[Axis]) -> str:
     return ", ".join(seen.values()) or "static"
 
 
-def routes(manifest: Manifest, model: ModelSummary) -> list[dict[str, Any]]:
+def routes(manifest: Manifest, summary: ModelSummary) -> list[dict[str, Any]]:
     """One row per program entry of the artifact that serves the model's own calls.
 
     Args:
         manifest: The artifact's typed manifest (`replay.runtime.pt2.loading.read_manifest`).
-        model: One model of `Store.summary()` (its groups' ``name`` and ``structure_id``).
+        summary: One model of `Store.summary()` (its groups' ``name`` and ``structure_id``).
 
     Returns:
         Rows with ``group`` (the store's call group, None when the store has no group of the
@@ -58,16 +58,16 @@ def routes(manifest: Manifest, model: ModelSummary) -> list[dict[str, Any]]:
         >>> text = {"format": "capture-artifact/2", "model": "m", "programs": [entry],
         ...         "digests": {}, "modules": {"": {"model": "m", "complete": True}}}
         >>> manifest = Manifest.parse(json.dumps(text).encode(), "m.json")
-        >>> from types import SimpleNamespace as Model
-        >>> routes(manifest, Model(groups=[Model(name="g0", structure_id="s1")]))
+        >>> from types import SimpleNamespace as Record
+        >>> routes(manifest, Record(groups=[Record(name="g0", structure_id="s1")]))
         ... # doctest: +NORMALIZE_WHITESPACE
         [{'group': 'g0', 'served_as': 'g0[x_0<=3]', 'program': 'g0[x_0<=3]',
           'ranges': 'x_0 2..3', 'fills': None}]
     """
-    names = {g.structure_id: g.name for g in model.groups}
+    names = {g.structure_id: g.name for g in summary.groups}
     rows = []
     for entry in manifest.programs:
-        if entry.module:
+        if entry.module_name:
             continue
         fills = [fill.text or fill.argument for fill in entry.fills]
         rows.append(

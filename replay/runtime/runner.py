@@ -379,7 +379,7 @@ class Runner(Routed):
         if state is not None:
             entries = [e for e in entries if e.state == state]
             self.states = [state]
-        self._router = Router(manifest.model, module_name, entries)
+        self._router = Router(manifest.model_name, module_name, entries)
         self._all_modules = modules
         self._runnables = {
             e.program: self.compiled.get(e.program) or modules[e.program]
@@ -435,7 +435,8 @@ class Runner(Routed):
             reason = f"its program refused the call: {type(e).__name__}: {text[0] if text else ''}"
             label = entry.guard.label
             raise CallNotServed(
-                f"group {label} of {self.manifest.model} matched, but {reason}", {label: reason}
+                f"group {label} of {self.manifest.model_name} matched, but {reason}",
+                {label: reason},
             ) from e
 
     def __repr__(self) -> str:

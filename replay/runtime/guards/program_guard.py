@@ -24,7 +24,7 @@ class ProgramGuard:
     """The guards of one program of an artifact (`replay.runtime.manifest.ProgramEntry.guard`).
 
     Attributes:
-        module: The sub-module name (``""`` for the model itself, ``encoder``, ...).
+        module_name: The sub-module name (``""`` for the model itself, ``encoder``, ...).
         group: The call group name (``decode``, ``prefill``, ``g0``).
         program: The program's name inside the archive.
         treespec: The recorded treespec of ``(args, kwargs)`` (torch's JSON).
@@ -38,7 +38,7 @@ class ProgramGuard:
             module checks them on every call).
     """
 
-    module: str
+    module_name: str
     group: str
     program: str
     treespec: str | None
@@ -51,7 +51,7 @@ class ProgramGuard:
     @property
     def label(self) -> str:
         """``decode`` or ``encoder.g0``: how messages name the program's group."""
-        return f"{self.module}.{self.group}" if self.module else self.group
+        return f"{self.module_name}.{self.group}" if self.module_name else self.group
 
     def matches(self, treespec: str | None, leaves: Iterable[LeafFacts]) -> bool:
         """Tells whether a call structure is the program's recorded structure: the same

@@ -171,7 +171,7 @@ class OnnxRunner(Routed):
         manifest: The set's typed manifest (`replay.runtime.ort.manifest.OnnxManifest`).
         programs: Program name (the group that owns the file; ``encoder.g0`` for a
             sub-module's) -> its `OnnxProgram`.
-        module: The sub-module this runner serves (``""``: the model itself).
+        module_name: The sub-module this runner serves (``""``: the model itself).
         modules: Sub-module name -> its `OnnxRunner` (``runner.modules["encoder"]``), as the
             ``.pt2`` runner has them.
     """
@@ -184,9 +184,11 @@ class OnnxRunner(Routed):
     ) -> None:
         self.manifest = manifest
         self.programs = programs
-        self.module = module
+        self.module_name = module
         self.modules: dict[str, OnnxRunner] = {}
-        self._router = Router(manifest.manifest.model, module, manifest.manifest.for_module(module))
+        self._router = Router(
+            manifest.manifest.model_name, module, manifest.manifest.for_module(module)
+        )
         # An ONNX set serves one state (the export refuses several): `state()` returns self.
         self.states = manifest.manifest.states(module)
         # each entry's tensor leaf paths, in the order a call's tensors come (`Router.route`)
@@ -264,7 +266,9 @@ class OnnxRunner(Routed):
         return "combined" if any(p.branch for p in self.programs.values()) else "per-file"
 
     def __repr__(self) -> str:
-        name = self.manifest.manifest.model + (f".{self.module}" if self.module else "")
+        name = self.manifest.manifest.model_name + (
+            f".{self.module_name}" if self.module_name else ""
+        )
         groups, modules = self.groups, sorted(self.modules)
         return f"OnnxRunner({name}, mode={self.mode}, groups={groups}, modules={modules})"
 

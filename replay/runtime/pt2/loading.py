@@ -288,7 +288,7 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         ArtifactError: See `read_artifact`.
 
     Example:
-        >>> read_manifest("model.pt2").model  # doctest: +SKIP
+        >>> read_manifest("model.pt2").model_name  # doctest: +SKIP
         'LlamaForCausalLM'
     """
     return read_artifact(path).manifest
