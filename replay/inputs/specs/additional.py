@@ -36,11 +36,11 @@ class StoreInputs(torch.export.AdditionalInputs):
 
     def dynamic_shapes(self, m: Any, args: Any, kwargs: Any = None) -> Any:
         with nodes.register_flattening_functions():
-            return super().dynamic_shapes(m, args, kwargs)
+            return super().dynamic_shapes(m, args, kwargs)  # type: ignore[no-untyped-call]
 
     def verify(self, ep: Any) -> None:
         with nodes.register_flattening_functions():
-            super().verify(ep)
+            super().verify(ep)  # type: ignore[no-untyped-call]
 
 
 def representative_signatures(group: Any, limit: int = 8) -> list[tuple[int, ...]]:
@@ -56,7 +56,7 @@ def representative_signatures(group: Any, limit: int = 8) -> list[tuple[int, ...
         if not d.dynamic:
             continue
         for pick in (min, max):
-            sizes = pick(rows, key=lambda r, j=j: (r[0][j], -r[1]))[0]
+            sizes = pick(rows, key=lambda r, j=j: (r[0][j], -r[1]))[0]  # type: ignore[misc]
             if sizes not in chosen:
                 chosen.append(sizes)
     chosen += [sizes for sizes, _ in rows if sizes not in chosen]
@@ -105,8 +105,8 @@ def additional_inputs(
         chosen = max(inputs.groups, key=lambda g: g.calls)
     if chosen.analysis.matrix is None:
         raise ReplayError(f"group {chosen.name} carries no recorded signatures")
-    extra = StoreInputs()
+    extra = StoreInputs()  # type: ignore[no-untyped-call]
     for sizes in representative_signatures(chosen.analysis, limit):
         args, kwargs = chosen.program_call(sizes)
-        extra.add(tuple(args), dict(kwargs))
+        extra.add(tuple(args), dict(kwargs))  # type: ignore[no-untyped-call]
     return extra

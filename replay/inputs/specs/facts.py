@@ -249,7 +249,7 @@ def divisibility_conditions(group: Group) -> list[tuple[str, str]]:
         [('d1 % 8 == 0', 'input_ids_1 % 8 == 0 (every recorded size is a multiple of 8)')]
     """
     facts = group_facts(group)
-    first = {}
+    first: dict[str, int] = {}
     for j, d in enumerate(group.dims):
         if d.dynamic and d.symbol is not None:
             first.setdefault(d.symbol, j)

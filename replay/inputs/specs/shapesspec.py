@@ -228,7 +228,8 @@ def shapes_spec(tree: SpecNode, facts: GroupFacts) -> Any:
         return ds.ParamsSpec(kids)
 
     assumptions = [variables[name] % k == 0 for name, k in facts.assumptions.items()]
-    return ds.ShapesSpec(build(tree), assumptions=assumptions)
+    # Each is a SymBool at run time (a comparison of torch's symbolic sizes).
+    return ds.ShapesSpec(build(tree), assumptions=assumptions)  # type: ignore[arg-type]
 
 
 # -- the source text -----------------------------------------------------------------------------
