@@ -84,6 +84,12 @@ class OnnxProgram:
         self._names = list(file.outputs.names)
         self._constants = list(file.outputs.constants)
         self._fetch = [outputs[n] for n in self._names if n is not None]
+        # the constant outputs by their place among the leaves, inserted in that order
+        self._constant_at = [
+            (i, constant)
+            for i, (name, constant) in enumerate(zip(self._names, self._constants, strict=True))
+            if name is None
+        ]
         # Feeds and outputs go as numpy arrays over the tensors' memory (onnxruntime's plain
         # `run`, no copy either way: its outputs' arrays keep its buffers), or, for an element
         # type numpy lacks (bfloat16, float8, int4), as DLPack OrtValues.
@@ -129,8 +135,6 @@ class OnnxProgram:
         Raises:
             CallNotServed: The call lacks an input of the file, or onnxruntime refused it.
         """
-        import torch
-
         feeds = dict(self._flags)
         label = self.name
         for name, path in self._inputs:
@@ -138,30 +142,59 @@ class OnnxProgram:
             if t is None:
                 reason = f"the call has no {path} for the file's input {name}"
                 raise CallNotServed(f"program {label}: {reason}", {label: reason})
-            if t.requires_grad or not t.is_contiguous() or t.device.type != "cpu":
-                t = t.detach().cpu().contiguous()
-            feeds[name] = t.numpy() if self._numpy else _ort_value(t)
+            feeds[name] = self._feed(t)
+        return self._answer(feeds)
+
+    def feed_order(self, paths: Sequence[str]) -> tuple[int, ...] | None:
+        """Where each input of the file is among a call's tensors whose recorded leaf paths are
+        `paths` (what `run_at` takes); None when one is not among them (`run` says which)."""
+        at = {path: i for i, path in enumerate(paths)}
+        if any(path not in at for _, path in self._inputs):
+            return None
+        return tuple(at[path] for _, path in self._inputs)
+
+    def run_at(self, tensors: Sequence[Any], order: Sequence[int]) -> Any:
+        """`run` on a call's tensors in leaf order, the file's inputs at `order`
+        (`feed_order`, made once per entry)."""
+        feeds = dict(self._flags)
+        feed = self._feed
+        for (name, _), i in zip(self._inputs, order, strict=True):
+            feeds[name] = feed(tensors[i])
+        return self._answer(feeds)
+
+    def _feed(self, t: Any) -> Any:
+        """A tensor as onnxruntime takes it: a numpy array or an OrtValue over a contiguous
+        CPU tensor's memory (a copy only where it is not one)."""
+        if t.requires_grad or not t.is_cpu or not t.is_contiguous():
+            t = t.detach().cpu().contiguous()
+        return t.numpy() if self._numpy else _ort_value(t)
+
+    def _answer(self, feeds: dict[str, Any]) -> Any:
+        """Runs the session on `feeds`; the output tree (eager's types)."""
+        import torch
+
+        label = self.name
         try:
             if self._numpy:
                 arrays = self.session._sess.run(self._fetch, feeds, None)
-                values = iter(map(torch.from_numpy, arrays))
+                values = list(map(torch.from_numpy, arrays))
             else:
                 got = self.session._sess.run_with_ort_values(feeds, self._fetch, None)
-                values = iter(got.to_dlpacks(torch._C._from_dlpack))
+                values = got.to_dlpacks(torch._C._from_dlpack)
         except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
             text = str(e).strip().splitlines()
             reason = f"onnxruntime refused the call: {type(e).__name__}: {text[0] if text else ''}"
             raise CallNotServed(f"group {label} matched, but {reason}", {label: reason}) from e
-        leaves = [
-            next(values) if name is not None else constant
-            for name, constant in zip(self._names, self._constants, strict=True)
-        ]
+        if self._constant_at:  # the program's constant outputs go between the files' outputs
+            values = list(values)
+            for i, constant in self._constant_at:
+                values.insert(i, constant)
         if self._build is None:
             from replay.runtime.ort.unflatten import builder
 
-            self._build, tree = builder(self._treespec(), leaves)
+            self._build, tree = builder(self._treespec(), values)
             return tree
-        return self._build(leaves)
+        return self._build(values)
 
 
 class OnnxRunner(Routed):
@@ -189,10 +222,16 @@ class OnnxRunner(Routed):
         self._router = Router(manifest.manifest.model, module, manifest.manifest.for_module(module))
         # An ONNX set serves one state (the export refuses several): `state()` returns self.
         self.states = manifest.manifest.states(module)
-        # each entry's tensor leaf paths, in the order a call's tensors come (`Router.route`)
+        # each entry's tensor leaf paths, in the order a call's tensors come (`Router.route`),
+        # and where its file's inputs are among them (None: the file takes one it lacks)
         self._paths = {
             id(e): [leaf.path for leaf in e.guard.leaves if leaf.kind == "tensor"]
             for e in self._router.entries
+        }
+        self._order = {
+            id(e): programs[e.program].feed_order(self._paths[id(e)])
+            for e in self._router.entries
+            if not e.fills and e.program in programs
         }
         if not module:
             for name in manifest.manifest.modules:
@@ -211,6 +250,17 @@ class OnnxRunner(Routed):
         """
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
+        return self._run(entry, args, kwargs, tensors)
+
+    def _run(
+        self, entry: ProgramEntry, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Any
+    ) -> Any:
+        """Runs a routed call on its entry's file: its tensors fed in the order made once per
+        entry, or by leaf path where inputs are filled (or the file takes one the entry lacks:
+        `OnnxProgram.run` names it)."""
+        order = self._order.get(id(entry))
+        if order is not None:
+            return self.programs[entry.program].run_at(tensors, order)
         return self.programs[entry.program].run(self._by_path(entry, args, kwargs, tensors))
 
     def _by_path(
@@ -255,7 +305,7 @@ class OnnxRunner(Routed):
             raise CallNotServed(f"no ONNX file serves group {group}", {group: "no ONNX file"})
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs, mine)
-        return self.programs[entry.program].run(self._by_path(entry, args, kwargs, tensors))
+        return self._run(entry, args, kwargs, tensors)
 
     @property
     def mode(self) -> str:
