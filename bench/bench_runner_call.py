@@ -58,7 +58,7 @@ class _Answered:
 
 def _feed(t: Any, numpy: bool) -> Any:
     """A tensor as the runner feeds it to onnxruntime (a numpy array or a DLPack OrtValue)."""
-    from replay.runtime.ort.runner import _ort_value
+    from replay.runtime.ort.program import _ort_value
 
     return t.numpy() if numpy else _ort_value(t)
 
@@ -67,7 +67,7 @@ def _pt2(artifact: Path, call: dict[str, Any], repeat: int) -> dict[str, float]:
     """The ``.pt2`` runner's figures on one call."""
     import replay
 
-    runner = replay.load(artifact)
+    runner: Any = replay.load(artifact)
     entry, _ = runner._router.route((), runner._router.spelled(dict(call)))
     module = runner._runnables[entry.program]
     program_us = _median_us(module, call, repeat)
@@ -82,7 +82,7 @@ def _onnx(target: Path, call: dict[str, Any], repeat: int, profile: bool) -> dic
     """The ONNX runner's figures on one call."""
     import replay
 
-    runner = replay.load(target)
+    runner: Any = replay.load(target)
     program, by_name = runner.feeds(**call)
     sess = program.session._sess
     fetch = program._fetch
