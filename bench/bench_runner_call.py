@@ -11,8 +11,9 @@ calls each:
   ``run`` on the runner's own feeds for the ONNX runner);
 - **runner**: the same call through the runner;
 - **runner Python**: the runner with its engine answered at once by the answer the engine gave
-  the same call (the ``.pt2`` program's output; onnxruntime's arrays): routing, guards, feeds,
-  output conversion and the output tree, with no engine time in it.
+  the same call (the ``.pt2`` program's fx graph; onnxruntime's run): routing, guards, the
+  program's flattening and size checks, feeds, output conversion and the output tree, with no
+  engine time in it.
 
 Prints one Markdown section on stdout (with the machine's load average); progress goes to
 stderr. ``--profile`` also prints the top of a cProfile of the ONNX runner's Python on stderr.
@@ -70,6 +71,8 @@ def _feed(t: Any, numpy: bool) -> Any:
 
 def _pt2(artifact: Path, call: dict[str, Any], repeat: int) -> dict[str, float]:
     """The ``.pt2`` runner's figures on one call."""
+    import torch.utils._pytree as pytree
+
     import replay
 
     runner: Any = replay.load(artifact)
@@ -77,8 +80,13 @@ def _pt2(artifact: Path, call: dict[str, Any], repeat: int) -> dict[str, float]:
     module = runner._runnables[entry.program]
     program_us = _median_us(module, call, repeat)
     runner_us = _median_us(runner, call, repeat)
-    answer = runner(**call)
-    runner._runnables[entry.program] = lambda *a, **k: answer
+    # the graph answers at once: what is left is the runner's and the program's own Python
+    # (flattening the call, the program's size checks, the output tree)
+    graph = module.graph_module
+    args, kwargs = (), {k: call[k] for k in module._keys}
+    flat = pytree.tree_flatten((args, kwargs))[0]
+    answer = graph(*[flat[src] if t is None else t for src, t in module._wiring.feeds])
+    module.graph_module = lambda *values: answer
     python_us = _median_us(runner, call, repeat)
     return {"program": program_us, "runner": runner_us, "python": python_us}
 
