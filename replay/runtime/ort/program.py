@@ -1,5 +1,6 @@
-"""One ONNX file of a set served: how a call's tensors feed its session, and its outputs back
-into the program's output structure (`replay.runtime.ort.runner` routes the call to it).
+"""One ONNX file of a set served: a call's tensors fed to its session, its outputs returned.
+
+`replay.runtime.ort.runner` routes a call to the file's `OnnxProgram`:
 
 - **feeds**: the call's tensors given to the file's inputs, by recorded leaf path (`run`) or,
   the order made once per entry, by their place among the call's tensors (`run_at`); numpy
