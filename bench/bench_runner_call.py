@@ -156,7 +156,7 @@ def main() -> int:
                 onnx = _onnx(Path(tmp) / "llama.onnx", call, options.repeat, options.profile)
                 rows.append((kind, pt2, onnx))
     print("### Runner: its own Python per call (tiny Llama, batch 2)\n")
-    print("| call | runner | program alone | runner | runner's Python (engine stubbed) |")
+    print("| call | artifact | program alone | through the runner | Python, engine stubbed |")
     print("|---|---|---|---|---|")
     for kind, pt2, onnx in rows:
         for name, got in ((".pt2", pt2), ("ONNX", onnx)):
