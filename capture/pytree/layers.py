@@ -99,6 +99,7 @@ def reset() -> None:
     _KINDS.clear()
     _LAYOUTS.clear()
     _CONTEXTS.clear()
+    _CLASSES.clear()
 
 
 def _spec(name: str, module: str | None) -> cachespec.CacheSpec | None:
@@ -307,8 +308,16 @@ def _read(context: Sequence[Any]) -> _Recorded:
     return _Recorded(name, parts, False, window, state, size, fill, linear)
 
 
+_CLASSES: dict[str, Any] = {}
+"""A layer class name -> the registered class `_layer_class` found: a runner builds the layers
+of every output cache on every call."""
+
+
 def _layer_class(cu: Any, name: str) -> Any:
     """The registered layer class `name` (from its registered module; never another name)."""
+    found = _CLASSES.get(name)
+    if found is not None:
+        return found
     spec = _spec(name, None)
     if spec is None:  # pragma: no cover - `_read` marked it opaque
         raise ValueError(f"{name} is not a supported cache layer")
@@ -316,6 +325,8 @@ def _layer_class(cu: Any, name: str) -> Any:
     cls = getattr(module, name, None)
     if not isinstance(cls, type):
         raise ValueError(f"{spec.module} has no cache layer class {name}")
+    if len(_CLASSES) < _CACHE_LIMIT:
+        _CLASSES[name] = cls
     return cls
 
 

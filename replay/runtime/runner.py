@@ -21,6 +21,7 @@ no program serves, is refused (`UnknownState`, naming the states it serves).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from capture.errors import StateError
@@ -140,14 +141,26 @@ class Router:
     def layout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any]]:
         """The call's layout key (containers, keys, tensor kinds and ranks; no sizes) and its
         tensors, walked once."""
-        from capture.record.flatten import tensor_key, walk
-
-        tensors: list[Any] = []
-        key: list[Any] = [len(args)]
-        walk(args, tensors, key)
-        walk(kwargs, tensors, key)
-        full, _ = tensor_key(key, tensors, devices=False)
+        full, tensors, _ = _walked(args, kwargs)
         return full, tensors
+
+    def _matching(
+        self,
+        by_signature: dict[Any, Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        walked: list[Any],
+    ) -> tuple[tuple[ProgramEntry, Any, bool], ...]:
+        """The entries whose recorded structure is the call's layout, in order: each with its
+        guard's size check and whether its leaves are the call's tensors in walk order (no
+        keyword moved, no slow read)."""
+        out = []
+        for e in self.entries:
+            treespec, leaves, _ = self._described(by_signature, args, kwargs, e, walked)
+            if e.guard.matches(treespec, leaves):
+                _, _, slow, order, _ = by_signature[e.signature]
+                out.append((e, e.guard.check, not slow and order is None))
+        return tuple(out)
 
     def route(
         self,
@@ -165,7 +178,7 @@ class Router:
         Raises:
             CallNotServed: No entry accepts the call; the message names each group and why.
         """
-        full, walked = self.layout(args, kwargs)
+        full, walked, shapes = _walked(args, kwargs)
         by_signature = self._seen.get(full)  # the layout's key hashed once per call
         if by_signature is None:
             by_signature = self._seen[full] = {}
@@ -176,24 +189,26 @@ class Router:
             if tensors is not walked:  # described the slow way: its own tensors, its own sizes
                 return [int(s) for t in tensors for s in t.shape]
             if dims is None:  # the call's sizes, read once for every entry tried
-                dims = [int(s) for t in tensors for s in t.shape]
+                dims = [*chain.from_iterable(shapes)]
             return dims
 
         if entries is None:
-            # The entries whose recorded structure is this layout's, in order: a structure does
-            # not depend on sizes, so it is matched once per layout; then only size guards run.
-            # The first entry they accept is the one `route` picks, which runs in full (every
-            # refusal described) only when none does.
+            # The entries whose recorded structure is this layout's, in order, each with its
+            # guard's check and whether the call's tensors are its leaves as walked: a structure
+            # does not depend on sizes, so it is matched once per layout; then only size guards
+            # run. The first entry they accept is the one `route` picks, which runs in full
+            # (every refusal described) only when none does.
             matching = by_signature.get(_MATCHING)
             if matching is None:
-                matching = by_signature[_MATCHING] = tuple(
-                    e
-                    for e in self.entries
-                    if e.guard.matches(*self._described(by_signature, args, kwargs, e, walked)[:2])
+                matching = by_signature[_MATCHING] = self._matching(
+                    by_signature, args, kwargs, walked
                 )
-            for entry in matching:
-                tensors = self._described(by_signature, args, kwargs, entry, walked)[2]
-                if entry.guard.check(sizes(tensors)) is None:
+            for entry, check, as_walked in matching:
+                if as_walked:
+                    tensors = walked
+                else:
+                    tensors = self._described(by_signature, args, kwargs, entry, walked)[2]
+                if check(sizes(tensors)) is None:
                     return entry, tensors
         seen: dict[int, list[Any]] = {}
 
@@ -214,6 +229,18 @@ class Router:
         if len(distances) > 1:  # the first group tried among the fewest differing inputs
             closest = f"; closest: group {min(distances, key=lambda k: distances[k])}"
         raise CallNotServed(f"no program of {who} accepts this call ({why}){closest}", reasons)
+
+
+def _walked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any], list[Any]]:
+    """The call's layout key (`Router.layout`), its tensors and their shapes, walked once."""
+    from capture.record.flatten import tensor_key, walk
+
+    tensors: list[Any] = []
+    key: list[Any] = [len(args)]
+    walk(args, tensors, key)
+    walk(kwargs, tensors, key)
+    full, shapes = tensor_key(key, tensors, devices=False)
+    return full, tensors, shapes
 
 
 class UnknownState(CallNotServed, StateError):
@@ -424,8 +451,9 @@ class Runner(Routed):
             raise state_required(self._who(), self.states)
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
-        dims = [int(s) for t in tensors for s in t.shape]
-        args, kwargs = fill_call(entry.fills, args, kwargs, dims)
+        if entry.fills:
+            dims = [int(s) for t in tensors for s in t.shape]
+            args, kwargs = fill_call(entry.fills, args, kwargs, dims)
         args, kwargs = arrange(entry.form, args, kwargs)
         try:
             return self._runnables[entry.program](*args, **kwargs)

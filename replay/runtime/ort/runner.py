@@ -5,8 +5,8 @@ picks the file whose recorded structure matches the call and whose guards accept
 with the same rule (`replay.runtime.guards.route`, through the same `replay.runtime.runner.Router`),
 over the typed entries of its manifest (`replay.runtime.ort.manifest`: recorded ranges, cut to the
 program's bounds where torch.export bounded a dim, equal dims, relations, the program's own
-size guards, and the signatures the ONNX check failed), builds the feeds and returns eager's
-types:
+size guards, and the signatures the ONNX check failed); the file's program
+(`replay.runtime.ort.program.OnnxProgram`) builds the feeds and returns eager's types:
 
 - **feeds**: the call's tensors in recorded leaf order (the order of ``dims``: a
   ``DynamicCache`` flattened by capture's registrations, a sliding window's shape-only
@@ -28,7 +28,7 @@ onnxruntime's own time at the set's size, measured: a session per file under 128
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,8 @@ from replay.runtime.manifest import ProgramEntry
 from replay.runtime.ort import sessions as sessions_
 from replay.runtime.ort.checks import read_checked
 from replay.runtime.ort.combined import Branch, Checked, combine, partition
-from replay.runtime.ort.manifest import OnnxFile, OnnxManifest, manifest_path, read_onnx_set
+from replay.runtime.ort.manifest import OnnxManifest, manifest_path, read_onnx_set
+from replay.runtime.ort.program import OnnxProgram
 from replay.runtime.ort.weights import OnnxFileError
 from replay.runtime.runner import Routed, Router
 
@@ -46,122 +47,6 @@ __all__ = ["OnnxRunner", "OnnxProgram", "OpenedSet", "load_onnx", "open_onnx", "
 
 CPU = ("CPUExecutionProvider",)
 """The execution providers a runner uses by default."""
-
-
-_NUMPY_LACKS = ("bfloat16", "float8", "float4", "int4", "int2", "complex32")
-"""Element types (manifest dtypes, onnxruntime's ``tensor(...)`` names) numpy has no type for."""
-
-
-def _ort_value(t: Any) -> Any:
-    """An onnxruntime OrtValue over a CPU tensor's memory (DLPack, no copy)."""
-    from onnxruntime.capi import _pybind_state as C
-
-    return C.OrtValue.from_dlpack(t.__dlpack__())
-
-
-class OnnxProgram:
-    """One ONNX file of a set: its session and how a call's tensors feed it.
-
-    Attributes:
-        name: The program's name (the group that owns the file).
-        file: The ONNX fields of the owning group's entry (the file's inputs and outputs:
-            every entry the file serves names them).
-        session: Its ``onnxruntime.InferenceSession``: the set's one session (the file is one
-            branch of the combined model, `branch`) or the file's own.
-        branch: Where the file lives in the combined model (None: the session is the file's).
-    """
-
-    def __init__(
-        self, name: str, file: OnnxFile, session: Any, branch: Branch | None = None
-    ) -> None:
-        self.name = name
-        self.file = file
-        self.session = session
-        self.branch = branch
-        inputs = branch.inputs if branch else {i.name: i.name for i in file.inputs}
-        outputs = branch.outputs if branch else {n: n for n in file.outputs.names if n}
-        self._inputs = [(inputs[i.name], i.path) for i in file.inputs]
-        self._names = list(file.outputs.names)
-        self._constants = list(file.outputs.constants)
-        self._fetch = [outputs[n] for n in self._names if n is not None]
-        # Feeds and outputs go as numpy arrays over the tensors' memory (onnxruntime's plain
-        # `run`, no copy either way: its outputs' arrays keep its buffers), or, for an element
-        # type numpy lacks (bfloat16, float8, int4), as DLPack OrtValues.
-        types = {o.name: o.type for o in session.get_outputs()}
-        self._numpy = not any(
-            lacking in text
-            for text in [*(i.dtype for i in file.inputs), *(types.get(n, "") for n in self._fetch)]
-            for lacking in _NUMPY_LACKS
-        )
-        # the file's branch runs; the others' flags keep their default, false
-        self._flags: dict[str, Any] = {branch.flag: self._true()} if branch else {}
-        self._spec: Any = None
-        # the output builder, made at the first call (`replay.runtime.ort.unflatten`)
-        self._build: Any = None
-
-    def _true(self) -> Any:
-        """A true flag, fed as this file's feeds are (a numpy array or a C-level OrtValue)."""
-        import numpy as np
-
-        flag = np.array(True)
-        if self._numpy:
-            return flag
-        import onnxruntime as ort
-
-        # kept: the C-level value lives as long as this Python OrtValue
-        self._flag = ort.OrtValue.ortvalue_from_numpy(flag)
-        return self._flag._ortvalue
-
-    def _treespec(self) -> Any:
-        if self._spec is None:
-            from capture.pytree.treespec import parse, to_treespec
-
-            source = f"the outputs of {self.file.file}"
-            self._spec = to_treespec(parse(self.file.outputs.spec, source), source)
-        return self._spec
-
-    def run(self, tensors: Mapping[str, Any]) -> Any:
-        """Runs the file on a call's tensors, by their recorded leaf path.
-
-        Returns:
-            The output, in the program's output structure (eager's types).
-
-        Raises:
-            CallNotServed: The call lacks an input of the file, or onnxruntime refused it.
-        """
-        import torch
-
-        feeds = dict(self._flags)
-        label = self.name
-        for name, path in self._inputs:
-            t = tensors.get(path)
-            if t is None:
-                reason = f"the call has no {path} for the file's input {name}"
-                raise CallNotServed(f"program {label}: {reason}", {label: reason})
-            if t.requires_grad or not t.is_contiguous() or t.device.type != "cpu":
-                t = t.detach().cpu().contiguous()
-            feeds[name] = t.numpy() if self._numpy else _ort_value(t)
-        try:
-            if self._numpy:
-                arrays = self.session._sess.run(self._fetch, feeds, None)
-                values = iter(map(torch.from_numpy, arrays))
-            else:
-                got = self.session._sess.run_with_ort_values(feeds, self._fetch, None)
-                values = iter(got.to_dlpacks(torch._C._from_dlpack))
-        except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
-            text = str(e).strip().splitlines()
-            reason = f"onnxruntime refused the call: {type(e).__name__}: {text[0] if text else ''}"
-            raise CallNotServed(f"group {label} matched, but {reason}", {label: reason}) from e
-        leaves = [
-            next(values) if name is not None else constant
-            for name, constant in zip(self._names, self._constants, strict=True)
-        ]
-        if self._build is None:
-            from replay.runtime.ort.unflatten import builder
-
-            self._build, tree = builder(self._treespec(), leaves)
-            return tree
-        return self._build(leaves)
 
 
 class OnnxRunner(Routed):
@@ -191,10 +76,16 @@ class OnnxRunner(Routed):
         )
         # An ONNX set serves one state (the export refuses several): `state()` returns self.
         self.states = manifest.manifest.states(module)
-        # each entry's tensor leaf paths, in the order a call's tensors come (`Router.route`)
+        # each entry's tensor leaf paths, in the order a call's tensors come (`Router.route`),
+        # and where its file's inputs are among them (None: the file takes one it lacks)
         self._paths = {
             id(e): [leaf.path for leaf in e.guard.leaves if leaf.kind == "tensor"]
             for e in self._router.entries
+        }
+        self._order = {
+            id(e): programs[e.program].feed_order(self._paths[id(e)])
+            for e in self._router.entries
+            if not e.fills and e.program in programs
         }
         if not module:
             for name in manifest.manifest.modules:
@@ -213,6 +104,17 @@ class OnnxRunner(Routed):
         """
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
+        return self._run(entry, args, kwargs, tensors)
+
+    def _run(
+        self, entry: ProgramEntry, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Any
+    ) -> Any:
+        """Runs a routed call on its entry's file: its tensors fed in the order made once per
+        entry, or by leaf path where inputs are filled (or the file takes one the entry lacks:
+        `OnnxProgram.run` names it)."""
+        order = self._order.get(id(entry))
+        if order is not None:
+            return self.programs[entry.program].run_at(tensors, order)
         return self.programs[entry.program].run(self._by_path(entry, args, kwargs, tensors))
 
     def _by_path(
@@ -257,7 +159,7 @@ class OnnxRunner(Routed):
             raise CallNotServed(f"no ONNX file serves group {group}", {group: "no ONNX file"})
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs, mine)
-        return self.programs[entry.program].run(self._by_path(entry, args, kwargs, tensors))
+        return self._run(entry, args, kwargs, tensors)
 
     @property
     def mode(self) -> str:

@@ -1,4 +1,7 @@
-"""An ONNX file's outputs put back into the program's output structure, by a builder made once.
+"""A program's outputs put back into its output structure, by a builder made once.
+
+The ONNX runner's files (`replay.runtime.ort.program`) and the ``.pt2`` graphs
+(`replay.runtime.pt2.program`) rebuild their outputs this way.
 
 `torch.utils._pytree.tree_unflatten` rebuilds a tree by walking its spec on every call: slices of
 the leaf list, a lookup of each node's registration, then the node's own unflatten function. A

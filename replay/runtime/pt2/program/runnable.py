@@ -47,7 +47,8 @@ class Program:
     flattened by the program's input treespec, its sizes checked as torch's module checks them
     (`replay.runtime.pt2.shape_checks`), its constant inputs compared with the values export
     saw, the graph runs on the artifact's tensors and the call's, buffer
-    mutations are written back, and the output is rebuilt by the output treespec.
+    mutations are written back, and the output is rebuilt by the output treespec (by a
+    builder made once, what ``tree_unflatten`` builds: `replay.runtime.ort.unflatten`).
 
     Attributes:
         name: The program's name.
@@ -73,6 +74,8 @@ class Program:
         in_spec = wiring.in_spec
         keys = in_spec.child(1).context if in_spec.num_children == 2 else None
         self._keys = list(keys) if isinstance(keys, list) else None
+        # builds the output tree from the graph's outputs (`replay.runtime.ort.unflatten`)
+        self._build: Any = None
 
     @property
     def graph(self) -> Any:
@@ -124,7 +127,13 @@ class Program:
             out = (out,)
         for index, target in wiring.writes:
             target.copy_(out[index])
-        return pytree.tree_unflatten([out[i] for i in wiring.user_outputs], wiring.out_spec)
+        leaves = [out[i] for i in wiring.user_outputs]
+        if self._build is None:  # the output builder, made and proven at the first call
+            from replay.runtime.ort.unflatten import builder
+
+            self._build, tree = builder(wiring.out_spec, leaves)
+            return tree
+        return self._build(leaves)
 
     def __repr__(self) -> str:
         return f"Program({self.name}, {len(self.graph.nodes)} nodes)"

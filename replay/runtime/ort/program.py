@@ -1,0 +1,171 @@
+"""One ONNX file of a set served: a call's tensors fed to its session, its outputs returned.
+
+`replay.runtime.ort.runner` routes a call to the file's `OnnxProgram`:
+
+- **feeds**: the call's tensors given to the file's inputs, by recorded leaf path (`run`) or,
+  the order made once per entry, by their place among the call's tensors (`run_at`); numpy
+  arrays over the tensors' memory, or DLPack OrtValues for an element type numpy lacks;
+- **outputs**: the ONNX outputs (and the program's constant outputs) put back into the
+  program's output treespec, parsed by `capture.pytree.treespec`, by a builder made at the
+  first call (`replay.runtime.ort.unflatten`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from replay.runtime.guards import CallNotServed
+from replay.runtime.ort.combined import Branch
+from replay.runtime.ort.manifest import OnnxFile
+
+__all__ = ["OnnxProgram"]
+
+
+_NUMPY_LACKS = ("bfloat16", "float8", "float4", "int4", "int2", "complex32")
+"""Element types (manifest dtypes, onnxruntime's ``tensor(...)`` names) numpy has no type for."""
+
+
+def _ort_value(t: Any) -> Any:
+    """An onnxruntime OrtValue over a CPU tensor's memory (DLPack, no copy)."""
+    from onnxruntime.capi import _pybind_state as C
+
+    return C.OrtValue.from_dlpack(t.__dlpack__())
+
+
+class OnnxProgram:
+    """One ONNX file of a set: its session and how a call's tensors feed it.
+
+    Attributes:
+        name: The program's name (the group that owns the file).
+        file: The ONNX fields of the owning group's entry (the file's inputs and outputs:
+            every entry the file serves names them).
+        session: Its ``onnxruntime.InferenceSession``: the set's one session (the file is one
+            branch of the combined model, `branch`) or the file's own.
+        branch: Where the file lives in the combined model (None: the session is the file's).
+    """
+
+    def __init__(
+        self, name: str, file: OnnxFile, session: Any, branch: Branch | None = None
+    ) -> None:
+        self.name = name
+        self.file = file
+        self.session = session
+        self.branch = branch
+        inputs = branch.inputs if branch else {i.name: i.name for i in file.inputs}
+        outputs = branch.outputs if branch else {n: n for n in file.outputs.names if n}
+        self._inputs = [(inputs[i.name], i.path) for i in file.inputs]
+        self._names = list(file.outputs.names)
+        self._constants = list(file.outputs.constants)
+        self._fetch = [outputs[n] for n in self._names if n is not None]
+        # the constant outputs by their place among the leaves, inserted in that order
+        self._constant_at = [
+            (i, constant)
+            for i, (name, constant) in enumerate(zip(self._names, self._constants, strict=True))
+            if name is None
+        ]
+        # Feeds and outputs go as numpy arrays over the tensors' memory (onnxruntime's plain
+        # `run`, no copy either way: its outputs' arrays keep its buffers), or, for an element
+        # type numpy lacks (bfloat16, float8, int4), as DLPack OrtValues.
+        types = {o.name: o.type for o in session.get_outputs()}
+        self._numpy = not any(
+            lacking in text
+            for text in [*(i.dtype for i in file.inputs), *(types.get(n, "") for n in self._fetch)]
+            for lacking in _NUMPY_LACKS
+        )
+        # the file's branch runs; the others' flags keep their default, false
+        self._flags: dict[str, Any] = {branch.flag: self._true()} if branch else {}
+        self._spec: Any = None
+        # the output builder, made at the first call (`replay.runtime.ort.unflatten`)
+        self._build: Any = None
+
+    def _true(self) -> Any:
+        """A true flag, fed as this file's feeds are (a numpy array or a C-level OrtValue)."""
+        import numpy as np
+
+        flag = np.array(True)
+        if self._numpy:
+            return flag
+        import onnxruntime as ort
+
+        # kept: the C-level value lives as long as this Python OrtValue
+        self._flag = ort.OrtValue.ortvalue_from_numpy(flag)
+        return self._flag._ortvalue
+
+    def _treespec(self) -> Any:
+        if self._spec is None:
+            from capture.pytree.treespec import parse, to_treespec
+
+            source = f"the outputs of {self.file.file}"
+            self._spec = to_treespec(parse(self.file.outputs.spec, source), source)
+        return self._spec
+
+    def run(self, tensors: Mapping[str, Any]) -> Any:
+        """Runs the file on a call's tensors, by their recorded leaf path.
+
+        Returns:
+            The output, in the program's output structure (eager's types).
+
+        Raises:
+            CallNotServed: The call lacks an input of the file, or onnxruntime refused it.
+        """
+        feeds = dict(self._flags)
+        label = self.name
+        for name, path in self._inputs:
+            t = tensors.get(path)
+            if t is None:
+                reason = f"the call has no {path} for the file's input {name}"
+                raise CallNotServed(f"program {label}: {reason}", {label: reason})
+            feeds[name] = self._feed(t)
+        return self._answer(feeds)
+
+    def feed_order(self, paths: Sequence[str]) -> tuple[int, ...] | None:
+        """Where each input of the file is among a call's tensors whose recorded leaf paths are
+        `paths` (what `run_at` takes); None when one is not among them (`run` says which)."""
+        at = {path: i for i, path in enumerate(paths)}
+        if any(path not in at for _, path in self._inputs):
+            return None
+        return tuple(at[path] for _, path in self._inputs)
+
+    def run_at(self, tensors: Sequence[Any], order: Sequence[int]) -> Any:
+        """`run` on a call's tensors in leaf order, the file's inputs at `order`
+        (`feed_order`, made once per entry)."""
+        feeds = dict(self._flags)
+        feed = self._feed
+        for (name, _), i in zip(self._inputs, order, strict=True):
+            feeds[name] = feed(tensors[i])
+        return self._answer(feeds)
+
+    def _feed(self, t: Any) -> Any:
+        """A tensor as onnxruntime takes it: a numpy array or an OrtValue over a contiguous
+        CPU tensor's memory (a copy only where it is not one)."""
+        if t.requires_grad or not t.is_cpu or not t.is_contiguous():
+            t = t.detach().cpu().contiguous()
+        return t.numpy() if self._numpy else _ort_value(t)
+
+    def _answer(self, feeds: dict[str, Any]) -> Any:
+        """Runs the session on `feeds`; the output tree (eager's types)."""
+        import torch
+
+        label = self.name
+        try:
+            if self._numpy:
+                arrays = self.session._sess.run(self._fetch, feeds, None)
+                values = list(map(torch.from_numpy, arrays))
+            else:
+                got = self.session._sess.run_with_ort_values(feeds, self._fetch, None)
+                values = got.to_dlpacks(torch._C._from_dlpack)
+        except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call
+            text = str(e).strip().splitlines()
+            reason = f"onnxruntime refused the call: {type(e).__name__}: {text[0] if text else ''}"
+            raise CallNotServed(f"group {label} matched, but {reason}", {label: reason}) from e
+        if self._constant_at:  # the program's constant outputs go between the files' outputs
+            values = list(values)
+            for i, constant in self._constant_at:
+                values.insert(i, constant)
+        if self._build is None:
+            from replay.runtime.ort.unflatten import builder
+
+            self._build, tree = builder(self._treespec(), values)
+            return tree
+        return self._build(values)
