@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 spent[0] = 0.0
                 start = time.perf_counter()
                 result = replay.export(
-                    model, root, model=DEMO_MODEL, groups=[EXPORT_GROUP], **kwargs
+                    model, root, model_name=DEMO_MODEL, groups=[EXPORT_GROUP], **kwargs
                 )
                 times[name].append(time.perf_counter() - start)
                 validation[name].append(spent[0])

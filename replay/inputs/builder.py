@@ -97,7 +97,7 @@ def resolve_model(store: StoreReader, model_name: str | None, model: Any = None)
         return type(model).__name__
     raise ReplayError(
         f"the store at {store.path} holds several models ({', '.join(models)}); "
-        "choose one with model=... (--model NAME)"
+        "choose one with model_name=... (--model NAME)"
     )
 
 
