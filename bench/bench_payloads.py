@@ -32,7 +32,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_recorder import (  # noqa: E402
+from common import code_line, load_line, machine_line, md_table, median, p90, us  # noqa: E402
+from recorder_cases import (  # noqa: E402
     Decode,
     Small,
     Variant,
@@ -40,7 +41,6 @@ from bench_recorder import (  # noqa: E402
     run_interleaved,
     small_inputs,
 )
-from common import code_line, load_line, machine_line, md_table, median, p90, us  # noqa: E402
 
 import capture  # noqa: E402
 
