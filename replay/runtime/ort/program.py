@@ -7,7 +7,7 @@
   arrays over the tensors' memory, or DLPack OrtValues for an element type numpy lacks;
 - **outputs**: the ONNX outputs (and the program's constant outputs) put back into the
   program's output treespec, parsed by `capture.pytree.treespec`, by a builder made at the
-  first call (`replay.runtime.ort.unflatten`).
+  first call (`capture.pytree.unflatten`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class OnnxProgram:
         # the file's branch runs; the others' flags keep their default, false
         self._flags: dict[str, Any] = {branch.flag: self._true()} if branch else {}
         self._spec: Any = None
-        # the output builder, made at the first call (`replay.runtime.ort.unflatten`)
+        # the output builder, made at the first call (`capture.pytree.unflatten`)
         self._build: Any = None
 
     def _true(self) -> Any:
@@ -164,7 +164,7 @@ class OnnxProgram:
             for i, constant in self._constant_at:
                 values.insert(i, constant)
         if self._build is None:
-            from replay.runtime.ort.unflatten import builder
+            from capture.pytree.unflatten import builder
 
             self._build, tree = builder(self._treespec(), values)
             return tree

@@ -48,7 +48,7 @@ class Program:
     (`replay.runtime.pt2.shape_checks`), its constant inputs compared with the values export
     saw, the graph runs on the artifact's tensors and the call's, buffer
     mutations are written back, and the output is rebuilt by the output treespec (by a
-    builder made once, what ``tree_unflatten`` builds: `replay.runtime.ort.unflatten`).
+    builder made once, what ``tree_unflatten`` builds: `capture.pytree.unflatten`).
 
     Attributes:
         name: The program's name.
@@ -74,7 +74,7 @@ class Program:
         in_spec = wiring.in_spec
         keys = in_spec.child(1).context if in_spec.num_children == 2 else None
         self._keys = list(keys) if isinstance(keys, list) else None
-        # builds the output tree from the graph's outputs (`replay.runtime.ort.unflatten`)
+        # builds the output tree from the graph's outputs (`capture.pytree.unflatten`)
         self._build: Any = None
 
     @property
@@ -129,7 +129,7 @@ class Program:
             target.copy_(out[index])
         leaves = [out[i] for i in wiring.user_outputs]
         if self._build is None:  # the output builder, made and proven at the first call
-            from replay.runtime.ort.unflatten import builder
+            from capture.pytree.unflatten import builder
 
             self._build, tree = builder(wiring.out_spec, leaves)
             return tree

@@ -1,4 +1,4 @@
-"""The ONNX runner's output builder (replay/runtime/ort/unflatten.py) builds what torch's
+"""The ONNX runner's output builder (capture/pytree/unflatten.py) builds what torch's
 ``tree_unflatten`` builds, takes the direct road for a transformers output only where the first
 call proves it gives the same object, and keeps torch's unflatten everywhere else."""
 
@@ -13,8 +13,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils.generic import ModelOutput
 
 from capture.pytree.nodes import make_dynamic_cache
+from capture.pytree.unflatten import _same, builder
 from replay.runtime.allowed import register_types
-from replay.runtime.ort.unflatten import _same, builder
 
 
 def _decode_output() -> Any:
