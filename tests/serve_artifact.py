@@ -14,6 +14,7 @@ difference, whether output types match eager's, and what was unpickled (must be 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import pickle
 import sys
@@ -45,6 +46,18 @@ def _leaves(value: Any) -> list[torch.Tensor]:
     import torch.utils._pytree as pytree
 
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _cache_field(output: Any) -> str | None:
+    """The field holding an output's cache, as the installed transformers names it.
+
+    Read from the output class's own fields: the old name (``past_key_values``) is a deprecated
+    property on transformers 5.24, and reading it would print a warning on stderr.
+    """
+    if not dataclasses.is_dataclass(output):
+        return None
+    names = {f.name for f in dataclasses.fields(output)}
+    return next((n for n in ("cache", "past_key_values") if n in names), None)
 
 
 def _live_storage_bytes() -> int:
@@ -115,8 +128,9 @@ def main(spec_path: str) -> int:
             label = f"{name}.{group}" if name else group
             served[label] = served.get(label, 0) + 1
             types_equal &= type(got) is type(expected)
-            if hasattr(expected, "past_key_values"):
-                types_equal &= type(got.past_key_values) is type(expected.past_key_values)
+            field = _cache_field(expected)
+            if field is not None:
+                types_equal &= type(getattr(got, field)) is type(getattr(expected, field))
             left, right = _leaves(expected), _leaves(got)
             if len(left) != len(right):
                 worst = float("inf")

@@ -20,6 +20,7 @@ import capture
 from capture.pytree import cachespec, nodes
 from capture.store_api import open_store
 from fixtures.families import tiny_bamba, tiny_mamba
+from fixtures.names import cache_argument
 
 cu = pytest.importorskip("transformers.cache_utils")
 
@@ -55,20 +56,19 @@ def _logits(model: Any, kwargs: dict[str, Any]) -> torch.Tensor:
         return model(**kwargs).logits
 
 
-@pytest.mark.parametrize(
-    ("build", "argument"), [(tiny_mamba, "cache_params"), (tiny_bamba, "past_key_values")]
-)
-def test_state_space_cache_round_trips_exactly(build: Any, argument: str) -> None:
+@pytest.mark.parametrize("build", [tiny_mamba, tiny_bamba])
+def test_state_space_cache_round_trips_exactly(build: Any) -> None:
     model = build()
-    call = _decode_call(model, argument, steps=2)
+    call = _decode_call(model, cache_argument(type(model).__name__), steps=2)
     expected = _logits(model, copy.deepcopy(call))
     # issue 22: conv and recurrent states (and Bamba's keys) travel with the cache.
     assert torch.equal(expected, _logits(model, _round_trip(copy.deepcopy(call))))
 
 
 def test_hybrid_cache_paths_name_each_state() -> None:
-    call = _decode_call(tiny_bamba(), "past_key_values", steps=1)
-    assert _paths(call["past_key_values"]) == [
+    argument = cache_argument("BambaForCausalLM")
+    call = _decode_call(tiny_bamba(), argument, steps=1)
+    assert _paths(call[argument]) == [
         ".key_cache[1]",
         ".value_cache[1]",
         ".conv_states[0]",
@@ -77,7 +77,8 @@ def test_hybrid_cache_paths_name_each_state() -> None:
 
 
 def test_string_type_shows_the_state_space_states() -> None:
-    cache = _decode_call(tiny_bamba(), "past_key_values", steps=1)["past_key_values"]
+    argument = cache_argument("BambaForCausalLM")
+    cache = _decode_call(tiny_bamba(), argument, steps=1)[argument]
     assert capture.string_type(cache, with_shape=True) == (
         "DynamicCache(key_cache=#2[None,T1s2x2x8x16], value_cache=#2[None,T1s2x2x8x16], "
         "conv_states=#1[T1s2x144x4], recurrent_states=#1[T1s2x8x16x8])"
@@ -88,7 +89,7 @@ def test_prefill_and_decode_states_are_distinct_structures() -> None:
     model = tiny_mamba()
     ids = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        cache = model(input_ids=ids, use_cache=True).cache_params
+        cache = getattr(model(input_ids=ids, use_cache=True), cache_argument("MambaForCausalLM"))
     with nodes.register_flattening_functions():
         decode = pytree.tree_flatten(cache)[1]
         cache.layers[0].has_previous_state[0] = False

@@ -90,8 +90,13 @@ def installed(wheel: zipfile.ZipFile, tmp_path_factory: pytest.TempPathFactory) 
         text=True,
         check=True,
     ).stdout.strip()
-    # Dependencies (torch, click, ...) from this environment, after the venv's own packages.
-    Path(purelib, "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Dependencies (torch, click, ...) from this environment, after the venv's own packages:
+    # its purelib and every site-packages folder on its path (a venv layered on another by a
+    # .pth file). Folders a .pth file names are added as they are: their own .pth files (an
+    # editable install of the checkout) are not run.
+    here = [sysconfig.get_paths()["purelib"]]
+    here += [p for p in sys.path if Path(p).name == "site-packages" and p not in here]
+    Path(purelib, "zz_dependencies.pth").write_text("".join(f"{p}\n" for p in here))
     assert wheel.filename is not None
     result = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", purelib]

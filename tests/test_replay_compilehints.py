@@ -104,6 +104,26 @@ def test_cli_prints_hints_torch_applies(store: Path) -> None:
     assert _graphs(Scale(), list(_calls(RECORDED)), hints) == 1
 
 
+def test_a_call_passing_its_keywords_in_another_order_is_marked_as_its_group(
+    tmp_path: Path,
+) -> None:
+    # generate() of transformers 5.24 passes `cache` before `position_ids` and
+    # `attention_mask`; the recorder describes a call in its signature's keyword order, so do
+    # the hints, and each mark lands on the tensor it was recorded for.
+    model = Scale()
+    with capture.Recorder(model, tmp_path, name="m"), torch.no_grad():
+        for batch, seq in RECORDED:
+            model(x=torch.randn(batch, seq, 4), mask=torch.ones(batch, seq))
+    hints = replay.compile_hints(tmp_path)
+    x, mask = torch.randn(3, 4, 4), torch.ones(3, 4)
+    index, tensors = hints.group_of((), {"mask": mask, "x": x})
+    assert index == 0 and tensors[0] is x and tensors[1] is mask
+    assert hints.mark((), {"mask": mask, "x": x}) == "g0"
+    # the batch (recorded at 1) is marked unbacked, the sequence dynamic within [3, 9]
+    assert x._dynamo_dynamic_indices == {1} and mask._dynamo_dynamic_indices == {1}
+    assert x._dynamo_unbacked_indices == {0} and mask._dynamo_unbacked_indices == {0}
+
+
 def test_not_a_hints_document_names_the_fix() -> None:
     with pytest.raises(ReplayError, match="capture hints"):
         CompileHints.from_json(json.dumps({"format": "other"}))

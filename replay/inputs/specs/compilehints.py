@@ -89,13 +89,15 @@ class CompileHints:
 
     model_name: str
     groups: list[GroupHints]
-    _seen: dict[Any, int | None] = field(default_factory=dict, repr=False, compare=False)
+    _seen: dict[Any, tuple[int, tuple[int, ...] | None] | None] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def group_of(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[int | None, list[Any]]:
         """The index of the group whose structure the call has (None: none), and the call's
-        tensors in leaf order; cached per call layout (containers, dtypes, ranks)."""
-        from capture.record.flatten import describe, tensor_key, walk
-        from capture.signature import Signature
+        tensors in the group's leaf order; cached per call layout (containers, keyword order,
+        dtypes, ranks)."""
+        from capture.record.flatten import tensor_key, walk
 
         tensors: list[Any] = []
         key: list[Any] = [len(args)]
@@ -103,15 +105,31 @@ class CompileHints:
         walk(kwargs, tensors, key)
         layout, _ = tensor_key(key, tensors, devices=False)
         if layout not in self._seen:
-            found = None
-            for i, g in enumerate(self.groups):
-                signature = Signature.loads(g.signature) if g.signature else Signature()
-                st = describe((tuple(args), kwargs), list(tensors), signature=signature)
-                if st.treespec == g.treespec and leaf_key(st.leaves) == g.leaves:
-                    found = i
-                    break
-            self._seen[layout] = found
-        return self._seen[layout], tensors
+            self._seen[layout] = self._match(tuple(args), kwargs, tensors)
+        found = self._seen[layout]
+        if found is None:
+            return None, tensors
+        index, order = found
+        return index, tensors if order is None else [tensors[i] for i in order]
+
+    def _match(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[Any]
+    ) -> tuple[int, tuple[int, ...] | None] | None:
+        """The first group whose structure the call has, and where its tensors move: the call
+        is described as the recorder describes it, its keywords in the group's signature order
+        (`capture.record.flatten.in_keyword_order`: generate() need not pass them in it)."""
+        from capture.record.flatten import describe, in_keyword_order
+        from capture.signature import Signature
+
+        for i, g in enumerate(self.groups):
+            signature = Signature.loads(g.signature) if g.signature else Signature()
+            moved = in_keyword_order((args, kwargs), signature)
+            call, order = moved if moved is not None else ((args, kwargs), None)
+            ordered = list(tensors) if order is None else [tensors[k] for k in order]
+            st = describe(call, ordered, signature=signature)
+            if st.treespec == g.treespec and leaf_key(st.leaves) == g.leaves:
+                return i, order
+        return None
 
     def mark(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
         """Marks the dynamic dims of one call's tensors; returns its group's name (or None)."""
