@@ -113,7 +113,7 @@ def _held(
         good: list[tuple[FileInfo, pa.Table]] = []
         reader = functools.partial(_try_read, columns=columns)
         for target, rows in zip(
-            chunk, read_footers(fs, [t.path for t in chunk], reader), strict=True
+            chunk, read_footers(fs, [t.path for t in chunk], reader, decodes=True), strict=True
         ):
             if isinstance(rows, Exception):
                 out[target.path] = _uncompared(rows)

@@ -140,7 +140,7 @@ def _batches(
     for start in range(0, len(group), BATCH_FILES):
         paths = [f.path for f in group[start : start + BATCH_FILES]]
         _progress(f"{folder}: {start + len(paths):,}/{len(group):,} files read")
-        batch = pa.concat_tables(read_footers(fs, paths, reader)).combine_chunks()
+        batch = pa.concat_tables(read_footers(fs, paths, reader, decodes=True)).combine_chunks()
         collected(len(paths))
         yield batch
         del batch  # before the next one is read

@@ -39,7 +39,14 @@ class SchemaFacts:
     """Index of the ``call_id`` column in the Arrow schema (-1: none)."""
     leaves: dict[str, int]
     """Parquet column index of the list elements of ``dims`` and ``out_dims``, when present."""
+    widths: tuple[int | None, ...]
+    """Bytes of one decoded value of each Parquet leaf column (None: a byte array, whose width
+    only the column chunk's statistics tell): what `capture.store.layout`'s bomb check
+    multiplies each chunk's value count by."""
 
+
+_WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+"""Decoded bytes of one value per fixed-width Parquet physical type."""
 
 _known: list[tuple[tuple[str, int, bytes | None], pq.ParquetSchema, SchemaFacts]] = []
 _lock = threading.Lock()
@@ -73,6 +80,7 @@ def facts(meta: pq.FileMetaData, table: str, version: int) -> SchemaFacts:
         ",".join(arrow.names),
         arrow.get_field_index("call_id"),
         leaves,
+        tuple(_WIDTH.get(parquet.column(j).physical_type) for j in range(len(parquet))),
     )
     with _lock:
         if len(_known) >= _KEPT:
