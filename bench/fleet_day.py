@@ -34,7 +34,8 @@ _DUCKDB = """
 import sys, duckdb
 con = duckdb.connect()
 con.execute('SET enable_progress_bar = false')
-print(con.execute("SELECT count(*) FROM read_parquet(?)", [sys.argv[1]]).fetchone()[0])
+where = sys.argv[2] if len(sys.argv) > 2 else ""
+print(con.execute(f"SELECT count(*) FROM read_parquet(?){where}", [sys.argv[1]]).fetchone()[0])
 """
 
 

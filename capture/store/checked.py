@@ -59,6 +59,8 @@ class CheckedTable:
     uniform: bool = True
     """Every kept file has the same columns, in the same order (no merging by name needed:
     columns that all of them lack, added by a later version, are added as nulls)."""
+    file_rows: dict[str, int] = field(default_factory=dict)
+    """Kept file -> its rows, from its checked footer (`capture.store.row_counts`)."""
 
 
 def check_table(
@@ -122,7 +124,7 @@ def _check_once(
     for start in range(0, len(todo), _SLICE):
         part = todo[start : start + _SLICE]
         tables, names = [], []
-        for path, (verdict, rows) in zip(part, read_footers(fs, part, check), strict=True):
+        for path, (verdict, rows) in zip(part, read_footers(fs, part, check, small), strict=True):
             verdicts[path] = verdict
             if rows is not None:
                 tables.append(rows)
@@ -172,7 +174,10 @@ def _check_once(
     exact = all(f.exact for f in final)
     uniform = len({f.columns for f in final}) <= 1
     waiting = frozenset(p for paths in pending.values() for p in paths)
-    result = CheckedTable(kept, skips, refused, kept_rows, exact, waiting, _folders(final), uniform)
+    counts = {f.path: f.rows for f in final}
+    result = CheckedTable(
+        kept, skips, refused, kept_rows, exact, waiting, _folders(final), uniform, counts
+    )
     return _Attempt(result, bool(vanished))
 
 

@@ -46,6 +46,7 @@ from capture.errors import CorruptStoreFile, EmptyStore, QueryError, UnknownMode
 from capture.store import footer_cache
 from capture.store.checked import check_table
 from capture.store.layout import list_files, open_root
+from capture.store.row_counts import counted, counts_calls
 from capture.store.views import CALLS_VIEWS, DATE_FROM_PATH, DERIVED_VIEWS, needs_calls
 from capture.untrusted import printable
 
@@ -117,6 +118,7 @@ class StoreReader:
             "record into it first (capture.Recorder) or pass --store / set CAPTURE_STORE",
         )
         self._cache = footer_cache.FooterCache(self.fs, self.root)
+        self._counted: duckdb.DuckDBPyConnection | None = None  # `row_counts.counted`'s
         self._list_files()
         if not self._files[schema.STATS] and not self._files[schema.STRUCTURES]:
             self._check_calls()  # a store of calls files alone (their stats skipped) still opens
@@ -204,7 +206,9 @@ class StoreReader:
         if table == schema.CALLS:
             self._uniform_calls = found.uniform
             # calls of segments whose rollup is not counted yet (capture.store.commits)
-            return [path for path in found.kept if path not in self._waiting]
+            kept = [path for path in found.kept if path not in self._waiting]
+            self._calls_rows = sum(found.file_rows[path] for path in kept)
+            return kept
         self._rows[table] = found.rows
         if table == schema.STATS:
             self._waiting = found.waiting
@@ -382,6 +386,10 @@ class StoreReader:
         """Runs `sql` and `fetch`es its relation (`no_result` for SET, CREATE VIEW, ...),
         listing the store again when a calls file it read vanished (at most `_RELISTS` times)."""
         bind = not self._with_calls and needs_calls(self.con, sql)
+        if bind and not params and counts_calls(self.con, sql):  # the checked footers tell
+            self._check_calls()
+            self._counted, relation = counted(self._calls_rows, sql)
+            return fetch(relation)
         relisted = 0
         stale = False
         while True:
@@ -463,8 +471,10 @@ class StoreReader:
         )
 
     def close(self) -> None:
-        """Closes the DuckDB connection."""
+        """Closes the DuckDB connections."""
         self.con.close()
+        if self._counted is not None:
+            self._counted.close()
 
     def __enter__(self: _Self) -> _Self:
         return self
