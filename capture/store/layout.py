@@ -191,12 +191,10 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
             meta = _footer(f)
     except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
         return _unreadable(fs, path, e)
-    verdict = _verdict(meta, path, table, size)
+    verdict, sizes = _checked_footer(meta, path, table, size)
     if isinstance(verdict, FileInfo) and table == schema.CALLS:
         try:
-            version = int((meta.metadata or {})[schema.METADATA_SCHEMA_VERSION])
-            leaves = footer_schema.facts(meta, table, version).leaves
-            problem = calls_problem(fs, path, meta, leaves)
+            problem = calls_problem(fs, path, sizes)
         except Exception as e:  # its sizes cannot be read: as unreadable as a truncated file
             return _unreadable(fs, path, e)
         if problem is not None:
@@ -277,50 +275,59 @@ def _name_problem(path: str, table: str) -> Skip | None:
 
 
 def _verdict(meta: pq.FileMetaData, path: str, table: str, size: int) -> FileInfo | Skip:
-    """The checks of `read_footer` on a footer already read."""
+    """The checks of `read_footer` on a footer already read (the sizes' values aside)."""
+    return _checked_footer(meta, path, table, size)[0]
+
+
+def _checked_footer(
+    meta: pq.FileMetaData, path: str, table: str, size: int
+) -> tuple[FileInfo | Skip, dict[str, list[pq.Statistics | None]]]:
+    """`_verdict`, and the statistics of the sizes' list elements per row group (calls files:
+    what `calls_problem` reads; empty when the file is skipped)."""
     kv = meta.metadata or {}
     version = kv.get(schema.METADATA_SCHEMA_VERSION)
     if version is None:
-        return Skip(path, "not a capture file (no capture.schema_version in its footer)")
+        return Skip(path, "not a capture file (no capture.schema_version in its footer)"), {}
     try:
         number = int(version)
     except ValueError:
-        return Skip(path, f"capture.schema_version {version[:20]!r} is not a number")
+        return Skip(path, f"capture.schema_version {version[:20]!r} is not a number"), {}
     if number > schema.SCHEMA_VERSION:
         # Skipped, not an error: one planted file must not make the store unreadable.
         return Skip(
             path,
             f"written with store schema v{number}, this library reads up to "
             f"v{schema.SCHEMA_VERSION}: upgrade capture to read it",
-        )
+        ), {}
     kind = kv.get(schema.METADATA_KIND, b"").decode("utf-8", "replace")
     if table not in schema.SCHEMAS or kind != table:
-        return Skip(path, f"a {kind[:20]!r} file in the {table!r} folder")
+        return Skip(path, f"a {kind[:20]!r} file in the {table!r} folder"), {}
     try:
         known = footer_schema.facts(meta, table, number)
         problem = known.problem
     except Exception as e:  # a schema arrow cannot map
         problem = f"its schema cannot be read ({type(e).__name__})"
     if problem:
-        return Skip(path, problem)
-    declared = _decoded_bytes(meta, known.widths)
+        return Skip(path, problem), {}
+    declared, ids, sizes = _scan(meta, known, table == schema.CALLS)
     if declared > MAX_UNCOMPRESSED or (
         declared > _SMALL and declared > MAX_INFLATION * max(size, 1)
     ):
         return Skip(
             path, f"declares {declared:,} uncompressed bytes in a {size:,}-byte file (a bomb?)"
-        )
+        ), {}
     replaces = _claims(kv, path)
     if isinstance(replaces, Skip):
-        return replaces
+        return replaces, {}
     segment = _segment(kv, path) if table == schema.STATS else None
     if isinstance(segment, Skip):
-        return segment
-    rows, ids = int(meta.num_rows), _call_ids(meta, table, known.call_id)
+        return segment, {}
+    rows = int(meta.num_rows)
     rollup = kv.get(schema.METADATA_ROLLUP)
     mark = rollup.decode("ascii", "replace")[:10] if rollup is not None else None
     columns = None if known.exact else known.names
-    return FileInfo(path, table, rows, size, replaces, ids, known.exact, mark, segment, columns)
+    info = FileInfo(path, table, rows, size, replaces, ids, known.exact, mark, segment, columns)
+    return info, sizes
 
 
 T = TypeVar("T")
@@ -387,23 +394,49 @@ _WAITING = 2.0
 _GLOB = "*?[]{}"
 
 
-def _decoded_bytes(meta: pq.FileMetaData, widths: Sequence[int | None]) -> int:
-    """About how many bytes the file's values take once decoded (dictionary and run-length
-    encodings expand: a few KB of repeated values can stand for GBs). `widths`: the bytes of
-    one value of each column (`footer_schema.SchemaFacts.widths`), None for byte arrays."""
+def _scan(
+    meta: pq.FileMetaData, known: footer_schema.SchemaFacts, calls: bool
+) -> tuple[int, tuple[int, int] | None, dict[str, list[pq.Statistics | None]]]:
+    """One pass over the footer's column chunks (each one a Python object: one pass, not one
+    per question), for:
+
+    - about how many bytes the file's values take once decoded (dictionary and run-length
+      encodings expand: a few KB of repeated values can stand for GBs); a byte array's width
+      is the longest value its statistics know of;
+    - `calls`: the smallest and largest ``call_id`` (None when a row group has no statistics)
+      and the statistics of the ``dims`` and ``out_dims`` list elements (`calls_problem`).
+    """
     total = 0
+    lows: list[int] = []
+    highs: list[int] = []
+    no_ids = False
+    sizes: dict[str, list[pq.Statistics | None]] = {}
+    # each watched Parquet column -> the name it is kept under
+    watched = {index: column for column, index in known.leaves.items()} if calls else {}
+    if calls:
+        sizes = {column: [] for column in known.leaves}
     for i in range(meta.num_row_groups):
         group = meta.row_group(i)
-        for j, fixed in enumerate(widths):
+        for j, fixed in enumerate(known.widths):
             chunk = group.column(j)
             width = fixed
-            if width is None:  # byte arrays: the longest value the statistics know of
+            if width is None:
                 stats = chunk.statistics
                 width = 1
                 if stats is not None and stats.has_min_max:
                     width = max(len(str(stats.min)), len(str(stats.max)), 1)
             total += max(chunk.num_values * width, chunk.total_uncompressed_size)
-    return total
+            if j in watched:
+                sizes[watched[j]].append(chunk.statistics)
+            elif calls and j == known.call_id:
+                stats = chunk.statistics
+                if stats is None or not stats.has_min_max:
+                    no_ids = True
+                else:
+                    lows.append(int(stats.min))
+                    highs.append(int(stats.max))
+    ids = None if no_ids or not lows or meta.num_rows == 0 else (min(lows), max(highs))
+    return total, ids, sizes
 
 
 def _claims(kv: dict[bytes, bytes], path: str) -> dict[str, int | None] | Skip:
@@ -452,19 +485,6 @@ def _segment(kv: dict[bytes, bytes], path: str) -> dict[str, int] | None | Skip:
     except ValueError as e:
         return Skip(path, f"its {schema.METADATA_SEGMENT_CALLS.decode()} is malformed ({e})")
     return days
-
-
-def _call_ids(meta: pq.FileMetaData, table: str, column: int) -> tuple[int, int] | None:
-    if table != schema.CALLS or meta.num_rows == 0:
-        return None
-    lows, highs = [], []
-    for i in range(meta.num_row_groups):
-        stats = meta.row_group(i).column(column).statistics
-        if stats is None or not stats.has_min_max:
-            return None
-        lows.append(int(stats.min))
-        highs.append(int(stats.max))
-    return (min(lows), max(highs)) if lows else None
 
 
 def _one_line(text: str) -> str:

@@ -103,36 +103,21 @@ def rows_problem(table: str, rows: pa.Table) -> str | None:
     return None
 
 
-def _leaf_stats(
-    meta: pq.FileMetaData, column: str, leaves: dict[str, int] | None
-) -> list[pq.Statistics | None]:
-    leaf = f"{column}.list.element"
-    if leaves is not None:
-        index = leaves.get(column)
-    else:
-        columns = range(meta.num_columns)
-        index = next((j for j in columns if meta.schema.column(j).path == leaf), None)
-    if index is None:
-        return []
-    return [meta.row_group(i).column(index).statistics for i in range(meta.num_row_groups)]
-
-
 def calls_problem(
     fs: pafs.FileSystem,
     path: str,
-    meta: pq.FileMetaData,
-    leaves: dict[str, int] | None = None,
+    sizes: dict[str, list[pq.Statistics | None]],
 ) -> str | None:
     """What is wrong with the sizes of the calls file at `path` (None: nothing).
 
     From the footer's statistics; the ``dims`` and ``out_dims`` columns are read only when
     the statistics count nulls (or are missing): a null there may be an empty list.
-    `leaves`: the Parquet column index of each list's elements, when the caller knows them
-    (`capture.store.footer_schema`).
+    `sizes`: the statistics of each list's elements, one per row group (a column the file
+    lacks is absent), as `capture.store.layout` collects them in its pass over the footer.
     """
     read: list[str] = []
     for column in ("dims", "out_dims"):
-        for stats in _leaf_stats(meta, column, leaves):
+        for stats in sizes.get(column, []):
             if stats is None or not stats.has_null_count:
                 read.append(column)
                 break
