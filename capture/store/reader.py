@@ -24,7 +24,9 @@ Every file is checked before it joins a view (`capture.store.layout.read_footer`
 foreign, wrong-schema and bomb-sized files, files of a newer schema version and symbolic links are
 skipped with one warning naming each (the newer ones say to upgrade capture). Files that a compacted
 file replaces (`capture.compact`, left behind when a compaction died before deleting them) are not
-read, once `capture.store.claims` has checked that the compacted file holds their rows.
+read, once `capture.store.claims` has checked that the compacted file holds their rows. A
+statement that only counts the rows of ``calls`` gets them from those checked footers
+(`capture.store.row_counts`).
 """
 
 from __future__ import annotations
