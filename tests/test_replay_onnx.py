@@ -330,17 +330,18 @@ def test_feeds_by_dlpack_answer_as_feeds_by_numpy(linear: Any, mode: str) -> Non
 @pytest.mark.parametrize("mode", ["combined", "per-file"])
 def test_a_strided_grad_or_negated_tensor_answers_as_its_plain_copy(linear: Any, mode: str) -> None:
     # numpy() refuses a tensor that needs grad or has a lazy negation bit: the runner copies
-    # those; a strided one goes as it is and onnxruntime makes it contiguous
+    # those; a strided or expanded one goes as it is and onnxruntime makes it contiguous
     _, _, originals, _, target = linear
     runner = load_onnx(target, mode=mode)
     for args, kwargs in originals:
         x = kwargs["x"]
-        expected = runner(*args, **{**kwargs, "x": x.clone()})
         strided = x.t().contiguous().t()
-        assert not strided.is_contiguous()
         negated = torch._neg_view(-x)
-        assert negated.is_neg()
-        for variant in (strided, x.clone().requires_grad_(True), negated):
+        expanded = x[:1].expand_as(x)
+        assert not strided.is_contiguous() and negated.is_neg() and expanded.stride()[0] == 0
+        for variant in (strided, x.clone().requires_grad_(True), negated, expanded):
+            plain = variant.detach().resolve_neg().contiguous().clone()
+            expected = runner(*args, **{**kwargs, "x": plain})
             got = runner(*args, **{**kwargs, "x": variant})
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
