@@ -9,9 +9,13 @@ left-padded batches (4 prompts, 6 new tokens: 24 forward calls, 4 call groups) w
 pre-hook keeps the original calls, and exported with ``onnx=`` and merging off (4 files sharing
 one weights file). Then, in fresh processes, the load of the runner in each mode (one combined
 session; a session per file) and of one bare session of one file, and the
-resident memory each added after one call per file (every weight read). Finally every original
-call through the runner in both modes, the runner's combined session alone (fed as a bare
-session is: its branch's flag set, the call's arrays) and two bare sessions of the call's file
+resident memory each added after one call per file (every weight read), against a baseline
+taken once the process has imported what the runner imports and opened and run one tiny
+onnxruntime session: onnxruntime's first session in a process sets up what all later ones
+share (its kernel registries, about 10 MB whatever the model), reported in its own column.
+Finally every original call through the runner in both modes, the runner's combined session
+alone (fed as a bare session is: its branch's flag set, the call's arrays) and two bare
+sessions of the call's file
 (one opened before the runners, one after: where a session's memory lands depends on what was
 opened before it), alternated in a fresh random order each round (the machine is shared:
 neighbours see the same load, and no target always follows the same one): the median wall time
@@ -43,7 +47,8 @@ CHILD = """
 import json, os, sys
 # code, in every kind's baseline: what the runner and its first calls import
 import numpy as np, onnx, torch, onnxruntime, replay
-import capture.pytree.treespec, replay.runtime.ort.combined, replay.runtime.guards
+import capture.pytree.treespec, capture.pytree.unflatten, replay.runtime.ort.combined
+import replay.runtime.guards
 from replay.runtime.ort.runner import load_onnx
 from replay.runtime.ort.manifest import read_onnx_set
 from replay.runtime.allowed import register_types
@@ -54,6 +59,15 @@ path, kind = sys.argv[1], sys.argv[2]
 files = list(read_onnx_set(path).program_files().values())
 # what every kind imports, before the baseline: the output types the runner registers
 register_types({t for e in read_onnx_set(path).manifest.programs for t in e.pytree_types})
+# onnxruntime's first session in a process sets up what every later one shares (its kernel
+# registries): a one-time cost of the library, not of the model, measured apart
+from onnx import helper
+add = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "add",
+    [helper.make_tensor_value_info("x", 1, [1])], [helper.make_tensor_value_info("y", 1, [1])])
+tiny = helper.make_model(add, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+first = rss()
+onnxruntime.InferenceSession(tiny, providers=["CPUExecutionProvider"]).run(
+    None, {"x": np.ones(1, np.float32)})
 before = rss()
 runner = None
 if kind == "bare-one":  # one file alone: onnxruntime's own floor for the weights
@@ -73,7 +87,8 @@ for f in files:
     else:
         program = next(p for p in runner.programs.values() if p.file.file == f.file)
         program.run({i.path: torch.from_numpy(zeros[i.name]) for i in f.inputs})
-print(json.dumps({"rss": rss() - before, "mode": runner.mode if runner else "bare"}))
+print(json.dumps({"rss": rss() - before, "first": before - first,
+                  "mode": runner.mode if runner else "bare"}))
 """
 
 WORKLOAD = [(1, 4, True), (2, 6, True), (3, 5, True), (1, 11, True)]
@@ -213,6 +228,7 @@ def _row(hidden: int, weights: int, measured: dict[str, Any]) -> list[str]:
         "{combined:.2f}x, {per-file:.2f}x, {bare-one:.2f}x".format(
             **{k: v["rss"] / weights for k, v in memory.items()}
         ),
+        "{:.1f} MB".format(statistics.median(v["first"] for v in memory.values()) / 1e6),
         "{:.1f}".format(measured["load"]),
     ]
 
@@ -256,6 +272,7 @@ def main() -> int:
         "session alone / bare",
         "bare decode, runner - session",
         "RSS / weights: combined, per file, bare one file",
+        "onnxruntime's first session (each baseline)",
         "load (1 min)",
     ]
     print(md_table(header, rows))

@@ -318,12 +318,32 @@ def test_feeds_by_dlpack_answer_as_feeds_by_numpy(linear: Any, mode: str) -> Non
     assert all(p._numpy for p in by_numpy.programs.values())
     for program in by_dlpack.programs.values():
         program._numpy = False
+        program._feed = program._dlpack
         program._flags = {k: program._true() for k in program._flags}
     for args, kwargs in originals:
         got = by_dlpack(*copy.deepcopy(args), **copy.deepcopy(kwargs))
         expected = by_numpy(*copy.deepcopy(args), **copy.deepcopy(kwargs))
         assert type(got) is type(expected)
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["combined", "per-file"])
+def test_a_strided_grad_or_negated_tensor_answers_as_its_plain_copy(linear: Any, mode: str) -> None:
+    # numpy() refuses a tensor that needs grad or has a lazy negation bit: the runner copies
+    # those; a strided or expanded one goes as it is and onnxruntime makes it contiguous
+    _, _, originals, _, target = linear
+    runner = load_onnx(target, mode=mode)
+    for args, kwargs in originals:
+        x = kwargs["x"]
+        strided = x.t().contiguous().t()
+        negated = torch._neg_view(-x)
+        expanded = x[:1].expand_as(x)
+        assert not strided.is_contiguous() and negated.is_neg() and expanded.stride()[0] == 0
+        for variant in (strided, x.clone().requires_grad_(True), negated, expanded):
+            plain = variant.detach().resolve_neg().contiguous().clone()
+            expected = runner(*args, **{**kwargs, "x": plain})
+            got = runner(*args, **{**kwargs, "x": variant})
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def test_auto_mode_serves_by_the_weights_size_and_says_which(linear: Any, tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ class OnnxProgram:
         inputs = branch.inputs if branch else {i.name: i.name for i in file.inputs}
         outputs = branch.outputs if branch else {n: n for n in file.outputs.names if n}
         self._inputs = [(inputs[i.name], i.path) for i in file.inputs]
+        self._names_in = [name for name, _ in self._inputs]
         self._names = list(file.outputs.names)
         self._constants = list(file.outputs.constants)
         self._fetch = [outputs[n] for n in self._names if n is not None]
@@ -73,6 +74,9 @@ class OnnxProgram:
             for text in [*(i.dtype for i in file.inputs), *(types.get(n, "") for n in self._fetch)]
             for lacking in _NUMPY_LACKS
         )
+        # a tensor as onnxruntime takes it: a numpy array, or an OrtValue where numpy lacks
+        # the element type
+        self._feed = self._array if self._numpy else self._dlpack
         # the file's branch runs; the others' flags keep their default, false
         self._flags: dict[str, Any] = {branch.flag: self._true()} if branch else {}
         self._spec: Any = None
@@ -111,12 +115,13 @@ class OnnxProgram:
         """
         feeds = dict(self._flags)
         label = self.name
+        feed = self._feed
         for name, path in self._inputs:
             t = tensors.get(path)
             if t is None:
                 reason = f"the call has no {path} for the file's input {name}"
                 raise CallNotServed(f"program {label}: {reason}", {label: reason})
-            feeds[name] = self._feed(t)
+            feeds[name] = feed(t)
         return self._answer(feeds)
 
     def feed_order(self, paths: Sequence[str]) -> tuple[int, ...] | None:
@@ -132,16 +137,28 @@ class OnnxProgram:
         (`feed_order`, made once per entry)."""
         feeds = dict(self._flags)
         feed = self._feed
-        for (name, _), i in zip(self._inputs, order, strict=True):
+        for name, i in zip(self._names_in, order, strict=True):
             feeds[name] = feed(tensors[i])
         return self._answer(feeds)
 
-    def _feed(self, t: Any) -> Any:
-        """A tensor as onnxruntime takes it: a numpy array or an OrtValue over a contiguous
-        CPU tensor's memory (a copy only where it is not one)."""
+    @staticmethod
+    def _array(t: Any) -> Any:
+        """A tensor as a numpy array over its memory. ``Tensor.numpy`` refuses a tensor that
+        needs grad, lives elsewhere than the CPU or has a lazy conjugate or negation bit: those
+        are copied first. A strided one is taken as it is: onnxruntime copies a non-contiguous
+        array into a contiguous one itself. One call for the common case, where checking the
+        tensor's properties first cost as much as the conversion."""
+        try:
+            return t.numpy()
+        except (RuntimeError, TypeError):
+            return t.detach().cpu().resolve_conj().resolve_neg().contiguous().numpy()
+
+    def _dlpack(self, t: Any) -> Any:
+        """A tensor as a DLPack OrtValue over a contiguous CPU tensor's memory (a copy only
+        where it is not one)."""
         if t.requires_grad or not t.is_cpu or not t.is_contiguous():
             t = t.detach().cpu().contiguous()
-        return t.numpy() if self._numpy else _ort_value(t)
+        return _ort_value(t)
 
     def _answer(self, feeds: dict[str, Any]) -> Any:
         """Runs the session on `feeds`; the output tree (eager's types)."""

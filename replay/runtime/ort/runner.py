@@ -342,14 +342,40 @@ def open_set(
         types.update(entry.pytree_types)
     _register_types(types)
     served = {f: [o for o in owners.values() if o.file == f] for f in files}  # loops' bounds
-    paths = {f: os.path.join(folder, f) for f in files}
-    checked = [Checked(f, *read_checked(paths[f], weights, allowed, served[f])) for f in files]
+    chosen = sessions_.chosen_mode(mode, share_weights, os.path.join(folder, weights))
+    opened = _sessions(ort, chosen, folder, weights, served, allowed, providers, threads)
+    # the models' protos and the combined model's bytes are gone now: their memory goes back
+    sessions_.release_freed_memory()
+    programs = {
+        name: OnnxProgram(name, owned, *opened[owned.file]) for name, owned in owners.items()
+    }
+    return OnnxRunner(manifest, programs)
+
+
+def _sessions(
+    ort: Any,
+    mode: str,
+    folder: str,
+    weights: str,
+    served: dict[str, list[Any]],
+    allowed: Iterable[str],
+    providers: Sequence[str],
+    threads: int | None,
+) -> dict[str, tuple[Any, Branch | None]]:
+    """Each file's session (and its branch, in the combined session) in `mode`, the files
+    checked first (`read_checked`). The checked models and the combined model's bytes live
+    only here: they are freed when it returns, before the C heap is trimmed."""
+    checked = [
+        Checked(f, *read_checked(os.path.join(folder, f), weights, allowed, owned))
+        for f, owned in served.items()
+    ]
     sessions: dict[str, tuple[Any, Branch | None]] = {}
-    if sessions_.chosen_mode(mode, share_weights, os.path.join(folder, weights)) == "combined":
+    if mode == "combined":
         for group in partition(checked):
             model, branches = combine(group, weights)
             names = ", ".join(c.file for c in group)
             model_bytes = model.SerializeToString()
+            del model
             session = sessions_.session(ort, model_bytes, names, folder, providers, threads)
             sessions.update({f: (session, branches[f]) for f in branches})
     else:
@@ -357,8 +383,4 @@ def open_set(
             path = os.path.join(folder, c.file)
             opened = sessions_.session(ort, path, c.file, folder, providers, threads)
             sessions[c.file] = (opened, None)
-    sessions_.release_freed_memory()
-    programs = {
-        name: OnnxProgram(name, owned, *sessions[owned.file]) for name, owned in owners.items()
-    }
-    return OnnxRunner(manifest, programs)
+    return sessions
