@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from capture.analysis.groups import analyze
 from capture.cli.main import cli
 from capture.engines.profiles import build_profiles
 from capture.errors import ReplayError
+from fixtures.generate_traffic import Call, record_calls
 from fixtures.seeds import LinearModel
 from replay.runtime.guards import CallNotServed
 from replay.runtime.ort.checks import external_initializers, read_checked
@@ -39,7 +41,6 @@ from replay.runtime.ort.weights import OnnxFileError
 
 pytest.importorskip("onnxruntime")
 
-Call = tuple[tuple[Any, ...], dict[str, Any]]
 FEATURES = 256  # a 64 KiB weight: above INLINE_BYTES, so it lives in the shared weights file
 CALLS: list[dict[str, Any]] = [
     {"x": (2, FEATURES)},
@@ -51,23 +52,14 @@ CALLS: list[dict[str, Any]] = [
 ]
 
 
-def _record(model: torch.nn.Module, root: Path, calls: list[dict[str, Any]]) -> list[Call]:
-    """Records `calls` (name -> shape) with payloads; returns the calls forward received."""
-    originals: list[Call] = []
-    hook = model.register_forward_pre_hook(
-        lambda _m, a, k: originals.append(copy.deepcopy((tuple(a), dict(k)))), with_kwargs=True
-    )
+def _calls(calls: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """`calls` (name -> shape) as keyword arguments, drawn as they are called."""
     torch.manual_seed(1)
-    try:
-        with capture.Recorder(model, root, flush_seconds=3600, payloads=1.0), torch.no_grad():
-            for call in calls:
-                kwargs = {"x": torch.randn(*call["x"])}
-                if "labels" in call:
-                    kwargs["labels"] = torch.randint(0, 64, call["labels"])
-                model(**kwargs)
-    finally:
-        hook.remove()
-    return originals
+    for call in calls:
+        kwargs = {"x": torch.randn(*call["x"])}
+        if "labels" in call:
+            kwargs["labels"] = torch.randint(0, 64, call["labels"])
+        yield kwargs
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +68,7 @@ def linear(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, list[Cal
     root = tmp_path_factory.mktemp("linear")
     torch.manual_seed(0)
     model = LinearModel(FEATURES, 64).eval()
-    originals = _record(model, root / "store", CALLS)
+    originals = record_calls(model, root / "store", _calls(CALLS))
     target = root / "out" / "linear.onnx"
     target.parent.mkdir()
     result = replay.export(model, root / "store", onnx=target)

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 import capture
 import replay
 from capture.errors import ReplayError
+from fixtures.models import EncoderDecoder
 from replay.inputs.builder import export_inputs
 from replay.inputs.options import ExportOptions
 from replay.pipeline.exporting import export
@@ -93,28 +94,6 @@ def test_of_converts_the_public_forms_once() -> None:
     )
 
 
-class Encoder(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.proj(x))
-
-
-class EncoderDecoder(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Encoder()
-        self.head = torch.nn.Linear(4, 2)
-
-    def get_encoder(self) -> Encoder:
-        return self.encoder
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(x) + x)
-
-
 def test_export_with_modules_exports_the_recorded_submodules(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = EncoderDecoder().eval()
@@ -158,7 +137,7 @@ def test_capture_export_out_writes_the_submodules_into_the_artifact(tmp_path: Pa
         model(torch.randn(3, 5, 4))
     factory = tmp_path / "factory.py"
     factory.write_text(
-        "import torch\nfrom tests.test_replay_options import EncoderDecoder\n"
+        "import torch\nfrom fixtures.models import EncoderDecoder\n"
         "def build():\n    torch.manual_seed(0)\n    return EncoderDecoder().eval()\n"
     )
     out = tmp_path / "m.pt2"

@@ -7,8 +7,8 @@ and run on those calls.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ import torch.utils._pytree as pytree
 import capture
 import replay
 from capture.errors import ReplayError
+from fixtures.generate_traffic import Call, record_calls
+from fixtures.models import EncoderDecoder
 from fixtures.seeds import LinearModel
 from replay.pipeline.result import ExportResult, Saved
 from replay.runtime.coverage import CoverageRow, coverage_total, group_coverage
@@ -27,27 +29,17 @@ from replay.runtime.runner import Runner
 
 pytest.importorskip("onnxruntime")
 
-Call = tuple[tuple[Any, ...], dict[str, Any]]
 CALLS = [(2, False), (3, False), (5, False), (2, True), (4, True)]
 
 
-def _record(model: torch.nn.Module, root: Path) -> list[Call]:
-    """Records CALLS (batch, with labels) with payloads; returns the calls forward received."""
-    originals: list[Call] = []
-    hook = model.register_forward_pre_hook(
-        lambda _m, a, k: originals.append(copy.deepcopy((tuple(a), dict(k)))), with_kwargs=True
-    )
+def _calls() -> Iterator[dict[str, Any]]:
+    """CALLS (batch, with labels) as keyword arguments, drawn as they are called."""
     torch.manual_seed(1)
-    try:
-        with capture.Recorder(model, root, flush_seconds=3600, payloads=1.0), torch.no_grad():
-            for batch, labelled in CALLS:
-                kwargs: dict[str, Any] = {"x": torch.randn(batch, 16)}
-                if labelled:
-                    kwargs["labels"] = torch.randint(0, 8, (batch,))
-                model(**kwargs)
-    finally:
-        hook.remove()
-    return originals
+    for batch, labelled in CALLS:
+        kwargs: dict[str, Any] = {"x": torch.randn(batch, 16)}
+        if labelled:
+            kwargs["labels"] = torch.randint(0, 8, (batch,))
+        yield kwargs
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +48,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Call],
     root = tmp_path_factory.mktemp("result")
     torch.manual_seed(0)
     model = LinearModel(16, 8).eval()
-    return model, _record(model, root / "store"), root / "store"
+    return model, record_calls(model, root / "store", _calls()), root / "store"
 
 
 @pytest.fixture(scope="module")
@@ -191,29 +183,6 @@ def test_save_without_a_path_or_with_two_onnx_sets_is_refused(
         result.save(tmp_path / "a.onnx", onnx=tmp_path / "b.onnx")
     with pytest.raises(ReplayError, match="no model to check"):
         dataclasses.replace(result, origin=None).save(tmp_path / "c.onnx")
-
-
-class Encoder(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.proj(x))
-
-
-class EncoderDecoder(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Encoder()
-        self.head = torch.nn.Linear(4, 2)
-
-    def get_encoder(self) -> Encoder:
-        return self.encoder
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.head(self.encoder(x) + x)
-        return out
 
 
 def test_save_writes_the_sub_modules_into_the_same_onnx_set(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ file provably replaces left out (`capture.store.claims`), with the reader's cach
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -133,8 +132,6 @@ def _check_once(
             slice_rows = _checked_rows(table, tables, names, verdicts)
             if slice_rows is not None:
                 fresh.append(slice_rows)
-        if len(todo) > _SLICE:  # pyarrow footers are freed by the cycle collector only
-            gc.collect()
     good: list[FileInfo] = []
     vanished: set[str] = set()
     for info in infos:

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from capture import schema
 
-__all__ = ["SchemaFacts", "facts", "schema_problem"]
+__all__ = ["SchemaFacts", "facts", "schema_problem", "width"]
 
 _KEPT = 16
 """Distinct schemas remembered (a store has a few: one per store version and table)."""
@@ -61,7 +61,9 @@ def facts(meta: pq.FileMetaData, table: str, version: int) -> SchemaFacts:
     Raises:
         Exception: pyarrow's, when the schema cannot be mapped to Arrow.
     """
-    parquet = meta.schema
+    # not `meta.schema`: that one is cached on the footer and refers back to it, a cycle that
+    # keeps every footer read (several KB each) alive until the cycle collector runs
+    parquet = pq.ParquetSchema(meta)
     key = (table, version, (meta.metadata or {}).get(b"ARROW:schema"))
     for known_key, known, found in _known:
         if known_key == key and known.equals(parquet):
@@ -80,13 +82,18 @@ def facts(meta: pq.FileMetaData, table: str, version: int) -> SchemaFacts:
         ",".join(arrow.names),
         arrow.get_field_index("call_id"),
         leaves,
-        tuple(_WIDTH.get(parquet.column(j).physical_type) for j in range(len(parquet))),
+        tuple(width(parquet.column(j).physical_type) for j in range(len(parquet))),
     )
     with _lock:
         if len(_known) >= _KEPT:
             del _known[0]
         _known.append((key, parquet, found))
     return found
+
+
+def width(physical_type: str) -> int | None:
+    """Bytes of one decoded value of a Parquet physical type (None: a byte array)."""
+    return _WIDTH.get(physical_type)
 
 
 def schema_problem(found: pa.Schema, table: str, version: int) -> str | None:

@@ -390,7 +390,7 @@ class StoreReader:
         bind = not self._with_calls and needs_calls(self.con, sql)
         if bind and not params and counts_calls(self.con, sql):  # the checked footers tell
             self._check_calls()
-            self._counted, relation = counted(self._calls_rows, sql)
+            self._counted, relation = counted(self.con, self._calls_rows, sql)
             return fetch(relation)
         relisted = 0
         stale = False

@@ -64,17 +64,18 @@ def counts_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
     return not _shadowed(con)
 
 
-def counted(rows: int, sql: str) -> tuple[duckdb.DuckDBPyConnection, duckdb.DuckDBPyRelation]:
+def counted(
+    con: duckdb.DuckDBPyConnection, rows: int, sql: str
+) -> tuple[duckdb.DuckDBPyConnection, duckdb.DuckDBPyRelation]:
     """`sql` (a statement `counts_calls` accepted) run by DuckDB over `rows` stand-in rows.
 
-    Returns the connection with the relation: it must stay open while the relation is read.
+    In a cursor of `con` (the same database, its own temporary objects): the stand-in
+    ``calls`` is a temporary view there, seen by no other statement. Returns the cursor with
+    the relation: it must stay open while the relation is read.
     """
-    con = duckdb.connect(
-        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
-    )
-    con.execute("SET enable_progress_bar = false")
-    con.execute(f"CREATE VIEW calls AS SELECT range AS call_id FROM range({int(rows)})")
-    return con, con.sql(sql)
+    cursor = con.cursor()
+    cursor.execute(f"CREATE TEMP VIEW calls AS SELECT range AS call_id FROM range({int(rows)})")
+    return cursor, cursor.sql(sql)
 
 
 def _counts_rows(node: Any) -> bool:
