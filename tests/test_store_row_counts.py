@@ -13,6 +13,7 @@ import json
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow.parquet as pq
@@ -22,6 +23,7 @@ from click.testing import CliRunner
 import capture
 from capture import schema
 from capture.cli.main import cli
+from capture.store import reader as reader_module
 from capture.store.reader import StoreReader
 from capture.store.row_counts import counts_calls
 from tests import hostile_stores
@@ -164,3 +166,27 @@ def test_streamed_counts_and_a_users_own_calls(tmp_path: Path) -> None:
 )
 def test_which_statements_count_from_the_footers(sql: str, counted: bool) -> None:
     assert counts_calls(duckdb.connect(), sql) is counted
+
+
+def test_a_count_after_the_calls_views_are_bound_still_uses_the_footers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = tmp_path / "s"
+    record_flushed(store, [1, 2, 3])
+    used: list[int] = []
+    real = reader_module.counted
+
+    def spy(con: duckdb.DuckDBPyConnection, rows: int, sql: str) -> Any:
+        used.append(rows)
+        return real(con, rows, sql)
+
+    monkeypatch.setattr(reader_module, "counted", spy)
+    with StoreReader(store) as reader:
+        assert reader.query(SCANNED).to_pylist() == [{"n": 3}]  # binds the calls views
+        assert reader.query(COUNT).to_pylist() == [{"n": 3}]
+        assert used == [3]
+        reader.query("CREATE OR REPLACE VIEW calls AS SELECT 1 AS x")  # the user's own
+        assert reader.query(COUNT).to_pylist() == [{"n": 1}]
+        reader.query("CREATE TEMP VIEW calls AS SELECT 1 AS x UNION ALL SELECT 2")
+        assert reader.query(COUNT).to_pylist() == [{"n": 2}]
+        assert used == [3]

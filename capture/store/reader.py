@@ -48,7 +48,7 @@ from capture.errors import CorruptStoreFile, EmptyStore, QueryError, UnknownMode
 from capture.store import footer_cache
 from capture.store.checked import check_table
 from capture.store.layout import list_files, open_root
-from capture.store.row_counts import counted, counts_calls
+from capture.store.row_counts import counted, counts_calls, own_calls_view
 from capture.store.views import CALLS_VIEWS, DATE_FROM_PATH, DERIVED_VIEWS, needs_calls
 from capture.untrusted import printable
 
@@ -302,6 +302,7 @@ class StoreReader:
         self.con.execute(DERIVED_VIEWS)
         if with_calls:
             self.con.execute(CALLS_VIEWS)
+        self._calls_view = own_calls_view(self.con)  # as made here (`row_counts.counts_calls`)
 
     def _add_missing_columns(self, view: str, base: pa.Schema) -> None:
         """`view` over files that all lack a column a later store version added
@@ -388,7 +389,8 @@ class StoreReader:
         """Runs `sql` and `fetch`es its relation (`no_result` for SET, CREATE VIEW, ...),
         listing the store again when a calls file it read vanished (at most `_RELISTS` times)."""
         bind = not self._with_calls and needs_calls(self.con, sql)
-        if bind and not params and counts_calls(self.con, sql):  # the checked footers tell
+        counts = (bind or self._with_calls) and not params
+        if counts and counts_calls(self.con, sql, self._calls_view):  # the checked footers tell
             self._check_calls()
             self._counted, relation = counted(self.con, self._calls_rows, sql)
             return fetch(relation)

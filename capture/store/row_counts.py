@@ -24,21 +24,23 @@ from typing import Any
 
 import duckdb
 
-__all__ = ["counts_calls", "counted"]
+__all__ = ["counts_calls", "counted", "own_calls_view"]
 
 _WHERE = frozenset({"query_location", "query_location_length", "alias"})
 """Fields that say where a node is in the text, or what it is called: not what it does."""
 
 
-def counts_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+def counts_calls(con: duckdb.DuckDBPyConnection, sql: str, own: str | None = None) -> bool:
     """Whether `sql` is one statement counting the rows of ``calls``, and nothing else.
 
-    Also False when `con` holds a table or view called ``calls`` (a user's, made in the
-    store's session): the statement counts that one.
+    Also False when `con` holds a table called ``calls``, or a view of that name other than the
+    store's own (a user's, made in the store's session): the statement counts that one.
 
     Args:
         con: The store's connection (it parses; nothing is read).
         sql: The statement.
+        own: The SQL of the store's own ``calls`` view in `con` (`own_calls_view`, taken when
+            the reader made it), None when it has not made one.
 
     Example:
         >>> counts_calls(duckdb.connect(), "SELECT count(*) AS n FROM calls")
@@ -46,6 +48,8 @@ def counts_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
         >>> counts_calls(duckdb.connect(), "SELECT count(*) FROM calls WHERE error IS NULL")
         False
     """
+    if "calls" not in sql.lower():  # a shortcut only: DuckDB's parse decides
+        return False
     try:
         rows = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()
         tree = json.loads(rows[0][0]) if rows else {}
@@ -61,7 +65,7 @@ def counts_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
         return False
     if not _counts_rows(statement.get("node")):
         return False
-    return not _shadowed(con)
+    return not _shadowed(con, own)
 
 
 def counted(
@@ -136,10 +140,17 @@ def _nothing(value: Any) -> bool:
     return value is None or value is False or value == ""
 
 
-def _shadowed(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether `con` holds a table or view named ``calls`` (then it is what `calls` means)."""
+def own_calls_view(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The SQL of the view ``calls`` in `con`, None when there is none: what `counts_calls`
+    compares with, to tell the store's own view from one a user put in its place."""
+    found = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'calls'").fetchall()
+    return str(found[0][0]) if len(found) == 1 else None
+
+
+def _shadowed(con: duckdb.DuckDBPyConnection, own: str | None) -> bool:
+    """Whether ``calls`` in `con` means something else than the store's own view `own`."""
     found = con.execute(
-        "SELECT count(*) FROM (SELECT table_name AS name FROM duckdb_tables() "
-        "UNION ALL SELECT view_name FROM duckdb_views()) WHERE lower(name) = 'calls'"
+        "SELECT NULL FROM duckdb_tables() WHERE lower(table_name) = 'calls' "
+        "UNION ALL SELECT sql FROM duckdb_views() WHERE lower(view_name) = 'calls'"
     ).fetchall()
-    return bool(found[0][0])
+    return any(own is None or row[0] != own for row in found)
