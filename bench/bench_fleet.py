@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import load_line, machine_line, md_table  # noqa: E402
-from fleet_day import CALLS_PER_FILE, MODEL, log, tables  # noqa: E402
+from fleet_day import CALLS_PER_FILE, MODEL, log, measured, tables  # noqa: E402
 
 STORES_DIR = "/tmp/capture-bench-fleet"
 PROCESSES = 8
@@ -124,24 +124,19 @@ def generate(uri: str, files: int, per_flush_stats: bool = False) -> float:
     return time.perf_counter() - t0
 
 
-def measured(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
-    """(wall s, CPU s, peak RSS MiB, stdout) of a fresh child process; raises when it fails."""
-    import tempfile
+def generated(path: str, files: int, per_flush_stats: bool, env: dict[str, str]) -> float:
+    """`generate` in a child process; its wall seconds.
 
+    This process stays small, so the peak RSS of the processes it starts later is theirs
+    (Linux carries the parent's RSS over fork into the child).
+    """
     t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        # not the checkout as working folder: `-m cli` must import the PYTHONPATH's code
-        proc = subprocess.Popen(
-            argv, stdout=out, stderr=err, text=True, env=env, cwd=tempfile.gettempdir()
-        )
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{argv[:6]} failed: {stderr.strip()[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, stdout
+    script = (
+        f"import sys; sys.path[:0] = [{os.path.dirname(os.path.abspath(__file__))!r}]; "
+        f"import bench_fleet; bench_fleet.generate({path!r}, {files}, {per_flush_stats})"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env=env)
+    return time.perf_counter() - t0
 
 
 def first_query(files: int, env: dict[str, str], reuse: bool, summary: bool = True) -> None:
@@ -162,13 +157,7 @@ def first_query(files: int, env: dict[str, str], reuse: bool, summary: bool = Tr
         if not (reuse and os.path.exists(f"{path}/.generated")):
             shutil.rmtree(path, ignore_errors=True)
             log(f"generating {files:,} flushes at {path}")
-            # in a child process: this one stays small, so the peak RSS of the processes it
-            # starts later is theirs (Linux carries the parent's RSS over fork into the child)
-            script = (
-                f"import sys; sys.path[:0] = [{os.path.dirname(os.path.abspath(__file__))!r}]; "
-                f"import bench_fleet; bench_fleet.generate({path!r}, {files}, {old})"
-            )
-            subprocess.run([py, "-c", script], check=True, env=env)
+            generated(path, files, old, env)
             open(f"{path}/.generated", "w").close()
         stores[old] = path
     glob = f"{stores[False]}/calls/model={MODEL}/*/*.parquet"
@@ -232,30 +221,9 @@ PEAK_MB: list[float] = []
 
 def capture_cli(store: str, *args: str, env: dict[str, str] | None = None) -> tuple[float, str]:
     """(wall seconds, stdout) of `capture --store STORE ARGS`; raises when it fails."""
-    import tempfile
-
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "--store", store, *args],
-            stdout=out,
-            stderr=err,
-            text=True,
-            env=env,
-            # not the checkout: `-m` puts the working folder first on sys.path, before the
-            # PYTHONPATH that picks the code (--baseline)
-            cwd=tempfile.gettempdir(),
-        )
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        seconds = time.perf_counter() - t0
-        PEAK_MB.append(usage.ru_maxrss / 1024)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if proc.returncode != 0:
-        raise RuntimeError(f"capture {' '.join(args)} failed: {stderr.strip()[-2000:]}")
-    return seconds, stdout
+    wall, _, mb, stdout = measured([sys.executable, "-m", "cli", "--store", store, *args], env)
+    PEAK_MB.append(mb)
+    return wall, stdout
 
 
 def _counted(out: str, n: int) -> bool:
@@ -368,7 +336,7 @@ def main() -> None:
             if not (args.reuse and os.path.exists(f"{path}/.generated")):
                 shutil.rmtree(path, ignore_errors=True)
                 log(f"generating {n:,} files at {path} (stats: {layout})")
-                gen = generate(path, n, per_flush_stats=old)
+                gen = generated(path, n, old, env)
                 open(f"{path}/.generated", "w").close()
                 log(f"  generated in {gen:.0f} s; summary")
             row = [f"local, {n:,} files", layout, *_summaries(args, path, n, env, "")]
@@ -395,7 +363,7 @@ def main() -> None:
                     bucket = server.create_bucket(f"bench-{n}{'-old' if old else ''}")
                     uri = f"s3://{bucket}/store"
                     log(f"generating {n:,} files at {uri} (stats: {layout})")
-                    gen = generate(uri, n, per_flush_stats=old)
+                    gen = generated(uri, n, old, s3env)
                     log(f"  generated in {gen:.0f} s; summary")
                     key = f"s3-{n}-{layout.replace(' ', '-')}"
                     row = [f"S3 (moto, loopback), {n:,} files", layout]

@@ -69,19 +69,31 @@ def tables() -> tuple[Any, Any, Any]:
         return first("calls"), first("stats"), first("structures")
 
 
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MiB, stdout) of a child process; raises when it fails."""
+def measured(argv: list[str], env: dict[str, str] | None) -> tuple[float, float, float, str]:
+    """(wall s, CPU s, peak RSS MiB, stdout) of a fresh child process; raises when it fails.
+
+    It runs outside the checkout: ``-m cli`` puts the working folder first on ``sys.path``,
+    before the PYTHONPATH that picks the code (``bench_fleet --baseline``).
+    """
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env)
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=err, text=True, env=env, cwd=tempfile.gettempdir()
+        )
         _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - t0
+        wall = time.perf_counter() - t0
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
     if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{argv[:4]} failed: {stderr.strip()[-2000:]}")
-    return seconds, usage.ru_maxrss / 1024, stdout
+        raise RuntimeError(f"{argv[:6]} failed: {stderr.strip()[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, stdout
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS MiB, stdout) of a child process (`measured`)."""
+    wall, _, mb, stdout = measured(argv, env)
+    return wall, mb, stdout
 
 
 def count_files(root: str) -> dict[str, int]:
