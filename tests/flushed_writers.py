@@ -8,14 +8,18 @@ writer's stats rollup is closed; a live writer's is open (it may still replace i
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import torch
 
 import capture
+from capture import schema
 
-__all__ = ["Add", "record_flushed", "live_beside_stopped"]
+__all__ = ["Add", "record_flushed", "live_beside_stopped", "stage_uncommitted_segment"]
 
 
 class Add(torch.nn.Module):
@@ -48,3 +52,24 @@ def live_beside_stopped(root: str | os.PathLike[str]) -> Iterator[capture.Record
         yield rec
     finally:
         rec.stop()
+
+
+def stage_uncommitted_segment(root: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """Records two flushed calls, then stages a second rollup naming a segment that spans
+    midnight: its first day's calls file landed, its second day's never did. Returns (the
+    staged rollup, the landed calls file): readers count neither until the segment commits."""
+    store = Path(root)
+    record_flushed(store, [1, 2])
+    (rollup,) = sorted((store / schema.STATS).rglob("*.parquet"))
+    last = sorted((store / schema.CALLS).rglob("*.parquet"))[-1]
+    day = last.parent.name.removeprefix("date=")
+    table = pq.read_table(rollup)
+    meta = {
+        **(table.schema.metadata or {}),
+        schema.METADATA_SEGMENT_CALLS: json.dumps({day: 1, "2001-01-01": 1}).encode(),
+    }
+    staged = rollup.with_name("w-000009.parquet")
+    pq.write_table(table.replace_schema_metadata(meta), staged)
+    landed = last.with_name(staged.name)
+    landed.write_bytes(last.read_bytes())
+    return staged, landed

@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import torch
-from flushed_writers import Add, live_beside_stopped, record_flushed
+from flushed_writers import Add, live_beside_stopped, record_flushed, stage_uncommitted_segment
 
 import capture
 from capture import schema
@@ -155,20 +155,7 @@ def test_a_segment_whose_calls_cannot_be_written_is_rolled_back(tmp_path: Path) 
 
 
 def test_an_uncommitted_rollup_hides_the_calls_that_landed(tmp_path: Path) -> None:
-    record_flushed(tmp_path, [1, 2])
-    (rollup,) = _files(tmp_path, schema.STATS)
-    last = _files(tmp_path, schema.CALLS)[-1]
-    day = last.parent.name.removeprefix("date=")
-    # a segment spanning midnight whose second day's calls file never landed
-    table = pq.read_table(rollup)
-    meta = {
-        **table.schema.metadata,
-        schema.METADATA_SEGMENT_CALLS: json.dumps({day: 1, "2001-01-01": 1}).encode(),
-    }
-    staged = rollup.with_name("w-000009.parquet")
-    pq.write_table(table.replace_schema_metadata(meta), staged)
-    landed = last.with_name(staged.name)
-    landed.write_bytes(last.read_bytes())
+    staged, landed = stage_uncommitted_segment(tmp_path)
     with capture.open_store(tmp_path) as store:
         assert str(staged) not in store.files["stats"]  # issue 25: not committed, not counted
         assert str(landed) not in store.files["calls"]  # and its landed calls hidden

@@ -9,25 +9,22 @@ compacted leftovers) and on a store with a segment not committed yet; every othe
 
 from __future__ import annotations
 
-import json
 import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 import capture
-from capture import schema
 from capture.cli.main import cli
 from capture.store import reader as reader_module
 from capture.store.reader import StoreReader
 from capture.store.row_counts import counts_calls
 from tests import hostile_stores
-from tests.flushed_writers import record_flushed
+from tests.flushed_writers import record_flushed, stage_uncommitted_segment
 
 COUNT = "SELECT count(*) AS n FROM calls"
 SCANNED = "SELECT count(*) AS n FROM calls WHERE true"
@@ -90,19 +87,7 @@ def test_calls_of_an_uncommitted_segment_are_not_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = tmp_path / "s"
-    record_flushed(store, [1, 2])
-    (rollup,) = hostile_stores.files(store, schema.STATS)
-    last = hostile_stores.files(store, schema.CALLS)[-1]
-    day = last.parent.name.removeprefix("date=")
-    # a segment spanning midnight whose second day's calls file never landed
-    table = pq.read_table(rollup)
-    meta = {
-        **(table.schema.metadata or {}),
-        schema.METADATA_SEGMENT_CALLS: json.dumps({day: 1, "2001-01-01": 1}).encode(),
-    }
-    staged = rollup.with_name("w-000009.parquet")
-    pq.write_table(table.replace_schema_metadata(meta), staged)
-    last.with_name(staged.name).write_bytes(last.read_bytes())  # its first day's calls landed
+    stage_uncommitted_segment(store)
     assert _counts(store, monkeypatch) == (2, 2)
 
 
