@@ -19,10 +19,11 @@ later DuckDB parses into something new is read from the files, as every other st
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import duckdb
+
+from capture.store.views import parsed
 
 __all__ = ["counts_calls", "counted", "own_calls_view"]
 
@@ -50,12 +51,8 @@ def counts_calls(con: duckdb.DuckDBPyConnection, sql: str, own: str | None = Non
     """
     if "calls" not in sql.lower():  # a shortcut only: DuckDB's parse decides
         return False
-    try:
-        rows = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()
-        tree = json.loads(rows[0][0]) if rows else {}
-    except (duckdb.Error, ValueError, RecursionError):
-        return False
-    if not isinstance(tree, dict) or tree.get("error"):
+    tree = parsed(con, sql)
+    if tree is None:
         return False
     statements = tree.get("statements")
     if not isinstance(statements, list) or len(statements) != 1:

@@ -16,7 +16,7 @@ import duckdb
 
 from capture.store.stats_merge import SIGNATURE_MERGE
 
-__all__ = ["DATE_FROM_PATH", "DERIVED_VIEWS", "CALLS_VIEWS", "needs_calls"]
+__all__ = ["DATE_FROM_PATH", "DERIVED_VIEWS", "CALLS_VIEWS", "needs_calls", "parsed"]
 
 DATE_FROM_PATH = "TRY_CAST(regexp_extract(filename, '/date=([0-9-]+)/', 1) AS DATE)"
 """The ``date`` of a calls file, from its ``date=`` folder (its ``model=`` folder is sanitized)."""
@@ -130,14 +130,23 @@ def needs_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
     return any(name.lower() in CALLS_VIEWS_NAMES for name in names)
 
 
-def _parse_names_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
-    """Whether DuckDB's parse of `sql` (not bound, nothing read) names a calls view."""
+def parsed(con: duckdb.DuckDBPyConnection, sql: str) -> dict[str, Any] | None:
+    """DuckDB's parse of `sql` as its JSON tree (``json_serialize_sql``: not bound, nothing
+    read), None when it has none (not SQL, no json functions, too deep a tree)."""
     try:
         rows = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchall()
         tree = json.loads(rows[0][0]) if rows else {}
-    except (duckdb.Error, ValueError, RecursionError):  # no json functions; too deep a tree
-        return False
+    except (duckdb.Error, ValueError, RecursionError):
+        return None
     if not isinstance(tree, dict) or tree.get("error"):
+        return None
+    return tree
+
+
+def _parse_names_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether DuckDB's parse of `sql` (`parsed`) names a calls view."""
+    tree = parsed(con, sql)
+    if tree is None:
         return False
     pending: list[Any] = [tree]
     while pending:
