@@ -301,6 +301,14 @@ def test_the_one_session_answers_each_original_call_as_the_file_s_own_session(
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
+def _feed_by_dlpack(runner: OnnxRunner) -> None:
+    """Feeds `runner`'s sessions as for an element type numpy lacks: DLPack OrtValues."""
+    for program in runner.programs.values():
+        program._numpy = False
+        program._feed = program._dlpack
+        program._flags = {k: program._true() for k in program._flags}
+
+
 @pytest.mark.parametrize("mode", ["combined", "per-file"])
 def test_feeds_by_dlpack_answer_as_feeds_by_numpy(linear: Any, mode: str) -> None:
     # an element type numpy lacks (bfloat16) goes by DLPack OrtValues: the same answers, the
@@ -308,10 +316,7 @@ def test_feeds_by_dlpack_answer_as_feeds_by_numpy(linear: Any, mode: str) -> Non
     _, _, originals, _, target = linear
     by_numpy, by_dlpack = (load_onnx(target, mode=mode) for _ in range(2))
     assert all(p._numpy for p in by_numpy.programs.values())
-    for program in by_dlpack.programs.values():
-        program._numpy = False
-        program._feed = program._dlpack
-        program._flags = {k: program._true() for k in program._flags}
+    _feed_by_dlpack(by_dlpack)
     for args, kwargs in originals:
         got = by_dlpack(*copy.deepcopy(args), **copy.deepcopy(kwargs))
         expected = by_numpy(*copy.deepcopy(args), **copy.deepcopy(kwargs))
@@ -320,11 +325,17 @@ def test_feeds_by_dlpack_answer_as_feeds_by_numpy(linear: Any, mode: str) -> Non
 
 
 @pytest.mark.parametrize("mode", ["combined", "per-file"])
-def test_a_strided_grad_or_negated_tensor_answers_as_its_plain_copy(linear: Any, mode: str) -> None:
+@pytest.mark.parametrize("by_dlpack", [False, True])
+def test_a_strided_grad_or_negated_tensor_answers_as_its_plain_copy(
+    linear: Any, mode: str, by_dlpack: bool
+) -> None:
     # numpy() refuses a tensor that needs grad or has a lazy negation bit: the runner copies
-    # those; a strided or expanded one goes as it is and onnxruntime makes it contiguous
+    # those; a strided or expanded one goes as it is and onnxruntime makes it contiguous. DLPack
+    # (element types numpy lacks) would export a negated tensor's memory without its negation.
     _, _, originals, _, target = linear
     runner = load_onnx(target, mode=mode)
+    if by_dlpack:
+        _feed_by_dlpack(runner)
     for args, kwargs in originals:
         x = kwargs["x"]
         strided = x.t().contiguous().t()

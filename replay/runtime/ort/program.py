@@ -33,6 +33,12 @@ def _ort_value(t: Any) -> Any:
     return C.OrtValue.from_dlpack(t.__dlpack__())
 
 
+def _plain(t: Any) -> Any:
+    """`t` as a plain tensor: detached, on the CPU, its lazy conjugate and negation applied,
+    contiguous (a copy where it was not all of these)."""
+    return t.detach().cpu().resolve_conj().resolve_neg().contiguous()
+
+
 class OnnxProgram:
     """One ONNX file of a set: its session and how a call's tensors feed it.
 
@@ -151,13 +157,15 @@ class OnnxProgram:
         try:
             return t.numpy()
         except (RuntimeError, TypeError):
-            return t.detach().cpu().resolve_conj().resolve_neg().contiguous().numpy()
+            return _plain(t).numpy()
 
     def _dlpack(self, t: Any) -> Any:
-        """A tensor as a DLPack OrtValue over a contiguous CPU tensor's memory (a copy only
-        where it is not one)."""
-        if t.requires_grad or not t.is_cpu or not t.is_contiguous():
-            t = t.detach().cpu().contiguous()
+        """A tensor as a DLPack OrtValue over a plain contiguous CPU tensor's memory (a copy
+        only where it is not one). DLPack carries no conjugate or negation bit: it exports a
+        lazily negated tensor's memory as it is, the negation lost, so such a tensor is
+        resolved first."""
+        if t.requires_grad or not t.is_cpu or not t.is_contiguous() or t.is_neg() or t.is_conj():
+            t = _plain(t)
         return _ort_value(t)
 
     def _answer(self, feeds: dict[str, Any]) -> Any:
