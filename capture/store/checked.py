@@ -17,6 +17,7 @@ from capture import schema
 from capture.store import footer_cache
 from capture.store.claims import verified_replaced
 from capture.store.commits import uncommitted
+from capture.store.footer_procs import check_here, start_helpers
 from capture.store.layout import (
     VANISHED,
     FileInfo,
@@ -112,26 +113,7 @@ def _check_once(
     todo = [i.path for i in infos if i.path not in verdicts]
     todo_set = set(todo)
 
-    # Many files at once (a thread pool): one after the other, 100,000 files took
-    # minutes to open. Each is checked against the schema.
-    def check(fs: pafs.FileSystem, path: str) -> tuple[FileInfo | Skip, pa.Table | None]:
-        if small:  # the rows' values are checked per slice (`_checked_rows`)
-            return read_with_rows(fs, path, table, check_values=False)
-        return read_footer(fs, path, table), None
-
-    fresh: list[pa.Table] = []  # rows read now, with the file column
-    for start in range(0, len(todo), _SLICE):
-        part = todo[start : start + _SLICE]
-        tables, names = [], []
-        for path, (verdict, rows) in zip(part, read_footers(fs, part, check, small), strict=True):
-            verdicts[path] = verdict
-            if rows is not None:
-                tables.append(rows)
-                names.append(path)
-        if tables:  # one table per slice: 100,000 small tables cost GBs of memory
-            slice_rows = _checked_rows(table, tables, names, verdicts)
-            if slice_rows is not None:
-                fresh.append(slice_rows)
+    fresh = _read(fs, table, todo, verdicts)  # rows read now, with the file column
     good: list[FileInfo] = []
     vanished: set[str] = set()
     for info in infos:
@@ -187,24 +169,83 @@ def _folders(kept: list[FileInfo]) -> dict[str, tuple[int, int]]:
     return folders
 
 
-def _checked_rows(
-    table: str, tables: list[pa.Table], names: list[str], verdicts: dict[str, FileInfo | Skip]
-) -> pa.Table | None:
-    """The rows of `tables` (one per file of `names`) in one table, their values checked at
-    once (`rows_problem`: a few compute calls per slice, not per file); only when the slice
-    holds a problem is each file checked, and each one at fault marked corrupt in `verdicts`."""
-    rows = footer_cache.with_files(tables, names)
+def _read(
+    fs: pafs.FileSystem, table: str, paths: list[str], verdicts: dict[str, FileInfo | Skip]
+) -> list[pa.Table]:
+    """Checks `paths`, their verdicts into `verdicts`; the rows read, in the order of `paths`.
+
+    Many files at once (helper processes, a thread pool): one after the other, 100,000 files
+    took minutes to open. Each is checked against the schema.
+    """
+    helpers, own = start_helpers(fs, table, paths)
+    try:
+        mine = _read_here(fs, table, own, verdicts, alone=bool(helpers))
+        fresh: list[pa.Table] = []
+        for helper in helpers:
+            found = helper.results()
+            if found is None:  # it failed: its share is checked here, the same way
+                fresh.extend(_read_here(fs, table, helper.paths, verdicts, alone=True))
+            else:
+                verdicts.update(found[0])
+                if found[1] is not None:
+                    fresh.extend(_sound(table, found[1], verdicts))
+        return fresh + mine
+    finally:
+        for helper in helpers:  # those not waited for (an error here) are stopped
+            helper.close()
+
+
+def _read_here(
+    fs: pafs.FileSystem,
+    table: str,
+    paths: list[str],
+    verdicts: dict[str, FileInfo | Skip],
+    alone: bool,
+) -> list[pa.Table]:
+    """Checks `paths` in this process (`alone`: in this thread, as helper processes check the
+    other shares), their verdicts into `verdicts`; the rows read, one table per slice."""
+    small = table != schema.CALLS
+
+    def check(fs: pafs.FileSystem, path: str) -> tuple[FileInfo | Skip, pa.Table | None]:
+        if small:  # the rows' values are checked per slice (`_sound`)
+            return read_with_rows(fs, path, table, check_values=False)
+        return read_footer(fs, path, table), None
+
+    fresh = []
+    for start in range(0, len(paths), _SLICE):
+        part = paths[start : start + _SLICE]
+        if alone:
+            found, rows = check_here(fs, table, part)
+            verdicts.update(found)
+        else:
+            tables, names = [], []
+            for path, (verdict, one) in zip(
+                part, read_footers(fs, part, check, small), strict=True
+            ):
+                verdicts[path] = verdict
+                if one is not None:
+                    tables.append(one)
+                    names.append(path)
+            rows = footer_cache.with_files(tables, names) if tables else None
+        if rows is not None:  # one table per slice: 100,000 small tables cost GBs of memory
+            fresh.extend(_sound(table, rows, verdicts))
+    return fresh
+
+
+def _sound(table: str, rows: pa.Table, verdicts: dict[str, FileInfo | Skip]) -> list[pa.Table]:
+    """`rows` (a file column: the rows of many files), their values checked at once
+    (`rows_problem`: a few compute calls, not a few per file); only when they hold a problem
+    is each file checked, and each one at fault marked corrupt in `verdicts`."""
     if rows_problem(table, rows) is None:
-        return rows
-    sound_tables, sound_names = [], []
-    for path, one in zip(names, tables, strict=True):
+        return [rows]
+    sound = []
+    for path, one in footer_cache.split_files(rows).items():
         problem = rows_problem(table, one)
         if problem is None:
-            sound_tables.append(one)
-            sound_names.append(path)
+            sound.append(one)
         else:
             verdicts[path] = Skip(path, problem, corrupt=True)
-    return footer_cache.with_files(sound_tables, sound_names) if sound_tables else None
+    return sound
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table | None:

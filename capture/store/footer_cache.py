@@ -37,7 +37,15 @@ import pyarrow.ipc
 
 from capture.store.layout import FileInfo, Skip
 
-__all__ = ["FooterCache", "MIN_FILES", "cache_dir"]
+__all__ = [
+    "FooterCache",
+    "MIN_FILES",
+    "cache_dir",
+    "files_of",
+    "split_files",
+    "verdict_table",
+    "verdicts_of",
+]
 
 MIN_FILES = 256
 """Tables with fewer files are not cached."""
@@ -81,7 +89,7 @@ class FooterCache:
                 rows = _read(f"{self.base}-{table}-rows.arrow")
                 if (rows.schema.metadata or {}).get(_TOKEN) != token:
                     return {}, None  # written by two readers at once: use neither
-            return _entries(index, table), rows
+            return verdicts_of(index, table), rows
         except Exception:  # a damaged cache is no cache
             return {}, None
 
@@ -96,7 +104,10 @@ class FooterCache:
             os.makedirs(os.path.dirname(self.base), exist_ok=True)
             if rows is not None:
                 _write(rows.replace_schema_metadata({_TOKEN: token}), f"{self.base}-{table}-rows")
-            _write(_index(entries).replace_schema_metadata({_TOKEN: token}), f"{self.base}-{table}")
+            _write(
+                verdict_table(entries).replace_schema_metadata({_TOKEN: token}),
+                f"{self.base}-{table}",
+            )
         except Exception:  # read-only home, full disk: the next open reads the files again
             pass
 
@@ -138,7 +149,8 @@ def _write(table: pa.Table, stem: str) -> None:
             os.remove(tmp)
 
 
-def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
+def verdict_table(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
+    """`entries` (path -> stamp, verdict) as one Arrow table (`verdicts_of` reads it back)."""
     cols: dict[str, list[object]] = {
         k: []
         for k in (
@@ -184,7 +196,8 @@ def _index(entries: dict[str, tuple[str, Verdict]]) -> pa.Table:
     return pa.table({k: pa.array(v, types.get(k, pa.string())) for k, v in cols.items()})
 
 
-def _entries(index: pa.Table, table: str) -> dict[str, tuple[str, Verdict]]:
+def verdicts_of(index: pa.Table, table: str) -> dict[str, tuple[str, Verdict]]:
+    """The ``{path: (stamp, verdict)}`` of a `verdict_table` of `table`'s files."""
     cols = [index.column(k).to_pylist() for k in index.column_names]
     out: dict[str, tuple[str, Verdict]] = {}
     for row in zip(*cols, strict=True):
@@ -207,3 +220,17 @@ def _entries(index: pa.Table, table: str) -> dict[str, tuple[str, Verdict]]:
 def file_mask(rows: pa.Table, paths: list[str]) -> pa.ChunkedArray:
     """Which cached rows belong to `paths`."""
     return pc.is_in(rows.column(_FILE), pa.array(paths, pa.string()))
+
+
+def files_of(rows: pa.Table) -> list[str]:
+    """The distinct files the rows of `rows` come from."""
+    files: list[str] = pc.unique(rows.column(_FILE)).to_pylist()
+    return files
+
+
+def split_files(rows: pa.Table) -> dict[str, pa.Table]:
+    """The rows of `rows` per file they come from (each with its file column), in order."""
+    where: dict[str, list[int]] = {}
+    for i, path in enumerate(rows.column(_FILE).to_pylist()):
+        where.setdefault(path, []).append(i)
+    return {path: rows.take(pa.array(at, pa.int64())) for path, at in where.items()}
