@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -72,22 +73,50 @@ def tables() -> tuple[Any, Any, Any]:
 def measured(argv: list[str], env: dict[str, str] | None) -> tuple[float, float, float, str]:
     """(wall s, CPU s, peak RSS MiB, stdout) of a fresh child process; raises when it fails.
 
-    It runs outside the checkout: ``-m cli`` puts the working folder first on ``sys.path``,
-    before the PYTHONPATH that picks the code (``bench_fleet --baseline``).
+    CPU counts the child's helper processes (`capture.store.footer_procs`); the peak RSS is the
+    larger of the child's own ``ru_maxrss`` and the highest sum over its process tree, sampled
+    every 20 ms (a helper's memory counts too). It runs outside the checkout: ``-m cli`` puts
+    the working folder first on ``sys.path``, before the PYTHONPATH that picks the code
+    (``bench_fleet --baseline``).
     """
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=err, text=True, env=env, cwd=tempfile.gettempdir()
         )
+        tree = [0]
+        done = threading.Event()
+        sampler = threading.Thread(target=_sample_tree, args=(proc.pid, tree, done))
+        sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
+        done.set()
+        sampler.join()
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{argv[:6]} failed: {stderr.strip()[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, stdout
+    peak = max(usage.ru_maxrss / 1024, tree[0] / 1024)
+    return wall, usage.ru_utime + usage.ru_stime, peak, stdout
+
+
+def _sample_tree(pid: int, peak: list[int], done: threading.Event) -> None:
+    """The highest total RSS (KiB) of `pid` and its descendants into ``peak[0]``."""
+    while not done.wait(0.02):
+        total, todo = 0, [pid]
+        while todo:
+            one = todo.pop()
+            try:
+                with open(f"/proc/{one}/status") as f:
+                    total += next(
+                        (int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0
+                    )
+                with open(f"/proc/{one}/task/{one}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError):
+                continue
+        peak[0] = max(peak[0], total)
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:

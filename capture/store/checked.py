@@ -17,7 +17,7 @@ from capture import schema
 from capture.store import footer_cache
 from capture.store.claims import verified_replaced
 from capture.store.commits import uncommitted
-from capture.store.footer_procs import check_here, start_helpers
+from capture.store.footer_procs import ROWS_BLOCK, check_here, start_helpers
 from capture.store.layout import (
     VANISHED,
     FileInfo,
@@ -32,7 +32,7 @@ from capture.store.values import rows_problem
 __all__ = ["CheckedTable", "check_table"]
 
 _SLICE = 4096
-"""Files read (by the thread pool) before their rows are merged into one table."""
+"""Calls files whose footers are checked at a time (small files: `ROWS_BLOCK`)."""
 _LISTINGS = 10
 """Times a table is listed again when files vanish between listing and reading."""
 
@@ -212,8 +212,9 @@ def _read_here(
         return read_footer(fs, path, table), None
 
     fresh = []
-    for start in range(0, len(paths), _SLICE):
-        part = paths[start : start + _SLICE]
+    step = ROWS_BLOCK if small else _SLICE
+    for start in range(0, len(paths), step):
+        part = paths[start : start + step]
         if alone:
             found, rows = check_here(fs, table, part)
             verdicts.update(found)
