@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
+import capture
 from capture import schema
 from capture.store import checked, footer_procs
 from capture.store.checked import CheckedTable, check_table
@@ -164,3 +165,28 @@ def test_helpers_are_stopped_when_the_reader_fails(
         h.process is not None and h.process.returncode is not None for h in started
     )
     assert helpers_ran == []  # never waited for: stopped
+
+
+def test_a_reader_answers_the_same_with_helpers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helpers_ran: list[bool]
+) -> None:
+    store = tmp_path / "s"
+    for batches in ([1, 2], [3], [1, 4]):
+        record_flushed(store, batches)
+    monkeypatch.setenv("CAPTURE_CACHE_DIR", "off")
+
+    def answers(env: str) -> Any:
+        monkeypatch.setenv(footer_procs.ENV, env)
+        with capture.open_store(store) as opened:
+            return (
+                opened.summary().to_json(),
+                opened.dims().to_pylist(),
+                opened.query("SELECT count(*) AS n FROM calls").to_pylist(),
+                opened.query("SELECT * EXCLUDE (date) FROM calls ORDER BY call_id").to_pylist(),
+            )
+
+    alone = answers("1")
+    assert helpers_ran == []
+    assert answers("3") == alone
+    assert len(helpers_ran) == 3 and all(helpers_ran)  # stats, structures, calls
+    assert alone[2] == [{"n": 5}]
