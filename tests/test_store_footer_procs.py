@@ -63,8 +63,9 @@ def _checked(store: Path, table: str, monkeypatch: pytest.MonkeyPatch, env: str)
 
 @pytest.fixture
 def helpers_ran(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Every helper's outcome (True: its verdicts were used), with one file a share."""
+    """Every helper's outcome (True: its verdicts were used), with shares of any size."""
     monkeypatch.setattr(footer_procs, "MIN_SHARE", 1)
+    monkeypatch.setattr(footer_procs, "_HEAD_START", 0)
     outcomes: list[bool] = []
     results = footer_procs.Helper.results
 
