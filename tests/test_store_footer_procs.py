@@ -66,6 +66,7 @@ def helpers_ran(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Every helper's outcome (True: its verdicts were used), with shares of any size."""
     monkeypatch.setattr(footer_procs, "MIN_SHARE", 1)
     monkeypatch.setattr(footer_procs, "_HEAD_START", 0)
+    monkeypatch.setattr(footer_procs, "_cores", lambda: 3)  # whatever machine runs the tests
     outcomes: list[bool] = []
     results = footer_procs.Helper.results
 
@@ -128,6 +129,7 @@ def test_only_many_local_files_use_helpers(
 ) -> None:
     local = pafs.LocalFileSystem()
     many = 100 * footer_procs.MIN_SHARE
+    monkeypatch.setattr(footer_procs, "_CPU_MAX", "/nonexistent/cpu.max")
     monkeypatch.delenv(footer_procs.ENV, raising=False)
     monkeypatch.setattr(footer_procs.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     assert footer_procs.processes(local, many) == 3
@@ -139,6 +141,19 @@ def test_only_many_local_files_use_helpers(
     with caplog.at_level(logging.WARNING, logger="capture.store"):
         assert footer_procs.processes(local, many) == 3
     assert "$CAPTURE_CHECK_PROCESSES='two' is not a number" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "quota, cores", [("max 100000", 3), ("200000 100000", 2), ("50000 100000", 1)]
+)
+def test_a_cgroup_cpu_quota_bounds_the_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quota: str, cores: int
+) -> None:
+    (tmp_path / "cpu.max").write_text(quota + "\n")
+    monkeypatch.setattr(footer_procs, "_CPU_MAX", str(tmp_path / "cpu.max"))
+    monkeypatch.setattr(footer_procs.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.delenv(footer_procs.ENV, raising=False)
+    assert footer_procs.processes(pafs.LocalFileSystem(), 100 * footer_procs.MIN_SHARE) == cores
 
 
 def test_helpers_are_stopped_when_the_reader_fails(

@@ -58,6 +58,7 @@ ROWS_BLOCK = 512
 about 40 KB of memory until then (a block of 4,096 files: 175 MiB)."""
 ENV = "CAPTURE_CHECK_PROCESSES"
 _LENGTH = struct.Struct("<Q")
+_CPU_MAX = "/sys/fs/cgroup/cpu.max"
 
 Verdict = FileInfo | Skip
 Checked = tuple[dict[str, Verdict], pa.Table | None]
@@ -78,8 +79,24 @@ def processes(fs: pafs.FileSystem, files: int) -> int:
             cap = _MAX_PROCESSES
     else:
         cap = _MAX_PROCESSES
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cap, cores or 1, files // MIN_SHARE))
+    return max(1, min(cap, _cores(), files // MIN_SHARE))
+
+
+def _cores() -> int:
+    """The cores this process may use: its CPU affinity, within its cgroup's CPU quota (a
+    container limited to 2 CPUs of a 64-core host gets 2)."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    try:
+        with open(_CPU_MAX) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 quota to read: the affinity stands
+        pass
+    return cores
 
 
 def check_here(fs: pafs.FileSystem, table: str, paths: Sequence[str]) -> Checked:
