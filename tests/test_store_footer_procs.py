@@ -204,5 +204,5 @@ def test_a_reader_answers_the_same_with_helpers(
     alone = answers("1")
     assert helpers_ran == []
     assert answers("3") == alone
-    assert len(helpers_ran) == 3 and all(helpers_ran)  # stats, structures, calls
+    assert len(helpers_ran) == 6 and all(helpers_ran)  # 2 each: stats, structures, calls
     assert alone[2] == [{"n": 5}]
