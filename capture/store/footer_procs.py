@@ -42,7 +42,16 @@ from capture import schema
 from capture.store import footer_cache
 from capture.store.layout import FileInfo, Skip, read_footer, read_with_rows
 
-__all__ = ["Checked", "Helper", "MIN_SHARE", "check_here", "processes", "start_helpers"]
+__all__ = [
+    "Checked",
+    "ENV",
+    "Helper",
+    "MIN_SHARE",
+    "ROWS_BLOCK",
+    "check_here",
+    "processes",
+    "start_helpers",
+]
 
 logger = logging.getLogger("capture.store")
 
