@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 __all__ = ["builder"]
@@ -80,6 +81,9 @@ def _node(spec: Any, tensors: Iterator[bool]) -> tuple[Build, bool]:
     fast = _fast_model_output(spec, children, [t for _, t in built])
     if fast is not None:
         return fast, False
+    fast = _fast_cache(spec, built)
+    if fast is not None:
+        return fast, False
     unflatten = pytree.SUPPORTED_NODES[spec.type].unflatten_fn
     return (lambda it: unflatten([child(it) for child in children], context)), False
 
@@ -117,6 +121,24 @@ def _fast_model_output(spec: Any, children: list[Build], tensors: list[bool]) ->
         return out
 
     return build
+
+
+def _fast_cache(spec: Any, built: list[tuple[Build, bool]]) -> Build | None:
+    """The direct build of a layered cache whose children are all tensor leaves
+    (`capture.pytree.direct`), or None."""
+    from capture.pytree import nodes
+
+    if spec.type not in nodes.LAYERED_CACHES or not all(t for _, t in built):
+        return None
+    if any(not child.is_leaf() for child in spec.children()):
+        return None
+    from capture.pytree.direct import layered_cache
+
+    build = layered_cache(spec.type, spec.context, len(built))
+    if build is None:
+        return None
+    count = len(built)
+    return lambda it: build(list(islice(it, count)))
 
 
 def _same(a: Any, b: Any) -> bool:

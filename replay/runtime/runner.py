@@ -20,8 +20,9 @@ no program serves, is refused (`UnknownState`, naming the states it serves).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from capture.errors import StateError
@@ -36,6 +37,10 @@ __all__ = ["Runner", "Router", "Routed", "UnknownState", "resolve_state", "descr
 
 _MATCHING = object()
 """The key, among a call layout's descriptions by signature, of the entries it matches."""
+
+_SLOW = object()
+"""A matching entry's leaves are read again with torch's pytree (a node `walk` reads another
+way than its registration flattens)."""
 
 
 class Router:
@@ -150,16 +155,18 @@ class Router:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         walked: list[Any],
-    ) -> tuple[tuple[ProgramEntry, Any, bool], ...]:
+    ) -> tuple[tuple[ProgramEntry, Any, Any], ...]:
         """The entries whose recorded structure is the call's layout, in order: each with its
-        guard's size check and whether its leaves are the call's tensors in walk order (no
-        keyword moved, no slow read)."""
+        guard's size check and how its leaves come from the call's tensors as walked (None: in
+        walk order; `_picker` of the order its signature moves them to; `_SLOW`: read again
+        with torch's pytree)."""
         out = []
         for e in self.entries:
             treespec, leaves, _ = self._described(by_signature, args, kwargs, e, walked)
             if e.guard.matches(treespec, leaves):
                 _, _, slow, order, _ = by_signature[e.signature]
-                out.append((e, e.guard.check, not slow and order is None))
+                pick = _SLOW if slow else None if order is None else _picker(order)
+                out.append((e, e.guard.check, pick))
         return tuple(out)
 
     def route(
@@ -203,11 +210,15 @@ class Router:
                 matching = by_signature[_MATCHING] = self._matching(
                     by_signature, args, kwargs, walked
                 )
-            for entry, check, as_walked in matching:
-                if as_walked:
+            for entry, check, pick in matching:
+                if pick is None:
                     tensors = walked
-                else:
+                elif pick is _SLOW:
                     tensors = self._described(by_signature, args, kwargs, entry, walked)[2]
+                else:  # keywords moved to the signature's order: the walk's shapes, moved too
+                    if check([*chain.from_iterable(pick(shapes))]) is None:
+                        return entry, list(pick(walked))
+                    continue
                 if check(sizes(tensors)) is None:
                     return entry, tensors
         seen: dict[int, list[Any]] = {}
@@ -229,6 +240,13 @@ class Router:
         if len(distances) > 1:  # the first group tried among the fewest differing inputs
             closest = f"; closest: group {min(distances, key=lambda k: distances[k])}"
         raise CallNotServed(f"no program of {who} accepts this call ({why}){closest}", reasons)
+
+
+def _picker(order: tuple[int, ...]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A function taking the items of a sequence at `order`, as a tuple (one C call)."""
+    if len(order) > 1:
+        return itemgetter(*order)
+    return lambda items: tuple(items[i] for i in order)
 
 
 def _walked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any], list[Any]]:
