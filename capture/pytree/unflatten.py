@@ -104,16 +104,17 @@ def _fast_model_output(spec: Any, children: list[Build], tensors: list[bool]) ->
     if not set(names) <= set(fields) or len(set(names)) != len(names) or not any(tensors):
         return None  # no field sure to be non-None: the constructor decides what it holds
     at = {name: i for i, name in enumerate(names)}
-    order = [(name, at.get(name)) for name in fields]
+    present = [(name, at[name]) for name in fields if name in at]  # in field order
+    blank = dict.fromkeys(fields)  # every field None, in field order
     setitem = OrderedDict.__setitem__
     new = cls.__new__
 
     def build(it: Iterator[Any]) -> Any:
         values = [child(it) for child in children]
         out = new(cls)
-        attributes = {}
-        for name, i in order:
-            value = None if i is None else values[i]
+        attributes = blank.copy()
+        for name, i in present:
+            value = values[i]
             attributes[name] = value
             if value is not None:
                 setitem(out, name, value)
