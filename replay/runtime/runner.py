@@ -32,23 +32,15 @@ from replay.runtime.fills import fill_call
 from replay.runtime.guards import CallFacts, CallNotServed, LeafFacts, ProgramGuard, route
 from replay.runtime.manifest import Manifest, ProgramEntry
 
-__all__ = [
-    "Runner",
-    "Router",
-    "Routed",
-    "UnknownState",
-    "resolve_state",
-    "describe_states",
-    "picker",
-]
+__all__ = ["Runner", "Router", "Routed", "UnknownState", "resolve_state", "describe_states"]
+__all__ += ["picker"]
 
 
 _MATCHING = object()
 """The key, among a call layout's descriptions by signature, of the entries it matches."""
 
 _SLOW = object()
-"""A matching entry's leaves are read again with torch's pytree (a node `walk` reads another
-way than its registration flattens)."""
+"""A matching entry whose leaves are read again with torch's pytree (`Router._described`)."""
 
 
 class Router:
@@ -164,10 +156,9 @@ class Router:
         kwargs: dict[str, Any],
         walked: list[Any],
     ) -> tuple[tuple[ProgramEntry, Any, Any], ...]:
-        """The entries whose recorded structure is the call's layout, in order: each with its
+        """The entries whose recorded structure is the call's layout, in order, each with its
         guard's size check and how its leaves come from the call's tensors as walked (None: in
-        walk order; `_picker` of the order its signature moves them to; `_SLOW`: read again
-        with torch's pytree)."""
+        that order; `picker` of the order its signature moves them to; or `_SLOW`)."""
         out = []
         for e in self.entries:
             treespec, leaves, _ = self._described(by_signature, args, kwargs, e, walked)
@@ -198,11 +189,9 @@ class Router:
         if by_signature is None:
             by_signature = self._seen[full] = {}
         if entries is None:
-            # The entries whose recorded structure is this layout's, in order, each with its
-            # guard's check and how the call's tensors are its leaves: a structure does not
-            # depend on sizes, so it is matched once per layout; then only size guards run.
-            # The first entry they accept is the one `route` picks, which runs in full (every
-            # refusal described) only when none does.
+            # A structure does not depend on sizes: it is matched once per layout, then only
+            # size guards run. The first entry they accept is the one `route` picks, which runs
+            # in full (every refusal described) only when none does.
             matching = by_signature.get(_MATCHING)
             if matching is None:
                 matching = by_signature[_MATCHING] = self._matching(
