@@ -1,6 +1,8 @@
 """The ONNX runner's output builder (capture/pytree/unflatten.py) builds what torch's
-``tree_unflatten`` builds, takes the direct road for a transformers output only where the first
-call proves it gives the same object, and keeps torch's unflatten everywhere else."""
+``tree_unflatten`` builds, takes the direct road for a transformers output and a cache of
+key/value layers only where the first call proves it gives the same object (and, for a cache,
+where its constructors leave nothing a call could share), and keeps torch's unflatten everywhere
+else."""
 
 from __future__ import annotations
 
@@ -103,3 +105,74 @@ def test_same_tells_a_different_arrangement_apart() -> None:
     assert not _same({"x": a}, {"x": b})  # equal values, other objects
     assert not _same({"x": a, "y": None}, {"y": None, "x": a})  # order
     assert not _same((a,), [a])  # type
+
+
+def _cache_leaves() -> tuple[list[Any], Any]:
+    leaves, spec = pytree.tree_flatten(_decode_output())
+    return leaves, spec
+
+
+def test_a_decode_step_s_cache_is_built_without_the_layers_constructors(monkeypatch: Any) -> None:
+    import transformers.cache_utils as cu
+
+    leaves, spec = _cache_leaves()
+    build, _ = builder(spec, leaves)
+    called = []
+    monkeypatch.setattr(cu.DynamicLayer, "__init__", lambda self, **k: called.append("layer"))
+    monkeypatch.setattr(cu.Cache, "__init__", lambda self, **k: called.append("cache"))
+    fresh = [torch.randn_like(t) for t in leaves]
+    got = build(fresh)
+    assert not called  # built from the constructors' attributes, read once
+    monkeypatch.undo()
+    assert _same(got, pytree.tree_unflatten(fresh, spec))
+    cache = got[_CACHE]
+    assert [layer.keys for layer in cache.layers] == [fresh[1], fresh[2]]
+    assert [layer.values for layer in cache.layers] == [fresh[3], fresh[4]]
+    assert cache.layers[0] is not build(fresh)[_CACHE].layers[0]  # new objects every call
+    # a working cache: a decode step grows it as it grows one the model made
+    cache.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), 0)
+    assert cache.get_seq_length() == 4 and cache.layers[1].keys.shape[-2] == 3
+
+
+def test_a_layer_whose_constructor_leaves_mutable_state_keeps_its_constructor(
+    monkeypatch: Any,
+) -> None:
+    import transformers.cache_utils as cu
+
+    from capture.pytree.direct import layered_cache
+
+    real: Any = cu.DynamicLayer.__init__
+
+    def with_a_list(self: Any, **kwargs: Any) -> None:
+        real(self, **kwargs)
+        self.history = []  # shared between calls, were it copied
+
+    monkeypatch.setattr(cu.DynamicLayer, "__init__", with_a_list)
+    leaves, spec = _cache_leaves()
+    cache_spec = spec.child(1)
+    assert layered_cache(cache_spec.type, cache_spec.context, 4) is None
+    build, _ = builder(spec, leaves)
+    first, second = build(leaves), build(leaves)
+    assert _same(first, pytree.tree_unflatten(leaves, spec))
+    assert first[_CACHE].layers[0].history is not second[_CACHE].layers[0].history
+
+
+def test_a_sliding_window_cache_is_left_to_its_registered_unflatten() -> None:
+    import transformers.cache_utils as cu
+
+    from capture.pytree.direct import layered_cache
+
+    register_types({"transformers.cache_utils.DynamicCache"})
+    cache = object.__new__(cu.DynamicCache)  # as the registered unflatten makes one
+    cu.Cache.__init__(cache, layers=[cu.DynamicSlidingWindowLayer(sliding_window=4)])
+    cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), 0)
+    leaves, spec = pytree.tree_flatten(cache)
+    assert layered_cache(spec.type, spec.context, len(leaves)) is None
+    build, _ = builder(spec, leaves)
+    fresh = [torch.randn_like(t) for t in leaves]
+    got, expected = build(fresh).layers[0], pytree.tree_unflatten(fresh, spec).layers[0]
+    # its constructor makes a tensor of its own: each build has a new one, as torch's has
+    assert got._sliding_window_tensor is not expected._sliding_window_tensor
+    assert type(got) is type(expected) and list(vars(got)) == list(vars(expected))
+    assert got.keys is fresh[0] and got.values is fresh[1]
+    assert got.cumulative_length == expected.cumulative_length

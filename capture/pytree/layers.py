@@ -46,6 +46,7 @@ __all__ = [
     "child_keys",
     "rebuild_layers",
     "fill_kv",
+    "kv_only_layers",
     "reset",
 ]
 
@@ -394,6 +395,23 @@ def _parsed(context: Sequence[Any]) -> tuple[list[_Recorded], list[int], bool, i
     if isinstance(context, tuple) and len(_PARSED) < 256:
         _PARSED[context] = found
     return found
+
+
+def kv_only_layers(context: Sequence[Any]) -> list[Any] | None:
+    """New empty layers for a recorded context whose layers hold keys and values only (no
+    sliding window, fill level, linear-attention state or opaque layer): what `rebuild_layers`
+    makes before it fills them; None for any other context."""
+    import transformers.cache_utils as cu
+
+    records, kv, windows, _ = _parsed(context)
+    if windows or len(kv) != len(records):
+        return None
+    if any(
+        r.opaque or r.fill or r.linear is not None or r.window is not None or r.size is not None
+        for r in records
+    ):
+        return None
+    return [_new_layer(cu, rec) for rec in records]
 
 
 def rebuild_layers(context: Sequence[Any], children: Sequence[Any]) -> tuple[list[Any], Any]:

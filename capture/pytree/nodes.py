@@ -170,6 +170,8 @@ def _seen_leaf(cache: Any, seen: Any) -> torch.Tensor:
 
 _ANCHOR = "_capture_seen_tokens"
 _is_initialized = operator.attrgetter("is_initialized")
+_keys = operator.attrgetter("keys")
+_values = operator.attrgetter("values")
 _TENSOR_ONLY = {torch.Tensor}
 
 
@@ -213,10 +215,9 @@ def walk_layers(cache: Any) -> tuple[list[Any], tuple[Any, ...], bool]:
     layers = cache.layers
     types = tuple(map(type, layers))
     layout = layer_state.layout_of(types)
-    if layout.plain is not None:
-        keys = [layer.keys for layer in layers]
-        values = [layer.values for layer in layers]
-        return keys + values, layout.plain, all(map(_is_initialized, layers))
+    if layout.plain is not None:  # C-level passes: the recorder and the runners walk every call
+        children = [*map(_keys, layers), *map(_values, layers)]
+        return children, layout.plain, all(map(_is_initialized, layers))
     context = layer_state.context_of(layers, types, layout)
     children = layer_state.children(layers, layout, _seen(cache, layers, layout))
     if layout.dense:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 __all__ = ["builder"]
@@ -80,6 +81,9 @@ def _node(spec: Any, tensors: Iterator[bool]) -> tuple[Build, bool]:
     fast = _fast_model_output(spec, children, [t for _, t in built])
     if fast is not None:
         return fast, False
+    fast = _fast_cache(spec, built)
+    if fast is not None:
+        return fast, False
     unflatten = pytree.SUPPORTED_NODES[spec.type].unflatten_fn
     return (lambda it: unflatten([child(it) for child in children], context)), False
 
@@ -100,16 +104,17 @@ def _fast_model_output(spec: Any, children: list[Build], tensors: list[bool]) ->
     if not set(names) <= set(fields) or len(set(names)) != len(names) or not any(tensors):
         return None  # no field sure to be non-None: the constructor decides what it holds
     at = {name: i for i, name in enumerate(names)}
-    order = [(name, at.get(name)) for name in fields]
+    present = [(name, at[name]) for name in fields if name in at]  # in field order
+    blank = dict.fromkeys(fields)  # every field None, in field order
     setitem = OrderedDict.__setitem__
     new = cls.__new__
 
     def build(it: Iterator[Any]) -> Any:
         values = [child(it) for child in children]
         out = new(cls)
-        attributes = {}
-        for name, i in order:
-            value = None if i is None else values[i]
+        attributes = blank.copy()
+        for name, i in present:
+            value = values[i]
             attributes[name] = value
             if value is not None:
                 setitem(out, name, value)
@@ -117,6 +122,24 @@ def _fast_model_output(spec: Any, children: list[Build], tensors: list[bool]) ->
         return out
 
     return build
+
+
+def _fast_cache(spec: Any, built: list[tuple[Build, bool]]) -> Build | None:
+    """The direct build of a layered cache whose children are all tensor leaves
+    (`capture.pytree.direct`), or None."""
+    from capture.pytree import nodes
+
+    if spec.type not in nodes.LAYERED_CACHES or not all(t for _, t in built):
+        return None
+    if any(not child.is_leaf() for child in spec.children()):
+        return None
+    from capture.pytree.direct import layered_cache
+
+    build = layered_cache(spec.type, spec.context, len(built))
+    if build is None:
+        return None
+    count = len(built)
+    return lambda it: build(list(islice(it, count)))
 
 
 def _same(a: Any, b: Any) -> bool:

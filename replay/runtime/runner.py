@@ -20,8 +20,9 @@ no program serves, is refused (`UnknownState`, naming the states it serves).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from capture.errors import StateError
@@ -32,10 +33,14 @@ from replay.runtime.guards import CallFacts, CallNotServed, LeafFacts, ProgramGu
 from replay.runtime.manifest import Manifest, ProgramEntry
 
 __all__ = ["Runner", "Router", "Routed", "UnknownState", "resolve_state", "describe_states"]
+__all__ += ["picker"]
 
 
 _MATCHING = object()
 """The key, among a call layout's descriptions by signature, of the entries it matches."""
+
+_SLOW = object()
+"""A matching entry whose leaves are read again with torch's pytree (`Router._described`)."""
 
 
 class Router:
@@ -150,16 +155,17 @@ class Router:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         walked: list[Any],
-    ) -> tuple[tuple[ProgramEntry, Any, bool], ...]:
-        """The entries whose recorded structure is the call's layout, in order: each with its
-        guard's size check and whether its leaves are the call's tensors in walk order (no
-        keyword moved, no slow read)."""
+    ) -> tuple[tuple[ProgramEntry, Any, Any], ...]:
+        """The entries whose recorded structure is the call's layout, in order, each with its
+        guard's size check and how its leaves come from the call's tensors as walked (None: in
+        that order; `picker` of the order its signature moves them to; or `_SLOW`)."""
         out = []
         for e in self.entries:
             treespec, leaves, _ = self._described(by_signature, args, kwargs, e, walked)
             if e.guard.matches(treespec, leaves):
                 _, _, slow, order, _ = by_signature[e.signature]
-                out.append((e, e.guard.check, not slow and order is None))
+                pick = _SLOW if slow else None if order is None else picker(order)
+                out.append((e, e.guard.check, pick))
         return tuple(out)
 
     def route(
@@ -182,41 +188,50 @@ class Router:
         by_signature = self._seen.get(full)  # the layout's key hashed once per call
         if by_signature is None:
             by_signature = self._seen[full] = {}
-        dims: list[int] | None = None
-
-        def sizes(tensors: list[Any]) -> list[int]:
-            nonlocal dims
-            if tensors is not walked:  # described the slow way: its own tensors, its own sizes
-                return [int(s) for t in tensors for s in t.shape]
-            if dims is None:  # the call's sizes, read once for every entry tried
-                dims = [*chain.from_iterable(shapes)]
-            return dims
-
         if entries is None:
-            # The entries whose recorded structure is this layout's, in order, each with its
-            # guard's check and whether the call's tensors are its leaves as walked: a structure
-            # does not depend on sizes, so it is matched once per layout; then only size guards
-            # run. The first entry they accept is the one `route` picks, which runs in full
-            # (every refusal described) only when none does.
+            # A structure does not depend on sizes: it is matched once per layout, then only
+            # size guards run. The first entry they accept is the one `route` picks, which runs
+            # in full (every refusal described) only when none does.
             matching = by_signature.get(_MATCHING)
             if matching is None:
                 matching = by_signature[_MATCHING] = self._matching(
                     by_signature, args, kwargs, walked
                 )
-            for entry, check, as_walked in matching:
-                if as_walked:
-                    tensors = walked
-                else:
+            dims = None
+            for entry, check, pick in matching:
+                if pick is None:  # the call's sizes as walked, read once for every entry tried
+                    if dims is None:
+                        dims = [*chain.from_iterable(shapes)]
+                    if check(dims) is None:
+                        return entry, walked
+                elif pick is _SLOW:  # described the slow way: its own tensors, its own sizes
                     tensors = self._described(by_signature, args, kwargs, entry, walked)[2]
-                if check(sizes(tensors)) is None:
-                    return entry, tensors
+                    if check([int(s) for t in tensors for s in t.shape]) is None:
+                        return entry, tensors
+                elif check([*chain.from_iterable(pick(shapes))]) is None:
+                    # keywords moved to the signature's order: the walk's shapes, moved too
+                    return entry, list(pick(walked))
+        return self._route_in_full(args, kwargs, entries, by_signature, walked, shapes)
+
+    def _route_in_full(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        entries: Sequence[ProgramEntry] | None,
+        by_signature: dict[Any, Any],
+        walked: list[Any],
+        shapes: list[Any],
+    ) -> tuple[ProgramEntry, list[Any]]:
+        """`route` by `replay.runtime.guards.route` itself, every entry's refusal described."""
         seen: dict[int, list[Any]] = {}
 
         def facts(guard: ProgramGuard) -> CallFacts:
             entry = self._by_guard[id(guard)]
             treespec, leaves, tensors = self._described(by_signature, args, kwargs, entry, walked)
             seen[id(guard)] = tensors
-            return treespec, leaves, sizes(tensors)
+            if tensors is walked:
+                return treespec, leaves, [*chain.from_iterable(shapes)]
+            return treespec, leaves, [int(s) for t in tensors for s in t.shape]
 
         tried = self.entries if entries is None else entries
         distances: dict[str, int] = {}
@@ -229,6 +244,13 @@ class Router:
         if len(distances) > 1:  # the first group tried among the fewest differing inputs
             closest = f"; closest: group {min(distances, key=lambda k: distances[k])}"
         raise CallNotServed(f"no program of {who} accepts this call ({why}){closest}", reasons)
+
+
+def picker(order: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A function taking the items of a sequence at `order`, as a tuple (one C call)."""
+    if len(order) > 1:
+        return itemgetter(*order)
+    return lambda items: tuple(items[i] for i in order)
 
 
 def _walked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any], list[Any]]:

@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from operator import methodcaller
 from typing import Any
 
 from replay.runtime.guards import CallNotServed
@@ -24,6 +25,10 @@ __all__ = ["OnnxProgram"]
 
 _NUMPY_LACKS = ("bfloat16", "float8", "float4", "int4", "int2", "complex32")
 """Element types (manifest dtypes, onnxruntime's ``tensor(...)`` names) numpy has no type for."""
+
+
+_numpy = methodcaller("numpy")
+"""``Tensor.numpy`` (without importing torch)."""
 
 
 def _ort_value(t: Any) -> Any:
@@ -88,6 +93,7 @@ class OnnxProgram:
         self._spec: Any = None
         # the output builder, made at the first call (`capture.pytree.unflatten`)
         self._build: Any = None
+        self._from_numpy: Any = None  # ``torch.from_numpy``, once a call has run
 
     def _true(self) -> Any:
         """A true flag, fed as this file's feeds are (a numpy array or a C-level OrtValue)."""
@@ -138,13 +144,19 @@ class OnnxProgram:
             return None
         return tuple(at[path] for _, path in self._inputs)
 
-    def run_at(self, tensors: Sequence[Any], order: Sequence[int]) -> Any:
-        """`run` on a call's tensors in leaf order, the file's inputs at `order`
-        (`feed_order`, made once per entry)."""
-        feeds = dict(self._flags)
-        feed = self._feed
-        for name, i in zip(self._names_in, order, strict=True):
-            feeds[name] = feed(tensors[i])
+    def run_at(self, tensors: Sequence[Any], pick: Callable[[Sequence[Any]], Sequence[Any]]) -> Any:
+        """`run` on a call's tensors in leaf order, the file's inputs taken by `pick`
+        (`replay.runtime.runner.picker` of `feed_order`, made once per entry)."""
+        picked = pick(tensors)
+        if not self._numpy:
+            feeds = dict(zip(self._names_in, map(self._dlpack, picked), strict=True))
+        else:
+            try:  # one C-level pass for the common case (`_array`)
+                feeds = dict(zip(self._names_in, map(_numpy, picked), strict=True))
+            except (RuntimeError, TypeError):
+                feeds = dict(zip(self._names_in, map(self._array, picked), strict=True))
+        if self._flags:
+            feeds.update(self._flags)
         return self._answer(feeds)
 
     @staticmethod
@@ -170,14 +182,19 @@ class OnnxProgram:
 
     def _answer(self, feeds: dict[str, Any]) -> Any:
         """Runs the session on `feeds`; the output tree (eager's types)."""
-        import torch
-
         label = self.name
+        from_numpy = self._from_numpy
+        if from_numpy is None:  # torch is imported by then: the call's tensors are its
+            import torch
+
+            from_numpy = self._from_numpy = torch.from_numpy
         try:
             if self._numpy:
                 arrays = self.session._sess.run(self._fetch, feeds, None)
-                values = list(map(torch.from_numpy, arrays))
+                values = list(map(from_numpy, arrays))
             else:
+                import torch
+
                 got = self.session._sess.run_with_ort_values(feeds, self._fetch, None)
                 values = got.to_dlpacks(torch._C._from_dlpack)
         except Exception as e:  # onnxruntime's Fail / InvalidArgument: the file refused the call

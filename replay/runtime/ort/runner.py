@@ -41,7 +41,7 @@ from replay.runtime.ort.combined import Branch, Checked, combine, partition
 from replay.runtime.ort.manifest import OnnxManifest, manifest_path, read_onnx_set
 from replay.runtime.ort.program import OnnxProgram
 from replay.runtime.ort.weights import OnnxFileError
-from replay.runtime.runner import Routed, Router
+from replay.runtime.runner import Routed, Router, picker
 
 __all__ = ["OnnxRunner", "OnnxProgram", "OpenedSet", "load_onnx", "open_onnx", "open_set", "CPU"]
 
@@ -82,10 +82,17 @@ class OnnxRunner(Routed):
             id(e): [leaf.path for leaf in e.guard.leaves if leaf.kind == "tensor"]
             for e in self._router.entries
         }
-        self._order = {
-            id(e): programs[e.program].feed_order(self._paths[id(e)])
+        orders = {
+            id(e): (programs[e.program], programs[e.program].feed_order(self._paths[id(e)]))
             for e in self._router.entries
             if not e.fills and e.program in programs
+        }
+        # per entry: its program and the function picking its file's inputs among the call's
+        # tensors
+        self._plans = {
+            k: (program, picker(order))
+            for k, (program, order) in orders.items()
+            if order is not None
         }
         if not module:
             for name in manifest.manifest.modules:
@@ -104,6 +111,9 @@ class OnnxRunner(Routed):
         """
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
+        plan = self._plans.get(id(entry))
+        if plan is not None:
+            return plan[0].run_at(tensors, plan[1])
         return self._run(entry, args, kwargs, tensors)
 
     def _run(
@@ -112,9 +122,9 @@ class OnnxRunner(Routed):
         """Runs a routed call on its entry's file: its tensors fed in the order made once per
         entry, or by leaf path where inputs are filled (or the file takes one the entry lacks:
         `OnnxProgram.run` names it)."""
-        order = self._order.get(id(entry))
-        if order is not None:
-            return self.programs[entry.program].run_at(tensors, order)
+        plan = self._plans.get(id(entry))
+        if plan is not None:
+            return plan[0].run_at(tensors, plan[1])
         return self.programs[entry.program].run(self._by_path(entry, args, kwargs, tensors))
 
     def _by_path(
