@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 
 import replay
 from fixtures.generate_traffic import record_traffic, tiny_causal
+from fixtures.names import cache_argument
 from replay.runtime.guards import CallNotServed
 from replay.runtime.ort.runner import OnnxRunner, load_onnx
 from replay.runtime.runner import _MATCHING, _SLOW
@@ -136,7 +137,7 @@ def test_a_decode_call_past_the_recorded_batch_is_refused(traffic: Any) -> None:
     grow = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
     for name, value in grow.items():
         kwargs[name] = torch.cat([value, value[:1]])
-    cache = kwargs["cache"]
+    cache = kwargs[cache_argument("LlamaForCausalLM")]  # as the installed release spells it
     for layer in cache.layers:
         layer.keys = torch.cat([layer.keys, layer.keys[:1]])
         layer.values = torch.cat([layer.values, layer.values[:1]])
