@@ -17,22 +17,17 @@ from capture import schema
 from capture.store import footer_cache
 from capture.store.claims import verified_replaced
 from capture.store.commits import uncommitted
-from capture.store.footer_procs import ROWS_BLOCK, check_here, start_helpers
+from capture.store.footer_procs import blocks, check_block, start_helpers
 from capture.store.layout import (
     VANISHED,
     FileInfo,
     Skip,
     list_files,
-    read_footer,
-    read_footers,
-    read_with_rows,
 )
 from capture.store.values import rows_problem
 
 __all__ = ["CheckedTable", "check_table"]
 
-_SLICE = 4096
-"""Calls files whose footers are checked at a time (small files: `ROWS_BLOCK`)."""
 _LISTINGS = 10
 """Times a table is listed again when files vanish between listing and reading."""
 
@@ -203,32 +198,13 @@ def _read_here(
     alone: bool,
 ) -> list[pa.Table]:
     """Checks `paths` in this process (`alone`: in this thread, as helper processes check the
-    other shares), their verdicts into `verdicts`; the rows read, one table per slice."""
-    small = table != schema.CALLS
-
-    def check(fs: pafs.FileSystem, path: str) -> tuple[FileInfo | Skip, pa.Table | None]:
-        if small:  # the rows' values are checked per slice (`_sound`)
-            return read_with_rows(fs, path, table, check_values=False)
-        return read_footer(fs, path, table), None
-
+    other shares), their verdicts into `verdicts`; the rows read, one table per block (100,000
+    small tables cost GBs of memory)."""
     fresh = []
-    step = ROWS_BLOCK if small else _SLICE
-    for start in range(0, len(paths), step):
-        part = paths[start : start + step]
-        if alone:
-            found, rows = check_here(fs, table, part)
-            verdicts.update(found)
-        else:
-            tables, names = [], []
-            for path, (verdict, one) in zip(
-                part, read_footers(fs, part, check, small), strict=True
-            ):
-                verdicts[path] = verdict
-                if one is not None:
-                    tables.append(one)
-                    names.append(path)
-            rows = footer_cache.with_files(tables, names) if tables else None
-        if rows is not None:  # one table per slice: 100,000 small tables cost GBs of memory
+    for part in blocks(table, paths):
+        found, rows = check_block(fs, table, part, threads=not alone)
+        verdicts.update(found)
+        if rows is not None:
             fresh.extend(_sound(table, rows, verdicts))
     return fresh
 

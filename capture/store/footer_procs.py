@@ -32,7 +32,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -40,7 +40,7 @@ import pyarrow.ipc
 
 from capture import schema
 from capture.store import footer_cache
-from capture.store.layout import FileInfo, Skip, read_footer, read_with_rows
+from capture.store.layout import FileInfo, Skip, read_footer, read_footers, read_with_rows
 
 __all__ = [
     "Checked",
@@ -48,7 +48,10 @@ __all__ = [
     "Helper",
     "MIN_SHARE",
     "ROWS_BLOCK",
+    "blocks",
+    "check_block",
     "check_here",
+    "check_one",
     "processes",
     "start_helpers",
 ]
@@ -65,6 +68,8 @@ _HEAD_START = 1_000
 ROWS_BLOCK = 512
 """Small files whose rows are merged into one table at a time: each file's own table costs
 about 40 KB of memory until then (a block of 4,096 files: 175 MiB)."""
+_CALLS_BLOCK = 4096
+"""Calls files checked at a time (no rows to merge: the block only paces `read_footers`)."""
 ENV = "CAPTURE_CHECK_PROCESSES"
 _LENGTH = struct.Struct("<Q")
 _CPU_MAX = "/sys/fs/cgroup/cpu.max"
@@ -108,25 +113,54 @@ def _cores() -> int:
     return cores
 
 
-def check_here(fs: pafs.FileSystem, table: str, paths: Sequence[str]) -> Checked:
-    """The verdicts of `paths` (and the small files' rows), checked in this thread."""
-    verdicts: dict[str, Verdict] = {}
+def check_one(fs: pafs.FileSystem, table: str, path: str) -> tuple[Verdict, pa.Table | None]:
+    """One file's verdict and, for a small file that passed, its rows (values not checked yet:
+    the reader checks many files' rows at once)."""
     if table == schema.CALLS:
-        for path in paths:
-            verdicts[path] = read_footer(fs, path, table)
-        return verdicts, None
-    blocks = []
-    for start in range(0, len(paths), ROWS_BLOCK):
-        tables, names = [], []
-        for path in paths[start : start + ROWS_BLOCK]:
-            verdict, rows = read_with_rows(fs, path, table, check_values=False)
-            verdicts[path] = verdict
-            if rows is not None:
-                tables.append(rows)
-                names.append(path)
-        if tables:
-            blocks.append(footer_cache.with_files(tables, names))
-    return verdicts, pa.concat_tables(blocks, promote_options="permissive") if blocks else None
+        return read_footer(fs, path, table), None
+    return read_with_rows(fs, path, table, check_values=False)
+
+
+def blocks(table: str, paths: Sequence[str]) -> Iterator[Sequence[str]]:
+    """`paths` in the blocks they are checked in: `ROWS_BLOCK` small files (their rows merged
+    per block), `_CALLS_BLOCK` calls files."""
+    step = _CALLS_BLOCK if table == schema.CALLS else ROWS_BLOCK
+    for start in range(0, len(paths), step):
+        yield paths[start : start + step]
+
+
+def check_block(
+    fs: pafs.FileSystem, table: str, paths: Sequence[str], threads: bool = False
+) -> Checked:
+    """The verdicts of one block of `paths` and their rows in one table, checked in this
+    thread, or by `read_footers`'s threads where they help (`threads`)."""
+    if threads:
+        checked = read_footers(
+            fs, paths, lambda f, p: check_one(f, table, p), decodes=table != schema.CALLS
+        )
+    else:
+        checked = [check_one(fs, table, p) for p in paths]
+    verdicts: dict[str, Verdict] = {}
+    tables, names = [], []
+    for path, (verdict, rows) in zip(paths, checked, strict=True):
+        verdicts[path] = verdict
+        if rows is not None:
+            tables.append(rows)
+            names.append(path)
+    return verdicts, footer_cache.with_files(tables, names) if tables else None
+
+
+def check_here(fs: pafs.FileSystem, table: str, paths: Sequence[str]) -> Checked:
+    """The verdicts of `paths` and the small files' rows, checked in this thread (a helper's
+    share)."""
+    verdicts: dict[str, Verdict] = {}
+    parts = []
+    for part in blocks(table, paths):
+        found, rows = check_block(fs, table, part)
+        verdicts.update(found)
+        if rows is not None:
+            parts.append(rows)
+    return verdicts, pa.concat_tables(parts, promote_options="permissive") if parts else None
 
 
 class Helper:
