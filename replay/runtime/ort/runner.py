@@ -82,18 +82,15 @@ class OnnxRunner(Routed):
             id(e): [leaf.path for leaf in e.guard.leaves if leaf.kind == "tensor"]
             for e in self._router.entries
         }
-        orders = {
-            id(e): (programs[e.program], programs[e.program].feed_order(self._paths[id(e)]))
-            for e in self._router.entries
-            if not e.fills and e.program in programs
-        }
         # per entry: its program and the function picking its file's inputs among the call's
         # tensors
-        self._plans = {
-            k: (program, picker(order))
-            for k, (program, order) in orders.items()
-            if order is not None
-        }
+        self._plans: dict[int, tuple[OnnxProgram, Any]] = {}
+        for e in self._router.entries:
+            if e.fills or e.program not in programs:
+                continue
+            order = programs[e.program].feed_order(self._paths[id(e)])
+            if order is not None:
+                self._plans[id(e)] = (programs[e.program], picker(order))
         if not module:
             for name in manifest.manifest.modules:
                 if name:
@@ -111,9 +108,6 @@ class OnnxRunner(Routed):
         """
         kwargs = self._router.spelled(kwargs)
         entry, tensors = self._router.route(args, kwargs)
-        plan = self._plans.get(id(entry))
-        if plan is not None:
-            return plan[0].run_at(tensors, plan[1])
         return self._run(entry, args, kwargs, tensors)
 
     def _run(
