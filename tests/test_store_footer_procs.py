@@ -103,7 +103,8 @@ def test_helpers_find_what_the_reader_finds(
         # a well-formed answer about other files than those it was given
         "import sys, json, capture.store.footer_procs as f;"
         "sys.stdin = __import__('io').TextIOWrapper(__import__('io').BytesIO("
-        "json.dumps(['/elsewhere.parquet']).encode()));"
+        "json.dumps({'paths': ['/elsewhere.parquet'], 'columns': None, 'budget': 0})"
+        ".encode()));"
         "f._main(sys.argv[1])",
     ],
     ids=["fails", "garbage", "other files"],
@@ -162,8 +163,8 @@ def test_helpers_are_stopped_when_the_reader_fails(
     started: list[footer_procs.Helper] = []
     init = footer_procs.Helper.__init__
 
-    def spied(self: footer_procs.Helper, table: str, paths: Any) -> None:
-        init(self, table, paths)
+    def spied(self: footer_procs.Helper, table: str, paths: Any, *more: Any) -> None:
+        init(self, table, paths, *more)
         started.append(self)
 
     def fails(*args: object, **kwargs: object) -> None:

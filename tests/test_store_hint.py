@@ -12,14 +12,14 @@ import pytest
 from click.testing import CliRunner
 
 from capture.cli.main import cli
-from capture.store import reader
+from capture.store import upkeep
 from tests.flushed_writers import record_flushed
 
 
 @pytest.fixture()
 def flushed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(reader, "_HINT_FILES", 6)
-    monkeypatch.setattr(reader, "_HINT_RATIO", 5)
+    monkeypatch.setattr(upkeep, "_HINT_FILES", 6)
+    monkeypatch.setattr(upkeep, "_HINT_RATIO", 5)
     monkeypatch.setenv("CAPTURE_CACHE_DIR", "off")
     root = tmp_path / "store"
     record_flushed(root, [1, 2, 3, 1, 2, 3, 4])  # 7 calls files of one call each

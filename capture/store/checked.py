@@ -8,6 +8,7 @@ file provably replaces left out (`capture.store.claims`), with the reader's cach
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -30,6 +31,12 @@ __all__ = ["CheckedTable", "check_table"]
 
 _LISTINGS = 10
 """Times a table is listed again when files vanish between listing and reading."""
+COLUMN_FILES = 1_000
+"""Fewest calls files whose columns are read with their checks: below, DuckDB reading the
+files after the check costs about what the check does."""
+COLUMN_BUDGET = 256 << 20
+"""Most bytes of calls rows read with the checks (the reader's share half, each helper's a
+quarter); a larger read is left to DuckDB, which streams it."""
 
 
 @dataclass(frozen=True)
@@ -56,10 +63,17 @@ class CheckedTable:
     columns that all of them lack, added by a later version, are added as nulls)."""
     file_rows: dict[str, int] = field(default_factory=dict)
     """Kept file -> its rows, from its checked footer (`capture.store.row_counts`)."""
+    columns: pa.Table | None = None
+    """Calls: the asked columns of every kept file's rows, read with the checks, with the
+    file column (`footer_cache`, dictionary-encoded); None when not asked or not all read."""
 
 
 def check_table(
-    fs: pafs.FileSystem, root: str, table: str, cache: footer_cache.FooterCache | None
+    fs: pafs.FileSystem,
+    root: str,
+    table: str,
+    cache: footer_cache.FooterCache | None,
+    columns: Sequence[str] | None = None,
 ) -> CheckedTable:
     """The files of `table` that join its view: checked, not provably replaced.
 
@@ -78,12 +92,15 @@ def check_table(
         root: The store's root on `fs`.
         table: ``calls``, ``stats`` or ``structures``.
         cache: The reader's cache (used for tables of `footer_cache.MIN_FILES` files or more).
+        columns: Calls: columns whose rows to read with the checks (`CheckedTable.columns`),
+            when every file is read (none cached) and there are `COLUMN_FILES` or more, until
+            they hold `COLUMN_BUDGET` bytes.
     """
     for _ in range(_LISTINGS - 1):
-        found = _check_once(fs, root, table, cache, last=False)
+        found = _check_once(fs, root, table, cache, columns, last=False)
         if not found.vanished:
             return found.checked
-    return _check_once(fs, root, table, cache, last=True).checked
+    return _check_once(fs, root, table, cache, columns, last=True).checked
 
 
 @dataclass(frozen=True)
@@ -93,7 +110,12 @@ class _Attempt:
 
 
 def _check_once(
-    fs: pafs.FileSystem, root: str, table: str, cache: footer_cache.FooterCache | None, last: bool
+    fs: pafs.FileSystem,
+    root: str,
+    table: str,
+    cache: footer_cache.FooterCache | None,
+    columns: Sequence[str] | None,
+    last: bool,
 ) -> _Attempt:
     skips: list[Skip] = []
     stamps: dict[str, str] = {}
@@ -107,8 +129,10 @@ def _check_once(
     verdicts = {p: v for p, (stamp, v) in cached.items() if stamps.get(p) == stamp}
     todo = [i.path for i in infos if i.path not in verdicts]
     todo_set = set(todo)
+    if table != schema.CALLS or verdicts or len(todo) < COLUMN_FILES:
+        columns = None  # DuckDB reads the files after the check as cheaply
 
-    fresh = _read(fs, table, todo, verdicts)  # rows read now, with the file column
+    fresh = _read(fs, table, todo, verdicts, columns)  # rows read now, with the file column
     good: list[FileInfo] = []
     vanished: set[str] = set()
     for info in infos:
@@ -149,8 +173,9 @@ def _check_once(
     uniform = len({f.columns for f in final}) <= 1
     waiting = frozenset(p for paths in pending.values() for p in paths)
     counts = {f.path: f.rows for f in final}
+    read = _read_columns(fresh, final) if columns is not None else None
     result = CheckedTable(
-        kept, skips, refused, kept_rows, exact, waiting, _folders(final), uniform, counts
+        kept, skips, refused, kept_rows, exact, waiting, _folders(final), uniform, counts, read
     )
     return _Attempt(result, bool(vanished))
 
@@ -164,22 +189,38 @@ def _folders(kept: list[FileInfo]) -> dict[str, tuple[int, int]]:
     return folders
 
 
+def _read_columns(fresh: list[pa.Table], final: list[FileInfo]) -> pa.Table | None:
+    """The rows read of the `final` files (with the file column), None unless every row of
+    theirs was read (a budget reached, a page that did not decode)."""
+    rows = pa.concat_tables(fresh) if fresh else None
+    if rows is None:
+        return None
+    if not final:
+        return None
+    rows = rows.filter(footer_cache.file_mask(rows, [f.path for f in final]))
+    return rows if rows.num_rows == sum(f.rows for f in final) else None
+
+
 def _read(
-    fs: pafs.FileSystem, table: str, paths: list[str], verdicts: dict[str, FileInfo | Skip]
+    fs: pafs.FileSystem,
+    table: str,
+    paths: list[str],
+    verdicts: dict[str, FileInfo | Skip],
+    columns: Sequence[str] | None = None,
 ) -> list[pa.Table]:
     """Checks `paths`, their verdicts into `verdicts`; the rows read, in the order of `paths`.
 
     Many files at once (helper processes, a thread pool): one after the other, 100,000 files
     took minutes to open. Each is checked against the schema.
     """
-    helpers, own = start_helpers(fs, table, paths)
+    helpers, own = start_helpers(fs, table, paths, columns, COLUMN_BUDGET // 4)
     try:
-        mine = _read_here(fs, table, own, verdicts, alone=bool(helpers))
+        mine = _read_here(fs, table, own, verdicts, not helpers, columns)
         fresh: list[pa.Table] = []
         for helper in helpers:
             found = helper.results()
             if found is None:  # it failed: its share is checked here, the same way
-                fresh.extend(_read_here(fs, table, helper.paths, verdicts, alone=True))
+                fresh.extend(_read_here(fs, table, helper.paths, verdicts, False, columns))
             else:
                 verdicts.update(found[0])
                 if found[1] is not None:
@@ -195,17 +236,21 @@ def _read_here(
     table: str,
     paths: list[str],
     verdicts: dict[str, FileInfo | Skip],
-    alone: bool,
+    threads: bool,
+    columns: Sequence[str] | None = None,
 ) -> list[pa.Table]:
-    """Checks `paths` in this process (`alone`: in this thread, as helper processes check the
-    other shares), their verdicts into `verdicts`; the rows read, one table per block (100,000
-    small tables cost GBs of memory)."""
+    """Checks `paths` in this process (in this thread unless `threads`: helper processes check
+    the other shares), their verdicts into `verdicts`; the rows read, one table per block
+    (100,000 small tables cost GBs of memory), calls rows until `COLUMN_BUDGET` bytes."""
     fresh = []
+    held = 0
     for part in blocks(table, paths):
-        found, rows = check_block(fs, table, part, threads=not alone)
+        asked = columns if held <= COLUMN_BUDGET // 2 else None
+        found, rows = check_block(fs, table, part, threads=threads, columns=asked)
         verdicts.update(found)
         if rows is not None:
             fresh.extend(_sound(table, rows, verdicts))
+            held += rows.nbytes
     return fresh
 
 

@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 
 from capture import schema
 from capture.store.files import vanished
-from capture.store.layout import VANISHED, FileInfo, Skip, read_footers
+from capture.store.layout import VANISHED, FileInfo, Skip
+from capture.store.many_reads import read_footers
 
 __all__ = ["verified_replaced", "holds_rows"]
 

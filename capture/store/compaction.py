@@ -60,8 +60,8 @@ from capture.store.layout import (
     list_files,
     open_root,
     read_footer,
-    read_footers,
 )
+from capture.store.many_reads import read_footers
 
 __all__ = [
     "compact",

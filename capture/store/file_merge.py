@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 
 from capture import schema
 from capture.store.files import vanished
-from capture.store.layout import FileInfo, read_footers
+from capture.store.layout import FileInfo
+from capture.store.many_reads import read_footers
 from capture.store.stats_merge import SIGNATURE_MERGE
 from capture.store.values import CORRUPT, rows_problem
 

@@ -118,15 +118,17 @@ def rows_of(rows: pa.Table, paths: list[str], every: bool = False) -> pa.Table:
     return keep.drop_columns([_FILE])
 
 
-def with_files(tables: list[pa.Table], paths: list[str]) -> pa.Table:
-    """The rows of `tables` (one per file of `paths`) in one table with the file column."""
+def with_files(tables: list[pa.Table], paths: list[str], dictionary: bool = False) -> pa.Table:
+    """The rows of `tables` (one per file of `paths`) in one table with the file column
+    (`dictionary`: dictionary-encoded, an index per row; for many rows of few files)."""
     first = tables[0].schema
     # files of one version (the usual case) concatenate as they are; others are unified
     same = all(t.schema.equals(first) for t in tables)
     rows = pa.concat_tables(tables, promote_options="none" if same else "permissive")
     rows = rows.combine_chunks()
     index = [i for i, t in enumerate(tables) for _ in range(t.num_rows)]
-    files = pc.take(pa.array(paths, pa.string()), pa.array(index, pa.int32()))
+    at, names = pa.array(index, pa.int32()), pa.array(paths, pa.string())
+    files = pa.DictionaryArray.from_arrays(at, names) if dictionary else pc.take(names, at)
     return rows.append_column(_FILE, files)
 
 

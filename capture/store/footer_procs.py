@@ -40,7 +40,8 @@ import pyarrow.ipc
 
 from capture import schema
 from capture.store import footer_cache
-from capture.store.layout import FileInfo, Skip, read_footer, read_footers, read_with_rows
+from capture.store.layout import FileInfo, Skip, read_columns, read_with_rows
+from capture.store.many_reads import read_footers
 
 __all__ = [
     "Checked",
@@ -113,11 +114,14 @@ def _cores() -> int:
     return cores
 
 
-def check_one(fs: pafs.FileSystem, table: str, path: str) -> tuple[Verdict, pa.Table | None]:
+def check_one(
+    fs: pafs.FileSystem, table: str, path: str, columns: Sequence[str] | None = None
+) -> tuple[Verdict, pa.Table | None]:
     """One file's verdict and, for a small file that passed, its rows (values not checked yet:
-    the reader checks many files' rows at once)."""
+    the reader checks many files' rows at once); for a calls file, the rows of `columns`
+    (None: no rows)."""
     if table == schema.CALLS:
-        return read_footer(fs, path, table), None
+        return read_columns(fs, path, table, columns)
     return read_with_rows(fs, path, table, check_values=False)
 
 
@@ -130,16 +134,24 @@ def blocks(table: str, paths: Sequence[str]) -> Iterator[Sequence[str]]:
 
 
 def check_block(
-    fs: pafs.FileSystem, table: str, paths: Sequence[str], threads: bool = False
+    fs: pafs.FileSystem,
+    table: str,
+    paths: Sequence[str],
+    threads: bool = False,
+    columns: Sequence[str] | None = None,
 ) -> Checked:
     """The verdicts of one block of `paths` and their rows in one table, checked in this
-    thread, or by `read_footers`'s threads where they help (`threads`)."""
+    thread, or by `read_footers`'s threads where they help (`threads`). Calls files' rows (of
+    `columns`) carry a dictionary-encoded file column: many rows, few files."""
     if threads:
         checked = read_footers(
-            fs, paths, lambda f, p: check_one(f, table, p), decodes=table != schema.CALLS
+            fs,
+            paths,
+            lambda f, p: check_one(f, table, p, columns),
+            decodes=table != schema.CALLS,
         )
     else:
-        checked = [check_one(fs, table, p) for p in paths]
+        checked = [check_one(fs, table, p, columns) for p in paths]
     verdicts: dict[str, Verdict] = {}
     tables, names = [], []
     for path, (verdict, rows) in zip(paths, checked, strict=True):
@@ -147,28 +159,45 @@ def check_block(
         if rows is not None:
             tables.append(rows)
             names.append(path)
-    return verdicts, footer_cache.with_files(tables, names) if tables else None
+    if not tables:
+        return verdicts, None
+    return verdicts, footer_cache.with_files(tables, names, dictionary=table == schema.CALLS)
 
 
-def check_here(fs: pafs.FileSystem, table: str, paths: Sequence[str]) -> Checked:
-    """The verdicts of `paths` and the small files' rows, checked in this thread (a helper's
-    share)."""
+def check_here(
+    fs: pafs.FileSystem,
+    table: str,
+    paths: Sequence[str],
+    columns: Sequence[str] | None = None,
+    budget: int = 0,
+) -> Checked:
+    """The verdicts of `paths` and the small files' rows (calls files: the rows of `columns`,
+    until they hold `budget` bytes), checked in this thread (a helper's share)."""
     verdicts: dict[str, Verdict] = {}
-    parts = []
+    parts: list[pa.Table] = []
+    held = 0
     for part in blocks(table, paths):
-        found, rows = check_block(fs, table, part)
+        found, rows = check_block(fs, table, part, columns=columns if held <= budget else None)
         verdicts.update(found)
         if rows is not None:
             parts.append(rows)
+            held += rows.nbytes
     return verdicts, pa.concat_tables(parts, promote_options="permissive") if parts else None
 
 
 class Helper:
     """One helper process checking a share of the files."""
 
-    def __init__(self, table: str, paths: Sequence[str]) -> None:
+    def __init__(
+        self,
+        table: str,
+        paths: Sequence[str],
+        columns: Sequence[str] | None = None,
+        budget: int = 0,
+    ) -> None:
         self.table = table
         self.paths = list(paths)
+        self._ask = {"paths": self.paths, "columns": columns and list(columns), "budget": budget}
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH")) if p)
@@ -194,7 +223,7 @@ class Helper:
         assert self.process is not None and self.process.stdin is not None
         try:
             with self.process.stdin as stdin:
-                stdin.write(json.dumps(self.paths).encode())
+                stdin.write(json.dumps(self._ask).encode())
         except OSError:  # the helper is gone: `results` says so
             pass
 
@@ -229,9 +258,14 @@ class Helper:
 
 
 def start_helpers(
-    fs: pafs.FileSystem, table: str, paths: Sequence[str]
+    fs: pafs.FileSystem,
+    table: str,
+    paths: Sequence[str],
+    columns: Sequence[str] | None = None,
+    budget: int = 0,
 ) -> tuple[list[Helper], list[str]]:
-    """Helpers started on the first shares of `paths`, and the last share (the caller's).
+    """Helpers started on the first shares of `paths`, and the last share (the caller's);
+    calls files' rows of `columns` are read too, `budget` bytes at most per process.
 
     The caller's share is `_HEAD_START` files larger: it starts checking at once, while each
     helper first starts an interpreter and imports pyarrow.
@@ -241,7 +275,8 @@ def start_helpers(
         return [], list(paths)
     each = max(1, (len(paths) - _HEAD_START) // count)
     shares = [paths[i * each : (i + 1) * each] for i in range(count - 1)]
-    return [Helper(table, share) for share in shares], list(paths[(count - 1) * each :])
+    helpers = [Helper(table, share, columns, budget) for share in shares]
+    return helpers, list(paths[(count - 1) * each :])
 
 
 def _command(table: str) -> list[str]:
@@ -274,10 +309,16 @@ def _stream(table: pa.Table) -> bytes:
 
 
 def _main(table: str) -> None:
-    paths = json.loads(sys.stdin.buffer.read())
-    if table not in schema.TABLES or not all(isinstance(p, str) for p in paths):
+    ask = json.loads(sys.stdin.buffer.read())
+    paths, columns, budget = ask["paths"], ask["columns"], ask["budget"]
+    if (
+        table not in schema.TABLES
+        or not all(isinstance(p, str) for p in paths)
+        or not (columns is None or all(c in schema.CALLS_SCHEMA.names for c in columns))
+        or not isinstance(budget, int)
+    ):
         raise SystemExit(2)
-    verdicts, rows = check_here(pafs.LocalFileSystem(), table, paths)
+    verdicts, rows = check_here(pafs.LocalFileSystem(), table, paths, columns, budget)
     index = _stream(footer_cache.verdict_table({p: ("", v) for p, v in verdicts.items()}))
     sys.stdout.buffer.write(_LENGTH.pack(len(index)) + index)
     if rows is not None:

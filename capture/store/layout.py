@@ -13,12 +13,8 @@ store, no loops): each link it meets is reported as a `Skip`.
 from __future__ import annotations
 
 import datetime as dt
-import os
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -43,10 +39,9 @@ __all__ = [
     "VANISHED",
     "list_files",
     "open_root",
+    "read_columns",
     "read_footer",
-    "read_footers",
     "read_with_rows",
-    "footer_threads",
 ]
 
 METADATA_REPLACES = b"capture.replaces"
@@ -182,27 +177,60 @@ def read_footer(fs: pafs.FileSystem, path: str, table: str | None = None) -> Fil
     """
     if table is None:
         table = next((t for t in schema.TABLES if f"/{t}/" in path), "")
+    return read_columns(fs, path, table, None)[0]
+
+
+def read_columns(
+    fs: pafs.FileSystem, path: str, table: str, columns: Sequence[str] | None
+) -> tuple[FileInfo | Skip, pa.Table | None]:
+    """`read_footer`'s verdict and, when the file passes, the rows of those of `columns` it
+    has (None: no rows read), decoded from the same read as the footer (a small file is
+    fetched in one request). Rows that cannot be decoded leave the verdict as it is, with no
+    rows: whoever reads the file later meets the same fault."""
     named = _name_problem(path, table)
     if named is not None:
-        return named
+        return named, None
     try:
         with fs.open_input_file(path) as f:
             size = int(f.size())
-            meta = _footer(f)
-    except Exception as e:  # truncated, empty, not Parquet: the caller skips it, says which
-        return _unreadable(fs, path, e)
-    try:
-        verdict, sizes = _checked_footer(meta, path, table, size)
-    except Exception as e:  # a footer pyarrow parsed but cannot walk: as unreadable
-        return _unreadable(fs, path, e)
-    if isinstance(verdict, FileInfo) and table == schema.CALLS:
-        try:
-            problem = calls_problem(fs, path, sizes)
-        except Exception as e:  # its sizes cannot be read: as unreadable as a truncated file
-            return _unreadable(fs, path, e)
-        if problem is not None:
-            return Skip(path, problem, corrupt=True)
-    return verdict
+            one = columns is not None and size <= _ONE_READ
+            reader = ParquetReader()
+            reader.open(pa.BufferReader(f.read()) if one else f)
+            meta = reader.metadata
+            verdict, sizes = _checked_footer(meta, path, table, size)
+            if isinstance(verdict, FileInfo) and table == schema.CALLS:
+                problem = calls_problem(fs, path, sizes)
+                if problem is not None:
+                    return Skip(path, problem, corrupt=True), None
+            if columns is None or isinstance(verdict, Skip):
+                return verdict, None
+            try:
+                return verdict, _columns(reader, meta, table, columns)
+            except Exception:  # corrupt pages: not this check's to judge (the footer's is)
+                return verdict, None
+    except Exception as e:  # truncated, empty, not Parquet, a footer pyarrow cannot walk
+        return _unreadable(fs, path, e), None
+
+
+def _columns(
+    reader: ParquetReader, meta: pq.FileMetaData, table: str, columns: Sequence[str]
+) -> pa.Table:
+    """The rows of `columns` of a checked file, in that order; a column the file lacks (added
+    by a later store version) is all nulls, as the table's view reads it."""
+    version = int((meta.metadata or {})[schema.METADATA_SCHEMA_VERSION])
+    known = footer_schema.facts(meta, table, version)
+    leaves = [j for c in columns for j in known.column_leaves.get(c, ())]
+    rows = reader.read_all(column_indices=leaves, use_threads=False)
+    base = schema.SCHEMAS[table]
+    return pa.table(
+        [
+            rows.column(c)
+            if c in rows.column_names
+            else pa.nulls(meta.num_rows, base.field(c).type)
+            for c in columns
+        ],
+        names=list(columns),
+    )
 
 
 def _footer(source: pa.NativeFile) -> pq.FileMetaData:
@@ -331,67 +359,6 @@ def _checked_footer(
     columns = None if known.exact else known.names
     info = FileInfo(path, table, rows, size, replaces, ids, known.exact, mark, segment, columns)
     return info, sizes
-
-
-T = TypeVar("T")
-
-
-def footer_threads(fs: pafs.FileSystem) -> int:
-    """How many files to read at once when reads wait: many on object stores (each read is a
-    round trip), a few on a local disk whose files are not in memory."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        return min(16, 4 * (os.cpu_count() or 1))
-    return 64
-
-
-def read_footers(
-    fs: pafs.FileSystem,
-    paths: Sequence[str],
-    read: Callable[[pafs.FileSystem, str], T],
-    decodes: bool = False,
-) -> list[T]:
-    """`read(fs, path)` (e.g. `read_footer`) for every path, in order.
-
-    On an object store, many at a time (a thread pool overlaps the round trips). On a local
-    disk a footer's check is mostly Python holding the GIL: threads contend for it and cost
-    more than they save (10,000 footers from the page cache: 0.21 ms a file in one thread,
-    0.27 ms of wall and 0.37 ms of CPU in two), so the files are read in this thread, one block
-    at a time, until a block shows its reads waiting on the disk (wall time over
-    `_WAITING` times this thread's CPU time); the rest then goes to the pool. Reads that
-    `decodes` rows (pyarrow decodes without the GIL) use one thread per core.
-    An exception raised by `read` is raised here.
-    """
-    if len(paths) < 8:
-        return [read(fs, p) for p in paths]
-    done: list[T] = []
-    threads = footer_threads(fs)
-    if isinstance(fs, pafs.LocalFileSystem):
-        if decodes:
-            threads = os.cpu_count() or 1
-        else:
-            while len(done) < len(paths):
-                block = paths[len(done) : len(done) + _BLOCK]
-                wall, cpu = time.perf_counter(), time.thread_time()
-                done.extend(read(fs, p) for p in block)
-                if time.perf_counter() - wall > _WAITING * (time.thread_time() - cpu):
-                    break
-    rest = paths[len(done) :]
-    if len(rest) < 8 or threads == 1:
-        return done + [read(fs, p) for p in rest]
-    # a few files per task: a future per file cost as much as a small file's check
-    step = max(1, min(_PER_TASK, len(rest) // (4 * threads)))
-    chunks = [rest[i : i + step] for i in range(0, len(rest), step)]
-    with ThreadPoolExecutor(threads, thread_name_prefix="capture-footer") as pool:
-        read_chunks = pool.map(lambda chunk: [read(fs, p) for p in chunk], chunks)
-        return done + [one for chunk in read_chunks for one in chunk]
-
-
-_PER_TASK = 32
-"""Most files one task of `read_footers` reads."""
-_BLOCK = 512
-"""Files a local read takes in this thread before it checks whether they waited on the disk."""
-_WAITING = 2.0
-"""A local block waited on the disk when its wall time passed this many times its CPU time."""
 
 
 _GLOB = "*?[]{}"

@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -45,11 +44,20 @@ import pyarrow.fs as pafs
 
 from capture import schema
 from capture.errors import CorruptStoreFile, EmptyStore, QueryError, UnknownModel
-from capture.store import footer_cache
+from capture.store import first_read, footer_cache
 from capture.store.checked import check_table
 from capture.store.layout import list_files, open_root
 from capture.store.row_counts import counted, counts_calls, own_calls_view
-from capture.store.views import CALLS_VIEWS, DATE_FROM_PATH, DERIVED_VIEWS, needs_calls
+from capture.store.upkeep import compact_hint
+from capture.store.views import (
+    CALLS_VIEWS,
+    DATE_FROM_PATH,
+    DERIVED_VIEWS,
+    SQL_TYPES,
+    batches,
+    needs_calls,
+    with_columns,
+)
 from capture.untrusted import printable
 
 __all__ = ["StoreReader", "SkippedFile"]
@@ -76,32 +84,9 @@ _NO_EXTENSION_LOADING: dict[str, str | bool | int | float | list[str]] = {
 _CALLS_FILES = "capture_calls_files"
 """The DuckDB variable holding the calls files the ``calls`` view reads (local stores)."""
 
-_HINT_FILES = 1_000
-_HINT_RATIO = 10
-"""A table of at least `_HINT_FILES` files, `_HINT_RATIO` times what a compaction would leave,
-gets the hint to compact (`StoreReader._hint_compact`)."""
-
 _RELISTS = 5
 """Times a query lists the store again when files it read were deleted meanwhile (compactions
 replacing them; each listing finds the files that replaced them)."""
-
-
-def _batches(reader: Any, first: pa.RecordBatch | None) -> Iterator[pa.RecordBatch]:
-    """`first`, then the rest of DuckDB's `reader`; its errors become `QueryError`."""
-    try:
-        if first is None:
-            return
-        yield first
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                return
-            except (duckdb.Error, OSError) as e:  # pyarrow hands DuckDB's errors over as OSError
-                raise QueryError(f"query failed: {str(e).strip()}") from e
-            yield batch
-    finally:
-        reader.close()
 
 
 class StoreReader:
@@ -121,6 +106,9 @@ class StoreReader:
         )
         self._cache = footer_cache.FooterCache(self.fs, self.root)
         self._counted: duckdb.DuckDBPyConnection | None = None  # `row_counts.counted`'s
+        # the first statement over the calls: the columns it names, read with the checks
+        self._ask: list[str] | None = None
+        self._first_rows: pa.Table | None = None
         self._list_files()
         if not self._files[schema.STATS] and not self._files[schema.STRUCTURES]:
             self._check_calls()  # a store of calls files alone (their stats skipped) still opens
@@ -185,7 +173,9 @@ class StoreReader:
 
     def _checked_files(self, table: str) -> list[str]:
         """The files of `table` that join its view (`capture.store.checked.check_table`)."""
-        found = check_table(self.fs, self.root, table, self._cache)
+        asked = table == schema.CALLS and self._ask is not None
+        ask = first_read.file_columns(self._ask or []) if asked else None
+        found = check_table(self.fs, self.root, table, self._cache, ask)
         corrupt = next((s for s in found.skipped if s.corrupt), None)
         if corrupt is not None:
             raise CorruptStoreFile(
@@ -204,36 +194,21 @@ class StoreReader:
             warnings.warn(
                 printable(f"capture: {claim.path} {claim.reason}"), RuntimeWarning, stacklevel=4
             )
-        self._hint_compact(table, found.folders)
+        compact_hint(self.path, table, found.folders)
         if table == schema.CALLS:
             self._uniform_calls = found.uniform
             # calls of segments whose rollup is not counted yet (capture.store.commits)
             kept = [path for path in found.kept if path not in self._waiting]
             self._calls_rows = sum(found.file_rows[path] for path in kept)
+            rows = found.columns
+            if rows is not None and len(kept) < len(found.kept):
+                rows = rows.filter(footer_cache.file_mask(rows, kept))
+            self._first_rows = rows
             return kept
         self._rows[table] = found.rows
         if table == schema.STATS:
             self._waiting = found.waiting
         return found.kept
-
-    def _hint_compact(self, table: str, folders: dict[str, tuple[int, int]]) -> None:
-        """Says, once per table on stderr (a log warning), when the table has many more files
-        than a compaction would leave: every query pays for each file, `capture compact` once."""
-        from capture.store.compaction import DEFAULT_TARGET_ROWS
-
-        files = sum(n for n, _ in folders.values())
-        leave = sum(max(1, -(-rows // DEFAULT_TARGET_ROWS)) for _, rows in folders.values())
-        if files < _HINT_FILES or files < _HINT_RATIO * leave:
-            return
-        logger.warning(
-            "capture: the store at %s holds %s %s files where a compaction would leave about "
-            "%s; every first read opens each one: run `capture --store %s compact` once",
-            self.path,
-            f"{files:,}",
-            table,
-            f"{leave:,}",
-            shlex.quote(self.path),
-        )
 
     def _lock_down(self) -> None:
         """From here on SQL reads the store's files and nothing else.
@@ -249,6 +224,7 @@ class StoreReader:
         self.con.execute("SET lock_configuration = true")
 
     def _create_views(self, with_calls: bool) -> None:
+        self._registered: dict[str, Any] = {}
         local = isinstance(self.fs, pafs.LocalFileSystem)
         partitions = {
             schema.STRUCTURES: [("model", pa.string())],
@@ -264,12 +240,12 @@ class StoreReader:
             extra = [pa.field(n, t) for n, t in partitions[table] if n not in base.names]
             if not files:
                 empty = pa.schema(list(base) + extra).empty_table()
-                self.con.register(f"_{table}_empty", empty)
+                self._register(f"_{table}_empty", empty)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_empty")
             elif table != schema.CALLS:
                 # Read with their checks (`_checked_files`): every query would fetch each
                 # small file again (on an object store a round trip each).
-                self.con.register(f"_{table}_rows", _with_columns(self._rows[table], base))
+                self._register(f"_{table}_rows", with_columns(self._rows[table], base))
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_rows")
             elif local:
                 # The `model` column of a file is the recorded name; its `model=` folder is a
@@ -295,7 +271,7 @@ class StoreReader:
                     format="parquet",
                     partitioning=dates if table == schema.CALLS else None,
                 )
-                self.con.register(f"_{table}_dataset", dataset)
+                self._register(f"_{table}_dataset", dataset)
                 self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{table}_dataset")
             if table == schema.CALLS and files:
                 self._add_missing_columns(name, base)
@@ -304,6 +280,11 @@ class StoreReader:
             self.con.execute(CALLS_VIEWS)
         self._calls_view = own_calls_view(self.con)  # as made here (`row_counts.counts_calls`)
 
+    def _register(self, name: str, data: Any) -> None:
+        """`data` registered as `name` (kept: a cursor registers it again, `first_read.run`)."""
+        self.con.register(name, data)
+        self._registered[name] = data
+
     def _add_missing_columns(self, view: str, base: pa.Schema) -> None:
         """`view` over files that all lack a column a later store version added
         (`schema.ADDED_IN`): the column, null on every row, as a file of that version reads."""
@@ -311,7 +292,7 @@ class StoreReader:
         missing = [f for f in base if f.name not in have]
         if not missing:
             return
-        nulls = ", ".join(f"CAST(NULL AS {_SQL_TYPES[f.type]}) AS {f.name}" for f in missing)
+        nulls = ", ".join(f"CAST(NULL AS {SQL_TYPES[f.type]}) AS {f.name}" for f in missing)
         self.con.execute(f"ALTER VIEW {view} RENAME TO _{view}_files")
         self.con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT *, {nulls} FROM _{view}_files")
 
@@ -377,7 +358,7 @@ class StoreReader:
         reader, first = self._run(sql, params, start, empty)
         if reader is None:
             return pa.RecordBatchReader.from_batches(pa.schema([]), [])
-        return pa.RecordBatchReader.from_batches(reader.schema, _batches(reader, first))
+        return pa.RecordBatchReader.from_batches(reader.schema, batches(reader, first))
 
     def _run(
         self,
@@ -394,6 +375,8 @@ class StoreReader:
             self._check_calls()
             self._counted, relation = counted(self.con, self._calls_rows, sql)
             return fetch(relation)
+        if bind and not params:
+            self._ask = first_read.statement_columns(self.con, sql)
         relisted = 0
         stale = False
         while True:
@@ -409,6 +392,9 @@ class StoreReader:
                     # Bound inside the retry: binding reads the calls files' footers, and a
                     # compaction may delete one meanwhile (`No files found`).
                     self._reconnect(with_calls=True)
+                first = self._first(sql, fetch)
+                if first:
+                    return first[0]
                 relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
                 if relation is None:  # a statement without a result (SET, CREATE VIEW, ...)
                     return no_result
@@ -424,6 +410,21 @@ class StoreReader:
                     stale = True
                     continue
                 raise QueryError(f"query failed: {str(e).strip()}") from e
+
+    def _first(self, sql: str, fetch: Callable[[duckdb.DuckDBPyRelation], _T]) -> tuple[_T] | None:
+        """`sql` over the calls columns read with the checks (`capture.store.first_read`), once;
+        None when there are none, or it needs a column not read: the files are read then."""
+        rows, self._first_rows = self._first_rows, None
+        columns, self._ask = self._ask, None
+        if rows is None or columns is None:
+            return None
+        try:
+            found = first_read.run(self.con, self._registered, rows, columns, sql)
+            self._counted, relation = found
+            return (fetch(relation),)
+        except (duckdb.Error, OSError, pa.ArrowException) as e:
+            logger.debug("capture: the statement reads the calls files (%s)", e)
+            return None
 
     def _calls_gone(self) -> bool:
         """Whether a calls file the views read no longer exists (the table listed again).
@@ -485,16 +486,3 @@ class StoreReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_SQL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT"}
-"""The SQL type of each Arrow type a column added by a later store version has."""
-
-
-def _with_columns(rows: pa.Table, base: pa.Schema) -> pa.Table:
-    """`rows` with every column of `base`: a column later store versions added (`schema.ADDED_IN`)
-    is null on rows read from files of an older version."""
-    for field in base:
-        if field.name not in rows.column_names:
-            rows = rows.append_column(field, pa.nulls(len(rows), field.type))
-    return rows

@@ -31,6 +31,7 @@ import atexit
 import logging
 import os
 import random
+import shlex
 import threading
 import time
 
@@ -38,7 +39,14 @@ import pyarrow.fs as pafs
 
 from capture.errors import CaptureError
 
-__all__ = ["Upkeep", "after_flush", "interval", "DEFAULT_INTERVAL_S", "EXIT_WAIT_S"]
+__all__ = [
+    "Upkeep",
+    "after_flush",
+    "compact_hint",
+    "interval",
+    "DEFAULT_INTERVAL_S",
+    "EXIT_WAIT_S",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -159,3 +167,29 @@ def _forget_in_child() -> None:
 atexit.register(_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
+
+
+_HINT_FILES = 1_000
+_HINT_RATIO = 10
+"""A table of at least `_HINT_FILES` files, `_HINT_RATIO` times what a compaction would leave,
+gets the hint to compact (`compact_hint`)."""
+
+
+def compact_hint(path: str, table: str, folders: dict[str, tuple[int, int]]) -> None:
+    """Says, once per table on stderr (a log warning), when the table has many more files
+    than a compaction would leave: every query pays for each file, `capture compact` once."""
+    from capture.store.compaction import DEFAULT_TARGET_ROWS
+
+    files = sum(n for n, _ in folders.values())
+    leave = sum(max(1, -(-rows // DEFAULT_TARGET_ROWS)) for _, rows in folders.values())
+    if files < _HINT_FILES or files < _HINT_RATIO * leave:
+        return
+    logger.warning(
+        "capture: the store at %s holds %s %s files where a compaction would leave about "
+        "%s; every first read opens each one: run `capture --store %s compact` once",
+        path,
+        f"{files:,}",
+        table,
+        f"{leave:,}",
+        shlex.quote(path),
+    )

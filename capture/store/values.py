@@ -82,7 +82,8 @@ def _too_deep(rows: pa.Table, column: str) -> bool:
 
 
 def rows_problem(table: str, rows: pa.Table) -> str | None:
-    """What is wrong with the values of a stats or structures file's `rows` (None: nothing).
+    """What is wrong with the values of a stats or structures file's `rows`, or of the columns
+    of a calls file's rows read (None: nothing).
 
     Example:
         >>> rows_problem("stats", pa.table({"calls": [3, -1]}))
@@ -94,7 +95,7 @@ def rows_problem(table: str, rows: pa.Table) -> str | None:
     for column in _JSON_COLUMNS.get(table, ()):
         if _too_deep(rows, column):
             return f"{CORRUPT}: JSON nested deeper than {MAX_JSON_DEPTH} levels in its {column}"
-    if table == schema.STATS:
+    if table in (schema.STATS, schema.CALLS):
         for column, required in (("dims", True), ("out_dims", False)):
             if _null_sizes(rows, column, required):
                 return f"{CORRUPT}: a null in its {column}"

@@ -10,13 +10,27 @@ listed in the reader's docstring (DESIGN §6).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
+from capture.errors import QueryError
 from capture.store.stats_merge import SIGNATURE_MERGE
 
-__all__ = ["DATE_FROM_PATH", "DERIVED_VIEWS", "CALLS_VIEWS", "needs_calls", "parsed"]
+__all__ = [
+    "CALLS_DERIVED",
+    "CALLS_TYPE",
+    "CALLS_VIEWS",
+    "DATE_FROM_PATH",
+    "DERIVED_VIEWS",
+    "SQL_TYPES",
+    "batches",
+    "needs_calls",
+    "parsed",
+    "with_columns",
+]
 
 DATE_FROM_PATH = "TRY_CAST(regexp_extract(filename, '/date=([0-9-]+)/', 1) AS DATE)"
 """The ``date`` of a calls file, from its ``date=`` folder (its ``model=`` folder is sanitized)."""
@@ -37,11 +51,14 @@ CREATE OR REPLACE VIEW signatures AS
 """The views over the rows read at opening: structures deduplicated, signatures merged by
 `capture.store.stats_merge`'s one rule."""
 
-CALLS_VIEWS = """
+CALLS_TYPE = """
 CREATE TYPE _capture_path AS ENUM (
     SELECT DISTINCT path FROM structures WHERE kind = 'tensor' AND rank > 0 ORDER BY path
 );
+"""
+"""The ENUM of the store's tensor paths (a ``dims`` row's ``path``)."""
 
+CALLS_DERIVED = """
 CREATE OR REPLACE VIEW leaves AS
     SELECT c.call_id, c.model, 'input' AS side, s.leaf, s.path, s.argument, s.kind, s.type,
            s.dtype, s.device,
@@ -96,6 +113,9 @@ sizes, tens of rows per call, before the user's group-by, where a query written 
 by structure and position and names the few counted rows afterwards; grouping by path then
 hashes a small integer per row, not a string (bench/bench_dims_view.py). Arrow hands the column
 over dictionary-encoded."""
+
+CALLS_VIEWS = CALLS_TYPE + CALLS_DERIVED
+"""The type and the views over the calls files."""
 
 
 CALLS_VIEWS_NAMES = frozenset({"calls", "leaves", "dims"})
@@ -160,3 +180,34 @@ def _parse_names_calls(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
         elif isinstance(node, list):
             pending.extend(node)
     return False
+
+
+def batches(reader: Any, first: pa.RecordBatch | None) -> Iterator[pa.RecordBatch]:
+    """`first`, then the rest of DuckDB's `reader`; its errors become `QueryError`."""
+    try:
+        if first is None:
+            return
+        yield first
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except (duckdb.Error, OSError) as e:  # pyarrow hands DuckDB's errors over as OSError
+                raise QueryError(f"query failed: {str(e).strip()}") from e
+            yield batch
+    finally:
+        reader.close()
+
+
+SQL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT"}
+"""The SQL type of each Arrow type a column added by a later store version has."""
+
+
+def with_columns(rows: pa.Table, base: pa.Schema) -> pa.Table:
+    """`rows` with every column of `base`: a column later store versions added (`schema.ADDED_IN`)
+    is null on rows read from files of an older version."""
+    for field in base:
+        if field.name not in rows.column_names:
+            rows = rows.append_column(field, pa.nulls(len(rows), field.type))
+    return rows
