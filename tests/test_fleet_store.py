@@ -23,7 +23,7 @@ import pytest
 import capture
 from capture import schema
 from capture.errors import CaptureError
-from capture.store import compaction_lock, file_merge, footer_cache, layout
+from capture.store import compaction_lock, file_merge, footer_cache, layout, many_reads
 from fixtures.models import run_generate, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def test_footers_read_in_parallel_keep_the_listing_order(store: Path) -> None:
     fs = pafs.LocalFileSystem()
     paths = [i.path for i in layout.list_files(fs, str(store), "calls")]
     assert len(paths) >= 8  # the thread pool is used from 8 files on
-    rows = layout.read_footers(fs, paths, lambda f, p: layout.read_footer(f, p, "calls"))
+    rows = many_reads.read_footers(fs, paths, lambda f, p: layout.read_footer(f, p, "calls"))
     serial = [layout.read_footer(fs, p, "calls") for p in paths]
     assert [(m.path, m.rows) for m in rows] == [(m.path, m.rows) for m in serial]  # type: ignore[union-attr]
 

@@ -230,3 +230,27 @@ def test_helpers_read_the_rows_the_reader_reads(
     assert alone == rows("3") and len(alone) == sum(
         check_table(pafs.LocalFileSystem(), str(seeds_root), schema.CALLS, None).file_rows.values()
     )
+
+
+def test_a_file_column_of_any_name_stays_a_name(
+    tmp_path: Path, first: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A calls file with an extra column (allowed) named like SQL: the view quotes it, and a
+    statement reaching it reads the files, with the same answer."""
+    from tests import hostile_stores
+    from tests.flushed_writers import record_flushed
+
+    store = tmp_path / "s"
+    record_flushed(store, [1, 2, 3])
+    odd = "x\"'); CREATE TABLE planted AS SELECT 1; --"
+    calls = hostile_stores.files(store, schema.CALLS)[0]
+    hostile_stores.rewrite(calls, lambda t: t.append_column(odd, pa.array([7] * t.num_rows)))
+    for sql in ("SELECT count(*) AS n FROM calls WHERE pid > 0", "SELECT max(c) FROM calls c"):
+        expected = _from_files(store, sql, monkeypatch)
+        with capture.open_store(store) as opened:
+            assert opened.query(sql).to_pylist() == expected
+            assert odd in opened.query("DESCRIBE calls").column("column_name").to_pylist()
+            assert opened.query("SELECT count(*) AS n FROM duckdb_tables()").to_pylist() == [
+                {"n": 0}
+            ]
+    assert first == ["SELECT count(*) AS n FROM calls WHERE pid > 0", "SELECT max(c) FROM calls c"]

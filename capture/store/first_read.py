@@ -107,12 +107,14 @@ def run(
     stays open while the relation is read. Raises DuckDB's error, `NOT_READ` among them."""
     expressions = []
     for name, kind, *_ in con.execute("DESCRIBE calls").fetchall():
+        quoted = '"' + str(name).replace('"', '""') + '"'  # a file may add columns: any name
         if name not in columns:
-            expressions.append(f"CAST(error('{NOT_READ} ({name})') AS {kind}) AS \"{name}\"")
+            said = f"{NOT_READ} ({name})".replace("'", "''")
+            expressions.append(f"CAST(error('{said}') AS {kind}) AS {quoted}")
         elif name == "date":
             expressions.append(f"CAST({DATE_FROM_PATH} AS {kind}) AS date")
         else:
-            expressions.append(f'CAST("{name}" AS {kind}) AS "{name}"')
+            expressions.append(f"CAST({quoted} AS {kind}) AS {quoted}")
     cursor = con.cursor()
     try:
         for name, data in registered.items():

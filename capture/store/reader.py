@@ -26,7 +26,8 @@ skipped with one warning naming each (the newer ones say to upgrade capture). Fi
 file replaces (`capture.compact`, left behind when a compaction died before deleting them) are not
 read, once `capture.store.claims` has checked that the compacted file holds their rows. A
 statement that only counts the rows of ``calls`` gets them from those checked footers
-(`capture.store.row_counts`).
+(`capture.store.row_counts`); the first other ``SELECT`` over many calls files runs over the
+columns it names, decoded with the checks (`capture.store.first_read`).
 """
 
 from __future__ import annotations
@@ -369,6 +370,9 @@ class StoreReader:
     ) -> _T:
         """Runs `sql` and `fetch`es its relation (`no_result` for SET, CREATE VIEW, ...),
         listing the store again when a calls file it read vanished (at most `_RELISTS` times)."""
+        if self._counted is not None:  # the last statement's cursor: its reader is done
+            self._counted.close()
+            self._counted = None
         bind = not self._with_calls and needs_calls(self.con, sql)
         counts = (bind or self._with_calls) and not params
         if counts and counts_calls(self.con, sql, self._calls_view):  # the checked footers tell
