@@ -254,3 +254,21 @@ def test_a_file_column_of_any_name_stays_a_name(
                 {"n": 0}
             ]
     assert first == ["SELECT count(*) AS n FROM calls WHERE pid > 0", "SELECT max(c) FROM calls c"]
+
+
+@pytest.mark.parametrize("older", [2, 5], ids=["two versions", "one older version"])
+def test_files_of_older_versions_read_as_the_files_do(
+    tmp_path: Path, older: int, first: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files without the column a later version added: null there, as DuckDB reads them."""
+    from tests.flushed_writers import record_flushed
+    from tests.test_store_versions_view import _as_version_2, _calls_files
+
+    store = tmp_path / "s"
+    record_flushed(store, [1, 2, 3, 1, 2])
+    for path in _calls_files(store)[:older]:
+        _as_version_2(path)
+    sql = "SELECT call_id, ts, dims, state, date FROM calls ORDER BY call_id"
+    expected = _from_files(store, sql, monkeypatch)
+    assert _answer(store, sql) == expected and len(expected) == 5
+    assert first == [sql]

@@ -192,7 +192,7 @@ def _folders(kept: list[FileInfo]) -> dict[str, tuple[int, int]]:
 def _read_columns(fresh: list[pa.Table], final: list[FileInfo]) -> pa.Table | None:
     """The rows read of the `final` files (with the file column), None unless every row of
     theirs was read (a budget reached, a page that did not decode)."""
-    rows = pa.concat_tables(fresh) if fresh else None
+    rows = pa.concat_tables(fresh, promote_options="permissive") if fresh else None
     if rows is None:
         return None
     if not final:

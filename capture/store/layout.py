@@ -221,16 +221,12 @@ def _columns(
     known = footer_schema.facts(meta, table, version)
     leaves = [j for c in columns for j in known.column_leaves.get(c, ())]
     rows = reader.read_all(column_indices=leaves, use_threads=False)
+    if rows.column_names == list(columns):  # the file has them all
+        return rows
     base = schema.SCHEMAS[table]
-    return pa.table(
-        [
-            rows.column(c)
-            if c in rows.column_names
-            else pa.nulls(meta.num_rows, base.field(c).type)
-            for c in columns
-        ],
-        names=list(columns),
-    )
+    have = rows.column_names
+    found = [rows[c] if c in have else pa.nulls(meta.num_rows, base.field(c).type) for c in columns]
+    return pa.table(found, names=list(columns))
 
 
 def _footer(source: pa.NativeFile) -> pq.FileMetaData:
