@@ -133,6 +133,7 @@ def test_too_few_columns_named_cannot_answer_wrong(
         "SELECT c.* FROM calls c ORDER BY call_id LIMIT 3",
         "SELECT max(COLUMNS('dur.*')) FROM calls",
         "SELECT count(*) AS n FROM calls WHERE duration_ns >= ?",
+        "SELECT min(call_id) OVER () AS m FROM calls LIMIT 1",
     ],
 )
 def test_statements_reading_every_column_or_with_parameters_read_the_files(
@@ -167,6 +168,9 @@ def test_statement_columns_come_from_the_words() -> None:
     assert first_read.statement_columns(con, "SELECT 1; SELECT 2") is None
     assert first_read.statement_columns(con, "CREATE TABLE t AS SELECT 1") is None
     assert first_read.statement_columns(con, "SELECT nextval('s') FROM calls") is None
+    assert first_read.statement_columns(con, "SELECT call_id FROM calls LIMIT 3") is None
+    limited = "SELECT call_id FROM calls ORDER BY duration_ns LIMIT 3"
+    assert first_read.statement_columns(con, limited) == ["call_id", "duration_ns"]
 
 
 def test_a_failed_statement_fails_as_over_the_files(

@@ -11,7 +11,8 @@ memory (`run`). Each file is read once, and the rows DuckDB reads are the rows t
 Which columns: every column of ``calls`` whose name appears in the statement as a word
 (DuckDB's tokenizer: identifiers, quoted or not), and those the ``leaves`` and ``dims`` views
 read when it names one. A ``*`` (but ``count(*)``) or ``COLUMNS`` means every column: DuckDB
-then reads the files, as it reads only those it needs for a ``LIMIT``.
+then reads the files, and so does a statement ending in a ``LIMIT`` without ``ORDER BY``
+(DuckDB stops once it has the rows).
 
 The view it runs over has every column of the store's ``calls`` view, with the same names,
 types and order; those not read raise an error when a value of theirs is read. A statement that
@@ -53,7 +54,7 @@ def statement_columns(con: duckdb.DuckDBPyConnection, sql: str) -> list[str] | N
         ['error']
     """
     tree = parsed(con, sql)
-    if tree is None or len(tree.get("statements") or ()) != 1:
+    if tree is None or len(tree.get("statements") or ()) != 1 or _stops_early(tree):
         return None
     words = _words(sql)
     if words is None:
@@ -65,6 +66,14 @@ def statement_columns(con: duckdb.DuckDBPyConnection, sql: str) -> list[str] | N
         words |= derived
     found = [name for name in _NAMES if name in words]
     return None if len(found) == len(_NAMES) else found
+
+
+def _stops_early(tree: dict[str, Any]) -> bool:
+    """Whether the statement ends in a ``LIMIT`` without ``ORDER BY``: DuckDB stops reading
+    files once it has the rows, where reading every file's columns first would not."""
+    node = tree["statements"][0].get("node")
+    kinds = [m.get("type") for m in (node or {}).get("modifiers") or () if isinstance(m, dict)]
+    return "LIMIT_MODIFIER" in kinds and "ORDER_MODIFIER" not in kinds
 
 
 def _words(sql: str) -> set[str] | None:
