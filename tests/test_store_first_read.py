@@ -3,8 +3,8 @@ same answer as DuckDB reading the files, for statements that name their columns 
 that reach others (the whole row, a NATURAL join), which are read from the files instead.
 
 A real store (the seed scenarios: many models and structures), real DuckDB, the reader's own
-cache off (a cached check reads no rows). The smallest number of files for the path is lowered
-to 1 (a real store needs 1,000).
+cache off unless said. The smallest number of files for the path is lowered to 1 (a real store
+needs 1,000).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import capture
 from capture import schema
 from capture.cli.main import cli
 from capture.errors import QueryError
-from capture.store import checked, first_read, footer_procs
+from capture.store import checked, first_read, footer_cache, footer_procs
 from capture.store.checked import check_table
 
 _NAMED = [
@@ -275,4 +275,18 @@ def test_files_of_older_versions_read_as_the_files_do(
     sql = "SELECT call_id, ts, dims, state, date FROM calls ORDER BY call_id"
     expected = _from_files(store, sql, monkeypatch)
     assert _answer(store, sql) == expected and len(expected) == 5
+    assert first == [sql]
+
+
+def test_a_warm_cache_still_reads_the_columns_with_the_checks(
+    seeds_root: Path, tmp_path: Path, first: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache holds every calls file's verdict: the statement still runs over the columns
+    read (DuckDB would open each file anyway), and the files are checked again as they are."""
+    monkeypatch.setenv("CAPTURE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(footer_cache, "MIN_FILES", 1)
+    sql = "SELECT model, max(duration_ns) AS d FROM calls GROUP BY 1 ORDER BY 1"
+    expected = _from_files(seeds_root, sql, monkeypatch)  # fills the cache
+    assert any((tmp_path / "cache").rglob("*")) and first == []
+    assert _answer(seeds_root, sql) == expected
     assert first == [sql]

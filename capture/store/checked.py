@@ -93,8 +93,8 @@ def check_table(
         table: ``calls``, ``stats`` or ``structures``.
         cache: The reader's cache (used for tables of `footer_cache.MIN_FILES` files or more).
         columns: Calls: columns whose rows to read with the checks (`CheckedTable.columns`),
-            when every file is read (none cached) and there are `COLUMN_FILES` or more, until
-            they hold `COLUMN_BUDGET` bytes.
+            from `COLUMN_FILES` files on, until they hold `COLUMN_BUDGET` bytes; every file
+            is then read and checked again, cached or not.
     """
     for _ in range(_LISTINGS - 1):
         found = _check_once(fs, root, table, cache, columns, last=False)
@@ -127,10 +127,12 @@ def _check_once(
     if small and cached_rows is None:
         cached = {}
     verdicts = {p: v for p, (stamp, v) in cached.items() if stamps.get(p) == stamp}
+    if table != schema.CALLS or len(infos) < COLUMN_FILES:
+        columns = None  # DuckDB reads the files after the check as cheaply
+    elif columns is not None:
+        verdicts = {}  # every file is read for its columns: DuckDB would open each one anyway
     todo = [i.path for i in infos if i.path not in verdicts]
     todo_set = set(todo)
-    if table != schema.CALLS or verdicts or len(todo) < COLUMN_FILES:
-        columns = None  # DuckDB reads the files after the check as cheaply
 
     fresh = _read(fs, table, todo, verdicts, columns)  # rows read now, with the file column
     good: list[FileInfo] = []
