@@ -129,7 +129,8 @@ def _check_once(
     verdicts = {p: v for p, (stamp, v) in cached.items() if stamps.get(p) == stamp}
     if table != schema.CALLS or len(infos) < COLUMN_FILES:
         columns = None  # DuckDB reads the files after the check as cheaply
-    elif columns is not None:
+    known = len(verdicts)  # files whose cached verdict holds: the cache is saved when fewer
+    if columns is not None and table == schema.CALLS:
         verdicts = {}  # every file is read for its columns: DuckDB would open each one anyway
     todo = [i.path for i in infos if i.path not in verdicts]
     todo_set = set(todo)
@@ -168,7 +169,7 @@ def _check_once(
         rows = _concat(fresh)
         if rows is not None:
             kept_rows = footer_cache.rows_of(rows, kept, len(kept) == len(good))
-    if cache is not None and (todo or len(cached) != len(infos)):
+    if cache is not None and (len(infos) > known or len(cached) != len(infos)):
         cache.save(table, {i.path: (stamps[i.path], verdicts[i.path]) for i in infos}, rows)
     final = [f for f in counted if f.path not in replaced]
     exact = all(f.exact for f in final)
