@@ -18,7 +18,7 @@ from capture import schema
 from capture.store import footer_cache
 from capture.store.claims import verified_replaced
 from capture.store.commits import uncommitted
-from capture.store.footer_procs import blocks, check_block, start_helpers
+from capture.store.footer_procs import checked_blocks, start_helpers
 from capture.store.layout import (
     VANISHED,
     FileInfo,
@@ -127,10 +127,10 @@ def _check_once(
     if small and cached_rows is None:
         cached = {}
     verdicts = {p: v for p, (stamp, v) in cached.items() if stamps.get(p) == stamp}
+    known = len(verdicts)  # files whose cached verdict holds: the cache is saved when fewer
     if table != schema.CALLS or len(infos) < COLUMN_FILES:
         columns = None  # DuckDB reads the files after the check as cheaply
-    known = len(verdicts)  # files whose cached verdict holds: the cache is saved when fewer
-    if columns is not None and table == schema.CALLS:
+    elif columns is not None:
         verdicts = {}  # every file is read for its columns: DuckDB would open each one anyway
     todo = [i.path for i in infos if i.path not in verdicts]
     todo_set = set(todo)
@@ -195,11 +195,9 @@ def _folders(kept: list[FileInfo]) -> dict[str, tuple[int, int]]:
 def _read_columns(fresh: list[pa.Table], final: list[FileInfo]) -> pa.Table | None:
     """The rows read of the `final` files (with the file column), None unless every row of
     theirs was read (a budget reached, a page that did not decode)."""
-    rows = pa.concat_tables(fresh, promote_options="permissive") if fresh else None
-    if rows is None:
+    if not fresh or not final:
         return None
-    if not final:
-        return None
+    rows = pa.concat_tables(fresh, promote_options="permissive")
     rows = rows.filter(footer_cache.file_mask(rows, [f.path for f in final]))
     return rows if rows.num_rows == sum(f.rows for f in final) else None
 
@@ -246,14 +244,10 @@ def _read_here(
     the other shares), their verdicts into `verdicts`; the rows read, one table per block
     (100,000 small tables cost GBs of memory), calls rows until `COLUMN_BUDGET` bytes."""
     fresh = []
-    held = 0
-    for part in blocks(table, paths):
-        asked = columns if held <= COLUMN_BUDGET // 2 else None
-        found, rows = check_block(fs, table, part, threads=threads, columns=asked)
+    for found, rows in checked_blocks(fs, table, paths, threads, columns, COLUMN_BUDGET // 2):
         verdicts.update(found)
         if rows is not None:
             fresh.extend(_sound(table, rows, verdicts))
-            held += rows.nbytes
     return fresh
 
 

@@ -23,6 +23,7 @@ pyarrow only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,12 +61,19 @@ def statement_columns(con: duckdb.DuckDBPyConnection, sql: str) -> list[str] | N
     if words is None:
         return None
     if words & _DERIVED:
-        derived = _words(CALLS_DERIVED)
+        derived = _derived_words()
         if derived is None:
             return None
         words |= derived
     found = [name for name in _NAMES if name in words]
     return None if len(found) == len(_NAMES) else found
+
+
+@functools.cache
+def _derived_words() -> frozenset[str] | None:
+    """`_words` of the ``leaves`` and ``dims`` views' SQL (a constant: tokenized once)."""
+    words = _words(CALLS_DERIVED)
+    return None if words is None else frozenset(words)
 
 
 def _stops_early(tree: dict[str, Any]) -> bool:

@@ -53,6 +53,7 @@ __all__ = [
     "check_block",
     "check_here",
     "check_one",
+    "checked_blocks",
     "processes",
     "start_helpers",
 ]
@@ -164,6 +165,24 @@ def check_block(
     return verdicts, footer_cache.with_files(tables, names, dictionary=table == schema.CALLS)
 
 
+def checked_blocks(
+    fs: pafs.FileSystem,
+    table: str,
+    paths: Sequence[str],
+    threads: bool = False,
+    columns: Sequence[str] | None = None,
+    budget: int = 0,
+) -> Iterator[Checked]:
+    """`check_block` of each block of `paths` in turn; calls files' rows of `columns` are read
+    until the blocks so far hold more than `budget` bytes (the later blocks: verdicts alone)."""
+    held = 0
+    for part in blocks(table, paths):
+        found, rows = check_block(fs, table, part, threads, columns if held <= budget else None)
+        if rows is not None:
+            held += rows.nbytes
+        yield found, rows
+
+
 def check_here(
     fs: pafs.FileSystem,
     table: str,
@@ -175,13 +194,10 @@ def check_here(
     until they hold `budget` bytes), checked in this thread (a helper's share)."""
     verdicts: dict[str, Verdict] = {}
     parts: list[pa.Table] = []
-    held = 0
-    for part in blocks(table, paths):
-        found, rows = check_block(fs, table, part, columns=columns if held <= budget else None)
+    for found, rows in checked_blocks(fs, table, paths, columns=columns, budget=budget):
         verdicts.update(found)
         if rows is not None:
             parts.append(rows)
-            held += rows.nbytes
     return verdicts, pa.concat_tables(parts, promote_options="permissive") if parts else None
 
 
