@@ -122,7 +122,7 @@ def calls_problem(
             if stats is None or not stats.has_null_count:
                 read.append(column)
                 break
-            if stats.has_min_max and stats.min < RAGGED:
+            if stats.has_min_max and stats.min_raw < RAGGED:  # INT64: no conversion
                 return f"{CORRUPT}: a negative size in its {column}"
             if stats.null_count:
                 read.append(column)
