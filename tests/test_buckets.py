@@ -1,4 +1,4 @@
-"""`capture.engines.buckets` (issue 15): the sizes that minimise padding, exactly.
+"""`capture.engines.buckets`: the sizes that minimise padding, exactly.
 
 Expected answers come from brute force over every bucket set, computed here from the traffic
 the test recorded.
@@ -137,7 +137,7 @@ def test_llama_fixture_batch_over_groups(llama: Store) -> None:
 
 
 def test_without_a_symbol_the_batch_symbol_is_sized(store: Store) -> None:
-    # issue 30: `capture buckets --budget 4`, the first example of its --help, needed --symbol
+    # `capture buckets --budget 4`, the first example of its --help, needed --symbol
     chosen = store.buckets(None, 3)
     assert json.loads(chosen.schema.metadata[METADATA_BUCKETS])["symbol"] == "batch"
     assert chosen == store.buckets("batch", 3)

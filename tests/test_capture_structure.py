@@ -1,5 +1,5 @@
 """capture.pytree.recorded_structure: a recorded structure read once into typed leaves
-(issue 13 item 2)."""
+."""
 
 from __future__ import annotations
 

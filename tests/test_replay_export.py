@@ -227,7 +227,7 @@ def test_llama_named_dims_fall_back_when_torch_cannot_prove_a_guard(
 ) -> None:
     # torch 2.13 cannot prove the Min(...) stride guard repeat_kv's reshape adds for the cache
     # length (grouped-query attention), so named Dims on it are rejected; a bounded
-    # Dim.DYNAMIC(min=, max=) hint is not (issue 9: never an unbounded fallback).
+    # Dim.DYNAMIC(min=, max=) hint is not (never an unbounded fallback).
     store, model = llama
     result = replay.export(model, store, named_dims=True, groups=["decode", "prefill"])
     _all_covered(result)

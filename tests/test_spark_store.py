@@ -62,4 +62,4 @@ def test_spark_sql_of_the_operations_page_agrees_with_capture_dims(
     ours = sorted(tuple(r[k] for k in KEY + VALUES) for r in dims)
     theirs = sorted(tuple(r[k] for k in KEY + VALUES) for r in spark_rows)
     assert len(ours) > 10
-    assert theirs == ours  # row for row (issue 14)
+    assert theirs == ours  # row for row
