@@ -78,7 +78,7 @@ def test_a_registered_layered_cache_is_flattened_like_dynamic_cache(
 
 def test_the_registry_supplies_the_historical_tables() -> None:
     # SUPPORTED_* and UNSUPPORTED are views of the one table, not separate lists.
-    # static, linear-attention and hybrid layers are supported now.
+    # static, linear-attention and hybrid layers are supported.
     assert (nodes.SUPPORTED_CACHES, nodes.SUPPORTED_LAYERS, len(nodes.UNSUPPORTED)) == (
         ("DynamicCache", "StaticCache", "EncoderDecoderCache"),
         (

@@ -230,8 +230,8 @@ print(json.dumps({{"child": pid, "status": status, "names": names}}))
     )
     assert code == 0, err
     result = json.loads(out)
-    # the child's sampled calls were queued for the parent's thread, which a forked
-    # child does not have, and all dropped; now the child writes them under its own pid.
+    # a forked child has no copy of the parent's writer thread, so it writes its own sampled
+    # calls itself, under its own pid.
     assert result["status"] == 0
     mine = [n for n in result["names"] if f"-{result['child']}-" in n]
     assert len(mine) == 4 and len(result["names"]) == 7
@@ -385,9 +385,9 @@ for round in range(4):
         m(torch.ones(2, 3), torch.ones(2, 3))
     rec.flush()
     # Folders where the next stats files should land: their rename fails, the calls files'
-    # (same names, another folder) succeed: the half-written segment of issue 12.
-    # The writer's next file number: one more than the newest of its files (issue 23: read
-    # from the files, not from the repr of the writer's counter).
+    # (same names, another folder) succeed: a half-written segment.
+    # The writer's next file number: one more than the newest of its files (read from the
+    # files, not from the repr of the writer's counter).
     w = rec._writer
     files = pathlib.Path({str(store)!r}).rglob(w.prefix + "-*.parquet")
     numbers = [int(p.stem.rsplit("-", 1)[1]) for p in files]
@@ -408,8 +408,8 @@ print(json.dumps(rec.stats()))
     assert code == 0, err
     stats = json.loads(out)
     assert stats["dropped"] == 1200 and stats["written"] == 400, stats
-    # The calls files of the failed segments were written, then deleted again (issue 12:
-    # they stayed visible, +300 calls per round, while counted dropped).
+    # The calls files of the failed segments are written, then deleted again: calls counted
+    # dropped are never visible.
     assert _counts(store) == {"calls": 400, "ids": 400, "signatures": 400, "orphans": 0}
 
 

@@ -91,7 +91,7 @@ def test_a_rebuilt_input_holds_the_recorded_special_tokens(root: Path) -> None:
         args, kwargs = rb.rebuild(group.structure, sizes, found)
         ids = args[0] if args else kwargs["input_ids"]
         features = args[1] if len(args) > 1 else kwargs["image_features"]
-        # eager accepts the rebuilt input (Qwen2-VL refused ids without image tokens).
+        # eager accepts the rebuilt input (Qwen2-VL refuses ids without image tokens).
         assert int((ids == IMAGE).sum()) == features.shape[0]
         assert (int((ids == START).sum()), int((ids == END).sum())) == (1, 1)
         Captioner()(ids, features)

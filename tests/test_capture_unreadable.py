@@ -36,7 +36,7 @@ def store(root: Path) -> Iterator[capture.Store]:
 
 
 def test_every_call_with_an_unknown_class_is_recorded(store: capture.Store) -> None:
-    # store count = calls made (Bamba and Mamba used to record 0 of 28).
+    # store count = calls made (Bamba and Mamba included).
     assert store.query("SELECT count(*) AS n FROM calls").to_pylist() == [{"n": len(CALLS)}]
 
 

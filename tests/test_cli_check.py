@@ -209,7 +209,7 @@ def test_export_onnx_json_is_valid_json(tmp_path: Path, factories: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     # stdout is the coverage table alone; torch.onnx's progress lines are kept off
-    # both streams since issue 21 (replay.onnx.convert, verbose=False)
+    # both streams (replay.onnx.convert, verbose=False)
     rows = json.loads(done.stdout)
     # every recorded signature once per target, the ONNX file's rows beside the torch
     recorded = [(r["target"], r["covered"]) for r in rows if r["kind"] == "recorded"]

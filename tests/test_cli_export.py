@@ -139,7 +139,7 @@ def test_out_writes_one_artifact_with_every_group(
     target = tmp_path / "masked.pt2"
     code, _, err = _run(store, f"{factories}:masked", "--model", "masked", "--out", str(target))
     assert code == 0
-    # one archive holding both groups' programs, no longer one file per group
+    # one archive holding both groups' programs, not one file per group
     assert sorted(p.name for p in tmp_path.glob("*.pt2")) == ["masked.pt2"]
     assert [p.group for p in read_manifest(target).programs] == ["g0", "g1"]
     assert f"wrote {target}\n" in err

@@ -271,7 +271,7 @@ def test_shape_facts_of_a_static_program_have_no_symbols() -> None:
     assert compat.shape_facts(program) == compat.ShapeFacts(((2, 3),), {}, ())
 
 
-# -- the artifact (replay.runtime): PT2 archive layout, program JSON, AOTInductor -----
+# -- the artifact (replay.runtime): PT2 archive layout, program JSON, AOTInductor ----------------
 
 
 class _Affine(torch.nn.Module):

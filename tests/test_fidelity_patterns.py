@@ -38,7 +38,7 @@ def _padded_batches(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_recorded_padding_gives_a_left_padded_row(llama: Store) -> None:
     calls = _padded_batches(_calls(llama, "decode"))
-    # masks were all ones, so the padding path production took never ran.
+    # masks are not all ones, so the padding path production took runs.
     assert calls and all(c["attention_mask"][0, 0] == 0 for c in calls)
 
 

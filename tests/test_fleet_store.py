@@ -86,7 +86,7 @@ def test_store_opened_before_a_compaction_reads_its_merged_file(store: Path) -> 
     with capture.open_store(store) as opened:
         before = opened.query("SELECT count(*) AS n, count(DISTINCT call_id) AS d FROM calls")
         capture.compact(store)  # deletes the files `opened` listed
-        # re-listed once: the merged file's calls, each once (20/66 queries failed)
+        # re-listed once: the merged file's calls, each once (no query fails)
         after = opened.query("SELECT count(*) AS n, count(DISTINCT call_id) AS d FROM calls")
     assert after.to_pylist() == before.to_pylist()
 
@@ -124,7 +124,7 @@ def test_lock_of_a_sigkilled_compaction_is_taken_over(store: Path) -> None:
     holder = _hold_lock(store)
     holder.send_signal(signal.SIGKILL)
     _reap(holder)
-    assert (store / compaction_lock.LOCK_NAME).exists()  # left behind, as in issue 14
+    assert (store / compaction_lock.LOCK_NAME).exists()  # left behind by the killed holder
     result = capture.compact(store)
     assert result.tables["calls"].files_after == 1
     assert not (store / compaction_lock.LOCK_NAME).exists()

@@ -204,7 +204,7 @@ def test_treespec_class_outside_the_allow_list_is_an_error_naming_its_source(
         _with_kwargs(store, {"type": f"{EVIL}.Thing", "context": "null", "children_spec": []}),
     )
     with pytest.raises(ReplayError, match=f"names the node type '{EVIL}.Thing'"):
-        replay.export_inputs(str(store), "add").group("g0").args  # noqa: B018  # issue 11
+        replay.export_inputs(str(store), "add").group("g0").args  # noqa: B018
 
 
 def test_treespec_of_another_protocol_is_refused(store: Path) -> None:
@@ -273,7 +273,7 @@ def test_compact_deletes_no_file_a_planted_claim_lists(store: Path) -> None:
     code, out, err = _run(store, "compact")
     assert code == 0, err
     assert "nothing deleted for:" in out
-    assert _count(store)[0] == CALLS  # compact merged them instead of deleting them
+    assert _count(store)[0] == CALLS  # compact merges them, never deletes them
 
 
 def test_self_replacing_file_is_read_and_kept(store: Path) -> None:
@@ -316,7 +316,7 @@ def test_link_loop_counts_each_call_once(store: Path) -> None:
     folder = _files(store)[0].parent
     (folder / "loop").symlink_to(folder)
     (store / "calls" / "up").symlink_to(store)
-    assert _count(store)[0] == CALLS  # was 566
+    assert _count(store)[0] == CALLS  # each call once, however the links loop
 
 
 def test_linked_file_outside_the_store_is_skipped(store: Path, tmp_path: Path) -> None:
@@ -334,7 +334,7 @@ def test_linked_file_outside_the_store_is_skipped(store: Path, tmp_path: Path) -
 def test_foreign_parquet_in_calls_is_skipped(store: Path) -> None:
     pq.write_table(pa.table({"call_id": [1, 2]}), store / "calls" / "foreign.parquet")
     count, err = _count(store)
-    assert count == CALLS  # was counted as calls
+    assert count == CALLS  # its rows are not counted as calls
     assert "foreign.parquet (not a capture file" in err
 
 
@@ -358,7 +358,7 @@ def test_wrong_schema_stats_file_breaks_no_command(store: Path, command: list[st
         ),
     )
     code, out, err = _run(store, *command)
-    assert code == 0  # was a traceback
+    assert code == 0  # the file is skipped, the command answers
     if command == ["compact"]:
         assert f"left alone (unreadable): {path}" in out
     else:
@@ -384,7 +384,7 @@ def test_bomb_file_is_skipped_by_readers_and_compaction(store: Path) -> None:
     assert count == CALLS
     assert "bomb.parquet (declares" in err
     code, _, err = _run(store, "compact")
-    assert code == 0, err  # compaction crashed on it
+    assert code == 0, err  # compaction skips it too
 
 
 def test_newer_schema_file_is_skipped_with_one_warning(store: Path) -> None:
@@ -588,7 +588,7 @@ def test_summary_tells_groups_apart_by_scalar(tmp_path: Path) -> None:
     code, out, err = _run(root, "summary")
     assert code == 0, err
     rows = [line for line in out.splitlines() if "kwargs['mode']=" in line]
-    # the two groups differ by the scalar only, and now say so
+    # the two groups differ by the scalar only, and say so
     assert sorted(r.split("=")[-1].strip() for r in rows) == ['"a"', '"b"']
 
 
@@ -604,7 +604,7 @@ def test_summary_dims_cells_stay_short() -> None:
     model = ModelSummary("m", 1, 0, 1, None, None, (group,), (), (), (), ())
     text = summary_report(Summary("s", 1, 0, 1, None, None, (), (model,)))
     line = next(line for line in text.splitlines() if "past_key_values" in line)
-    assert len(line) < 140  # was over 300 characters
+    assert len(line) < 140  # not 300 characters of dims
     assert "+" in line and "more" in line
 
 
@@ -660,5 +660,5 @@ def _set_column(store: Path, table: str, column: str, value: str) -> None:
 def test_malformed_signature_is_one_line(store: Path) -> None:
     _set_column(store, schema.STRUCTURES, "signature", "[1, 2]")
     code, out, err = _run(store, "dims", "--python")
-    assert (code, out) == (1, "")  # was a traceback
+    assert (code, out) == (1, "")  # one error line, no traceback
     assert "signature is malformed" in _one_line(err)

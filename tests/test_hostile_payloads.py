@@ -230,7 +230,7 @@ def test_a_payload_over_the_cap_is_refused_from_its_size(tmp_path: Path, store: 
     _write(path, header, b"")
     with path.open("r+b") as f:
         f.truncate(path.stat().st_size + big)
-    # 3.5 GB of RSS before it was refused; measured in a process of its own, by
+    # refused before it is read (3.5 GB of RSS otherwise); measured in a process of its own, by
     # its peak RSS since exec (VmHWM; ru_maxrss would count the forked test process too)
     probe = (
         "import sys, pyarrow.fs as fs\n"
@@ -268,7 +268,7 @@ def test_replay_export_reports_every_tampered_payload_and_raises_nothing(store: 
     header, data = _split(second)
     _meta("call_id", "12abc")(header)
     _write(second, header, data)
-    result = replay.export(Tiny(), store, probes=0)  # a ValueError escaped before
+    result = replay.export(Tiny(), store, probes=0)  # no ValueError escapes
     rows = [r for r in result.coverage.to_pylist() if r["kind"] == "payload"]
     assert [r["covered"] for r in rows] == [False, False, True]
     assert not result.complete
@@ -308,7 +308,7 @@ def test_delete_all_deletes_nothing_through_a_linked_folder(
     assert result.exit_code == 0, result.output
     assert "deleted 3 payload file(s)" in result.stderr
     assert "date=2001-01-01" in result.stderr and "symbolic link" in result.stderr
-    _untouched(outside, template)  # deleted through the link before
+    _untouched(outside, template)  # nothing deleted through the link
 
 
 def test_delete_before_never_deletes_a_linked_file(

@@ -119,7 +119,7 @@ def test_sigkill_between_rollup_and_calls_leaves_stats_and_calls_agreeing(
     tmp_path: Path,
 ) -> None:
     _kill_mid_segment(tmp_path)
-    # before, calls landed first and a kill left calls no stats row counted
+    # a kill never leaves calls that no stats row counts
     assert _totals(tmp_path) == (2, 2)
     assert len(_files(tmp_path, schema.STATS)) == 2  # the committed rollup and the staged one
 
@@ -182,7 +182,7 @@ def test_compaction_skips_a_rollup_replaced_while_it_runs(
         return real(fs, files)
 
     monkeypatch.setattr(compaction, "uncommitted", replaced_meanwhile)
-    result = capture.compact(tmp_path)  # was a FileNotFoundError traceback
+    result = capture.compact(tmp_path)  # no FileNotFoundError
     assert result.tables["stats"].files_before == 1
     assert second.exists() and not result.unreadable
 
@@ -245,7 +245,7 @@ def test_a_reader_binds_the_calls_views_again_after_a_compaction(tmp_path: Path)
         listed = store.files["calls"]  # checked, not yet bound
         capture.compact(tmp_path)  # deletes every file `store` listed
         assert not any(os.path.exists(p) for p in listed)
-        # binding sat outside the retry (IOException: No files found)
+        # binding is inside the retry (else IOException: No files found)
         assert store.query("SELECT count(*) AS n FROM calls").to_pylist() == [{"n": 3}]
 
 
@@ -328,6 +328,6 @@ def test_an_s3_object_deleted_after_it_was_opened_counts_as_vanished(
     with fs.open_output_stream(key) as sink:
         sink.write(rollup.read_bytes())
     verdict, rows = layout.read_with_rows(_DeletedAfterOpen(fs), key, schema.STATS)  # type: ignore[arg-type]
-    # a plain OSError (NO_SUCH_KEY) on S3, read as "skip it" before: a
-    # replaced stats file was left out instead of listed again
+    # a plain OSError (NO_SUCH_KEY) on S3 is a vanished file, listed again, not "skip it":
+    # a replaced stats file is never left out
     assert (verdict, rows) == (layout.Skip(key, layout.VANISHED), None)

@@ -25,8 +25,8 @@ def _extra(name: str) -> set[str]:
 
 
 def test_readme_install_line_and_quickstart_install_the_demo_extra() -> None:
-    # the top said `pip install -e .` and the quickstart `.[test]` (86 packages, 2.2 GB
-    # with pyspark, moto, pytest), and neither could draw `capture report`.
+    # both install the demo extra, which draws `capture report`, not `.[test]` (86 packages,
+    # 2.2 GB with pyspark, moto, pytest).
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     quickstart = readme[readme.index("## Quickstart") :]
     assert _install_lines(readme)[0] == ".[demo]"
@@ -42,7 +42,7 @@ def test_demo_extra_holds_what_demo_and_report_import_and_nothing_test_only() ->
 
 
 def test_no_doc_example_imports_the_repository_fixtures() -> None:
-    # the T5 example imported `fixtures`, which is not installed.
+    # `fixtures` is not installed, so no doc example imports it.
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     offending = [
         p.name

@@ -129,7 +129,7 @@ def test_a_new_dtype_is_a_different_structure(twice: tuple[Twice, Path]) -> None
 def test_a_call_missing_an_argument_names_it_and_the_closest_group(
     twice: tuple[Twice, Path],
 ) -> None:
-    # "different call structure" for every group, the argument never named
+    # the missing argument is named, not "different call structure" for every group
     runner = replay.load(twice[1])
     with pytest.raises(CallNotServed) as caught:
         runner(mask=torch.ones(3, 5))
@@ -201,8 +201,8 @@ def test_a_signature_that_failed_the_export_check_is_not_served() -> None:
 
 
 def test_the_refusal_list_matches_failed_recorded_rows_by_their_sizes() -> None:
-    # Rows were paired with ExportGroup.recorded() by position, so the probes (and
-    # payloads) of a group made the counts differ and the manifest lost every refusal.
+    # Rows are matched by sizes, not paired with ExportGroup.recorded() by position: the
+    # probes (and payloads) of a group make the counts differ.
     from types import SimpleNamespace
 
     from replay.artifact.entries import rejected
@@ -284,7 +284,7 @@ def _export_and_serve(tmp_path: Path, model: Any) -> dict[str, Any]:
     result = replay.export(model, tmp_path / "store")
     assert result.complete
     result.save(tmp_path / "model.pt2")
-    # each weight once on disk (torch's package_pt2 wrote it once per program: 4.00x)
+    # each weight once on disk (torch's package_pt2 writes it once per program: 4.00x)
     assert _archive_weight_ratio(tmp_path / "model.pt2", model) <= 1.10
     return _serve(tmp_path, model, tmp_path / "model.pt2", "AutoModelForCausalLM")
 

@@ -57,7 +57,7 @@ def _recorded(result: replay.ExportResult) -> list[dict[str, Any]]:
 def _all_covered(result: replay.ExportResult) -> None:
     rows = result.coverage.to_pylist()
     assert [r["error"] for r in rows if not r["covered"]] == []
-    # Within float32 rounding, not bit-equal: since issue 9 rebuilt masks are padded like
+    # Within float32 rounding, not bit-equal: rebuilt masks are padded like
     # production's, and the padded attention path rounds differently in the exported graph.
     assert all(r["max_abs_diff"] <= 1e-5 for r in rows), rows
     assert result.complete

@@ -242,7 +242,7 @@ def test_a_linked_file_of_the_set_is_refused(
 def test_a_changed_manifest_is_one_error_naming_the_field(
     linear: Any, tmp_path: Path, field: str, value: Any, message: str
 ) -> None:
-    # on main's typed manifest: an ONNX set is read as data, field by field
+    # an ONNX set's typed manifest is read as data, field by field
     _, _, _, _, target = linear
     shutil.copytree(target.parent, tmp_path / "set")
     manifest = tmp_path / "set" / "linear.onnx.json"
@@ -465,7 +465,7 @@ def test_sdpa_is_translated_as_torch_computes_fully_masked_rows(tmp_path: Path) 
     feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), (q, k, v, mask), strict=True)}
     got = torch.from_numpy(session.run(None, feeds)[0])
     expected = Attention()(q, k, v, mask)
-    # onnxscript's translation returned the mean of the values on the masked row
+    # a fully masked row gives zeros, not the mean of the values (onnxscript's translation)
     assert float(expected[0, :, 0].abs().max()) == 0.0
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 

@@ -26,8 +26,8 @@ from replay.check.payload_rows import payload_rows
 
 
 class Scaled:
-    """An input container whose flattening drops its `scale` (as transformers' sliding-window
-    layers' `cumulative_length` was dropped): a rebuilt call always has scale 1."""
+    """An input container whose flattening drops its `scale` (as a lost `cumulative_length`
+    of transformers' sliding-window layers would be): a rebuilt call always has scale 1."""
 
     def __init__(self, x: torch.Tensor, scale: float = 1.0) -> None:
         self.x, self.scale = x, scale

@@ -192,7 +192,7 @@ def test_torch_is_not_imported(root: Path) -> None:
 
 
 def test_the_commented_calls_are_python_once_uncommented(store: Store) -> None:
-    # the comment read "with g = replay.export_inputs(...).group(...):", not Python.
+    # each commented call is Python (not "with g = replay.export_inputs(...).group(...):").
     source = dynamic_shapes_source(store, "LlamaForCausalLM")
     calls = [
         line[2:]

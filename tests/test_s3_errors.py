@@ -59,6 +59,6 @@ def test_access_denied() -> None:
     "args", [["payloads"], ["payloads", "--delete-all"]], ids=["list", "delete"]
 )
 def test_payloads_of_an_unreachable_store(args: list[str]) -> None:
-    # an OSError traceback before; now the same line as every other command.
+    # the same one line as every other command, no OSError traceback.
     proc, _ = _capture("s3://bucket/store", _aws(f"http://127.0.0.1:{free_port()}"), *args)
     assert "cannot reach the store s3://bucket/store" in error_line(proc, alone=True)

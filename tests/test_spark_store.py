@@ -1,6 +1,6 @@
 """Spark (pyspark, local mode) reads the store as docs/operations.md says; it agrees with dims.
 
-Issue 14: the "Spark, Trino, Athena" section of docs/operations.md is run as written: its python
+The "Spark, Trino, Athena" section of docs/operations.md is run as written: its python
 block (Spark reading the files `open_store(...).files` lists) and its SQL, on a recorded
 tiny-Llama store; the result must equal `capture dims`' min / max / distinct / calls row for row.
 """

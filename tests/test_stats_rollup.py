@@ -40,7 +40,7 @@ def test_each_flush_replaces_the_previous_rollup_and_claims_it(tmp_path: Path) -
             model(torch.ones(b, 2))
             rec.flush()
             seen.append([p.name for p in _stats_files(tmp_path)])
-    # one file at any time: each flush wrote a new one and deleted the one it holds
+    # one file at any time: each flush writes a new one and deletes the one it holds
     assert [len(names) for names in seen] == [1, 1, 1]
     (last,) = _stats_files(tmp_path)
     meta = pq.read_metadata(last).metadata
