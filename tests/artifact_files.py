@@ -1,4 +1,4 @@
-"""A small real artifact, and the archive edits the crafted-artifact tests make (issue 25).
+"""A small real artifact, and the archive edits the crafted-artifact tests make.
 
 Used by tests/test_hostile_artifact.py and tests/test_artifact_manifest.py: `record_scaled`
 records a model with one weight under two call groups and saves its artifact; `entries` and

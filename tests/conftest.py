@@ -62,7 +62,7 @@ def llama(llama_root: Path) -> Iterator[Store]:
         yield store
 
 
-# -- a real S3 server on loopback (issue 14; tests/s3_server.py) ----------------------------------
+# -- a real S3 server on loopback (tests/s3_server.py) --------------------------------------------
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """moto's S3 server on 127.0.0.1 (a free port), for the whole test session."""

@@ -61,7 +61,7 @@ def _cache_field(output: Any) -> str | None:
 
 
 def _live_storage_bytes() -> int:
-    """Bytes of every distinct storage of a live, real tensor of the process (issue 20)."""
+    """Bytes of every distinct storage of a live, real tensor of the process."""
     import gc
 
     seen: dict[tuple[str, int], int] = {}

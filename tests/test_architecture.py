@@ -1,4 +1,4 @@
-"""Guards of the house's shape (issue 23): no import circle, a small top level, small modules.
+"""Guards of the house's shape: no import circle, a small top level, small modules.
 
 The import graph is read from the source with `ast`, not by importing: every ``import`` and
 ``from ... import`` statement counts, wherever it stands (at module level, inside a function,

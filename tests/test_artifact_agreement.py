@@ -1,4 +1,4 @@
-"""`capture check` and the runner give one answer per recorded signature (issue 20.3, issue 25.5).
+"""`capture check` and the runner give one answer per recorded signature.
 
 A model with a weight and a size branch is recorded with payloads on (every call kept), while
 a forward pre-hook copies every ORIGINAL call. torch.export specializes the branch at the

@@ -1,4 +1,4 @@
-"""The artifact's typed manifest (issue 20 item 3, issue 25 item 4): parsed and checked once.
+"""The artifact's typed manifest: parsed and checked once.
 
 A tampered manifest (a null, a string where a list was, Infinity, a number past any size, a
 missing field, a program the archive lacks, ...) must be one `ArtifactError` line from
@@ -138,7 +138,7 @@ def test_a_tampered_manifest_is_one_error_from_load_and_from_check(
     assert message in text
     assert len(text.splitlines()) == 1 and len(text) < 600
     result = CliRunner().invoke(cli, ["--store", str(store), "check", str(path)])
-    # issue 25: capture check reads the manifest with the same parser: the same one line
+    # capture check reads the manifest with the same parser: the same one line
     assert (result.exit_code, result.stdout, result.stderr) == (1, "", f"Error: {text}\n")
 
 

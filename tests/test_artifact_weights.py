@@ -1,4 +1,4 @@
-"""Each weight once (issue 20 items 1 and 2): one record per storage on disk, one in memory.
+"""Each weight once: one record per storage on disk, one in memory.
 
 torch 2.13's ``package_pt2`` wrote every program's weights again (4.00x the model's weights for
 the demo's four programs); `save` writes each storage once, matched by identity and, for the
@@ -86,7 +86,7 @@ def test_every_program_names_the_same_record_for_a_shared_weight(
     assert sorted(configs) == ["g0", "g1"]
     assert configs["g0"] == configs["g1"]  # the weight, the bias and the lifted constant
     model_bytes = sum(t.untyped_storage().nbytes() for t in model.parameters())
-    # issue 20: weights once, plus the 16-byte constant torch.export lifted out of forward
+    # weights once, plus the 16-byte constant torch.export lifted out of forward
     assert read_artifact(path).weight_bytes == model_bytes + 16
 
 

@@ -1,4 +1,4 @@
-"""`capture.engines.buckets` (issue 15): the sizes that minimise padding, exactly.
+"""`capture.engines.buckets`: the sizes that minimise padding, exactly.
 
 Expected answers come from brute force over every bucket set, computed here from the traffic
 the test recorded.
@@ -127,7 +127,7 @@ def test_llama_fixture_batch_over_groups(llama: Store) -> None:
     table = llama.buckets("batch", 1)
     summary = json.loads(table.schema.metadata[METADATA_BUCKETS])
     # Where batch varies, decode (9 calls) and prefill (3); and where it is always 1, the
-    # *_no_attention_mask groups (8 calls): issue 24, batch 1 was left out ([2, 4] for the demo).
+    # *_no_attention_mask groups (8 calls): batch 1 is counted (else [2, 4] for the demo).
     assert (summary["groups"], summary["calls"], summary["buckets"]) == (
         ["decode", "decode_no_attention_mask", "prefill", "prefill_no_attention_mask"],
         20,
@@ -137,7 +137,7 @@ def test_llama_fixture_batch_over_groups(llama: Store) -> None:
 
 
 def test_without_a_symbol_the_batch_symbol_is_sized(store: Store) -> None:
-    # issue 30: `capture buckets --budget 4`, the first example of its --help, needed --symbol
+    # `capture buckets --budget 4`, the first example of its --help, runs without --symbol
     chosen = store.buckets(None, 3)
     assert json.loads(chosen.schema.metadata[METADATA_BUCKETS])["symbol"] == "batch"
     assert chosen == store.buckets("batch", 3)

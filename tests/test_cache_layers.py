@@ -1,4 +1,4 @@
-"""Cache layers flattened by what they hold (issue 22): linear-attention, state-space, hybrid,
+"""Cache layers flattened by what they hold: linear-attention, state-space, hybrid,
 static and dummy layers round-trip every piece of state that changes a forward's result.
 
 The eager model is the judge where a tiny model exists (Mamba, Bamba): it is fed the original
@@ -61,7 +61,7 @@ def test_state_space_cache_round_trips_exactly(build: Any) -> None:
     model = build()
     call = _decode_call(model, cache_argument(type(model).__name__), steps=2)
     expected = _logits(model, copy.deepcopy(call))
-    # issue 22: conv and recurrent states (and Bamba's keys) travel with the cache.
+    # conv and recurrent states (and Bamba's keys) travel with the cache.
     assert torch.equal(expected, _logits(model, _round_trip(copy.deepcopy(call))))
 
 
@@ -154,7 +154,7 @@ def _state(layer: Any) -> dict[str, Any]:
 
 
 def test_every_supported_layer_class_is_exercised() -> None:
-    # The round trip below covers each layer class the registry supports (issue 22).
+    # The round trip below covers each layer class the registry supports.
     assert set(_LAYERS) == set(cachespec.SUPPORTED_LAYERS)  # type: ignore[attr-defined]
 
 
@@ -164,7 +164,7 @@ def test_every_supported_layer_round_trips_its_state(name: str) -> None:
     cache = cu.DynamicCache()
     cache.layers = [layer]
     rebuilt = _round_trip(cache).layers[0]
-    # issue 22: every piece of state that changes a forward's result survives the round trip.
+    # every piece of state that changes a forward's result survives the round trip.
     assert (type(rebuilt).__name__, _state(rebuilt)) == (name, _state(layer))
 
 
@@ -178,7 +178,7 @@ def test_an_unknown_layer_is_one_opaque_leaf_naming_its_class() -> None:
     with nodes.register_flattening_functions():
         flat = pytree.tree_flatten_with_path(cache)[0]
     found = [(pytree.keystr(kp), type(v).__name__) for kp, v in flat]
-    # issue 22: the part capture cannot read is an opaque leaf naming its class.
+    # the part capture cannot read is an opaque leaf naming its class.
     assert found == [
         (".key_cache[0]", "Tensor"),
         (".value_cache[0]", "Tensor"),
@@ -199,7 +199,7 @@ def test_a_cache_with_an_unknown_layer_is_recorded_and_reported(tmp_path: Path) 
             cache.layers = [_filled(MysteryLayer())]
             model(torch.ones(batch, 3), past_key_values=cache)
     groups = open_store(tmp_path).summary().models[0].groups
-    # issue 22: every call recorded, and the summary names the class that blocks export.
+    # every call recorded, and the summary names the class that blocks export.
     assert rec.stats()["recorded"] == 2
     assert [g.calls for g in groups] == [2]
     blocked = str(groups[0].blocked)
@@ -222,7 +222,7 @@ def test_static_cache_fill_level_is_recorded_once_per_cache(tmp_path: Path) -> N
             ORDER BY c.ts
             """
         ).to_pylist()
-    # issue 22: the fill level of each call, read where it lives; layer 0's only (all alike).
+    # the fill level of each call, read where it lives; layer 0's only (all alike).
     assert [(r["lo"], r["hi"]) for r in rows] == [(0, 0), (6, 6), (7, 7)]
     assert {r["path"] for r in rows} == {f"kwargs['{LLAMA_CACHE}'].cumulative_length[0]"}
 

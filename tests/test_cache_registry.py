@@ -1,4 +1,4 @@
-"""The cache registry (issue 13 item 4): one table drives flattening, string_type and analysis."""
+"""The cache registry: one table drives flattening, string_type and analysis."""
 
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ def test_a_registered_layered_cache_is_flattened_like_dynamic_cache(
 
 
 def test_the_registry_supplies_the_historical_tables() -> None:
-    # issue 13: SUPPORTED_* and UNSUPPORTED are views of the one table, not separate lists.
-    # issue 22: static, linear-attention and hybrid layers are supported now.
+    # SUPPORTED_* and UNSUPPORTED are views of the one table, not separate lists.
+    # static, linear-attention and hybrid layers are supported.
     assert (nodes.SUPPORTED_CACHES, nodes.SUPPORTED_LAYERS, len(nodes.UNSUPPORTED)) == (
         ("DynamicCache", "StaticCache", "EncoderDecoderCache"),
         (
@@ -112,7 +112,7 @@ def test_a_registered_argument_name_makes_decode_and_prefill_groups(
         capture.register_cache("MemoryState", module=__name__, arguments=("memory",))
         registered.append("MemoryState")
         after = sorted(g.name for g in analyze(store, "m"))
-    # issue 13: the analysis asks the registry which arguments carry a cache.
+    # the analysis asks the registry which arguments carry a cache.
     assert (before, after) == (["g0", "g1"], ["decode", "prefill"])
 
 
@@ -162,7 +162,7 @@ def test_a_refused_class_is_recorded_and_reported(name: str, tmp_path: Path) -> 
     with capture.Recorder(model, tmp_path, name="m") as rec:
         model(torch.ones(2, 3), past_key_values=obj)
     (group,) = open_store(tmp_path).summary().models[0].groups
-    # issue 22: "refused" means recorded and reported with the reason, never unrecorded.
+    # "refused" means recorded and reported with the reason, never unrecorded.
     assert rec.stats()["recorded"] == 1
     assert group.blocked is not None
     assert name in group.blocked and cachespec.UNSUPPORTED[name] in group.blocked

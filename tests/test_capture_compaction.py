@@ -134,7 +134,7 @@ def test_calls_merged_batch_by_batch_into_row_groups_across_batches(
     (merged,) = _files(store, "calls")
     meta = pq.read_metadata(merged)
     groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    assert groups == [4] * 7 + [2]  # streamed in bounded memory, in order (issue 14)
+    assert groups == [4] * 7 + [2]  # streamed in bounded memory, in order
     assert _snapshot(store) == before
 
 
@@ -158,7 +158,7 @@ def test_leftovers_are_compared_in_chunks_and_each_file_judged_alone(
     refused: list[layout.Skip] = []
     monkeypatch.setattr(claims, "_CHUNK", 3)  # the merged file's rows read once, 4 chunks
     hidden = claims.verified_replaced(fs, infos, refused)  # type: ignore[arg-type]
-    assert hidden == {str(p) for p in sources if p != forged}  # issue 14: bulk check
+    assert hidden == {str(p) for p in sources if p != forged}  # bulk check
     assert [(s.path, s.reason) for s in refused] == [
         (
             str(merged),

@@ -1,4 +1,4 @@
-"""One engine for dynamic dims and representative rows: seed API and store agree (issue 13)."""
+"""One engine for dynamic dims and representative rows: seed API and store agree."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Pair(torch.nn.Module):
 def test_absent_entries_count_for_no_statistic() -> None:
     axes = [Axis("x", 0), Axis("mask", 0)]
     found = find_symbols([[2, ABSENT], [3, 4], [5, 4]], axes)
-    # issue 13: a tensor missing from a call (the seed API's alignment) does not make its dims vary
+    # a tensor missing from a call (the seed API's alignment) does not make its dims vary
     assert (found.dynamic, found.minimum, found.maximum, found.distinct) == (
         [True, False],
         [2, 4],
@@ -37,7 +37,7 @@ def test_a_column_with_absent_entries_enters_no_relation() -> None:
     axes = [Axis("past", 2), Axis("mask", 1)]
     assert [str(r) for r in find_symbols(rows, axes).relations] == ["mask_1 = past_2 + 1"]
     rows[0][1] = ABSENT
-    # issue 13: an absent entry is no size, so it can neither support nor refute a relation
+    # an absent entry is no size, so it can neither support nor refute a relation
     assert find_symbols(rows, axes).relations == []
 
 
@@ -46,13 +46,13 @@ def test_choose_row_with_the_seed_options_takes_the_first_eligible_row() -> None
     row, found = choose_row(
         matrix, [1, 1, 1, 1], [True, True], [False, True, True, True], None, "first"
     )
-    # issue 13: sizes below 2 allowed, ties to the earliest row, not to the smallest vector
+    # sizes below 2 allowed, ties to the earliest row, not to the smallest vector
     assert (row, found) == (1, True)
 
 
 def test_choose_row_without_an_eligible_row_returns_the_most_called_row() -> None:
     row, found = choose_row([[1, 7], [1, 8], [1, 9]], [2, 5, 5], [True, True])
-    # issue 13: no row has every dynamic dim >= 2; the caller synthesizes from this row
+    # no row has every dynamic dim >= 2; the caller synthesizes from this row
     assert (row, found) == (1, False)
 
 
@@ -78,5 +78,5 @@ def test_observer_and_store_analysis_agree_on_dynamic_dims(batch: Any, tmp_path:
         for n, m in ((1, 3), (1, 5), (1, 4)):
             model(torch.zeros(n, m, 2), torch.zeros(n, 6))
     observer.to_store(tmp_path, name="Pair")
-    # issue 13: the seed API and the store analysis answer "which dims are dynamic" alike
+    # the seed API and the store analysis answer "which dims are dynamic" alike
     assert _observed_dynamic(observer, batch) == _stored_dynamic(tmp_path, batch)

@@ -1,4 +1,4 @@
-"""Issue 12 fault suite: signals, fork, compiled models, disk full, store removal, poison records.
+"""Fault suite: signals, fork, compiled models, disk full, store removal, poison records.
 
 Every scenario runs in its own subprocess with a time limit. Each ends by checking that the
 store agrees with itself and with the recorder's counters: the calls table, the signatures view
@@ -104,7 +104,7 @@ time.sleep(120)
     _wait_for(ready)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -sig, err  # the process still dies of the signal (issue 12)
+    assert proc.returncode == -sig, err  # the process still dies of the signal
     assert _counts(store) == {"calls": 1000, "ids": 1000, "signatures": 1000, "orphans": 0}
 
 
@@ -138,7 +138,7 @@ while True:
     counts = _counts(store)
     # The handler runs between two bytecodes of the loop: a call it interrupted inside the
     # wrapper, after the model ran, never returned to the caller and may be missing.
-    assert calls - 1 <= counts["calls"] <= calls, (calls, counts)  # issue 12
+    assert calls - 1 <= counts["calls"] <= calls, (calls, counts)
     assert counts["calls"] == counts["ids"] == counts["signatures"] and counts["orphans"] == 0
 
 
@@ -197,7 +197,7 @@ print(json.dumps({{"child": pid, "status": status, "written": rec.stats()["writt
     with open_store(store) as s:
         by_pid = s.query("SELECT pid, count(*) AS n FROM calls GROUP BY pid ORDER BY n").to_pylist()
     assert by_pid == [
-        {"pid": result["child"], "n": 30},  # the child's own calls only (issue 12)
+        {"pid": result["child"], "n": 30},  # the child's own calls only
         {"pid": by_pid[1]["pid"], "n": 70},  # the parent's 50 + 20, none written twice
     ]
     child_files = [p for p in store.rglob("*.parquet") if f"-{result['child']}-" in p.name]
@@ -230,8 +230,8 @@ print(json.dumps({{"child": pid, "status": status, "names": names}}))
     )
     assert code == 0, err
     result = json.loads(out)
-    # issue 13: the child's sampled calls were queued for the parent's thread, which a forked
-    # child does not have, and all dropped; now the child writes them under its own pid.
+    # a forked child has no copy of the parent's writer thread, so it writes its own sampled
+    # calls itself, under its own pid.
     assert result["status"] == 0
     mine = [n for n in result["names"] if f"-{result['child']}-" in n]
     assert len(mine) == 4 and len(result["names"]) == 7
@@ -289,7 +289,7 @@ def _compiled(tmp_path: Path, backend: str, order: str) -> dict[str, Any]:
 def test_compiled_model_calls_are_recorded_eager_backend(tmp_path: Path, order: str) -> None:
     result = _compiled(tmp_path, "eager", order)
     # Every call the model received (a forward pre-hook's count) is recorded, outputs are
-    # unchanged, and after the first calls no frame is compiled again (issue 12).
+    # unchanged, and after the first calls no frame is compiled again.
     assert result["hook"] == 27 and result["written"] == 27, result
     assert result["equal"] is True and result["new_frames"] == 0, result
     assert result["store"] == {"calls": 27, "ids": 27, "signatures": 27, "orphans": 0}
@@ -385,9 +385,9 @@ for round in range(4):
         m(torch.ones(2, 3), torch.ones(2, 3))
     rec.flush()
     # Folders where the next stats files should land: their rename fails, the calls files'
-    # (same names, another folder) succeed: the half-written segment of issue 12.
-    # The writer's next file number: one more than the newest of its files (issue 23: read
-    # from the files, not from the repr of the writer's counter).
+    # (same names, another folder) succeed: a half-written segment.
+    # The writer's next file number: one more than the newest of its files (read from the
+    # files, not from the repr of the writer's counter).
     w = rec._writer
     files = pathlib.Path({str(store)!r}).rglob(w.prefix + "-*.parquet")
     numbers = [int(p.stem.rsplit("-", 1)[1]) for p in files]
@@ -408,8 +408,8 @@ print(json.dumps(rec.stats()))
     assert code == 0, err
     stats = json.loads(out)
     assert stats["dropped"] == 1200 and stats["written"] == 400, stats
-    # The calls files of the failed segments were written, then deleted again (issue 12:
-    # they stayed visible, +300 calls per round, while counted dropped).
+    # The calls files of the failed segments are written, then deleted again: calls counted
+    # dropped are never visible.
     assert _counts(store) == {"calls": 400, "ids": 400, "signatures": 400, "orphans": 0}
 
 
@@ -432,7 +432,7 @@ print(json.dumps(rec.stats()))
     )
     assert code == 0, err
     stats = json.loads(out)
-    assert stats["store_resets"] == 1 and stats["written"] == 302, stats  # visible (issue 12)
+    assert stats["store_resets"] == 1 and stats["written"] == 302, stats  # visible
     assert "capture: failed finding the store's structures" in err
     # The 301 later calls have their structures again: none is an orphan.
     assert _counts(store) == {"calls": 301, "ids": 301, "signatures": 301, "orphans": 0}
@@ -461,7 +461,7 @@ print(json.dumps(rec.stats()))
     )
     assert code == 0, err
     stats = json.loads(out)
-    # One record the writer cannot convert: it alone is dropped and counted (issue 12).
+    # One record the writer cannot convert: it alone is dropped and counted.
     assert stats["bad_records"] == 1 and stats["dropped"] == 1, stats
     assert stats["recorded"] == 101 and stats["written"] == 100, stats
     assert err.count("capture: failed converting a call record") == 1

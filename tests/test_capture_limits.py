@@ -1,4 +1,4 @@
-"""Issue 12: the recorder's limits hold whatever a call receives, and each loss is counted."""
+"""The recorder's limits hold whatever a call receives, and each loss is counted."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_huge_list_argument_is_summarised_under_a_memory_cap(tmp_path: Path) -> 
     )
     assert proc.returncode == 0, proc.stderr
     stats = json.loads(proc.stdout)
-    # Issue 12: 100,000 ints took the server to 23.9 GB. The list is now one opaque leaf: the
+    # 100,000 ints as separate leaves take a server to 23.9 GB. The list is one opaque leaf: the
     # recording's own allocations stay small (the argument itself is ~3.6 MB) and bounded.
     assert stats["peak"] < 500_000, stats
     assert stats["oversized"] == 4 and stats["written"] == 4 and stats["dropped"] == 0
@@ -82,7 +82,7 @@ def test_structures_table_stores_the_treespec_once(tmp_path: Path) -> None:
     files = list((store / "structures").rglob("*.parquet"))
     table = pq.read_table(files[0]).to_pylist()
     inputs = [r for r in table if r["path"].startswith("args")]
-    # Issue 12: the treespec was repeated on each of the 500 rows (quadratic size).
+    # The treespec is stored once, not on each of the 500 rows (which is quadratic size).
     assert [r["leaf"] for r in inputs if r["treespec"] is not None] == [0]
     with open_store(store) as s:
         assert s.query("SELECT count(*) AS n FROM calls").to_pylist() == [{"n": 1}]
@@ -94,7 +94,7 @@ def test_a_fresh_nan_each_call_is_one_structure(tmp_path: Path) -> None:
         for _ in range(50):
             m(torch.ones(2), float("nan"))
     stats = rec.stats()
-    # Issue 12: NaN != NaN made each call a new structure until max_structures dropped calls.
+    # NaN != NaN must not make each call a new structure (max_structures would drop calls).
     assert stats["dropped"] == 0 and stats["written"] == 50 and stats["structures"] == 2
 
 
@@ -103,7 +103,7 @@ def test_a_long_model_name_keeps_its_calls(tmp_path: Path) -> None:
     m = Echo()
     with Recorder(m, tmp_path / "store", name=name) as rec:
         m(torch.ones(2))
-    assert rec.stats()["written"] == 1  # issue 12: ENAMETOOLONG dropped every call
+    assert rec.stats()["written"] == 1  # a too-long file name (ENAMETOOLONG) drops no call
     with open_store(tmp_path / "store") as s:
         assert s.query("SELECT model FROM calls").to_pylist() == [{"model": name}]
     folders = [p.name for p in (tmp_path / "store" / "calls").iterdir()]
@@ -118,7 +118,7 @@ def test_two_recorders_stopped_first_in_first_out_leave_no_wrapper(tmp_path: Pat
     first.stop()
     m(torch.ones(2))  # still recorded by the second one
     second.stop()
-    assert "forward" not in m.__dict__  # issue 12: the first recorder's wrapper stayed
+    assert "forward" not in m.__dict__  # no recorder's wrapper stays behind
     m(torch.ones(2))
     assert (first.stats()["written"], second.stats()["written"]) == (1, 2)
 
@@ -132,7 +132,7 @@ def test_stats_add_up_over_restarts(tmp_path: Path) -> None:
             m(torch.ones(2))
         rec.stop()
     stats = rec.stats()
-    assert stats["recorded"] == 5 and stats["written"] == 5  # issue 12: reset on restart
+    assert stats["recorded"] == 5 and stats["written"] == 5  # not reset on restart
     assert _calls(tmp_path / "store") == 5
 
 
@@ -147,7 +147,7 @@ def test_old_tmp_files_of_killed_writers_are_removed(tmp_path: Path) -> None:
     m = Echo()
     with Recorder(m, tmp_path / "store") as rec:
         m(torch.ones(2))
-    # Issue 12: a killed writer's .tmp stayed forever. A recent one may be a live writer's.
+    # An old .tmp of a killed writer is removed; a recent one may be a live writer's.
     assert not old.exists() and fresh.exists()
     assert rec.stats()["tmp_removed"] == 1
 
@@ -168,7 +168,7 @@ def test_stop_waits_for_a_call_still_in_the_model(tmp_path: Path) -> None:
     entered.wait(10)
     rec.stop()
     worker.join()
-    # Issue 12: the call was counted recorded but never written.
+    # A call still in the model when stop() runs is written, not only counted recorded.
     assert rec.stats()["written"] == 1 and _calls(tmp_path / "store") == 1
 
 
@@ -198,7 +198,7 @@ def test_unusual_tensors_are_recorded(tmp_path: Path, make: object) -> None:
         m(x)
         m(x)
     stats = rec.stats()
-    # Issue 12: these inputs were counted as errors and their calls not recorded.
+    # These inputs are recorded, not counted as errors.
     assert (stats["errors"], stats["dropped"], stats["written"]) == (0, 0, 2), stats
     with open_store(tmp_path / "store") as s:
         dims = s.query("SELECT dims FROM calls").to_pylist()

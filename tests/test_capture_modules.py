@@ -1,4 +1,4 @@
-"""Recorder(modules=...) (issue 10): sub-modules recorded under ``<name>.<sub>``, exported and
+"""Recorder(modules=...): sub-modules recorded under ``<name>.<sub>``, exported and
 served from the same artifact, through the Python API and ``capture export --out``."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_export_out_puts_every_recorded_sub_module_in_the_artifact(
     result = CliRunner().invoke(
         cli,
         ["--store", str(tmp_path / "store"), "export", target, "--out", str(artifact)]
-        + ["--signatures"],  # one row per signature (issue 24: one per group by default)
+        + ["--signatures"],  # one row per signature (one per group by default)
     )
     assert result.exit_code == 0, result.stderr
     rows = [line.split()[:2] for line in result.stdout.splitlines()[2:]]

@@ -549,7 +549,7 @@ def test_to_store_merges_integer_ranges_of_one_signature(tmp_path: Path) -> None
         .query("SELECT dims, int_min, int_max, calls FROM signatures ORDER BY calls DESC")
         .to_pylist()
     )
-    # issue 13: the observer keeps lows and highs as the calls columns do and merges them with
+    # the observer keeps lows and highs as the calls columns do and merges them with
     # the writer's rule (stats_merge.merge_items): the smallest low and the largest high, per
     # tensor.
     assert [(r["int_min"], r["int_max"], r["calls"]) for r in rows] == [

@@ -1,4 +1,4 @@
-"""Recorder(payloads=...): the real tensors of sampled calls, as safetensors files (issue 9 item 4).
+"""Recorder(payloads=...): the real tensors of sampled calls, as safetensors files.
 
 Real recorder, real files, a real tiny Llama under generate(); no pickle anywhere.
 """

@@ -1,4 +1,4 @@
-"""Recorder behaviour with real models, real Parquet files and real DuckDB (issue #2)."""
+"""Recorder behaviour with real models, real Parquet files and real DuckDB."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_generate_every_forward_call_recorded_once(llama_run: dict[str, object])
         "sampled_out": 0,
         "structures": 5,  # 4 input structures + 1 output structure
         # structures, rollup, calls; then the closing rollup again, without its segment's
-        # names (issue 25: compaction leaves named calls files alone)
+        # names (compaction leaves named calls files alone)
         "files": 4,
         "bad_records": 0,
         "oversized": 0,
@@ -275,7 +275,7 @@ def test_flattener_failure_never_reaches_the_model(tmp_path: Path, broken_regist
         for _ in range(3):
             assert torch.equal(model(torch.zeros(2), Broken()), torch.ones(2))
     stats = rec.stats()
-    # issue 22: a call capture cannot flatten is recorded all the same (never "record nothing").
+    # a call capture cannot flatten is recorded all the same (never "record nothing").
     assert (stats["errors"], stats["recorded"], stats["unreadable"]) == (0, 3, 3)
 
 
@@ -290,7 +290,7 @@ def test_flattener_failure_is_recorded_as_a_leaf_naming_the_class(
         .query("SELECT path, kind, type FROM structures WHERE path = 'args[1]'")
         .to_pylist()
     )
-    # issue 22: the part capture cannot read is an opaque leaf naming its class.
+    # the part capture cannot read is an opaque leaf naming its class.
     assert [(r["kind"], r["type"]) for r in rows] == [("opaque", f"{__name__}.Broken")]
 
 

@@ -1,4 +1,4 @@
-"""A regime of a call group (issue 20 item 4): own ranges, the group's symbols and relations.
+"""A regime of a call group: own ranges, the group's symbols and relations.
 
 Groups are analysed from real stores (the Recorder writes them); regimes are made of some of
 their signature rows, as `replay.pipeline.splitting` makes them after torch.export cut a group.

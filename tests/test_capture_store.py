@@ -73,7 +73,7 @@ def test_truncated_file_is_skipped_with_a_warning_naming_it(tmp_path: Path) -> N
     data = bad.read_bytes()
     bad.write_bytes(data[: len(data) // 2])
     with capture.open_store(tmp_path) as store:
-        # the calls files are checked when SQL first reads them (issue 14)
+        # the calls files are checked when SQL first reads them
         with pytest.warns(RuntimeWarning, match=re.escape(str(bad))):
             rows = store.query("SELECT dims FROM calls ORDER BY call_id").to_pylist()
         assert [s.path for s in store.skipped] == [str(bad)]
@@ -90,7 +90,7 @@ def test_file_of_a_future_schema_version_is_skipped_with_an_upgrade_hint(tmp_pat
     meta = dict(table.schema.metadata)
     meta[schema.METADATA_SCHEMA_VERSION] = str(schema.SCHEMA_VERSION + 1).encode()
     pq.write_table(table.replace_schema_metadata(meta), path)
-    # issue 11: one planted file must not make the store unreadable; the warning says to upgrade
+    # one planted file must not make the store unreadable; the warning says to upgrade
     newer = f"{path} (written with store schema v{schema.SCHEMA_VERSION + 1}"
     with pytest.warns(RuntimeWarning, match=re.escape(newer)):
         with capture.open_store(tmp_path) as store:
@@ -247,7 +247,7 @@ def test_signatures_merge_integer_ranges_over_segments(tmp_path: Path) -> None:
         segments = store.query("SELECT count(*) AS n FROM stats").to_pylist()
         rows = store.query("SELECT calls, int_min, int_max FROM signatures").to_pylist()
     assert segments == [{"n": 2}]
-    # issue 13: the view merges the ranges (one rule, capture.store.stats_merge), item by item
+    # the view merges the ranges (one rule, capture.store.stats_merge), item by item
     assert rows == [{"calls": 2, "int_min": [-1, None], "int_max": [9, None]}]
 
 
@@ -260,7 +260,7 @@ def test_a_writer_rolls_its_segments_up_into_one_stats_file(tmp_path: Path) -> N
             rec.flush()
     calls = sorted((tmp_path / schema.CALLS).rglob("*.parquet"))
     stats = sorted((tmp_path / schema.STATS).rglob("*.parquet"))
-    # issue 14: one stats file per writer, not one per flush (three segments, three calls files)
+    # one stats file per writer, not one per flush (three segments, three calls files)
     assert len(calls) == 3 and len(stats) == 1
     meta = pq.read_metadata(stats[0]).metadata
     assert meta[schema.METADATA_ROLLUP] == b"closed"  # the recorder stopped: compaction may take it

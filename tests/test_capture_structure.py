@@ -1,5 +1,4 @@
-"""capture.pytree.recorded_structure: a recorded structure read once into typed leaves
-(issue 13 item 2)."""
+"""capture.pytree.recorded_structure: a recorded structure read once into typed leaves."""
 
 from __future__ import annotations
 

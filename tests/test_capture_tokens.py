@@ -1,4 +1,4 @@
-"""Values that matter beyond their range (issue 22): special token counts, recorded and put back,
+"""Values that matter beyond their range: special token counts, recorded and put back,
 and device value ranges read by the writer thread instead of the serving thread."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_counts_are_recorded_after_the_value_ranges(root: Path) -> None:
         rows = store.query("SELECT int_min, int_max FROM calls ORDER BY ts").to_pylist()
     where = json.loads(value)["counts"]
     counts = [[row["int_max"][where[str(i)]] for i in (IMAGE, END, START)] for row in rows]
-    # issue 22: per call, how many of each special id production sent.
+    # per call, how many of each special id production sent.
     assert counts == [[4, 1, 1], [6, 1, 1], [9, 1, 1]]
 
 
@@ -91,7 +91,7 @@ def test_a_rebuilt_input_holds_the_recorded_special_tokens(root: Path) -> None:
         args, kwargs = rb.rebuild(group.structure, sizes, found)
         ids = args[0] if args else kwargs["input_ids"]
         features = args[1] if len(args) > 1 else kwargs["image_features"]
-        # issue 22: eager accepts the rebuilt input (Qwen2-VL refused ids without image tokens).
+        # eager accepts the rebuilt input (Qwen2-VL refuses ids without image tokens).
         assert int((ids == IMAGE).sum()) == features.shape[0]
         assert (int((ids == START).sum()), int((ids == END).sum())) == (1, 1)
         Captioner()(ids, features)

@@ -1,4 +1,4 @@
-"""capture.pytree.treespec: stored treespecs parsed against an allow-list (issue 11)."""
+"""capture.pytree.treespec: stored treespecs parsed against an allow-list."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_cache_class_not_registered_in_this_process_is_refused() -> None:
         cache = nodes.make_dynamic_cache([(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))])
         text = pytree.treespec_dumps(pytree.tree_structure(((), {"c": cache})))
     node = treespec.parse(text, "file.parquet")
-    with pytest.raises(UnsafeTreespec, match="not registered in this process"):  # issue 11
+    with pytest.raises(UnsafeTreespec, match="not registered in this process"):
         treespec.to_treespec(node, "file.parquet")
 
 
@@ -117,7 +117,7 @@ def test_cache_class_not_registered_in_this_process_is_refused() -> None:
     ids=["json", "protocol", "shape", "type", "enum", "factory", "keys", "leaf"],
 )
 def test_refused_treespecs_name_their_source(text: str, match: str) -> None:
-    with pytest.raises(UnsafeTreespec, match=match) as info:  # issue 11
+    with pytest.raises(UnsafeTreespec, match=match) as info:
         treespec.parse(text, "calls/x.parquet")
     assert "calls/x.parquet" in str(info.value)
     assert "\n" not in str(info.value)
@@ -127,7 +127,7 @@ def test_deep_nesting_is_refused() -> None:
     node: dict[str, Any] = _LEAF
     for _ in range(100):
         node = {"type": "builtins.list", "context": "null", "children_spec": [node]}
-    with pytest.raises(UnsafeTreespec, match="deeper than"):  # issue 11
+    with pytest.raises(UnsafeTreespec, match="deeper than"):
         treespec.parse(json.dumps([1, node]))
 
 

@@ -1,4 +1,4 @@
-"""Never record nothing (issue 22): what capture cannot read is recorded by its class name, and
+"""Never record nothing: what capture cannot read is recorded by its class name, and
 `capture summary`, `capture report` and `replay.export` say which class blocks which group."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def store(root: Path) -> Iterator[capture.Store]:
 
 
 def test_every_call_with_an_unknown_class_is_recorded(store: capture.Store) -> None:
-    # issue 22: store count = calls made (Bamba and Mamba used to record 0 of 28).
+    # store count = calls made (Bamba and Mamba included).
     assert store.query("SELECT count(*) AS n FROM calls").to_pylist() == [{"n": len(CALLS)}]
 
 
@@ -72,7 +72,7 @@ def test_export_reports_the_blocked_group_and_serves_the_other(root: Path) -> No
     result = replay.export(Stateful(), root)
     rows = result.coverage.to_pylist()
     blocked = [r for r in rows if r["group"] == "g0"]
-    # issue 22: the group's rows are not covered, each naming the class; the rest is served.
+    # the group's rows are not covered, each naming the class; the rest is served.
     assert blocked and all(
         not r["covered"] and "RecurrentState, recorded by its class name only" in r["error"]
         for r in blocked
@@ -96,7 +96,7 @@ def test_a_recorder_that_records_nothing_warns_loudly_once(
                 model(torch.ones(1, 4))
     loud = [r.getMessage() for r in caplog.records if "has recorded NO call" in r.getMessage()]
     assert rec.stats()["errors"] == 2 * n
-    # issue 22: said once, with what failed and the fix, not only in stats().
+    # said once, with what failed and the fix, not only in stats().
     assert len(loud) == 1
     assert f"its first {n} calls all failed while recording inputs" in loud[0]
     assert "RuntimeError: the structure cache is broken" in loud[0] and "Fix:" in loud[0]

@@ -1,4 +1,4 @@
-"""`capture export --out MODEL.pt2` and `capture check MODEL.pt2` (issue 10): the export job's end.
+"""`capture export --out MODEL.pt2` and `capture check MODEL.pt2`: the export job's end.
 
 A toy model is recorded, exported to an artifact through the CLI, then the store receives newer
 traffic (longer inputs, a larger batch, a new dtype): `capture check --since` must list exactly
@@ -110,7 +110,7 @@ def test_check_lists_exactly_the_newer_calls_outside_the_accepted_ranges(
     _record(store, [(3, 7, False), (5, 7, False), (2, 20, False), (3, 5, True), (3, 5, True)])
     _record(store, [(3, 7, False)], dtype=torch.float64)
     code, out, err = _check(store, str(artifact), "--since", since, "-f", "json")
-    assert code == 3  # some calls are not served (issue 10)
+    assert code == 3  # some calls are not served
     rows = json.loads(out)
     # the store's column names (`DriftRow.model_name` is printed as ``model``), in their order
     assert [list(r) for r in rows] == [
@@ -127,7 +127,7 @@ def test_check_lists_exactly_the_newer_calls_outside_the_accepted_ranges(
     reasons = [r["reason"] for r in rows if not r["served"]]
     differs = "different call structure: "
     no_mask = f"{differs}the call does not pass kwargs['mask'] (the program takes a float32 tensor"
-    # issue 25: the runner's own reasons, from the one routing function both use
+    # the runner's own reasons, from the one routing function both use
     assert reasons == [
         f"g0: args[0] axis 0 = 5 is outside the recorded range [2, 4]; g1: {no_mask} of rank 2)",
         f"g0: args[0] axis 1 = 20 is outside the recorded range [6, 8]; g1: {no_mask} of rank 2)",
@@ -198,7 +198,7 @@ def _cli(store: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-# Slow (issue 13): a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
+# Slow: a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
 @pytest.mark.slow
 def test_export_onnx_json_is_valid_json(tmp_path: Path, factories: str) -> None:
     pytest.importorskip("onnxscript")
@@ -208,17 +208,17 @@ def test_export_onnx_json_is_valid_json(tmp_path: Path, factories: str) -> None:
         store, "export", f"{factories}:twice", "--out", str(tmp_path / "x.onnx"), "-f", "json"
     )
     assert done.returncode == 0, done.stderr
-    # stdout is the coverage table alone (issue 10); torch.onnx's progress lines are kept off
-    # both streams since issue 21 (replay.onnx.convert, verbose=False)
+    # stdout is the coverage table alone; torch.onnx's progress lines are kept off
+    # both streams (replay.onnx.convert, verbose=False)
     rows = json.loads(done.stdout)
-    # issue 21: every recorded signature once per target, the ONNX file's rows beside the torch
+    # every recorded signature once per target, the ONNX file's rows beside the torch
     recorded = [(r["target"], r["covered"]) for r in rows if r["kind"] == "recorded"]
     assert sorted(recorded) == [("onnx", True)] * 2 + [("torch", True)] * 2
     assert all(r["covered"] for r in rows)
     assert "[torch.onnx]" not in done.stderr
 
 
-# Slow (issue 13): a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
+# Slow: a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
 @pytest.mark.slow
 def test_a_torch_export_failure_is_one_line_on_stderr(tmp_path: Path, factories: str) -> None:
     store = tmp_path / "store"

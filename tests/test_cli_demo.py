@@ -83,11 +83,11 @@ def test_demo_covers_every_recorded_decode_signature(demo: DemoRun) -> None:
     n, calls = row["signatures"], row["calls"]
     summary = f"\n{n} of {n} recorded signatures covered ({calls} of {calls} calls), "
     assert summary in demo.stdout
-    # issue 24: one row per group, covered/total and the worst difference in 3 digits.
+    # one row per group, covered/total and the worst difference in 3 digits.
     assert re.search(
         rf"\n{EXPORT_GROUP} +{n}/{n} +{calls}/{calls} +([1-9]\d*)/\1 +\d\.\d\de-\d\d\n", demo.stdout
     )
-    # issue 9: the probes (unseen sizes inside the recorded ranges) are checked and reported.
+    # the probes (unseen sizes inside the recorded ranges) are checked and reported.
     assert re.search(r"calls\), ([1-9]\d*) of \1 probes covered, max abs diff", demo.stdout)
 
 
@@ -98,9 +98,9 @@ def test_demo_ends_with_the_store_and_the_next_commands(demo: DemoRun) -> None:
         ["capture", "--store", str(demo.store), "summary"],
         ["capture", "--store", str(demo.store), "dims", "--python"],
         ["capture", "--store", str(demo.store), "query", '"SELECT'],
-        # issue 24: the report is the first thing one tries after the demo.
+        # the report is the first thing one tries after the demo.
         ["capture", "--store", str(demo.store), "report", "--out"],
-        # issue 13: the demo's model is installed with capture (fixtures/ is not).
+        # the demo's model is installed with capture (fixtures/ is not).
         ["capture", "--store", str(demo.store), "export", "capture.demo_model:tiny_llama"],
     ]
 

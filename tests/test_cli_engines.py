@@ -1,4 +1,4 @@
-"""`capture profiles` and `capture buckets` from the shell (issue 15)."""
+"""`capture profiles` and `capture buckets` from the shell."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_engine_commands_do_not_import_torch_or_matplotlib(store: str) -> None:
 
 
 def test_buckets_picks_the_only_symbol(tmp_path: Path) -> None:
-    # issue 24: --symbol was required even when the calls have one dynamic symbol.
+    # --symbol is not required when the calls have one dynamic symbol.
     record_traffic(tmp_path, [((1, 4), 2), ((3, 4), 1)])  # the length never varies
     code, out, err = _run(str(tmp_path), "buckets", "--budget", "1")
     assert (code, err) == (0, "")
@@ -126,7 +126,7 @@ def test_buckets_without_symbol_sizes_the_batch_symbol(store: str) -> None:
 
 
 def test_buckets_of_a_length_prints_no_batch_size_flags(store: str) -> None:
-    # issue 24: --cuda-graph-bs lines were printed for a cache length.
+    # no --cuda-graph-bs lines for a cache length.
     code, out, err = _run(store, "buckets", "--symbol", "x_1", "--budget", "1")
     assert (code, err) == (0, "")
     assert "vLLM" not in out.replace("vLLM's and SGLang's capture sizes", "")

@@ -1,4 +1,4 @@
-"""Path mistakes a new user makes (issue 24): one ``Error:`` line naming the thing and the fix,
+"""Path mistakes a new user makes: one ``Error:`` line naming the thing and the fix,
 exit status 1, no traceback, nothing written."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_report_out_a_folder_says_to_name_the_page(store: Path, tmp_path: Path) 
 def test_store_that_is_a_file(tmp_path: Path) -> None:
     page = tmp_path / "r.html"
     page.write_text("<html></html>")
-    # issue 24: it said "no store at r.html; record into it first".
+    # a file is named as a file, not as a missing store.
     assert _run("--store", str(page), "summary") == (
         1,
         "",
@@ -86,7 +86,7 @@ def test_store_that_is_a_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("inner", ["calls", "stats/model=linear", "structures"])
 def test_store_inside_a_store(store: Path, inner: str) -> None:
-    # issue 24: `--store capture-store/calls` said "holds no recorded call yet".
+    # `--store capture-store/calls` names the store it is inside, not an empty store.
     assert _run("--store", f"{store}/{inner}", "dims") == (
         1,
         "",
@@ -105,7 +105,7 @@ def test_a_store_in_a_folder_named_like_a_table_opens(tmp_path: Path) -> None:
 
 
 def test_check_of_a_store_folder(store: Path) -> None:
-    # issue 24: `capture check capture-store` said "no artifact".
+    # `capture check capture-store` says it was given a store, not only "no artifact".
     assert _run("--store", str(store), "check", str(store)) == (
         1,
         "",

@@ -91,7 +91,7 @@ def _run(store: str, *args: str) -> tuple[int, str, str]:
 
 
 def test_export_prints_the_coverage_per_group_then_a_total_line(store: str, factories: str) -> None:
-    # issue 24: one row per group (covered/total, worst difference in 3 significant digits),
+    # one row per group (covered/total, worst difference in 3 significant digits),
     # and the "N of M covered" total line that capture check and the demo print.
     code, out, err = _run(store, f"{factories}:add", "--model", "add")
     assert code == 0
@@ -139,7 +139,7 @@ def test_out_writes_one_artifact_with_every_group(
     target = tmp_path / "masked.pt2"
     code, _, err = _run(store, f"{factories}:masked", "--model", "masked", "--out", str(target))
     assert code == 0
-    # one archive holding both groups' programs (issue 10), no longer one file per group
+    # one archive holding both groups' programs, not one file per group
     assert sorted(p.name for p in tmp_path.glob("*.pt2")) == ["masked.pt2"]
     assert [p.group for p in read_manifest(target).programs] == ["g0", "g1"]
     assert f"wrote {target}\n" in err

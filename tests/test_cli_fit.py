@@ -1,4 +1,4 @@
-"""Tables that fit the terminal (issue 24): cli/fit.py, and the commands in a real pseudo-terminal.
+"""Tables that fit the terminal: cli/fit.py, and the commands in a real pseudo-terminal.
 
 On a terminal a table leaves out identifier columns and shortens long cells with an ellipsis;
 piped, and in every other format, it carries every column in full. The commands are run in a
@@ -223,7 +223,7 @@ def _cells(out: str) -> set[str]:
 def test_a_100_column_terminal_keeps_the_names_the_next_command_needs(
     demo_store: Path, command: str, copied: tuple[str, ...]
 ) -> None:
-    # issue 30: symbol names for --symbol, the expressions, TensorRT input names were cut
+    # symbol names for --symbol, the expressions and TensorRT input names are never cut
     _, out = _in_terminal(["--store", str(demo_store), command])
     data = json.loads(
         CliRunner().invoke(cli, ["--store", str(demo_store), command, "-f", "json"]).stdout

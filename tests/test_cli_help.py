@@ -137,5 +137,5 @@ def test_a_usage_error_is_one_error_line_naming_the_help() -> None:
     result = CliRunner().invoke(cli, ["query"], prog_name="capture")
     assert result.exit_code == 2
     assert result.stdout == ""
-    # issue 11: one line, no usage block, and which help to read
+    # one line, no usage block, and which help to read
     assert result.stderr == "Error: Missing argument 'SQL'. (see 'capture query --help')\n"

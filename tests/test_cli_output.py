@@ -92,7 +92,7 @@ def test_render_without_headers(
 
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
 def test_render_without_headers_refuses_json(fmt: str) -> None:
-    # issue 11: --no-headers with json/jsonl is a usage error, not silently ignored
+    # --no-headers with json/jsonl is a usage error, not silently ignored
     with pytest.raises(click.UsageError, match="has no header row"):
         render(pa.table({"s": ["a"]}), fmt, headers=False)
 

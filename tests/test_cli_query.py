@@ -281,7 +281,7 @@ def test_summary_table_is_a_report(store: str) -> None:
     assert data.first_ts is not None and data.last_ts is not None
     first = dt.datetime.fromisoformat(data.first_ts).astimezone(dt.timezone.utc)
     last = dt.datetime.fromisoformat(data.last_ts).astimezone(dt.timezone.utc)
-    # issue 24: to the second, the day once (json keeps the microseconds).
+    # to the second, the day once (json keeps the microseconds).
     day = "" if last.date() == first.date() else f"{last:%Y-%m-%d} "
     span = f"from {first:%Y-%m-%d %H:%M:%S} to {day}{last:%H:%M:%S} UTC"
     code, out, err = _invoke(store, "summary")

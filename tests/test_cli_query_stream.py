@@ -1,4 +1,4 @@
-"""`capture query` streams its result (issue 25 item 10): bounded memory in every format, and a
+"""`capture query` streams its result: bounded memory in every format, and a
 reader that stops reading (``| head``) ends the command quietly.
 
 Each case runs the real command in a fresh process, whose peak RSS is what is measured.
@@ -56,8 +56,8 @@ def _peak_rss(store: str, n: int, fmt: str) -> int:
 
 
 def _check_bounded(store: str, fmt: str) -> None:
-    # issue 25 item 10: 100M rows used to be built in memory whole (24 GB, killed). Memory, not
-    # time, is checked. DuckDB's buffers reach their size by 100,000 such rows (about 50 MiB
+    # 100M rows built in memory whole take 24 GB (and get killed). Memory, not time, is
+    # checked. DuckDB's buffers reach their size by 100,000 such rows (about 50 MiB
     # over the 1,000-row peak); 300,000 more rows (150 MB of text) then add less than 40 MiB.
     small = _peak_rss(store, 100_000, fmt)
     large = _peak_rss(store, 400_000, fmt)
@@ -65,7 +65,7 @@ def _check_bounded(store: str, fmt: str) -> None:
 
 
 def test_query_table_memory_does_not_grow_with_the_result(store: str) -> None:
-    _check_bounded(store, "table")  # the format that used to read the whole result first
+    _check_bounded(store, "table")  # sized columns, yet never the whole result read first
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""`capture export` and `capture summary --artifact` name the regimes (issue 20 item 4).
+"""`capture export` and `capture summary --artifact` name the regimes.
 
 A real store (the seeds' masked scenario: batches 3 and 4 with a mask, batch 2 without), a
 factory whose forward branches on the batch size, real torch.export; exit status, stdout and

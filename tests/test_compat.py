@@ -1,5 +1,5 @@
 """capture.compat against the installed torch: every private API it wraps is there and does what
-capture relies on (issue 23 item 4). A torch release that moves one fails here, by name."""
+capture relies on. A torch release that moves one fails here, by name."""
 
 from __future__ import annotations
 
@@ -236,7 +236,7 @@ def _violation() -> BaseException:
 
 def test_a_constraint_violation_is_told_by_its_type() -> None:
     error = _violation()
-    # issue 23 item 3: decided by torch's UserError type, not by its text.
+    # decided by torch's UserError type, not by its text.
     assert type(error).__name__ == "UserError"
     assert compat.is_constraint_violation(error)
 
@@ -271,7 +271,7 @@ def test_shape_facts_of_a_static_program_have_no_symbols() -> None:
     assert compat.shape_facts(program) == compat.ShapeFacts(((2, 3),), {}, ())
 
 
-# -- the artifact (replay.runtime): PT2 archive layout, program JSON, AOTInductor (issue 20) -----
+# -- the artifact (replay.runtime): PT2 archive layout, program JSON, AOTInductor ----------------
 
 
 class _Affine(torch.nn.Module):

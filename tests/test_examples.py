@@ -24,7 +24,7 @@ Normalisations, each applied to both sides unless said otherwise, and why:
   a cell's value), so that example is compared without blank lines.
 - N6 symbol names in ADDED lines (``s77``) are torch's and become ``s?``; the seed lines keep
   theirs (torch 2.13 names them as the seed's torch did).
-- N7 our registration (DESIGN §4, issue 22): in transformers 5 a ``StaticLayer`` writes at its
+- N7 our registration (DESIGN §4): in transformers 5 a ``StaticLayer`` writes at its
   fill level (``cumulative_length``, a 0-d tensor), so our ``StaticCache`` flattens it after
   the keys and values: `all_dynamic_shape_from_inputs` gives it an entry (``{}``: a 0-d tensor
   has no axis), which torch.export requires for our registration. Seed 004's StaticCache shapes

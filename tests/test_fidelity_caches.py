@@ -1,4 +1,4 @@
-"""Cache state fidelity (issue 9): every transformers cache/layer class round-trips or is declared.
+"""Cache state fidelity: every transformers cache/layer class round-trips or is declared.
 
 A cache round-tripped through capture's flatten/unflatten must give the model the same result as
 the original: the eager model is the judge, fed the original cache and the round-tripped one.
@@ -40,7 +40,7 @@ def _cache_classes() -> list[str]:
 def test_every_cache_class_is_supported_or_declared_unsupported() -> None:
     known = set(nodes.SUPPORTED_LAYERS) | set(nodes.SUPPORTED_CACHES) | set(nodes.UNSUPPORTED)
     undeclared = [name for name in _cache_classes() if name not in known]
-    # issue 9: a class transformers ships must never be flattened silently without its state.
+    # a class transformers ships must never be flattened silently without its state.
     assert undeclared == []
 
 
@@ -85,7 +85,7 @@ def test_sliding_window_cache_round_trips_exactly(steps: int) -> None:
     call = _decode_state(model, steps)
     expected = _logits(model, copy.deepcopy(call))
     got = _logits(model, _round_trip(copy.deepcopy(call)))
-    # issue 9: the round trip used to drop cumulative_length (logits off by ~0.2).
+    # the round trip keeps cumulative_length (without it the logits are off by ~0.2).
     assert torch.equal(expected, got)
 
 
@@ -124,7 +124,7 @@ def test_static_sliding_window_layers_are_reported_unsupported() -> None:
     with nodes.register_flattening_functions():
         spec = pytree.treespec_dumps(pytree.tree_flatten(((), call))[1])
     reason = nodes.unsupported_reason(RecordedStructure("s", "m", (leaf,), treespec=spec))
-    # issue 9: a fill level we do not record must make the group "not covered", with the reason.
+    # a fill level we do not record must make the group "not covered", with the reason.
     assert reason is not None and "StaticSlidingWindowLayer" in reason
 
 
@@ -134,7 +134,7 @@ def test_static_cache_round_trips_exactly(steps: int) -> None:
     cache = cache_utils.StaticCache(config=model.config, max_cache_len=20)
     call = _decode_state(model, steps, cache=cache, length=6)
     expected = _logits(model, copy.deepcopy(call))
-    # issue 22: the fill level (cumulative_length) travels with the cache: same logits.
+    # the fill level (cumulative_length) travels with the cache: same logits.
     assert torch.equal(expected, _logits(model, _round_trip(copy.deepcopy(call))))
 
 
@@ -157,7 +157,7 @@ def test_a_cache_we_cannot_flatten_is_reported_not_covered(tmp_path: Any) -> Non
             model(torch.ones(batch, 3), past_key_values=MtpCache())
     result = replay.export(model, tmp_path)
     rows = result.coverage.to_pylist()
-    # issue 9: the group is reported not covered with the reason, and export does not fail.
+    # the group is reported not covered with the reason, and export does not fail.
     assert not result.complete and len(rows) == 3
     assert all(
         not r["covered"]

@@ -1,4 +1,4 @@
-"""Every model family records, and the families people export are served (issue 22, "Must hold").
+"""Every model family records, and the families people export are served ("Must hold").
 
 Each family runs real greedy ``generate()`` (batches 1-3, left padding, one request without a
 mask), recorded by the Recorder while a forward pre-hook keeps deep copies of the ORIGINAL calls;
@@ -84,7 +84,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.mark.slow
 def test_every_call_is_recorded(run: Run) -> None:
-    # issue 22: Bamba and Mamba recorded 0 of 28 calls (the flattening read layer.keys).
+    # every call, Bamba's and Mamba's included (flattening never assumes layer.keys).
     assert (run.recorded, len(run.originals)) == (25, 25)
 
 
@@ -107,9 +107,9 @@ def test_the_cache_layers_are_the_family_s(run: Run) -> None:
 
 @pytest.mark.slow
 def test_state_space_and_static_families_are_served(run: Run) -> None:
-    # issue 22: >= 95 % of the calls served through replay.load (static caches: 0 before).
+    # >= 95 % of the calls served through replay.load (static caches included).
     # Mamba's prefills are served by regimes: torch.export specializes the prompt length
-    # (transformers' reference scan loops over it), so each length is a regime (issue 20).
+    # (transformers' reference scan loops over it), so each length is a regime.
     assert run.served >= 0.95
 
 
@@ -138,8 +138,8 @@ def test_qwen2_vl_image_prefills_are_checked_on_inputs_eager_accepts(tmp_path: P
         assert rows and not any(r["covered"] for r in rows)
         assert all("cannot serialize or read this program" in r["error"] for r in rows)
         return
-    # issue 22: rebuilt ids used to hold no image token ("Image features and image tokens do
-    # not match, tokens: 0"); now each image prefill row is checked, and served here.
+    # rebuilt ids hold the image tokens (without them: "Image features and image tokens do
+    # not match, tokens: 0"); each image prefill row is checked, and served here.
     assert rows and all(r["covered"] for r in rows)
     result.save(tmp_path / "model.pt2")
     verdicts = serve_originals(model, replay.load(tmp_path / "model.pt2"), originals)

@@ -1,4 +1,4 @@
-"""Rebuilt integer inputs take the paths production took (issue 9, item 2).
+"""Rebuilt integer inputs take the paths production took.
 
 Built from the tiny-Llama fixture store (left-padded generate() traffic, batches 1-3): the
 rebuilt calls of its signatures, as the coverage check gets them.
@@ -38,7 +38,7 @@ def _padded_batches(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_recorded_padding_gives_a_left_padded_row(llama: Store) -> None:
     calls = _padded_batches(_calls(llama, "decode"))
-    # issue 9: masks were all ones, so the padding path production took never ran.
+    # masks are not all ones, so the padding path production took runs.
     assert calls and all(c["attention_mask"][0, 0] == 0 for c in calls)
 
 

@@ -1,4 +1,4 @@
-"""Regimes and merged groups under real generate() traffic (issue 20 items 4 and 5, "Must hold").
+"""Regimes and merged groups under real generate() traffic ("Must hold").
 
 Each model is recorded under greedy generate() with the real Recorder while a forward pre-hook
 keeps deep copies of the ORIGINAL calls; `replay.export` makes the programs, `save` writes the
@@ -21,7 +21,7 @@ from fixtures.models import tiny_llama
 
 pytest.importorskip("transformers")
 
-# Prompts of 4-12 tokens without a mask, around a sliding window of 6 (issue 20).
+# Prompts of 4-12 tokens without a mask, around a sliding window of 6.
 SHORT_AND_LONG = [(1, length, False) for length in range(4, 13)]
 # Batches of 1-3 with and without mask, prompts on both sides of a window of 6.
 CROSSING = [
@@ -51,7 +51,7 @@ def test_prefills_across_the_window_are_served_by_regimes(arch: str, tmp_path: P
     model = tiny_causal(arch, sliding_window=6)
     result, found = _served(model, tmp_path, SHORT_AND_LONG)
     prefill = [v for v in found if v.group is not None and v.group.startswith("prefill[")]
-    # issue 20: "Constraints violated (input_ids.size()[1] ...)" lost the whole prefill group.
+    # no prefill call lost to "Constraints violated (input_ids.size()[1] ...)".
     assert [v.reason for v in found if not v.correct] == []
     assert len(prefill) == len(SHORT_AND_LONG)
     assert len({v.group for v in prefill}) >= 2, result.notes
@@ -61,7 +61,7 @@ def test_prefills_across_the_window_are_served_by_regimes(arch: str, tmp_path: P
 def test_gemma3_window_crossing_traffic_is_served(tmp_path: Path) -> None:
     model = tiny_causal("gemma3", sliding_window=6)
     _, found = _served(model, tmp_path, CROSSING)
-    # issue 20: 12 of 56 calls of a Gemma3 window-crossing workload were lost.
+    # every call of a Gemma3 window-crossing workload is served.
     assert [v.reason for v in found if not v.correct] == []
 
 
@@ -73,7 +73,7 @@ def test_the_demo_workload_ships_two_programs(tmp_path: Path) -> None:
     result = replay.export(model, tmp_path)
     runner = replay.load(result.save(tmp_path / "model.pt2"))
     found = serve_originals(model, runner, originals)
-    # issue 20: decode_no_attention_mask and prefill_no_attention_mask are served by the
+    # decode_no_attention_mask and prefill_no_attention_mask are served by the
     # decode and prefill programs, the all-ones mask filled, proven on their own calls.
     assert sorted(result.programs) == ["decode", "prefill"]
     assert [v.reason for v in found if not v.correct] == []

@@ -1,4 +1,4 @@
-"""A program called "covered" never answers a real call wrong (issue 9, "Must hold").
+"""A program called "covered" never answers a real call wrong ("Must hold").
 
 Each architecture is recorded under real greedy generate() traffic (batches 1-3, prompts around
 the sliding window, left-padded masks, one request without a mask), exported with
@@ -64,7 +64,7 @@ def verdicts(
 def test_no_covered_call_answers_wrong(verdicts: tuple[str, list[CallVerdict]]) -> None:
     arch, found = verdicts
     wrong = [v for v in found if v.covered and not v.correct]
-    # issue 9: Mistral/Phi3 decode was "covered" with logits off by 0.07-0.21.
+    # no call served "covered" with wrong logits (e.g. Mistral/Phi3 decode off by 0.07-0.21).
     assert wrong == [], arch
 
 
@@ -74,7 +74,7 @@ def test_coverage_agrees_with_the_original_calls(
 ) -> None:
     arch, found = verdicts
     disagree = [v for v in found if bool(v.covered) != v.correct]
-    # issue 9: the table's verdict per signature is what the real calls of it get.
+    # the table's verdict per signature is what the real calls of it get.
     assert disagree == [], arch
 
 

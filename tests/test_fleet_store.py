@@ -1,4 +1,4 @@
-"""Stores of many files and compactions beside readers (issue 14): batches, re-listing, locks."""
+"""Stores of many files and compactions beside readers: batches, re-listing, locks."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_merging_in_batches_gives_the_merge_of_everything(
     monkeypatch.setattr(file_merge, "BATCH_FILES", 2)  # many batches of 2 files each
     result = capture.compact(store)
     assert result.tables["stats"].files_after == 1
-    assert _snapshot(store) == before  # bounded-memory merge, same answer (issue 14)
+    assert _snapshot(store) == before  # bounded-memory merge, same answer
 
 
 def test_footers_read_in_parallel_keep_the_listing_order(store: Path) -> None:
@@ -86,7 +86,7 @@ def test_store_opened_before_a_compaction_reads_its_merged_file(store: Path) -> 
     with capture.open_store(store) as opened:
         before = opened.query("SELECT count(*) AS n, count(DISTINCT call_id) AS d FROM calls")
         capture.compact(store)  # deletes the files `opened` listed
-        # re-listed once: the merged file's calls, each once (issue 14: 20/66 queries failed)
+        # re-listed once: the merged file's calls, each once (no query fails)
         after = opened.query("SELECT count(*) AS n, count(DISTINCT call_id) AS d FROM calls")
     assert after.to_pylist() == before.to_pylist()
 
@@ -124,7 +124,7 @@ def test_lock_of_a_sigkilled_compaction_is_taken_over(store: Path) -> None:
     holder = _hold_lock(store)
     holder.send_signal(signal.SIGKILL)
     _reap(holder)
-    assert (store / compaction_lock.LOCK_NAME).exists()  # left behind, as in issue 14
+    assert (store / compaction_lock.LOCK_NAME).exists()  # left behind by the killed holder
     result = capture.compact(store)
     assert result.tables["calls"].files_after == 1
     assert not (store / compaction_lock.LOCK_NAME).exists()
@@ -188,7 +188,7 @@ def test_cached_opens_give_the_uncached_answer(
     expected = _uncached(cached, monkeypatch)
     first = _answer(cached)  # fills the cache
     assert list((tmp_path / "cache").glob("*-stats-rows.arrow"))
-    assert _answer(cached) == first == expected  # issue 14: the cache never changes an answer
+    assert _answer(cached) == first == expected  # the cache never changes an answer
 
 
 def test_a_stats_file_written_again_after_caching_is_read_again(
@@ -202,7 +202,7 @@ def test_a_stats_file_written_again_after_caching_is_read_again(
             t.schema.get_field_index("calls"), "calls", pc.multiply(t.column("calls"), 10)
         ),
     )
-    # issue 14: a stale cache entry (another stamp) is ignored, the file's new rows count
+    # a stale cache entry (another stamp) is ignored, the file's new rows count
     assert _answer(cached) == _uncached(cached, monkeypatch)
 
 
@@ -211,7 +211,7 @@ def test_a_calls_file_replaced_by_a_foreign_one_after_caching_is_skipped(cached:
     path = sorted((cached / schema.CALLS).rglob("*.parquet"))[0]
     time.sleep(0.01)
     pq.write_table(pa.table({"call_id": [1, 2]}), path)
-    with pytest.warns(RuntimeWarning, match="not a capture file"):  # issue 14: checked again
+    with pytest.warns(RuntimeWarning, match="not a capture file"):  # checked again
         with capture.open_store(cached) as opened:
             assert str(path) not in opened.files["calls"]  # calls are checked when first needed
             assert str(path) in [s.path for s in opened.skipped]
@@ -223,7 +223,7 @@ def test_a_damaged_cache_is_ignored(
     expected = _answer(cached)
     for path in (tmp_path / "cache").iterdir():
         path.write_bytes(b"not parquet")
-    assert _answer(cached) == expected  # issue 14
+    assert _answer(cached) == expected
 
 
 def test_a_cache_of_rows_without_its_index_pair_is_ignored(
@@ -237,7 +237,7 @@ def test_a_cache_of_rows_without_its_index_pair_is_ignored(
     other = table.slice(0, 1).replace_schema_metadata({b"capture.cache_token": b"x"})
     with pa.OSFile(str(rows), "wb") as sink, pa.ipc.new_file(sink, other.schema) as out:
         out.write_table(other)
-    assert _answer(cached) == expected  # issue 14
+    assert _answer(cached) == expected
 
 
 def test_summary_does_not_bind_the_calls_files(cached: Path) -> None:
@@ -247,7 +247,7 @@ def test_summary_does_not_bind_the_calls_files(cached: Path) -> None:
             opened.summary()
             for path in (cached / schema.CALLS).rglob("*.parquet"):
                 os.remove(path)
-            # issue 14: summary reads stats and structures only; no view over 100,000 calls
+            # summary reads stats and structures only; no view over 100,000 calls
             # files is bound for it, so the calls files are not touched
             assert opened.summary().models
 
@@ -259,7 +259,7 @@ def test_a_calls_file_with_a_column_of_a_later_version_is_read(cached: Path) -> 
     path = sorted((cached / schema.CALLS).rglob("*.parquet"))[-1]
     _rewrite(path, lambda t: t.append_column("later", pa.array([7] * t.num_rows)))
     with capture.open_store(cached) as opened:
-        # issue 14: columns merged by name only when a file needs it, and then they are
+        # columns merged by name only when a file needs it, and then they are
         assert opened.query(count).to_pylist() == before
         assert opened.query("SELECT count(later) AS n FROM calls").to_pylist()[0]["n"] > 0
 
@@ -271,7 +271,7 @@ def test_resolve_store_takes_a_configured_filesystem_and_a_path(tmp_path: Path) 
 
     sub = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     fs, root = resolve_store("stores/one/", filesystem=sub)
-    # issue 13: a caller's filesystem (endpoint, credentials) is used as given, path on it
+    # a caller's filesystem (endpoint, credentials) is used as given, path on it
     assert (fs, root) == (sub, "stores/one")
     table = pa.table({"x": [1]})
     write_parquet(fs, f"{root}/calls", "a.parquet", table, "calls")
@@ -279,7 +279,7 @@ def test_resolve_store_takes_a_configured_filesystem_and_a_path(tmp_path: Path) 
 
 
 def test_summary_never_reads_the_calls_files(store: Path) -> None:
-    # issue 14: at 100,000 calls files their check costs minutes; summary reads stats only
+    # at 100,000 calls files their check costs minutes; summary reads stats only
     folder = next((store / schema.CALLS).rglob("date=*"))
     (folder / "broken.parquet").write_bytes(b"PAR1 not a parquet file")
     with capture.open_store(store) as opened:

@@ -1,4 +1,4 @@
-"""Crafted stores (issue 11): a store is data; nothing in it runs code, hides calls or deletes
+"""Crafted stores: a store is data; nothing in it runs code, hides calls or deletes
 what it should not, and every command answers or fails with one line.
 
 Each test copies a real recorded store (6 calls of a tiny model, one calls file per call), plants
@@ -61,10 +61,10 @@ def store(template: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def evil_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A module in the cwd (and on sys.path) that writes a marker file when imported."""
-    # issue 11: nothing from the store imported (planted_module checks it on exit)
+    # nothing from the store imported (planted_module checks it on exit)
     with planted_module(tmp_path, monkeypatch, EVIL, "class Thing:\n    pass\n") as marker:
         yield marker
-        assert not marker.exists()  # issue 11: nothing from the store ran
+        assert not marker.exists()  # nothing from the store ran
 
 
 def _run(store: Path | str, *args: str) -> tuple[int, str, str]:
@@ -160,7 +160,7 @@ def test_treespec_naming_a_module_imports_nothing(
     _set_treespec(store, _with_kwargs(store, node))
     with pytest.raises(ReplayError) as info:
         replay.export_inputs(str(store), "add").group("g0").args  # noqa: B018
-    assert "\n" not in str(info.value)  # issue 11: one line
+    assert "\n" not in str(info.value)  # one line
     code, out, err = _run(store, "dims", "--python")
     assert (code, out) == (1, "")
     assert _one_line(err)
@@ -192,7 +192,7 @@ def test_payload_check_reads_treespecs_with_the_allow_list(
         "children_spec": [],
     }
     leaves[0]["treespec"] = json.dumps([protocol, root])
-    with pytest.raises(ReplayError):  # issue 11: the evil_module fixture checks nothing ran
+    with pytest.raises(ReplayError):  # the evil_module fixture checks nothing ran
         real_call(RecordedStructure.from_rows(leaves), payload)
 
 
@@ -204,13 +204,13 @@ def test_treespec_class_outside_the_allow_list_is_an_error_naming_its_source(
         _with_kwargs(store, {"type": f"{EVIL}.Thing", "context": "null", "children_spec": []}),
     )
     with pytest.raises(ReplayError, match=f"names the node type '{EVIL}.Thing'"):
-        replay.export_inputs(str(store), "add").group("g0").args  # noqa: B018  # issue 11
+        replay.export_inputs(str(store), "add").group("g0").args  # noqa: B018
 
 
 def test_treespec_of_another_protocol_is_refused(store: Path) -> None:
     protocol, root = json.loads(_treespec(store))
     _set_treespec(store, json.dumps([protocol + 1, root]))
-    with pytest.raises(ReplayError, match="uses protocol 2"):  # issue 11
+    with pytest.raises(ReplayError, match="uses protocol 2"):
         replay.export_inputs(str(store), "add").group("g0").args  # noqa: B018
 
 
@@ -231,7 +231,7 @@ def test_allowed_namedtuple_is_rebuilt_without_importing(store: Path, evil_modul
     )
     spec = treespec.to_treespec(node)
     value = torch.utils._pytree.tree_unflatten([1, 2], spec)
-    assert (type(value).__name__, tuple(value)) == ("Point", (1, 2))  # issue 11
+    assert (type(value).__name__, tuple(value)) == ("Point", (1, 2))
 
 
 # -- 2. planted replaces, self-replacing files ------------------------------------------------
@@ -247,7 +247,7 @@ def _planted_replaces(store: Path, names: list[str], **extra: bytes) -> Path:
 def test_planted_replaces_hides_no_call(store: Path) -> None:
     _planted_replaces(store, [p.name for p in _files(store)])
     count, err = _count(store)
-    assert count == CALLS  # issue 11: an empty file cannot hide the 6 real calls
+    assert count == CALLS  # an empty file cannot hide the 6 real calls
     assert "does not hold its rows" in err
 
 
@@ -264,7 +264,7 @@ def test_planted_replaces_with_matching_row_counts_hides_no_call(store: Path) ->
         capture_replaces_rows=json.dumps({real[1].name: 1}).encode(),
     )
     assert _ids(store).count(10_000) == 1
-    assert len(_ids(store)) == CALLS + 1  # issue 11: real[1]'s call stays visible
+    assert len(_ids(store)) == CALLS + 1  # real[1]'s call stays visible
 
 
 def test_compact_deletes_no_file_a_planted_claim_lists(store: Path) -> None:
@@ -273,16 +273,16 @@ def test_compact_deletes_no_file_a_planted_claim_lists(store: Path) -> None:
     code, out, err = _run(store, "compact")
     assert code == 0, err
     assert "nothing deleted for:" in out
-    assert _count(store)[0] == CALLS  # issue 11: compact merged them instead of deleting them
+    assert _count(store)[0] == CALLS  # compact merges them, never deletes them
 
 
 def test_self_replacing_file_is_read_and_kept(store: Path) -> None:
     target = _files(store)[0]
     _rewrite(target, lambda t: t, capture_replaces=json.dumps([target.name]).encode())
-    assert _count(store)[0] == CALLS  # issue 11
+    assert _count(store)[0] == CALLS
     code, _, err = _run(store, "compact")
     assert code == 0, err
-    assert _count(store)[0] == CALLS  # issue 11: not deleted as its own leftover
+    assert _count(store)[0] == CALLS  # not deleted as its own leftover
 
 
 def test_genuine_leftovers_are_hidden_then_deleted(store: Path, tmp_path: Path) -> None:
@@ -306,17 +306,17 @@ def test_link_to_another_store_is_not_read_nor_compacted(
     before = sorted(p.name for p in _files(other))
     (store / "calls" / "model=other").symlink_to(other / "calls" / "model=add")
     count, err = _count(store)
-    assert count == CALLS  # issue 11
+    assert count == CALLS
     assert "symbolic link" in err
     assert _run(store, "compact")[0] == 0
-    assert sorted(p.name for p in _files(other)) == before  # issue 11: nothing merged there
+    assert sorted(p.name for p in _files(other)) == before  # nothing merged there
 
 
 def test_link_loop_counts_each_call_once(store: Path) -> None:
     folder = _files(store)[0].parent
     (folder / "loop").symlink_to(folder)
     (store / "calls" / "up").symlink_to(store)
-    assert _count(store)[0] == CALLS  # issue 11: was 566
+    assert _count(store)[0] == CALLS  # each call once, however the links loop
 
 
 def test_linked_file_outside_the_store_is_skipped(store: Path, tmp_path: Path) -> None:
@@ -324,17 +324,17 @@ def test_linked_file_outside_the_store_is_skipped(store: Path, tmp_path: Path) -
     shutil.copy(_files(store)[0], outside)
     (_files(store)[0].parent / "linked.parquet").symlink_to(outside)
     count, err = _count(store)
-    assert count == CALLS  # issue 11
+    assert count == CALLS
     assert "linked.parquet" in err
     _run(store, "compact")
-    assert outside.exists()  # issue 11: not deleted through the link
+    assert outside.exists()  # not deleted through the link
 
 
 # -- 3. foreign, wrong-schema, truncated, bomb files -----------------------------------------
 def test_foreign_parquet_in_calls_is_skipped(store: Path) -> None:
     pq.write_table(pa.table({"call_id": [1, 2]}), store / "calls" / "foreign.parquet")
     count, err = _count(store)
-    assert count == CALLS  # issue 11: was counted as calls
+    assert count == CALLS  # its rows are not counted as calls
     assert "foreign.parquet (not a capture file" in err
 
 
@@ -343,7 +343,7 @@ def test_wrong_schema_calls_file_is_skipped(store: Path) -> None:
     shutil.copy(_files(store)[0], path)
     _rewrite(path, lambda t: t.drop_columns(["call_id"]).append_column("x", pa.array([1])))
     count, err = _count(store)
-    assert count == CALLS  # issue 11
+    assert count == CALLS
     assert "it has no column 'call_id'" in err
 
 
@@ -358,7 +358,7 @@ def test_wrong_schema_stats_file_breaks_no_command(store: Path, command: list[st
         ),
     )
     code, out, err = _run(store, *command)
-    assert code == 0  # issue 11: was a traceback
+    assert code == 0  # the file is skipped, the command answers
     if command == ["compact"]:
         assert f"left alone (unreadable): {path}" in out
     else:
@@ -381,17 +381,17 @@ def test_bomb_file_is_skipped_by_readers_and_compaction(store: Path) -> None:
     pq.write_table(bomb, path, compression="zstd")
     assert path.stat().st_size < 100_000
     count, err = _count(store)
-    assert count == CALLS  # issue 11
+    assert count == CALLS
     assert "bomb.parquet (declares" in err
     code, _, err = _run(store, "compact")
-    assert code == 0, err  # issue 11: compaction crashed on it
+    assert code == 0, err  # compaction skips it too
 
 
 def test_newer_schema_file_is_skipped_with_one_warning(store: Path) -> None:
     path = _files(store)[0]
     _rewrite(path, lambda t: t, capture_schema_version=b"99")
     code, out, err = _run(store, "query", "SELECT count(*) AS n FROM calls", "-f", "csv")
-    # issue 11: a planted "newer" file does not make the store unreadable; it is named, once
+    # a planted "newer" file does not make the store unreadable; it is named, once
     assert code == 0 and out.startswith("n\n")
     assert err.count("written with store schema v99") == 1
     assert "upgrade capture to read it" in err
@@ -417,7 +417,7 @@ def test_huge_recorded_sizes_are_refused_in_one_line(store: Path) -> None:
                 pa.array([[100_000, 100_000, 100_000, 100_000]] * t.num_rows, pa.list_(pa.int64())),
             ),
         )
-    with pytest.raises(ReplayError, match="over replay's limit") as info:  # issue 11
+    with pytest.raises(ReplayError, match="over replay's limit") as info:
         inputs = replay.export_inputs(str(store), "add")
         for group in inputs.groups:
             group.args  # noqa: B018
@@ -447,7 +447,7 @@ def test_odd_model_names_print_safe_python(tmp_path: Path, name: str) -> None:
     marker = tmp_path / "MARKER_NAME"
     namespace: dict[str, object] = {}
     exec(compile(out.replace("MARKER_NAME", str(marker)), "dims.py", "exec"), namespace)  # noqa: S102
-    assert not marker.exists()  # issue 11: a name never leaves its comment
+    assert not marker.exists()  # a name never leaves its comment
     code, out, err = _run(root, "query", "SELECT DISTINCT model FROM calls", "-f", "json")
     assert json.loads(out) == [{"model": name}]
 
@@ -470,7 +470,7 @@ def test_query_cannot_reach_outside_the_store(store: Path, tmp_path: Path, sql: 
     outside.write_text("a\n1\n")
     text = sql.format(outside=outside, dir=tmp_path)
     code, out, err = _run(store, "query", text)
-    assert (code, out) == (1, "")  # issue 11
+    assert (code, out) == (1, "")
     assert _one_line(err).startswith("Error: query failed:")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["secret.csv", "store"]
 
@@ -481,14 +481,14 @@ def test_unsafe_sql_reaches_other_files(store: Path, tmp_path: Path) -> None:
     code, out, err = _run(
         store, "query", "--unsafe-sql", f"SELECT a FROM read_csv('{outside}')", "-f", "csv"
     )
-    assert (code, out) == (0, "a\n1\n")  # issue 11: named opt-in
+    assert (code, out) == (0, "a\n1\n")  # named opt-in
 
 
 # -- 5. CLI items ------------------------------------------------------------------------------
 def test_unknown_uri_scheme_is_one_line(tmp_path: Path) -> None:
     code, out, err = _run("foo://x", "summary")
     assert (code, out) == (1, "")
-    assert _one_line(err).startswith("Error: cannot open store foo://x:")  # issue 11
+    assert _one_line(err).startswith("Error: cannot open store foo://x:")
 
 
 def test_s3_without_network_is_one_line_in_bounded_time(tmp_path: Path) -> None:
@@ -514,33 +514,33 @@ def test_s3_without_network_is_one_line_in_bounded_time(tmp_path: Path) -> None:
         env=env,
         cwd=tmp_path,
     )
-    assert result.returncode == 1  # issue 11
+    assert result.returncode == 1
     assert result.stderr.startswith("Error: cannot reach the store s3://capture-no-such-bucket/x:")
     assert result.stderr.count("\n") == 1
 
 
 def test_compact_on_an_empty_directory_is_an_error(tmp_path: Path) -> None:
     code, out, err = _run(tmp_path, "compact")
-    assert (code, out) == (1, "")  # issue 11: like every other command
+    assert (code, out) == (1, "")  # like every other command
     assert "holds no recorded call yet" in _one_line(err)
 
 
 def test_store_after_the_command_says_where_it_goes(store: Path) -> None:
     result = CliRunner().invoke(cli, ["summary", "--store", str(store)])
     assert result.exit_code == 2
-    assert "put it before the command" in result.stderr  # issue 11
+    assert "put it before the command" in result.stderr
 
 
 def test_quoted_param_binds_a_digit_string(store: Path) -> None:
     code, out, err = _run(
         store, "query", "SELECT $h AS h, typeof($h) AS t", "-p", "h", "'007'", "-f", "csv"
     )
-    assert (code, out) == (0, "h,t\n007,VARCHAR\n")  # issue 11
+    assert (code, out) == (0, "h,t\n007,VARCHAR\n")
 
 
 def test_no_headers_with_json_is_a_usage_error(store: Path) -> None:
     code, out, err = _run(store, "query", "SELECT 1 AS a", "-f", "json", "--no-headers")
-    assert (code, out) == (2, "")  # issue 11
+    assert (code, out) == (2, "")
     assert "has no header row" in err
 
 
@@ -552,7 +552,7 @@ def test_ctrl_c_exits_130_with_one_line(store: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(capture.store_api, "open_store", interrupted)
     code, out, err = _run(store, "summary")
-    assert (code, out, err) == (130, "", "Error: interrupted (Ctrl-C)\n")  # issue 11
+    assert (code, out, err) == (130, "", "Error: interrupted (Ctrl-C)\n")
 
 
 def test_interrupted_demo_is_replaced_by_the_next(tmp_path: Path) -> None:
@@ -565,7 +565,7 @@ def test_interrupted_demo_is_replaced_by_the_next(tmp_path: Path) -> None:
     with rec, torch.no_grad():
         rec.model(torch.ones(1, 3), torch.ones(1, 3))
     (root / demo.INCOMPLETE).write_text("")  # left by a Ctrl-C'd demo
-    demo._check_store(str(root))  # issue 11: no refusal
+    demo._check_store(str(root))  # no refusal
     assert not (root / "calls" / f"model={demo.DEMO_MODEL}").exists()
     rec = Recorder(Add(), root, name=demo.DEMO_MODEL, flush_seconds=3600)
     with rec, torch.no_grad():
@@ -588,7 +588,7 @@ def test_summary_tells_groups_apart_by_scalar(tmp_path: Path) -> None:
     code, out, err = _run(root, "summary")
     assert code == 0, err
     rows = [line for line in out.splitlines() if "kwargs['mode']=" in line]
-    # issue 11: the two groups differ by the scalar only, and now say so
+    # the two groups differ by the scalar only, and say so
     assert sorted(r.split("=")[-1].strip() for r in rows) == ['"a"', '"b"']
 
 
@@ -604,7 +604,7 @@ def test_summary_dims_cells_stay_short() -> None:
     model = ModelSummary("m", 1, 0, 1, None, None, (group,), (), (), (), ())
     text = summary_report(Summary("s", 1, 0, 1, None, None, (), (model,)))
     line = next(line for line in text.splitlines() if "past_key_values" in line)
-    assert len(line) < 140  # issue 11: was over 300 characters
+    assert len(line) < 140  # not 300 characters of dims
     assert "+" in line and "more" in line
 
 
@@ -622,7 +622,7 @@ def test_300_character_model_name_in_the_files(store: Path) -> None:
             )
     code, out, err = _run(store, "dims", "--python")
     assert code == 0, err
-    compile(out, "dims.py", "exec")  # issue 11: odd names still give valid Python
+    compile(out, "dims.py", "exec")  # odd names still give valid Python
     assert repr(name) in out
     code, out, err = _run(store, "summary", "-f", "json")
     assert code == 0, err
@@ -640,7 +640,7 @@ def test_odd_file_names_neither_glob_nor_break_sql(store: Path, name: str) -> No
         lambda t: t.set_column(0, t.schema.field(0), pa.array([99], pa.int64())),
     )
     ids = _ids(store)
-    # issue 11: a '*' name is skipped, not expanded (which would read foreign.parquet and
+    # a '*' name is skipped, not expanded (which would read foreign.parquet and
     # every calls file twice); other odd names are read as one file each
     assert ids == sorted(real + ([] if "*" in name or "\n" in name else [99]))
 
@@ -660,5 +660,5 @@ def _set_column(store: Path, table: str, column: str, value: str) -> None:
 def test_malformed_signature_is_one_line(store: Path) -> None:
     _set_column(store, schema.STRUCTURES, "signature", "[1, 2]")
     code, out, err = _run(store, "dims", "--python")
-    assert (code, out) == (1, "")  # issue 11: was a traceback
+    assert (code, out) == (1, "")  # one error line, no traceback
     assert "signature is malformed" in _one_line(err)

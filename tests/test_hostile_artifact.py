@@ -1,4 +1,4 @@
-"""Crafted artifacts (issue 25 items 1 and 4): an artifact is data, like a store.
+"""Crafted artifacts: an artifact is data, like a store.
 
 Each test copies a real artifact (a small model with weights, two programs), plants one hostile
 thing in it, and checks that `replay.load` and `capture check` refuse it with one
@@ -42,7 +42,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture
 def marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A marker file planted code would write, and a planted module that writes it on import."""
-    # issue 25: nothing named by the archive imported (planted_module checks it on exit)
+    # nothing named by the archive imported (planted_module checks it on exit)
     with planted_module(tmp_path, monkeypatch, EVIL) as path:
         yield path
 
@@ -186,7 +186,7 @@ def _manifest_edit(edit: Callable[[Any], None]) -> Callable[[Path], Any]:
 
 
 def _deep_condition(d: Any) -> None:
-    condition = {"expr": "-" * 1990 + "d0 > 1", "text": "x"}  # issue 39: no RecursionError
+    condition = {"expr": "-" * 1990 + "d0 > 1", "text": "x"}  # no RecursionError
     d["programs"][0].setdefault("conditions", []).append(condition)
 
 
@@ -274,7 +274,7 @@ def test_a_hostile_artifact_is_refused_in_one_line_and_runs_nothing(
     victims = {p: p.read_bytes() for p in map(Path, planted(marker)) if p.is_file()}
     refused = both(path, store, capfd, planted=planted(marker))
     assert refused is not None and message in refused
-    assert not marker.exists()  # issue 25: no code from the artifact ran
+    assert not marker.exists()  # no code from the artifact ran
     assert not (marker.parent / "new.bin").exists()
     assert {p: p.read_bytes() for p in victims} == victims
 
@@ -356,7 +356,7 @@ def test_a_manifest_bomb_is_refused_before_it_is_read(
         replay.load(path)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert peak < 8 * 2**20  # issue 25: 1.1 GB RSS before; the 96 MiB are never inflated
+    assert peak < 8 * 2**20  # the 96 MiB are never inflated (that takes 1.1 GB RSS)
 
 
 def test_a_manifest_larger_than_the_cap_is_refused_by_its_declared_size(

@@ -112,7 +112,7 @@ def _one_outcome(
         return f"{name} / {command}: raised {type(exception).__name__}: {exception}"
     if "Traceback" in stdout + stderr:
         return f"{name} / {command}: printed a traceback"
-    # issue 39: nothing from a store reaches a terminal unescaped (json piped is exact data)
+    # nothing from a store reaches a terminal unescaped (json piped is exact data)
     raw = RAW_CONTROL.findall(stderr if "json" in command else stdout + stderr)
     if raw:
         return f"{name} / {command}: printed raw control characters {sorted(set(raw))!r}"
@@ -182,7 +182,7 @@ CORRUPT_COMMANDS: dict[str, list[str]] = {
         "summary --artifact",
     ],
     "negative_calls": ["summary", "report", "buckets"],
-    # issue 39: JSON nested past the recursion limit is the file's error, not a RecursionError
+    # JSON nested past the recursion limit is the file's error, not a RecursionError
     "deep_signature": ["query", "summary", "dims", "profiles", "buckets", "summary --artifact"],
     "deep_treespec": ["query", "summary", "dims", "profiles", "buckets"],
     "deep_replaces": ["query", "summary", "dims", "compact", "profiles", "buckets"],
@@ -225,7 +225,7 @@ def test_replay_export_raises_the_projects_error(base: dict[str, Path], tmp_path
 def test_replay_export_of_deeply_nested_json_is_the_files_error(
     base: dict[str, Path], tmp_path: Path, name: str
 ) -> None:
-    # issue 39: one CorruptStoreFile naming the file, no RecursionError
+    # one CorruptStoreFile naming the file, no RecursionError
     store, broken = _hostile(base, tmp_path, name)
     with pytest.raises(CorruptStoreFile) as raised:
         replay.export(Add(), store)

@@ -272,7 +272,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str, str]] = {
         SEALED,
         "references external data",
     ),
-    # issue 39: the two constant forms that read the set's own weights file
+    # the two constant forms that read the set's own weights file
     "a sparse Constant reading the weights file": (
         _sparse_constant_weights,
         SEALED,
@@ -283,7 +283,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str, str]] = {
         SEALED,
         "tensor 'evil_default' references external data",
     ),
-    # issue 39: a loop's work is bounded at load (onnxruntime would spin in C++)
+    # a loop's work is bounded at load (onnxruntime would spin in C++)
     "a Loop of 10**15 trips": (_loop(10**15), SEALED, "would run 1,000,000,000,000,000 times"),
     "a Loop without a trip count": (_loop(None), SEALED, "has no trip count"),
     "random bytes as a model file": (_random_model, SEALED, "is not an ONNX model"),
@@ -300,7 +300,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str, str]] = {
         SWAPPED,
         "its digests do not describe the set's files",
     ),
-    # issue 39: parsers have limits; one line from both, never a RecursionError
+    # parsers have limits; one line from both, never a RecursionError
     "a condition nested 1990 deep": (
         _manifest(
             lambda d: (

@@ -1,4 +1,4 @@
-"""Crafted payload files (issue 25 items 2-3): a payload is data, like the rest of a store.
+"""Crafted payload files: a payload is data, like the rest of a store.
 
 Each test copies a real store whose 3 sampled calls kept their tensors, plants one hostile thing
 under ``payloads/``, and checks that `replay.export` (through `replay.check.payload_rows`) answers
@@ -83,7 +83,7 @@ def evil_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     monkeypatch.syspath_prepend(str(cwd))
     before = set(sys.modules)
     yield marker
-    assert not marker.exists()  # issue 25: nothing from a payload ran
+    assert not marker.exists()  # nothing from a payload ran
     assert EVIL not in set(sys.modules) - before  # nor was imported
 
 
@@ -189,7 +189,7 @@ def test_a_tampered_header_is_one_not_covered_row(
     header, data = _split(path)
     change(header)
     _write(path, header, data)
-    assert reason in _bad_row(_rows(exported, store), path)  # issue 25 item 3
+    assert reason in _bad_row(_rows(exported, store), path)
 
 
 @pytest.mark.parametrize(
@@ -230,7 +230,7 @@ def test_a_payload_over_the_cap_is_refused_from_its_size(tmp_path: Path, store: 
     _write(path, header, b"")
     with path.open("r+b") as f:
         f.truncate(path.stat().st_size + big)
-    # issue 25: 3.5 GB of RSS before it was refused; measured in a process of its own, by
+    # refused before it is read (3.5 GB of RSS otherwise); measured in a process of its own, by
     # its peak RSS since exec (VmHWM; ru_maxrss would count the forked test process too)
     probe = (
         "import sys, pyarrow.fs as fs\n"
@@ -268,7 +268,7 @@ def test_replay_export_reports_every_tampered_payload_and_raises_nothing(store: 
     header, data = _split(second)
     _meta("call_id", "12abc")(header)
     _write(second, header, data)
-    result = replay.export(Tiny(), store, probes=0)  # issue 25: a ValueError escaped before
+    result = replay.export(Tiny(), store, probes=0)  # no ValueError escapes
     rows = [r for r in result.coverage.to_pylist() if r["kind"] == "payload"]
     assert [r["covered"] for r in rows] == [False, False, True]
     assert not result.complete
@@ -308,7 +308,7 @@ def test_delete_all_deletes_nothing_through_a_linked_folder(
     assert result.exit_code == 0, result.output
     assert "deleted 3 payload file(s)" in result.stderr
     assert "date=2001-01-01" in result.stderr and "symbolic link" in result.stderr
-    _untouched(outside, template)  # issue 25 item 2: deleted through the link before
+    _untouched(outside, template)  # nothing deleted through the link
 
 
 def test_delete_before_never_deletes_a_linked_file(
@@ -359,7 +359,7 @@ def test_a_delete_through_a_swapped_folder_is_one_error_line(
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: cannot delete {path}")
-    assert (outside / path.name).exists()  # issue 25: nothing outside the store deleted
+    assert (outside / path.name).exists()  # nothing outside the store deleted
     _untouched(outside, template)
 
 

@@ -1,4 +1,4 @@
-"""A live store never breaks its readers or its compaction (issue 25, items 6-9).
+"""A live store never breaks its readers or its compaction.
 
 Writers commit a segment by its calls files (`capture.store.commits`); compaction skips what
 vanished and rolls back what never committed; readers bind inside their retry and re-list on
@@ -119,7 +119,7 @@ def test_sigkill_between_rollup_and_calls_leaves_stats_and_calls_agreeing(
     tmp_path: Path,
 ) -> None:
     _kill_mid_segment(tmp_path)
-    # issue 25 item 9: before, calls landed first and a kill left calls no stats row counted
+    # a kill never leaves calls that no stats row counts
     assert _totals(tmp_path) == (2, 2)
     assert len(_files(tmp_path, schema.STATS)) == 2  # the committed rollup and the staged one
 
@@ -157,7 +157,7 @@ def test_a_segment_whose_calls_cannot_be_written_is_rolled_back(tmp_path: Path) 
 def test_an_uncommitted_rollup_hides_the_calls_that_landed(tmp_path: Path) -> None:
     staged, landed = stage_uncommitted_segment(tmp_path)
     with capture.open_store(tmp_path) as store:
-        assert str(staged) not in store.files["stats"]  # issue 25: not committed, not counted
+        assert str(staged) not in store.files["stats"]  # not committed, not counted
         assert str(landed) not in store.files["calls"]  # and its landed calls hidden
     assert _totals(tmp_path) == (2, 2)
 
@@ -178,11 +178,11 @@ def test_compaction_skips_a_rollup_replaced_while_it_runs(
     real = compaction.uncommitted
 
     def replaced_meanwhile(fs: pafs.FileSystem, files: Any) -> Any:
-        first.rename(moved)  # its writer replaced it after the listing (issue 25 item 6)
+        first.rename(moved)  # its writer replaced it after the listing
         return real(fs, files)
 
     monkeypatch.setattr(compaction, "uncommitted", replaced_meanwhile)
-    result = capture.compact(tmp_path)  # issue 25: was a FileNotFoundError traceback
+    result = capture.compact(tmp_path)  # no FileNotFoundError
     assert result.tables["stats"].files_before == 1
     assert second.exists() and not result.unreadable
 
@@ -231,7 +231,7 @@ def test_compaction_leaves_the_calls_files_a_live_rollup_names(tmp_path: Path) -
         ]
         named = [p for p in _files(tmp_path, schema.CALLS) if p.name == live.name]
         result = capture.compact(tmp_path)
-        # merged away, they would leave the live rollup uncommitted for good (issue 25)
+        # merged away, they would leave the live rollup uncommitted for good
         assert named and all(p.exists() for p in named)
         assert len(_files(tmp_path, schema.CALLS)) == result.tables["calls"].files_after
         assert _totals(tmp_path) == (3, 3)
@@ -245,7 +245,7 @@ def test_a_reader_binds_the_calls_views_again_after_a_compaction(tmp_path: Path)
         listed = store.files["calls"]  # checked, not yet bound
         capture.compact(tmp_path)  # deletes every file `store` listed
         assert not any(os.path.exists(p) for p in listed)
-        # issue 25 item 7: binding sat outside the retry (IOException: No files found)
+        # binding is inside the retry (else IOException: No files found)
         assert store.query("SELECT count(*) AS n FROM calls").to_pylist() == [{"n": 3}]
 
 
@@ -328,6 +328,6 @@ def test_an_s3_object_deleted_after_it_was_opened_counts_as_vanished(
     with fs.open_output_stream(key) as sink:
         sink.write(rollup.read_bytes())
     verdict, rows = layout.read_with_rows(_DeletedAfterOpen(fs), key, schema.STATS)  # type: ignore[arg-type]
-    # issue 25 item 8: a plain OSError (NO_SUCH_KEY) on S3, read as "skip it" before: a
-    # replaced stats file was left out instead of listed again
+    # a plain OSError (NO_SUCH_KEY) on S3 is a vanished file, listed again, not "skip it":
+    # a replaced stats file is never left out
     assert (verdict, rows) == (layout.Skip(key, layout.VANISHED), None)

@@ -1,4 +1,4 @@
-"""The work of an ONNX file's loops is bounded at load (replay/runtime/ort/loops.py, issue 39):
+"""The work of an ONNX file's loops is bounded at load (replay/runtime/ort/loops.py):
 a Loop's trip count and a Scan's length, evaluated over the guards' ranges, at most MAX_TRIPS
 (nested loops multiplied); a count not known at load is refused, in one line."""
 

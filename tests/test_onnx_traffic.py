@@ -1,4 +1,4 @@
-"""The ONNX runner never answers a real call wrong (issue 21, "Must hold").
+"""The ONNX runner never answers a real call wrong ("Must hold").
 
 Tiny Llama, GPT-2 and Mistral (sliding window 6) are recorded under greedy generate() with
 left-padded batches, exported with ``onnx=PATH``, and every ORIGINAL call (a forward pre-hook's
@@ -68,14 +68,14 @@ def traffic(
 def test_no_original_call_gets_a_wrong_answer(traffic: Any) -> None:
     arch, _, _, _, found, _, _ = traffic
     wrong = [v for v in found if v.served and not v.correct]
-    # issue 21: 4 wrong on Llama and GPT-2 (left-padded prefills), 1 on Mistral
+    # none wrong, left-padded prefills on Llama and GPT-2 included
     assert wrong == [], arch
 
 
 @pytest.mark.slow
 def test_onnx_rows_agree_with_the_runner_per_signature(traffic: Any) -> None:
     arch, _, _, _, found, _, _ = traffic
-    # issue 21: every signature but one was reported covered while its calls were wrong
+    # a signature is reported covered exactly when its calls are answered right
     assert [v for v in found if bool(v.covered) != v.correct] == [], arch
 
 
@@ -99,7 +99,7 @@ def test_a_prompt_past_the_recorded_range_is_refused_not_run(traffic: Any) -> No
     runner = replay.load(target)
     for program in runner.programs.values():
         program.session = None  # running anything would fail with AttributeError
-    # issue 21: the ONNX file of a bounded group answered (wrongly) where torch refused
+    # the ONNX file of a bounded group refuses where torch refuses, never answers wrongly
     with pytest.raises(CallNotServed, match=r"axis 1 = 13( is outside|, the program takes)"):
         runner(*args, **kwargs)
 

@@ -47,7 +47,7 @@ def test_wheel_installs_only_capture_and_replay(wheel: zipfile.ZipFile) -> None:
         for name in wheel.namelist()
         if not name.split("/")[0].endswith(".dist-info")
     }
-    # issue 13: no generic `cli` or `fixtures` package in site-packages.
+    # no generic `cli` or `fixtures` package in site-packages.
     assert top == {"capture", "replay"}
 
 
@@ -137,5 +137,5 @@ def test_installed_capture_cli_runs_from_the_wheel(installed: Path) -> None:
 @pytest.mark.parametrize("name", ["cli", "fixtures"])
 def test_installed_wheel_has_no_generic_top_level_package(installed: Path, name: str) -> None:
     result = _run_installed(installed, f"import {name}")
-    # issue 13: `cli` and `fixtures` are not installed names.
+    # `cli` and `fixtures` are not installed names.
     assert f"No module named '{name}'" in result.stderr

@@ -1,4 +1,4 @@
-"""`capture.engines.profiles` (issue 15): min / opt / max per input from recorded traffic.
+"""`capture.engines.profiles`: min / opt / max per input from recorded traffic.
 
 The expected answers are computed here from the traffic the test recorded, by the rule the
 module documents, never from the store.
@@ -92,7 +92,7 @@ def test_opt_is_the_recorded_signature_the_rule_picks(pair: Store, how: str) -> 
 
 def test_mode_opt_is_never_a_mix_of_per_dim_modes(pair: Store) -> None:
     opt = _shapes(pair)[(0, "mask")][1]
-    # Per-dim modes would give (1, 30), which production never sent (issue 15).
+    # Per-dim modes would give (1, 30), which production never sent.
     assert opt == [2, 30]
     assert tuple(opt) in {s for s, _ in TRAFFIC}
 

@@ -1,4 +1,4 @@
-"""The quickstart installs what the demo and the report need, and nothing test-only (issue 24).
+"""The quickstart installs what the demo and the report need, and nothing test-only.
 
 The whole path (a fresh clone, a scratch venv, the quickstart command, then `capture report`) is
 measured by hand and written up in docs/benchmarks.md; these tests keep its two promises: the
@@ -25,8 +25,8 @@ def _extra(name: str) -> set[str]:
 
 
 def test_readme_install_line_and_quickstart_install_the_demo_extra() -> None:
-    # issue 24: the top said `pip install -e .` and the quickstart `.[test]` (86 packages, 2.2 GB
-    # with pyspark, moto, pytest), and neither could draw `capture report`.
+    # both install the demo extra, which draws `capture report`, not `.[test]` (86 packages,
+    # 2.2 GB with pyspark, moto, pytest).
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     quickstart = readme[readme.index("## Quickstart") :]
     assert _install_lines(readme)[0] == ".[demo]"
@@ -42,7 +42,7 @@ def test_demo_extra_holds_what_demo_and_report_import_and_nothing_test_only() ->
 
 
 def test_no_doc_example_imports_the_repository_fixtures() -> None:
-    # issue 24: the T5 example imported `fixtures`, which is not installed.
+    # `fixtures` is not installed, so no doc example imports it.
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     offending = [
         p.name

@@ -1,4 +1,4 @@
-"""ExportResult.save / replay.load (issue 10): one PT2 archive, a runner that routes calls.
+"""ExportResult.save / replay.load: one PT2 archive, a runner that routes calls.
 
 The must-hold checks run the artifact in a fresh Python process (tests/serve_artifact.py) that
 imports only torch, transformers, safetensors and replay: it rebuilds the eager model from its
@@ -129,7 +129,7 @@ def test_a_new_dtype_is_a_different_structure(twice: tuple[Twice, Path]) -> None
 def test_a_call_missing_an_argument_names_it_and_the_closest_group(
     twice: tuple[Twice, Path],
 ) -> None:
-    # issue 30: "different call structure" for every group, the argument never named
+    # the missing argument is named, not "different call structure" for every group
     runner = replay.load(twice[1])
     with pytest.raises(CallNotServed) as caught:
         runner(mask=torch.ones(3, 5))
@@ -201,8 +201,8 @@ def test_a_signature_that_failed_the_export_check_is_not_served() -> None:
 
 
 def test_the_refusal_list_matches_failed_recorded_rows_by_their_sizes() -> None:
-    # Issue 20: rows were paired with ExportGroup.recorded() by position, so the probes (and
-    # payloads) of a group made the counts differ and the manifest lost every refusal.
+    # Rows are matched by sizes, not paired with ExportGroup.recorded() by position: the
+    # probes (and payloads) of a group make the counts differ.
     from types import SimpleNamespace
 
     from replay.artifact.entries import rejected
@@ -261,7 +261,7 @@ def _serve(
     assert report["capture_modules"] == []  # no recorder, no capture context
     assert report["types_equal"]  # CausalLMOutputWithPast + DynamicCache, as eager
     assert report["max_abs_diff"] <= 1e-5
-    # issue 20: each weight once in memory, in a fresh process, right after replay.load
+    # each weight once in memory, in a fresh process, right after replay.load
     assert report["storage_bytes"] <= 1.10 * _unique_weight_bytes(model)
     return report
 
@@ -284,7 +284,7 @@ def _export_and_serve(tmp_path: Path, model: Any) -> dict[str, Any]:
     result = replay.export(model, tmp_path / "store")
     assert result.complete
     result.save(tmp_path / "model.pt2")
-    # issue 20: each weight once on disk (torch's package_pt2 wrote it once per program: 4.00x)
+    # each weight once on disk (torch's package_pt2 writes it once per program: 4.00x)
     assert _archive_weight_ratio(tmp_path / "model.pt2", model) <= 1.10
     return _serve(tmp_path, model, tmp_path / "model.pt2", "AutoModelForCausalLM")
 
@@ -294,7 +294,7 @@ def test_a_tiny_llama_artifact_serves_every_original_call_in_a_fresh_process(
     tmp_path: Path,
 ) -> None:
     report = _export_and_serve(tmp_path, tiny_llama(0))
-    # batches 1-3: prefill and decode, with and without a mask (issue 10)
+    # batches 1-3: prefill and decode, with and without a mask
     assert report["served"] == {
         "prefill_no_attention_mask": 2,
         "decode_no_attention_mask": 6,
@@ -325,13 +325,13 @@ def test_a_tiny_t5_encoder_and_decoder_in_one_artifact(tmp_path: Path) -> None:
     with capture.Recorder(model, tmp_path / "store", modules={"encoder": encoder}) as rec:
         run_generate(model, LLAMA_WORKLOAD, max_new_tokens=4)
     assert rec.modules["encoder"].name == "T5ForConditionalGeneration.encoder"
-    # issue 23: the library exports the recorded sub-modules with the model (modules=True)
+    # the library exports the recorded sub-modules with the model (modules=True)
     result = replay.export(model, tmp_path / "store", "T5ForConditionalGeneration", modules=True)
     assert sorted(result.modules) == ["encoder"]
     assert result.modules["encoder"].inputs.model_name == "T5ForConditionalGeneration.encoder"
     assert result.complete and result.modules["encoder"].complete
     result.save(tmp_path / "t5.pt2")
-    # issue 20: the encoder's embedding is the decoder's: stored once for both modules
+    # the encoder's embedding is the decoder's: stored once for both modules
     assert _archive_weight_ratio(tmp_path / "t5.pt2", model) <= 1.10
     runner = replay.load(tmp_path / "t5.pt2")
     assert sorted(runner.modules) == ["encoder"]
@@ -363,7 +363,7 @@ def test_aoti_compiles_every_program_into_the_artifact_and_load_runs_it(tmp_path
             model(torch.randn(batch, 4))
     replay.export(model, tmp_path / "store").save(tmp_path / "linear.pt2", aoti=True)
     assert read_manifest(tmp_path / "linear.pt2").aoti is True
-    # issue 20: the builds carry no weights; the archive's records are the model's, once
+    # the builds carry no weights; the archive's records are the model's, once
     assert read_artifact(tmp_path / "linear.pt2").weight_bytes == _unique_weight_bytes(model)
     assert replay.load(tmp_path / "linear.pt2").compiled == {}  # native code only when asked
     runner = replay.load(tmp_path / "linear.pt2", compiled=True)
@@ -380,7 +380,7 @@ def test_aoti_compiles_every_program_into_the_artifact_and_load_runs_it(tmp_path
             runner.programs["g0"].state_dict[name].mul_(2)
             expected.get_parameter(name).mul_(2)
         torch.testing.assert_close(runner(x), expected(x))
-    # the compiled form checks no input itself: the runner's guards still refuse (issue 10)
+    # the compiled form checks no input itself: the runner's guards still refuse
     with pytest.raises(CallNotServed, match=r"axis 0 = 9 is outside the recorded range \[2, 5\]"):
         runner(torch.randn(9, 4))
 

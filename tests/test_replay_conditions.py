@@ -1,4 +1,4 @@
-"""A program's own size guards as data (replay/runtime/conditions.py, issue 21): translated over a
+"""A program's own size guards as data (replay/runtime/conditions.py): translated over a
 call's dims, parsed against a small grammar, evaluated without eval."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_conditions_evaluate_on_dims(expr: str, dims: list[int], expected: bool)
     ],
 )
 def test_anything_outside_the_grammar_is_refused(expr: str) -> None:
-    # issue 21: a manifest is data; a planted condition is refused, never evaluated
+    # a manifest is data; a planted condition is refused, never evaluated
     with pytest.raises(ConditionError):
         parse(expr)
 
@@ -105,7 +105,7 @@ def test_a_guard_refuses_sizes_its_program_guard_excludes() -> None:
 
 
 def test_a_planted_condition_in_a_manifest_is_refused_not_evaluated() -> None:
-    # issue 21: the manifest is data; what the grammar does not allow is one ArtifactError
+    # the manifest is data; what the grammar does not allow is one ArtifactError
     planted = {"expr": "__import__('os').system('true')", "text": "x"}
     refused = r"conditions\[0\] is not what capture writes \(the size condition .* holds a Call"
     with pytest.raises(ArtifactError, match=refused):
@@ -121,7 +121,7 @@ def test_a_planted_condition_in_a_manifest_is_refused_not_evaluated() -> None:
     ],
 )
 def test_a_condition_nested_too_deep_is_refused_in_one_line(expr: str) -> None:
-    # issue 39: one ConditionError naming the limit, never a RecursionError
+    # one ConditionError naming the limit, never a RecursionError
     with pytest.raises(ConditionError, match="nests deeper than 200 levels") as raised:
         parse(expr)
     assert "\n" not in str(raised.value) and len(str(raised.value)) < 300

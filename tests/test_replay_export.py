@@ -57,7 +57,7 @@ def _recorded(result: replay.ExportResult) -> list[dict[str, Any]]:
 def _all_covered(result: replay.ExportResult) -> None:
     rows = result.coverage.to_pylist()
     assert [r["error"] for r in rows if not r["covered"]] == []
-    # Within float32 rounding, not bit-equal: since issue 9 rebuilt masks are padded like
+    # Within float32 rounding, not bit-equal: rebuilt masks are padded like
     # production's, and the padded attention path rounds differently in the exported graph.
     assert all(r["max_abs_diff"] <= 1e-5 for r in rows), rows
     assert result.complete
@@ -227,7 +227,7 @@ def test_llama_named_dims_fall_back_when_torch_cannot_prove_a_guard(
 ) -> None:
     # torch 2.13 cannot prove the Min(...) stride guard repeat_kv's reshape adds for the cache
     # length (grouped-query attention), so named Dims on it are rejected; a bounded
-    # Dim.DYNAMIC(min=, max=) hint is not (issue 9: never an unbounded fallback).
+    # Dim.DYNAMIC(min=, max=) hint is not (never an unbounded fallback).
     store, model = llama
     result = replay.export(model, store, named_dims=True, groups=["decode", "prefill"])
     _all_covered(result)

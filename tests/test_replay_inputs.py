@@ -143,5 +143,5 @@ def test_groups_filter(seeds: Store) -> None:
 def test_a_group_reads_the_structure_the_analysis_built(seeds: Store) -> None:
     group = _inputs(seeds, "llm").groups[0]
     assert group.analysis is not None
-    # issue 13: the typed structure is read once, by the analysis; replay reuses that object.
+    # the typed structure is read once, by the analysis; replay reuses that object.
     assert group.structure is group.analysis.structure

@@ -1,4 +1,4 @@
-"""Fewer programs where it is proven safe (issue 20 item 5): a group lacking an optional input
+"""Fewer programs where it is proven safe: a group lacking an optional input
 served by another group's program, the input filled.
 
 Tiny modules with an optional integer mask are recorded with the real Recorder (calls with a

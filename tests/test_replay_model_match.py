@@ -16,7 +16,7 @@ EAGER_INDEX = "IndexError: list index out of range"
 
 
 def test_more_layers_than_the_recorded_cache(llama_root: Path) -> None:
-    # issue 30: "torch.export failed: IndexError: list index out of range"
+    # the mismatch is named, not a bare "torch.export failed: IndexError: list index out of range"
     result = replay.export(tiny_llama(num_hidden_layers=3), llama_root, groups=["decode"])
     assert result.programs == {}
     assert re.fullmatch(

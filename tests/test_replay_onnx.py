@@ -1,4 +1,4 @@
-"""The ONNX target (issue 21): every file checked with onnxruntime, guarded, routed, weights shared.
+"""The ONNX target: every file checked with onnxruntime, guarded, routed, weights shared.
 
 The fixtures' linear model with an optional input (``labels``) is recorded with and without it
 (two call groups whose ONNX files both take an input named ``x``), with payloads, while a
@@ -83,7 +83,7 @@ def test_every_onnx_file_is_checked_on_the_rows_of_its_program(linear: Any) -> N
     _, result, _, _, _ = linear
     torch_rows = {(r["group"], r["kind"], tuple(r["sizes"])) for r in _rows(result, "torch")}
     onnx_rows = {(r["group"], r["kind"], tuple(r["sizes"])) for r in _rows(result, "onnx")}
-    # issue 21: the same recorded signatures, probes and payloads, once per target
+    # the same recorded signatures, probes and payloads, once per target
     assert onnx_rows == torch_rows
     assert {r["kind"] for r in _rows(result, "onnx")} == {"recorded", "probe", "payload"}
 
@@ -242,7 +242,7 @@ def test_a_linked_file_of_the_set_is_refused(
 def test_a_changed_manifest_is_one_error_naming_the_field(
     linear: Any, tmp_path: Path, field: str, value: Any, message: str
 ) -> None:
-    # issue 21 on main's typed manifest: an ONNX set is read as data, field by field
+    # an ONNX set's typed manifest is read as data, field by field
     _, _, _, _, target = linear
     shutil.copytree(target.parent, tmp_path / "set")
     manifest = tmp_path / "set" / "linear.onnx.json"
@@ -465,7 +465,7 @@ def test_sdpa_is_translated_as_torch_computes_fully_masked_rows(tmp_path: Path) 
     feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), (q, k, v, mask), strict=True)}
     got = torch.from_numpy(session.run(None, feeds)[0])
     expected = Attention()(q, k, v, mask)
-    # issue 21: onnxscript's translation returned the mean of the values on the masked row
+    # a fully masked row gives zeros, not the mean of the values (onnxscript's translation)
     assert float(expected[0, :, 0].abs().max()) == 0.0
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 

@@ -1,4 +1,4 @@
-"""One export-options object (issue 23 item 2): `ExportOptions` holds every option and its default,
+"""One export-options object: `ExportOptions` holds every option and its default,
 the documented keywords of `replay.export` / `replay.export_inputs` and the options of
 ``capture export`` read their defaults from it; sub-modules are exported by the library.
 """

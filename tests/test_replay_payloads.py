@@ -1,4 +1,4 @@
-"""replay.export on sampled real calls: coverage rows of kind 'payload' (issue 9 item 4).
+"""replay.export on sampled real calls: coverage rows of kind 'payload'.
 
 The check runs the program on the calls production really made, and compares with eager and with
 the outputs production got: it must be able to disagree where the rebuilt signatures agree.
@@ -26,8 +26,8 @@ from replay.check.payload_rows import payload_rows
 
 
 class Scaled:
-    """An input container whose flattening drops its `scale` (as transformers' sliding-window
-    layers' `cumulative_length` was dropped, issue 9): a rebuilt call always has scale 1."""
+    """An input container whose flattening drops its `scale` (as a lost `cumulative_length`
+    of transformers' sliding-window layers would be): a rebuilt call always has scale 1."""
 
     def __init__(self, x: torch.Tensor, scale: float = 1.0) -> None:
         self.x, self.scale = x, scale
@@ -114,7 +114,7 @@ def test_payload_row_catches_state_the_rebuilt_call_lost(
     # The rebuilt signatures agree with eager (both lose the scale): they cannot tell.
     assert all(r["covered"] for r in _rows(result, "recorded"))
     payload = _rows(result, "payload")
-    # issue 9: the real calls, compared with what production got, disagree.
+    # the real calls, compared with what production got, disagree.
     assert [r["covered"] for r in payload] == [False, False, False]
     assert all("output production returned" in r["error"] for r in payload)
     assert not result.complete

@@ -1,4 +1,4 @@
-"""Probes and bounded named dims (issue 9): a program called covered must hold inside its range.
+"""Probes and bounded named dims: a program called covered must hold inside its range.
 
 Probes are unseen size vectors inside the recorded ranges (`replay.inputs.select.probes`), checked
 like the recorded signatures (coverage rows of kind ``probe``). Named dims torch.export rejects are
@@ -97,7 +97,7 @@ def test_a_probe_the_program_gets_wrong_is_not_covered(tmp_path: Path) -> None:
     assert all(r["covered"] for r in rows if r["kind"] == "recorded")
     probe = next(r for r in rows if r["signature"] == "x=5x3")
     assert probe["kind"] == "probe"
-    assert not probe["covered"]  # issue 9: a probe that fails is reported, with the reason
+    assert not probe["covered"]  # a probe that fails is reported, with the reason
     assert probe["error"]
     assert not result.complete
 
@@ -127,7 +127,7 @@ def _flattening() -> Iterator[None]:
         yield
 
 
-# Slow (issue 13): a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
+# Slow: a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
 @pytest.mark.slow
 def test_named_dims_on_llama_decode_stay_bounded(llama: tuple[Store, Any]) -> None:
     # torch 2.13 rejects a named Dim on the cache length of a grouped-query attention model
@@ -144,7 +144,7 @@ def test_named_dims_on_llama_decode_stay_bounded(llama: tuple[Store, Any]) -> No
     for symbol, size in (("batch", 4), (past, 10)):
         args, kwargs = group.program_call(_beyond(group, symbol, size))
         with _flattening(), pytest.raises(Exception, match="Guard failed"):
-            runnable(*args, **kwargs)  # issue 9: no silent unbounded program
+            runnable(*args, **kwargs)  # no silent unbounded program
     args, kwargs = group.program_call(_beyond(group, past, 9))
     with _flattening():
         runnable(*args, **kwargs)

@@ -49,7 +49,7 @@ def test_the_original_decode_call_is_served(served: Any) -> None:
 
 
 def test_a_decode_call_without_its_mask_names_the_mask_and_decode(served: Any) -> None:
-    # issue 30: "different call structure" for every group, never naming the argument
+    # the missing argument is named, not "different call structure" for every group
     model, runner = served
     call = _a_decode_call(model)
     del call["attention_mask"]

@@ -1,4 +1,4 @@
-"""Groups split where torch.export cuts them (issue 20 item 4): one program per regime.
+"""Groups split where torch.export cuts them: one program per regime.
 
 Tiny modules that branch on a size are recorded with the real Recorder, exported with real
 torch.export, and the ORIGINAL calls (the tensors passed to the model, kept by the test) are run

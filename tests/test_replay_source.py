@@ -132,10 +132,10 @@ def test_hostile_names_stay_identifiers_and_comments() -> None:
     assert _comment("m\nimport os") == "# m\\nimport os"
 
 
-# Slow (issue 13): a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
+# Slow: a whole torch.export (15-25 s); keeps the fast suite under 3 minutes.
 @pytest.mark.slow
 def test_printed_code_exports_the_demo_llama(tmp_path: Path) -> None:
-    # issue 9: `capture dims --python`, pasted as its comments say, exports both groups.
+    # `capture dims --python`, pasted as its comments say, exports both groups.
     from click.testing import CliRunner
 
     from capture.cli.demo import DEMO_MODEL, MAX_NEW_TOKENS, WORKLOAD
@@ -192,7 +192,7 @@ def test_torch_is_not_imported(root: Path) -> None:
 
 
 def test_the_commented_calls_are_python_once_uncommented(store: Store) -> None:
-    # issue 24: the comment read "with g = replay.export_inputs(...).group(...):", not Python.
+    # each commented call is Python (not "with g = replay.export_inputs(...).group(...):").
     source = dynamic_shapes_source(store, "LlamaForCausalLM")
     calls = [
         line[2:]

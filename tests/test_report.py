@@ -1,4 +1,4 @@
-"""`capture report` (issue 15): a self-contained HTML page with plots, and its data."""
+"""`capture report`: a self-contained HTML page with plots, and its data."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_table_cells_stay_short(llama_page: str) -> None:
     cells = re.findall(r"<td[^>]*>(.*?)</td>", llama_page, flags=re.S)
     lines = [re.sub(r"<[^>]+>|&[a-z#0-9]+;", "x", c) for c in cells]
     longest = max(len(line) for c in lines for line in c.split("\n"))
-    assert longest <= 60  # summary's dims column was over 300 characters (issue 15)
+    assert longest <= 60  # summary's dims column stays short
 
 
 def test_page_shows_every_group_and_symbol(llama_page: str) -> None:
@@ -90,8 +90,8 @@ def test_page_shows_every_group_and_symbol(llama_page: str) -> None:
 
 
 def test_first_screen_shows_the_groups_and_their_shapes(llama_page: str) -> None:
-    # issue 24: the first screen showed no shape at all. Before the first plot: every group,
-    # its input shapes with their symbols, and the symbols' recorded ranges.
+    # before the first plot: every group, its input shapes with their symbols, and the
+    # symbols' recorded ranges.
     first = llama_page[: llama_page.index("<img")]
     row = first[first.index("</span>decode</td>") :].split("</tr>")[0]
     assert (
@@ -102,8 +102,8 @@ def test_first_screen_shows_the_groups_and_their_shapes(llama_page: str) -> None
 
 
 def test_one_distribution_per_symbol_counts_batch_1(llama_page: str) -> None:
-    # issue 24: batch was plotted per group where it varies, so the 8 calls at batch 1 (the
-    # *_no_attention_mask groups, where batch is static) were in no plot. LLAMA_WORKLOAD:
+    # one plot per symbol, not per group where it varies: the 8 calls at batch 1 (the
+    # *_no_attention_mask groups, where batch is static) are in it. LLAMA_WORKLOAD:
     # batches 1, 2, 1, 2, 3 with 4 calls each: 8 at 1, 8 at 2, 4 at 3.
     svg = _svg(llama_page, "distribution of batch")
     legend = [t for t in _texts(svg) if t.startswith(("decode", "prefill"))]
@@ -125,8 +125,8 @@ def test_one_distribution_per_symbol_counts_batch_1(llama_page: str) -> None:
 
 
 def test_size_axes_are_numeric_and_count_axes_integer(pair_root: Path) -> None:
-    # issue 24: sizes 1, 2, 4 were evenly spaced categories (the gaps that decide ranges and
-    # buckets hidden), and count axes had ticks such as 0.5.
+    # sizes 1, 2, 4 are numbers, not evenly spaced categories (which hide the gaps that
+    # decide ranges and buckets), and count axes have no ticks such as 0.5.
     with capture.open_store(pair_root) as store:
         page = build_report(store, plan=export_plan)
     texts = _texts(_svg(page, "distribution of batch"))
@@ -153,7 +153,7 @@ def test_calls_over_time_are_whole_calls_and_say_how_they_are_placed(
 ) -> None:
     groups = analyze(llama)
     tl = timeline(llama, groups[0].model_name, groups)
-    assert tl.calls.dtype.kind == "i"  # issue 24: bars of 0.2 calls
+    assert tl.calls.dtype.kind == "i"  # no bars of 0.2 calls
     assert "those two are placed exactly, the calls between them evenly" in llama_page
 
 
@@ -299,7 +299,7 @@ def test_page_renders_its_plots_in_headless_chromium(llama_page: str, tmp_path: 
 
 def test_progress_off_a_terminal_logs_a_plain_line_now_and_then() -> None:
     stream = io.StringIO()
-    # issue 14: a long compaction in a nightly job (stderr a log file) says where it is; a
+    # a long compaction in a nightly job (stderr a log file) says where it is; a
     # short run writes nothing (the test above), so captured output stays clean.
     with Progress("compact", stream=stream, log_every=0.05) as progress:
         progress.phase("merging calls files", 3, 10)

@@ -1,4 +1,4 @@
-"""Stores that cannot be opened: one ``Error:`` line and exit 1, in bounded time (issue 14)."""
+"""Stores that cannot be opened: one ``Error:`` line and exit 1, in bounded time."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_silent_endpoint_fails_in_bounded_time(silent_port: int) -> None:
     env = {**_aws(f"http://127.0.0.1:{silent_port}"), "CAPTURE_S3_REQUEST_TIMEOUT": "2"}
     proc, seconds = _capture("s3://bucket/store", env)
     assert "cannot reach the store" in error_line(proc, alone=True)
-    # 2 attempts of a 2 s stall timeout, plus start-up: bounded, not pyarrow's ~100 s (issue 14)
+    # 2 attempts of a 2 s stall timeout, plus start-up: bounded, not pyarrow's ~100 s
     assert seconds < 60
 
 
@@ -59,6 +59,6 @@ def test_access_denied() -> None:
     "args", [["payloads"], ["payloads", "--delete-all"]], ids=["list", "delete"]
 )
 def test_payloads_of_an_unreachable_store(args: list[str]) -> None:
-    # issue 24/25: an OSError traceback before; now the same line as every other command.
+    # the same one line as every other command, no OSError traceback.
     proc, _ = _capture("s3://bucket/store", _aws(f"http://127.0.0.1:{free_port()}"), *args)
     assert "cannot reach the store s3://bucket/store" in error_line(proc, alone=True)

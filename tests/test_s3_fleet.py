@@ -1,4 +1,4 @@
-"""A fleet recording into one S3 prefix on a real S3 server (moto on loopback), issue 14.
+"""A fleet recording into one S3 prefix on a real S3 server (moto on loopback).
 
 Four recorder processes (tiny Llama, real generate()) write into one ``s3://`` prefix, one of them
 is SIGKILLed mid-way; the store is then read by the CLI and by `replay.export`, compacted, and
@@ -105,7 +105,7 @@ def test_every_flushed_call_is_stored_once_after_a_sigkill(
     assert set(counts) == set(fleet["reports"])
     for pid, report in fleet["reports"].items():
         n, distinct = counts[pid]
-        assert n == distinct  # no call counted twice (issue 14)
+        assert n == distinct  # no call counted twice
         # the killed writer lost only what it had not flushed; the others lost nothing
         assert n == report["flushed"] == report["recorded"]
 
@@ -152,7 +152,7 @@ def test_compaction_on_s3_keeps_every_call_once(fleet: dict[str, Any], s3_env: N
     before = _per_pid(fleet["uri"])
     result = capture.compact(fleet["uri"])
     assert result.tables["calls"].files_after < result.tables["calls"].files_before
-    assert _per_pid(fleet["uri"]) == before  # nothing lost, nothing twice (issue 14)
+    assert _per_pid(fleet["uri"]) == before  # nothing lost, nothing twice
     with capture.open_store(fleet["uri"]) as store:
         assert len(store.files["calls"]) == result.tables["calls"].files_after
 
@@ -169,7 +169,7 @@ def test_recorder_writes_each_object_in_one_put(s3_server: S3Server, s3_env: Non
     writes = [r for r in requests() if r["method"] in ("PUT", "POST", "DELETE")]
     # pyarrow keeps a deleted object's "folder" with an empty marker object (a key ending in /)
     keys = [r["path"] for r in writes if r["method"] == "PUT" and not r["path"].endswith("/")]
-    # no temporary name, no copy: each file is one upload of its final key (issue 14):
+    # no temporary name, no copy: each file is one upload of its final key:
     # structures, calls, the stats rollup, and at close the rollup again, marked closed
     assert len(keys) == 4 and all(k.endswith(".parquet") and "/." not in k for k in keys), writes
     assert not [r for r in writes if r.get("copy")], writes

@@ -1,4 +1,4 @@
-"""A real server (issue 25 build item 6): gunicorn with uvicorn workers, recording in each worker.
+"""A real server: gunicorn with uvicorn workers, recording in each worker.
 
 The server is `examples/server/serve_gunicorn.py`, the code the docs show, run by
 `fixtures.server_load`: a tiny Llama under ``generate()`` on 127.0.0.1; client threads send a
@@ -60,7 +60,7 @@ def test_a_sigterm_during_stop_waits_for_the_last_write(tmp_path: Path) -> None:
     assert proc.returncode == -signal.SIGTERM, proc.stderr  # it still dies of the signal
     assert proc.stdout == ""
     with capture.open_store(tmp_path) as store:
-        # issue 25: the handler was uninstalled before the last write, which the signal cut
+        # the handler stays installed until the last write, which the signal would cut
         assert store.query("SELECT count(*) AS n FROM calls").to_pylist() == [{"n": 5}]
 
 
@@ -93,6 +93,6 @@ def test_every_served_request_is_stored_once_across_reload_recycling_and_shutdow
         counted = sum(m.calls for m in opened.summary().models)
     stored = {int(r["pid"]): int(r["n"]) for r in rows}
     assert all(r["n"] == r["d"] for r in rows)  # each call once
-    # issue 25: every served request's calls stored, nothing else, per worker process
+    # every served request's calls stored, nothing else, per worker process
     assert stored == dict(served)
     assert counted == sum(stored.values())

@@ -1,4 +1,4 @@
-"""capture.signature: the one binder (issue 23 item 2) binds as ``inspect.Signature.bind`` does."""
+"""capture.signature: the one binder binds as ``inspect.Signature.bind`` does."""
 
 from __future__ import annotations
 

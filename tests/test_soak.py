@@ -1,4 +1,4 @@
-"""A soak that can fail (issue 25): 4 writers, a compaction loop and readers on one live store.
+"""A soak that can fail: 4 writers, a compaction loop and readers on one live store.
 
 Local and on the S3 server the tests start (moto on 127.0.0.1). One writer is SIGKILLed half-way.
 At the end: every call a writer reported written is stored, exactly once; the summary, the
@@ -44,7 +44,7 @@ def _totals(uri: str) -> dict[str, object]:
 def _check(uri: str, soak: SoakResult) -> dict[str, object]:
     totals = _totals(uri)
     assert totals["rows"] == totals["distinct"]  # no call stored twice
-    # issue 25 item 9: the summary and the signatures count every stored call
+    # the summary and the signatures count every stored call
     assert totals["rows"] == totals["signatures"] == totals["summary"]
     per_pid = totals["per_pid"]
     assert isinstance(per_pid, dict)
@@ -59,7 +59,7 @@ def _check(uri: str, soak: SoakResult) -> dict[str, object]:
 
 def _no_failure(soak: SoakResult) -> None:
     for name, text in soak.stderr.items():
-        assert "Traceback" not in text, f"{name}:\n{text[-3000:]}"  # issue 25 items 6, 7
+        assert "Traceback" not in text, f"{name}:\n{text[-3000:]}"
     assert soak.readers.get("opens", 0) > 0 and soak.readers["duplicates"] == 0
     assert soak.cli.get("runs", 0) > 0 and soak.cli["failed"] == 0
     assert soak.compactor.get("runs", 0) > 0

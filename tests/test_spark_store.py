@@ -1,6 +1,6 @@
 """Spark (pyspark, local mode) reads the store as docs/operations.md says; it agrees with dims.
 
-Issue 14: the "Spark, Trino, Athena" section of docs/operations.md is run as written: its python
+The "Spark, Trino, Athena" section of docs/operations.md is run as written: its python
 block (Spark reading the files `open_store(...).files` lists) and its SQL, on a recorded
 tiny-Llama store; the result must equal `capture dims`' min / max / distinct / calls row for row.
 """
@@ -62,4 +62,4 @@ def test_spark_sql_of_the_operations_page_agrees_with_capture_dims(
     ours = sorted(tuple(r[k] for k in KEY + VALUES) for r in dims)
     theirs = sorted(tuple(r[k] for k in KEY + VALUES) for r in spark_rows)
     assert len(ours) > 10
-    assert theirs == ours  # row for row (issue 14)
+    assert theirs == ours  # row for row

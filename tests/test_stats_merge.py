@@ -1,4 +1,4 @@
-"""capture.store.stats_merge: the SQL rule and its Python twin agree (issue 23 item 2).
+"""capture.store.stats_merge: the SQL rule and its Python twin agree.
 
 DuckDB runs `SIGNATURE_MERGE` over generated stats rows of one signature; Python folds the same
 rows with `merge`; the two must give the same row, whatever the counts, timestamps, durations

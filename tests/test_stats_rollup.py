@@ -1,4 +1,4 @@
-"""Writers roll their stats up into one file per process (issue 14), and readers stay exact."""
+"""Writers roll their stats up into one file per process, and readers stay exact."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_each_flush_replaces_the_previous_rollup_and_claims_it(tmp_path: Path) -
             model(torch.ones(b, 2))
             rec.flush()
             seen.append([p.name for p in _stats_files(tmp_path)])
-    # one file at any time (issue 14): each flush wrote a new one and deleted the one it holds
+    # one file at any time: each flush writes a new one and deletes the one it holds
     assert [len(names) for names in seen] == [1, 1, 1]
     (last,) = _stats_files(tmp_path)
     meta = pq.read_metadata(last).metadata
@@ -53,7 +53,7 @@ def test_each_flush_replaces_the_previous_rollup_and_claims_it(tmp_path: Path) -
 def test_a_writer_idle_too_long_starts_a_new_rollup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # issue 14: past ROLLUP_CONTINUE_S a compaction may have taken the old rollup (it waits
+    # past ROLLUP_CONTINUE_S a compaction may have taken the old rollup (it waits
     # ROLLUP_GRACE_S): the writer must not claim it again
     monkeypatch.setattr(schema, "ROLLUP_CONTINUE_S", 0.0)
     record_flushed(tmp_path, [1, 2, 3])
@@ -150,7 +150,7 @@ def test_readers_beside_a_rolling_writer_never_lose_or_double_count(tmp_path: Pa
     try:
         for _ in range(15):
             # filterwarnings=error: a stats file deleted between listing and reading would be
-            # "skipped" (a warning) and its calls lost; the reader lists again instead (issue 14)
+            # "skipped" (a warning) and its calls lost; the reader lists again instead
             with capture.open_store(tmp_path) as store:
                 n = store.query("SELECT sum(calls) AS n FROM signatures").to_pylist()[0]["n"]
             counted.append(int(n))
@@ -167,7 +167,7 @@ def test_a_rollup_keeps_one_row_per_signature_and_minute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the report's calls over time read these rows: a rollup spanning hours in one row per
-    # signature would smear them (issue 14); a "minute" of 50 ms here
+    # signature would smear them; a "minute" of 50 ms here
     monkeypatch.setattr(schema, "ROLLUP_BUCKET_S", 0.05)
     model = Add()
     with capture.Recorder(model, tmp_path, name="add", flush_seconds=3600) as rec:
@@ -186,7 +186,7 @@ def test_compaction_leaves_a_live_writers_rollup_until_it_is_old(tmp_path: Path)
     with live_beside_stopped(tmp_path):  # the stopped writer's rollup is closed
         assert len(_stats_files(tmp_path)) == 2
         result = capture.compact(tmp_path)
-        # issue 14: the live writer may replace its open rollup (claiming it) at its next flush;
+        # the live writer may replace its open rollup (claiming it) at its next flush;
         # merged now, its rows would be counted twice
         assert result.tables["stats"].files_before == 1
         (live,) = [
