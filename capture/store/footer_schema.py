@@ -43,8 +43,8 @@ class SchemaFacts:
     """Bytes of one decoded value of each Parquet leaf column (None: a byte array, whose width
     only the column chunk's statistics tell): what `capture.store.layout`'s bomb check
     multiplies each chunk's value count by."""
-    column_leaves: dict[str, tuple[int, ...]]
-    """Each Arrow column's Parquet leaf columns (what a read of some columns names)."""
+    fields: dict[str, int]
+    """Each Arrow column's index among the file's fields (what a read of one column names)."""
 
 
 _WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
@@ -85,22 +85,13 @@ def facts(meta: pq.FileMetaData, table: str, version: int) -> SchemaFacts:
         arrow.get_field_index("call_id"),
         leaves,
         tuple(width(parquet.column(j).physical_type) for j in range(len(parquet))),
-        _column_leaves(parquet, arrow.names),
+        {name: i for i, name in enumerate(arrow.names)},
     )
     with _lock:
         if len(_known) >= _KEPT:
             del _known[0]
         _known.append((key, parquet, found))
     return found
-
-
-def _column_leaves(parquet: pq.ParquetSchema, names: list[str]) -> dict[str, tuple[int, ...]]:
-    """Each top-level column of `names` -> the indices of its Parquet leaves."""
-    paths = [parquet.column(j).path for j in range(len(parquet))]
-    return {
-        name: tuple(j for j, path in enumerate(paths) if path.split(".", 1)[0] == name)
-        for name in names
-    }
 
 
 def width(physical_type: str) -> int | None:

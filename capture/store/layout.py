@@ -205,7 +205,7 @@ def read_columns(
             if columns is None or isinstance(verdict, Skip):
                 return verdict, None
             try:
-                return verdict, _columns(reader, meta, table, columns)
+                return verdict, _columns(reader, meta, verdict, columns)
             except Exception:  # corrupt pages: not this check's to judge (the footer's is)
                 return verdict, None
     except Exception as e:  # truncated, empty, not Parquet, a footer pyarrow cannot walk
@@ -213,19 +213,18 @@ def read_columns(
 
 
 def _columns(
-    reader: ParquetReader, meta: pq.FileMetaData, table: str, columns: Sequence[str]
+    reader: ParquetReader, meta: pq.FileMetaData, verdict: FileInfo, columns: Sequence[str]
 ) -> pa.Table:
     """The rows of `columns` of a checked file, in that order; a column the file lacks (added
-    by a later store version) is all nulls, as the table's view reads it."""
+    by a later store version) is all nulls, as the table's view reads it. Each column is read
+    by its field index (`read_column`: no table of the file's schema is built)."""
     version = int((meta.metadata or {})[schema.METADATA_SCHEMA_VERSION])
-    known = footer_schema.facts(meta, table, version)
-    leaves = [j for c in columns for j in known.column_leaves.get(c, ())]
-    rows = reader.read_all(column_indices=leaves, use_threads=False)
-    if rows.column_names == list(columns):  # the file has them all
-        return rows
-    base = schema.SCHEMAS[table]
-    have = rows.column_names
-    found = [rows[c] if c in have else pa.nulls(meta.num_rows, base.field(c).type) for c in columns]
+    fields = footer_schema.facts(meta, verdict.table, version).fields
+    base = schema.SCHEMAS[verdict.table]
+    found = [
+        reader.read_column(fields[c]) if c in fields else pa.nulls(verdict.rows, base.field(c).type)
+        for c in columns
+    ]
     return pa.table(found, names=list(columns))
 
 
