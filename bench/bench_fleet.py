@@ -146,10 +146,10 @@ def first_query(files: int, env: dict[str, str], reuse: bool, summary: bool = Tr
     version's writers (count beside plain DuckDB's over a glob of the same files), and with one
     stats file per flush, as older writers left them (`files` x 2 files: the summary). The
     page cache holds every file first. Each step a fresh process with an empty reader cache,
-    beside plain DuckDB's same statement: a
-    count (capture answers it from the footers it checks) and a filtered count (DuckDB scans
-    the files capture checked), alternately, twice; then the filtered count once more with
-    the reader's cache of checked footers kept (a store's second query).
+    beside plain DuckDB's same statement: a count (capture answers it from the footers it
+    checks) and a filtered count (DuckDB scans the files capture checked), alternately,
+    twice; then the filtered count once more with the reader's cache of checked footers kept
+    (a store's second query).
     """
     py = sys.executable
     stores = {}
