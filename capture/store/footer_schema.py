@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from capture import schema
+from capture.store import small_rows
 
 __all__ = ["SchemaFacts", "facts", "schema_problem", "width"]
 
@@ -45,6 +46,9 @@ class SchemaFacts:
     multiplies each chunk's value count by."""
     fields: dict[str, int]
     """Each Arrow column's index among the file's fields (what a read of one column names)."""
+    pinnable: small_rows.Pinnable
+    """(Parquet column, Arrow field) of the columns a small file's footer may pin to one value
+    (`capture.store.small_rows`)."""
 
 
 _WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
@@ -86,6 +90,7 @@ def facts(meta: pq.FileMetaData, table: str, version: int) -> SchemaFacts:
         leaves,
         tuple(width(parquet.column(j).physical_type) for j in range(len(parquet))),
         {name: i for i, name in enumerate(arrow.names)},
+        small_rows.candidates(parquet, arrow),
     )
     with _lock:
         if len(_known) >= _KEPT:

@@ -26,6 +26,7 @@ from capture.store import footer_schema
 from capture.store.files import vanished
 from capture.store.nofollow import LINK_REASON, walk
 from capture.store.opening import open_root
+from capture.store.small_rows import read_rows
 from capture.store.values import CORRUPT, calls_problem, rows_problem
 from capture.untrusted import JsonTooDeep, loads
 
@@ -283,7 +284,9 @@ def read_with_rows(
             verdict = _verdict(parquet.metadata, path, table, size)
             if isinstance(verdict, Skip):
                 return verdict, None
-            rows = parquet.read_all(use_threads=False)  # callers read many files at once
+            version = int((parquet.metadata.metadata or {})[schema.METADATA_SCHEMA_VERSION])
+            known = footer_schema.facts(parquet.metadata, table, version)
+            rows = read_rows(parquet, known.pinnable)  # one thread: callers read many files
             problem = rows_problem(table, rows) if check_values else None
             if problem is not None:
                 return Skip(path, problem, corrupt=True), None
