@@ -121,6 +121,20 @@ def test_a_string_bound_that_is_not_utf8_leaves_the_column_to_the_decoder() -> N
     )
 
 
+def test_nulls_built_for_a_nullable_column_are_not_reused_for_one_that_allows_none() -> None:
+    nullable = small_rows._array(pa.field("calls", pa.int64()), small_rows._NULL, 4)
+    assert nullable is not None and nullable.null_count == 4
+    required = pa.field("calls", pa.int64(), nullable=False)
+    assert small_rows._array(required, small_rows._NULL, 4) is None
+
+
+def test_a_long_pinned_column_is_built_and_not_kept() -> None:
+    rows = small_rows._SHORT + 1
+    built = small_rows._array(pa.field("errors", pa.int64()), 0, rows)
+    assert built is not None and len(built) == rows and built.to_pylist() == [0] * rows
+    assert all(key[2] <= small_rows._SHORT for key in small_rows._BUILT)
+
+
 def test_a_pinned_value_the_checks_refuse_still_skips_the_file(
     recorded: Path, tmp_path: Path
 ) -> None:

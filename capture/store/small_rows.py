@@ -31,8 +31,10 @@ _NULL = object()
 """A pin saying every value is null."""
 
 _BUILT: dict[tuple[bool, object, int], pa.Array] = {}
-"""Arrays already built, by (string?, value, rows): the files of one store repeat a few."""
+"""Arrays already built, by (string?, value, rows): the small files of one store repeat a few
+(arrays of up to `_SHORT` rows, `_KEPT` of them: a few MiB at most)."""
 _KEPT = 256
+_SHORT = 1024
 _lock = threading.Lock()
 
 
@@ -111,14 +113,14 @@ def _pin(stats: pq.Statistics, rows: int) -> object:
 def _array(field: pa.Field, value: object, rows: int) -> pa.Array | None:
     """`rows` copies of `value` (or nulls) as `field`'s type; None when `value` cannot be one
     (a string bound that is not UTF-8, nulls in a column that allows none)."""
+    if value is _NULL and not field.nullable:
+        return None
     string = field.type == pa.string()
     key = (string, value, rows)
     array = _BUILT.get(key)
     if array is not None:
         return array
     if value is _NULL:
-        if not field.nullable:
-            return None
         array = pa.nulls(rows, field.type)
     elif string:
         if not isinstance(value, bytes):
@@ -132,8 +134,9 @@ def _array(field: pa.Field, value: object, rows: int) -> pa.Array | None:
         array = pa.repeat(pa.scalar(value, pa.int64()), rows)
     else:
         return None
-    with _lock:
-        if len(_BUILT) >= _KEPT:
-            _BUILT.clear()
-        _BUILT[key] = array
+    if rows <= _SHORT:
+        with _lock:
+            if len(_BUILT) >= _KEPT:
+                _BUILT.clear()
+            _BUILT[key] = array
     return array
