@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,15 +19,18 @@ def files(store: Path, table: str) -> list[Path]:
     return sorted(p for p in (store / table).rglob("*.parquet") if not p.name.startswith("."))
 
 
-def rewrite(path: Path, change: Callable[[pa.Table], pa.Table], nullable: str = "") -> None:
-    """Rewrites a store file with `change` applied, its footer metadata kept."""
+def rewrite(
+    path: Path, change: Callable[[pa.Table], pa.Table], nullable: str = "", **write: Any
+) -> None:
+    """Rewrites a store file with `change` applied, its footer metadata kept (`write`:
+    `pq.write_table`'s options, such as ``row_group_size`` or ``write_statistics``)."""
     table = pq.read_table(path)
     meta = table.schema.metadata
     new = change(table)
     if nullable:  # the column as a foreign writer would declare it
         i = new.schema.get_field_index(nullable)
         new = new.cast(new.schema.set(i, new.schema.field(i).with_nullable(True)))
-    pq.write_table(new.replace_schema_metadata(meta), path)
+    pq.write_table(new.replace_schema_metadata(meta), path, **write)
 
 
 def _column(path: Path, column: str, values: list[object], nullable: bool = False) -> None:

@@ -4,13 +4,15 @@ disagree, all-null and non-UTF-8 columns, and values the checks refuse."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from pyarrow._parquet import ParquetReader
 
 from capture import schema
 from capture.store import footer_schema, layout, small_rows
@@ -28,11 +30,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _pinned(path: Path, table: str) -> set[str]:
     """The columns of `path` its footer pins (names)."""
-    reader = ParquetReader()
-    reader.open(str(path))
-    meta = reader.metadata
-    version = int(meta.metadata[schema.METADATA_SCHEMA_VERSION])
-    known = footer_schema.facts(meta, table, version)
+    meta = pq.read_metadata(path)
+    known = footer_schema.checked_facts(meta, table)
     return {field.name for _, field, _ in small_rows._pins(meta, known.pinnable).values()}
 
 
@@ -50,14 +49,14 @@ def _same_as_decoded(path: Path, table: str) -> None:
     assert rows.equals(decoded)
 
 
-def _copy(source: Path, target: Path, change: object = None, **write: object) -> Path:
-    """`source` written again at `target` (footer metadata kept), `change` applied first."""
-    table = pq.read_table(source)
-    meta = table.schema.metadata
-    if callable(change):
-        table = change(table)
+def _copy(
+    source: Path, target: Path, change: Callable[[pa.Table], pa.Table] = lambda t: t, **write: Any
+) -> Path:
+    """`source` copied to `target`, rewritten with `change` applied and the `pq.write_table`
+    options `write` (`hostile_stores.rewrite`: footer metadata kept)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table.replace_schema_metadata(meta), target, compression="zstd", **write)
+    shutil.copyfile(source, target)
+    hostile_stores.rewrite(target, change, **write)
     return target
 
 

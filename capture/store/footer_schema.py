@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from capture import schema
 from capture.store import small_rows
 
-__all__ = ["SchemaFacts", "facts", "schema_problem", "width"]
+__all__ = ["SchemaFacts", "checked_facts", "facts", "schema_problem", "width"]
 
 _KEPT = 16
 """Distinct schemas remembered (a store has a few: one per store version and table)."""
@@ -97,6 +97,13 @@ def facts(meta: pq.FileMetaData, table: str, version: int) -> SchemaFacts:
             del _known[0]
         _known.append((key, parquet, found))
     return found
+
+
+def checked_facts(meta: pq.FileMetaData, table: str) -> SchemaFacts:
+    """`facts` of a `table` file whose footer passed the reader's checks (its
+    ``capture.schema_version`` is a number): remembered, so a lookup."""
+    version = int((meta.metadata or {})[schema.METADATA_SCHEMA_VERSION])
+    return facts(meta, table, version)
 
 
 def width(physical_type: str) -> int | None:

@@ -219,8 +219,7 @@ def _columns(
     """The rows of `columns` of a checked file, in that order; a column the file lacks (added
     by a later store version) is all nulls, as the table's view reads it. Each column is read
     by its field index (`read_column`: no table of the file's schema is built)."""
-    version = int((meta.metadata or {})[schema.METADATA_SCHEMA_VERSION])
-    fields = footer_schema.facts(meta, verdict.table, version).fields
+    fields = footer_schema.checked_facts(meta, verdict.table).fields
     base = schema.SCHEMAS[verdict.table]
     found = [
         reader.read_column(fields[c]) if c in fields else pa.nulls(verdict.rows, base.field(c).type)
@@ -284,8 +283,7 @@ def read_with_rows(
             verdict = _verdict(parquet.metadata, path, table, size)
             if isinstance(verdict, Skip):
                 return verdict, None
-            version = int((parquet.metadata.metadata or {})[schema.METADATA_SCHEMA_VERSION])
-            known = footer_schema.facts(parquet.metadata, table, version)
+            known = footer_schema.checked_facts(parquet.metadata, table)
             rows = read_rows(parquet, known.pinnable)  # one thread: callers read many files
             problem = rows_problem(table, rows) if check_values else None
             if problem is not None:

@@ -53,9 +53,12 @@ def candidates(parquet: pq.ParquetSchema, arrow: pa.Schema) -> Pinnable:
         field = arrow.get_field_index(column.path)
         if field < 0:
             continue
-        kind = (column.physical_type, arrow.field(field).type)
-        if kind in (("INT64", pa.int64()), ("BYTE_ARRAY", pa.string())):
-            found.append((j, field, arrow.field(field)))
+        arrow_field = arrow.field(field)
+        if (column.physical_type, arrow_field.type) in (
+            ("INT64", pa.int64()),
+            ("BYTE_ARRAY", pa.string()),
+        ):
+            found.append((j, field, arrow_field))
     return tuple(found)
 
 
